@@ -1,0 +1,97 @@
+//! The CSI Identity service, served by both daemons on their sockets.
+//!
+//! The controller reports the controller service and topology
+//! constraints; the node plugin only topology constraints. Probe answers
+//! `ready = false` until the daemon says it finished initialising (for the
+//! node plugin: registered with the controller).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tonic::{Request, Response, Status};
+
+use crate::proto::csi::v1::{
+    GetPluginCapabilitiesRequest, GetPluginCapabilitiesResponse, GetPluginInfoRequest,
+    GetPluginInfoResponse, PluginCapability, ProbeRequest, ProbeResponse,
+    identity_server::Identity, plugin_capability,
+};
+
+/// Which daemon serves Identity; decides the capabilities reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Controller,
+    Node,
+}
+
+/// Identity for one daemon.
+#[derive(Clone, Debug)]
+pub struct IdentityService {
+    role: Role,
+    ready: Arc<AtomicBool>,
+}
+
+impl IdentityService {
+    /// `ready` is shared with the daemon, which sets it once initialised.
+    pub fn new(role: Role, ready: Arc<AtomicBool>) -> Self {
+        IdentityService { role, ready }
+    }
+
+    fn capabilities(&self) -> Vec<PluginCapability> {
+        use plugin_capability::service::Type;
+        let service = |t: Type| PluginCapability {
+            r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
+                r#type: t as i32,
+            })),
+        };
+        match self.role {
+            Role::Controller => vec![
+                service(Type::ControllerService),
+                service(Type::VolumeAccessibilityConstraints),
+            ],
+            Role::Node => vec![service(Type::VolumeAccessibilityConstraints)],
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Identity for IdentityService {
+    #[tracing::instrument(skip_all, fields(rpc = "GetPluginInfo"))]
+    async fn get_plugin_info(
+        &self,
+        _request: Request<GetPluginInfoRequest>,
+    ) -> Result<Response<GetPluginInfoResponse>, Status> {
+        Ok(Response::new(GetPluginInfoResponse {
+            name: crate::DRIVER_NAME.to_string(),
+            vendor_version: crate::VERSION.to_string(),
+            manifest: [(
+                "role".to_string(),
+                match self.role {
+                    Role::Controller => "controller",
+                    Role::Node => "node",
+                }
+                .to_string(),
+            )]
+            .into(),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "GetPluginCapabilities"))]
+    async fn get_plugin_capabilities(
+        &self,
+        _request: Request<GetPluginCapabilitiesRequest>,
+    ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
+        Ok(Response::new(GetPluginCapabilitiesResponse {
+            capabilities: self.capabilities(),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "Probe"))]
+    async fn probe(
+        &self,
+        _request: Request<ProbeRequest>,
+    ) -> Result<Response<ProbeResponse>, Status> {
+        Ok(Response::new(ProbeResponse {
+            ready: Some(self.ready.load(Ordering::SeqCst)),
+        }))
+    }
+}

@@ -1,0 +1,110 @@
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// A node that hosts replicas on its disks.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Node {
+    pub id: String,
+    #[serde(default)]
+    pub resource_version: u64,
+    pub spec: NodeSpec,
+    #[serde(default)]
+    pub status: NodeStatus,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSpec {
+    #[serde(default)]
+    pub zone: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default = "yes")]
+    pub allow_scheduling: bool,
+    #[serde(default)]
+    pub eviction_requested: bool,
+    /// Disk id -> what the operator wants of that disk.
+    #[serde(default)]
+    pub disks: BTreeMap<String, DiskSpec>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskSpec {
+    pub path: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default = "yes")]
+    pub allow_scheduling: bool,
+    #[serde(default)]
+    pub eviction_requested: bool,
+    /// Bytes kept free for other uses; not schedulable.
+    #[serde(default, with = "crate::quantity::serde_size")]
+    pub storage_reserved: u64,
+}
+
+impl DiskSpec {
+    pub fn new(path: impl Into<String>, tags: Vec<String>) -> Self {
+        DiskSpec {
+            path: path.into(),
+            tags,
+            allow_scheduling: true,
+            eviction_requested: false,
+            storage_reserved: 0,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    #[serde(default)]
+    pub ready: bool,
+    /// Outside Kubernetes, set through the API; inside, read from the
+    /// Kubernetes node's `spec.unschedulable`.
+    #[serde(default)]
+    pub cordoned: bool,
+    #[serde(default)]
+    pub auto_evicting: bool,
+    #[serde(default)]
+    pub drain_blocked: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_blocked_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_heartbeat: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub disks: BTreeMap<String, DiskStatus>,
+    /// Where the controller reaches this node's agent.
+    #[serde(default)]
+    pub agent_endpoint: String,
+    #[serde(default)]
+    pub replica_endpoint: String,
+    #[serde(default)]
+    pub csi_endpoint: String,
+    #[serde(default)]
+    pub version: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskStatus {
+    #[serde(default)]
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default)]
+    pub storage_maximum: u64,
+    #[serde(default)]
+    pub storage_available: u64,
+    #[serde(default)]
+    pub storage_scheduled: u64,
+    #[serde(default)]
+    pub scheduled_replicas: Vec<String>,
+}

@@ -1,0 +1,11 @@
+use serde::{Deserialize, Serialize};
+
+/// A setting value a user set (defaults are not stored).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Setting {
+    pub name: String,
+    #[serde(default)]
+    pub resource_version: u64,
+    pub value: String,
+}

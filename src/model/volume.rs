@@ -1,0 +1,125 @@
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::{
+    AccessMode, DataLocality, Frontend, FsType, Robustness, VolumeAutoBalance, VolumeState,
+};
+
+/// A replicated block volume.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    pub name: String,
+    #[serde(default)]
+    pub resource_version: u64,
+    pub spec: VolumeSpec,
+    #[serde(default)]
+    pub status: VolumeStatus,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSpec {
+    /// Bytes.
+    #[serde(with = "crate::quantity::serde_size")]
+    pub size: u64,
+    pub number_of_replicas: u32,
+    /// None follows the setting `default-data-locality`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_locality: Option<DataLocality>,
+    #[serde(default = "default_auto_balance")]
+    pub replica_auto_balance: VolumeAutoBalance,
+    /// Minutes after which a failed replica is deleted.
+    #[serde(default = "default_stale_timeout")]
+    pub stale_replica_timeout: u64,
+    #[serde(default)]
+    pub disk_selector: Vec<String>,
+    #[serde(default)]
+    pub node_selector: Vec<String>,
+    #[serde(default = "default_access_mode")]
+    pub access_mode: AccessMode,
+    #[serde(default = "default_fs_type")]
+    pub fs_type: FsType,
+    #[serde(default = "default_frontend")]
+    pub frontend: Frontend,
+}
+
+fn default_auto_balance() -> VolumeAutoBalance {
+    VolumeAutoBalance::Ignored
+}
+/// Two days, in minutes.
+pub const DEFAULT_STALE_REPLICA_TIMEOUT: u64 = 2880;
+fn default_stale_timeout() -> u64 {
+    DEFAULT_STALE_REPLICA_TIMEOUT
+}
+fn default_access_mode() -> AccessMode {
+    AccessMode::ReadWriteOnce
+}
+fn default_fs_type() -> FsType {
+    FsType::Ext4
+}
+fn default_frontend() -> Frontend {
+    Frontend::BlockDev
+}
+
+impl VolumeSpec {
+    /// A spec with the given size and replica count and every other field
+    /// at its default.
+    pub fn new(size: u64, number_of_replicas: u32) -> Self {
+        VolumeSpec {
+            size,
+            number_of_replicas,
+            data_locality: None,
+            replica_auto_balance: default_auto_balance(),
+            stale_replica_timeout: default_stale_timeout(),
+            disk_selector: Vec::new(),
+            node_selector: Vec::new(),
+            access_mode: default_access_mode(),
+            fs_type: default_fs_type(),
+            frontend: default_frontend(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeStatus {
+    pub state: VolumeState,
+    pub robustness: Robustness,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached_node: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_degraded_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frontend_endpoint: Option<String>,
+}
+
+impl Default for VolumeStatus {
+    fn default() -> Self {
+        VolumeStatus {
+            state: VolumeState::Detached,
+            robustness: Robustness::Unknown,
+            attached_node: None,
+            last_degraded_at: None,
+            conditions: Vec::new(),
+            frontend_endpoint: None,
+        }
+    }
+}
+
+/// A named condition with a reason a person can read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub status: bool,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<DateTime<Utc>>,
+}
