@@ -39,9 +39,9 @@ impl IdentityService {
     fn capabilities(&self) -> Vec<PluginCapability> {
         use plugin_capability::service::Type;
         let service = |t: Type| PluginCapability {
-            r#type: Some(plugin_capability::Type::Service(plugin_capability::Service {
-                r#type: t as i32,
-            })),
+            r#type: Some(plugin_capability::Type::Service(
+                plugin_capability::Service { r#type: t as i32 },
+            )),
         };
         match self.role {
             Role::Controller => vec![

@@ -106,7 +106,10 @@ mod tests {
 
     #[test]
     fn parses_unix_endpoints() {
-        assert_eq!(unix_path("unix:///a/b.sock").unwrap(), PathBuf::from("/a/b.sock"));
+        assert_eq!(
+            unix_path("unix:///a/b.sock").unwrap(),
+            PathBuf::from("/a/b.sock")
+        );
         assert_eq!(unix_path("/a/b.sock").unwrap(), PathBuf::from("/a/b.sock"));
         assert!(unix_path("unix://relative.sock").is_err());
         assert!(unix_path("tcp://1.2.3.4:5").is_err());

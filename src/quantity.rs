@@ -111,3 +111,12 @@ mod tests {
         assert_eq!(format_size(100), "100");
     }
 }
+
+/// serde: like [`serde_size`] for an optional field (use with `default`).
+pub mod serde_size_opt {
+    use super::*;
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        serde_size::deserialize(d).map(Some)
+    }
+}

@@ -13,7 +13,10 @@ use crate::model::{AutoBalance, DataLocality, NodeDrainPolicy};
 pub enum SettingKind {
     Bool,
     /// An integer within `min..=max` (no upper bound when `max` is None).
-    Int { min: i64, max: Option<i64> },
+    Int {
+        min: i64,
+        max: Option<i64>,
+    },
     /// One of a closed list of words.
     Enum(&'static [&'static str]),
 }
@@ -23,7 +26,10 @@ impl SettingKind {
     pub fn accepted(&self) -> String {
         match self {
             SettingKind::Bool => "true, false".to_string(),
-            SettingKind::Int { min, max: Some(max) } => {
+            SettingKind::Int {
+                min,
+                max: Some(max),
+            } => {
                 format!("an integer from {min} to {max}")
             }
             SettingKind::Int { min, max: None } => format!("an integer >= {min}"),
@@ -87,7 +93,10 @@ pub const DEFINITIONS: &[SettingDef] = &[
         name: DEFAULT_REPLICA_COUNT,
         default: "3",
         description: "Replicas of a volume that does not say how many it wants.",
-        kind: SettingKind::Int { min: 1, max: Some(20) },
+        kind: SettingKind::Int {
+            min: 1,
+            max: Some(20),
+        },
     },
     SettingDef {
         name: DEFAULT_DATA_LOCALITY,
@@ -123,7 +132,10 @@ pub const DEFINITIONS: &[SettingDef] = &[
         name: DISK_PRESSURE_PERCENTAGE,
         default: "90",
         description: "Used-space percentage at which a disk is pressured and replicas move to another disk of the node; 0 turns it off.",
-        kind: SettingKind::Int { min: 0, max: Some(100) },
+        kind: SettingKind::Int {
+            min: 0,
+            max: Some(100),
+        },
     },
     SettingDef {
         name: NODE_DRAIN_POLICY,
@@ -141,13 +153,19 @@ pub const DEFINITIONS: &[SettingDef] = &[
         name: REBUILD_MAX_RETRY,
         default: "5",
         description: "Reuse attempts of one failed replica before a new replica is made instead.",
-        kind: SettingKind::Int { min: 0, max: Some(100) },
+        kind: SettingKind::Int {
+            min: 0,
+            max: Some(100),
+        },
     },
     SettingDef {
         name: CONCURRENT_REBUILD_PER_NODE_LIMIT,
         default: "5",
         description: "Rebuilds running at once on one node; 0 stops rebuilds.",
-        kind: SettingKind::Int { min: 0, max: Some(64) },
+        kind: SettingKind::Int {
+            min: 0,
+            max: Some(64),
+        },
     },
     SettingDef {
         name: OVER_PROVISIONING_PERCENTAGE,
@@ -159,7 +177,10 @@ pub const DEFINITIONS: &[SettingDef] = &[
         name: MINIMAL_AVAILABLE_PERCENTAGE,
         default: "25",
         description: "A disk whose free share would fall below this percentage takes no new replica.",
-        kind: SettingKind::Int { min: 0, max: Some(100) },
+        kind: SettingKind::Int {
+            min: 0,
+            max: Some(100),
+        },
     },
     SettingDef {
         name: DISABLE_SCHEDULING_ON_CORDONED_NODE,
@@ -261,7 +282,9 @@ impl Settings {
     }
 
     fn word<T: std::str::FromStr>(&self, name: &str, fallback: T) -> T {
-        self.get(name).and_then(|v| v.parse().ok()).unwrap_or(fallback)
+        self.get(name)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(fallback)
     }
 
     pub fn default_replica_count(&self) -> u32 {
@@ -286,7 +309,10 @@ impl Settings {
         self.int(DISK_PRESSURE_PERCENTAGE).clamp(0, 100) as u32
     }
     pub fn node_drain_policy(&self) -> NodeDrainPolicy {
-        self.word(NODE_DRAIN_POLICY, NodeDrainPolicy::BlockIfContainsLastReplica)
+        self.word(
+            NODE_DRAIN_POLICY,
+            NodeDrainPolicy::BlockIfContainsLastReplica,
+        )
     }
     pub fn replenishment_wait_interval_secs(&self) -> u64 {
         self.int(REPLENISHMENT_WAIT_INTERVAL).max(0) as u64
@@ -315,7 +341,12 @@ mod tests {
     #[test]
     fn every_default_validates() {
         for d in DEFINITIONS {
-            assert_eq!(validate(d.name, d.default).as_deref(), Ok(d.default), "{}", d.name);
+            assert_eq!(
+                validate(d.name, d.default).as_deref(),
+                Ok(d.default),
+                "{}",
+                d.name
+            );
         }
     }
 
@@ -329,13 +360,21 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_accepted_values() {
-        let e = validate(REPLICA_AUTO_BALANCE, "always").unwrap_err().to_string();
+        let e = validate(REPLICA_AUTO_BALANCE, "always")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("disabled, least-effort, best-effort"), "{e}");
-        let e = validate(DEFAULT_REPLICA_COUNT, "21").unwrap_err().to_string();
+        let e = validate(DEFAULT_REPLICA_COUNT, "21")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("an integer from 1 to 20"), "{e}");
-        let e = validate(REPLICA_SOFT_ANTI_AFFINITY, "yes").unwrap_err().to_string();
+        let e = validate(REPLICA_SOFT_ANTI_AFFINITY, "yes")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("true, false"), "{e}");
-        let e = validate(REPLENISHMENT_WAIT_INTERVAL, "-1").unwrap_err().to_string();
+        let e = validate(REPLENISHMENT_WAIT_INTERVAL, "-1")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("an integer >= 0"), "{e}");
     }
 
@@ -348,7 +387,10 @@ mod tests {
         ]);
         assert_eq!(s.replica_auto_balance(), AutoBalance::BestEffort);
         assert_eq!(s.default_replica_count(), 2);
-        assert_eq!(s.node_drain_policy(), NodeDrainPolicy::BlockIfContainsLastReplica);
+        assert_eq!(
+            s.node_drain_policy(),
+            NodeDrainPolicy::BlockIfContainsLastReplica
+        );
         assert_eq!(s.disk_pressure_percentage(), 90);
     }
 }

@@ -1,0 +1,19 @@
+//! The Ballast controller: the store of record, the REST API, the CSI
+//! controller socket, and the registry of nodes (registration, heartbeats,
+//! liveness). Placement (planner) and its executor come in later releases.
+//!
+//! It never touches a disk and never imports the node crate: nodes are
+//! reached only through the agent protocol in the core crate.
+
+pub mod api;
+pub mod context;
+pub mod csi;
+pub mod daemon;
+pub mod error;
+pub mod events;
+pub mod nodes;
+pub mod volumes;
+
+pub use context::Context;
+pub use daemon::{ControllerConfig, run};
+pub use error::Error;

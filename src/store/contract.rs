@@ -32,9 +32,17 @@ pub fn crud<S: Store>(store: &S) {
 
     let got: Setting = store.fetch("a").unwrap();
     assert_eq!(got, a);
-    let names: Vec<String> = store.list::<Setting>().unwrap().into_iter().map(|s| s.name).collect();
+    let names: Vec<String> = store
+        .list::<Setting>()
+        .unwrap()
+        .into_iter()
+        .map(|s| s.name)
+        .collect();
     assert_eq!(names, ["a", "b"], "list is ordered by name");
-    assert!(store.list_raw(Kind::Volume).unwrap().is_empty(), "kinds are separate");
+    assert!(
+        store.list_raw(Kind::Volume).unwrap().is_empty(),
+        "kinds are separate"
+    );
 
     let mut a2 = got.clone();
     a2.value = "10".into();
@@ -46,7 +54,9 @@ pub fn crud<S: Store>(store: &S) {
         store.create(&setting("a", "x")),
         Err(StoreError::AlreadyExists { .. })
     ));
-    store.delete::<Setting>("a", Some(a2.resource_version)).unwrap();
+    store
+        .delete::<Setting>("a", Some(a2.resource_version))
+        .unwrap();
     assert!(store.get::<Setting>("a").unwrap().is_none());
     assert!(matches!(
         store.delete::<Setting>("a", None),
@@ -142,8 +152,14 @@ pub fn subscriptions<S: Store>(store: &S) {
         seen.push(c);
     }
     let ops: Vec<ChangeOp> = seen.iter().map(|c| c.op).collect();
-    assert_eq!(ops, [ChangeOp::Created, ChangeOp::Updated, ChangeOp::Deleted]);
-    assert!(seen.iter().all(|c| c.kind == Kind::Setting && c.name == "w"));
+    assert_eq!(
+        ops,
+        [ChangeOp::Created, ChangeOp::Updated, ChangeOp::Deleted]
+    );
+    assert!(
+        seen.iter()
+            .all(|c| c.kind == Kind::Setting && c.name == "w")
+    );
     assert_eq!(seen[0].revision, s.resource_version);
     assert_eq!(seen[1].revision, s2.resource_version);
     assert!(seen[2].revision > seen[1].revision);
@@ -159,7 +175,10 @@ pub fn persists<S: Store>(open: impl Fn() -> S) {
     let got: Setting = store.fetch("kept").unwrap();
     assert_eq!(got, v);
     let next = store.create(&setting("after", "1")).unwrap();
-    assert!(next.resource_version > v.resource_version, "revision survives reopen");
+    assert!(
+        next.resource_version > v.resource_version,
+        "revision survives reopen"
+    );
 }
 
 /// The records the crash writer writes: each is self-checking, so a torn
@@ -197,7 +216,9 @@ pub fn crash_writer_loop<S: Store>(store: &S, ready_file: &std::path::Path) -> !
 /// Every record the crash writer left is whole and self-consistent.
 /// Returns how many records were checked.
 pub fn verify_no_torn_objects<S: Store>(store: &S) -> usize {
-    let all = store.list_raw(Kind::Event).expect("store lists after a crash");
+    let all = store
+        .list_raw(Kind::Event)
+        .expect("store lists after a crash");
     for raw in &all {
         let seq = raw.value["seq"].as_u64().expect("seq");
         assert_eq!(raw.value, crash_record(seq), "record {} is torn", raw.name);

@@ -34,7 +34,9 @@ pub struct RedbStore {
 
 impl std::fmt::Debug for RedbStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RedbStore").field("path", &self.path).finish()
+        f.debug_struct("RedbStore")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -300,7 +302,10 @@ mod tests {
         let err = RedbStore::open(dir.path().join("store.redb")).unwrap_err();
         assert!(started.elapsed() < Duration::from_secs(2), "does not wait");
         assert!(matches!(err, StoreError::Locked { .. }), "{err:?}");
-        assert!(err.to_string().contains("already open in another process"), "{err}");
+        assert!(
+            err.to_string().contains("already open in another process"),
+            "{err}"
+        );
     }
 
     /// Entry point of the child process of the crash test: only does work
@@ -322,7 +327,11 @@ mod tests {
         for round in 0..3 {
             let ready = dir.path().join(format!("ready-{round}"));
             let mut child = Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", "store::redb_store::tests::crash_child_entry", "--nocapture"])
+                .args([
+                    "--exact",
+                    "store::redb_store::tests::crash_child_entry",
+                    "--nocapture",
+                ])
                 .env("BALLAST_CRASH_CHILD_STORE", &path)
                 .env("BALLAST_CRASH_CHILD_READY", &ready)
                 .stdout(Stdio::null())

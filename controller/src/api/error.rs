@@ -1,0 +1,26 @@
+//! The one place where controller errors become HTTP answers:
+//! `{"error": "...", "code": "..."}` with 400, 404, 409, 422 or 500.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::Error;
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let (status, code) = match &self {
+            Error::Invalid { .. } => (StatusCode::BAD_REQUEST, "invalid_argument"),
+            Error::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            Error::AlreadyExists(_) => (StatusCode::CONFLICT, "already_exists"),
+            Error::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+            Error::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable"),
+            Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        }
+        let body = serde_json::json!({ "error": self.to_string(), "code": code });
+        (status, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,112 @@
+//! The REST API (axum): JSON over HTTP on `--api-listen`, as INTERFACES.md
+//! §3 lists it. Handlers validate, read or write the store, and answer;
+//! errors become HTTP in `error.rs` only.
+
+mod body;
+mod error;
+mod meta;
+mod nodes;
+mod objects;
+mod settings;
+mod volumes;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::routing::{get, patch};
+
+use crate::context::Context;
+
+pub use meta::openapi;
+
+/// Every route, with what it does; the OpenAPI document is made from it.
+pub const ROUTES: &[(&str, &str, &str)] = &[
+    (
+        "get",
+        "/healthz",
+        "Liveness of the controller and its store",
+    ),
+    ("get", "/metrics", "Prometheus metrics"),
+    ("get", "/openapi.json", "This document"),
+    ("get", "/v1/volumes", "List volumes"),
+    ("post", "/v1/volumes", "Create a volume record"),
+    (
+        "get",
+        "/v1/volumes/{name}",
+        "Get a volume, with a summary of its replicas",
+    ),
+    (
+        "patch",
+        "/v1/volumes/{name}",
+        "Change numberOfReplicas, dataLocality or replicaAutoBalance",
+    ),
+    (
+        "delete",
+        "/v1/volumes/{name}",
+        "Delete a volume and its replicas",
+    ),
+    (
+        "get",
+        "/v1/replicas",
+        "List replicas, optionally ?volume=NAME&node=ID",
+    ),
+    ("delete", "/v1/replicas/{name}", "Delete a replica record"),
+    ("get", "/v1/nodes", "List nodes"),
+    ("get", "/v1/nodes/{id}", "Get a node"),
+    (
+        "patch",
+        "/v1/nodes/{id}",
+        "Change allowScheduling, evictionRequested, zone, tags or cordoned",
+    ),
+    (
+        "patch",
+        "/v1/nodes/{id}/disks/{diskId}",
+        "Change a disk's allowScheduling, evictionRequested, storageReserved or tags",
+    ),
+    (
+        "get",
+        "/v1/settings",
+        "List settings with values, defaults and descriptions",
+    ),
+    ("get", "/v1/settings/{name}", "Get a setting"),
+    ("put", "/v1/settings/{name}", "Set a setting's value"),
+    (
+        "get",
+        "/v1/events",
+        "List events, optionally ?object=KIND/NAME",
+    ),
+];
+
+/// The router with every route of [`ROUTES`].
+pub fn router(ctx: Arc<Context>) -> Router {
+    Router::new()
+        .route("/healthz", get(meta::healthz))
+        .route("/metrics", get(meta::metrics))
+        .route("/openapi.json", get(meta::openapi_handler))
+        .route("/v1/volumes", get(volumes::list).post(volumes::create))
+        .route(
+            "/v1/volumes/{name}",
+            get(volumes::get_one)
+                .patch(volumes::patch)
+                .delete(volumes::delete),
+        )
+        .route("/v1/replicas", get(objects::list_replicas))
+        .route(
+            "/v1/replicas/{name}",
+            axum::routing::delete(objects::delete_replica),
+        )
+        .route("/v1/nodes", get(nodes::list))
+        .route("/v1/nodes/{id}", get(nodes::get_one).patch(nodes::patch))
+        .route("/v1/nodes/{id}/disks/{disk_id}", patch(nodes::patch_disk))
+        .route("/v1/settings", get(settings::list))
+        .route(
+            "/v1/settings/{name}",
+            get(settings::get_one).put(settings::put),
+        )
+        .route("/v1/events", get(objects::list_events))
+        .fallback(meta::no_route)
+        .with_state(ctx)
+}
+
+#[cfg(test)]
+mod tests;

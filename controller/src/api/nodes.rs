@@ -1,0 +1,164 @@
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use ballast::model::{Kind, Node};
+use ballast::store::StoreExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::body::Body;
+use crate::context::Context;
+use crate::error::Error;
+
+pub async fn list(State(ctx): State<Arc<Context>>) -> Result<Json<Value>, Error> {
+    let items: Vec<Node> = ctx.store.list()?;
+    Ok(Json(json!({ "items": items })))
+}
+
+pub async fn get_one(
+    State(ctx): State<Arc<Context>>,
+    Path(id): Path<String>,
+) -> Result<Json<Node>, Error> {
+    Ok(Json(ctx.store.fetch(&id)?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PatchNode {
+    allow_scheduling: Option<bool>,
+    eviction_requested: Option<bool>,
+    zone: Option<String>,
+    tags: Option<Vec<String>>,
+    cordoned: Option<bool>,
+    resource_version: Option<u64>,
+}
+
+fn check_version(kind: &str, id: &str, have: u64, want: Option<u64>) -> Result<(), Error> {
+    match want {
+        Some(v) if v != have => Err(Error::Conflict(format!(
+            "{kind} {id:?} is at resource version {have}, not {v}; read it again"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn check_tags(field: &str, tags: &[String]) -> Result<(), Error> {
+    match tags.iter().find(|t| t.is_empty() || t.contains(',')) {
+        Some(bad) => Err(Error::invalid(
+            field,
+            format!("tag {bad:?} is empty or has a comma"),
+        )),
+        None => Ok(()),
+    }
+}
+
+#[tracing::instrument(skip_all, fields(node = %id))]
+pub async fn patch(
+    State(ctx): State<Arc<Context>>,
+    Path(id): Path<String>,
+    Body(p): Body<PatchNode>,
+) -> Result<Json<Node>, Error> {
+    if let Some(tags) = &p.tags {
+        check_tags("tags", tags)?;
+    }
+    let mut notes = Vec::new();
+    let node = ctx.store.modify::<Node, Error>(&id, |n| {
+        check_version("node", &id, n.resource_version, p.resource_version)?;
+        notes.clear();
+        if let Some(v) = p.allow_scheduling {
+            n.spec.allow_scheduling = v;
+            notes.push(format!("allowScheduling={v}"));
+        }
+        if let Some(v) = p.eviction_requested {
+            n.spec.eviction_requested = v;
+            notes.push(format!("evictionRequested={v}"));
+        }
+        if let Some(z) = &p.zone {
+            n.spec.zone = z.clone();
+            notes.push(format!("zone={z}"));
+        }
+        if let Some(t) = &p.tags {
+            n.spec.tags = t.clone();
+            notes.push(format!("tags={}", t.join(",")));
+        }
+        if let Some(c) = p.cordoned {
+            n.status.cordoned = c;
+            notes.push(format!("cordoned={c}"));
+        }
+        Ok(!notes.is_empty())
+    })?;
+    if !notes.is_empty() {
+        ctx.event(Kind::Node, &id, "NodeUpdated", notes.join(" "));
+    }
+    Ok(Json(node))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PatchDisk {
+    allow_scheduling: Option<bool>,
+    eviction_requested: Option<bool>,
+    #[serde(
+        default,
+        deserialize_with = "ballast::quantity::serde_size_opt::deserialize"
+    )]
+    storage_reserved: Option<u64>,
+    tags: Option<Vec<String>>,
+}
+
+#[tracing::instrument(skip_all, fields(node = %id, disk = %disk_id))]
+pub async fn patch_disk(
+    State(ctx): State<Arc<Context>>,
+    Path((id, disk_id)): Path<(String, String)>,
+    Body(p): Body<PatchDisk>,
+) -> Result<Json<Node>, Error> {
+    if let Some(tags) = &p.tags {
+        check_tags("tags", tags)?;
+    }
+    let mut notes = Vec::new();
+    let node = ctx.store.modify::<Node, Error>(&id, |n| {
+        notes.clear();
+        let maximum = n.status.disks.get(&disk_id).map(|d| d.storage_maximum);
+        let disk = n
+            .spec
+            .disks
+            .get_mut(&disk_id)
+            .ok_or_else(|| Error::NotFound {
+                kind: "disk".into(),
+                name: format!("{id}/{disk_id}"),
+            })?;
+        if let Some(v) = p.allow_scheduling {
+            disk.allow_scheduling = v;
+            notes.push(format!("allowScheduling={v}"));
+        }
+        if let Some(v) = p.eviction_requested {
+            disk.eviction_requested = v;
+            notes.push(format!("evictionRequested={v}"));
+        }
+        if let Some(r) = p.storage_reserved {
+            if let Some(max) = maximum.filter(|m| *m > 0 && r > *m) {
+                return Err(Error::invalid(
+                    "storageReserved",
+                    format!("{r} bytes is more than the disk's {max} bytes"),
+                ));
+            }
+            disk.storage_reserved = r;
+            notes.push(format!("storageReserved={r}"));
+        }
+        if let Some(t) = &p.tags {
+            disk.tags = t.clone();
+            notes.push(format!("tags={}", t.join(",")));
+        }
+        Ok(!notes.is_empty())
+    })?;
+    if !notes.is_empty() {
+        ctx.event(
+            Kind::Node,
+            &id,
+            "DiskUpdated",
+            format!("disk {disk_id}: {}", notes.join(" ")),
+        );
+    }
+    Ok(Json(node))
+}

@@ -1,0 +1,64 @@
+//! Replicas and events: listed with filters.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use ballast::model::{Event, Replica};
+use ballast::store::StoreExt;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::body::QueryArgs;
+use crate::context::Context;
+use crate::error::Error;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicaFilter {
+    volume: Option<String>,
+    node: Option<String>,
+}
+
+pub async fn list_replicas(
+    State(ctx): State<Arc<Context>>,
+    QueryArgs(f): QueryArgs<ReplicaFilter>,
+) -> Result<Json<Value>, Error> {
+    let items: Vec<Replica> = ctx
+        .store
+        .list::<Replica>()?
+        .into_iter()
+        .filter(|r| f.volume.as_ref().is_none_or(|v| &r.spec.volume == v))
+        .filter(|r| f.node.as_ref().is_none_or(|n| &r.spec.node_id == n))
+        .collect();
+    Ok(Json(json!({ "items": items })))
+}
+
+#[tracing::instrument(skip_all, fields(replica = %name))]
+pub async fn delete_replica(
+    State(ctx): State<Arc<Context>>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, Error> {
+    ctx.store.delete::<Replica>(&name, None)?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventFilter {
+    object: Option<String>,
+}
+
+pub async fn list_events(
+    State(ctx): State<Arc<Context>>,
+    QueryArgs(f): QueryArgs<EventFilter>,
+) -> Result<Json<Value>, Error> {
+    let items: Vec<Event> = ctx
+        .store
+        .list::<Event>()?
+        .into_iter()
+        .filter(|e| f.object.as_ref().is_none_or(|o| &e.object == o))
+        .collect();
+    Ok(Json(json!({ "items": items })))
+}

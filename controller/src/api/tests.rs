@@ -1,0 +1,384 @@
+//! The REST API against a real redb store, through the router in-process.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use ballast::model::{DiskSpec, Node, NodeSpec, NodeStatus, Setting};
+use ballast::store::{RedbStore, StoreExt};
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use crate::context::Context;
+
+struct Api {
+    _dir: tempfile::TempDir,
+    ctx: Arc<Context>,
+}
+
+impl Api {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(dir.path().join("s.redb")).unwrap();
+        let ctx = Context::new(Arc::new(store), Duration::from_secs(30));
+        Api { _dir: dir, ctx }
+    }
+
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json")
+            .body(match body {
+                Some(b) => Body::from(b.to_string()),
+                None => Body::empty(),
+            })
+            .unwrap();
+        let resp = super::router(self.ctx.clone()).oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let v = serde_json::from_slice(&bytes)
+            .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        (status, v)
+    }
+
+    fn seed_node(&self, id: &str) {
+        let node = Node {
+            id: id.into(),
+            resource_version: 0,
+            spec: NodeSpec {
+                zone: "zone-1".into(),
+                tags: vec![],
+                allow_scheduling: true,
+                eviction_requested: false,
+                disks: [("disk-1".to_string(), DiskSpec::new("/d1", vec![]))].into(),
+            },
+            status: NodeStatus::default(),
+        };
+        self.ctx.store.create(&node).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn unknown_setting_is_400_naming_the_known_settings_and_changes_nothing() {
+    let api = Api::new();
+    let (s, v) = api
+        .call(
+            "PUT",
+            "/v1/settings/replica-count",
+            Some(json!({"value": "3"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(v["code"], "invalid_argument");
+    let msg = v["error"].as_str().unwrap();
+    assert!(msg.contains("default-replica-count"), "{msg}");
+    assert!(api.ctx.store.list::<Setting>().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn bad_setting_value_is_400_naming_the_accepted_values_and_changes_nothing() {
+    let api = Api::new();
+    let (s, v) = api
+        .call(
+            "PUT",
+            "/v1/settings/replica-auto-balance",
+            Some(json!({"value": "always"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let msg = v["error"].as_str().unwrap();
+    assert!(msg.starts_with("value:"), "{msg}");
+    assert!(msg.contains("disabled, least-effort, best-effort"), "{msg}");
+    let (_, v) = api
+        .call("GET", "/v1/settings/replica-auto-balance", None)
+        .await;
+    assert_eq!(v["value"], "disabled");
+}
+
+#[tokio::test]
+async fn settings_put_accepts_strings_booleans_and_numbers() {
+    let api = Api::new();
+    let (s, _) = api
+        .call(
+            "PUT",
+            "/v1/settings/replica-soft-anti-affinity",
+            Some(json!({"value": true})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, _) = api
+        .call(
+            "PUT",
+            "/v1/settings/default-replica-count",
+            Some(json!({"value": 2})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, v) = api.call("GET", "/v1/settings", None).await;
+    let items = v["items"].as_array().unwrap();
+    assert_eq!(items.len(), ballast::settings::DEFINITIONS.len());
+    let get = |n: &str| items.iter().find(|i| i["name"] == n).unwrap()["value"].clone();
+    assert_eq!(get("replica-soft-anti-affinity"), "true");
+    assert_eq!(get("default-replica-count"), "2");
+    assert_eq!(api.ctx.settings().unwrap().default_replica_count(), 2);
+    // A later volume follows the new default.
+    let (s, v) = api
+        .call(
+            "POST",
+            "/v1/volumes",
+            Some(json!({"name": "v1", "size": "1Gi"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["spec"]["numberOfReplicas"], 2);
+}
+
+#[tokio::test]
+async fn unknown_setting_get_is_404() {
+    let api = Api::new();
+    let (s, v) = api.call("GET", "/v1/settings/nope", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(v["code"], "not_found");
+}
+
+#[tokio::test]
+async fn patch_of_an_unknown_node_is_404() {
+    let api = Api::new();
+    let (s, v) = api
+        .call(
+            "PATCH",
+            "/v1/nodes/node-9",
+            Some(json!({"allowScheduling": false})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(v["error"].as_str().unwrap().contains("node-9"));
+}
+
+#[tokio::test]
+async fn node_patch_changes_spec_and_cordon_and_records_an_event() {
+    let api = Api::new();
+    api.seed_node("node-1");
+    let (s, v) = api
+        .call(
+            "PATCH",
+            "/v1/nodes/node-1",
+            Some(json!({"allowScheduling": false, "zone": "zone-2", "cordoned": true})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["spec"]["allowScheduling"], false);
+    assert_eq!(v["spec"]["zone"], "zone-2");
+    assert_eq!(v["status"]["cordoned"], true);
+    let (_, ev) = api.call("GET", "/v1/events?object=node/node-1", None).await;
+    let reasons: Vec<&str> = ev["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(reasons, ["NodeUpdated"]);
+}
+
+#[tokio::test]
+async fn node_patch_with_an_unknown_field_is_400_naming_it_and_changes_nothing() {
+    let api = Api::new();
+    api.seed_node("node-1");
+    let before: Node = api.ctx.store.fetch("node-1").unwrap();
+    let (s, v) = api
+        .call(
+            "PATCH",
+            "/v1/nodes/node-1",
+            Some(json!({"allowSchedule": false})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(
+        v["error"].as_str().unwrap().starts_with("allowSchedule:"),
+        "{v}"
+    );
+    let (s, v) = api
+        .call(
+            "PATCH",
+            "/v1/nodes/node-1",
+            Some(json!({"allowScheduling": "no"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(
+        v["error"].as_str().unwrap().starts_with("allowScheduling:"),
+        "{v}"
+    );
+    assert_eq!(api.ctx.store.fetch::<Node>("node-1").unwrap(), before);
+}
+
+#[tokio::test]
+async fn disk_patch_takes_quantities_and_404s_unknown_disks() {
+    let api = Api::new();
+    api.seed_node("node-1");
+    let (s, v) = api
+        .call(
+            "PATCH",
+            "/v1/nodes/node-1/disks/disk-1",
+            Some(json!({"storageReserved": "1Gi", "tags": ["ssd"], "evictionRequested": true})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["spec"]["disks"]["disk-1"]["storageReserved"], 1u64 << 30);
+    assert_eq!(v["spec"]["disks"]["disk-1"]["tags"], json!(["ssd"]));
+    let (s, _) = api
+        .call(
+            "PATCH",
+            "/v1/nodes/node-1/disks/disk-9",
+            Some(json!({"allowScheduling": false})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, v) = api
+        .call(
+            "PATCH",
+            "/v1/nodes/node-1/disks/disk-1",
+            Some(json!({"storageReserved": "1Qi"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert!(
+        v["error"].as_str().unwrap().starts_with("storageReserved:"),
+        "{v}"
+    );
+}
+
+#[tokio::test]
+async fn volume_records_create_get_patch_delete() {
+    let api = Api::new();
+    let (s, v) = api
+        .call(
+            "POST",
+            "/v1/volumes",
+            Some(json!({"name": "v1", "size": "1Gi", "numberOfReplicas": 3, "dataLocality": "best-effort"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{v}");
+    assert_eq!(v["spec"]["size"], 1u64 << 30);
+    assert_eq!(v["status"]["robustness"], "unknown");
+
+    let (s, _) = api
+        .call(
+            "POST",
+            "/v1/volumes",
+            Some(json!({"name": "v1", "size": "1Gi"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "duplicate name");
+
+    let (s, v) = api.call("GET", "/v1/volumes/v1", None).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["status"]["replicas"], json!([]));
+
+    let (s, v) = api
+        .call(
+            "PATCH",
+            "/v1/volumes/v1",
+            Some(json!({"numberOfReplicas": 2, "replicaAutoBalance": "best-effort"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["spec"]["numberOfReplicas"], 2);
+    assert_eq!(v["spec"]["replicaAutoBalance"], "best-effort");
+
+    let (s, v) = api
+        .call(
+            "PATCH",
+            "/v1/volumes/v1",
+            Some(json!({"resourceVersion": 1, "numberOfReplicas": 1})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "stale version: {v}");
+
+    let (_, list) = api.call("GET", "/v1/volumes", None).await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    let (s, _) = api.call("DELETE", "/v1/volumes/v1", None).await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (s, _) = api.call("GET", "/v1/volumes/v1", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, _) = api.call("DELETE", "/v1/volumes/v1", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn bad_volume_input_names_the_field_and_creates_nothing() {
+    let api = Api::new();
+    for (body, field, needle) in [
+        (
+            json!({"name": "v1", "size": "1Gi", "dataLocality": "sometimes"}),
+            "dataLocality",
+            "best-effort",
+        ),
+        (
+            json!({"name": "v1", "size": "1Gi", "numberOfReplicas": 0}),
+            "numberOfReplicas",
+            "1 to 20",
+        ),
+        (json!({"name": "v1", "size": "lots"}), "size", "number"),
+        (json!({"name": "v1"}), "size", "missing"),
+        (json!({"name": "V 1", "size": "1Gi"}), "name", "lower-case"),
+        (
+            json!({"name": "v1", "size": "1Gi", "replicas": 3}),
+            "replicas",
+            "unknown field",
+        ),
+        (
+            json!({"name": "v1", "size": "1Gi", "numberOfReplicas": 2, "dataLocality": "strict-local"}),
+            "dataLocality",
+            "numberOfReplicas = 1",
+        ),
+    ] {
+        let (s, v) = api.call("POST", "/v1/volumes", Some(body.clone())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+        let msg = v["error"].as_str().unwrap();
+        assert!(msg.starts_with(&format!("{field}:")), "{body} -> {msg}");
+        assert!(msg.contains(needle), "{body} -> {msg}");
+    }
+    let (s, v) = api.call("POST", "/v1/volumes", None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let (_, list) = api.call("GET", "/v1/volumes", None).await;
+    assert_eq!(list["items"], json!([]));
+}
+
+#[tokio::test]
+async fn replicas_and_events_filter_and_unknown_paths_are_json_404() {
+    let api = Api::new();
+    let (s, v) = api
+        .call("GET", "/v1/replicas?volume=v1&node=n1", None)
+        .await;
+    assert_eq!((s, v), (StatusCode::OK, json!({"items": []})));
+    let (s, v) = api.call("GET", "/v1/replicas?colour=red", None).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let (s, v) = api.call("GET", "/v1/nothing", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(v["code"], "not_found");
+}
+
+#[tokio::test]
+async fn healthz_metrics_and_openapi() {
+    let api = Api::new();
+    api.seed_node("node-1");
+    let (s, v) = api.call("GET", "/healthz", None).await;
+    assert_eq!((s, v["status"].clone()), (StatusCode::OK, json!("ok")));
+    let (s, v) = api.call("GET", "/metrics", None).await;
+    assert_eq!(s, StatusCode::OK);
+    let text = v.as_str().unwrap();
+    assert!(text.contains("ballast_nodes{ready=\"false\"} 1"), "{text}");
+    let (s, doc) = api.call("GET", "/openapi.json", None).await;
+    assert_eq!(s, StatusCode::OK);
+    for (method, path, _) in super::ROUTES {
+        assert!(
+            doc["paths"][path][method].is_object(),
+            "{method} {path} missing"
+        );
+    }
+}

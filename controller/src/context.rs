@@ -1,0 +1,80 @@
+//! What every RPC, request handler and background task of the controller
+//! gets: the store, the timing configuration and the liveness table.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ballast::model::Setting;
+use ballast::settings::Settings;
+use ballast::store::{Store, StoreExt};
+
+use crate::error::Error;
+use crate::events::Recorder;
+
+pub struct Context {
+    pub store: Arc<dyn Store>,
+    /// A node with no heartbeat for this long is not ready.
+    pub node_down_timeout: Duration,
+    /// How often nodes are asked to heartbeat.
+    pub heartbeat_interval: Duration,
+    /// When each node was last heard from, by this process's clock. A node
+    /// the store knows but this process has not heard from yet counts from
+    /// `started`.
+    pub last_seen: Mutex<HashMap<String, Instant>>,
+    pub started: Instant,
+    pub events: Recorder,
+}
+
+impl Context {
+    pub fn new(store: Arc<dyn Store>, node_down_timeout: Duration) -> Arc<Self> {
+        // Heartbeat several times per timeout so one lost beat is no outage.
+        let heartbeat_interval =
+            (node_down_timeout / 4).clamp(Duration::from_millis(200), Duration::from_secs(5));
+        Arc::new(Context {
+            store,
+            node_down_timeout,
+            heartbeat_interval,
+            last_seen: Mutex::new(HashMap::new()),
+            started: Instant::now(),
+            events: Recorder::default(),
+        })
+    }
+
+    /// The effective settings: defaults overlaid with what the store holds.
+    pub fn settings(&self) -> Result<Settings, Error> {
+        let stored: Vec<Setting> = self.store.list()?;
+        Ok(Settings::from_overrides(
+            stored.iter().map(|s| (s.name.as_str(), s.value.as_str())),
+        ))
+    }
+
+    /// Records an event on `kind/name`.
+    pub fn event(
+        &self,
+        kind: ballast::model::Kind,
+        name: &str,
+        reason: &str,
+        message: impl Into<String>,
+    ) {
+        self.events
+            .record(self.store.as_ref(), kind, name, reason, message);
+    }
+
+    pub fn saw_node(&self, id: &str) {
+        if let Ok(mut m) = self.last_seen.lock() {
+            m.insert(id.to_string(), Instant::now());
+        }
+    }
+
+    /// How long since the node was heard from.
+    pub fn silence(&self, id: &str) -> Duration {
+        let seen = self
+            .last_seen
+            .lock()
+            .ok()
+            .and_then(|m| m.get(id).copied())
+            .unwrap_or(self.started);
+        seen.elapsed()
+    }
+}

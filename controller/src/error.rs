@@ -1,0 +1,65 @@
+//! The controller's error table. HTTP codes are chosen in `api::error`,
+//! gRPC codes in the `From<Error> for Status` below; never at a call site.
+
+use ballast::model::Kind;
+use ballast::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad input; names the field.
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error("{kind} {name:?} not found")]
+    NotFound { kind: String, name: String },
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// Someone else changed the object, or it is busy.
+    #[error("{0}")]
+    Conflict(String),
+    /// Valid, but not possible now.
+    #[error("{0}")]
+    Unprocessable(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(kind: Kind, name: impl Into<String>) -> Self {
+        Error::NotFound {
+            kind: kind.singular().to_string(),
+            name: name.into(),
+        }
+    }
+}
+
+impl From<StoreError> for Error {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound { kind, name } => Error::not_found(kind, name),
+            e @ StoreError::AlreadyExists { .. } => Error::AlreadyExists(e.to_string()),
+            e @ StoreError::Conflict { .. } => Error::Conflict(e.to_string()),
+            e => Error::Internal(e.to_string()),
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        let msg = e.to_string();
+        match e {
+            Error::Invalid { .. } => tonic::Status::invalid_argument(msg),
+            Error::NotFound { .. } => tonic::Status::not_found(msg),
+            Error::AlreadyExists(_) => tonic::Status::already_exists(msg),
+            Error::Conflict(_) => tonic::Status::aborted(msg),
+            Error::Unprocessable(_) => tonic::Status::failed_precondition(msg),
+            Error::Internal(_) => tonic::Status::internal(msg),
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Volume records: building a volume from a create request and applying a
+//! patch, with every rule on the values in one place. (Placement of the
+//! replicas is the planner's, in a later release.)
+
+use ballast::model::{
+    AccessMode, DataLocality, Frontend, FsType, Volume, VolumeAutoBalance, VolumeSpec,
+    VolumeStatus, validate_name,
+};
+use ballast::settings::Settings;
+use serde::Deserialize;
+
+use crate::error::Error;
+
+/// Smallest volume, and the granularity of sizes.
+pub const SIZE_ALIGN: u64 = 4096;
+pub const MAX_REPLICAS: u32 = 20;
+
+/// `POST /v1/volumes`.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CreateVolume {
+    pub name: String,
+    #[serde(with = "ballast::quantity::serde_size")]
+    pub size: u64,
+    pub number_of_replicas: Option<u32>,
+    pub data_locality: Option<DataLocality>,
+    pub replica_auto_balance: Option<VolumeAutoBalance>,
+    pub stale_replica_timeout: Option<u64>,
+    pub disk_selector: Option<Vec<String>>,
+    pub node_selector: Option<Vec<String>>,
+    pub access_mode: Option<AccessMode>,
+    pub fs_type: Option<FsType>,
+    pub frontend: Option<Frontend>,
+}
+
+/// `PATCH /v1/volumes/{name}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PatchVolume {
+    pub number_of_replicas: Option<u32>,
+    pub data_locality: Option<DataLocality>,
+    pub replica_auto_balance: Option<VolumeAutoBalance>,
+    /// When given, the patch applies only to this version.
+    pub resource_version: Option<u64>,
+}
+
+/// Checks a spec against every rule; the error names the field.
+pub fn validate_spec(spec: &VolumeSpec) -> Result<(), Error> {
+    if spec.size == 0 || spec.size % SIZE_ALIGN != 0 {
+        return Err(Error::invalid(
+            "size",
+            format!(
+                "{} is not a positive multiple of {SIZE_ALIGN} bytes",
+                spec.size
+            ),
+        ));
+    }
+    if !(1..=MAX_REPLICAS).contains(&spec.number_of_replicas) {
+        return Err(Error::invalid(
+            "numberOfReplicas",
+            format!(
+                "{} is out of range; accepted values: an integer from 1 to {MAX_REPLICAS}",
+                spec.number_of_replicas
+            ),
+        ));
+    }
+    if spec.data_locality == Some(DataLocality::StrictLocal) && spec.number_of_replicas != 1 {
+        return Err(Error::invalid(
+            "dataLocality",
+            format!(
+                "strict-local needs numberOfReplicas = 1 (got {})",
+                spec.number_of_replicas
+            ),
+        ));
+    }
+    if spec.stale_replica_timeout == 0 {
+        return Err(Error::invalid(
+            "staleReplicaTimeout",
+            "accepted values: minutes, an integer >= 1",
+        ));
+    }
+    for (field, tags) in [
+        ("diskSelector", &spec.disk_selector),
+        ("nodeSelector", &spec.node_selector),
+    ] {
+        if let Some(bad) = tags.iter().find(|t| t.is_empty() || t.contains(',')) {
+            return Err(Error::invalid(
+                field,
+                format!("tag {bad:?} is empty or has a comma"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A new volume record from a create request; unset fields take the
+/// settings' defaults.
+pub fn build(req: CreateVolume, settings: &Settings) -> Result<Volume, Error> {
+    validate_name(&req.name).map_err(|m| Error::invalid("name", m))?;
+    let mut spec = VolumeSpec::new(
+        req.size,
+        req.number_of_replicas
+            .unwrap_or_else(|| settings.default_replica_count()),
+    );
+    spec.data_locality = req.data_locality;
+    if let Some(v) = req.replica_auto_balance {
+        spec.replica_auto_balance = v;
+    }
+    if let Some(v) = req.stale_replica_timeout {
+        spec.stale_replica_timeout = v;
+    }
+    spec.disk_selector = req.disk_selector.unwrap_or_default();
+    spec.node_selector = req.node_selector.unwrap_or_default();
+    if let Some(v) = req.access_mode {
+        spec.access_mode = v;
+    }
+    if let Some(v) = req.fs_type {
+        spec.fs_type = v;
+    }
+    if let Some(v) = req.frontend {
+        spec.frontend = v;
+    }
+    validate_spec(&spec)?;
+    Ok(Volume {
+        name: req.name,
+        resource_version: 0,
+        spec,
+        status: VolumeStatus::default(),
+    })
+}
+
+/// Applies a patch to a volume, validating the result as a whole.
+pub fn apply_patch(volume: &mut Volume, patch: &PatchVolume) -> Result<(), Error> {
+    if let Some(v) = patch.resource_version
+        && v != volume.resource_version
+    {
+        return Err(Error::Conflict(format!(
+            "volume {:?} is at resource version {}, not {v}; read it again",
+            volume.name, volume.resource_version
+        )));
+    }
+    let mut spec = volume.spec.clone();
+    if let Some(n) = patch.number_of_replicas {
+        spec.number_of_replicas = n;
+    }
+    if let Some(d) = patch.data_locality {
+        spec.data_locality = Some(d);
+    }
+    if let Some(b) = patch.replica_auto_balance {
+        spec.replica_auto_balance = b;
+    }
+    validate_spec(&spec)?;
+    volume.spec = spec;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(name: &str, size: u64) -> CreateVolume {
+        serde_json::from_value(serde_json::json!({"name": name, "size": size})).unwrap()
+    }
+
+    #[test]
+    fn defaults_come_from_settings() {
+        let s = Settings::from_overrides([("default-replica-count", "2")]);
+        let v = build(req("v1", 1 << 30), &s).unwrap();
+        assert_eq!(v.spec.number_of_replicas, 2);
+        assert_eq!(v.spec.replica_auto_balance, VolumeAutoBalance::Ignored);
+        assert_eq!(v.spec.data_locality, None);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let s = Settings::default();
+        let e = build(req("v1", 1000), &s).unwrap_err();
+        assert!(e.to_string().starts_with("size:"), "{e}");
+        let e = build(req("V1", 4096), &s).unwrap_err();
+        assert!(e.to_string().starts_with("name:"), "{e}");
+        let mut r = req("v1", 4096);
+        r.number_of_replicas = Some(21);
+        assert!(
+            build(r, &s)
+                .unwrap_err()
+                .to_string()
+                .starts_with("numberOfReplicas:")
+        );
+        let mut r = req("v1", 4096);
+        r.data_locality = Some(DataLocality::StrictLocal);
+        let e = build(r, &s).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("strict-local needs numberOfReplicas = 1"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_bad_patch_changes_nothing() {
+        let mut v = build(req("v1", 4096), &Settings::default()).unwrap();
+        let before = v.clone();
+        let bad = PatchVolume {
+            number_of_replicas: Some(0),
+            ..Default::default()
+        };
+        assert!(apply_patch(&mut v, &bad).is_err());
+        assert_eq!(v, before);
+    }
+}
