@@ -6,7 +6,9 @@ use tracing_subscriber::EnvFilter;
 /// (info). Calling it twice is harmless.
 pub fn init(json: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let builder = tracing_subscriber::fmt()
+        .with_ansi(std::io::stderr().is_terminal())
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     let _ = if json {

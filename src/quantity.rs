@@ -53,7 +53,7 @@ pub fn format_size(bytes: u64) -> String {
     ];
     for (name, size) in UNITS {
         if bytes >= size {
-            if bytes % size == 0 {
+            if bytes.is_multiple_of(size) {
                 return format!("{}{name}", bytes / size);
             }
             return format!("{:.1}{name}", bytes as f64 / size as f64);

@@ -94,7 +94,7 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
         }
     };
     let ready = Arc::new(AtomicBool::new(false));
-    let csi = crate::csi::serve(socket.clone(), ready.clone(), stopped())?;
+    let csi = crate::csi::serve(socket.clone(), ctx.clone(), ready.clone(), stopped())?;
     let agent_server = tonic::transport::Server::builder()
         .add_service(ControlplaneServer::new(ControlplaneService::new(
             ctx.clone(),

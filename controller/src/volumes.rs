@@ -46,7 +46,7 @@ pub struct PatchVolume {
 
 /// Checks a spec against every rule; the error names the field.
 pub fn validate_spec(spec: &VolumeSpec) -> Result<(), Error> {
-    if spec.size == 0 || spec.size % SIZE_ALIGN != 0 {
+    if spec.size == 0 || !spec.size.is_multiple_of(SIZE_ALIGN) {
         return Err(Error::invalid(
             "size",
             format!(

@@ -207,7 +207,7 @@ pub fn crash_writer_loop<S: Store>(store: &S, ready_file: &std::path::Path) -> !
         if seq == 32 {
             let _ = std::fs::write(ready_file, b"ready");
         }
-        if seq % 64 == 0 {
+        if seq.is_multiple_of(64) {
             std::thread::sleep(Duration::from_millis(1));
         }
     }

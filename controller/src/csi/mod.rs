@@ -1,5 +1,10 @@
-//! The controller's CSI socket. This release serves Identity; the
-//! Controller service (CreateVolume and the rest) arrives with placement.
+//! The controller's CSI socket: Identity, and the Controller service.
+//!
+//! This release advertises no optional controller capability, so the RPCs
+//! behind them (CreateVolume, publish, snapshots, expand, ...) answer
+//! UNIMPLEMENTED as the spec allows; they arrive with placement and the
+//! data plane. What is served is served for real: ControllerGetCapabilities
+//! and ValidateVolumeCapabilities (against the store).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -7,21 +12,121 @@ use std::sync::atomic::AtomicBool;
 
 use ballast::csi_identity::{IdentityService, Role};
 use ballast::error::ServeError;
+use ballast::model::Volume;
+use ballast::proto::csi::v1::controller_server::{Controller, ControllerServer};
 use ballast::proto::csi::v1::identity_server::IdentityServer;
+use ballast::proto::csi::v1::volume_capability::access_mode::Mode;
+use ballast::proto::csi::v1::{
+    ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
+    ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, VolumeCapability,
+    validate_volume_capabilities_response::Confirmed, volume_capability::AccessType,
+};
+use ballast::store::StoreExt;
 use tonic::transport::Server;
+use tonic::{Request, Response, Status};
+
+use crate::context::Context;
+use crate::error::Error;
+
+/// The CSI Controller service.
+pub struct ControllerService {
+    ctx: Arc<Context>,
+}
+
+/// Whether Ballast can serve a capability: single-node access (block or
+/// mount with ext4/xfs). A reason when it cannot.
+pub fn check_capability(cap: &VolumeCapability) -> Result<(), String> {
+    let mode = cap
+        .access_mode
+        .as_ref()
+        .map(|m| Mode::try_from(m.mode).unwrap_or(Mode::Unknown))
+        .unwrap_or(Mode::Unknown);
+    match mode {
+        Mode::SingleNodeWriter | Mode::SingleNodeReaderOnly | Mode::SingleNodeSingleWriter => {}
+        Mode::Unknown => return Err("access_mode is missing or unknown".into()),
+        other => {
+            return Err(format!(
+                "access mode {} is not supported",
+                other.as_str_name()
+            ));
+        }
+    }
+    match &cap.access_type {
+        Some(AccessType::Block(_)) => Ok(()),
+        Some(AccessType::Mount(m)) => match m.fs_type.as_str() {
+            "" | "ext4" | "xfs" => Ok(()),
+            other => Err(format!("fs_type {other:?} is not supported (ext4, xfs)")),
+        },
+        None => Err("access_type (block or mount) is missing".into()),
+    }
+}
+
+#[tonic::async_trait]
+impl Controller for ControllerService {
+    #[tracing::instrument(skip_all, fields(rpc = "ControllerGetCapabilities"))]
+    async fn controller_get_capabilities(
+        &self,
+        _request: Request<ControllerGetCapabilitiesRequest>,
+    ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
+        Ok(Response::new(ControllerGetCapabilitiesResponse {
+            capabilities: Vec::new(),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "ValidateVolumeCapabilities", volume = %request.get_ref().volume_id))]
+    async fn validate_volume_capabilities(
+        &self,
+        request: Request<ValidateVolumeCapabilitiesRequest>,
+    ) -> Result<Response<ValidateVolumeCapabilitiesResponse>, Status> {
+        let req = request.into_inner();
+        if req.volume_id.is_empty() {
+            return Err(Error::invalid("volume_id", "is required").into());
+        }
+        if req.volume_capabilities.is_empty() {
+            return Err(Error::invalid("volume_capabilities", "at least one is required").into());
+        }
+        self.ctx
+            .store
+            .fetch::<Volume>(&req.volume_id)
+            .map_err(Error::from)?;
+        let refused: Vec<String> = req
+            .volume_capabilities
+            .iter()
+            .filter_map(|c| check_capability(c).err())
+            .collect();
+        if !refused.is_empty() {
+            return Ok(Response::new(ValidateVolumeCapabilitiesResponse {
+                confirmed: None,
+                message: refused.join("; "),
+            }));
+        }
+        Ok(Response::new(ValidateVolumeCapabilitiesResponse {
+            confirmed: Some(Confirmed {
+                volume_context: req.volume_context,
+                volume_capabilities: req.volume_capabilities,
+                parameters: req.parameters,
+                mutable_parameters: req.mutable_parameters,
+            }),
+            message: String::new(),
+        }))
+    }
+}
 
 /// Binds the socket now (so a bad path fails start-up) and returns the
 /// server future, which ends when `shutdown` resolves.
 pub fn serve(
     socket: PathBuf,
+    ctx: Arc<Context>,
     ready: Arc<AtomicBool>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<impl std::future::Future<Output = Result<(), ServeError>>, ServeError> {
     let incoming = ballast::grpc::bind_unix(&socket)?;
     let identity = IdentityServer::new(IdentityService::new(Role::Controller, ready));
+    let controller = ControllerServer::new(ControllerService { ctx });
     Ok(async move {
         Server::builder()
             .add_service(identity)
+            .add_service(controller)
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await
             .map_err(ServeError::from)

@@ -1,0 +1,221 @@
+//! The daemons' flags (INTERFACES.md §1). Each also reads `BALLAST_<FLAG>`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ballast_controller::ControllerConfig;
+use ballast_controller::daemon::StoreSpec;
+use ballast_node::NodeConfig;
+use ballast_node::disks::DiskArg;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::parse_duration;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    /// Where state lives: embedded:<path> (a redb file) or kubernetes.
+    #[arg(long, env = "BALLAST_STORE")]
+    pub store: StoreSpec,
+    /// The CSI socket, unix:///path/controller.sock
+    #[arg(long, env = "BALLAST_CSI_ENDPOINT")]
+    pub csi_endpoint: String,
+    /// REST API address.
+    #[arg(long, env = "BALLAST_API_LISTEN", default_value = "127.0.0.1:9500")]
+    pub api_listen: SocketAddr,
+    /// Where nodes register and heartbeat.
+    #[arg(long, env = "BALLAST_AGENT_LISTEN", default_value = "127.0.0.1:9501")]
+    pub agent_listen: SocketAddr,
+    /// How often the reconcile loop runs without a change.
+    #[arg(long, env = "BALLAST_RESYNC_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub resync_interval: Duration,
+    /// A node with no heartbeat for this long turns not ready.
+    #[arg(long, env = "BALLAST_NODE_DOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub node_down_timeout: Duration,
+}
+
+impl From<ControllerArgs> for ControllerConfig {
+    fn from(a: ControllerArgs) -> Self {
+        ControllerConfig {
+            store: a.store,
+            csi_endpoint: a.csi_endpoint,
+            api_listen: a.api_listen,
+            agent_listen: a.agent_listen,
+            resync_interval: a.resync_interval,
+            node_down_timeout: a.node_down_timeout,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// This node's id (a DNS label, e.g. node-1).
+    #[arg(long, env = "BALLAST_NODE_ID")]
+    pub node_id: String,
+    /// Zone of the node.
+    #[arg(long, env = "BALLAST_ZONE", default_value = "")]
+    pub zone: String,
+    /// Node tags, comma separated.
+    #[arg(long, env = "BALLAST_TAGS", value_delimiter = ',')]
+    pub tags: Vec<String>,
+    /// A disk: <path>[:tag1,tag2]. Repeat for several disks.
+    #[arg(long = "disk", env = "BALLAST_DISK", required = true)]
+    pub disks: Vec<DiskArg>,
+    /// The controller's agent endpoint, e.g. http://127.0.0.1:9501
+    #[arg(long, env = "BALLAST_CONTROLLER")]
+    pub controller: String,
+    /// The CSI socket, unix:///path/node.sock
+    #[arg(long, env = "BALLAST_CSI_ENDPOINT")]
+    pub csi_endpoint: String,
+    /// Where the controller calls this node.
+    #[arg(long, env = "BALLAST_AGENT_LISTEN")]
+    pub agent_listen: SocketAddr,
+    /// Replica data protocol address.
+    #[arg(long, env = "BALLAST_REPLICA_LISTEN")]
+    pub replica_listen: SocketAddr,
+    /// Sockets and frontends of attached volumes.
+    #[arg(long, env = "BALLAST_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+impl From<NodeArgs> for NodeConfig {
+    fn from(a: NodeArgs) -> Self {
+        NodeConfig {
+            node_id: a.node_id,
+            zone: a.zone,
+            tags: a.tags,
+            disks: a.disks,
+            controller: a.controller,
+            csi_endpoint: a.csi_endpoint,
+            agent_listen: a.agent_listen,
+            replica_listen: a.replica_listen,
+            state_dir: a.state_dir,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct LocalArgs {
+    /// Node processes to start.
+    #[arg(long, env = "BALLAST_NODES", default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub nodes: u16,
+    /// Zones, assigned round-robin to the nodes.
+    #[arg(long, env = "BALLAST_ZONES", default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub zones: u16,
+    /// Disks (directories) per node.
+    #[arg(long, env = "BALLAST_DISKS_PER_NODE", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub disks_per_node: u16,
+    /// Where the store, disks, sockets and logs live.
+    #[arg(long, env = "BALLAST_DIR", default_value = ".ballast")]
+    pub dir: PathBuf,
+    /// REST API address; the other ports follow it.
+    #[arg(long, env = "BALLAST_API_LISTEN", default_value = "127.0.0.1:9500")]
+    pub api_listen: SocketAddr,
+    /// Passed to the controller.
+    #[arg(long, env = "BALLAST_NODE_DOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub node_down_timeout: Duration,
+}
+
+/// `ballast`'s command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "ballast",
+    version,
+    about = "Ballast: replicated block storage for Kubernetes"
+)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, env = "BALLAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the controller: store, REST API, CSI controller socket.
+    Controller(ControllerArgs),
+    /// Run a node plugin: disks, agent, CSI node socket.
+    Node(NodeArgs),
+    /// Run a whole cluster on this machine: a controller and N nodes.
+    Local(LocalArgs),
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn command_lines_are_well_formed() {
+        Cli::command().debug_assert();
+        crate::ctl::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn node_flags_parse_with_tags_and_several_disks() {
+        let cli = Cli::try_parse_from([
+            "ballast",
+            "node",
+            "--node-id",
+            "n1",
+            "--tags",
+            "a,b",
+            "--disk",
+            "/d1:ssd",
+            "--disk",
+            "/d2",
+            "--controller",
+            "http://127.0.0.1:1",
+            "--csi-endpoint",
+            "unix:///x.sock",
+            "--agent-listen",
+            "127.0.0.1:2",
+            "--replica-listen",
+            "127.0.0.1:3",
+        ])
+        .unwrap();
+        let Command::Node(n) = cli.command else {
+            panic!("not node")
+        };
+        assert_eq!(n.tags, ["a", "b"]);
+        assert_eq!(n.disks.len(), 2);
+        assert_eq!(n.disks[0].tags, ["ssd"]);
+    }
+
+    #[test]
+    fn bad_durations_and_stores_are_refused_with_a_message() {
+        let e = Cli::try_parse_from([
+            "ballast",
+            "controller",
+            "--store",
+            "sqlite:x",
+            "--csi-endpoint",
+            "unix:///x.sock",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("embedded:<path>, kubernetes"), "{e}");
+        let e = Cli::try_parse_from([
+            "ballast",
+            "controller",
+            "--store",
+            "embedded:/x",
+            "--csi-endpoint",
+            "unix:///x.sock",
+            "--node-down-timeout",
+            "soon",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("not a duration"), "{e}");
+    }
+}

@@ -1,0 +1,322 @@
+//! `ballast local`: a whole cluster on this machine. One controller with
+//! an embedded store and `--nodes` node processes on loopback, with
+//! directories under `--dir` as their disks. Every child's output goes to
+//! `<dir>/logs/`. Ctrl-C (or SIGTERM) stops them all; run again on the same
+//! `--dir` and the cluster comes back with its state.
+//!
+//! Layout of `--dir`:
+//! ```text
+//! controller/store.redb          the store
+//! sockets/controller.sock        CSI sockets
+//! sockets/node-N.sock
+//! node-N/disk-M/                 disks
+//! node-N/state/                  the node's state dir
+//! logs/controller.log, node-N.log
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+
+use crate::args::LocalArgs;
+
+/// How long children get to stop after SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long start-up waits for the controller and the nodes.
+const START_DEADLINE: Duration = Duration::from_secs(60);
+
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+/// The ports of the cluster, all derived from the API port.
+struct Ports {
+    api: SocketAddr,
+    agent: SocketAddr,
+}
+
+impl Ports {
+    fn new(api: SocketAddr) -> Result<Self, String> {
+        if api.port() > u16::MAX - 200 {
+            return Err(format!(
+                "--api-listen port {} is too high; the other ports follow it",
+                api.port()
+            ));
+        }
+        Ok(Ports {
+            api,
+            agent: SocketAddr::new(api.ip(), api.port() + 1),
+        })
+    }
+
+    /// Node `i` (1-based): agent and replica ports.
+    fn node(&self, i: u16) -> (SocketAddr, SocketAddr) {
+        let base = self.api.port() + 10 + 2 * (i - 1);
+        (
+            SocketAddr::new(self.api.ip(), base),
+            SocketAddr::new(self.api.ip(), base + 1),
+        )
+    }
+}
+
+fn mkdir(p: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(p).map_err(|e| format!("cannot create {}: {e}", p.display()))
+}
+
+fn log_file(dir: &Path, name: &str) -> Result<(std::fs::File, std::fs::File), String> {
+    let path = dir.join("logs").join(format!("{name}.log"));
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let err = out
+        .try_clone()
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    Ok((out, err))
+}
+
+fn spawn(dir: &Path, name: &str, args: &[String]) -> Result<Proc, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find own binary: {e}"))?;
+    let (out, err) = log_file(dir, name)?;
+    let mut cmd = Command::new(exe);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .kill_on_drop(true);
+    // Children stop when this process dies, even by SIGKILL.
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).map_err(std::io::Error::from)
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {name}: {e}"))?;
+    Ok(Proc {
+        name: name.to_string(),
+        child,
+    })
+}
+
+/// Polls `url` until `until` holds, failing early when a child exits.
+async fn wait_http(
+    procs: &mut [Proc],
+    url: &str,
+    deadline: Instant,
+    what: &str,
+    until: impl Fn(&serde_json::Value) -> bool,
+) -> Result<(), String> {
+    let client = reqwest::Client::new();
+    loop {
+        for p in procs.iter_mut() {
+            if let Ok(Some(status)) = p.child.try_wait() {
+                return Err(format!("{} exited during start-up ({status})", p.name));
+            }
+        }
+        if let Ok(resp) = client.get(url).timeout(Duration::from_secs(2)).send().await
+            && let Ok(v) = resp.json::<serde_json::Value>().await
+            && until(&v)
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{what} did not come up in {}s",
+                START_DEADLINE.as_secs()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn stop_all(procs: &mut [Proc]) {
+    for p in procs.iter() {
+        if let Some(pid) = p.child.id() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+    }
+    // Nodes first in the list is fine: every child got SIGTERM at once.
+    for p in procs.iter_mut() {
+        match tokio::time::timeout(STOP_GRACE, p.child.wait()).await {
+            Ok(_) => {}
+            Err(_) => {
+                eprintln!(
+                    "{} did not stop in {}s; killing it",
+                    p.name,
+                    STOP_GRACE.as_secs()
+                );
+                let _ = p.child.kill().await;
+            }
+        }
+    }
+}
+
+/// Runs the local cluster until Ctrl-C or SIGTERM.
+pub async fn run(args: LocalArgs) -> Result<(), String> {
+    mkdir(&args.dir)?;
+    let dir: PathBuf = std::fs::canonicalize(&args.dir)
+        .map_err(|e| format!("cannot open {}: {e}", args.dir.display()))?;
+    for sub in ["controller", "sockets", "logs"] {
+        mkdir(&dir.join(sub))?;
+    }
+    let ports = Ports::new(args.api_listen)?;
+    let controller_sock = dir.join("sockets").join("controller.sock");
+    let deadline = Instant::now() + START_DEADLINE;
+    let mut procs = Vec::new();
+
+    procs.push(spawn(
+        &dir,
+        "controller",
+        &[
+            "controller".into(),
+            "--store".into(),
+            format!(
+                "embedded:{}",
+                dir.join("controller").join("store.redb").display()
+            ),
+            "--csi-endpoint".into(),
+            format!("unix://{}", controller_sock.display()),
+            "--api-listen".into(),
+            ports.api.to_string(),
+            "--agent-listen".into(),
+            ports.agent.to_string(),
+            "--node-down-timeout".into(),
+            humantime::format_duration(args.node_down_timeout).to_string(),
+        ],
+    )?);
+    let api = format!("http://{}", ports.api);
+    if let Err(e) = wait_http(
+        &mut procs,
+        &format!("{api}/healthz"),
+        deadline,
+        "the controller",
+        |v| v["status"] == "ok",
+    )
+    .await
+    {
+        stop_all(&mut procs).await;
+        return Err(format!(
+            "{e}; see {}",
+            dir.join("logs/controller.log").display()
+        ));
+    }
+
+    let mut node_socks = Vec::new();
+    for i in 1..=args.nodes {
+        let name = format!("node-{i}");
+        let node_dir = dir.join(&name);
+        let (agent, replica) = ports.node(i);
+        let sock = dir.join("sockets").join(format!("{name}.sock"));
+        let zone = format!("zone-{}", (i - 1) % args.zones + 1);
+        let mut node_args = vec![
+            "node".to_string(),
+            "--node-id".into(),
+            name.clone(),
+            "--zone".into(),
+            zone,
+            "--controller".into(),
+            format!("http://{}", ports.agent),
+            "--csi-endpoint".into(),
+            format!("unix://{}", sock.display()),
+            "--agent-listen".into(),
+            agent.to_string(),
+            "--replica-listen".into(),
+            replica.to_string(),
+            "--state-dir".into(),
+            node_dir.join("state").display().to_string(),
+        ];
+        for j in 1..=args.disks_per_node {
+            let disk = node_dir.join(format!("disk-{j}"));
+            mkdir(&disk)?;
+            node_args.push("--disk".into());
+            node_args.push(disk.display().to_string());
+        }
+        procs.push(spawn(&dir, &name, &node_args)?);
+        node_socks.push((name, sock));
+    }
+    let want = usize::from(args.nodes);
+    // Ready, and every disk measured.
+    let up = |n: &serde_json::Value| {
+        n["status"]["ready"] == true
+            && n["status"]["disks"]
+                .as_object()
+                .is_some_and(|d| !d.is_empty() && d.values().all(|d| d["ready"] == true))
+    };
+    let all_ready = |v: &serde_json::Value| {
+        v["items"]
+            .as_array()
+            .is_some_and(|items| items.iter().filter(|n| up(n)).count() >= want)
+    };
+    if let Err(e) = wait_http(
+        &mut procs,
+        &format!("{api}/v1/nodes"),
+        deadline,
+        "the nodes",
+        all_ready,
+    )
+    .await
+    {
+        stop_all(&mut procs).await;
+        return Err(format!(
+            "{e}; see the logs in {}",
+            dir.join("logs").display()
+        ));
+    }
+
+    println!(
+        "Ballast local cluster is up ({} node(s), {} zone(s)).",
+        args.nodes, args.zones
+    );
+    println!("  REST API        {api}");
+    println!("  agent endpoint  http://{}", ports.agent);
+    println!("  controller CSI  unix://{}", controller_sock.display());
+    for (name, sock) in &node_socks {
+        println!("  {name:<15} unix://{}", sock.display());
+    }
+    println!(
+        "  store           {}",
+        dir.join("controller/store.redb").display()
+    );
+    println!("  logs            {}", dir.join("logs").display());
+    println!("Try: cargo run --bin ballastctl -- --api {api} node list");
+    println!("Press Ctrl-C to stop.");
+
+    let outcome = tokio::select! {
+        _ = ballast::grpc::shutdown_signal() => Ok(()),
+        r = watch_children(&mut procs) => r,
+    };
+    println!("Stopping...");
+    stop_all(&mut procs).await;
+    println!("Stopped. State is kept in {}.", dir.display());
+    outcome
+}
+
+/// Resolves with an error when the controller exits; a node that exits is
+/// reported and left down (the controller marks it not ready).
+async fn watch_children(procs: &mut [Proc]) -> Result<(), String> {
+    let mut reported = vec![false; procs.len()];
+    loop {
+        for (i, p) in procs.iter_mut().enumerate() {
+            if reported[i] {
+                continue;
+            }
+            if let Ok(Some(status)) = p.child.try_wait() {
+                reported[i] = true;
+                eprintln!("{} exited ({status})", p.name);
+                if p.name == "controller" {
+                    return Err(format!("the controller exited ({status})"));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,163 @@
+//! The real `ballast controller` and `ballast node` processes on loopback:
+//! registration, liveness after SIGKILL, the store lock, clean shutdown.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use nix::sys::signal::Signal;
+
+#[test]
+fn two_nodes_register_and_a_killed_node_turns_not_ready_then_ready_again() {
+    let dir = tempfile::tempdir().unwrap();
+    // Short timeout so the test is quick; the behaviour is the same at 30s.
+    let ctl = start_controller(dir.path(), "2s");
+    let agent = format!("http://{}", ctl.agent);
+    let n1 = start_node(dir.path(), "node-1", &agent);
+    let mut n2 = start_node(dir.path(), "node-2", &agent);
+
+    for id in ["node-1", "node-2"] {
+        let n = wait_for(
+            Duration::from_secs(30),
+            &format!("{id} registered and ready"),
+            || node(&ctl.api, id).filter(node_is_up),
+        );
+        assert_eq!(n["spec"]["zone"], format!("zone-{id}"));
+        assert!(
+            n["spec"]["disks"]["disk-1"]["path"]
+                .as_str()
+                .unwrap()
+                .ends_with("disk-1")
+        );
+        assert!(
+            n["status"]["disks"]["disk-1"]["storageAvailable"]
+                .as_u64()
+                .unwrap()
+                > 0
+        );
+    }
+    let list = get_json(&format!("{}/v1/nodes", ctl.api)).unwrap();
+    assert_eq!(list["items"].as_array().unwrap().len(), 2);
+
+    // SIGKILL node-2: no goodbye, only silence.
+    let killed_at = Instant::now();
+    n2.proc.signal(Signal::SIGKILL);
+    n2.proc
+        .wait_exit(Duration::from_secs(5))
+        .expect("node-2 died");
+    wait_for(Duration::from_secs(30), "node-2 not ready", || {
+        node(&ctl.api, "node-2").filter(|n| n["status"]["ready"] == false)
+    });
+    let took = killed_at.elapsed();
+    // Not before the timeout: it was silent, not gone early.
+    assert!(
+        took >= Duration::from_millis(1500),
+        "marked down after only {took:?}"
+    );
+    assert!(
+        node_is_up(&node(&ctl.api, "node-1").unwrap()),
+        "node-1 stays ready"
+    );
+    assert!(event_reasons(&ctl.api, "node/node-2").contains(&"NodeDown".to_string()));
+
+    // Restart it with the same flags: ready again, same disk id.
+    let restarted = Proc::spawn(&n2.args, dir.path().join("node-2.again.log"));
+    let n = wait_for(Duration::from_secs(30), "node-2 ready again", || {
+        node(&ctl.api, "node-2").filter(node_is_up)
+    });
+    assert_eq!(
+        n["status"]["disks"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        ["disk-1"]
+    );
+    let reasons = event_reasons(&ctl.api, "node/node-2");
+    assert_eq!(
+        reasons,
+        ["NodeRegistered", "NodeDown", "NodeReady"],
+        "events of node-2"
+    );
+    drop((n1, restarted));
+}
+
+#[test]
+fn a_second_controller_on_the_same_store_fails_at_once_with_a_clear_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = start_controller(dir.path(), "30s");
+    let args = controller_args(
+        &first.store,
+        &dir.path().join("second.sock"),
+        free_addr(),
+        free_addr(),
+        "30s",
+    );
+    let mut second = Proc::spawn(&args, dir.path().join("second.log"));
+    let status = second.proc_wait();
+    assert!(!status.success());
+    let log = second.log_text();
+    assert!(log.contains("already open in another process"), "{log}");
+    // The first is unaffected.
+    assert!(get_json(&format!("{}/healthz", first.api)).is_some());
+}
+
+trait WaitExit {
+    fn proc_wait(&mut self) -> std::process::ExitStatus;
+}
+
+impl WaitExit for Proc {
+    fn proc_wait(&mut self) -> std::process::ExitStatus {
+        self.wait_exit(Duration::from_secs(10))
+            .expect("process exits at once")
+    }
+}
+
+#[test]
+fn sigterm_and_sigint_stop_the_daemons_cleanly_and_remove_their_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ctl = start_controller(dir.path(), "30s");
+    let mut n = start_node(dir.path(), "node-1", &format!("http://{}", ctl.agent));
+    wait_for(Duration::from_secs(30), "node-1 ready", || {
+        node(&ctl.api, "node-1").filter(node_is_up)
+    });
+    assert!(n.socket.exists() && ctl.socket.exists());
+
+    n.proc.signal(Signal::SIGINT);
+    let s = n
+        .proc
+        .wait_exit(Duration::from_secs(10))
+        .expect("node stops on SIGINT");
+    assert!(s.success(), "node exit status {s}");
+    assert!(!n.socket.exists(), "node socket removed");
+
+    ctl.proc.signal(Signal::SIGTERM);
+    let s = ctl
+        .proc
+        .wait_exit(Duration::from_secs(10))
+        .expect("controller stops on SIGTERM");
+    assert!(s.success(), "controller exit status {s}");
+    assert!(!ctl.socket.exists(), "controller socket removed");
+    assert!(ctl.proc.log_text().contains("controller stopped"));
+}
+
+#[test]
+fn a_stale_socket_file_is_replaced_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("controller.sock");
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    assert!(sock.exists());
+    let ctl = start_controller(dir.path(), "30s");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let info = rt.block_on(async {
+        let ch = ballast::grpc::unix_channel(&ctl.socket).unwrap();
+        ballast::proto::csi::v1::identity_client::IdentityClient::new(ch)
+            .get_plugin_info(ballast::proto::csi::v1::GetPluginInfoRequest {})
+            .await
+    });
+    assert_eq!(info.unwrap().into_inner().name, "ballast.csi.dev");
+}

@@ -1,0 +1,245 @@
+//! Harness for the end-to-end tests: the real `ballast` binary started as
+//! controller and node processes on loopback, with temp directories as
+//! disks. Every process is killed in Drop, even when a test fails.
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub const BALLAST: &str = env!("CARGO_BIN_EXE_ballast");
+pub const BALLASTCTL: &str = env!("CARGO_BIN_EXE_ballastctl");
+
+/// A loopback address with a port that was free a moment ago.
+pub fn free_addr() -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// A running daemon; SIGKILLed on drop.
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    pub fn spawn(args: &[String], log: PathBuf) -> Proc {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = Command::new(BALLAST)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .unwrap();
+        Proc { child, log }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).unwrap();
+    }
+
+    /// Waits for the process to exit, up to `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let end = Instant::now() + limit;
+        while Instant::now() < end {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `f` every 50 ms until it returns Some, or panics with `what`
+/// after `limit`.
+pub fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let end = Instant::now() + limit;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < end,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A blocking JSON GET; None when the server is not answering.
+pub fn get_json(url: &str) -> Option<Value> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let r = reqwest::Client::new()
+            .get(url)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?;
+        r.json().await.ok()
+    })
+}
+
+pub struct ControllerProc {
+    pub proc: Proc,
+    pub api: String,
+    pub agent: SocketAddr,
+    pub socket: PathBuf,
+    pub store: PathBuf,
+}
+
+pub fn controller_args(
+    store: &Path,
+    socket: &Path,
+    api: SocketAddr,
+    agent: SocketAddr,
+    timeout: &str,
+) -> Vec<String> {
+    vec![
+        "controller".into(),
+        "--store".into(),
+        format!("embedded:{}", store.display()),
+        "--csi-endpoint".into(),
+        format!("unix://{}", socket.display()),
+        "--api-listen".into(),
+        api.to_string(),
+        "--agent-listen".into(),
+        agent.to_string(),
+        "--node-down-timeout".into(),
+        timeout.into(),
+    ]
+}
+
+/// Starts a controller in `dir` and waits until its API answers.
+pub fn start_controller(dir: &Path, node_down_timeout: &str) -> ControllerProc {
+    let (api, agent) = (free_addr(), free_addr());
+    let socket = dir.join("controller.sock");
+    let store = dir.join("store.redb");
+    let proc = Proc::spawn(
+        &controller_args(&store, &socket, api, agent, node_down_timeout),
+        dir.join("controller.log"),
+    );
+    let api = format!("http://{api}");
+    wait_for(Duration::from_secs(30), "the controller's API", || {
+        get_json(&format!("{api}/healthz"))
+    });
+    ControllerProc {
+        proc,
+        api,
+        agent,
+        socket,
+        store,
+    }
+}
+
+pub struct NodeProc {
+    pub proc: Proc,
+    pub id: String,
+    pub socket: PathBuf,
+    pub args: Vec<String>,
+}
+
+/// Node arguments: one disk `dir/<id>/disk-1`, zone `zone-<id>`.
+pub fn node_args(dir: &Path, id: &str, controller_agent: &str) -> (Vec<String>, PathBuf) {
+    let disk = dir.join(id).join("disk-1");
+    std::fs::create_dir_all(&disk).unwrap();
+    let socket = dir.join(format!("{id}.sock"));
+    let args = vec![
+        "node".into(),
+        "--node-id".into(),
+        id.into(),
+        "--zone".into(),
+        format!("zone-{id}"),
+        "--disk".into(),
+        disk.display().to_string(),
+        "--controller".into(),
+        controller_agent.into(),
+        "--csi-endpoint".into(),
+        format!("unix://{}", socket.display()),
+        "--agent-listen".into(),
+        free_addr().to_string(),
+        "--replica-listen".into(),
+        free_addr().to_string(),
+        "--state-dir".into(),
+        dir.join(id).join("state").display().to_string(),
+    ];
+    (args, socket)
+}
+
+pub fn start_node(dir: &Path, id: &str, controller_agent: &str) -> NodeProc {
+    let (args, socket) = node_args(dir, id, controller_agent);
+    let proc = Proc::spawn(&args, dir.join(format!("{id}.log")));
+    NodeProc {
+        proc,
+        id: id.into(),
+        socket,
+        args,
+    }
+}
+
+/// The node as the API shows it, if it exists.
+pub fn node(api: &str, id: &str) -> Option<Value> {
+    get_json(&format!("{api}/v1/nodes/{id}")).filter(|v| v["id"] == id)
+}
+
+/// Ready with every disk measured.
+pub fn node_is_up(n: &Value) -> bool {
+    n["status"]["ready"] == true
+        && n["status"]["disks"].as_object().is_some_and(|d| {
+            !d.is_empty()
+                && d.values()
+                    .all(|d| d["ready"] == true && d["storageMaximum"].as_u64() > Some(0))
+        })
+}
+
+/// Reasons of the events on `object`, oldest first.
+pub fn event_reasons(api: &str, object: &str) -> Vec<String> {
+    get_json(&format!("{api}/v1/events?object={object}"))
+        .and_then(|v| v["items"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Runs `ballastctl` and returns (success, stdout, stderr).
+pub fn ballastctl(api: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BALLASTCTL)
+        .arg("--api")
+        .arg(api)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

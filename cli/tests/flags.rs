@@ -1,0 +1,114 @@
+//! Bad command lines: a non-zero exit and a message that says what is wrong.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+fn run(args: &[&str]) -> (i32, String) {
+    let out = Command::new(BALLAST).args(args).output().unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn an_unknown_flag_exits_non_zero_and_names_it() {
+    let (code, text) = run(&[
+        "controller",
+        "--store",
+        "embedded:/tmp/x",
+        "--csi-endpoint",
+        "unix:///tmp/x.sock",
+        "--colour",
+        "red",
+    ]);
+    assert_ne!(code, 0);
+    assert!(text.contains("--colour"), "{text}");
+}
+
+#[test]
+fn a_node_without_disk_exits_non_zero_and_says_disk_is_required() {
+    let (code, text) = run(&[
+        "node",
+        "--node-id",
+        "n1",
+        "--controller",
+        "http://127.0.0.1:1",
+        "--csi-endpoint",
+        "unix:///tmp/n.sock",
+        "--agent-listen",
+        "127.0.0.1:0",
+        "--replica-listen",
+        "127.0.0.1:0",
+    ]);
+    assert_ne!(code, 0);
+    assert!(text.contains("--disk"), "{text}");
+}
+
+#[test]
+fn a_node_with_a_missing_disk_directory_exits_non_zero_and_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-disk");
+    let sock = format!("unix://{}", dir.path().join("n.sock").display());
+    let (code, text) = run(&[
+        "node",
+        "--node-id",
+        "n1",
+        "--disk",
+        missing.to_str().unwrap(),
+        "--controller",
+        "http://127.0.0.1:1",
+        "--csi-endpoint",
+        &sock,
+        "--agent-listen",
+        "127.0.0.1:0",
+        "--replica-listen",
+        "127.0.0.1:0",
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        text.contains("no-such-disk") && text.contains("cannot open"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_bad_node_id_and_a_relative_socket_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = dir.path().to_str().unwrap();
+    let (code, text) = run(&[
+        "node",
+        "--node-id",
+        "Node_1",
+        "--disk",
+        disk,
+        "--controller",
+        "http://127.0.0.1:1",
+        "--csi-endpoint",
+        "unix:///tmp/n.sock",
+        "--agent-listen",
+        "127.0.0.1:0",
+        "--replica-listen",
+        "127.0.0.1:0",
+    ]);
+    assert_ne!(code, 0);
+    assert!(text.contains("--node-id"), "{text}");
+    let (code, text) = run(&[
+        "controller",
+        "--store",
+        &format!("embedded:{disk}/s.redb"),
+        "--csi-endpoint",
+        "unix://rel.sock",
+        "--api-listen",
+        "127.0.0.1:0",
+        "--agent-listen",
+        "127.0.0.1:0",
+    ]);
+    assert_ne!(code, 0);
+    assert!(text.contains("unix:///absolute/path"), "{text}");
+}

@@ -1,0 +1,210 @@
+//! `ballast local` as a user runs it: three nodes come up ready with their
+//! disk sizes, `ballastctl` sees them, Ctrl-C stops every child, and a
+//! second run on the same --dir has the same state.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// An API port whose followers (+1, +10..+15) are free too.
+fn local_api_port() -> u16 {
+    for _ in 0..50 {
+        let p = free_addr().port();
+        if p > 60000 {
+            continue;
+        }
+        let all: Vec<u16> = [0, 1, 10, 11, 12, 13, 14, 15]
+            .iter()
+            .map(|d| p + d)
+            .collect();
+        if all
+            .iter()
+            .all(|q| TcpListener::bind(("127.0.0.1", *q)).is_ok())
+        {
+            return p;
+        }
+    }
+    panic!("no free port range");
+}
+
+struct Local {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_local(dir: &std::path::Path, port: u16) -> Local {
+    let mut child = Command::new(BALLAST)
+        .args([
+            "local",
+            "--nodes",
+            "3",
+            "--zones",
+            "3",
+            "--node-down-timeout",
+            "3s",
+            "--dir",
+        ])
+        .arg(dir)
+        .args(["--api-listen", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let local = Local { child, lines };
+    let mut seen = Vec::new();
+    wait_for(
+        Duration::from_secs(60),
+        "`ballast local` to say it is up",
+        || {
+            while let Ok(l) = local.lines.try_recv() {
+                seen.push(l);
+            }
+            seen.iter()
+                .any(|l| l.contains("Press Ctrl-C to stop"))
+                .then_some(())
+        },
+    );
+    let text = seen.join("\n");
+    for needle in [
+        "REST API",
+        "controller CSI",
+        "node-1",
+        "node-2",
+        "node-3",
+        "logs",
+    ] {
+        assert!(
+            text.contains(needle),
+            "endpoint listing lacks {needle}:\n{text}"
+        );
+    }
+    local
+}
+
+fn stop_with_ctrl_c(mut local: Local) {
+    kill(Pid::from_raw(local.child.id() as i32), Signal::SIGINT).unwrap();
+    let status = wait_for(Duration::from_secs(30), "`ballast local` to stop", || {
+        local.child.try_wait().unwrap()
+    });
+    assert!(status.success(), "exit status {status}");
+}
+
+#[test]
+fn local_cluster_has_three_ready_nodes_and_keeps_its_state_across_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = local_api_port();
+    let api = format!("http://127.0.0.1:{port}");
+
+    let local = start_local(dir.path(), port);
+    let (ok, out, err) = ballastctl(&api, &["node", "list"]);
+    assert!(ok, "{err}");
+    let rows: Vec<&str> = out.lines().skip(1).collect();
+    assert_eq!(rows.len(), 3, "{out}");
+    for (i, row) in rows.iter().enumerate() {
+        assert!(row.starts_with(&format!("node-{}", i + 1)), "{out}");
+        assert!(row.contains("Ready") && !row.contains("NotReady"), "{out}");
+        assert!(row.contains(&format!("zone-{}", i + 1)), "{out}");
+        assert!(row.contains("disk-1:") && row.contains("free of"), "{out}");
+    }
+    let (ok, json, _) = ballastctl(&api, &["-o", "json", "node", "list"]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let items = v["items"].as_array().unwrap();
+    assert!(items.iter().all(node_is_up), "{json}");
+    let uuid_before =
+        std::fs::read_to_string(dir.path().join("node-1/disk-1/ballast-disk.json")).unwrap();
+
+    let (ok, _, err) = ballastctl(
+        &api,
+        &["volume", "create", "v1", "--size", "1Gi", "--replicas", "2"],
+    );
+    assert!(ok, "{err}");
+    let (ok, _, err) = ballastctl(
+        &api,
+        &["setting", "set", "replica-auto-balance", "best-effort"],
+    );
+    assert!(ok, "{err}");
+    let (ok, _, err) = ballastctl(
+        &api,
+        &["setting", "set", "replica-auto-balance", "sometimes"],
+    );
+    assert!(!ok);
+    assert!(err.contains("disabled, least-effort, best-effort"), "{err}");
+    let (ok, _, err) = ballastctl(&api, &["node", "cordon", "node-2"]);
+    assert!(ok, "{err}");
+
+    stop_with_ctrl_c(local);
+    // Every child is gone: the API no longer answers.
+    assert!(get_json(&format!("{api}/healthz")).is_none());
+
+    let restarted_at = chrono::Utc::now();
+    let local = start_local(dir.path(), port);
+    for id in ["node-1", "node-2", "node-3"] {
+        let n = node(&api, id).unwrap();
+        let beat: chrono::DateTime<chrono::Utc> = n["status"]["lastHeartbeat"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(
+            beat > restarted_at,
+            "{id} is ready on a heartbeat of this run, not a stale status"
+        );
+    }
+    let (_, out, _) = ballastctl(&api, &["volume", "list"]);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("v1 ") && l.contains("1Gi")),
+        "{out}"
+    );
+    let (_, out, _) = ballastctl(&api, &["setting", "get", "replica-auto-balance"]);
+    assert!(
+        out.lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("best-effort")),
+        "{out}"
+    );
+    let n2 = node(&api, "node-2").unwrap();
+    assert_eq!(n2["status"]["cordoned"], true, "cordon survives a restart");
+    let uuid_after =
+        std::fs::read_to_string(dir.path().join("node-1/disk-1/ballast-disk.json")).unwrap();
+    assert_eq!(uuid_before, uuid_after, "disk identity is kept");
+    let (_, out, _) = ballastctl(&api, &["node", "list"]);
+    assert_eq!(
+        out.lines()
+            .skip(1)
+            .filter(|l| l.contains("Ready") && !l.contains("NotReady"))
+            .count(),
+        3,
+        "{out}"
+    );
+    stop_with_ctrl_c(local);
+}
+
+#[test]
+fn ballastctl_reports_an_unreachable_api_clearly() {
+    let (ok, _, err) = ballastctl(&format!("http://{}", free_addr()), &["node", "list"]);
+    assert!(!ok);
+    assert!(err.contains("cannot reach the Ballast API"), "{err}");
+}

@@ -1,0 +1,133 @@
+//! The CSI conformance checks of `tests/sanity` against the sockets of a
+//! real controller and a real node.
+
+mod common;
+
+use std::time::Duration;
+
+use ballast_sanity::{Expectations, Target, identity_checks};
+use common::*;
+
+fn check(socket: &std::path::Path, target: Target, ready: bool) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcomes = rt.block_on(async {
+        let ch = ballast::grpc::unix_channel(socket).unwrap();
+        let exp = Expectations {
+            target,
+            driver_name: ballast::DRIVER_NAME.into(),
+            ready: Some(ready),
+        };
+        identity_checks(&ch, &exp).await
+    });
+    assert!(!outcomes.is_empty());
+    let failures: Vec<String> = outcomes
+        .iter()
+        .filter_map(|o| o.failure.as_ref().map(|f| format!("{}: {f}", o.name)))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{target:?} failed:\n{}",
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn identity_checks_pass_on_the_controller_and_node_sockets() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = start_controller(dir.path(), "30s");
+    let n = start_node(dir.path(), "node-1", &format!("http://{}", ctl.agent));
+    wait_for(Duration::from_secs(30), "node-1 ready", || {
+        node(&ctl.api, "node-1").filter(node_is_up)
+    });
+    check(&ctl.socket, Target::Controller, true);
+    check(&n.socket, Target::Node, true);
+}
+
+#[test]
+fn a_node_that_has_not_registered_probes_not_ready_and_the_checks_see_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // A controller address where nothing listens.
+    let nobody = format!("http://{}", free_addr());
+    let n = start_node(dir.path(), "node-1", &nobody);
+    wait_for(Duration::from_secs(30), "node socket", || {
+        n.socket.exists().then_some(())
+    });
+    check(&n.socket, Target::Node, false);
+    // The same checks, expecting ready, must fail: the check can fail.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcomes = rt.block_on(async {
+        let ch = ballast::grpc::unix_channel(&n.socket).unwrap();
+        let exp = Expectations {
+            target: Target::Node,
+            driver_name: ballast::DRIVER_NAME.into(),
+            ready: Some(true),
+        };
+        identity_checks(&ch, &exp).await
+    });
+    assert!(outcomes.iter().any(|o| {
+        o.failure
+            .as_deref()
+            .is_some_and(|f| f.contains("ready=false"))
+    }));
+}
+
+#[test]
+fn the_checks_fail_against_the_wrong_role_or_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = start_controller(dir.path(), "30s");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcomes = rt.block_on(async {
+        let ch = ballast::grpc::unix_channel(&ctl.socket).unwrap();
+        let exp = Expectations {
+            target: Target::Node,
+            driver_name: "other.csi.dev".into(),
+            ready: None,
+        };
+        identity_checks(&ch, &exp).await
+    });
+    let failed: Vec<&str> = outcomes
+        .iter()
+        .filter(|o| o.failure.is_some())
+        .map(|o| o.name)
+        .collect();
+    assert!(
+        failed.iter().any(|n| n.contains("GetPluginInfo")),
+        "{failed:?}"
+    );
+    assert!(
+        failed.iter().any(|n| n.contains("GetPluginCapabilities")),
+        "{failed:?}"
+    );
+}
+
+#[test]
+fn the_sanity_binary_runs_against_a_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = start_controller(dir.path(), "30s");
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_ballast")).with_file_name("ballast-sanity");
+    if !bin.exists() {
+        // Built by `cargo build --workspace` (CI does); nextest builds it too.
+        panic!("{} is missing; build the workspace first", bin.display());
+    }
+    let out = std::process::Command::new(bin)
+        .args([
+            "--endpoint",
+            &format!("unix://{}", ctl.socket.display()),
+            "--target",
+            "controller",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("4 passed, 0 failed"), "{text}");
+}

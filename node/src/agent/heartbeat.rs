@@ -1,0 +1,75 @@
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
+use ballast::proto::agent::v1::{HeartbeatRequest, RegisterRequest};
+use tonic::transport::Channel;
+
+use crate::context::NodeContext;
+
+const RETRY_MIN: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+fn register_request(ctx: &NodeContext) -> RegisterRequest {
+    RegisterRequest {
+        node_id: ctx.node_id.clone(),
+        zone: ctx.zone.clone(),
+        tags: ctx.tags.clone(),
+        disks: ctx.disks.iter().map(|d| d.identity()).collect(),
+        agent_endpoint: ctx.agent_endpoint.clone(),
+        replica_endpoint: ctx.replica_endpoint.clone(),
+        csi_endpoint: ctx.csi_endpoint.clone(),
+        version: ballast::VERSION.to_string(),
+    }
+}
+
+/// Registers (retrying with backoff until the controller answers) and
+/// returns the heartbeat interval the controller asked for.
+#[tracing::instrument(skip_all, fields(node = %ctx.node_id))]
+async fn register(ctx: &NodeContext, client: &mut ControlplaneClient<Channel>) -> Duration {
+    let mut delay = RETRY_MIN;
+    loop {
+        match client.register(register_request(ctx)).await {
+            Ok(resp) => {
+                ctx.registered.store(true, Ordering::SeqCst);
+                let ms = resp.into_inner().heartbeat_interval_ms.max(100);
+                tracing::info!(heartbeat_ms = ms, "registered with the controller");
+                return Duration::from_millis(ms);
+            }
+            Err(status) => {
+                tracing::warn!(code = ?status.code(), message = status.message(), retry_in = ?delay, "registration failed");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// Registers, then heartbeats for ever. A controller that no longer knows
+/// the node gets a new registration; an unreachable one is retried at the
+/// same pace (the controller marks the node down, not us).
+pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Channel) {
+    let mut client = ControlplaneClient::new(channel);
+    let mut interval = register(&ctx, &mut client).await;
+    loop {
+        // The first heartbeat goes right after registering, so the
+        // controller learns the disks' sizes at once.
+        let req = HeartbeatRequest {
+            node_id: ctx.node_id.clone(),
+            disks: ctx.disk_status(),
+            replicas: Vec::new(),
+        };
+        match client.heartbeat(req).await {
+            Ok(resp) if resp.get_ref().known => {}
+            Ok(_) => {
+                tracing::warn!("the controller does not know this node; registering again");
+                interval = register(&ctx, &mut client).await;
+            }
+            Err(status) => {
+                tracing::warn!(code = ?status.code(), message = status.message(), "heartbeat failed");
+            }
+        }
+        tokio::time::sleep(interval).await;
+    }
+}

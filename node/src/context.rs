@@ -1,0 +1,28 @@
+//! What every RPC and task of the node plugin gets.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use ballast::proto::agent::v1::DiskStatus;
+
+use crate::disks::Disk;
+
+pub struct NodeContext {
+    pub node_id: String,
+    pub zone: String,
+    pub tags: Vec<String>,
+    pub disks: Vec<Disk>,
+    /// Endpoints this node announces to the controller.
+    pub agent_endpoint: String,
+    pub replica_endpoint: String,
+    pub csi_endpoint: String,
+    /// Set once the controller accepted our registration; Probe reports it.
+    pub registered: Arc<AtomicBool>,
+}
+
+impl NodeContext {
+    /// Every disk, measured now.
+    pub fn disk_status(&self) -> Vec<DiskStatus> {
+        self.disks.iter().map(Disk::status).collect()
+    }
+}

@@ -1,0 +1,105 @@
+//! `ballast node`: opens the disks, binds its sockets (failing fast), then
+//! registers with the controller, heartbeats, and serves the CSI socket and
+//! the agent endpoint until SIGTERM or SIGINT.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use ballast::error::ServeError;
+use ballast::proto::agent::v1::node_agent_server::NodeAgentServer;
+use tokio::sync::watch;
+
+use crate::agent::{NodeAgentService, run_heartbeats};
+use crate::context::NodeContext;
+use crate::disks::{DiskArg, open_disks};
+
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    pub node_id: String,
+    pub zone: String,
+    pub tags: Vec<String>,
+    pub disks: Vec<DiskArg>,
+    /// `http://host:port` of the controller's agent endpoint.
+    pub controller: String,
+    pub csi_endpoint: String,
+    pub agent_listen: SocketAddr,
+    pub replica_listen: SocketAddr,
+    pub state_dir: Option<PathBuf>,
+}
+
+/// Runs the node plugin until a shutdown signal.
+pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
+    ballast::model::validate_name(&config.node_id)
+        .map_err(|m| ServeError::Config(format!("--node-id: {m}")))?;
+    let disks = open_disks(&config.disks).map_err(|e| ServeError::Config(e.to_string()))?;
+    if let Some(dir) = &config.state_dir {
+        std::fs::create_dir_all(dir).map_err(|source| ServeError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+    }
+    let socket = ballast::grpc::unix_path(&config.csi_endpoint)?;
+    let controller = ballast::grpc::tcp_channel(&config.controller)?;
+    let agent = tokio::net::TcpListener::bind(config.agent_listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            what: "agent endpoint",
+            addr: config.agent_listen.to_string(),
+            source,
+        })?;
+
+    let registered = Arc::new(AtomicBool::new(false));
+    let ctx = Arc::new(NodeContext {
+        node_id: config.node_id.clone(),
+        zone: config.zone.clone(),
+        tags: config.tags.clone(),
+        disks,
+        agent_endpoint: format!("http://{}", config.agent_listen),
+        replica_endpoint: config.replica_listen.to_string(),
+        csi_endpoint: format!("unix://{}", socket.display()),
+        registered: registered.clone(),
+    });
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+    let csi = tokio::spawn(crate::csi::serve(socket.clone(), registered, stopped())?);
+    let agent_server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(NodeAgentServer::new(NodeAgentService::new(ctx.clone())))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(agent),
+                stopped(),
+            ),
+    );
+    let heartbeats = tokio::spawn(run_heartbeats(ctx.clone(), controller));
+    tracing::info!(
+        node = %ctx.node_id,
+        zone = %ctx.zone,
+        disks = ?ctx.disks.iter().map(|d| format!("{}={}", d.id, d.path.display())).collect::<Vec<_>>(),
+        csi = %socket.display(),
+        agent = %config.agent_listen,
+        controller = %config.controller,
+        "node started"
+    );
+
+    ballast::grpc::shutdown_signal().await;
+    let _ = stop_tx.send(true);
+    heartbeats.abort();
+    let (c, a) = tokio::join!(csi, agent_server);
+    let _ = std::fs::remove_file(&socket);
+    if let Ok(Err(e)) = c {
+        tracing::warn!(error = %e, "CSI server ended with an error");
+    }
+    if let Ok(Err(e)) = a {
+        tracing::warn!(error = %e, "agent server ended with an error");
+    }
+    tracing::info!("node stopped");
+    Ok(())
+}

@@ -1,0 +1,281 @@
+//! The node's disks: which directories they are, their identity file
+//! `<disk>/ballast-disk.json`, and their usage (statvfs).
+//!
+//! A disk's id is chosen once, when the node first sees the directory, and
+//! written into the identity file; it follows the directory from then on,
+//! whatever the order of the `--disk` flags.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use ballast::proto::agent::v1::{DiskIdentity, DiskStatus};
+use serde::{Deserialize, Serialize};
+
+use crate::error::Error;
+
+/// The identity file's name, at the root of every disk.
+pub const IDENTITY_FILE: &str = "ballast-disk.json";
+
+/// `--disk <path>[:tag1,tag2]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskArg {
+    pub path: PathBuf,
+    pub tags: Vec<String>,
+}
+
+impl std::str::FromStr for DiskArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (path, tags) = match s.split_once(':') {
+            Some((p, t)) => (p, t),
+            None => (s, ""),
+        };
+        if path.is_empty() {
+            return Err(format!("{s:?}: expected <path>[:tag1,tag2]"));
+        }
+        let tags: Vec<String> = tags
+            .split(',')
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .collect();
+        Ok(DiskArg {
+            path: PathBuf::from(path),
+            tags,
+        })
+    }
+}
+
+/// What `ballast-disk.json` holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskIdentityFile {
+    pub id: String,
+    pub uuid: String,
+    pub created: chrono::DateTime<chrono::Utc>,
+}
+
+/// An opened disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Disk {
+    pub id: String,
+    pub uuid: String,
+    pub path: PathBuf,
+    pub tags: Vec<String>,
+}
+
+impl Disk {
+    pub fn identity(&self) -> DiskIdentity {
+        DiskIdentity {
+            id: self.id.clone(),
+            uuid: self.uuid.clone(),
+            path: self.path.display().to_string(),
+            tags: self.tags.clone(),
+        }
+    }
+
+    /// Measures the disk now. A disk whose identity file is gone or names
+    /// another disk is not ready, and says why.
+    pub fn status(&self) -> DiskStatus {
+        let mut status = DiskStatus {
+            id: self.id.clone(),
+            path: self.path.display().to_string(),
+            ..Default::default()
+        };
+        match read_identity(&self.path) {
+            Ok(Some(f)) if f.uuid == self.uuid => {}
+            Ok(Some(f)) => {
+                status.message = format!(
+                    "{IDENTITY_FILE} now names disk {} ({}), not {} ({})",
+                    f.id, f.uuid, self.id, self.uuid
+                );
+                return status;
+            }
+            Ok(None) => {
+                status.message = format!("{IDENTITY_FILE} is missing");
+                return status;
+            }
+            Err(e) => {
+                status.message = e.to_string();
+                return status;
+            }
+        }
+        match nix::sys::statvfs::statvfs(&self.path) {
+            Ok(st) => {
+                let frag = st.fragment_size();
+                status.storage_maximum = st.blocks() * frag;
+                status.storage_available = st.blocks_available() * frag;
+                status.ready = true;
+            }
+            Err(e) => status.message = format!("statvfs: {e}"),
+        }
+        status
+    }
+}
+
+fn read_identity(dir: &Path) -> Result<Option<DiskIdentityFile>, Error> {
+    let path = dir.join(IDENTITY_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::disk(dir, format!("{IDENTITY_FILE} is unreadable: {e}"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(Error::disk(
+            dir,
+            format!("cannot read {IDENTITY_FILE}: {e}"),
+        )),
+    }
+}
+
+/// Writes the identity file crash-safely: temp file, fsync, rename.
+fn write_identity(dir: &Path, f: &DiskIdentityFile) -> Result<(), Error> {
+    use std::io::Write;
+    let io = |e: std::io::Error| Error::disk(dir, format!("cannot write {IDENTITY_FILE}: {e}"));
+    let tmp = dir.join(format!(".{IDENTITY_FILE}.tmp"));
+    let mut file = std::fs::File::create(&tmp).map_err(io)?;
+    let body = serde_json::to_vec_pretty(f).map_err(|e| Error::disk(dir, e.to_string()))?;
+    file.write_all(&body).map_err(io)?;
+    file.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, dir.join(IDENTITY_FILE)).map_err(io)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io)?;
+    Ok(())
+}
+
+/// Opens every disk: checks the directories, reads their identity files,
+/// and writes one (with a new id `disk-N`) on each disk seen for the first
+/// time.
+pub fn open_disks(args: &[DiskArg]) -> Result<Vec<Disk>, Error> {
+    if args.is_empty() {
+        return Err(Error::Invalid {
+            field: "--disk".into(),
+            message: "at least one --disk <path> is required".into(),
+        });
+    }
+    let mut seen_paths = BTreeSet::new();
+    let mut found = Vec::new();
+    for arg in args {
+        let path = std::fs::canonicalize(&arg.path)
+            .map_err(|e| Error::disk(&arg.path, format!("cannot open: {e}")))?;
+        if !path.is_dir() {
+            return Err(Error::disk(&path, "is not a directory"));
+        }
+        if !seen_paths.insert(path.clone()) {
+            return Err(Error::disk(&path, "is given twice"));
+        }
+        found.push((arg, path.clone(), read_identity(&path)?));
+    }
+    let mut used: BTreeSet<String> = BTreeSet::new();
+    for (_, path, f) in &found {
+        if let Some(f) = f
+            && !used.insert(f.id.clone())
+        {
+            return Err(Error::disk(
+                path,
+                format!(
+                    "its {IDENTITY_FILE} claims id {}, which another disk of this node has (a copied disk?)",
+                    f.id
+                ),
+            ));
+        }
+    }
+    let mut disks = Vec::new();
+    for (arg, path, f) in found {
+        let f = match f {
+            Some(f) => f,
+            None => {
+                let id = (1..)
+                    .map(|n| format!("disk-{n}"))
+                    .find(|id| !used.contains(id))
+                    .unwrap_or_default();
+                used.insert(id.clone());
+                let f = DiskIdentityFile {
+                    id,
+                    uuid: uuid::Uuid::new_v4().to_string(),
+                    created: chrono::Utc::now(),
+                };
+                write_identity(&path, &f)?;
+                tracing::info!(disk = %f.id, path = %path.display(), "new disk: wrote its identity file");
+                f
+            }
+        };
+        disks.push(Disk {
+            id: f.id,
+            uuid: f.uuid,
+            path,
+            tags: arg.tags.clone(),
+        });
+    }
+    Ok(disks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arg(p: &Path) -> DiskArg {
+        DiskArg {
+            path: p.to_path_buf(),
+            tags: vec![],
+        }
+    }
+
+    #[test]
+    fn parses_disk_flags() {
+        let d: DiskArg = "/data/a:ssd,fast".parse().unwrap();
+        assert_eq!(d.path, PathBuf::from("/data/a"));
+        assert_eq!(d.tags, ["ssd", "fast"]);
+        assert!("".parse::<DiskArg>().is_err());
+    }
+
+    #[test]
+    fn first_sight_writes_identity_and_ids_follow_the_directory() {
+        let root = tempfile::tempdir().unwrap();
+        let (a, b) = (root.path().join("a"), root.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        let first = open_disks(&[arg(&a), arg(&b)]).unwrap();
+        assert_eq!(first[0].id, "disk-1");
+        assert_eq!(first[1].id, "disk-2");
+        assert!(a.join(IDENTITY_FILE).exists());
+        // Flags in the other order: same ids, same uuids.
+        let again = open_disks(&[arg(&b), arg(&a)]).unwrap();
+        assert_eq!(again[0].id, "disk-2");
+        assert_eq!(again[0].uuid, first[1].uuid);
+        assert_eq!(again[1].id, "disk-1");
+    }
+
+    #[test]
+    fn status_measures_and_turns_not_ready_without_identity() {
+        let root = tempfile::tempdir().unwrap();
+        let disks = open_disks(&[arg(root.path())]).unwrap();
+        let s = disks[0].status();
+        assert!(s.ready, "{}", s.message);
+        assert!(s.storage_maximum > 0 && s.storage_available <= s.storage_maximum);
+        std::fs::remove_file(root.path().join(IDENTITY_FILE)).unwrap();
+        let s = disks[0].status();
+        assert!(!s.ready);
+        assert!(s.message.contains("missing"), "{}", s.message);
+    }
+
+    #[test]
+    fn bad_disks_are_refused_with_the_reason() {
+        let root = tempfile::tempdir().unwrap();
+        let missing = root.path().join("nope");
+        let e = open_disks(&[arg(&missing)]).unwrap_err().to_string();
+        assert!(e.contains("cannot open"), "{e}");
+        let e = open_disks(&[arg(root.path()), arg(root.path())])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("given twice"), "{e}");
+        let e = open_disks(&[]).unwrap_err().to_string();
+        assert!(e.contains("--disk"), "{e}");
+        // A copied disk: two directories whose identity files claim one id.
+        let (a, b) = (root.path().join("a"), root.path().join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        open_disks(&[arg(&a)]).unwrap();
+        std::fs::copy(a.join(IDENTITY_FILE), b.join(IDENTITY_FILE)).unwrap();
+        let e = open_disks(&[arg(&a), arg(&b)]).unwrap_err().to_string();
+        assert!(e.contains("another disk"), "{e}");
+    }
+}

@@ -1,0 +1,33 @@
+//! The node plugin's error table; gRPC codes are chosen here only.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("disk {path}: {message}")]
+    Disk { path: PathBuf, message: String },
+    #[error("invalid {field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error("controller: {0}")]
+    Controller(String),
+}
+
+impl Error {
+    pub fn disk(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        Error::Disk {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        let msg = e.to_string();
+        match e {
+            Error::Invalid { .. } => tonic::Status::invalid_argument(msg),
+            Error::Disk { .. } => tonic::Status::failed_precondition(msg),
+            Error::Controller(_) => tonic::Status::unavailable(msg),
+        }
+    }
+}
