@@ -146,6 +146,12 @@ pub enum Command {
     Node(NodeArgs),
     /// Run a whole cluster on this machine: a controller and N nodes.
     Local(LocalArgs),
+    /// Run the planner against a model cluster described by a scenario file;
+    /// prints one JSON line per `settle` step.
+    Sim {
+        /// The scenario (YAML).
+        scenario: PathBuf,
+    },
 }
 
 #[cfg(test)]

@@ -12,6 +12,8 @@ pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod nodes;
+pub mod planner;
+pub mod sim;
 pub mod volumes;
 
 pub use context::Context;

@@ -1,0 +1,147 @@
+//! The planner's output: actions to take, things waited for, and why
+//! something cannot be done. Every action names its rule and says why in
+//! a sentence a person can read.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+/// The rule of BEHAVIOR.md an action comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rule {
+    Schedule,
+    Replenish,
+    Reuse,
+    ZoneBalance,
+    NodeBalance,
+    DiskPressure,
+    Locality,
+    Eviction,
+    Drain,
+    Cleanup,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "type")]
+pub enum ActionKind {
+    /// Build a replica of `volume` on `node`/`disk`. `reuse` names a failed
+    /// replica rebuilt in place (clear its failure, count a retry);
+    /// `copy_from` names a replica on the same node to copy locally from.
+    CreateReplica {
+        volume: String,
+        node: String,
+        disk: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reuse: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        copy_from: Option<String>,
+        /// Bytes reserved on the disk for it.
+        size: u64,
+    },
+    DeleteReplica {
+        volume: String,
+        replica: String,
+    },
+    SetReplicaEviction {
+        replica: String,
+        requested: bool,
+    },
+    SetNodeStatus {
+        node: String,
+        auto_evicting: bool,
+        drain_blocked: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        drain_blocked_reason: Option<String>,
+    },
+    /// `object` is `KIND/NAME`.
+    RecordEvent {
+        object: String,
+        reason: String,
+        message: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Action {
+    #[serde(flatten)]
+    pub kind: ActionKind,
+    pub rule: Rule,
+    pub reason: String,
+}
+
+/// Something the planner deliberately waits for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Wait {
+    pub volume: String,
+    pub rule: Rule,
+    pub what: String,
+    pub until: DateTime<Utc>,
+}
+
+/// Something wanted that cannot be done now, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Blocked {
+    /// `KIND/NAME`.
+    pub object: String,
+    pub rule: Rule,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    pub waits: Vec<Wait>,
+    pub blocked: Vec<Blocked>,
+}
+
+impl Plan {
+    pub fn act(&mut self, rule: Rule, kind: ActionKind, reason: impl Into<String>) {
+        self.actions.push(Action {
+            kind,
+            rule,
+            reason: reason.into(),
+        });
+    }
+
+    pub fn block(&mut self, object: impl Into<String>, rule: Rule, reason: impl Into<String>) {
+        self.blocked.push(Blocked {
+            object: object.into(),
+            rule,
+            reason: reason.into(),
+        });
+    }
+
+    pub fn event(
+        &mut self,
+        rule: Rule,
+        object: impl Into<String>,
+        reason: &str,
+        message: impl Into<String>,
+    ) {
+        let message = message.into();
+        self.act(
+            rule,
+            ActionKind::RecordEvent {
+                object: object.into(),
+                reason: reason.to_string(),
+                message: message.clone(),
+            },
+            message,
+        );
+    }
+
+    /// Actions that change placement or state (not only events or status).
+    pub fn changes(&self) -> impl Iterator<Item = &Action> {
+        self.actions.iter().filter(|a| {
+            matches!(
+                a.kind,
+                ActionKind::CreateReplica { .. }
+                    | ActionKind::DeleteReplica { .. }
+                    | ActionKind::SetReplicaEviction { .. }
+            )
+        })
+    }
+}

@@ -1,0 +1,341 @@
+//! Auto-balance (BEHAVIOR.md "Auto-balance", seed 000), zone then node.
+//!
+//! Runs on a healthy volume (every replica rw, none being rebuilt) whose
+//! effective mode is not disabled. It computes the whole target layout in
+//! one pass (lesson: one dimension per pass caused several rebuild
+//! cycles) and creates the replicas that layout lacks; cleanup deletes the
+//! duplicates once the new ones are rw.
+//!
+//! - least-effort: as many distinct zones as possible (up to the replica
+//!   count), then as many distinct nodes: min(unused eligible, replicas -
+//!   used) replicas move.
+//! - best-effort: an even layout: while the most loaded zone (then node)
+//!   holds at least two more replicas than the least loaded eligible one,
+//!   one moves. A node move never unbalances zones.
+//!
+//! Hard anti-affinity is respected; a replica kept by data locality never
+//! moves.
+
+use std::collections::BTreeMap;
+
+use ballast::model::{AutoBalance, DataLocality};
+
+use super::action::{ActionKind, Plan, Rule};
+use super::pass::Pass;
+use super::replenish::local_source;
+use super::schedule::{self, Peer, Request};
+use super::volume_state::VolumeState;
+
+/// Where balance wants one more replica: a zone (any eligible node of it)
+/// or a node, and the rule that wants it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    pub rule: Rule,
+    pub zone: Option<String>,
+    pub node: Option<String>,
+}
+
+impl Target {
+    fn zone(z: &str) -> Self {
+        Target {
+            rule: Rule::ZoneBalance,
+            zone: Some(z.to_string()),
+            node: None,
+        }
+    }
+
+    fn node(rule: Rule, n: &str) -> Self {
+        Target {
+            rule,
+            zone: None,
+            node: Some(n.to_string()),
+        }
+    }
+}
+
+/// The replicas balance would add to `layout` (the nodes of the volume's
+/// rw replicas, one entry per replica); empty when balanced.
+pub fn moves(pass: &Pass, vs: &VolumeState, layout: &[&str]) -> Vec<Target> {
+    if vs.balance == AutoBalance::Disabled
+        || vs.locality == DataLocality::StrictLocal
+        || layout.is_empty()
+    {
+        return Vec::new();
+    }
+    let wanted = vs.wanted();
+    let mut node_count: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut zone_count: BTreeMap<&str, usize> = BTreeMap::new();
+    for n in layout {
+        *node_count.entry(n).or_default() += 1;
+        *zone_count.entry(pass.zone_of(n)).or_default() += 1;
+    }
+    // Fast path: every replica in its own zone, as many zones as wanted.
+    if zone_count.len() == layout.len() && zone_count.len() >= wanted {
+        return Vec::new();
+    }
+    let eligible = pass.eligible(vs.volume);
+    let s = pass.settings;
+    let zone_soft = s.replica_zone_soft_anti_affinity();
+    let node_soft = s.replica_soft_anti_affinity();
+
+    // Least effort: cover unused zones, then unused nodes.
+    let used_zones = zone_count.len();
+    if used_zones < wanted {
+        let free: Vec<&String> = eligible
+            .zones
+            .iter()
+            .filter(|z| !zone_count.contains_key(z.as_str()))
+            .collect();
+        let k = free.len().min(wanted - used_zones);
+        if k > 0 && vs.balance == AutoBalance::LeastEffort {
+            return free.into_iter().take(k).map(|z| Target::zone(z)).collect();
+        }
+    }
+    let used_nodes = node_count.len();
+    if used_nodes < wanted && vs.balance == AutoBalance::LeastEffort {
+        let mut free: Vec<&String> = eligible
+            .nodes
+            .iter()
+            .filter(|n| !node_count.contains_key(n.as_str()))
+            .filter(|n| zone_soft || !zone_count.contains_key(pass.zone_of(n)))
+            .collect();
+        free.sort_by_key(|n| {
+            (
+                zone_count.get(pass.zone_of(n)).copied().unwrap_or(0),
+                n.as_str(),
+            )
+        });
+        let k = free.len().min(wanted - used_nodes);
+        return free
+            .into_iter()
+            .take(k)
+            .map(|n| Target::node(Rule::NodeBalance, n))
+            .collect();
+    }
+    if vs.balance == AutoBalance::LeastEffort {
+        return Vec::new();
+    }
+    best_effort(pass, vs, &eligible.nodes, node_count, zone_soft, node_soft)
+}
+
+/// Moves one replica at a time from the most to the least loaded zone, then
+/// node, on a simulated layout, and returns the creates of the final one.
+fn best_effort(
+    pass: &Pass,
+    vs: &VolumeState,
+    eligible: &[String],
+    start: BTreeMap<&str, usize>,
+    zone_soft: bool,
+    node_soft: bool,
+) -> Vec<Target> {
+    let pinned = vs.local_node();
+    let mut count: BTreeMap<&str, usize> = start.clone();
+    for n in eligible {
+        count.entry(n.as_str()).or_default();
+    }
+    let eligible_set: std::collections::BTreeSet<&str> =
+        eligible.iter().map(String::as_str).collect();
+    let zone_totals = |count: &BTreeMap<&str, usize>| {
+        let mut z: BTreeMap<&str, usize> = BTreeMap::new();
+        for (n, c) in count {
+            if *c > 0 || eligible_set.contains(n) {
+                *z.entry(pass.zone_of(n)).or_default() += c;
+            }
+        }
+        z
+    };
+    let can_give = |n: &str, c: usize| c > 0 && !(pinned == Some(n) && c <= 1);
+    let can_take = |n: &str, count: &BTreeMap<&str, usize>, zones: &BTreeMap<&str, usize>| {
+        eligible_set.contains(n)
+            && (node_soft || count.get(n).copied().unwrap_or(0) == 0)
+            && (zone_soft || zones.get(pass.zone_of(n)).copied().unwrap_or(0) == 0)
+    };
+    for _ in 0..(vs.wanted() * vs.wanted() + 1) {
+        let zones = zone_totals(&count);
+        // Zone phase.
+        let donor_zone = zones
+            .iter()
+            .filter(|(z, _)| {
+                count
+                    .iter()
+                    .any(|(n, c)| pass.zone_of(n) == **z && can_give(n, *c))
+            })
+            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+            .map(|(z, c)| (*z, *c));
+        let taker_zone = zones
+            .iter()
+            .filter(|(z, _)| {
+                count
+                    .keys()
+                    .any(|n| pass.zone_of(n) == **z && can_take(n, &count, &zones))
+            })
+            .min_by(|a, b| a.1.cmp(b.1).then(a.0.cmp(b.0)))
+            .map(|(z, c)| (*z, *c));
+        if let (Some((dz, dc)), Some((tz, tc))) = (donor_zone, taker_zone)
+            && dc >= tc + 2
+        {
+            let donor = most_loaded(&count, |n, c| pass.zone_of(n) == dz && can_give(n, c));
+            let taker = least_loaded(&count, |n| {
+                pass.zone_of(n) == tz && can_take(n, &count, &zones)
+            });
+            if let (Some(d), Some(t)) = (donor, taker) {
+                *count.entry(d).or_default() -= 1;
+                *count.entry(t).or_default() += 1;
+                continue;
+            }
+        }
+        // Node phase: only moves that keep zones balanced.
+        let spread = |c: &BTreeMap<&str, usize>| {
+            let z = zone_totals(c);
+            z.values().max().copied().unwrap_or(0) - z.values().min().copied().unwrap_or(0)
+        };
+        let before = spread(&count);
+        let donor = most_loaded(&count, |n, c| can_give(n, c));
+        let mut moved = false;
+        if let Some(d) = donor {
+            let dc = count[d];
+            let mut takers: Vec<(&str, usize)> = count
+                .iter()
+                .filter(|(n, _)| can_take(n, &count, &zones))
+                .map(|(n, c)| (*n, *c))
+                .collect();
+            takers.sort_by_key(|(n, c)| (*c, pass.zone_of(n) != pass.zone_of(d), *n));
+            for (t, tc) in takers {
+                if t == d || dc < tc + 2 {
+                    continue;
+                }
+                let mut trial = count.clone();
+                *trial.entry(d).or_default() -= 1;
+                *trial.entry(t).or_default() += 1;
+                if spread(&trial) <= before.max(1) {
+                    count = trial;
+                    moved = true;
+                    break;
+                }
+            }
+        }
+        if !moved {
+            break;
+        }
+    }
+    // The creates: nodes that end with more than they started with; a zone
+    // move when the node's zone gained too.
+    let start_zones = {
+        let mut z: BTreeMap<&str, usize> = BTreeMap::new();
+        for (n, c) in &start {
+            *z.entry(pass.zone_of(n)).or_default() += c;
+        }
+        z
+    };
+    let end_zones = zone_totals(&count);
+    let mut out = Vec::new();
+    for (n, c) in &count {
+        let had = start.get(n).copied().unwrap_or(0);
+        let zone = pass.zone_of(n);
+        let zone_gained =
+            end_zones.get(zone).copied().unwrap_or(0) > start_zones.get(zone).copied().unwrap_or(0);
+        let rule = if zone_gained {
+            Rule::ZoneBalance
+        } else {
+            Rule::NodeBalance
+        };
+        for _ in had..*c {
+            out.push(Target::node(rule, n));
+        }
+    }
+    out
+}
+
+fn most_loaded<'n>(
+    count: &BTreeMap<&'n str, usize>,
+    ok: impl Fn(&str, usize) -> bool,
+) -> Option<&'n str> {
+    count
+        .iter()
+        .filter(|(n, c)| ok(n, **c))
+        .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+        .map(|(n, _)| *n)
+}
+
+fn least_loaded<'n>(
+    count: &BTreeMap<&'n str, usize>,
+    ok: impl Fn(&str) -> bool,
+) -> Option<&'n str> {
+    count
+        .iter()
+        .filter(|(n, _)| ok(n))
+        .min_by(|a, b| a.1.cmp(b.1).then(a.0.cmp(b.0)))
+        .map(|(n, _)| *n)
+}
+
+/// Issues the creates balance wants for a healthy, settled volume.
+pub fn plan(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
+    if pass.busy.contains(&vs.volume.name)
+        || vs.rw.len() != vs.wanted()
+        || !vs.rebuilding.is_empty()
+        || vs.rw.iter().any(|r| pass.evicting.contains(&r.name))
+    {
+        return;
+    }
+    let layout: Vec<&str> = vs.rw.iter().map(|r| r.node.as_str()).collect();
+    let targets = moves(pass, vs, &layout);
+    if targets.is_empty() {
+        return;
+    }
+    pass.busy.insert(vs.volume.name.clone());
+    let name = &vs.volume.name;
+    let mut peers = Peer::of(vs.rw.iter().copied());
+    for t in targets {
+        let mut req = Request::new(vs.volume, peers.clone());
+        req.only_zone = t.zone.as_deref();
+        req.only_node = t.node.as_deref();
+        let label = match (&t.zone, &t.node) {
+            (_, Some(n)) => format!("node {n}"),
+            (Some(z), None) => format!("zone {z:?}"),
+            (None, None) => "any node".to_string(),
+        };
+        match schedule::choose(pass, &req) {
+            Ok(p) if pass.rebuild_slot(&p.node) => {
+                pass.reserve(&p.node, &p.disk, vs.volume.size, true);
+                plan.act(
+                    t.rule,
+                    ActionKind::CreateReplica {
+                        volume: name.clone(),
+                        node: p.node.clone(),
+                        disk: p.disk.clone(),
+                        reuse: None,
+                        copy_from: local_source(vs, &p.node),
+                        size: vs.volume.size,
+                    },
+                    format!(
+                        "{name} is unbalanced ({} mode): adding a replica in {label} on {}/{}; a duplicate is deleted once it is rw",
+                        vs.balance, p.node, p.disk
+                    ),
+                );
+                peers.push(Peer {
+                    node: p.node,
+                    disk: p.disk,
+                });
+            }
+            Ok(p) => {
+                plan.block(
+                    vs.object(),
+                    t.rule,
+                    format!("{name}: balance waits for a rebuild slot on {}", p.node),
+                );
+                break;
+            }
+            Err(reasons) => {
+                plan.block(
+                    vs.object(),
+                    t.rule,
+                    format!(
+                        "{name}: balance cannot place a replica in {label}: {}",
+                        reasons.join("; ")
+                    ),
+                );
+                break;
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Cleanup (BEHAVIOR.md "Replenish and reuse", "Auto-balance"): which
+//! replicas to delete.
+//!
+//! - A failed replica older than the volume's staleReplicaTimeout goes,
+//!   never the last copy of data.
+//! - A volume with more rw replicas than it wants, and none being rebuilt,
+//!   loses the extras: evicting replicas first, then replicas on pressured
+//!   disks, then duplicates from the most loaded disk, node and zone; among
+//!   equals the one on the fullest disk. The local replica of a volume with
+//!   data locality is never a victim (locality cleanup before balance
+//!   cleanup). A deletion that would make the next pass want to add a
+//!   replica again is not issued when another choice exists (lesson:
+//!   create/delete loops).
+
+use std::collections::BTreeMap;
+
+use chrono::Duration;
+
+use super::action::{ActionKind, Plan, Rule};
+use super::balance;
+use super::disk_pressure;
+use super::pass::Pass;
+use super::view::ReplicaView;
+use super::volume_state::VolumeState;
+
+/// Deletes failed replicas past the stale timeout.
+pub fn stale(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
+    if vs.rw.is_empty() {
+        return; // a failed replica may be the last copy of the data
+    }
+    let timeout = Duration::minutes(vs.volume.stale_replica_timeout as i64);
+    for r in &vs.failed {
+        let Some(failed) = r.failed_at else { continue };
+        if failed + timeout > pass.now {
+            continue;
+        }
+        pass.busy.insert(vs.volume.name.clone());
+        plan.act(
+            Rule::Cleanup,
+            ActionKind::DeleteReplica {
+                volume: vs.volume.name.clone(),
+                replica: r.name.clone(),
+            },
+            format!(
+                "replica {} of {} failed at {failed}, more than its stale timeout of {} minutes ago",
+                r.name, vs.volume.name, vs.volume.stale_replica_timeout
+            ),
+        );
+    }
+}
+
+/// The replica data locality keeps: the first rw replica on the attached node.
+fn pinned<'a>(vs: &VolumeState<'a>) -> Option<&'a ReplicaView> {
+    let node = vs.local_node()?;
+    vs.rw.iter().copied().find(|r| r.node == node)
+}
+
+type Key = (
+    bool,
+    bool,
+    std::cmp::Reverse<(usize, usize, usize, u64)>,
+    String,
+);
+
+/// The deletion order: smaller keys go first.
+fn key(pass: &Pass, vs: &VolumeState, r: &ReplicaView, remaining: &[&ReplicaView]) -> Key {
+    let mut disk = 0;
+    let mut node = 0;
+    let mut zone = 0;
+    let z = pass.zone_of(&r.node);
+    for o in remaining {
+        if o.node == r.node && o.disk == r.disk {
+            disk += 1;
+        }
+        if o.node == r.node {
+            node += 1;
+        }
+        if pass.zone_of(&o.node) == z {
+            zone += 1;
+        }
+    }
+    let fullness = pass
+        .disk(&r.node, &r.disk)
+        .map(|d| d.used_percent())
+        .unwrap_or(100);
+    (
+        !pass.evicting.contains(&r.name),
+        !disk_pressure::pressured_for(pass, vs, r),
+        std::cmp::Reverse((disk, node, zone, fullness)),
+        r.name.clone(),
+    )
+}
+
+/// Removes `k` replicas from `remaining` in deletion order, without lookahead.
+fn greedy<'a>(
+    pass: &Pass,
+    vs: &VolumeState,
+    mut remaining: Vec<&'a ReplicaView>,
+    k: usize,
+    keep: Option<&str>,
+) -> Vec<&'a ReplicaView> {
+    for _ in 0..k {
+        let victim = remaining
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| Some(r.name.as_str()) != keep)
+            .min_by_key(|(_, r)| key(pass, vs, r, &remaining))
+            .map(|(i, _)| i);
+        match victim {
+            Some(i) => {
+                remaining.remove(i);
+            }
+            None => break,
+        }
+    }
+    remaining
+}
+
+/// Chooses `k` victims among the volume's rw replicas.
+pub fn victims<'a>(pass: &Pass, vs: &VolumeState<'a>, k: usize) -> Vec<&'a ReplicaView> {
+    let keep = pinned(vs).map(|r| r.name.clone());
+    let mut remaining: Vec<&ReplicaView> = vs.rw.clone();
+    let mut chosen = Vec::new();
+    for step in 0..k {
+        let mut order: Vec<&ReplicaView> = remaining
+            .iter()
+            .copied()
+            .filter(|r| Some(&r.name) != keep.as_ref())
+            .collect();
+        order.sort_by_key(|r| key(pass, vs, r, &remaining));
+        let left = k - step - 1;
+        let fine = |c: &&ReplicaView| {
+            let rest: Vec<&ReplicaView> = remaining
+                .iter()
+                .copied()
+                .filter(|r| r.name != c.name)
+                .collect();
+            let end = greedy(pass, vs, rest, left, keep.as_deref());
+            let layout: Vec<&str> = end.iter().map(|r| r.node.as_str()).collect();
+            balance::moves(pass, vs, &layout).is_empty()
+        };
+        let Some(victim) = order
+            .iter()
+            .copied()
+            .find(fine)
+            .or_else(|| order.first().copied())
+        else {
+            break;
+        };
+        remaining.retain(|r| r.name != victim.name);
+        chosen.push(victim);
+    }
+    chosen
+}
+
+/// Deletes a settled volume's extra rw replicas.
+pub fn extras(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
+    let wanted = vs.wanted();
+    if pass.busy.contains(&vs.volume.name) || !vs.rebuilding.is_empty() || vs.rw.len() <= wanted {
+        return;
+    }
+    let k = vs.rw.len() - wanted;
+    let victims = victims(pass, vs, k);
+    if victims.is_empty() {
+        return;
+    }
+    pass.busy.insert(vs.volume.name.clone());
+    let mut loads: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &vs.rw {
+        *loads.entry(r.node.as_str()).or_default() += 1;
+    }
+    for v in victims {
+        let why = if pass.evicting.contains(&v.name) {
+            format!(
+                "{}: replica {} on {}/{} is evicted and its replacement is rw",
+                vs.volume.name, v.name, v.node, v.disk
+            )
+        } else if disk_pressure::pressured_for(pass, vs, v) {
+            format!(
+                "{}: replica {} moved off pressured disk {}/{}",
+                vs.volume.name, v.name, v.node, v.disk
+            )
+        } else {
+            format!(
+                "{} has {} rw replicas and wants {wanted}: deleting {} on {}/{} ({} of its replicas on that node)",
+                vs.volume.name,
+                vs.rw.len(),
+                v.name,
+                v.node,
+                v.disk,
+                loads.get(v.node.as_str()).copied().unwrap_or(0)
+            )
+        };
+        plan.act(
+            Rule::Cleanup,
+            ActionKind::DeleteReplica {
+                volume: vs.volume.name.clone(),
+                replica: v.name.clone(),
+            },
+            why,
+        );
+    }
+}

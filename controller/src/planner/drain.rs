@@ -1,0 +1,98 @@
+//! Drain (BEHAVIOR.md "Eviction and drain", seed 002): whether draining a
+//! node must wait, and why, under the node drain policy; and the node's
+//! `autoEvicting` flag. Only changes are reported.
+//!
+//! A replica that never held data is never a reason to block (lesson:
+//! drains stuck for ever on empty replicas).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use ballast::model::NodeDrainPolicy;
+
+use super::action::{ActionKind, Plan, Rule};
+use super::pass::Pass;
+
+/// For each node, the first volume (by name) whose healthy replicas all
+/// live on it; with `running_only`, counting only running replicas.
+fn last_holders(pass: &Pass, running_only: bool) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for v in &pass.view.volumes {
+        let mut nodes = pass
+            .replicas_of(&v.name)
+            .iter()
+            .filter(|r| r.is_rw() && r.held_data() && (!running_only || r.running))
+            .map(|r| r.node.as_str());
+        if let Some(first) = nodes.next()
+            && nodes.all(|n| n == first)
+        {
+            out.entry(first.to_string())
+                .or_insert_with(|| format!("holds the last healthy replica of volume {}", v.name));
+        }
+    }
+    out
+}
+
+/// For each node, its first replica (by name) that holds data.
+fn any_holders(pass: &Pass) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for r in &pass.view.replicas {
+        if r.held_data() && !r.is_failed() {
+            out.entry(r.node.clone()).or_insert_with(|| {
+                format!(
+                    "holds replica {} of volume {} (block-for-eviction)",
+                    r.name, r.volume
+                )
+            });
+        }
+    }
+    out
+}
+
+/// Why a drain of each node is blocked now, for the nodes where it is.
+pub fn blocked_reasons(pass: &Pass) -> BTreeMap<String, String> {
+    match pass.settings.node_drain_policy() {
+        NodeDrainPolicy::AlwaysAllow => BTreeMap::new(),
+        NodeDrainPolicy::BlockIfContainsLastReplica
+        | NodeDrainPolicy::BlockForEvictionIfContainsLastReplica => last_holders(pass, false),
+        NodeDrainPolicy::AllowIfReplicaIsStopped => last_holders(pass, true),
+        NodeDrainPolicy::BlockForEviction => any_holders(pass),
+    }
+}
+
+/// Reports each node's drain and auto-eviction status when it changed.
+pub fn plan(pass: &Pass, plan: &mut Plan, auto_evicting: &BTreeSet<String>) {
+    let reasons = blocked_reasons(pass);
+    for node in &pass.view.nodes {
+        let reason = reasons.get(&node.id).cloned();
+        let evicting = auto_evicting.contains(&node.id);
+        let blocked = reason.is_some();
+        if blocked == node.drain_blocked
+            && evicting == node.auto_evicting
+            && reason == node.drain_blocked_reason
+        {
+            continue;
+        }
+        let why = match (&reason, evicting) {
+            (Some(r), true) => format!(
+                "node {}: drain blocked ({r}); evicting replicas automatically",
+                node.id
+            ),
+            (Some(r), false) => format!("node {}: drain blocked ({r})", node.id),
+            (None, true) => format!(
+                "node {}: drain allowed; evicting replicas automatically",
+                node.id
+            ),
+            (None, false) => format!("node {}: drain allowed", node.id),
+        };
+        plan.act(
+            Rule::Drain,
+            ActionKind::SetNodeStatus {
+                node: node.id.clone(),
+                auto_evicting: evicting,
+                drain_blocked: blocked,
+                drain_blocked_reason: reason,
+            },
+            why,
+        );
+    }
+}

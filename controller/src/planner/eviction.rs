@@ -1,0 +1,97 @@
+//! Eviction (BEHAVIOR.md "Eviction and drain", seed 002): which replicas
+//! are asked to leave. A replica is evicted when its node or disk has
+//! `evictionRequested`, or its node is cordoned and the drain policy says
+//! so. The replacement is built first (replenish), the replica deleted
+//! after (cleanup).
+//!
+//! Under `block-for-eviction-if-contains-last-replica` an automatic
+//! eviction, once requested, holds while the node stays cordoned: the
+//! replacement becoming healthy must not cancel it.
+
+use std::collections::BTreeSet;
+
+use ballast::model::NodeDrainPolicy;
+
+use super::action::{ActionKind, Plan, Rule};
+use super::pass::Pass;
+use super::view::ReplicaView;
+
+/// Whether another healthy replica of the volume lives on a node that is
+/// not cordoned (and is ready).
+fn other_healthy_elsewhere(pass: &Pass, r: &ReplicaView) -> bool {
+    pass.replicas_of(&r.volume).iter().any(|o| {
+        o.name != r.name && o.is_rw() && pass.node(&o.node).is_some_and(|n| n.ready && !n.cordoned)
+    })
+}
+
+/// Decides every replica's eviction request; records the decision in
+/// `pass.evicting` and returns the nodes that are evicting automatically.
+pub fn mark(pass: &mut Pass, plan: &mut Plan) -> BTreeSet<String> {
+    let policy = pass.settings.node_drain_policy();
+    let mut auto_nodes = BTreeSet::new();
+    for r in &pass.view.replicas {
+        let Some(node) = pass.node(&r.node) else {
+            continue;
+        };
+        let disk_evicting = pass
+            .disk(&r.node, &r.disk)
+            .is_some_and(|d| d.eviction_requested);
+        let manual = node.eviction_requested || disk_evicting;
+        let auto = node.cordoned
+            && match policy {
+                NodeDrainPolicy::BlockForEviction => true,
+                NodeDrainPolicy::BlockForEvictionIfContainsLastReplica => {
+                    r.eviction_requested || !other_healthy_elsewhere(pass, r)
+                }
+                _ => false,
+            };
+        // A failed replica is not evicted: it is replaced or cleaned up.
+        let wanted = (manual || auto) && !r.is_failed();
+        if wanted {
+            pass.evicting.insert(r.name.clone());
+            if auto && !manual {
+                auto_nodes.insert(r.node.clone());
+            }
+        }
+        if wanted == r.eviction_requested {
+            continue;
+        }
+        let why = if !wanted {
+            format!(
+                "eviction of {} canceled: its node and disk no longer ask for it",
+                r.name
+            )
+        } else if manual {
+            format!(
+                "{} asks for eviction: replica {} of {} will be rebuilt elsewhere, then deleted",
+                if node.eviction_requested {
+                    format!("node {}", node.id)
+                } else {
+                    format!("disk {}/{}", r.node, r.disk)
+                },
+                r.name,
+                r.volume
+            )
+        } else {
+            format!(
+                "node {} is cordoned and node-drain-policy is {policy}: replica {} of {} will be rebuilt elsewhere, then deleted",
+                node.id, r.name, r.volume
+            )
+        };
+        plan.act(
+            Rule::Eviction,
+            ActionKind::SetReplicaEviction {
+                replica: r.name.clone(),
+                requested: wanted,
+            },
+            why.clone(),
+        );
+        let object = format!("replica/{}", r.name);
+        if wanted && auto && !manual {
+            plan.event(Rule::Eviction, object, "EvictionAutomatic", why);
+        } else if !wanted {
+            plan.event(Rule::Eviction, object, "EvictionCanceled", why);
+        }
+    }
+    auto_nodes
+}

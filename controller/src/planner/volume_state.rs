@@ -1,0 +1,89 @@
+//! One volume's replicas, sorted into what matters for planning, and the
+//! effective modes of the volume (its own, or the settings').
+
+use ballast::model::{AutoBalance, DataLocality, Robustness, VolumeAutoBalance};
+
+use super::pass::Pass;
+use super::view::{ReplicaView, VolumeView};
+
+pub struct VolumeState<'a> {
+    pub volume: &'a VolumeView,
+    pub all: Vec<&'a ReplicaView>,
+    pub rw: Vec<&'a ReplicaView>,
+    pub rebuilding: Vec<&'a ReplicaView>,
+    pub failed: Vec<&'a ReplicaView>,
+    /// No replica has ever held data: a new volume.
+    pub is_new: bool,
+    pub locality: DataLocality,
+    pub balance: AutoBalance,
+}
+
+impl<'a> VolumeState<'a> {
+    pub fn new(pass: &Pass<'a>, volume: &'a VolumeView) -> Self {
+        let all: Vec<&ReplicaView> = pass.replicas_of(&volume.name).to_vec();
+        let rw = all.iter().copied().filter(|r| r.is_rw()).collect();
+        let rebuilding = all.iter().copied().filter(|r| r.is_rebuilding()).collect();
+        let failed = all.iter().copied().filter(|r| r.is_failed()).collect();
+        let locality = volume
+            .data_locality
+            .unwrap_or_else(|| pass.settings.default_data_locality());
+        let balance = match volume.auto_balance {
+            VolumeAutoBalance::Ignored => pass.settings.replica_auto_balance(),
+            VolumeAutoBalance::Disabled => AutoBalance::Disabled,
+            VolumeAutoBalance::LeastEffort => AutoBalance::LeastEffort,
+            VolumeAutoBalance::BestEffort => AutoBalance::BestEffort,
+        };
+        VolumeState {
+            volume,
+            is_new: !all.iter().any(|r| r.held_data()),
+            all,
+            rw,
+            rebuilding,
+            failed,
+            locality,
+            balance,
+        }
+    }
+
+    pub fn wanted(&self) -> usize {
+        self.volume.number_of_replicas as usize
+    }
+
+    /// rw and rebuilding replicas.
+    pub fn usable(&self) -> impl Iterator<Item = &'a ReplicaView> + '_ {
+        self.rw.iter().chain(self.rebuilding.iter()).copied()
+    }
+
+    /// Usable replicas that are staying (not asked to leave).
+    pub fn keep<'p>(&'p self, pass: &'p Pass<'a>) -> impl Iterator<Item = &'a ReplicaView> + 'p {
+        self.usable()
+            .filter(move |r| !pass.evicting.contains(&r.name))
+    }
+
+    pub fn robustness(&self) -> Robustness {
+        let rw = self.rw.len();
+        if rw >= self.wanted() {
+            Robustness::Healthy
+        } else if rw > 0 {
+            Robustness::Degraded
+        } else if self.is_new {
+            Robustness::Unknown
+        } else {
+            Robustness::Faulted
+        }
+    }
+
+    pub fn object(&self) -> String {
+        format!("volume/{}", self.volume.name)
+    }
+
+    /// The attached node, when data locality wants a replica there.
+    pub fn local_node(&self) -> Option<&'a str> {
+        match self.locality {
+            DataLocality::BestEffort | DataLocality::StrictLocal => {
+                self.volume.attached_node.as_deref()
+            }
+            DataLocality::Disabled => None,
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The simulator: runs the planner against a model cluster, tick by tick.
+//!
+//! A tick plans on the model's view, applies every action, and advances
+//! rebuilds (a new or reused replica turns rw after `rebuildTicks` ticks)
+//! and the clock (one second). `settle` ticks until nothing is pending and
+//! detects oscillation: the same placement reached twice while actions are
+//! still issued. Used by `ballast sim`, by the seed tests and by the
+//! property tests. A model only: no I/O.
+
+mod cluster;
+pub mod scenario;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Serialize;
+
+pub use cluster::{Sim, SimReplica};
+pub use scenario::{Scenario, ScenarioError, Step};
+
+/// The most ticks one settle takes before it gives up.
+pub const MAX_SETTLE_TICKS: u32 = 1000;
+
+/// What one settle printed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Report {
+    /// 1-based index of the settle step in the scenario.
+    pub step: usize,
+    pub ticks: u32,
+    /// volume -> node -> healthy replicas (every node listed).
+    pub replicas: BTreeMap<String, BTreeMap<String, usize>>,
+    /// volume -> zone -> healthy replicas (every zone listed).
+    pub zones: BTreeMap<String, BTreeMap<String, usize>>,
+    /// volume -> "node/disk" -> healthy replicas (disks holding some).
+    pub disks: BTreeMap<String, BTreeMap<String, usize>>,
+    pub created: u32,
+    pub deleted: u32,
+    pub reused: u32,
+    pub oscillation: bool,
+    /// Whether the settle ended with nothing pending (false: gave up).
+    pub settled: bool,
+    pub blocked: Vec<String>,
+    pub waits: Vec<String>,
+    pub nodes: BTreeMap<String, NodeReport>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    pub auto_evicting: bool,
+    pub drain_blocked: bool,
+}
+
+impl Sim {
+    /// Ticks until nothing is pending, at most [`MAX_SETTLE_TICKS`].
+    pub fn settle(&mut self, step: usize) -> Report {
+        let mut seen: BTreeSet<String> = BTreeSet::new();
+        let mut ticks = 0;
+        let mut oscillation = false;
+        let mut settled = false;
+        let mut last = None;
+        while ticks < MAX_SETTLE_TICKS {
+            let plan = self.tick();
+            ticks += 1;
+            let changed = plan.changes().next().is_some();
+            let pending = self.pending();
+            last = Some(plan);
+            if !changed && !pending {
+                settled = true;
+                break;
+            }
+            if changed && !seen.insert(self.fingerprint()) {
+                oscillation = true;
+                break;
+            }
+        }
+        let plan = last.unwrap_or_default();
+        let report = Report {
+            step,
+            ticks,
+            replicas: self.healthy_per_node(),
+            zones: self.healthy_per_zone(),
+            disks: self.healthy_per_disk(),
+            created: self.counters.created,
+            deleted: self.counters.deleted,
+            reused: self.counters.reused,
+            oscillation,
+            settled,
+            blocked: plan
+                .blocked
+                .iter()
+                .map(|b| format!("{}: {}", b.object, b.reason))
+                .collect(),
+            waits: plan
+                .waits
+                .iter()
+                .map(|w| format!("volume/{}: {} (until {})", w.volume, w.what, w.until))
+                .collect(),
+            nodes: self
+                .nodes
+                .iter()
+                .map(|n| {
+                    (
+                        n.spec.id.clone(),
+                        NodeReport {
+                            auto_evicting: n.auto_evicting,
+                            drain_blocked: n.drain_blocked,
+                        },
+                    )
+                })
+                .collect(),
+        };
+        self.counters = Default::default();
+        report
+    }
+
+    /// Runs every step; returns one report per settle.
+    pub fn run(&mut self, steps: &[Step]) -> Result<Vec<Report>, String> {
+        let mut out = Vec::new();
+        for (i, step) in steps.iter().enumerate() {
+            match step {
+                Step::Settle(_) => out.push(self.settle(i + 1)),
+                other => self
+                    .apply_step(other)
+                    .map_err(|e| format!("step {}: {e}", i + 1))?,
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Runs a scenario text; the JSON lines it prints, or an error (exit 2).
+pub fn run_text(text: &str) -> Result<Vec<Report>, String> {
+    let scenario = Scenario::parse(text).map_err(|e| e.to_string())?;
+    let mut sim = Sim::new(&scenario)?;
+    sim.run(&scenario.steps)
+}
