@@ -35,6 +35,7 @@ pub fn stale(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
             continue;
         }
         pass.busy.insert(vs.volume.name.clone());
+        pass.freed.insert((r.node.clone(), r.disk.clone()));
         plan.act(
             Rule::Cleanup,
             ActionKind::DeleteReplica {
@@ -170,6 +171,7 @@ pub fn extras(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
         *loads.entry(r.node.as_str()).or_default() += 1;
     }
     for v in victims {
+        pass.freed.insert((v.node.clone(), v.disk.clone()));
         let why = if pass.evicting.contains(&v.name) {
             format!(
                 "{}: replica {} on {}/{} is evicted and its replacement is rw",

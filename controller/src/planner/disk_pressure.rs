@@ -56,7 +56,8 @@ pub fn plan(pass: &mut Pass, plan: &mut Plan) {
     pass.receiving.extend(receiving);
     for node in &view.nodes {
         for disk in &node.disks {
-            if in_flight_from.contains(&(node.id.clone(), disk.id.clone())) {
+            let key = (node.id.clone(), disk.id.clone());
+            if in_flight_from.contains(&key) || pass.freed.contains(&key) {
                 continue;
             }
             let mut tried = Vec::new();

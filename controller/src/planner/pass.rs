@@ -32,6 +32,9 @@ pub struct Pass<'a> {
     rebuilds: BTreeMap<String, u32>,
     /// Disks that receive a disk-pressure move (in flight or this pass).
     pub receiving: BTreeSet<DiskKey>,
+    /// Disks this pass deletes a replica from: their usage is about to
+    /// drop, so no new move leaves them in this pass.
+    pub freed: BTreeSet<DiskKey>,
     /// Volumes this pass already changed; later rules leave them alone.
     pub busy: BTreeSet<String>,
     /// The eviction request each replica should have (decided first).
@@ -85,6 +88,7 @@ impl<'a> Pass<'a> {
             placed: BTreeMap::new(),
             rebuilds: BTreeMap::new(),
             receiving: BTreeSet::new(),
+            freed: BTreeSet::new(),
             busy: BTreeSet::new(),
             evicting: BTreeSet::new(),
             eligible: RefCell::new(HashMap::new()),

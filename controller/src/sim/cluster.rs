@@ -61,6 +61,8 @@ pub struct Sim {
     pub volumes: Vec<SimVolume>,
     pub replicas: BTreeMap<String, SimReplica>,
     pub events: Vec<(String, String, String)>,
+    /// Every action applied, with the time it was applied.
+    pub history: Vec<(DateTime<Utc>, planner::Action)>,
     pub counters: Counters,
     next_id: u64,
 }
@@ -82,6 +84,7 @@ impl Sim {
             volumes: Vec::new(),
             replicas: BTreeMap::new(),
             events: Vec::new(),
+            history: Vec::new(),
             counters: Counters::default(),
             next_id: 0,
         };
@@ -274,6 +277,7 @@ impl Sim {
     /// Applies a plan's actions to the model.
     pub fn apply(&mut self, plan: &Plan) {
         for a in &plan.actions {
+            self.history.push((self.now, a.clone()));
             match &a.kind {
                 ActionKind::CreateReplica {
                     volume,

@@ -59,10 +59,11 @@ impl Sim {
         let mut settled = false;
         let mut last = None;
         while ticks < MAX_SETTLE_TICKS {
+            // Settled: a plan made with no rebuild in flight changes nothing.
+            let pending = self.pending();
             let plan = self.tick();
             ticks += 1;
             let changed = plan.changes().next().is_some();
-            let pending = self.pending();
             last = Some(plan);
             if !changed && !pending {
                 settled = true;
