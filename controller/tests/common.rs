@@ -14,7 +14,11 @@ pub struct Run {
 pub fn start(yaml: &str) -> Run {
     let scenario = Scenario::parse(yaml).unwrap_or_else(|e| panic!("bad scenario: {e}"));
     let sim = Sim::new(&scenario).unwrap();
-    Run { sim, scenario, next: 0 }
+    Run {
+        sim,
+        scenario,
+        next: 0,
+    }
 }
 
 impl Run {
@@ -85,9 +89,17 @@ pub fn creates(plan: &Plan) -> Vec<(String, String, String, Option<String>)> {
     plan.actions
         .iter()
         .filter_map(|a| match &a.kind {
-            ActionKind::CreateReplica { node, disk, copy_from, .. } => {
-                Some((format!("{:?}", a.rule), node.clone(), disk.clone(), copy_from.clone()))
-            }
+            ActionKind::CreateReplica {
+                node,
+                disk,
+                copy_from,
+                ..
+            } => Some((
+                format!("{:?}", a.rule),
+                node.clone(),
+                disk.clone(),
+                copy_from.clone(),
+            )),
             _ => None,
         })
         .collect()

@@ -41,7 +41,11 @@ fn seed000_node_least_effort_six_replicas() {
     assert_ne!(c[1], 0, "node-2 got a replica");
     assert_eq!(c[2], 0);
     assert_eq!(c.iter().sum::<usize>(), 6);
-    assert_eq!((r.created, r.deleted), (1, 1), "least effort moves one replica");
+    assert_eq!(
+        (r.created, r.deleted),
+        (1, 1),
+        "least effort moves one replica"
+    );
 
     let r = run.settle();
     let c = per_node(&r, "v1");
@@ -84,8 +88,16 @@ steps:
     assert_eq!(per_node(&r, "volume-1"), [3, 0, 0]);
     assert_eq!(per_node(&r, "volume-2"), [3, 0, 0]);
     let r = run.settle();
-    assert_eq!(per_node(&r, "volume-1"), [3, 0, 0], "volume-1 follows the disabled setting");
-    assert_eq!(per_node(&r, "volume-2"), [1, 1, 1], "volume-2 is balanced by its own spec");
+    assert_eq!(
+        per_node(&r, "volume-1"),
+        [3, 0, 0],
+        "volume-1 follows the disabled setting"
+    );
+    assert_eq!(
+        per_node(&r, "volume-2"),
+        [1, 1, 1],
+        "volume-2 is balanced by its own spec"
+    );
 }
 
 fn zone_scenario(mode: &str) -> String {
@@ -156,9 +168,15 @@ steps:
     assert_eq!(z["zone-1"] + z["zone-2"], 3);
     let dup_zone = if z["zone-1"] == 2 { "zone-1" } else { "zone-2" };
     // node-3 joins the zone holding the duplicates, then becomes schedulable.
-    run.step(&format!("node: {{id: node-3, zone: {dup_zone}, allowScheduling: true}}"));
+    run.step(&format!(
+        "node: {{id: node-3, zone: {dup_zone}, allowScheduling: true}}"
+    ));
     let r = run.settle();
     assert_eq!(per_node(&r, "v1"), [1, 1, 1]);
     let z = &r.zones["v1"];
-    assert_eq!(z["zone-1"] + z["zone-2"], 3, "all three replicas in zone-1 and zone-2");
+    assert_eq!(
+        z["zone-1"] + z["zone-2"],
+        3,
+        "all three replicas in zone-1 and zone-2"
+    );
 }

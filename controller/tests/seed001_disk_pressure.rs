@@ -38,9 +38,18 @@ fn pressure_moves(run: &Run) -> Vec<(String, String, String, Option<String>)> {
         .iter()
         .filter(|(_, a)| a.rule == Rule::DiskPressure)
         .filter_map(|(_, a)| match &a.kind {
-            ActionKind::CreateReplica { volume, node, disk, copy_from, .. } => {
-                Some((volume.clone(), node.clone(), disk.clone(), copy_from.clone()))
-            }
+            ActionKind::CreateReplica {
+                volume,
+                node,
+                disk,
+                copy_from,
+                ..
+            } => Some((
+                volume.clone(),
+                node.clone(),
+                disk.clone(),
+                copy_from.clone(),
+            )),
             _ => None,
         })
         .collect()
@@ -59,9 +68,16 @@ fn seed001_pressured_disk_moves_a_replica_to_another_disk_of_the_same_node_by_lo
     let (volume, node, disk, copy_from) = &moves[0];
     assert_eq!((node.as_str(), disk.as_str()), ("node-1", "d2"));
     let source = copy_from.as_deref().expect("a local copy source");
-    assert!(source.starts_with(volume.as_str()), "copies from the same volume's replica");
+    assert!(
+        source.starts_with(volume.as_str()),
+        "copies from the same volume's replica"
+    );
     assert_eq!(r.disks[volume.as_str()].get("node-1/d2"), Some(&1));
-    assert_eq!(r.disks[volume.as_str()].get("node-1/d1"), None, "the old replica is gone");
+    assert_eq!(
+        r.disks[volume.as_str()].get("node-1/d1"),
+        None,
+        "the old replica is gone"
+    );
     let d1 = run.sim.view().nodes[0].disks[0].used_percent();
     assert!(d1 < 90, "d1 is no longer pressured: {d1}%");
 }
@@ -78,10 +94,15 @@ fn seed001_no_move_to_a_disk_that_would_become_pressured() {
     run.settle();
     run.settle();
     let r = run.settle();
-    assert!(pressure_moves(&run).is_empty(), "no move into a disk that would be pressured");
+    assert!(
+        pressure_moves(&run).is_empty(),
+        "no move into a disk that would be pressured"
+    );
     assert_eq!(r.disks["v1"]["node-1/d1"], 1);
     assert!(
-        r.blocked.iter().any(|b| b.contains("node-1/d1 is pressured") && b.contains("pressure threshold 90%")),
+        r.blocked
+            .iter()
+            .any(|b| b.contains("node-1/d1 is pressured") && b.contains("pressure threshold 90%")),
         "{:?}",
         r.blocked
     );
@@ -111,7 +132,10 @@ fn seed001_never_two_replicas_to_one_disk_at_once() {
             .values()
             .filter(|r| r.disk == "d2" && r.mode == Some(ballast::model::ReplicaMode::Wo))
             .count();
-        assert!(into_d2 <= 1, "{into_d2} replicas rebuilding into d2 at once");
+        assert!(
+            into_d2 <= 1,
+            "{into_d2} replicas rebuilding into d2 at once"
+        );
         if plan.changes().next().is_none() && !pending {
             break;
         }
