@@ -266,10 +266,11 @@ impl Sim {
 
     /// One tick: plan, apply, advance rebuilds and the clock.
     pub fn tick(&mut self) -> Plan {
+        // Observe first (as the controller records degradation), then plan.
+        self.track_robustness();
         let plan = self.plan();
         self.apply(&plan);
         self.advance_rebuilds();
-        self.track_robustness();
         self.now += Duration::seconds(1);
         plan
     }
