@@ -12,6 +12,7 @@ pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod nodes;
+pub mod observe;
 pub mod planner;
 pub mod sim;
 pub mod volumes;

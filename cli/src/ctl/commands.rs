@@ -48,6 +48,12 @@ pub enum Command {
     /// Settings.
     #[command(subcommand)]
     Setting(SettingCmd),
+    /// What the controller would do next, and why, without doing it.
+    Plan {
+        /// Only what concerns this volume.
+        #[arg(long)]
+        volume: Option<String>,
+    },
     /// Events, newest last.
     Events {
         /// Only events of KIND/NAME, e.g. node/node-1.
@@ -552,6 +558,71 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                         .await?;
                     show(&v, &header, rows, false);
                 }
+            }
+        }
+        Command::Plan { volume } => {
+            let path = match &volume {
+                Some(v) => format!("/v1/plan?volume={v}"),
+                None => "/v1/plan".into(),
+            };
+            let v = c.get(&path).await?;
+            if json_out {
+                print_json(&v);
+                return Ok(());
+            }
+            let describe = |a: &Value| -> String {
+                match a["type"].as_str().unwrap_or_default() {
+                    "createReplica" => {
+                        let how = if !a["reuse"].is_null() {
+                            format!(" (reuse {})", s(&a["reuse"]))
+                        } else if !a["copyFrom"].is_null() {
+                            format!(" (local copy from {})", s(&a["copyFrom"]))
+                        } else {
+                            String::new()
+                        };
+                        format!(
+                            "create replica of {} on {}/{}{how}",
+                            s(&a["volume"]),
+                            s(&a["node"]),
+                            s(&a["disk"])
+                        )
+                    }
+                    "deleteReplica" => format!("delete replica {}", s(&a["replica"])),
+                    "setReplicaEviction" => format!(
+                        "set eviction of {} to {}",
+                        s(&a["replica"]),
+                        s(&a["requested"])
+                    ),
+                    "setNodeStatus" => format!(
+                        "node {}: autoEvicting={} drainBlocked={}",
+                        s(&a["node"]),
+                        s(&a["autoEvicting"]),
+                        s(&a["drainBlocked"])
+                    ),
+                    "recordEvent" => format!("event {} on {}", s(&a["reason"]), s(&a["object"])),
+                    other => other.to_string(),
+                }
+            };
+            let actions = v["actions"].as_array().cloned().unwrap_or_default();
+            if actions.is_empty() {
+                println!("Nothing to do.");
+            } else {
+                let rows = actions
+                    .iter()
+                    .map(|a| vec![s(&a["rule"]), describe(a), s(&a["reason"])])
+                    .collect();
+                table::print(&["RULE", "ACTION", "WHY"], rows);
+            }
+            for w in v["waits"].as_array().cloned().unwrap_or_default() {
+                println!(
+                    "WAIT    volume {} until {}: {}",
+                    s(&w["volume"]),
+                    s(&w["until"]),
+                    s(&w["what"])
+                );
+            }
+            for b in v["blocked"].as_array().cloned().unwrap_or_default() {
+                println!("BLOCKED {}: {}", s(&b["object"]), s(&b["reason"]));
             }
         }
         Command::Events { object, watch } => {

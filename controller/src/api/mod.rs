@@ -7,6 +7,7 @@ mod error;
 mod meta;
 mod nodes;
 mod objects;
+mod plan;
 mod settings;
 mod volumes;
 
@@ -104,6 +105,7 @@ pub fn router(ctx: Arc<Context>) -> Router {
             get(settings::get_one).put(settings::put),
         )
         .route("/v1/events", get(objects::list_events))
+        .route("/v1/plan", get(plan::get))
         .fallback(meta::no_route)
         .with_state(ctx)
 }

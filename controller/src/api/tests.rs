@@ -382,3 +382,89 @@ async fn healthz_metrics_and_openapi() {
         );
     }
 }
+
+fn seed_ready_node(api: &Api, id: &str, zone: &str) {
+    let mut node = Node {
+        id: id.into(),
+        resource_version: 0,
+        spec: NodeSpec {
+            zone: zone.into(),
+            tags: vec![],
+            allow_scheduling: true,
+            eviction_requested: false,
+            disks: [("disk-1".to_string(), DiskSpec::new("/d1", vec![]))].into(),
+        },
+        status: NodeStatus::default(),
+    };
+    node.status.ready = true;
+    node.status.disks.insert(
+        "disk-1".into(),
+        ballast::model::DiskStatus {
+            ready: true,
+            storage_maximum: 100 << 30,
+            storage_available: 90 << 30,
+            ..Default::default()
+        },
+    );
+    api.ctx.store.create(&node).unwrap();
+}
+
+#[tokio::test]
+async fn plan_is_a_dry_run_with_reasons() {
+    let api = Api::new();
+    for (id, zone) in [("node-1", "z1"), ("node-2", "z2"), ("node-3", "z3")] {
+        seed_ready_node(&api, id, zone);
+    }
+    api.call(
+        "POST",
+        "/v1/volumes",
+        Some(json!({"name": "v1", "size": "1Gi"})),
+    )
+    .await;
+    api.call(
+        "POST",
+        "/v1/volumes",
+        Some(json!({"name": "v2", "size": "1Gi", "numberOfReplicas": 4})),
+    )
+    .await;
+    let (s, v) = api.call("GET", "/v1/plan?volume=v1", None).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let creates: Vec<&Value> = v["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["type"] == "createReplica")
+        .collect();
+    assert_eq!(creates.len(), 3, "{v}");
+    let mut nodes: Vec<&str> = creates
+        .iter()
+        .map(|a| a["node"].as_str().unwrap())
+        .collect();
+    nodes.sort();
+    assert_eq!(nodes, ["node-1", "node-2", "node-3"], "one per zone");
+    assert!(
+        creates
+            .iter()
+            .all(|a| a["rule"] == "schedule" && a["reason"].as_str().unwrap().contains("v1"))
+    );
+    // v2 wants 4 replicas on 3 nodes with hard node anti-affinity: blocked, with reasons.
+    let (_, v) = api.call("GET", "/v1/plan?volume=v2", None).await;
+    let blocked = v["blocked"].as_array().unwrap();
+    assert!(
+        blocked.iter().any(|b| b["reason"]
+            .as_str()
+            .unwrap()
+            .contains("replica-soft-anti-affinity is false")),
+        "{v}"
+    );
+    // Nothing was done: still no replica records.
+    assert!(
+        api.ctx
+            .store
+            .list::<ballast::model::Replica>()
+            .unwrap()
+            .is_empty()
+    );
+    let (s, _) = api.call("GET", "/v1/plan?volume=nope", None).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+}

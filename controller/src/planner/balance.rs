@@ -128,7 +128,12 @@ fn best_effort(
     zone_soft: bool,
     node_soft: bool,
 ) -> Vec<Target> {
-    let pinned = vs.local_node();
+    // The local replica stays, unless it is being evicted.
+    let pinned = vs.local_node().filter(|n| {
+        vs.rw
+            .iter()
+            .any(|r| r.node == *n && !pass.evicting.contains(&r.name))
+    });
     let mut count: BTreeMap<&str, usize> = start.clone();
     for n in eligible {
         count.entry(n.as_str()).or_default();

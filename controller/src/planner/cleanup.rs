@@ -50,10 +50,14 @@ pub fn stale(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
     }
 }
 
-/// The replica data locality keeps: the first rw replica on the attached node.
-fn pinned<'a>(vs: &VolumeState<'a>) -> Option<&'a ReplicaView> {
+/// The replica data locality keeps: the first rw replica on the attached
+/// node that is staying (an evicted local replica is not kept).
+fn pinned<'a>(pass: &Pass, vs: &VolumeState<'a>) -> Option<&'a ReplicaView> {
     let node = vs.local_node()?;
-    vs.rw.iter().copied().find(|r| r.node == node)
+    vs.rw
+        .iter()
+        .copied()
+        .find(|r| r.node == node && !pass.evicting.contains(&r.name))
 }
 
 type Key = (
@@ -119,7 +123,7 @@ fn greedy<'a>(
 
 /// Chooses `k` victims among the volume's rw replicas.
 pub fn victims<'a>(pass: &Pass, vs: &VolumeState<'a>, k: usize) -> Vec<&'a ReplicaView> {
-    let keep = pinned(vs).map(|r| r.name.clone());
+    let keep = pinned(pass, vs).map(|r| r.name.clone());
     let mut remaining: Vec<&ReplicaView> = vs.rw.clone();
     let mut chosen = Vec::new();
     for step in 0..k {

@@ -1,1 +1,357 @@
+//! Unit tests of the planner on hand-built views: each rule's lesson.
 
+use ballast::model::{ReplicaMode, VolumeAutoBalance};
+use ballast::settings::Settings;
+use chrono::{DateTime, TimeZone, Utc};
+
+use super::*;
+
+const GIB: u64 = 1 << 30;
+
+fn t0() -> DateTime<Utc> {
+    Utc.timestamp_opt(1_700_000_000, 0).single().unwrap()
+}
+
+struct Builder {
+    view: ClusterView,
+}
+
+fn cluster() -> Builder {
+    Builder {
+        view: ClusterView::default(),
+    }
+}
+
+impl Builder {
+    fn node(mut self, id: &str, zone: &str) -> Self {
+        self.view.nodes.push(NodeView {
+            id: id.into(),
+            zone: zone.into(),
+            tags: vec![],
+            ready: true,
+            allow_scheduling: true,
+            eviction_requested: false,
+            cordoned: false,
+            auto_evicting: false,
+            drain_blocked: false,
+            drain_blocked_reason: None,
+            disks: vec![],
+        });
+        self
+    }
+
+    fn disk(mut self, id: &str, size_gib: u64, free_gib: u64) -> Self {
+        let n = self.view.nodes.last_mut().unwrap();
+        n.disks.push(DiskView {
+            id: id.into(),
+            tags: vec![],
+            ready: true,
+            allow_scheduling: true,
+            eviction_requested: false,
+            maximum: size_gib * GIB,
+            available: free_gib * GIB,
+            reserved: 0,
+        });
+        self
+    }
+
+    fn cordoned(mut self) -> Self {
+        self.view.nodes.last_mut().unwrap().cordoned = true;
+        self
+    }
+
+    fn volume(mut self, name: &str, size_gib: u64, replicas: u32) -> Self {
+        self.view.volumes.push(VolumeView {
+            name: name.into(),
+            size: size_gib * GIB,
+            actual_size: size_gib * GIB,
+            number_of_replicas: replicas,
+            data_locality: None,
+            auto_balance: VolumeAutoBalance::Ignored,
+            stale_replica_timeout: 2880,
+            disk_selector: vec![],
+            node_selector: vec![],
+            attached_node: None,
+            last_degraded_at: None,
+        });
+        self
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut VolumeView)) -> Self {
+        f(self.view.volumes.last_mut().unwrap());
+        self
+    }
+
+    fn replica(mut self, name: &str, node: &str, disk: &str, mode: ReplicaMode) -> Self {
+        let volume = self.view.volumes.last().unwrap().name.clone();
+        self.view.replicas.push(ReplicaView {
+            name: name.into(),
+            volume,
+            node: node.into(),
+            disk: disk.into(),
+            mode: Some(mode),
+            running: mode != ReplicaMode::Err,
+            eviction_requested: false,
+            rebuild_retry_count: 0,
+            failed_at: (mode == ReplicaMode::Err).then(t0),
+            healthy_at: Some(t0()),
+        });
+        self
+    }
+
+    fn build(mut self) -> ClusterView {
+        self.view.nodes.sort_by(|a, b| a.id.cmp(&b.id));
+        self.view.volumes.sort_by(|a, b| a.name.cmp(&b.name));
+        self.view.replicas.sort_by(|a, b| a.name.cmp(&b.name));
+        self.view
+    }
+}
+
+fn settings(pairs: &[(&str, &str)]) -> Settings {
+    Settings::from_overrides(pairs.iter().copied())
+}
+
+fn creates(plan: &Plan) -> Vec<(String, String, String)> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match &a.kind {
+            ActionKind::CreateReplica {
+                volume, node, disk, ..
+            } => Some((volume.clone(), node.clone(), disk.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn deletes(plan: &Plan) -> Vec<String> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match &a.kind {
+            ActionKind::DeleteReplica { replica, .. } => Some(replica.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn placements_in_one_pass_reserve_capacity_for_each_other() {
+    // One 100Gi disk with 60Gi free: the 25% minimum leaves room for one
+    // 30Gi replica, not two, even though each fits alone.
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 60)
+        .volume("a", 30, 1)
+        .volume("b", 30, 1)
+        .build();
+    let plan = plan(&view, &Settings::default(), t0());
+    assert_eq!(creates(&plan), [("a".into(), "n1".into(), "d1".into())]);
+    let why = &plan.blocked[0].reason;
+    assert!(
+        why.contains("n1/d1") && why.contains("minimum 25%"),
+        "a reason per disk, not 'insufficient storage': {why}"
+    );
+}
+
+#[test]
+fn placement_prefers_unused_zones_then_the_most_free_share_then_names() {
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 50)
+        .node("n2", "z1")
+        .disk("d1", 100, 90)
+        .node("n3", "z2")
+        .disk("d1", 100, 40)
+        .volume("v", 1, 2)
+        .build();
+    let plan = plan(&view, &Settings::default(), t0());
+    let mut got = creates(&plan);
+    got.sort();
+    // z1's best node (n2, most free) and z2's only node.
+    assert_eq!(
+        got,
+        [
+            ("v".into(), "n2".into(), "d1".into()),
+            ("v".into(), "n3".into(), "d1".into())
+        ]
+    );
+}
+
+#[test]
+fn planning_twice_gives_the_same_plan() {
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 90)
+        .node("n2", "z2")
+        .disk("d1", 100, 90)
+        .volume("v", 1, 3)
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .build();
+    let s = settings(&[("replica-soft-anti-affinity", "true")]);
+    assert_eq!(plan(&view, &s, t0()), plan(&view, &s, t0()));
+}
+
+#[test]
+fn a_cordoned_node_with_a_running_replica_counts_as_used_by_balance() {
+    // v has replicas on n1 (cordoned) and n2; n3 is free. Moving off n1
+    // would be undone when n1 is uncordoned: balance leaves it alone.
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 90)
+        .cordoned()
+        .node("n2", "z1")
+        .disk("d1", 100, 90)
+        .node("n3", "z1")
+        .disk("d1", 100, 90)
+        .volume("v", 1, 2)
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .replica("r2", "n2", "d1", ReplicaMode::Rw)
+        .build();
+    let s = settings(&[("replica-auto-balance", "best-effort")]);
+    assert!(plan(&view, &s, t0()).changes().next().is_none());
+}
+
+#[test]
+fn the_local_replica_is_never_a_balance_victim() {
+    // v wants 2, has 3 rw: one on the attached node n3 and two elsewhere.
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 90)
+        .node("n2", "z1")
+        .disk("d1", 100, 90)
+        .node("n3", "z1")
+        .disk("d1", 100, 10)
+        .volume("v", 1, 2)
+        .with(|v| {
+            v.attached_node = Some("n3".into());
+            v.data_locality = Some(ballast::model::DataLocality::BestEffort);
+        })
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .replica("r2", "n2", "d1", ReplicaMode::Rw)
+        .replica("r3", "n3", "d1", ReplicaMode::Rw)
+        .build();
+    let p = plan(&view, &Settings::default(), t0());
+    let gone = deletes(&p);
+    assert_eq!(gone.len(), 1);
+    assert_ne!(
+        gone[0], "r3",
+        "the local replica stays, though its disk is the fullest"
+    );
+}
+
+#[test]
+fn the_last_healthy_replica_is_never_deleted_even_when_stale_peers_are() {
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 90)
+        .volume("v", 1, 1)
+        .with(|v| v.stale_replica_timeout = 1)
+        .replica("r1", "n1", "d1", ReplicaMode::Err)
+        .build();
+    let p = plan(
+        &view,
+        &Settings::default(),
+        t0() + chrono::Duration::hours(1),
+    );
+    assert!(
+        deletes(&p).is_empty(),
+        "a failed replica that is the only copy stays"
+    );
+}
+
+#[test]
+fn reuse_comes_before_a_new_replica_and_waiting_before_both_when_the_node_is_down() {
+    let base = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 90)
+        .node("n2", "z2")
+        .disk("d1", 100, 90)
+        .node("n3", "z3")
+        .disk("d1", 100, 90)
+        .volume("v", 1, 2)
+        .with(|v| v.last_degraded_at = Some(t0()))
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .replica("r2", "n2", "d1", ReplicaMode::Err);
+    // n2 is up: reuse r2 in place.
+    let view = base.build();
+    let p = plan(&view, &Settings::default(), t0());
+    let reuse: Vec<_> = p.actions.iter().filter(|a| a.rule == Rule::Reuse).collect();
+    assert_eq!(reuse.len(), 1, "{p:?}");
+    assert!(creates(&p).iter().all(|(_, n, _)| n == "n2"));
+    // n2 down: wait rather than build on n3.
+    let mut view = view;
+    view.nodes[1].ready = false;
+    let p = plan(
+        &view,
+        &Settings::default(),
+        t0() + chrono::Duration::seconds(10),
+    );
+    assert!(creates(&p).is_empty());
+    assert_eq!(p.waits.len(), 1);
+    assert_eq!(p.waits[0].until, t0() + chrono::Duration::seconds(600));
+    // Past the interval: a new replica on n3.
+    let p = plan(
+        &view,
+        &Settings::default(),
+        t0() + chrono::Duration::seconds(601),
+    );
+    assert_eq!(creates(&p), [("v".into(), "n3".into(), "d1".into())]);
+}
+
+#[test]
+fn reuse_backoff_grows_from_one_to_three_minutes() {
+    assert_eq!(reuse::backoff(0).num_seconds(), 0);
+    assert_eq!(reuse::backoff(1).num_seconds(), 60);
+    assert_eq!(reuse::backoff(2).num_seconds(), 120);
+    assert_eq!(reuse::backoff(3).num_seconds(), 180);
+    assert_eq!(reuse::backoff(9).num_seconds(), 180);
+}
+
+#[test]
+fn the_rebuild_limit_caps_rebuilds_per_node_and_zero_stops_them() {
+    // Three degraded volumes whose only candidate is n2.
+    let mut b = cluster()
+        .node("n1", "z1")
+        .disk("d1", 1000, 900)
+        .node("n2", "z1")
+        .disk("d1", 1000, 900);
+    for v in ["a", "b", "c"] {
+        b = b
+            .volume(v, 1, 2)
+            .replica(&format!("{v}-1"), "n1", "d1", ReplicaMode::Rw);
+    }
+    let view = b.build();
+    let p = plan(
+        &view,
+        &settings(&[("concurrent-replica-rebuild-per-node-limit", "2")]),
+        t0(),
+    );
+    assert_eq!(creates(&p).len(), 2);
+    let p = plan(
+        &view,
+        &settings(&[("concurrent-replica-rebuild-per-node-limit", "0")]),
+        t0(),
+    );
+    assert!(creates(&p).is_empty());
+    assert!(
+        p.blocked
+            .iter()
+            .all(|b| b.reason.contains("rebuilds are stopped"))
+    );
+}
+
+#[test]
+fn every_action_says_its_rule_and_why() {
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 90)
+        .volume("v", 1, 1)
+        .build();
+    let p = plan(&view, &Settings::default(), t0());
+    assert!(!p.actions.is_empty());
+    for a in &p.actions {
+        assert!(!a.reason.is_empty(), "{a:?}");
+    }
+    let json = serde_json::to_value(&p.actions[0]).unwrap();
+    assert_eq!(json["rule"], "schedule");
+    assert_eq!(json["type"], "createReplica");
+}

@@ -267,7 +267,7 @@ impl Sim {
     /// One tick: plan, apply, advance rebuilds and the clock.
     pub fn tick(&mut self) -> Plan {
         // Observe first (as the controller records degradation), then plan.
-        self.track_robustness();
+        self.observe();
         let plan = self.plan();
         self.apply(&plan);
         self.advance_rebuilds();
@@ -396,7 +396,7 @@ impl Sim {
     }
 
     /// Records when each volume became degraded (as the controller does).
-    fn track_robustness(&mut self) {
+    pub fn observe(&mut self) {
         for v in &mut self.volumes {
             let reps: Vec<&SimReplica> = self
                 .replicas

@@ -1,0 +1,72 @@
+//! `GET /v1/plan`: what the controller would do next on the stored state,
+//! and why, without doing it.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::body::QueryArgs;
+use crate::context::Context;
+use crate::error::Error;
+use crate::planner::{self, ActionKind};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanFilter {
+    volume: Option<String>,
+}
+
+pub async fn get(
+    State(ctx): State<Arc<Context>>,
+    QueryArgs(f): QueryArgs<PlanFilter>,
+) -> Result<Json<Value>, Error> {
+    let view = crate::observe::cluster_view(ctx.store.as_ref())?;
+    if let Some(v) = &f.volume
+        && !view.volumes.iter().any(|x| &x.name == v)
+    {
+        return Err(Error::NotFound {
+            kind: "volume".into(),
+            name: v.clone(),
+        });
+    }
+    let now = chrono::Utc::now();
+    let plan = planner::plan(&view, &ctx.settings()?, now);
+    let volume_of = |kind: &ActionKind| -> Option<String> {
+        match kind {
+            ActionKind::CreateReplica { volume, .. } | ActionKind::DeleteReplica { volume, .. } => {
+                Some(volume.clone())
+            }
+            ActionKind::SetReplicaEviction { replica, .. } => view
+                .replicas
+                .iter()
+                .find(|r| &r.name == replica)
+                .map(|r| r.volume.clone()),
+            ActionKind::RecordEvent { object, .. } => {
+                object.strip_prefix("volume/").map(str::to_string)
+            }
+            ActionKind::SetNodeStatus { .. } => None,
+        }
+    };
+    let keep = |v: Option<String>| f.volume.is_none() || v == f.volume;
+    let actions: Vec<_> = plan
+        .actions
+        .iter()
+        .filter(|a| keep(volume_of(&a.kind)))
+        .collect();
+    let waits: Vec<_> = plan
+        .waits
+        .iter()
+        .filter(|w| keep(Some(w.volume.clone())))
+        .collect();
+    let blocked: Vec<_> = plan
+        .blocked
+        .iter()
+        .filter(|b| keep(b.object.strip_prefix("volume/").map(str::to_string)))
+        .collect();
+    Ok(Json(
+        json!({ "time": now, "actions": actions, "waits": waits, "blocked": blocked }),
+    ))
+}

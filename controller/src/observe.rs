@@ -1,0 +1,88 @@
+//! Observing: the planner's view of the cluster, built from the store.
+//! (The reconcile loop plans on it; `GET /v1/plan` shows the plan.)
+
+use ballast::model::{Node, Replica, Volume};
+use ballast::store::{Store, StoreExt};
+
+use crate::error::Error;
+use crate::planner::{ClusterView, DiskView, NodeView, ReplicaView, VolumeView};
+
+pub fn node_view(n: &Node) -> NodeView {
+    let mut disks: Vec<DiskView> = n
+        .spec
+        .disks
+        .iter()
+        .map(|(id, spec)| {
+            let st = n.status.disks.get(id).cloned().unwrap_or_default();
+            DiskView {
+                id: id.clone(),
+                tags: spec.tags.clone(),
+                ready: st.ready,
+                allow_scheduling: spec.allow_scheduling,
+                eviction_requested: spec.eviction_requested,
+                maximum: st.storage_maximum,
+                available: st.storage_available,
+                reserved: spec.storage_reserved,
+            }
+        })
+        .collect();
+    disks.sort_by(|a, b| a.id.cmp(&b.id));
+    NodeView {
+        id: n.id.clone(),
+        zone: n.spec.zone.clone(),
+        tags: n.spec.tags.clone(),
+        ready: n.status.ready,
+        allow_scheduling: n.spec.allow_scheduling,
+        eviction_requested: n.spec.eviction_requested,
+        cordoned: n.status.cordoned,
+        auto_evicting: n.status.auto_evicting,
+        drain_blocked: n.status.drain_blocked,
+        drain_blocked_reason: n.status.drain_blocked_reason.clone(),
+        disks,
+    }
+}
+
+pub fn volume_view(v: &Volume) -> VolumeView {
+    VolumeView {
+        name: v.name.clone(),
+        size: v.spec.size,
+        // The data plane reports real usage; until it does, assume full.
+        actual_size: v.spec.size,
+        number_of_replicas: v.spec.number_of_replicas,
+        data_locality: v.spec.data_locality,
+        auto_balance: v.spec.replica_auto_balance,
+        stale_replica_timeout: v.spec.stale_replica_timeout,
+        disk_selector: v.spec.disk_selector.clone(),
+        node_selector: v.spec.node_selector.clone(),
+        attached_node: v.status.attached_node.clone(),
+        last_degraded_at: v.status.last_degraded_at,
+    }
+}
+
+pub fn replica_view(r: &Replica) -> ReplicaView {
+    ReplicaView {
+        name: r.name.clone(),
+        volume: r.spec.volume.clone(),
+        node: r.spec.node_id.clone(),
+        disk: r.spec.disk_id.clone(),
+        mode: r.status.mode,
+        running: r.status.running,
+        eviction_requested: r.spec.eviction_requested,
+        rebuild_retry_count: r.spec.rebuild_retry_count,
+        failed_at: r.spec.failed_at,
+        healthy_at: r.spec.healthy_at,
+    }
+}
+
+/// The whole view, sorted as the planner expects.
+pub fn cluster_view(store: &dyn Store) -> Result<ClusterView, Error> {
+    // The store lists by name, which is the order the planner wants.
+    let nodes = store.list::<Node>()?.iter().map(node_view).collect();
+    let volumes = store.list::<Volume>()?.iter().map(volume_view).collect();
+    let replicas = store.list::<Replica>()?.iter().map(replica_view).collect();
+    Ok(ClusterView {
+        nodes,
+        volumes,
+        replicas,
+    })
+}
