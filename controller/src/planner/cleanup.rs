@@ -125,8 +125,16 @@ fn greedy<'a>(
 pub fn victims<'a>(pass: &Pass, vs: &VolumeState<'a>, k: usize) -> Vec<&'a ReplicaView> {
     let keep = pinned(pass, vs).map(|r| r.name.clone());
     let mut remaining: Vec<&ReplicaView> = vs.rw.clone();
-    let mut chosen = Vec::new();
-    for step in 0..k {
+    // Evicted replicas go first, whatever balance would think of it: their
+    // replacements were built for exactly this.
+    let mut chosen: Vec<&ReplicaView> = remaining
+        .iter()
+        .copied()
+        .filter(|r| pass.evicting.contains(&r.name))
+        .take(k)
+        .collect();
+    remaining.retain(|r| !chosen.iter().any(|c| c.name == r.name));
+    for step in chosen.len()..k {
         let mut order: Vec<&ReplicaView> = remaining
             .iter()
             .copied()

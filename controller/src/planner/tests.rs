@@ -355,3 +355,30 @@ fn every_action_says_its_rule_and_why() {
     assert_eq!(json["rule"], "schedule");
     assert_eq!(json["type"], "createReplica");
 }
+
+#[test]
+fn an_evicted_replica_is_deleted_before_its_replacement_even_when_balance_would_object() {
+    // r1 on n1 is evicted; its replacement r3 went to zone z2 while n4 (z1)
+    // was closed. n4 is open now. Deleting r1 leaves z1 empty, which
+    // least-effort balance will fix later; deleting the replacement instead
+    // would loop for ever (found by the property tests).
+    let mut view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 90)
+        .node("n2", "z2")
+        .disk("d1", 100, 90)
+        .node("n3", "z2")
+        .disk("d1", 100, 90)
+        .node("n4", "z1")
+        .disk("d1", 100, 90)
+        .volume("v", 1, 2)
+        .with(|v| v.auto_balance = VolumeAutoBalance::LeastEffort)
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .replica("r2", "n2", "d1", ReplicaMode::Rw)
+        .replica("r3", "n3", "d1", ReplicaMode::Rw)
+        .build();
+    view.nodes[0].eviction_requested = true;
+    view.replicas[0].eviction_requested = true;
+    let s = settings(&[("replica-soft-anti-affinity", "true")]);
+    assert_eq!(deletes(&plan(&view, &s, t0())), ["r1"]);
+}
