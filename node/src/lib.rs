@@ -12,5 +12,6 @@ pub mod csi;
 pub mod daemon;
 pub mod disks;
 pub mod error;
+pub mod replica;
 
 pub use daemon::{NodeConfig, run};

@@ -1,0 +1,99 @@
+//! A fixed-size set of block indexes: which blocks a layer holds.
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Bitmap {
+    words: Vec<u64>,
+    len: u64,
+}
+
+impl Bitmap {
+    pub fn new(len: u64) -> Self {
+        Bitmap {
+            words: vec![0; len.div_ceil(64) as usize],
+            len,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Grows (never shrinks) to `len` blocks; new blocks are absent.
+    pub fn grow(&mut self, len: u64) {
+        if len > self.len {
+            self.words.resize(len.div_ceil(64) as usize, 0);
+            self.len = len;
+        }
+    }
+
+    pub fn get(&self, i: u64) -> bool {
+        i < self.len && self.words[(i / 64) as usize] & (1 << (i % 64)) != 0
+    }
+
+    pub fn set(&mut self, i: u64, v: bool) {
+        if i >= self.len {
+            return;
+        }
+        let w = &mut self.words[(i / 64) as usize];
+        if v {
+            *w |= 1 << (i % 64);
+        } else {
+            *w &= !(1 << (i % 64));
+        }
+    }
+
+    pub fn set_range(&mut self, start: u64, end: u64, v: bool) {
+        for i in start..end.min(self.len) {
+            self.set(i, v);
+        }
+    }
+
+    /// How many blocks are present.
+    pub fn count(&self) -> u64 {
+        self.words.iter().map(|w| u64::from(w.count_ones())).sum()
+    }
+
+    /// Present blocks, as half-open runs `[start, end)`.
+    pub fn runs(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut start = None;
+        for i in 0..self.len {
+            match (self.get(i), start) {
+                (true, None) => start = Some(i),
+                (false, Some(s)) => {
+                    out.push((s, i));
+                    start = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(s) = start {
+            out.push((s, self.len));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sets_counts_and_runs() {
+        let mut b = Bitmap::new(130);
+        b.set_range(3, 6, true);
+        b.set(129, true);
+        assert!(b.get(3) && b.get(5) && !b.get(6) && b.get(129));
+        assert_eq!(b.count(), 4);
+        assert_eq!(b.runs(), [(3, 6), (129, 130)]);
+        b.set(4, false);
+        assert_eq!(b.runs(), [(3, 4), (5, 6), (129, 130)]);
+        b.grow(200);
+        assert!(!b.get(150));
+        assert_eq!(b.len(), 200);
+    }
+}

@@ -1,0 +1,64 @@
+//! `meta.json` of a replica: size, layer chain, revision, checksums of the
+//! frozen layers. Written crash-safely: temp file, fsync, rename, fsync dir.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::ReplicaError;
+
+pub const META_FILE: &str = "meta.json";
+pub const FORMAT_VERSION: u32 = 1;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Meta {
+    pub version: u32,
+    /// Bytes.
+    pub size: u64,
+    pub block_size: u64,
+    /// Layer file names, oldest first; the last is the writable head.
+    pub chain: Vec<String>,
+    /// Checksum (blake3, hex) of each frozen layer's contents.
+    pub frozen: BTreeMap<String, String>,
+    /// The revision when this file was last written.
+    pub revision: u64,
+}
+
+impl Meta {
+    pub fn head(&self) -> &str {
+        self.chain.last().map(String::as_str).unwrap_or_default()
+    }
+
+    pub fn read(dir: &Path) -> Result<Meta, ReplicaError> {
+        let path = dir.join(META_FILE);
+        let bytes = std::fs::read(&path).map_err(|e| ReplicaError::io(&path, e))?;
+        let meta: Meta = serde_json::from_slice(&bytes)
+            .map_err(|e| ReplicaError::Corrupt(format!("{}: {e}", path.display())))?;
+        if meta.version != FORMAT_VERSION {
+            return Err(ReplicaError::Corrupt(format!(
+                "{}: format version {} (this build reads {FORMAT_VERSION})",
+                path.display(),
+                meta.version
+            )));
+        }
+        if meta.chain.is_empty() || meta.block_size == 0 || meta.size % meta.block_size != 0 {
+            return Err(ReplicaError::Corrupt(format!("{}: inconsistent chain or size", path.display())));
+        }
+        Ok(meta)
+    }
+
+    pub fn write(&self, dir: &Path) -> Result<(), ReplicaError> {
+        let tmp = dir.join(format!(".{META_FILE}.tmp"));
+        let io = |e| ReplicaError::io(&tmp, e);
+        let body = serde_json::to_vec_pretty(self).map_err(|e| ReplicaError::Corrupt(e.to_string()))?;
+        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        f.write_all(&body).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        std::fs::rename(&tmp, dir.join(META_FILE)).map_err(io)?;
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,424 @@
+//! The on-disk replica format.
+//!
+//! A replica is a directory `<disk>/replicas/<volume>-<replicaId>/` with a
+//! chain of sparse layer files — immutable snapshots and one writable head
+//! — plus `meta.json` (size, chain, revision, checksums of frozen layers)
+//! and `revision` (the live revision counter). A block is read from the
+//! newest layer that holds it; a write goes to the head. Which blocks a
+//! layer holds is its allocation, read at open from its extents
+//! (SEEK_DATA/SEEK_HOLE): a hole means "not in this layer".
+//!
+//! This module owns the files of one replica and nothing else: no network,
+//! no engine, no placement.
+
+mod bitmap;
+mod meta;
+
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+pub use bitmap::Bitmap;
+pub use meta::{META_FILE, Meta};
+
+/// The unit of allocation and of the allocation maps.
+pub const BLOCK: u64 = 4096;
+const REVISION_FILE: &str = "revision";
+
+/// Errors of the replica format.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("replica is corrupt: {0}")]
+    Corrupt(String),
+    #[error("range {offset}+{len} is outside the volume of {size} bytes")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ReplicaError {
+    fn io(path: &Path, source: std::io::Error) -> Self {
+        ReplicaError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// One layer: its file and the blocks it holds.
+struct Layer {
+    name: String,
+    path: PathBuf,
+    file: File,
+    map: Bitmap,
+}
+
+/// A layer as `list_layers` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LayerInfo {
+    pub name: String,
+    /// Bytes of data the layer holds.
+    pub allocated: u64,
+    /// Checksum when frozen; None for the head.
+    pub checksum: Option<String>,
+}
+
+/// An open replica.
+pub struct Replica {
+    dir: PathBuf,
+    meta: Meta,
+    /// Oldest first; the last is the head.
+    layers: Vec<Layer>,
+    revision: u64,
+    revision_file: File,
+}
+
+fn layer_name(n: usize) -> String {
+    format!("layer-{n:06}.img")
+}
+
+/// Blocks of `file` that hold data, from its extents.
+fn allocation(file: &File, blocks: u64) -> Result<Bitmap, std::io::Error> {
+    use nix::unistd::{Whence, lseek};
+    let mut map = Bitmap::new(blocks);
+    let len = file.metadata()?.len() as i64;
+    let mut pos: i64 = 0;
+    while pos < len {
+        let data = match lseek(file.as_fd(), pos, Whence::SeekData) {
+            Ok(d) => d,
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = match lseek(file.as_fd(), data, Whence::SeekHole) {
+            Ok(h) => h,
+            Err(e) => return Err(e.into()),
+        };
+        map.set_range(data as u64 / BLOCK, (hole as u64).div_ceil(BLOCK), true);
+        pos = hole;
+    }
+    Ok(map)
+}
+
+fn open_rw(path: &Path) -> Result<File, ReplicaError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| ReplicaError::io(path, e))
+}
+
+impl Replica {
+    /// Creates an empty replica of `size` bytes in `dir` (which must not
+    /// hold one already).
+    pub fn create(dir: &Path, size: u64) -> Result<Replica, ReplicaError> {
+        if size == 0 || size % BLOCK != 0 {
+            return Err(ReplicaError::Invalid(format!("size {size} is not a positive multiple of {BLOCK}")));
+        }
+        if dir.join(META_FILE).exists() {
+            return Err(ReplicaError::Invalid(format!("{} already holds a replica", dir.display())));
+        }
+        std::fs::create_dir_all(dir).map_err(|e| ReplicaError::io(dir, e))?;
+        let head = layer_name(1);
+        let path = dir.join(&head);
+        let f = File::create(&path).map_err(|e| ReplicaError::io(&path, e))?;
+        f.set_len(size).map_err(|e| ReplicaError::io(&path, e))?;
+        f.sync_all().map_err(|e| ReplicaError::io(&path, e))?;
+        let meta = Meta {
+            version: meta::FORMAT_VERSION,
+            size,
+            block_size: BLOCK,
+            chain: vec![head],
+            frozen: Default::default(),
+            revision: 0,
+        };
+        let rev = dir.join(REVISION_FILE);
+        std::fs::write(&rev, 0u64.to_le_bytes()).map_err(|e| ReplicaError::io(&rev, e))?;
+        meta.write(dir)?;
+        Replica::open(dir)
+    }
+
+    /// Opens a replica, building each layer's allocation from its extents.
+    pub fn open(dir: &Path) -> Result<Replica, ReplicaError> {
+        let meta = Meta::read(dir)?;
+        // Allocation is read from extents: the filesystem's blocks must not
+        // be larger than ours, or unwritten blocks would look written.
+        let fs = nix::sys::statvfs::statvfs(dir).map_err(|e| ReplicaError::io(dir, e.into()))?;
+        if fs.fragment_size() > BLOCK {
+            return Err(ReplicaError::Invalid(format!(
+                "{}: filesystem block size {} is larger than {BLOCK}",
+                dir.display(),
+                fs.fragment_size()
+            )));
+        }
+        let blocks = meta.size / BLOCK;
+        let mut layers = Vec::new();
+        for name in &meta.chain {
+            let path = dir.join(name);
+            let file = open_rw(&path)?;
+            let map = allocation(&file, blocks).map_err(|e| ReplicaError::io(&path, e))?;
+            layers.push(Layer {
+                name: name.clone(),
+                path,
+                file,
+                map,
+            });
+        }
+        let rev_path = dir.join(REVISION_FILE);
+        let revision_file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&rev_path)
+            .map_err(|e| ReplicaError::io(&rev_path, e))?;
+        let mut buf = [0u8; 8];
+        let stored = match revision_file.read_exact_at(&mut buf, 0) {
+            Ok(()) => u64::from_le_bytes(buf),
+            Err(_) => 0,
+        };
+        Ok(Replica {
+            dir: dir.to_path_buf(),
+            revision: stored.max(meta.revision),
+            meta,
+            layers,
+            revision_file,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn size(&self) -> u64 {
+        self.meta.size
+    }
+
+    pub fn revision(&self) -> u64 {
+        self.revision
+    }
+
+    pub fn chain(&self) -> Vec<String> {
+        self.meta.chain.clone()
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<(), ReplicaError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.meta.size => Ok(()),
+            _ => Err(ReplicaError::OutOfRange {
+                offset,
+                len,
+                size: self.meta.size,
+            }),
+        }
+    }
+
+    /// The newest layer holding block `b`.
+    fn holder(&self, b: u64) -> Option<usize> {
+        (0..self.layers.len()).rev().find(|&i| self.layers[i].map.get(b))
+    }
+
+    /// Reads `buf.len()` bytes at `offset`.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ReplicaError> {
+        self.check(offset, buf.len() as u64)?;
+        let end = offset + buf.len() as u64;
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / BLOCK;
+            let holder = self.holder(b);
+            // Extend the run while the same layer holds the next blocks.
+            let mut run_end = ((b + 1) * BLOCK).min(end);
+            while run_end < end && self.holder(run_end / BLOCK) == holder {
+                run_end = ((run_end / BLOCK + 1) * BLOCK).min(end);
+            }
+            let out = &mut buf[(pos - offset) as usize..(run_end - offset) as usize];
+            match holder {
+                Some(i) => {
+                    let l = &self.layers[i];
+                    l.file.read_exact_at(out, pos).map_err(|e| ReplicaError::io(&l.path, e))?;
+                }
+                None => out.fill(0),
+            }
+            pos = run_end;
+        }
+        Ok(())
+    }
+
+    fn head(&self) -> &Layer {
+        &self.layers[self.layers.len() - 1]
+    }
+
+    /// Records the revision of the latest write (not synced until flush).
+    fn bump(&mut self, revision: Option<u64>) -> Result<(), ReplicaError> {
+        self.revision = revision.unwrap_or(self.revision + 1).max(self.revision);
+        self.revision_file
+            .write_all_at(&self.revision.to_le_bytes(), 0)
+            .map_err(|e| ReplicaError::io(&self.dir.join(REVISION_FILE), e))
+    }
+
+    /// Writes `data` at `offset` into the head. A partial block not yet in
+    /// the head is first filled from the layers below (copy on write).
+    pub fn write(&mut self, offset: u64, data: &[u8], revision: Option<u64>) -> Result<(), ReplicaError> {
+        self.check(offset, data.len() as u64)?;
+        let end = offset + data.len() as u64;
+        let first = offset / BLOCK;
+        let last = end.div_ceil(BLOCK);
+        let head_idx = self.layers.len() - 1;
+        for b in [first, last.saturating_sub(1)] {
+            let (bs, be) = (b * BLOCK, (b + 1) * BLOCK);
+            let partial = offset > bs || end < be;
+            if partial && b < last && !self.layers[head_idx].map.get(b) {
+                let mut block = vec![0u8; BLOCK as usize];
+                self.read(bs, &mut block)?;
+                let head = self.head();
+                head.file.write_all_at(&block, bs).map_err(|e| ReplicaError::io(&head.path, e))?;
+                self.layers[head_idx].map.set(b, true);
+            }
+        }
+        let head = self.head();
+        head.file.write_all_at(data, offset).map_err(|e| ReplicaError::io(&head.path, e))?;
+        self.layers[head_idx].map.set_range(first, last, true);
+        self.bump(revision)
+    }
+
+    /// Discards a range: whole blocks that no lower layer holds become
+    /// holes; the rest reads as zeros.
+    pub fn trim(&mut self, offset: u64, len: u64, revision: Option<u64>) -> Result<(), ReplicaError> {
+        self.check(offset, len)?;
+        let end = offset + len;
+        let head_idx = self.layers.len() - 1;
+        let mut pos = offset;
+        while pos < end {
+            let b = pos / BLOCK;
+            let (bs, be) = (b * BLOCK, (b + 1) * BLOCK);
+            let chunk_end = be.min(end);
+            let whole = pos == bs && chunk_end == be;
+            let below = (0..head_idx).any(|i| self.layers[i].map.get(b));
+            if whole && !below {
+                if self.layers[head_idx].map.get(b) {
+                    let head = self.head();
+                    nix::fcntl::fallocate(
+                        head.file.as_fd(),
+                        nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                        bs as i64,
+                        BLOCK as i64,
+                    )
+                    .map_err(|e| ReplicaError::io(&head.path, e.into()))?;
+                    self.layers[head_idx].map.set(b, false);
+                }
+            } else {
+                let zeros = vec![0u8; (chunk_end - pos) as usize];
+                self.write(pos, &zeros, Some(self.revision))?;
+            }
+            pos = chunk_end;
+        }
+        self.bump(revision)
+    }
+
+    /// Makes every write so far durable.
+    pub fn flush(&self) -> Result<(), ReplicaError> {
+        let head = self.head();
+        head.file.sync_data().map_err(|e| ReplicaError::io(&head.path, e))?;
+        self.revision_file
+            .sync_data()
+            .map_err(|e| ReplicaError::io(&self.dir.join(REVISION_FILE), e))
+    }
+
+    /// The checksum of a layer's contents: its allocated blocks, each with
+    /// its index.
+    fn checksum(&self, i: usize) -> Result<String, ReplicaError> {
+        let l = &self.layers[i];
+        let mut h = blake3::Hasher::new();
+        let mut buf = vec![0u8; (BLOCK * 256) as usize];
+        for (s, e) in l.map.runs() {
+            let mut b = s;
+            while b < e {
+                let n = (e - b).min(256);
+                let chunk = &mut buf[..(n * BLOCK) as usize];
+                l.file.read_exact_at(chunk, b * BLOCK).map_err(|er| ReplicaError::io(&l.path, er))?;
+                h.update(&b.to_le_bytes());
+                h.update(&n.to_le_bytes());
+                h.update(chunk);
+                b += n;
+            }
+        }
+        Ok(h.finalize().to_hex().to_string())
+    }
+
+    /// Freezes the head (with its checksum) and starts a new, empty head.
+    /// Returns the name of the frozen layer.
+    pub fn snapshot(&mut self) -> Result<String, ReplicaError> {
+        self.flush()?;
+        let frozen = self.head().name.clone();
+        let sum = self.checksum(self.layers.len() - 1)?;
+        let name = layer_name(self.layers.len() + 1);
+        let path = self.dir.join(&name);
+        let f = File::create(&path).map_err(|e| ReplicaError::io(&path, e))?;
+        f.set_len(self.meta.size).map_err(|e| ReplicaError::io(&path, e))?;
+        f.sync_all().map_err(|e| ReplicaError::io(&path, e))?;
+        let mut meta = self.meta.clone();
+        meta.chain.push(name.clone());
+        meta.frozen.insert(frozen.clone(), sum);
+        meta.revision = self.revision;
+        meta.write(&self.dir)?;
+        self.meta = meta;
+        self.layers.push(Layer {
+            name,
+            path: path.clone(),
+            file: open_rw(&path)?,
+            map: Bitmap::new(self.meta.size / BLOCK),
+        });
+        Ok(frozen)
+    }
+
+    /// Grows the volume to `size` bytes (never shrinks).
+    pub fn grow(&mut self, size: u64) -> Result<(), ReplicaError> {
+        if size % BLOCK != 0 || size < self.meta.size {
+            return Err(ReplicaError::Invalid(format!(
+                "new size {size} must be a multiple of {BLOCK} and at least {}",
+                self.meta.size
+            )));
+        }
+        let head = self.head();
+        head.file.set_len(size).map_err(|e| ReplicaError::io(&head.path, e))?;
+        let mut meta = self.meta.clone();
+        meta.size = size;
+        meta.revision = self.revision;
+        meta.write(&self.dir)?;
+        self.meta = meta;
+        for l in &mut self.layers {
+            l.map.grow(size / BLOCK);
+        }
+        Ok(())
+    }
+
+    /// Every layer, oldest first.
+    pub fn layers(&self) -> Vec<LayerInfo> {
+        self.layers
+            .iter()
+            .map(|l| LayerInfo {
+                name: l.name.clone(),
+                allocated: l.map.count() * BLOCK,
+                checksum: self.meta.frozen.get(&l.name).cloned(),
+            })
+            .collect()
+    }
+
+    /// Verifies every frozen layer against its recorded checksum.
+    pub fn verify(&self) -> Result<(), ReplicaError> {
+        for (i, l) in self.layers.iter().enumerate() {
+            if let Some(want) = self.meta.frozen.get(&l.name) {
+                let got = self.checksum(i)?;
+                if &got != want {
+                    return Err(ReplicaError::Corrupt(format!("layer {} checksum {got}, recorded {want}", l.name)));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,172 @@
+//! The replica format against an in-memory model, and its on-disk shape.
+
+use std::os::unix::fs::MetadataExt;
+
+use proptest::prelude::*;
+
+use super::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Write { offset: u64, len: u64, byte: u8 },
+    Trim { offset: u64, len: u64 },
+    Snapshot,
+    Reopen,
+    Grow,
+    Read { offset: u64, len: u64 },
+}
+
+const START: u64 = 64 * BLOCK;
+
+fn op() -> impl Strategy<Value = Op> {
+    // Offsets and lengths in 512-byte units, as NBD clients send them.
+    let range = (0u64..(START / 512), 1u64..40).prop_map(|(o, l)| (o * 512, l * 512));
+    prop_oneof![
+        6 => (range.clone(), any::<u8>()).prop_map(|((offset, len), byte)| Op::Write { offset, len, byte }),
+        2 => range.clone().prop_map(|(offset, len)| Op::Trim { offset, len }),
+        1 => Just(Op::Snapshot),
+        1 => Just(Op::Reopen),
+        1 => Just(Op::Grow),
+        3 => range.prop_map(|(offset, len)| Op::Read { offset, len }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn reads_always_match_the_model(ops in prop::collection::vec(op(), 1..60)) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r");
+        let mut r = Replica::create(&path, START).unwrap();
+        let mut model = vec![0u8; START as usize];
+        for op in ops {
+            let size = model.len() as u64;
+            match op {
+                Op::Write { offset, len, byte } => {
+                    let (offset, len) = (offset % size, len.min(size - offset % size));
+                    r.write(offset, &vec![byte; len as usize], None).unwrap();
+                    model[offset as usize..(offset + len) as usize].fill(byte);
+                }
+                Op::Trim { offset, len } => {
+                    let (offset, len) = (offset % size, len.min(size - offset % size));
+                    r.trim(offset, len, None).unwrap();
+                    model[offset as usize..(offset + len) as usize].fill(0);
+                }
+                Op::Snapshot => {
+                    r.snapshot().unwrap();
+                }
+                Op::Reopen => {
+                    r.flush().unwrap();
+                    drop(r);
+                    r = Replica::open(&path).unwrap();
+                }
+                Op::Grow => {
+                    let new = size + 8 * BLOCK;
+                    r.grow(new).unwrap();
+                    model.resize(new as usize, 0);
+                }
+                Op::Read { offset, len } => {
+                    let (offset, len) = (offset % size, len.min(size - offset % size));
+                    let mut buf = vec![0xEE; len as usize];
+                    r.read(offset, &mut buf).unwrap();
+                    prop_assert_eq!(&buf[..], &model[offset as usize..(offset + len) as usize]);
+                }
+            }
+        }
+        let mut all = vec![0u8; model.len()];
+        r.read(0, &mut all).unwrap();
+        prop_assert!(all == model, "final contents differ");
+        r.verify().unwrap();
+        drop(r);
+        let r = Replica::open(&path).unwrap();
+        let mut again = vec![0u8; model.len()];
+        r.read(0, &mut again).unwrap();
+        prop_assert!(again == model, "contents differ after reopen");
+    }
+}
+
+#[test]
+fn the_allocation_map_survives_a_reopen_and_files_stay_sparse() {
+    let dir = tempfile::tempdir().unwrap();
+    let size = 1 << 30;
+    let mut r = Replica::create(dir.path(), size).unwrap();
+    r.write(0, &[1u8; 4096], None).unwrap();
+    r.write(512 << 20, &[2u8; 8192], None).unwrap();
+    r.flush().unwrap();
+    let head = dir.path().join(r.chain()[0].clone());
+    let meta = std::fs::metadata(&head).unwrap();
+    assert_eq!(meta.len(), size, "apparent size is the volume size");
+    assert!(meta.blocks() * 512 <= 64 * 1024, "only written blocks are allocated: {}", meta.blocks() * 512);
+    drop(r);
+    let r = Replica::open(dir.path()).unwrap();
+    assert_eq!(r.layers()[0].allocated, 3 * BLOCK);
+}
+
+#[test]
+fn a_read_comes_from_the_newest_layer_that_holds_the_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(dir.path(), 16 * BLOCK).unwrap();
+    r.write(0, &[1u8; 8192], None).unwrap();
+    let frozen = r.snapshot().unwrap();
+    r.write(4096, &[2u8; 4096], None).unwrap();
+    let mut buf = vec![0u8; 8192];
+    r.read(0, &mut buf).unwrap();
+    assert!(buf[..4096].iter().all(|&b| b == 1) && buf[4096..].iter().all(|&b| b == 2));
+    let layers = r.layers();
+    assert_eq!(layers.len(), 2);
+    assert_eq!(layers[0].name, frozen);
+    assert!(layers[0].checksum.is_some() && layers[1].checksum.is_none());
+    assert_eq!((layers[0].allocated, layers[1].allocated), (2 * BLOCK, BLOCK));
+}
+
+#[test]
+fn trim_punches_holes_only_where_no_lower_layer_holds_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(dir.path(), 16 * BLOCK).unwrap();
+    r.write(0, &[1u8; 4096], None).unwrap();
+    r.snapshot().unwrap();
+    r.write(4096, &[2u8; 4096], None).unwrap();
+    r.trim(0, 2 * BLOCK, None).unwrap();
+    let layers = r.layers();
+    // Block 0 is held below: the head gets zeros. Block 1 only in the head: a hole.
+    assert_eq!(layers[1].allocated, BLOCK);
+    let mut buf = vec![9u8; 8192];
+    r.read(0, &mut buf).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_corrupted_frozen_layer_fails_verification() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(dir.path(), 16 * BLOCK).unwrap();
+    r.write(0, &[7u8; 4096], None).unwrap();
+    let frozen = r.snapshot().unwrap();
+    r.verify().unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join(&frozen))
+        .unwrap()
+        .write_all_at(&[8u8; 16], 100)
+        .unwrap();
+    let e = Replica::open(dir.path()).unwrap().verify().unwrap_err();
+    assert!(e.to_string().contains("checksum"), "{e}");
+}
+
+#[test]
+fn revisions_persist_and_bad_input_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(dir.path(), 16 * BLOCK).unwrap();
+    r.write(0, &[1u8; 512], Some(41)).unwrap();
+    r.write(0, &[1u8; 512], None).unwrap();
+    assert_eq!(r.revision(), 42);
+    r.flush().unwrap();
+    drop(r);
+    let mut r = Replica::open(dir.path()).unwrap();
+    assert_eq!(r.revision(), 42);
+    assert!(matches!(r.write(16 * BLOCK - 1, &[0u8; 2], None), Err(ReplicaError::OutOfRange { .. })));
+    assert!(matches!(r.write(u64::MAX, &[0u8; 2], None), Err(ReplicaError::OutOfRange { .. })));
+    assert!(r.grow(8 * BLOCK).is_err());
+    assert!(Replica::create(dir.path(), 16 * BLOCK).is_err(), "one replica per directory");
+    assert!(Replica::create(&dir.path().join("x"), 1000).is_err(), "size must be block aligned");
+}
