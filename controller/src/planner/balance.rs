@@ -21,6 +21,7 @@ use std::collections::BTreeMap;
 use ballast::model::{AutoBalance, DataLocality};
 
 use super::action::{ActionKind, Plan, Rule};
+use super::disk_pressure;
 use super::pass::Pass;
 use super::replenish::local_source;
 use super::schedule::{self, Peer, Request};
@@ -73,7 +74,7 @@ pub fn moves(pass: &Pass, vs: &VolumeState, layout: &[&str]) -> Vec<Target> {
     if zone_count.len() == layout.len() && zone_count.len() >= wanted {
         return Vec::new();
     }
-    let eligible = pass.eligible(vs.volume);
+    let eligible = pass.eligible(vs.volume, disk_pressure::threshold(pass, vs));
     let s = pass.settings;
     let zone_soft = s.replica_zone_soft_anti_affinity();
     let node_soft = s.replica_soft_anti_affinity();
@@ -294,6 +295,8 @@ pub fn plan(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
         let mut req = Request::new(vs.volume, peers.clone());
         req.only_zone = t.zone.as_deref();
         req.only_node = t.node.as_deref();
+        // A balance move never lands on a disk it would pressure.
+        req.below_used_percent = disk_pressure::threshold(pass, vs);
         let label = match (&t.zone, &t.node) {
             (_, Some(n)) => format!("node {n}"),
             (Some(z), None) => format!("zone {z:?}"),

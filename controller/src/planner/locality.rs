@@ -41,6 +41,8 @@ pub fn plan(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
     let mut req = Request::new(vs.volume, Peer::of(vs.keep(pass)));
     req.only_node = Some(node);
     req.ignore_node_anti_affinity = true;
+    // Nor a locality move: the pressure rule would move it off again.
+    req.below_used_percent = super::disk_pressure::threshold(pass, vs);
     match schedule::choose(pass, &req) {
         Ok(p) if pass.rebuild_slot(&p.node) => {
             pass.busy.insert(name.clone());

@@ -13,8 +13,9 @@ use ballast::settings::Settings;
 use super::view::{ClusterView, DiskView, NodeView, ReplicaView, VolumeView};
 
 type DiskKey = (String, String);
-/// What makes two volumes equally placeable: selectors and size.
-type VolumeKind = (Vec<String>, Vec<String>, u64);
+/// What makes two volumes equally placeable: selectors, size, and the
+/// pressure threshold a target must stay below.
+type VolumeKind = (Vec<String>, Vec<String>, u64, Option<u64>);
 
 pub struct Pass<'a> {
     pub view: &'a ClusterView,
@@ -175,11 +176,12 @@ impl<'a> Pass<'a> {
 
     /// Nodes that could take a replica of `volume` (node checks and one disk
     /// that fits), computed once per kind of volume per pass.
-    pub fn eligible(&self, volume: &VolumeView) -> Rc<Eligible> {
+    pub fn eligible(&self, volume: &VolumeView, below_used: Option<u64>) -> Rc<Eligible> {
         let key = (
             volume.node_selector.clone(),
             volume.disk_selector.clone(),
             volume.size,
+            below_used,
         );
         if let Some(e) = self.eligible.borrow().get(&key) {
             return e.clone();
@@ -192,7 +194,7 @@ impl<'a> Pass<'a> {
             if node
                 .disks
                 .iter()
-                .any(|d| super::schedule::disk_refusal(self, node, d, volume, None).is_none())
+                .any(|d| super::schedule::disk_refusal(self, node, d, volume, below_used).is_none())
             {
                 e.nodes.push(node.id.clone());
                 e.zones.insert(node.zone.clone());

@@ -382,3 +382,25 @@ fn an_evicted_replica_is_deleted_before_its_replacement_even_when_balance_would_
     let s = settings(&[("replica-soft-anti-affinity", "true")]);
     assert_eq!(deletes(&plan(&view, &s, t0())), ["r1"]);
 }
+
+#[test]
+fn balance_never_moves_a_replica_onto_a_disk_it_would_pressure() {
+    // Both replicas sit on n1; zone z2 is free but n2's disk is 92% used.
+    // Moving there would only make the pressure rule move it back.
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 80)
+        .node("n2", "z2")
+        .disk("d1", 100, 8)
+        .volume("v", 1, 2)
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .replica("r2", "n1", "d1", ReplicaMode::Rw)
+        .build();
+    let s = settings(&[
+        ("replica-auto-balance", "best-effort"),
+        ("replica-soft-anti-affinity", "true"),
+        ("storage-minimal-available-percentage", "0"),
+    ]);
+    let p = plan(&view, &s, t0());
+    assert!(creates(&p).is_empty(), "{p:?}");
+}

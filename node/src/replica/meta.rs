@@ -45,7 +45,10 @@ impl Meta {
             )));
         }
         if meta.chain.is_empty() || meta.block_size == 0 || meta.size % meta.block_size != 0 {
-            return Err(ReplicaError::Corrupt(format!("{}: inconsistent chain or size", path.display())));
+            return Err(ReplicaError::Corrupt(format!(
+                "{}: inconsistent chain or size",
+                path.display()
+            )));
         }
         Ok(meta)
     }
@@ -53,12 +56,15 @@ impl Meta {
     pub fn write(&self, dir: &Path) -> Result<(), ReplicaError> {
         let tmp = dir.join(format!(".{META_FILE}.tmp"));
         let io = |e| ReplicaError::io(&tmp, e);
-        let body = serde_json::to_vec_pretty(self).map_err(|e| ReplicaError::Corrupt(e.to_string()))?;
+        let body =
+            serde_json::to_vec_pretty(self).map_err(|e| ReplicaError::Corrupt(e.to_string()))?;
         let mut f = std::fs::File::create(&tmp).map_err(io)?;
         f.write_all(&body).map_err(io)?;
         f.sync_all().map_err(io)?;
         std::fs::rename(&tmp, dir.join(META_FILE)).map_err(io)?;
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io)?;
         Ok(())
     }
 }

@@ -30,7 +30,10 @@ const REVISION_FILE: &str = "revision";
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("replica is corrupt: {0}")]
     Corrupt(String),
     #[error("range {offset}+{len} is outside the volume of {size} bytes")]
@@ -115,10 +118,15 @@ impl Replica {
     /// hold one already).
     pub fn create(dir: &Path, size: u64) -> Result<Replica, ReplicaError> {
         if size == 0 || size % BLOCK != 0 {
-            return Err(ReplicaError::Invalid(format!("size {size} is not a positive multiple of {BLOCK}")));
+            return Err(ReplicaError::Invalid(format!(
+                "size {size} is not a positive multiple of {BLOCK}"
+            )));
         }
         if dir.join(META_FILE).exists() {
-            return Err(ReplicaError::Invalid(format!("{} already holds a replica", dir.display())));
+            return Err(ReplicaError::Invalid(format!(
+                "{} already holds a replica",
+                dir.display()
+            )));
         }
         std::fs::create_dir_all(dir).map_err(|e| ReplicaError::io(dir, e))?;
         let head = layer_name(1);
@@ -217,7 +225,9 @@ impl Replica {
 
     /// The newest layer holding block `b`.
     fn holder(&self, b: u64) -> Option<usize> {
-        (0..self.layers.len()).rev().find(|&i| self.layers[i].map.get(b))
+        (0..self.layers.len())
+            .rev()
+            .find(|&i| self.layers[i].map.get(b))
     }
 
     /// Reads `buf.len()` bytes at `offset`.
@@ -237,7 +247,9 @@ impl Replica {
             match holder {
                 Some(i) => {
                     let l = &self.layers[i];
-                    l.file.read_exact_at(out, pos).map_err(|e| ReplicaError::io(&l.path, e))?;
+                    l.file
+                        .read_exact_at(out, pos)
+                        .map_err(|e| ReplicaError::io(&l.path, e))?;
                 }
                 None => out.fill(0),
             }
@@ -260,7 +272,12 @@ impl Replica {
 
     /// Writes `data` at `offset` into the head. A partial block not yet in
     /// the head is first filled from the layers below (copy on write).
-    pub fn write(&mut self, offset: u64, data: &[u8], revision: Option<u64>) -> Result<(), ReplicaError> {
+    pub fn write(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        revision: Option<u64>,
+    ) -> Result<(), ReplicaError> {
         self.check(offset, data.len() as u64)?;
         let end = offset + data.len() as u64;
         let first = offset / BLOCK;
@@ -273,19 +290,28 @@ impl Replica {
                 let mut block = vec![0u8; BLOCK as usize];
                 self.read(bs, &mut block)?;
                 let head = self.head();
-                head.file.write_all_at(&block, bs).map_err(|e| ReplicaError::io(&head.path, e))?;
+                head.file
+                    .write_all_at(&block, bs)
+                    .map_err(|e| ReplicaError::io(&head.path, e))?;
                 self.layers[head_idx].map.set(b, true);
             }
         }
         let head = self.head();
-        head.file.write_all_at(data, offset).map_err(|e| ReplicaError::io(&head.path, e))?;
+        head.file
+            .write_all_at(data, offset)
+            .map_err(|e| ReplicaError::io(&head.path, e))?;
         self.layers[head_idx].map.set_range(first, last, true);
         self.bump(revision)
     }
 
     /// Discards a range: whole blocks that no lower layer holds become
     /// holes; the rest reads as zeros.
-    pub fn trim(&mut self, offset: u64, len: u64, revision: Option<u64>) -> Result<(), ReplicaError> {
+    pub fn trim(
+        &mut self,
+        offset: u64,
+        len: u64,
+        revision: Option<u64>,
+    ) -> Result<(), ReplicaError> {
         self.check(offset, len)?;
         let end = offset + len;
         let head_idx = self.layers.len() - 1;
@@ -301,7 +327,8 @@ impl Replica {
                     let head = self.head();
                     nix::fcntl::fallocate(
                         head.file.as_fd(),
-                        nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                        nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                            | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
                         bs as i64,
                         BLOCK as i64,
                     )
@@ -320,7 +347,9 @@ impl Replica {
     /// Makes every write so far durable.
     pub fn flush(&self) -> Result<(), ReplicaError> {
         let head = self.head();
-        head.file.sync_data().map_err(|e| ReplicaError::io(&head.path, e))?;
+        head.file
+            .sync_data()
+            .map_err(|e| ReplicaError::io(&head.path, e))?;
         self.revision_file
             .sync_data()
             .map_err(|e| ReplicaError::io(&self.dir.join(REVISION_FILE), e))
@@ -337,7 +366,9 @@ impl Replica {
             while b < e {
                 let n = (e - b).min(256);
                 let chunk = &mut buf[..(n * BLOCK) as usize];
-                l.file.read_exact_at(chunk, b * BLOCK).map_err(|er| ReplicaError::io(&l.path, er))?;
+                l.file
+                    .read_exact_at(chunk, b * BLOCK)
+                    .map_err(|er| ReplicaError::io(&l.path, er))?;
                 h.update(&b.to_le_bytes());
                 h.update(&n.to_le_bytes());
                 h.update(chunk);
@@ -356,7 +387,8 @@ impl Replica {
         let name = layer_name(self.layers.len() + 1);
         let path = self.dir.join(&name);
         let f = File::create(&path).map_err(|e| ReplicaError::io(&path, e))?;
-        f.set_len(self.meta.size).map_err(|e| ReplicaError::io(&path, e))?;
+        f.set_len(self.meta.size)
+            .map_err(|e| ReplicaError::io(&path, e))?;
         f.sync_all().map_err(|e| ReplicaError::io(&path, e))?;
         let mut meta = self.meta.clone();
         meta.chain.push(name.clone());
@@ -382,7 +414,9 @@ impl Replica {
             )));
         }
         let head = self.head();
-        head.file.set_len(size).map_err(|e| ReplicaError::io(&head.path, e))?;
+        head.file
+            .set_len(size)
+            .map_err(|e| ReplicaError::io(&head.path, e))?;
         let mut meta = self.meta.clone();
         meta.size = size;
         meta.revision = self.revision;
@@ -412,7 +446,10 @@ impl Replica {
             if let Some(want) = self.meta.frozen.get(&l.name) {
                 let got = self.checksum(i)?;
                 if &got != want {
-                    return Err(ReplicaError::Corrupt(format!("layer {} checksum {got}, recorded {want}", l.name)));
+                    return Err(ReplicaError::Corrupt(format!(
+                        "layer {} checksum {got}, recorded {want}",
+                        l.name
+                    )));
                 }
             }
         }

@@ -97,7 +97,11 @@ fn the_allocation_map_survives_a_reopen_and_files_stay_sparse() {
     let head = dir.path().join(r.chain()[0].clone());
     let meta = std::fs::metadata(&head).unwrap();
     assert_eq!(meta.len(), size, "apparent size is the volume size");
-    assert!(meta.blocks() * 512 <= 64 * 1024, "only written blocks are allocated: {}", meta.blocks() * 512);
+    assert!(
+        meta.blocks() * 512 <= 64 * 1024,
+        "only written blocks are allocated: {}",
+        meta.blocks() * 512
+    );
     drop(r);
     let r = Replica::open(dir.path()).unwrap();
     assert_eq!(r.layers()[0].allocated, 3 * BLOCK);
@@ -117,7 +121,10 @@ fn a_read_comes_from_the_newest_layer_that_holds_the_block() {
     assert_eq!(layers.len(), 2);
     assert_eq!(layers[0].name, frozen);
     assert!(layers[0].checksum.is_some() && layers[1].checksum.is_none());
-    assert_eq!((layers[0].allocated, layers[1].allocated), (2 * BLOCK, BLOCK));
+    assert_eq!(
+        (layers[0].allocated, layers[1].allocated),
+        (2 * BLOCK, BLOCK)
+    );
 }
 
 #[test]
@@ -164,9 +171,21 @@ fn revisions_persist_and_bad_input_is_refused() {
     drop(r);
     let mut r = Replica::open(dir.path()).unwrap();
     assert_eq!(r.revision(), 42);
-    assert!(matches!(r.write(16 * BLOCK - 1, &[0u8; 2], None), Err(ReplicaError::OutOfRange { .. })));
-    assert!(matches!(r.write(u64::MAX, &[0u8; 2], None), Err(ReplicaError::OutOfRange { .. })));
+    assert!(matches!(
+        r.write(16 * BLOCK - 1, &[0u8; 2], None),
+        Err(ReplicaError::OutOfRange { .. })
+    ));
+    assert!(matches!(
+        r.write(u64::MAX, &[0u8; 2], None),
+        Err(ReplicaError::OutOfRange { .. })
+    ));
     assert!(r.grow(8 * BLOCK).is_err());
-    assert!(Replica::create(dir.path(), 16 * BLOCK).is_err(), "one replica per directory");
-    assert!(Replica::create(&dir.path().join("x"), 1000).is_err(), "size must be block aligned");
+    assert!(
+        Replica::create(dir.path(), 16 * BLOCK).is_err(),
+        "one replica per directory"
+    );
+    assert!(
+        Replica::create(&dir.path().join("x"), 1000).is_err(),
+        "size must be block aligned"
+    );
 }
