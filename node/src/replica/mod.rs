@@ -12,7 +12,10 @@
 //! no engine, no placement.
 
 mod bitmap;
+pub mod client;
 mod meta;
+pub mod protocol;
+pub mod server;
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsFd;
@@ -95,10 +98,7 @@ fn allocation(file: &File, blocks: u64) -> Result<Bitmap, std::io::Error> {
             Err(nix::errno::Errno::ENXIO) => break,
             Err(e) => return Err(e.into()),
         };
-        let hole = match lseek(file.as_fd(), data, Whence::SeekHole) {
-            Ok(h) => h,
-            Err(e) => return Err(e.into()),
-        };
+        let hole = lseek(file.as_fd(), data, Whence::SeekHole)?;
         map.set_range(data as u64 / BLOCK, (hole as u64).div_ceil(BLOCK), true);
         pos = hole;
     }
@@ -117,7 +117,7 @@ impl Replica {
     /// Creates an empty replica of `size` bytes in `dir` (which must not
     /// hold one already).
     pub fn create(dir: &Path, size: u64) -> Result<Replica, ReplicaError> {
-        if size == 0 || size % BLOCK != 0 {
+        if size == 0 || !size.is_multiple_of(BLOCK) {
             return Err(ReplicaError::Invalid(format!(
                 "size {size} is not a positive multiple of {BLOCK}"
             )));
@@ -407,7 +407,7 @@ impl Replica {
 
     /// Grows the volume to `size` bytes (never shrinks).
     pub fn grow(&mut self, size: u64) -> Result<(), ReplicaError> {
-        if size % BLOCK != 0 || size < self.meta.size {
+        if !size.is_multiple_of(BLOCK) || size < self.meta.size {
             return Err(ReplicaError::Invalid(format!(
                 "new size {size} must be a multiple of {BLOCK} and at least {}",
                 self.meta.size

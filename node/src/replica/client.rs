@@ -1,0 +1,221 @@
+//! A client of the replica data protocol, used by the engine: pipelined
+//! requests over one TCP connection, matched to replies by id.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::{Mutex, oneshot};
+
+use super::protocol::{Op, RESPONSE_HEADER, Request, Response, status};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClientError {
+    #[error("replica {addr}: connection lost: {reason}")]
+    Closed { addr: String, reason: String },
+    #[error("replica {addr}: {message} (status {status})")]
+    Failed {
+        addr: String,
+        status: u32,
+        message: String,
+    },
+}
+
+type Pending = Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>, ClientError>>>>>;
+
+pub struct ReplicaClient {
+    addr: String,
+    writer: Mutex<OwnedWriteHalf>,
+    pending: Pending,
+    next: AtomicU64,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ReplicaClient {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+impl ReplicaClient {
+    /// Connects to `addr` and opens the replica `name`.
+    pub async fn connect(addr: &str, name: &str) -> Result<ReplicaClient, ClientError> {
+        let closed = |reason: String| ClientError::Closed {
+            addr: addr.to_string(),
+            reason,
+        };
+        let stream =
+            tokio::time::timeout(std::time::Duration::from_secs(5), TcpStream::connect(addr))
+                .await
+                .map_err(|_| closed("connect timed out".into()))?
+                .map_err(|e| closed(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let (mut rd, wr) = stream.into_split();
+        let pending: Pending = Arc::default();
+        let p = pending.clone();
+        let a = addr.to_string();
+        let reader = tokio::spawn(async move {
+            let reason = loop {
+                let mut head = [0u8; RESPONSE_HEADER];
+                if let Err(e) = rd.read_exact(&mut head).await {
+                    break e.to_string();
+                }
+                let resp = match Response::decode(&head) {
+                    Ok(r) => r,
+                    Err(e) => break e.to_string(),
+                };
+                let mut body = vec![0u8; resp.len as usize];
+                if let Err(e) = rd.read_exact(&mut body).await {
+                    break e.to_string();
+                }
+                let waiter = p.lock().ok().and_then(|mut m| m.remove(&resp.id));
+                if let Some(w) = waiter {
+                    let result = if resp.status == status::OK {
+                        Ok(body)
+                    } else {
+                        Err(ClientError::Failed {
+                            addr: a.clone(),
+                            status: resp.status,
+                            message: String::from_utf8_lossy(&body).into_owned(),
+                        })
+                    };
+                    let _ = w.send(result);
+                }
+            };
+            // Fail everything still waiting.
+            if let Ok(mut m) = p.lock() {
+                for (_, w) in m.drain() {
+                    let _ = w.send(Err(ClientError::Closed {
+                        addr: a.clone(),
+                        reason: reason.clone(),
+                    }));
+                }
+            }
+        });
+        let client = ReplicaClient {
+            addr: addr.to_string(),
+            writer: Mutex::new(wr),
+            pending,
+            next: AtomicU64::new(1),
+            reader,
+        };
+        client
+            .call(Op::Open, 0, name.len() as u32, 0, 0, name.as_bytes())
+            .await?;
+        Ok(client)
+    }
+
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    async fn call(
+        &self,
+        op: Op,
+        offset: u64,
+        len: u32,
+        revision: u64,
+        flags: u8,
+        payload: &[u8],
+    ) -> Result<Vec<u8>, ClientError> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        let closed = |reason: String| ClientError::Closed {
+            addr: self.addr.clone(),
+            reason,
+        };
+        self.pending
+            .lock()
+            .map_err(|_| closed("poisoned".into()))?
+            .insert(id, tx);
+        let head = Request {
+            op,
+            flags,
+            id,
+            offset,
+            len,
+            revision,
+        }
+        .encode();
+        {
+            let mut w = self.writer.lock().await;
+            let sent = async {
+                w.write_all(&head).await?;
+                if !payload.is_empty() {
+                    w.write_all(payload).await?;
+                }
+                Ok::<_, std::io::Error>(())
+            }
+            .await;
+            if let Err(e) = sent {
+                if let Ok(mut m) = self.pending.lock() {
+                    m.remove(&id);
+                }
+                return Err(closed(e.to_string()));
+            }
+        }
+        rx.await.map_err(|_| closed("reader stopped".into()))?
+    }
+
+    pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, ClientError> {
+        self.call(Op::Read, offset, len, 0, 0, &[]).await
+    }
+
+    pub async fn write(
+        &self,
+        offset: u64,
+        data: &[u8],
+        revision: u64,
+        fua: bool,
+    ) -> Result<(), ClientError> {
+        self.call(
+            Op::Write,
+            offset,
+            data.len() as u32,
+            revision,
+            u8::from(fua),
+            data,
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn trim(&self, offset: u64, len: u32, revision: u64) -> Result<(), ClientError> {
+        self.call(Op::Trim, offset, len, revision, 0, &[])
+            .await
+            .map(drop)
+    }
+
+    pub async fn flush(&self) -> Result<(), ClientError> {
+        self.call(Op::Flush, 0, 0, 0, 0, &[]).await.map(drop)
+    }
+
+    pub async fn snapshot(&self) -> Result<String, ClientError> {
+        self.call(Op::Snapshot, 0, 0, 0, 0, &[])
+            .await
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+    }
+
+    /// `{size, chain, revision}`.
+    pub async fn info(&self) -> Result<serde_json::Value, ClientError> {
+        let body = self.call(Op::Info, 0, 0, 0, 0, &[]).await?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Failed {
+            addr: self.addr.clone(),
+            status: status::IO,
+            message: e.to_string(),
+        })
+    }
+
+    /// `[{name, allocated, checksum}]`, oldest first.
+    pub async fn layers(&self) -> Result<serde_json::Value, ClientError> {
+        let body = self.call(Op::Layers, 0, 0, 0, 0, &[]).await?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Failed {
+            addr: self.addr.clone(),
+            status: status::IO,
+            message: e.to_string(),
+        })
+    }
+}

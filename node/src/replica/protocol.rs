@@ -1,0 +1,252 @@
+//! The replica data protocol: framed binary messages over TCP, with
+//! request ids so that a client may pipeline and a server may answer out
+//! of order.
+//!
+//! Request: a 40-byte header — magic "BREQ", op, flags, id, offset, length,
+//! revision (little endian) — then `length` bytes of payload for WRITE and
+//! OPEN. Response: a 24-byte header — magic "BRSP", status, id, length —
+//! then `length` bytes (data for READ, JSON for INFO and LAYERS, the frozen
+//! layer's name for SNAPSHOT, a message when status is not 0).
+//!
+//! Every header is validated before anything is allocated or touched: a
+//! bad magic closes the connection, an unknown op or an oversize length
+//! gets an error reply.
+
+pub const REQUEST_MAGIC: u32 = u32::from_le_bytes(*b"BREQ");
+pub const RESPONSE_MAGIC: u32 = u32::from_le_bytes(*b"BRSP");
+pub const REQUEST_HEADER: usize = 40;
+pub const RESPONSE_HEADER: usize = 24;
+/// Largest READ or WRITE payload, and largest reply.
+pub const MAX_DATA: u32 = 32 << 20;
+/// Largest OPEN payload (a replica name).
+pub const MAX_NAME: u32 = 255;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Op {
+    Read = 1,
+    Write = 2,
+    Flush = 3,
+    Trim = 4,
+    Info = 5,
+    Snapshot = 6,
+    Layers = 7,
+    /// Binds the connection to a replica, by name (payload).
+    Open = 8,
+}
+
+impl Op {
+    fn from_u8(v: u8) -> Option<Op> {
+        Some(match v {
+            1 => Op::Read,
+            2 => Op::Write,
+            3 => Op::Flush,
+            4 => Op::Trim,
+            5 => Op::Info,
+            6 => Op::Snapshot,
+            7 => Op::Layers,
+            8 => Op::Open,
+            _ => return None,
+        })
+    }
+}
+
+/// Status codes of a response.
+pub mod status {
+    pub const OK: u32 = 0;
+    /// Bad request (unknown op, bad length, bad range).
+    pub const INVALID: u32 = 22;
+    /// The replica failed the I/O.
+    pub const IO: u32 = 5;
+    /// No such replica, or none opened on this connection.
+    pub const NOT_FOUND: u32 = 2;
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Request {
+    pub op: Op,
+    pub flags: u8,
+    pub id: u64,
+    pub offset: u64,
+    pub len: u32,
+    pub revision: u64,
+}
+
+/// A header that cannot be served.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// Not this protocol: the connection is closed.
+    #[error("bad magic {0:#x}")]
+    Magic(u32),
+    /// Answered with an error; the connection goes on.
+    #[error("request {id}: {reason}")]
+    Refused { id: u64, reason: String },
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut w = [0u8; 4];
+    w.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(w)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
+}
+
+impl Request {
+    pub fn encode(&self) -> [u8; REQUEST_HEADER] {
+        let mut b = [0u8; REQUEST_HEADER];
+        b[0..4].copy_from_slice(&REQUEST_MAGIC.to_le_bytes());
+        b[4] = self.op as u8;
+        b[5] = self.flags;
+        b[8..16].copy_from_slice(&self.id.to_le_bytes());
+        b[16..24].copy_from_slice(&self.offset.to_le_bytes());
+        b[24..28].copy_from_slice(&self.len.to_le_bytes());
+        b[32..40].copy_from_slice(&self.revision.to_le_bytes());
+        b
+    }
+
+    /// Decodes and validates a header. Never panics, whatever the bytes.
+    pub fn decode(b: &[u8; REQUEST_HEADER]) -> Result<Request, FrameError> {
+        let magic = u32_at(b, 0);
+        if magic != REQUEST_MAGIC {
+            return Err(FrameError::Magic(magic));
+        }
+        let id = u64_at(b, 8);
+        let refuse = |reason: String| FrameError::Refused { id, reason };
+        let op = Op::from_u8(b[4]).ok_or_else(|| refuse(format!("unknown op {}", b[4])))?;
+        let len = u32_at(b, 24);
+        let offset = u64_at(b, 16);
+        match op {
+            Op::Read | Op::Write if len > MAX_DATA => {
+                return Err(refuse(format!("length {len} over the limit {MAX_DATA}")));
+            }
+            Op::Open if len == 0 || len > MAX_NAME => {
+                return Err(refuse(format!("name length {len} not in 1..={MAX_NAME}")));
+            }
+            Op::Flush | Op::Info | Op::Snapshot | Op::Layers if len != 0 => {
+                return Err(refuse(format!("{op:?} carries no length, got {len}")));
+            }
+            _ => {}
+        }
+        if offset.checked_add(u64::from(len)).is_none() {
+            return Err(refuse(format!("offset {offset} + length {len} overflows")));
+        }
+        Ok(Request {
+            op,
+            flags: b[5],
+            id,
+            offset,
+            len,
+            revision: u64_at(b, 32),
+        })
+    }
+
+    /// Bytes of payload that follow this header.
+    pub fn payload_len(&self) -> usize {
+        match self.op {
+            Op::Write | Op::Open => self.len as usize,
+            _ => 0,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub status: u32,
+    pub id: u64,
+    pub len: u32,
+}
+
+impl Response {
+    pub fn encode(&self) -> [u8; RESPONSE_HEADER] {
+        let mut b = [0u8; RESPONSE_HEADER];
+        b[0..4].copy_from_slice(&RESPONSE_MAGIC.to_le_bytes());
+        b[4..8].copy_from_slice(&self.status.to_le_bytes());
+        b[8..16].copy_from_slice(&self.id.to_le_bytes());
+        b[16..20].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8; RESPONSE_HEADER]) -> Result<Response, FrameError> {
+        let magic = u32_at(b, 0);
+        if magic != RESPONSE_MAGIC {
+            return Err(FrameError::Magic(magic));
+        }
+        let r = Response {
+            status: u32_at(b, 4),
+            id: u64_at(b, 8),
+            len: u32_at(b, 16),
+        };
+        if r.len > MAX_DATA {
+            return Err(FrameError::Refused {
+                id: r.id,
+                reason: format!("reply of {} bytes over the limit", r.len),
+            });
+        }
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #[test]
+        fn decoding_random_bytes_never_panics(bytes in prop::array::uniform32(any::<u8>()), tail in prop::array::uniform8(any::<u8>())) {
+            let mut b = [0u8; REQUEST_HEADER];
+            b[..32].copy_from_slice(&bytes);
+            b[32..].copy_from_slice(&tail);
+            let _ = Request::decode(&b);
+            let mut r = [0u8; RESPONSE_HEADER];
+            r.copy_from_slice(&b[..RESPONSE_HEADER]);
+            let _ = Response::decode(&r);
+        }
+
+        #[test]
+        fn random_bytes_behind_a_valid_magic_are_validated(op in any::<u8>(), id in any::<u64>(), offset in any::<u64>(), len in any::<u32>()) {
+            let mut b = [0u8; REQUEST_HEADER];
+            b[0..4].copy_from_slice(&REQUEST_MAGIC.to_le_bytes());
+            b[4] = op;
+            b[8..16].copy_from_slice(&id.to_le_bytes());
+            b[16..24].copy_from_slice(&offset.to_le_bytes());
+            b[24..28].copy_from_slice(&len.to_le_bytes());
+            match Request::decode(&b) {
+                Ok(r) => {
+                    prop_assert!(r.payload_len() <= MAX_DATA as usize);
+                    prop_assert!(offset.checked_add(u64::from(len)).is_some());
+                    prop_assert_eq!(Request::decode(&r.encode()), Ok(r));
+                }
+                Err(FrameError::Refused { id: got, .. }) => prop_assert_eq!(got, id),
+                Err(e) => prop_assert!(false, "unexpected {e:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn requests_and_responses_round_trip() {
+        let r = Request {
+            op: Op::Write,
+            flags: 1,
+            id: 7,
+            offset: 4096,
+            len: 512,
+            revision: 9,
+        };
+        assert_eq!(Request::decode(&r.encode()), Ok(r));
+        let s = Response {
+            status: status::OK,
+            id: 7,
+            len: 0,
+        };
+        assert_eq!(Response::decode(&s.encode()), Ok(s));
+        let mut bad = r.encode();
+        bad[0] = b'X';
+        assert!(matches!(Request::decode(&bad), Err(FrameError::Magic(_))));
+    }
+}

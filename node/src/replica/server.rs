@@ -1,0 +1,289 @@
+//! The replica server: serves the replicas on this node's disks over the
+//! replica data protocol. A connection first OPENs a replica by name; its
+//! requests then run on blocking threads (reads in parallel, writes one at
+//! a time per replica) and their replies go back as they finish.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+use super::protocol::{FrameError, Op, REQUEST_HEADER, Request, Response, status};
+use super::{META_FILE, Replica, ReplicaError};
+
+type Shared = Arc<RwLock<Replica>>;
+
+/// Serves every replica found under `<disk>/replicas/` of its disks.
+pub struct ReplicaServer {
+    disks: Vec<PathBuf>,
+    open: Mutex<HashMap<String, Shared>>,
+}
+
+/// Where a replica named `name` lives on `disk`.
+pub fn replica_dir(disk: &std::path::Path, name: &str) -> PathBuf {
+    disk.join("replicas").join(name)
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && !name.starts_with('.')
+}
+
+impl ReplicaServer {
+    pub fn new(disks: Vec<PathBuf>) -> Arc<Self> {
+        Arc::new(ReplicaServer {
+            disks,
+            open: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The open replica called `name`, opening it on first use.
+    pub fn find(&self, name: &str) -> Result<Shared, String> {
+        if !valid_name(name) {
+            return Err(format!("{name:?} is not a replica name"));
+        }
+        let mut open = self
+            .open
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?;
+        if let Some(r) = open.get(name) {
+            return Ok(r.clone());
+        }
+        let dir = self
+            .disks
+            .iter()
+            .map(|d| replica_dir(d, name))
+            .find(|d| d.join(META_FILE).exists())
+            .ok_or_else(|| format!("no replica {name} on this node"))?;
+        let r = Arc::new(RwLock::new(Replica::open(&dir).map_err(|e| e.to_string())?));
+        open.insert(name.to_string(), r.clone());
+        Ok(r)
+    }
+
+    /// Forgets an open replica (after it was deleted).
+    pub fn close(&self, name: &str) {
+        if let Ok(mut open) = self.open.lock() {
+            open.remove(name);
+        }
+    }
+
+    /// Accepts connections until the listener fails or the task is dropped.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let server = self.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = server.connection(stream).await {
+                            tracing::debug!(%peer, error = %e, "replica connection ended");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "replica listener failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn connection(self: Arc<Self>, stream: TcpStream) -> std::io::Result<()> {
+        let (mut rd, mut wr) = stream.into_split();
+        let (tx, mut rx) = mpsc::channel::<(Response, Vec<u8>)>(256);
+        let writer = tokio::spawn(async move {
+            while let Some((resp, body)) = rx.recv().await {
+                let mut frame = resp.encode().to_vec();
+                frame.extend_from_slice(&body);
+                if wr.write_all(&frame).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut bound: Option<Shared> = None;
+        let result = loop {
+            let mut head = [0u8; REQUEST_HEADER];
+            if let Err(e) = rd.read_exact(&mut head).await {
+                break if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    Ok(())
+                } else {
+                    Err(e)
+                };
+            }
+            let req = match Request::decode(&head) {
+                Ok(r) => r,
+                Err(FrameError::Magic(m)) => {
+                    break Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("bad magic {m:#x}"),
+                    ));
+                }
+                Err(FrameError::Refused { id, reason }) => {
+                    // The payload's length is not to be trusted: answer, then close.
+                    let _ = tx.send(error(id, status::INVALID, &reason)).await;
+                    break Ok(());
+                }
+            };
+            let mut payload = vec![0u8; req.payload_len()];
+            rd.read_exact(&mut payload).await?;
+            if req.op == Op::Open {
+                let name = String::from_utf8_lossy(&payload).into_owned();
+                let reply = match self.find(&name) {
+                    Ok(r) => {
+                        bound = Some(r);
+                        (
+                            Response {
+                                status: status::OK,
+                                id: req.id,
+                                len: 0,
+                            },
+                            Vec::new(),
+                        )
+                    }
+                    Err(e) => error(req.id, status::NOT_FOUND, &e),
+                };
+                if tx.send(reply).await.is_err() {
+                    break Ok(());
+                }
+                continue;
+            }
+            let Some(replica) = bound.clone() else {
+                if tx
+                    .send(error(
+                        req.id,
+                        status::NOT_FOUND,
+                        "no replica opened on this connection",
+                    ))
+                    .await
+                    .is_err()
+                {
+                    break Ok(());
+                }
+                continue;
+            };
+            let tx = tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let reply = execute(&replica, &req, payload);
+                let _ = tx.blocking_send(reply);
+            });
+        };
+        drop(tx);
+        let _ = writer.await;
+        result
+    }
+}
+
+fn error(id: u64, code: u32, message: &str) -> (Response, Vec<u8>) {
+    let body = message.as_bytes().to_vec();
+    (
+        Response {
+            status: code,
+            id,
+            len: body.len() as u32,
+        },
+        body,
+    )
+}
+
+fn code_of(e: &ReplicaError) -> u32 {
+    match e {
+        ReplicaError::OutOfRange { .. } | ReplicaError::Invalid(_) => status::INVALID,
+        _ => status::IO,
+    }
+}
+
+/// Runs one request against the replica.
+fn execute(replica: &RwLock<Replica>, req: &Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
+    let ok = |body: Vec<u8>| {
+        (
+            Response {
+                status: status::OK,
+                id: req.id,
+                len: body.len() as u32,
+            },
+            body,
+        )
+    };
+    let fail = |e: ReplicaError| error(req.id, code_of(&e), &e.to_string());
+    let poisoned = || error(req.id, status::IO, "replica lock poisoned");
+    match req.op {
+        Op::Read => {
+            let Ok(r) = replica.read() else {
+                return poisoned();
+            };
+            let mut buf = vec![0u8; req.len as usize];
+            match r.read(req.offset, &mut buf) {
+                Ok(()) => ok(buf),
+                Err(e) => fail(e),
+            }
+        }
+        Op::Write | Op::Trim => {
+            let Ok(mut r) = replica.write() else {
+                return poisoned();
+            };
+            let rev = (req.revision != 0).then_some(req.revision);
+            let done = if req.op == Op::Write {
+                r.write(req.offset, &payload, rev)
+            } else {
+                r.trim(req.offset, u64::from(req.len), rev)
+            };
+            // FUA: make this write durable before answering.
+            let done = done.and_then(|()| {
+                if req.flags & 1 != 0 {
+                    r.flush()
+                } else {
+                    Ok(())
+                }
+            });
+            match done {
+                Ok(()) => ok(Vec::new()),
+                Err(e) => fail(e),
+            }
+        }
+        Op::Flush => {
+            let Ok(r) = replica.read() else {
+                return poisoned();
+            };
+            match r.flush() {
+                Ok(()) => ok(Vec::new()),
+                Err(e) => fail(e),
+            }
+        }
+        Op::Info => {
+            let Ok(r) = replica.read() else {
+                return poisoned();
+            };
+            let info =
+                serde_json::json!({"size": r.size(), "chain": r.chain(), "revision": r.revision()});
+            ok(info.to_string().into_bytes())
+        }
+        Op::Snapshot => {
+            let Ok(mut r) = replica.write() else {
+                return poisoned();
+            };
+            match r.snapshot() {
+                Ok(name) => ok(name.into_bytes()),
+                Err(e) => fail(e),
+            }
+        }
+        Op::Layers => {
+            let Ok(r) = replica.read() else {
+                return poisoned();
+            };
+            let layers: Vec<_> = r
+                .layers()
+                .into_iter()
+                .map(|l| serde_json::json!({"name": l.name, "allocated": l.allocated, "checksum": l.checksum}))
+                .collect();
+            ok(serde_json::Value::Array(layers).to_string().into_bytes())
+        }
+        Op::Open => error(req.id, status::INVALID, "open is handled by the connection"),
+    }
+}

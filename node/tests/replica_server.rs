@@ -1,0 +1,179 @@
+//! The replica server and client over real TCP on loopback.
+
+use std::sync::Arc;
+
+use ballast_node::replica::client::{ClientError, ReplicaClient};
+use ballast_node::replica::protocol::{Op, RESPONSE_HEADER, Request, Response, status};
+use ballast_node::replica::server::{ReplicaServer, replica_dir};
+use ballast_node::replica::{BLOCK, Replica};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+async fn serve(disk: &std::path::Path) -> (String, Arc<ReplicaServer>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let server = ReplicaServer::new(vec![disk.to_path_buf()]);
+    tokio::spawn(server.clone().serve(listener));
+    (addr, server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_writes_and_reads_round_trip() {
+    let disk = tempfile::tempdir().unwrap();
+    Replica::create(&replica_dir(disk.path(), "v1-r1"), 1024 * BLOCK).unwrap();
+    let (addr, _s) = serve(disk.path()).await;
+    let c = Arc::new(ReplicaClient::connect(&addr, "v1-r1").await.unwrap());
+    // 64 writes in flight at once, each its own block and pattern.
+    let writes: Vec<_> = (0..64u64)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                c.write(i * BLOCK, &vec![i as u8; BLOCK as usize], i + 1, false)
+                    .await
+            })
+        })
+        .collect();
+    for w in writes {
+        w.await.unwrap().unwrap();
+    }
+    c.flush().await.unwrap();
+    let reads: Vec<_> = (0..64u64)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { (i, c.read(i * BLOCK, BLOCK as u32).await) })
+        })
+        .collect();
+    for r in reads {
+        let (i, data) = r.await.unwrap();
+        assert!(data.unwrap().iter().all(|&b| b == i as u8), "block {i}");
+    }
+    assert_eq!(c.info().await.unwrap()["revision"], 64);
+    let frozen = c.snapshot().await.unwrap();
+    let layers = c.layers().await.unwrap();
+    assert_eq!(layers[0]["name"], frozen);
+    assert_eq!(layers[0]["allocated"], 64 * BLOCK);
+    assert!(layers[0]["checksum"].is_string() && layers[1]["checksum"].is_null());
+    c.trim(0, BLOCK as u32, 65).await.unwrap();
+    assert!(c.read(0, 512).await.unwrap().iter().all(|&b| b == 0));
+}
+
+#[tokio::test]
+async fn errors_come_back_as_replies_and_the_connection_lives_on() {
+    let disk = tempfile::tempdir().unwrap();
+    Replica::create(&replica_dir(disk.path(), "v1-r1"), 16 * BLOCK).unwrap();
+    let (addr, _s) = serve(disk.path()).await;
+    let e = ReplicaClient::connect(&addr, "nope").await.err().unwrap();
+    assert!(
+        matches!(
+            e,
+            ClientError::Failed {
+                status: status::NOT_FOUND,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let e = ReplicaClient::connect(&addr, "../etc").await.err().unwrap();
+    assert!(e.to_string().contains("not a replica name"), "{e}");
+    let c = ReplicaClient::connect(&addr, "v1-r1").await.unwrap();
+    let e = c.read(15 * BLOCK, 2 * BLOCK as u32).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ClientError::Failed {
+                status: status::INVALID,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    c.write(0, b"still works", 1, true).await.unwrap();
+    assert_eq!(&c.read(0, 11).await.unwrap(), b"still works");
+}
+
+async fn raw(addr: &str, bytes: &[u8]) -> Vec<u8> {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    out
+}
+
+fn response(bytes: &[u8]) -> Response {
+    let head: [u8; RESPONSE_HEADER] = bytes[..RESPONSE_HEADER].try_into().unwrap();
+    Response::decode(&head).unwrap()
+}
+
+#[tokio::test]
+async fn bad_frames_get_an_error_reply_or_a_closed_connection_and_the_server_stays_up() {
+    let disk = tempfile::tempdir().unwrap();
+    Replica::create(&replica_dir(disk.path(), "v1-r1"), 16 * BLOCK).unwrap();
+    let (addr, _s) = serve(disk.path()).await;
+
+    // Garbage: closed without a reply.
+    assert!(raw(&addr, &[0xAB; 64]).await.is_empty());
+
+    // Unknown op: an INVALID reply, then the connection closes.
+    let mut head = Request {
+        op: Op::Read,
+        flags: 0,
+        id: 42,
+        offset: 0,
+        len: 0,
+        revision: 0,
+    }
+    .encode();
+    head[4] = 99;
+    let r = response(&raw(&addr, &head).await);
+    assert_eq!((r.id, r.status), (42, status::INVALID));
+
+    // An oversize length is refused before anything is allocated.
+    let head = Request {
+        op: Op::Write,
+        flags: 0,
+        id: 7,
+        offset: 0,
+        len: u32::MAX,
+        revision: 0,
+    }
+    .encode();
+    let r = response(&raw(&addr, &head).await);
+    assert_eq!((r.id, r.status), (7, status::INVALID));
+
+    // A request before OPEN: NOT_FOUND, and the connection goes on.
+    let mut two = Request {
+        op: Op::Flush,
+        flags: 0,
+        id: 1,
+        offset: 0,
+        len: 0,
+        revision: 0,
+    }
+    .encode()
+    .to_vec();
+    two.extend_from_slice(
+        &Request {
+            op: Op::Info,
+            flags: 0,
+            id: 2,
+            offset: 0,
+            len: 0,
+            revision: 0,
+        }
+        .encode(),
+    );
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    s.write_all(&two).await.unwrap();
+    let mut buf = vec![0u8; RESPONSE_HEADER];
+    s.read_exact(&mut buf).await.unwrap();
+    let r1 = response(&buf);
+    assert_eq!((r1.id, r1.status), (1, status::NOT_FOUND));
+    let mut msg = vec![0u8; r1.len as usize];
+    s.read_exact(&mut msg).await.unwrap();
+    s.read_exact(&mut buf).await.unwrap();
+    assert_eq!(response(&buf).id, 2);
+
+    // And the server still serves.
+    let c = ReplicaClient::connect(&addr, "v1-r1").await.unwrap();
+    c.write(0, &[1u8; 512], 1, false).await.unwrap();
+}
