@@ -22,7 +22,7 @@ use ballast::model::{AutoBalance, DataLocality};
 
 use super::action::{ActionKind, Plan, Rule};
 use super::disk_pressure;
-use super::pass::Pass;
+use super::pass::{Eligible, Pass};
 use super::replenish::local_source;
 use super::schedule::{self, Peer, Request};
 use super::volume_state::VolumeState;
@@ -55,8 +55,10 @@ impl Target {
 }
 
 /// The replicas balance would add to `layout` (the nodes of the volume's
-/// rw replicas, one entry per replica); empty when balanced.
-pub fn moves(pass: &Pass, vs: &VolumeState, layout: &[&str]) -> Vec<Target> {
+/// rw replicas, one entry per replica); empty when balanced. `freed` names
+/// nodes whose replicas of this volume are about to be deleted: they count
+/// as able to take one back, whatever their disks' usage says now.
+pub fn moves(pass: &Pass, vs: &VolumeState, layout: &[&str], freed: &[&str]) -> Vec<Target> {
     if vs.balance == AutoBalance::Disabled
         || vs.locality == DataLocality::StrictLocal
         || layout.is_empty()
@@ -74,7 +76,21 @@ pub fn moves(pass: &Pass, vs: &VolumeState, layout: &[&str]) -> Vec<Target> {
     if zone_count.len() == layout.len() && zone_count.len() >= wanted {
         return Vec::new();
     }
-    let eligible = pass.eligible(vs.volume, disk_pressure::threshold(pass, vs));
+    let cached = pass.eligible(vs.volume, disk_pressure::threshold(pass, vs));
+    let mut eligible = Eligible {
+        nodes: cached.nodes.clone(),
+        zones: cached.zones.clone(),
+    };
+    for n in freed {
+        if let Some(node) = pass.node(n)
+            && !eligible.nodes.iter().any(|e| e == n)
+            && schedule::node_refusal(pass, node, vs.volume).is_none()
+        {
+            eligible.nodes.push((*n).to_string());
+            eligible.zones.insert(node.zone.clone());
+        }
+    }
+    eligible.nodes.sort();
     let s = pass.settings;
     let zone_soft = s.replica_zone_soft_anti_affinity();
     let node_soft = s.replica_soft_anti_affinity();
@@ -284,7 +300,7 @@ pub fn plan(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
         return;
     }
     let layout: Vec<&str> = vs.rw.iter().map(|r| r.node.as_str()).collect();
-    let targets = moves(pass, vs, &layout);
+    let targets = moves(pass, vs, &layout, &[]);
     if targets.is_empty() {
         return;
     }

@@ -150,7 +150,13 @@ pub fn victims<'a>(pass: &Pass, vs: &VolumeState<'a>, k: usize) -> Vec<&'a Repli
                 .collect();
             let end = greedy(pass, vs, rest, left, keep.as_deref());
             let layout: Vec<&str> = end.iter().map(|r| r.node.as_str()).collect();
-            balance::moves(pass, vs, &layout).is_empty()
+            let freed: Vec<&str> = vs
+                .rw
+                .iter()
+                .filter(|r| !end.iter().any(|e| e.name == r.name))
+                .map(|r| r.node.as_str())
+                .collect();
+            balance::moves(pass, vs, &layout, &freed).is_empty()
         };
         let Some(victim) = order
             .iter()

@@ -404,3 +404,36 @@ fn balance_never_moves_a_replica_onto_a_disk_it_would_pressure() {
     let p = plan(&view, &s, t0());
     assert!(creates(&p).is_empty(), "{p:?}");
 }
+
+#[test]
+fn cleanup_does_not_undo_a_balance_move_because_the_target_looks_full_with_it() {
+    // best-effort moved one of n1's three replicas to n3 (its only disk);
+    // n3's disk now looks too full for another replica. Deleting the new
+    // one would free that space and make balance move it again, for ever.
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 46)
+        .disk("d2", 100, 46)
+        .disk("d3", 100, 46)
+        .node("n3", "z1")
+        .disk("d1", 50, 18)
+        .volume("v", 9, 4)
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .replica("r2", "n1", "d2", ReplicaMode::Rw)
+        .replica("r3", "n1", "d3", ReplicaMode::Rw)
+        .replica("r4", "n3", "d1", ReplicaMode::Rw)
+        .replica("r5", "n3", "d1", ReplicaMode::Rw)
+        .build();
+    let s = settings(&[
+        ("replica-auto-balance", "best-effort"),
+        ("replica-soft-anti-affinity", "true"),
+        ("replica-auto-balance-disk-pressure-percentage", "68"),
+        ("storage-minimal-available-percentage", "10"),
+    ]);
+    let gone = deletes(&plan(&view, &s, t0()));
+    assert_eq!(gone.len(), 1);
+    assert!(
+        gone[0] == "r1" || gone[0] == "r2" || gone[0] == "r3",
+        "deleted {gone:?}, not one of n1's"
+    );
+}

@@ -44,7 +44,10 @@ impl Meta {
                 meta.version
             )));
         }
-        if meta.chain.is_empty() || meta.block_size == 0 || !meta.size.is_multiple_of(meta.block_size) {
+        if meta.chain.is_empty()
+            || meta.block_size == 0
+            || !meta.size.is_multiple_of(meta.block_size)
+        {
             return Err(ReplicaError::Corrupt(format!(
                 "{}: inconsistent chain or size",
                 path.display()
