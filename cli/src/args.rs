@@ -123,6 +123,29 @@ pub struct LocalArgs {
     pub node_down_timeout: Duration,
 }
 
+fn parse_size(s: &str) -> Result<u64, String> {
+    ballast::quantity::parse_size(s)
+}
+
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    /// The volume (also the NBD export name).
+    #[arg(long, env = "BALLAST_VOLUME")]
+    pub volume: String,
+    /// The volume's size, e.g. 1Gi.
+    #[arg(long, env = "BALLAST_SIZE", value_parser = parse_size)]
+    pub size: u64,
+    /// The NBD unix socket to serve, e.g. <state-dir>/frontends/<volume>.sock
+    #[arg(long, env = "BALLAST_SOCKET")]
+    pub socket: PathBuf,
+    /// A replica: NAME@HOST:PORT. Repeat for each replica.
+    #[arg(long = "replica", required = true)]
+    pub replicas: Vec<ballast_node::engine::ReplicaAddr>,
+    /// The replica on this node, read first.
+    #[arg(long, env = "BALLAST_LOCAL")]
+    pub local: Option<String>,
+}
+
 /// `ballast`'s command line.
 #[derive(Debug, Parser)]
 #[command(
@@ -146,6 +169,9 @@ pub enum Command {
     Node(NodeArgs),
     /// Run a whole cluster on this machine: a controller and N nodes.
     Local(LocalArgs),
+    /// Run the engine of one volume: replicate over its replicas and serve
+    /// it as NBD on a unix socket (started by the node plugin).
+    Engine(EngineArgs),
     /// Run the planner against a model cluster described by a scenario file;
     /// prints one JSON line per `settle` step.
     Sim {

@@ -4,6 +4,7 @@
 
 pub mod args;
 pub mod ctl;
+pub mod engine;
 pub mod local;
 
 /// A duration flag such as `5s`, `500ms`, `2m`.

@@ -18,6 +18,8 @@ pub struct NodeContext {
     pub csi_endpoint: String,
     /// Set once the controller accepted our registration; Probe reports it.
     pub registered: Arc<AtomicBool>,
+    /// Serves this node's replicas over the replica data protocol.
+    pub replicas: Option<Arc<crate::replica::server::ReplicaServer>>,
 }
 
 impl NodeContext {

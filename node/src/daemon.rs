@@ -50,6 +50,15 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
             source,
         })?;
 
+    let replica_listener = tokio::net::TcpListener::bind(config.replica_listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            what: "replica endpoint",
+            addr: config.replica_listen.to_string(),
+            source,
+        })?;
+    let replica_server =
+        crate::replica::server::ReplicaServer::new(disks.iter().map(|d| d.path.clone()).collect());
     let registered = Arc::new(AtomicBool::new(false));
     let ctx = Arc::new(NodeContext {
         node_id: config.node_id.clone(),
@@ -60,7 +69,9 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
         replica_endpoint: config.replica_listen.to_string(),
         csi_endpoint: format!("unix://{}", socket.display()),
         registered: registered.clone(),
+        replicas: Some(replica_server.clone()),
     });
+    let replica_task = tokio::spawn(replica_server.serve(replica_listener));
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -92,6 +103,7 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     ballast::grpc::shutdown_signal().await;
     let _ = stop_tx.send(true);
     heartbeats.abort();
+    replica_task.abort();
     let (c, a) = tokio::join!(csi, agent_server);
     let _ = std::fs::remove_file(&socket);
     if let Ok(Err(e)) = c {

@@ -11,7 +11,9 @@ pub mod context;
 pub mod csi;
 pub mod daemon;
 pub mod disks;
+pub mod engine;
 pub mod error;
+pub mod frontend;
 pub mod replica;
 
 pub use daemon::{NodeConfig, run};

@@ -55,6 +55,7 @@ fn main() -> ExitCode {
             Command::Node(a) => ballast_node::run(a.into()).await.map_err(|e| e.to_string()),
             Command::Local(a) => ballast_cli::local::run(a).await,
             Command::Sim { .. } => Ok(()),
+            Command::Engine(a) => ballast_cli::engine::run(a).await,
         }
     });
     match result {

@@ -58,7 +58,7 @@ pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Channel) {
         let req = HeartbeatRequest {
             node_id: ctx.node_id.clone(),
             disks: ctx.disk_status(),
-            replicas: Vec::new(),
+            replicas: super::server::scan(&ctx),
         };
         match client.heartbeat(req).await {
             Ok(resp) if resp.get_ref().known => {}

@@ -1,10 +1,17 @@
 use std::sync::Arc;
 
 use ballast::proto::agent::v1::node_agent_server::NodeAgent;
-use ballast::proto::agent::v1::{GetNodeStatusRequest, GetNodeStatusResponse};
+use ballast::proto::agent::v1::{
+    CreateReplicaRequest, CreateReplicaResponse, DeleteReplicaRequest, DeleteReplicaResponse,
+    GetNodeStatusRequest, GetNodeStatusResponse, ListReplicasRequest, ListReplicasResponse,
+    ReplicaStatus,
+};
 use tonic::{Request, Response, Status};
 
 use crate::context::NodeContext;
+use crate::error::Error;
+use crate::replica::server::replica_dir;
+use crate::replica::{META_FILE, Meta, Replica};
 
 /// The gRPC service the controller calls on this node.
 #[derive(Clone)]
@@ -18,6 +25,36 @@ impl NodeAgentService {
     }
 }
 
+fn status_of(name: &str, disk_id: &str, meta: &Meta) -> ReplicaStatus {
+    ReplicaStatus {
+        name: name.to_string(),
+        volume: meta.volume.clone(),
+        disk_id: disk_id.to_string(),
+        // Until an engine opens it, a replica has no mode.
+        mode: String::new(),
+        running: false,
+        size: meta.size,
+    }
+}
+
+/// Every replica on the node's disks.
+pub fn scan(ctx: &NodeContext) -> Vec<ReplicaStatus> {
+    let mut out = Vec::new();
+    for d in &ctx.disks {
+        let Ok(entries) = std::fs::read_dir(d.path.join("replicas")) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Ok(meta) = Meta::read(&e.path()) {
+                out.push(status_of(&name, &d.id, &meta));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
 #[tonic::async_trait]
 impl NodeAgent for NodeAgentService {
     #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id))]
@@ -28,6 +65,92 @@ impl NodeAgent for NodeAgentService {
         Ok(Response::new(GetNodeStatusResponse {
             node_id: self.ctx.node_id.clone(),
             disks: self.ctx.disk_status(),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, replica = %request.get_ref().name, volume = %request.get_ref().volume))]
+    async fn create_replica(
+        &self,
+        request: Request<CreateReplicaRequest>,
+    ) -> Result<Response<CreateReplicaResponse>, Status> {
+        let req = request.into_inner();
+        let invalid = |field: &str, message: String| Error::Invalid {
+            field: field.into(),
+            message,
+        };
+        ballast::model::validate_name(&req.name).map_err(|m| invalid("name", m))?;
+        let disk = self
+            .ctx
+            .disks
+            .iter()
+            .find(|d| d.id == req.disk_id)
+            .ok_or_else(|| {
+                invalid(
+                    "disk_id",
+                    format!("no disk {:?} on node {}", req.disk_id, self.ctx.node_id),
+                )
+            })?;
+        let dir = replica_dir(&disk.path, &req.name);
+        if dir.join(META_FILE).exists() {
+            // Idempotent: the same replica again is fine, another size is not.
+            let meta = Meta::read(&dir).map_err(|e| Status::internal(e.to_string()))?;
+            if meta.size != req.size || meta.volume != req.volume {
+                return Err(Status::already_exists(format!(
+                    "replica {} exists with another volume or size",
+                    req.name
+                )));
+            }
+            return Ok(Response::new(CreateReplicaResponse {
+                replica: Some(status_of(&req.name, &disk.id, &meta)),
+            }));
+        }
+        let (dir2, volume, size) = (dir.clone(), req.volume.clone(), req.size);
+        let created =
+            tokio::task::spawn_blocking(move || Replica::create_for(&dir2, &volume, size))
+                .await
+                .map_err(|e| Status::internal(e.to_string()))?;
+        match created {
+            Ok(_) => {
+                let meta = Meta::read(&dir).map_err(|e| Status::internal(e.to_string()))?;
+                Ok(Response::new(CreateReplicaResponse {
+                    replica: Some(status_of(&req.name, &disk.id, &meta)),
+                }))
+            }
+            Err(crate::replica::ReplicaError::Invalid(m)) => Err(invalid("size", m).into()),
+            Err(e) => Err(Status::internal(e.to_string())),
+        }
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, replica = %request.get_ref().name))]
+    async fn delete_replica(
+        &self,
+        request: Request<DeleteReplicaRequest>,
+    ) -> Result<Response<DeleteReplicaResponse>, Status> {
+        let name = request.into_inner().name;
+        ballast::model::validate_name(&name).map_err(|m| Error::Invalid {
+            field: "name".into(),
+            message: m,
+        })?;
+        for d in &self.ctx.disks {
+            let dir = replica_dir(&d.path, &name);
+            if dir.join(META_FILE).exists() {
+                if let Some(server) = &self.ctx.replicas {
+                    server.close(&name);
+                }
+                std::fs::remove_dir_all(&dir)
+                    .map_err(|e| Status::internal(format!("{}: {e}", dir.display())))?;
+            }
+        }
+        // Deleting what is not there succeeds: the call is idempotent.
+        Ok(Response::new(DeleteReplicaResponse {}))
+    }
+
+    async fn list_replicas(
+        &self,
+        _request: Request<ListReplicasRequest>,
+    ) -> Result<Response<ListReplicasResponse>, Status> {
+        Ok(Response::new(ListReplicasResponse {
+            replicas: scan(&self.ctx),
         }))
     }
 }

@@ -121,6 +121,24 @@ impl ReplicaClient {
         flags: u8,
         payload: &[u8],
     ) -> Result<Vec<u8>, ClientError> {
+        self.submit(op, offset, len, revision, flags, payload)
+            .await?
+            .await
+    }
+
+    /// Sends a request now and returns what waits for its reply: callers
+    /// that must order requests across replicas send under their own lock
+    /// and wait outside it.
+    pub async fn submit(
+        &self,
+        op: Op,
+        offset: u64,
+        len: u32,
+        revision: u64,
+        flags: u8,
+        payload: &[u8],
+    ) -> Result<impl std::future::Future<Output = Result<Vec<u8>, ClientError>> + use<>, ClientError>
+    {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         let closed = |reason: String| ClientError::Closed {
@@ -157,7 +175,13 @@ impl ReplicaClient {
                 return Err(closed(e.to_string()));
             }
         }
-        rx.await.map_err(|_| closed("reader stopped".into()))?
+        let addr = self.addr.clone();
+        Ok(async move {
+            rx.await.map_err(|_| ClientError::Closed {
+                addr,
+                reason: "reader stopped".into(),
+            })?
+        })
     }
 
     pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, ClientError> {

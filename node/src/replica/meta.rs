@@ -16,6 +16,9 @@ pub const FORMAT_VERSION: u32 = 1;
 #[serde(rename_all = "camelCase")]
 pub struct Meta {
     pub version: u32,
+    /// The volume this replica belongs to.
+    #[serde(default)]
+    pub volume: String,
     /// Bytes.
     pub size: u64,
     pub block_size: u64,

@@ -117,6 +117,11 @@ impl Replica {
     /// Creates an empty replica of `size` bytes in `dir` (which must not
     /// hold one already).
     pub fn create(dir: &Path, size: u64) -> Result<Replica, ReplicaError> {
+        Replica::create_for(dir, "", size)
+    }
+
+    /// Like `create`, recording the volume the replica belongs to.
+    pub fn create_for(dir: &Path, volume: &str, size: u64) -> Result<Replica, ReplicaError> {
         if size == 0 || !size.is_multiple_of(BLOCK) {
             return Err(ReplicaError::Invalid(format!(
                 "size {size} is not a positive multiple of {BLOCK}"
@@ -136,6 +141,7 @@ impl Replica {
         f.sync_all().map_err(|e| ReplicaError::io(&path, e))?;
         let meta = Meta {
             version: meta::FORMAT_VERSION,
+            volume: volume.to_string(),
             size,
             block_size: BLOCK,
             chain: vec![head],
@@ -202,6 +208,10 @@ impl Replica {
 
     pub fn size(&self) -> u64 {
         self.meta.size
+    }
+
+    pub fn volume(&self) -> &str {
+        &self.meta.volume
     }
 
     pub fn revision(&self) -> u64 {

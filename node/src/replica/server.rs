@@ -108,6 +108,21 @@ impl ReplicaServer {
             }
         });
         let mut bound: Option<Shared> = None;
+        // Mutations run one at a time, in the order they arrived, so that
+        // every replica applies an engine's writes in the engine's order.
+        // Reads run in parallel.
+        let (mtx, mut mrx) = mpsc::channel::<(Shared, Request, Vec<u8>)>(256);
+        let mtx_reply = tx.clone();
+        let mutator = tokio::task::spawn_blocking(move || {
+            while let Some((replica, req, payload)) = mrx.blocking_recv() {
+                if mtx_reply
+                    .blocking_send(execute(&replica, &req, payload))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+        });
         let result = loop {
             let mut head = [0u8; REQUEST_HEADER];
             if let Err(e) = rd.read_exact(&mut head).await {
@@ -168,12 +183,18 @@ impl ReplicaServer {
                 }
                 continue;
             };
-            let tx = tx.clone();
-            tokio::task::spawn_blocking(move || {
-                let reply = execute(&replica, &req, payload);
-                let _ = tx.blocking_send(reply);
-            });
+            if matches!(req.op, Op::Read | Op::Info | Op::Layers) {
+                let tx = tx.clone();
+                tokio::task::spawn_blocking(move || {
+                    let reply = execute(&replica, &req, payload);
+                    let _ = tx.blocking_send(reply);
+                });
+            } else if mtx.send((replica, req, payload)).await.is_err() {
+                break Ok(());
+            }
         };
+        drop(mtx);
+        let _ = mutator.await;
         drop(tx);
         let _ = writer.await;
         result

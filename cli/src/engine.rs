@@ -1,0 +1,27 @@
+//! `ballast engine`: one volume's engine and its NBD socket, in a process
+//! of its own so that restarting the node plugin never interrupts I/O.
+
+use crate::args::EngineArgs;
+
+pub async fn run(a: EngineArgs) -> Result<(), String> {
+    if a.size == 0 || !a.size.is_multiple_of(4096) {
+        return Err(format!(
+            "--size {} is not a positive multiple of 4096",
+            a.size
+        ));
+    }
+    let engine =
+        ballast_node::engine::Engine::start(&a.volume, a.size, &a.replicas, a.local.clone())
+            .await
+            .map_err(|e| e.to_string())?;
+    for m in engine.status().await {
+        tracing::info!(replica = %m.name, addr = %m.addr, mode = %m.mode, error = ?m.error, "replica");
+    }
+    let socket = a.socket.clone();
+    let served = tokio::select! {
+        r = ballast_node::frontend::nbd::serve_unix(engine, &socket) => r.map_err(|e| format!("{}: {e}", socket.display())),
+        _ = ballast::grpc::shutdown_signal() => Ok(()),
+    };
+    let _ = std::fs::remove_file(&socket);
+    served
+}

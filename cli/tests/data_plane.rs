@@ -1,0 +1,356 @@
+//! The data plane with real processes and real NBD clients: three
+//! `ballast node` processes hold the replicas, a `ballast engine` process
+//! replicates over them and serves NBD on a unix socket, and `qemu-io` and
+//! `qemu-img` write, read and compare through it.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use ballast::proto::agent::v1::CreateReplicaRequest;
+use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
+use common::*;
+use nix::sys::signal::Signal;
+
+const SIZE: u64 = 1 << 30;
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    _ctl: ControllerProc,
+    nodes: Vec<NodeProc>,
+    replica_addrs: Vec<String>,
+}
+
+fn flag(args: &[String], name: &str) -> String {
+    let i = args.iter().position(|a| a == name).unwrap();
+    args[i + 1].clone()
+}
+
+fn cluster(n: usize) -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = start_controller(dir.path(), "30s");
+    let agent = format!("http://{}", ctl.agent);
+    let nodes: Vec<NodeProc> = (1..=n)
+        .map(|i| start_node(dir.path(), &format!("node-{i}"), &agent))
+        .collect();
+    for node in &nodes {
+        wait_for(Duration::from_secs(30), "node ready", || {
+            common::node(&ctl.api, &node.id).filter(node_is_up)
+        });
+    }
+    let replica_addrs = nodes
+        .iter()
+        .map(|n| flag(&n.args, "--replica-listen"))
+        .collect();
+    Cluster {
+        dir,
+        _ctl: ctl,
+        nodes,
+        replica_addrs,
+    }
+}
+
+impl Cluster {
+    fn create_replicas(&self, volume: &str) -> Vec<String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut specs = Vec::new();
+        for (i, node) in self.nodes.iter().enumerate() {
+            let name = format!("{volume}-r{}", i + 1);
+            let agent = format!("http://{}", flag(&node.args, "--agent-listen"));
+            rt.block_on(async {
+                let mut c = NodeAgentClient::connect(agent).await.unwrap();
+                c.create_replica(CreateReplicaRequest {
+                    name: name.clone(),
+                    volume: volume.into(),
+                    disk_id: "disk-1".into(),
+                    size: SIZE,
+                })
+                .await
+                .unwrap();
+            });
+            specs.push(format!("{name}@{}", self.replica_addrs[i]));
+        }
+        specs
+    }
+
+    fn start_engine(&self, volume: &str, replicas: &[String]) -> (Proc, PathBuf) {
+        let socket = self
+            .dir
+            .path()
+            .join("frontends")
+            .join(format!("{volume}.sock"));
+        let mut args = vec![
+            "engine".to_string(),
+            "--volume".into(),
+            volume.into(),
+            "--size".into(),
+            "1Gi".into(),
+            "--socket".into(),
+            socket.display().to_string(),
+            "--local".into(),
+            replicas[0].split('@').next().unwrap().to_string(),
+        ];
+        for r in replicas {
+            args.push("--replica".into());
+            args.push(r.clone());
+        }
+        let p = Proc::spawn(&args, self.dir.path().join(format!("engine-{volume}.log")));
+        wait_for(Duration::from_secs(30), "the engine's NBD socket", || {
+            socket.exists().then_some(())
+        });
+        (p, socket)
+    }
+
+    fn replica_head(&self, node: usize, volume: &str) -> PathBuf {
+        self.dir
+            .path()
+            .join(format!("node-{node}"))
+            .join("disk-1/replicas")
+            .join(format!("{volume}-r{node}"))
+            .join("layer-000001.img")
+    }
+}
+
+fn uri(volume: &str, socket: &Path) -> String {
+    format!("nbd+unix:///{volume}?socket={}", socket.display())
+}
+
+/// Runs qemu-io with commands; returns (success, output).
+fn qemu_io(target: &str, cmds: &[&str]) -> (bool, String) {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    let out = c
+        .arg(target)
+        .output()
+        .expect("qemu-io (package qemu-utils) is installed");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        out.status.success()
+            && !text.contains("Pattern verification failed")
+            && !text.contains("error"),
+        text,
+    )
+}
+
+const WRITES: [&str; 4] = [
+    "write -P 0xab 0 64k",
+    "write -P 0xcd 512M 1M",
+    "write -P 0x11 1073737728 4k",
+    "write -P 0x5a 3k 2k",
+];
+const READS: [&str; 4] = [
+    "read -P 0xab 0 3k",
+    "read -P 0xcd 512M 1M",
+    "read -P 0x11 1073737728 4k",
+    "read -P 0x5a 3k 2k",
+];
+
+#[test]
+fn qemu_io_round_trip_through_three_replicas_and_qemu_img_compare() {
+    let c = cluster(3);
+    let replicas = c.create_replicas("v1");
+    let (_engine, socket) = c.start_engine("v1", &replicas);
+    let target = uri("v1", &socket);
+    let (ok, out) = qemu_io(&target, &WRITES);
+    assert!(ok, "{out}");
+    let (ok, out) = qemu_io(&target, &READS);
+    assert!(ok, "{out}");
+    assert!(out.contains("read 1048576/1048576 bytes"), "{out}");
+
+    // The same writes on a local file: qemu-img compare must match.
+    let local = c.dir.path().join("local.img");
+    let st = Command::new("qemu-img")
+        .args(["create", "-f", "raw"])
+        .arg(&local)
+        .arg(SIZE.to_string())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let (ok, out) = qemu_io(local.to_str().unwrap(), &WRITES);
+    assert!(ok, "{out}");
+    let cmp = Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&local)
+        .arg(&target)
+        .output()
+        .unwrap();
+    assert!(
+        cmp.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&cmp.stdout),
+        String::from_utf8_lossy(&cmp.stderr)
+    );
+
+    // Every replica holds the same bytes: compare their head layers.
+    qemu_io(&target, &["flush"]);
+    for n in [2, 3] {
+        let cmp = Command::new("qemu-img")
+            .args(["compare", "-f", "raw", "-F", "raw"])
+            .arg(c.replica_head(1, "v1"))
+            .arg(c.replica_head(n, "v1"))
+            .output()
+            .unwrap();
+        assert!(
+            cmp.status.success(),
+            "replica {n} differs: {}",
+            String::from_utf8_lossy(&cmp.stdout)
+        );
+    }
+}
+
+#[test]
+fn a_killed_replica_node_degrades_the_volume_and_writes_go_on() {
+    let mut c = cluster(3);
+    let replicas = c.create_replicas("v2");
+    let (_engine, socket) = c.start_engine("v2", &replicas);
+    let target = uri("v2", &socket);
+    let (ok, out) = qemu_io(&target, &["write -P 0x01 0 1M"]);
+    assert!(ok, "{out}");
+    c.nodes[2].proc.signal(Signal::SIGKILL);
+    c.nodes[2].proc.wait_exit(Duration::from_secs(5)).unwrap();
+    // Writes after the loss succeed, and every acknowledged write reads back.
+    let (ok, out) = qemu_io(
+        &target,
+        &["write -P 0x02 1M 1M", "write -P 0x03 100M 64k", "flush"],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = qemu_io(
+        &target,
+        &[
+            "read -P 0x01 0 1M",
+            "read -P 0x02 1M 1M",
+            "read -P 0x03 100M 64k",
+        ],
+    );
+    assert!(ok, "{out}");
+    // The survivors agree with each other.
+    let cmp = Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(c.replica_head(1, "v2"))
+        .arg(c.replica_head(2, "v2"))
+        .output()
+        .unwrap();
+    assert!(cmp.status.success());
+}
+
+#[test]
+fn acknowledged_writes_survive_sigkill_of_the_engine_and_a_restart() {
+    let c = cluster(2);
+    let replicas = c.create_replicas("v3");
+    let (mut engine, socket) = c.start_engine("v3", &replicas);
+    let target = uri("v3", &socket);
+    let (ok, out) = qemu_io(&target, &["write -P 0x77 0 4M", "write -P 0x66 700M 128k"]);
+    assert!(ok, "{out}");
+    engine.signal(Signal::SIGKILL);
+    engine.wait_exit(Duration::from_secs(5)).unwrap();
+    let _ = std::fs::remove_file(&socket);
+    let (_engine, socket) = c.start_engine("v3", &replicas);
+    let (ok, out) = qemu_io(
+        &uri("v3", &socket),
+        &["read -P 0x77 0 4M", "read -P 0x66 700M 128k"],
+    );
+    assert!(ok, "{out}");
+}
+
+#[test]
+fn bad_nbd_requests_get_errors_and_the_server_stays_up() {
+    let c = cluster(1);
+    let replicas = c.create_replicas("v4");
+    let (_engine, socket) = c.start_engine("v4", &replicas);
+    let target = uri("v4", &socket);
+    // Out of range, through a real client.
+    let (_, out) = qemu_io(&target, &["read 1073741312 4k"]);
+    assert!(
+        out.contains("Invalid argument")
+            || out.contains("error")
+            || out.contains("out of range")
+            || out.contains("Input/output"),
+        "{out}"
+    );
+    // Raw frames: unknown command, oversize read, out-of-range write.
+    raw_nbd(&socket, "v4");
+    // Still serving.
+    let (ok, out) = qemu_io(&target, &["write -P 0x42 0 4k", "read -P 0x42 0 4k"]);
+    assert!(ok, "{out}");
+    // An unknown export is refused.
+    let (ok, _) = qemu_io(&uri("nope", &socket), &["read 0 4k"]);
+    assert!(!ok);
+}
+
+/// Speaks NBD by hand: handshake with NBD_OPT_GO, then bad requests.
+fn raw_nbd(socket: &Path, export: &str) {
+    use std::io::{Read, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut hello = [0u8; 18];
+    s.read_exact(&mut hello).unwrap();
+    assert_eq!(&hello[..8], b"NBDMAGIC");
+    s.write_all(&3u32.to_be_bytes()).unwrap();
+    let mut opt = Vec::new();
+    opt.extend_from_slice(b"IHAVEOPT");
+    opt.extend_from_slice(&7u32.to_be_bytes());
+    let mut data = (export.len() as u32).to_be_bytes().to_vec();
+    data.extend_from_slice(export.as_bytes());
+    data.extend_from_slice(&0u16.to_be_bytes());
+    opt.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    opt.extend_from_slice(&data);
+    s.write_all(&opt).unwrap();
+    // Option replies until ACK (type 1).
+    loop {
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h).unwrap();
+        let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap());
+        let mut body = vec![0u8; len as usize];
+        s.read_exact(&mut body).unwrap();
+        assert!(kind < (1 << 31), "option refused: {kind:#x}");
+        if kind == 1 {
+            break;
+        }
+    }
+    let request = |cmd: u16, handle: u64, offset: u64, len: u32| {
+        let mut r = Vec::new();
+        r.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+        r.extend_from_slice(&0u16.to_be_bytes());
+        r.extend_from_slice(&cmd.to_be_bytes());
+        r.extend_from_slice(&handle.to_be_bytes());
+        r.extend_from_slice(&offset.to_be_bytes());
+        r.extend_from_slice(&len.to_be_bytes());
+        r
+    };
+    let reply = |s: &mut std::os::unix::net::UnixStream| {
+        let mut h = [0u8; 16];
+        s.read_exact(&mut h).unwrap();
+        (
+            u32::from_be_bytes(h[4..8].try_into().unwrap()),
+            u64::from_be_bytes(h[8..16].try_into().unwrap()),
+        )
+    };
+    s.write_all(&request(99, 1, 0, 0)).unwrap();
+    assert_eq!(reply(&mut s), (22, 1), "unknown command: EINVAL");
+    s.write_all(&request(0, 2, 0, 64 << 20)).unwrap();
+    assert_eq!(reply(&mut s), (22, 2), "oversize read: EINVAL");
+    s.write_all(&request(0, 3, SIZE, 4096)).unwrap();
+    assert_eq!(reply(&mut s), (22, 3), "read past the end: EINVAL");
+    let mut w = request(1, 4, SIZE - 512, 4096);
+    w.extend_from_slice(&[0u8; 4096]);
+    s.write_all(&w).unwrap();
+    assert_eq!(reply(&mut s), (28, 4), "write past the end: ENOSPC");
+    s.write_all(&request(0, 5, 0, 512)).unwrap();
+    let (err, handle) = reply(&mut s);
+    assert_eq!((err, handle), (0, 5), "a good read after the bad ones");
+    let mut data = [0u8; 512];
+    s.read_exact(&mut data).unwrap();
+}

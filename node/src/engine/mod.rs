@@ -1,0 +1,352 @@
+//! The engine of one attached volume: it fans every write out to all `rw`
+//! replicas and acknowledges it once each has it, reads from one replica
+//! (the local one first), and drops a replica that fails an I/O to `err`,
+//! so that the volume degrades instead of stopping.
+//!
+//! Writes go onto every replica's connection in one order (under `order`),
+//! and replica servers apply a connection's writes in arrival order, so all
+//! replicas apply overlapping writes alike. A snapshot pauses I/O (`io`),
+//! snapshots every replica at the same point, and resumes.
+//!
+//! On start after an unclean stop, only the replicas with the highest
+//! revision counter become `rw`; the others are `err`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use ballast::model::ReplicaMode;
+use tokio::sync::{Mutex, RwLock};
+
+use crate::replica::client::{ClientError, ReplicaClient};
+use crate::replica::protocol::{MAX_DATA, Op};
+
+/// Errors of the engine, as NBD reports them.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("no replica is usable: {0}")]
+    NoReplica(String),
+    #[error("range {offset}+{len} is outside the volume of {size} bytes")]
+    OutOfRange { offset: u64, len: u64, size: u64 },
+    #[error("engine start: {0}")]
+    Start(String),
+}
+
+/// Where a replica is: its name on its node, and the node's replica address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaAddr {
+    pub name: String,
+    pub addr: String,
+}
+
+impl std::str::FromStr for ReplicaAddr {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('@') {
+            Some((name, addr)) if !name.is_empty() && !addr.is_empty() => Ok(ReplicaAddr {
+                name: name.to_string(),
+                addr: addr.to_string(),
+            }),
+            _ => Err(format!("{s:?}: expected NAME@HOST:PORT")),
+        }
+    }
+}
+
+struct Member {
+    at: ReplicaAddr,
+    client: Option<Arc<ReplicaClient>>,
+    mode: ReplicaMode,
+    error: Option<String>,
+}
+
+/// A replica as the engine reports it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MemberStatus {
+    pub name: String,
+    pub addr: String,
+    pub mode: ReplicaMode,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+pub struct Engine {
+    pub volume: String,
+    pub size: u64,
+    members: Mutex<Vec<Member>>,
+    /// Prefer this replica for reads.
+    local: Option<String>,
+    revision: AtomicU64,
+    /// Held while putting a write on the wires, so every replica sees the
+    /// same order.
+    order: Mutex<()>,
+    /// I/O holds it shared; a snapshot holds it exclusively.
+    io: RwLock<()>,
+}
+
+impl Engine {
+    /// Connects to every replica, checks their sizes, and makes `rw` the
+    /// ones with the highest revision.
+    pub async fn start(
+        volume: &str,
+        size: u64,
+        replicas: &[ReplicaAddr],
+        local: Option<String>,
+    ) -> Result<Arc<Engine>, EngineError> {
+        if replicas.is_empty() {
+            return Err(EngineError::Start("at least one replica is needed".into()));
+        }
+        let mut members = Vec::new();
+        let mut revisions = Vec::new();
+        for at in replicas {
+            let connected = async {
+                let c = ReplicaClient::connect(&at.addr, &at.name).await?;
+                let info = c.info().await?;
+                Ok::<_, ClientError>((c, info))
+            }
+            .await;
+            match connected {
+                Ok((c, info)) if info["size"].as_u64() == Some(size) => {
+                    revisions.push(info["revision"].as_u64().unwrap_or(0));
+                    members.push(Member {
+                        at: at.clone(),
+                        client: Some(Arc::new(c)),
+                        mode: ReplicaMode::Rw,
+                        error: None,
+                    });
+                }
+                Ok((_, info)) => {
+                    revisions.push(0);
+                    members.push(Member {
+                        at: at.clone(),
+                        client: None,
+                        mode: ReplicaMode::Err,
+                        error: Some(format!("size {} is not the volume's {size}", info["size"])),
+                    });
+                }
+                Err(e) => {
+                    revisions.push(0);
+                    members.push(Member {
+                        at: at.clone(),
+                        client: None,
+                        mode: ReplicaMode::Err,
+                        error: Some(e.to_string()),
+                    });
+                }
+            }
+        }
+        let best = members
+            .iter()
+            .zip(&revisions)
+            .filter(|(m, _)| m.mode == ReplicaMode::Rw)
+            .map(|(_, r)| *r)
+            .max()
+            .ok_or_else(|| {
+                EngineError::NoReplica(
+                    members
+                        .iter()
+                        .filter_map(|m| m.error.clone())
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                )
+            })?;
+        for (m, r) in members.iter_mut().zip(&revisions) {
+            if m.mode == ReplicaMode::Rw && *r < best {
+                m.mode = ReplicaMode::Err;
+                m.error = Some(format!("revision {r} is behind {best}: it missed writes"));
+                m.client = None;
+            }
+        }
+        tracing::info!(volume, size, revision = best, "engine started");
+        Ok(Arc::new(Engine {
+            volume: volume.to_string(),
+            size,
+            members: Mutex::new(members),
+            local,
+            revision: AtomicU64::new(best),
+            order: Mutex::new(()),
+            io: RwLock::new(()),
+        }))
+    }
+
+    fn check(&self, offset: u64, len: u64) -> Result<(), EngineError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(EngineError::OutOfRange {
+                offset,
+                len,
+                size: self.size,
+            }),
+        }
+    }
+
+    async fn rw_clients(&self) -> Vec<(String, Arc<ReplicaClient>)> {
+        let m = self.members.lock().await;
+        let mut out: Vec<(String, Arc<ReplicaClient>)> = m
+            .iter()
+            .filter(|m| m.mode == ReplicaMode::Rw)
+            .filter_map(|m| m.client.clone().map(|c| (m.at.name.clone(), c)))
+            .collect();
+        // The local replica first.
+        if let Some(local) = &self.local {
+            out.sort_by_key(|(n, _)| n != local);
+        }
+        out
+    }
+
+    async fn fail(&self, name: &str, why: &ClientError) {
+        let mut m = self.members.lock().await;
+        if let Some(x) = m
+            .iter_mut()
+            .find(|x| x.at.name == name && x.mode != ReplicaMode::Err)
+        {
+            tracing::warn!(volume = %self.volume, replica = name, error = %why, "replica failed; dropped from the volume");
+            x.mode = ReplicaMode::Err;
+            x.error = Some(why.to_string());
+            x.client = None;
+        }
+    }
+
+    pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, EngineError> {
+        self.check(offset, u64::from(len))?;
+        let _io = self.io.read().await;
+        let mut last = String::from("no rw replica");
+        for (name, c) in self.rw_clients().await {
+            let mut out = Vec::with_capacity(len as usize);
+            let mut pos = 0u32;
+            let result = loop {
+                if pos >= len {
+                    break Ok(());
+                }
+                let n = (len - pos).min(MAX_DATA);
+                match c.read(offset + u64::from(pos), n).await {
+                    Ok(b) => out.extend_from_slice(&b),
+                    Err(e) => break Err(e),
+                }
+                pos += n;
+            };
+            match result {
+                Ok(()) => return Ok(out),
+                Err(e) => {
+                    last = e.to_string();
+                    self.fail(&name, &e).await;
+                }
+            }
+        }
+        Err(EngineError::NoReplica(last))
+    }
+
+    /// Sends one mutation to every rw replica in engine order, waits for
+    /// all, and drops those that fail. Succeeds when at least one has it.
+    async fn mutate(
+        &self,
+        op: Op,
+        offset: u64,
+        len: u32,
+        flags: u8,
+        data: &[u8],
+    ) -> Result<(), EngineError> {
+        let _io = self.io.read().await;
+        let clients = self.rw_clients().await;
+        if clients.is_empty() {
+            return Err(EngineError::NoReplica("no rw replica".into()));
+        }
+        let mut waits = Vec::new();
+        let mut failed = Vec::new();
+        {
+            let _order = self.order.lock().await;
+            let revision = if matches!(op, Op::Write | Op::Trim) {
+                self.revision.fetch_add(1, Ordering::SeqCst) + 1
+            } else {
+                0
+            };
+            for (name, c) in &clients {
+                match c.submit(op, offset, len, revision, flags, data).await {
+                    Ok(w) => waits.push((name.clone(), w)),
+                    Err(e) => failed.push((name.clone(), e)),
+                }
+            }
+        }
+        let mut ok = 0;
+        for (name, w) in waits {
+            match w.await {
+                Ok(_) => ok += 1,
+                Err(e) => failed.push((name, e)),
+            }
+        }
+        let mut last = String::new();
+        for (name, e) in &failed {
+            last = e.to_string();
+            self.fail(name, e).await;
+        }
+        if ok == 0 {
+            Err(EngineError::NoReplica(last))
+        } else {
+            Ok(())
+        }
+    }
+
+    pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), EngineError> {
+        self.check(offset, data.len() as u64)?;
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let n = (data.len() - pos).min(MAX_DATA as usize);
+            self.mutate(
+                Op::Write,
+                offset + pos as u64,
+                n as u32,
+                u8::from(fua),
+                &data[pos..pos + n],
+            )
+            .await?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Discards a range; it reads as zeros afterwards.
+    pub async fn trim(&self, offset: u64, len: u64) -> Result<(), EngineError> {
+        self.check(offset, len)?;
+        let mut pos = 0u64;
+        while pos < len {
+            let n = (len - pos).min(u64::from(u32::MAX) & !4095);
+            self.mutate(Op::Trim, offset + pos, n as u32, 0, &[])
+                .await?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    pub async fn flush(&self) -> Result<(), EngineError> {
+        self.mutate(Op::Flush, 0, 0, 0, &[]).await
+    }
+
+    /// Snapshots every rw replica at one point of the I/O stream.
+    pub async fn snapshot(&self) -> Result<Vec<String>, EngineError> {
+        let _pause = self.io.write().await;
+        let mut names = Vec::new();
+        for (name, c) in self.rw_clients().await {
+            match c.snapshot().await {
+                Ok(n) => names.push(n),
+                Err(e) => self.fail(&name, &e).await,
+            }
+        }
+        if names.is_empty() {
+            Err(EngineError::NoReplica("snapshot failed everywhere".into()))
+        } else {
+            Ok(names)
+        }
+    }
+
+    pub async fn status(&self) -> Vec<MemberStatus> {
+        self.members
+            .lock()
+            .await
+            .iter()
+            .map(|m| MemberStatus {
+                name: m.at.name.clone(),
+                addr: m.at.addr.clone(),
+                mode: m.mode,
+                error: m.error.clone(),
+            })
+            .collect()
+    }
+}

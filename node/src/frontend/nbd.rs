@@ -1,0 +1,339 @@
+//! An NBD server for one engine: the fixed newstyle handshake, then the
+//! transmission phase with READ, WRITE, FLUSH, TRIM, WRITE_ZEROES and DISC
+//! (FUA honoured), requests served concurrently and answered with simple
+//! replies as they finish. Every request is validated; a bad one gets an
+//! error, a request that breaks the framing closes the connection.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::UnixListener;
+use tokio::sync::mpsc;
+
+use crate::engine::{Engine, EngineError};
+
+const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
+const IHAVEOPT: u64 = 0x4948_4156_454f_5054;
+const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
+const REQUEST_MAGIC: u32 = 0x2560_9513;
+const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+
+const FLAG_FIXED_NEWSTYLE: u16 = 1;
+const FLAG_NO_ZEROES: u16 = 2;
+const CLIENT_NO_ZEROES: u32 = 2;
+
+const OPT_EXPORT_NAME: u32 = 1;
+const OPT_ABORT: u32 = 2;
+const OPT_LIST: u32 = 3;
+const OPT_INFO: u32 = 6;
+const OPT_GO: u32 = 7;
+
+const REP_ACK: u32 = 1;
+const REP_SERVER: u32 = 2;
+const REP_INFO: u32 = 3;
+const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
+const REP_ERR_INVALID: u32 = (1 << 31) + 3;
+const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
+
+const INFO_EXPORT: u16 = 0;
+const INFO_BLOCK_SIZE: u16 = 3;
+
+const TFLAG_HAS_FLAGS: u16 = 1;
+const TFLAG_SEND_FLUSH: u16 = 1 << 2;
+const TFLAG_SEND_FUA: u16 = 1 << 3;
+const TFLAG_SEND_TRIM: u16 = 1 << 5;
+const TFLAG_SEND_WRITE_ZEROES: u16 = 1 << 6;
+const TRANSMISSION_FLAGS: u16 =
+    TFLAG_HAS_FLAGS | TFLAG_SEND_FLUSH | TFLAG_SEND_FUA | TFLAG_SEND_TRIM | TFLAG_SEND_WRITE_ZEROES;
+
+const CMD_READ: u16 = 0;
+const CMD_WRITE: u16 = 1;
+const CMD_DISC: u16 = 2;
+const CMD_FLUSH: u16 = 3;
+const CMD_TRIM: u16 = 4;
+const CMD_WRITE_ZEROES: u16 = 6;
+const CMD_FLAG_FUA: u16 = 1;
+
+const EIO: u32 = 5;
+const EINVAL: u32 = 22;
+const ENOSPC: u32 = 28;
+
+/// Largest READ or WRITE we serve.
+pub const MAX_REQUEST: u32 = 32 << 20;
+/// Largest option payload we read during the handshake.
+const MAX_OPTION: u32 = 4096;
+
+fn errno(e: &EngineError) -> u32 {
+    match e {
+        EngineError::OutOfRange { .. } => EINVAL,
+        _ => EIO,
+    }
+}
+
+/// Serves the engine on a unix socket until the task is dropped.
+pub async fn serve_unix(engine: Arc<Engine>, socket: &Path) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(socket);
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let listener = UnixListener::bind(socket)?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            if let Err(e) = connection(engine, stream).await {
+                tracing::debug!(error = %e, "nbd connection ended");
+            }
+        });
+    }
+}
+
+async fn reply_option<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    option: u32,
+    kind: u32,
+    data: &[u8],
+) -> std::io::Result<()> {
+    let mut b = Vec::with_capacity(20 + data.len());
+    b.extend_from_slice(&OPT_REPLY_MAGIC.to_be_bytes());
+    b.extend_from_slice(&option.to_be_bytes());
+    b.extend_from_slice(&kind.to_be_bytes());
+    b.extend_from_slice(&(data.len() as u32).to_be_bytes());
+    b.extend_from_slice(data);
+    w.write_all(&b).await
+}
+
+fn invalid(msg: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, msg.to_string())
+}
+
+/// The handshake; true when the client entered transmission.
+async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    s: &mut S,
+    engine: &Engine,
+) -> std::io::Result<bool> {
+    let mut hello = Vec::new();
+    hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    s.write_all(&hello).await?;
+    let client_flags = s.read_u32().await?;
+    let no_zeroes = client_flags & CLIENT_NO_ZEROES != 0;
+    let known = |name: &str| name.is_empty() || name == engine.volume;
+    loop {
+        if s.read_u64().await? != IHAVEOPT {
+            return Err(invalid("bad option magic"));
+        }
+        let option = s.read_u32().await?;
+        let len = s.read_u32().await?;
+        if len > MAX_OPTION {
+            return Err(invalid("option too long"));
+        }
+        let mut data = vec![0u8; len as usize];
+        s.read_exact(&mut data).await?;
+        match option {
+            OPT_EXPORT_NAME => {
+                if !known(&String::from_utf8_lossy(&data)) {
+                    return Err(invalid("unknown export"));
+                }
+                let mut b = Vec::new();
+                b.extend_from_slice(&engine.size.to_be_bytes());
+                b.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+                if !no_zeroes {
+                    b.extend_from_slice(&[0u8; 124]);
+                }
+                s.write_all(&b).await?;
+                return Ok(true);
+            }
+            OPT_ABORT => {
+                let _ = reply_option(s, option, REP_ACK, &[]).await;
+                return Ok(false);
+            }
+            OPT_LIST => {
+                let name = engine.volume.as_bytes();
+                let mut d = (name.len() as u32).to_be_bytes().to_vec();
+                d.extend_from_slice(name);
+                reply_option(s, option, REP_SERVER, &d).await?;
+                reply_option(s, option, REP_ACK, &[]).await?;
+            }
+            OPT_INFO | OPT_GO => {
+                if data.len() < 6 {
+                    reply_option(s, option, REP_ERR_INVALID, b"short request").await?;
+                    continue;
+                }
+                let name_len = u32::from_be_bytes([data[0], data[1], data[2], data[3]]) as usize;
+                if data.len() < 4 + name_len + 2 {
+                    reply_option(s, option, REP_ERR_INVALID, b"bad name length").await?;
+                    continue;
+                }
+                let name = String::from_utf8_lossy(&data[4..4 + name_len]).into_owned();
+                if !known(&name) {
+                    reply_option(
+                        s,
+                        option,
+                        REP_ERR_UNKNOWN,
+                        format!("no export {name:?}").as_bytes(),
+                    )
+                    .await?;
+                    continue;
+                }
+                let mut export = INFO_EXPORT.to_be_bytes().to_vec();
+                export.extend_from_slice(&engine.size.to_be_bytes());
+                export.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
+                reply_option(s, option, REP_INFO, &export).await?;
+                let mut sizes = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                sizes.extend_from_slice(&1u32.to_be_bytes());
+                sizes.extend_from_slice(&4096u32.to_be_bytes());
+                sizes.extend_from_slice(&MAX_REQUEST.to_be_bytes());
+                reply_option(s, option, REP_INFO, &sizes).await?;
+                reply_option(s, option, REP_ACK, &[]).await?;
+                if option == OPT_GO {
+                    return Ok(true);
+                }
+            }
+            _ => reply_option(s, option, REP_ERR_UNSUP, b"not supported").await?,
+        }
+    }
+}
+
+fn simple_reply(error: u32, handle: u64, data: Vec<u8>) -> Vec<u8> {
+    let mut b = Vec::with_capacity(16 + data.len());
+    b.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+    b.extend_from_slice(&error.to_be_bytes());
+    b.extend_from_slice(&handle.to_be_bytes());
+    b.extend(data);
+    b
+}
+
+async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+    engine: Arc<Engine>,
+    mut stream: S,
+) -> std::io::Result<()> {
+    if !handshake(&mut stream, &engine).await? {
+        return Ok(());
+    }
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(256);
+    let writer = tokio::spawn(async move {
+        while let Some(b) = rx.recv().await {
+            if wr.write_all(&b).await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    });
+    let mut inflight = tokio::task::JoinSet::new();
+    let result = loop {
+        let mut h = [0u8; 28];
+        if let Err(e) = rd.read_exact(&mut h).await {
+            break if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Ok(())
+            } else {
+                Err(e)
+            };
+        }
+        let magic = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+        if magic != REQUEST_MAGIC {
+            break Err(invalid("bad request magic"));
+        }
+        let flags = u16::from_be_bytes([h[4], h[5]]);
+        let cmd = u16::from_be_bytes([h[6], h[7]]);
+        let handle = u64::from_be_bytes(h[8..16].try_into().unwrap_or_default());
+        let offset = u64::from_be_bytes(h[16..24].try_into().unwrap_or_default());
+        let len = u32::from_be_bytes([h[24], h[25], h[26], h[27]]);
+        let in_range = offset
+            .checked_add(u64::from(len))
+            .is_some_and(|end| end <= engine.size);
+        let fua = flags & CMD_FLAG_FUA != 0;
+        match cmd {
+            CMD_DISC => break Ok(()),
+            CMD_WRITE => {
+                if len > MAX_REQUEST {
+                    // Its payload cannot be skipped safely: end the connection.
+                    let _ = tx.send(simple_reply(EINVAL, handle, Vec::new())).await;
+                    break Err(invalid("write too large"));
+                }
+                let mut data = vec![0u8; len as usize];
+                rd.read_exact(&mut data).await?;
+                if !in_range {
+                    let _ = tx.send(simple_reply(ENOSPC, handle, Vec::new())).await;
+                    continue;
+                }
+                let (e, tx) = (engine.clone(), tx.clone());
+                inflight.spawn(async move {
+                    let r = e.write(offset, &data, fua).await.and(if fua {
+                        e.flush().await
+                    } else {
+                        Ok(())
+                    });
+                    let _ = tx
+                        .send(simple_reply(
+                            r.err().map(|x| errno(&x)).unwrap_or(0),
+                            handle,
+                            Vec::new(),
+                        ))
+                        .await;
+                });
+            }
+            CMD_READ => {
+                if len > MAX_REQUEST || !in_range {
+                    let _ = tx.send(simple_reply(EINVAL, handle, Vec::new())).await;
+                    continue;
+                }
+                let (e, tx) = (engine.clone(), tx.clone());
+                inflight.spawn(async move {
+                    let reply = match e.read(offset, len).await {
+                        Ok(data) => simple_reply(0, handle, data),
+                        Err(x) => simple_reply(errno(&x), handle, Vec::new()),
+                    };
+                    let _ = tx.send(reply).await;
+                });
+            }
+            CMD_FLUSH => {
+                let (e, tx) = (engine.clone(), tx.clone());
+                inflight.spawn(async move {
+                    let r = e.flush().await;
+                    let _ = tx
+                        .send(simple_reply(
+                            r.err().map(|x| errno(&x)).unwrap_or(0),
+                            handle,
+                            Vec::new(),
+                        ))
+                        .await;
+                });
+            }
+            CMD_TRIM | CMD_WRITE_ZEROES => {
+                if !in_range {
+                    let _ = tx.send(simple_reply(EINVAL, handle, Vec::new())).await;
+                    continue;
+                }
+                let (e, tx) = (engine.clone(), tx.clone());
+                inflight.spawn(async move {
+                    // Trimmed ranges read as zeros, which is what WRITE_ZEROES asks.
+                    let r = e.trim(offset, u64::from(len)).await.and(if fua {
+                        e.flush().await
+                    } else {
+                        Ok(())
+                    });
+                    let _ = tx
+                        .send(simple_reply(
+                            r.err().map(|x| errno(&x)).unwrap_or(0),
+                            handle,
+                            Vec::new(),
+                        ))
+                        .await;
+                });
+            }
+            _ => {
+                let _ = tx.send(simple_reply(EINVAL, handle, Vec::new())).await;
+            }
+        }
+        while inflight.try_join_next().is_some() {}
+    };
+    // Answer what is in flight before closing.
+    while inflight.join_next().await.is_some() {}
+    drop(tx);
+    let _ = writer.await;
+    result
+}
