@@ -144,6 +144,9 @@ pub struct EngineArgs {
     /// The replica on this node, read first.
     #[arg(long, env = "BALLAST_LOCAL")]
     pub local: Option<String>,
+    /// Where to write the engine's status (JSON) every second.
+    #[arg(long, env = "BALLAST_STATUS_FILE")]
+    pub status_file: Option<PathBuf>,
 }
 
 /// `ballast`'s command line.

@@ -17,6 +17,20 @@ pub async fn run(a: EngineArgs) -> Result<(), String> {
     for m in engine.status().await {
         tracing::info!(replica = %m.name, addr = %m.addr, mode = %m.mode, error = ?m.error, "replica");
     }
+    if let Some(path) = a.status_file.clone() {
+        let e = engine.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let status = serde_json::json!({"volume": e.volume, "replicas": e.status().await});
+                let tmp = path.with_extension("tmp");
+                if std::fs::write(&tmp, status.to_string()).is_ok() {
+                    let _ = std::fs::rename(&tmp, &path);
+                }
+            }
+        });
+    }
     let socket = a.socket.clone();
     let served = tokio::select! {
         r = ballast_node::frontend::nbd::serve_unix(engine, &socket) => r.map_err(|e| format!("{}: {e}", socket.display())),

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
@@ -90,6 +90,9 @@ fn spawn(dir: &Path, name: &str, args: &[String]) -> Result<Proc, String> {
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
+        // Each child leads its own process group, which also holds the
+        // engine processes a node starts; stopping the group stops them.
+        .process_group(0)
         .kill_on_drop(true);
     // Children stop when this process dies, even by SIGKILL.
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
@@ -141,7 +144,7 @@ async fn wait_http(
 async fn stop_all(procs: &mut [Proc]) {
     for p in procs.iter() {
         if let Some(pid) = p.child.id() {
-            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+            let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGTERM);
         }
     }
     // Nodes first in the list is fine: every child got SIGTERM at once.

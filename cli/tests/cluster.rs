@@ -62,9 +62,10 @@ fn two_nodes_register_and_a_killed_node_turns_not_ready_then_ready_again() {
     assert!(event_reasons(&ctl.api, "node/node-2").contains(&"NodeDown".to_string()));
 
     // Restart it with the same flags: ready again, same disk id.
+    let since = chrono::Utc::now();
     let restarted = Proc::spawn(&n2.args, dir.path().join("node-2.again.log"));
     let n = wait_for(Duration::from_secs(30), "node-2 ready again", || {
-        node(&ctl.api, "node-2").filter(node_is_up)
+        node(&ctl.api, "node-2").filter(|n| node_up_since(n, since))
     });
     assert_eq!(
         n["status"]["disks"]

@@ -1,7 +1,7 @@
 //! What every RPC, request handler and background task of the controller
 //! gets: the store, the timing configuration and the liveness table.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,6 +24,22 @@ pub struct Context {
     pub last_seen: Mutex<HashMap<String, Instant>>,
     pub started: Instant,
     pub events: Recorder,
+    /// Volumes with a call in progress.
+    busy: Arc<Mutex<HashSet<String>>>,
+}
+
+/// Held while a call works on a volume; released on drop.
+pub struct VolumeGuard {
+    name: String,
+    busy: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Drop for VolumeGuard {
+    fn drop(&mut self) {
+        if let Ok(mut b) = self.busy.lock() {
+            b.remove(&self.name);
+        }
+    }
 }
 
 impl Context {
@@ -38,6 +54,7 @@ impl Context {
             last_seen: Mutex::new(HashMap::new()),
             started: Instant::now(),
             events: Recorder::default(),
+            busy: Arc::default(),
         })
     }
 
@@ -59,6 +76,23 @@ impl Context {
     ) {
         self.events
             .record(self.store.as_ref(), kind, name, reason, message);
+    }
+
+    /// Takes the volume for one call, or says it is busy (409).
+    pub fn lock_volume(&self, name: &str) -> Result<VolumeGuard, Error> {
+        let mut b = self
+            .busy
+            .lock()
+            .map_err(|_| Error::Internal("lock poisoned".into()))?;
+        if !b.insert(name.to_string()) {
+            return Err(Error::Conflict(format!(
+                "volume {name:?} is busy with another call; retry"
+            )));
+        }
+        Ok(VolumeGuard {
+            name: name.to_string(),
+            busy: self.busy.clone(),
+        })
     }
 
     pub fn saw_node(&self, id: &str) {

@@ -11,6 +11,7 @@ pub mod csi;
 pub mod daemon;
 pub mod error;
 pub mod events;
+pub mod executor;
 pub mod nodes;
 pub mod observe;
 pub mod planner;

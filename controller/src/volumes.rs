@@ -14,6 +14,9 @@ use crate::error::Error;
 /// Smallest volume, and the granularity of sizes.
 pub const SIZE_ALIGN: u64 = 4096;
 pub const MAX_REPLICAS: u32 = 20;
+/// Longest volume name: its replicas are named `<volume>-r<8 hex>`, and
+/// every name is a DNS label of at most 63 characters.
+pub const MAX_NAME: usize = 53;
 
 /// `POST /v1/volumes`.
 #[derive(Debug, Deserialize)]
@@ -97,6 +100,15 @@ pub fn validate_spec(spec: &VolumeSpec) -> Result<(), Error> {
 /// settings' defaults.
 pub fn build(req: CreateVolume, settings: &Settings) -> Result<Volume, Error> {
     validate_name(&req.name).map_err(|m| Error::invalid("name", m))?;
+    if req.name.len() > MAX_NAME {
+        return Err(Error::invalid(
+            "name",
+            format!(
+                "{:?} is longer than {MAX_NAME} characters (replica names add 10)",
+                req.name
+            ),
+        ));
+    }
     let mut spec = VolumeSpec::new(
         req.size,
         req.number_of_replicas

@@ -20,6 +20,8 @@ pub struct NodeContext {
     pub registered: Arc<AtomicBool>,
     /// Serves this node's replicas over the replica data protocol.
     pub replicas: Option<Arc<crate::replica::server::ReplicaServer>>,
+    /// The engine processes of volumes attached here.
+    pub engines: crate::agent::engines::Engines,
 }
 
 impl NodeContext {

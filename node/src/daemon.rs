@@ -34,12 +34,19 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     ballast::model::validate_name(&config.node_id)
         .map_err(|m| ServeError::Config(format!("--node-id: {m}")))?;
     let disks = open_disks(&config.disks).map_err(|e| ServeError::Config(e.to_string()))?;
-    if let Some(dir) = &config.state_dir {
-        std::fs::create_dir_all(dir).map_err(|source| ServeError::Io {
-            path: dir.clone(),
-            source,
-        })?;
-    }
+    // Sockets and engine files; by default beside the first disk.
+    let state_dir = config
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("ballast-{}", config.node_id)));
+    std::fs::create_dir_all(&state_dir).map_err(|source| ServeError::Io {
+        path: state_dir.clone(),
+        source,
+    })?;
+    let exe = std::env::current_exe().map_err(|source| ServeError::Io {
+        path: PathBuf::from("/proc/self/exe"),
+        source,
+    })?;
     let socket = ballast::grpc::unix_path(&config.csi_endpoint)?;
     let controller = ballast::grpc::tcp_channel(&config.controller)?;
     let agent = tokio::net::TcpListener::bind(config.agent_listen)
@@ -70,7 +77,9 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
         csi_endpoint: format!("unix://{}", socket.display()),
         registered: registered.clone(),
         replicas: Some(replica_server.clone()),
+        engines: crate::agent::engines::Engines::new(&state_dir, exe),
     });
+    ctx.engines.adopt().await;
     let replica_task = tokio::spawn(replica_server.serve(replica_listener));
 
     let (stop_tx, stop_rx) = watch::channel(false);

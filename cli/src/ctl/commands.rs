@@ -97,6 +97,16 @@ pub enum VolumeCmd {
     Delete {
         name: String,
     },
+    /// Start the volume's engine on a node; prints its NBD endpoint.
+    Attach {
+        name: String,
+        #[arg(long)]
+        node: String,
+    },
+    /// Stop the volume's engine.
+    Detach {
+        name: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -420,6 +430,26 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                 c.call(Method::DELETE, &format!("/v1/volumes/{name}"), None)
                     .await?;
                 println!("volume {name} deleted");
+            }
+            VolumeCmd::Attach { name, node } => {
+                let v = c
+                    .call(
+                        Method::POST,
+                        &format!("/v1/volumes/{name}/attach"),
+                        Some(json!({"nodeId": node})),
+                    )
+                    .await?;
+                if json_out {
+                    print_json(&v);
+                } else {
+                    println!("{}", s(&v["status"]["frontendEndpoint"]));
+                }
+            }
+            VolumeCmd::Detach { name } => {
+                let v = c
+                    .call(Method::POST, &format!("/v1/volumes/{name}/detach"), None)
+                    .await?;
+                show(&v, &VOLUME_HEADER, volume_rows, false);
             }
         },
         Command::Replica(cmd) => match cmd {

@@ -32,11 +32,15 @@ impl Proc {
             .append(true)
             .open(&log)
             .unwrap();
+        use std::os::unix::process::CommandExt;
+        // Its own process group, so that Drop also stops what it started
+        // (a node's engine processes outlive the node by design).
         let child = Command::new(BALLAST)
             .args(args)
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
+            .process_group(0)
             .spawn()
             .unwrap();
         Proc { child, log }
@@ -69,6 +73,10 @@ impl Proc {
 
 impl Drop for Proc {
     fn drop(&mut self) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.pid()),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -217,6 +225,16 @@ pub fn node_is_up(n: &Value) -> bool {
                 && d.values()
                     .all(|d| d["ready"] == true && d["storageMaximum"].as_u64() > Some(0))
         })
+}
+
+/// Up, on a heartbeat received after `since` (not a status left over
+/// from before a restart).
+pub fn node_up_since(n: &Value, since: chrono::DateTime<chrono::Utc>) -> bool {
+    node_is_up(n)
+        && n["status"]["lastHeartbeat"]
+            .as_str()
+            .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
+            .is_some_and(|t| t > since)
 }
 
 /// Reasons of the events on `object`, oldest first.

@@ -30,7 +30,11 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ("get", "/metrics", "Prometheus metrics"),
     ("get", "/openapi.json", "This document"),
     ("get", "/v1/volumes", "List volumes"),
-    ("post", "/v1/volumes", "Create a volume record"),
+    (
+        "post",
+        "/v1/volumes",
+        "Create a volume: place its replicas and create them on their nodes",
+    ),
     (
         "get",
         "/v1/volumes/{name}",
@@ -44,7 +48,17 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     (
         "delete",
         "/v1/volumes/{name}",
-        "Delete a volume and its replicas",
+        "Delete a volume and its replicas' data",
+    ),
+    (
+        "post",
+        "/v1/volumes/{name}/attach",
+        "Start the volume's engine on {nodeId}; sets status.frontendEndpoint",
+    ),
+    (
+        "post",
+        "/v1/volumes/{name}/detach",
+        "Stop the volume's engine",
     ),
     (
         "get",
@@ -90,6 +104,14 @@ pub fn router(ctx: Arc<Context>) -> Router {
             get(volumes::get_one)
                 .patch(volumes::patch)
                 .delete(volumes::delete),
+        )
+        .route(
+            "/v1/volumes/{name}/attach",
+            axum::routing::post(volumes::attach),
+        )
+        .route(
+            "/v1/volumes/{name}/detach",
+            axum::routing::post(volumes::detach),
         )
         .route("/v1/replicas", get(objects::list_replicas))
         .route(

@@ -45,6 +45,13 @@ impl Api {
         (status, v)
     }
 
+    /// A volume record, built as the API builds it, stored without placing it.
+    fn seed_volume(&self, body: Value) -> ballast::model::Volume {
+        let req: crate::volumes::CreateVolume = serde_json::from_value(body).unwrap();
+        let v = crate::volumes::build(req, &self.ctx.settings().unwrap()).unwrap();
+        self.ctx.store.create(&v).unwrap()
+    }
+
     fn seed_node(&self, id: &str) {
         let node = Node {
             id: id.into(),
@@ -126,15 +133,8 @@ async fn settings_put_accepts_strings_booleans_and_numbers() {
     assert_eq!(get("default-replica-count"), "2");
     assert_eq!(api.ctx.settings().unwrap().default_replica_count(), 2);
     // A later volume follows the new default.
-    let (s, v) = api
-        .call(
-            "POST",
-            "/v1/volumes",
-            Some(json!({"name": "v1", "size": "1Gi"})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{v}");
-    assert_eq!(v["spec"]["numberOfReplicas"], 2);
+    let v = api.seed_volume(json!({"name": "v1", "size": "1Gi"}));
+    assert_eq!(v.spec.number_of_replicas, 2);
 }
 
 #[tokio::test]
@@ -253,19 +253,11 @@ async fn disk_patch_takes_quantities_and_404s_unknown_disks() {
 }
 
 #[tokio::test]
-async fn volume_records_create_get_patch_delete() {
+async fn volume_records_get_patch_delete() {
     let api = Api::new();
-    let (s, v) = api
-        .call(
-            "POST",
-            "/v1/volumes",
-            Some(json!({"name": "v1", "size": "1Gi", "numberOfReplicas": 3, "dataLocality": "best-effort"})),
-        )
-        .await;
-    assert_eq!(s, StatusCode::CREATED, "{v}");
-    assert_eq!(v["spec"]["size"], 1u64 << 30);
-    assert_eq!(v["status"]["robustness"], "unknown");
-
+    api.seed_volume(
+        json!({"name": "v1", "size": "1Gi", "numberOfReplicas": 3, "dataLocality": "best-effort"}),
+    );
     let (s, _) = api
         .call(
             "POST",
@@ -277,6 +269,8 @@ async fn volume_records_create_get_patch_delete() {
 
     let (s, v) = api.call("GET", "/v1/volumes/v1", None).await;
     assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["spec"]["size"], 1u64 << 30);
+    assert_eq!(v["status"]["robustness"], "unknown");
     assert_eq!(v["status"]["replicas"], json!([]));
 
     let (s, v) = api
@@ -307,6 +301,58 @@ async fn volume_records_create_get_patch_delete() {
     assert_eq!(s, StatusCode::NOT_FOUND);
     let (s, _) = api.call("DELETE", "/v1/volumes/v1", None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn creating_a_volume_that_cannot_be_placed_is_422_with_the_planners_reasons() {
+    let api = Api::new();
+    seed_ready_node(&api, "node-1", "z1");
+    let (s, v) = api
+        .call(
+            "POST",
+            "/v1/volumes",
+            Some(json!({"name": "big", "size": "1Gi", "numberOfReplicas": 2})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["code"], "unprocessable");
+    let msg = v["error"].as_str().unwrap();
+    assert!(
+        msg.contains("cannot place 2 replicas")
+            && msg.contains("replica-soft-anti-affinity is false"),
+        "{msg}"
+    );
+    let (_, list) = api.call("GET", "/v1/volumes", None).await;
+    assert_eq!(list["items"], json!([]), "nothing is left behind");
+}
+
+#[tokio::test]
+async fn attach_to_an_unknown_node_is_400_and_unknown_volumes_404() {
+    let api = Api::new();
+    api.seed_volume(json!({"name": "v1", "size": "1Gi"}));
+    let (s, v) = api
+        .call(
+            "POST",
+            "/v1/volumes/v1/attach",
+            Some(json!({"nodeId": "node-9"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("nodeId:"));
+    let (s, _) = api
+        .call(
+            "POST",
+            "/v1/volumes/nope/attach",
+            Some(json!({"nodeId": "node-1"})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (s, v) = api.call("POST", "/v1/volumes/v1/detach", None).await;
+    assert_eq!(
+        s,
+        StatusCode::OK,
+        "detaching a detached volume is a no-op: {v}"
+    );
 }
 
 #[tokio::test]
@@ -381,6 +427,23 @@ async fn healthz_metrics_and_openapi() {
             "{method} {path} missing"
         );
     }
+    // Every route in the table is served: none answers "no such path".
+    for (method, path, _) in super::ROUTES {
+        let concrete = path
+            .replace("{name}", "x")
+            .replace("{id}", "x")
+            .replace("{diskId}", "x");
+        let (_, v) = api
+            .call(&method.to_uppercase(), &concrete, Some(json!({})))
+            .await;
+        assert!(
+            !v["error"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("no such path"),
+            "{method} {path} is not routed"
+        );
+    }
 }
 
 fn seed_ready_node(api: &Api, id: &str, zone: &str) {
@@ -415,18 +478,8 @@ async fn plan_is_a_dry_run_with_reasons() {
     for (id, zone) in [("node-1", "z1"), ("node-2", "z2"), ("node-3", "z3")] {
         seed_ready_node(&api, id, zone);
     }
-    api.call(
-        "POST",
-        "/v1/volumes",
-        Some(json!({"name": "v1", "size": "1Gi"})),
-    )
-    .await;
-    api.call(
-        "POST",
-        "/v1/volumes",
-        Some(json!({"name": "v2", "size": "1Gi", "numberOfReplicas": 4})),
-    )
-    .await;
+    api.seed_volume(json!({"name": "v1", "size": "1Gi"}));
+    api.seed_volume(json!({"name": "v2", "size": "1Gi", "numberOfReplicas": 4}));
     let (s, v) = api.call("GET", "/v1/plan?volume=v1", None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let creates: Vec<&Value> = v["actions"]

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use ballast::model::{Kind, Replica, Volume};
+use ballast::model::{Replica, Volume};
 use ballast::store::StoreExt;
 use serde_json::{Value, json};
 
@@ -45,24 +45,41 @@ pub async fn get_one(
     Ok(Json(with_replicas(&ctx, &volume)?))
 }
 
+/// Places the replicas with the planner and creates them on their nodes;
+/// 422 with the planner's reasons when they do not fit.
 #[tracing::instrument(skip_all, fields(volume = %req.name))]
 pub async fn create(
     State(ctx): State<Arc<Context>>,
     Body(req): Body<CreateVolume>,
 ) -> Result<(StatusCode, Json<Volume>), Error> {
     let volume = volumes::build(req, &ctx.settings()?)?;
-    let created = ctx.store.create(&volume)?;
-    ctx.event(
-        Kind::Volume,
-        &created.name,
-        "VolumeCreated",
-        format!(
-            "volume of {} with {} replica(s)",
-            ballast::quantity::format_size(created.spec.size),
-            created.spec.number_of_replicas
-        ),
-    );
+    let created = crate::executor::create(&ctx, volume).await?;
     Ok((StatusCode::CREATED, Json(created)))
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AttachVolume {
+    node_id: String,
+}
+
+#[tracing::instrument(skip_all, fields(volume = %name))]
+pub async fn attach(
+    State(ctx): State<Arc<Context>>,
+    Path(name): Path<String>,
+    Body(req): Body<AttachVolume>,
+) -> Result<Json<Volume>, Error> {
+    Ok(Json(
+        crate::executor::attach(&ctx, &name, &req.node_id).await?,
+    ))
+}
+
+#[tracing::instrument(skip_all, fields(volume = %name))]
+pub async fn detach(
+    State(ctx): State<Arc<Context>>,
+    Path(name): Path<String>,
+) -> Result<Json<Volume>, Error> {
+    Ok(Json(crate::executor::detach(&ctx, &name).await?))
 }
 
 #[tracing::instrument(skip_all, fields(volume = %name))]
@@ -83,18 +100,6 @@ pub async fn delete(
     State(ctx): State<Arc<Context>>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, Error> {
-    let volume: Volume = ctx.store.fetch(&name)?;
-    if let Some(node) = &volume.status.attached_node {
-        return Err(Error::Conflict(format!(
-            "volume {name:?} is attached to {node}; detach it first"
-        )));
-    }
-    for r in ctx.store.list::<Replica>()? {
-        if r.spec.volume == name {
-            ctx.store.delete::<Replica>(&r.name, None)?;
-        }
-    }
-    ctx.store.delete::<Volume>(&name, None)?;
-    ctx.event(Kind::Volume, &name, "VolumeDeleted", "volume deleted");
+    crate::executor::delete(&ctx, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

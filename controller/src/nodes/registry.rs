@@ -175,6 +175,90 @@ impl Controlplane for ControlplaneService {
                 "heartbeats resumed; node is ready",
             );
         }
+        for engine in &req.engines {
+            if let Err(e) = record_engine(ctx, &req.node_id, engine) {
+                tracing::warn!(volume = %engine.volume, error = %e, "cannot record engine status");
+            }
+        }
         Ok(Response::new(HeartbeatResponse { known: true }))
     }
+}
+
+/// Records what an engine reports: its replicas' modes, and the volume's
+/// robustness (and when it became degraded). Writes only changes.
+fn record_engine(
+    ctx: &Context,
+    node: &str,
+    e: &ballast::proto::agent::v1::EngineStatus,
+) -> Result<(), Error> {
+    use ballast::model::{ReplicaMode, Robustness, Volume};
+    let Some(volume) = ctx.store.get::<Volume>(&e.volume)? else {
+        return Ok(());
+    };
+    if volume.status.attached_node.as_deref() != Some(node) || e.replicas.is_empty() {
+        return Ok(());
+    }
+    let now = chrono::Utc::now();
+    let mut rw = 0u32;
+    for r in &e.replicas {
+        let Ok(mode) = r.mode.parse::<ReplicaMode>() else {
+            continue;
+        };
+        if mode == ReplicaMode::Rw {
+            rw += 1;
+        }
+        if ctx.store.get::<ballast::model::Replica>(&r.name)?.is_none() {
+            continue;
+        }
+        ctx.store
+            .modify::<ballast::model::Replica, Error>(&r.name, |rep| {
+                let running = e.running && mode != ReplicaMode::Err;
+                if rep.status.mode == Some(mode) && rep.status.running == running {
+                    return Ok(false);
+                }
+                rep.status.mode = Some(mode);
+                rep.status.running = running;
+                match mode {
+                    ReplicaMode::Rw if rep.spec.healthy_at.is_none() => {
+                        rep.spec.healthy_at = Some(now)
+                    }
+                    ReplicaMode::Err if rep.spec.failed_at.is_none() => {
+                        rep.spec.failed_at = Some(now)
+                    }
+                    _ => {}
+                }
+                Ok(true)
+            })?;
+    }
+    let robustness = if rw >= volume.spec.number_of_replicas {
+        Robustness::Healthy
+    } else if rw > 0 {
+        Robustness::Degraded
+    } else {
+        Robustness::Faulted
+    };
+    let mut changed_to = None;
+    ctx.store.modify::<Volume, Error>(&e.volume, |v| {
+        if v.status.robustness == robustness {
+            return Ok(false);
+        }
+        if robustness == Robustness::Degraded {
+            v.status.last_degraded_at = Some(now);
+        }
+        v.status.robustness = robustness;
+        changed_to = Some(robustness);
+        Ok(true)
+    })?;
+    if let Some(r) = changed_to {
+        ctx.event(
+            Kind::Volume,
+            &e.volume,
+            "VolumeRobustness",
+            format!(
+                "now {r}: {rw} of {} replicas rw",
+                volume.spec.number_of_replicas
+            ),
+        );
+    }
+    Ok(())
 }

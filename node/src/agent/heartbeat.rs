@@ -59,6 +59,7 @@ pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Channel) {
             node_id: ctx.node_id.clone(),
             disks: ctx.disk_status(),
             replicas: super::server::scan(&ctx),
+            engines: ctx.engines.list().await,
         };
         match client.heartbeat(req).await {
             Ok(resp) if resp.get_ref().known => {}

@@ -1,6 +1,7 @@
 //! The node agent: the client that registers with the controller and
 //! heartbeats, and the `NodeAgent` gRPC server the controller calls.
 
+pub mod engines;
 mod heartbeat;
 mod server;
 

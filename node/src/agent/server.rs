@@ -3,8 +3,9 @@ use std::sync::Arc;
 use ballast::proto::agent::v1::node_agent_server::NodeAgent;
 use ballast::proto::agent::v1::{
     CreateReplicaRequest, CreateReplicaResponse, DeleteReplicaRequest, DeleteReplicaResponse,
-    GetNodeStatusRequest, GetNodeStatusResponse, ListReplicasRequest, ListReplicasResponse,
-    ReplicaStatus,
+    GetNodeStatusRequest, GetNodeStatusResponse, ListEnginesRequest, ListEnginesResponse,
+    ListReplicasRequest, ListReplicasResponse, ReplicaStatus, StartEngineRequest,
+    StartEngineResponse, StopEngineRequest, StopEngineResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -151,6 +152,35 @@ impl NodeAgent for NodeAgentService {
     ) -> Result<Response<ListReplicasResponse>, Status> {
         Ok(Response::new(ListReplicasResponse {
             replicas: scan(&self.ctx),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, volume = %request.get_ref().volume))]
+    async fn start_engine(
+        &self,
+        request: Request<StartEngineRequest>,
+    ) -> Result<Response<StartEngineResponse>, Status> {
+        let engine = self.ctx.engines.start(request.into_inner()).await?;
+        Ok(Response::new(StartEngineResponse {
+            engine: Some(engine),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, volume = %request.get_ref().volume))]
+    async fn stop_engine(
+        &self,
+        request: Request<StopEngineRequest>,
+    ) -> Result<Response<StopEngineResponse>, Status> {
+        self.ctx.engines.stop(&request.into_inner().volume).await?;
+        Ok(Response::new(StopEngineResponse {}))
+    }
+
+    async fn list_engines(
+        &self,
+        _request: Request<ListEnginesRequest>,
+    ) -> Result<Response<ListEnginesResponse>, Status> {
+        Ok(Response::new(ListEnginesResponse {
+            engines: self.ctx.engines.list().await,
         }))
     }
 }

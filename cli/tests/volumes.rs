@@ -1,0 +1,219 @@
+//! Volumes for real, through the REST API: placed by the planner, created
+//! on the nodes, attached (an engine process serving NBD), used by qemu-io,
+//! degraded by a lost node, detached and deleted with their data.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use nix::sys::signal::Signal;
+use serde_json::{Value, json};
+
+fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = reqwest::Client::new();
+        let mut r = c
+            .request(method.parse().unwrap(), url)
+            .timeout(Duration::from_secs(60));
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    })
+}
+
+fn qemu_io(target: &str, cmds: &[&str]) -> (bool, String) {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    let out = c
+        .arg(target)
+        .output()
+        .expect("qemu-io (package qemu-utils) is installed");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success() && !text.contains("failed"), text)
+}
+
+#[test]
+fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = start_controller(dir.path(), "3s");
+    let agent = format!("http://{}", ctl.agent);
+    let mut nodes: Vec<NodeProc> = (1..=3)
+        .map(|i| start_node(dir.path(), &format!("node-{i}"), &agent))
+        .collect();
+    for n in &nodes {
+        wait_for(Duration::from_secs(30), "node ready", || {
+            node(&ctl.api, &n.id).filter(node_is_up)
+        });
+    }
+    let api = &ctl.api;
+    // The disks are directories on this machine's filesystem, whatever its
+    // free space: do not let the 25% free minimum decide the test.
+    let (s, _) = call(
+        "PUT",
+        &format!("{api}/v1/settings/storage-minimal-available-percentage"),
+        Some(json!({"value": 0})),
+    );
+    assert_eq!(s, 200);
+
+    // More replicas than nodes (hard node anti-affinity): 422 with reasons.
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes"),
+        Some(json!({"name": "big", "size": "1Gi", "numberOfReplicas": 4})),
+    );
+    assert_eq!(s, 422, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("replica-soft-anti-affinity is false"),
+        "{v}"
+    );
+
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes"),
+        Some(json!({"name": "v1", "size": "1Gi", "numberOfReplicas": 3})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (_, v) = call("GET", &format!("{api}/v1/volumes/v1"), None);
+    let reps = v["status"]["replicas"].as_array().unwrap().clone();
+    let mut on: Vec<String> = reps
+        .iter()
+        .map(|r| r["nodeId"].as_str().unwrap().to_string())
+        .collect();
+    on.sort();
+    assert_eq!(on, ["node-1", "node-2", "node-3"], "one replica per node");
+    for r in &reps {
+        let d = dir
+            .path()
+            .join(r["nodeId"].as_str().unwrap())
+            .join("disk-1/replicas")
+            .join(r["name"].as_str().unwrap());
+        assert!(
+            d.join("meta.json").exists(),
+            "{} exists on its disk",
+            d.display()
+        );
+    }
+
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes/v1/attach"),
+        Some(json!({"nodeId": "node-1"})),
+    );
+    assert_eq!(s, 200, "{v}");
+    let endpoint = v["status"]["frontendEndpoint"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(endpoint.starts_with("nbd+unix:///v1?socket="), "{endpoint}");
+    let (s, _) = call(
+        "POST",
+        &format!("{api}/v1/volumes/v1/attach"),
+        Some(json!({"nodeId": "node-2"})),
+    );
+    assert_eq!(s, 409, "attached elsewhere");
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes/v1/attach"),
+        Some(json!({"nodeId": "node-1"})),
+    );
+    assert_eq!(
+        (s, v["status"]["frontendEndpoint"].as_str()),
+        (200, Some(endpoint.as_str())),
+        "attach is idempotent"
+    );
+    let (s, _) = call("DELETE", &format!("{api}/v1/volumes/v1"), None);
+    assert_eq!(s, 409, "an attached volume is not deleted");
+
+    let (ok, out) = qemu_io(
+        &endpoint,
+        &[
+            "write -P 0xab 0 64k",
+            "write -P 0xcd 512M 1M",
+            "write -P 0xef 1073737728 4k",
+        ],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = qemu_io(
+        &endpoint,
+        &[
+            "read -P 0xab 0 64k",
+            "read -P 0xcd 512M 1M",
+            "read -P 0xef 1073737728 4k",
+        ],
+    );
+    assert!(ok, "{out}");
+    wait_for(Duration::from_secs(30), "robustness healthy", || {
+        call("GET", &format!("{api}/v1/volumes/v1"), None).1["status"]["robustness"]
+            .as_str()
+            .filter(|r| *r == "healthy")
+            .map(drop)
+    });
+
+    // Lose node-3 while the volume is in use.
+    nodes[2].proc.signal(Signal::SIGKILL);
+    nodes[2].proc.wait_exit(Duration::from_secs(5)).unwrap();
+    let (ok, out) = qemu_io(&endpoint, &["write -P 0x12 4M 1M", "flush"]);
+    assert!(ok, "writes go on: {out}");
+    wait_for(Duration::from_secs(30), "robustness degraded", || {
+        call("GET", &format!("{api}/v1/volumes/v1"), None).1["status"]["robustness"]
+            .as_str()
+            .filter(|r| *r == "degraded")
+            .map(drop)
+    });
+    let (_, v) = call("GET", &format!("{api}/v1/volumes/v1"), None);
+    assert!(v["status"]["lastDegradedAt"].is_string());
+    let (ok, out) = qemu_io(
+        &endpoint,
+        &[
+            "read -P 0xab 0 64k",
+            "read -P 0x12 4M 1M",
+            "read -P 0xcd 512M 1M",
+        ],
+    );
+    assert!(ok, "every acknowledged write reads back: {out}");
+
+    let (s, v) = call("POST", &format!("{api}/v1/volumes/v1/detach"), None);
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["status"]["state"], "detached");
+    assert!(v["status"]["frontendEndpoint"].is_null());
+
+    // node-3 back, then delete: every replica's data goes.
+    let restarted = chrono::Utc::now();
+    let again = Proc::spawn(&nodes[2].args, dir.path().join("node-3.again.log"));
+    wait_for(Duration::from_secs(30), "node-3 ready again", || {
+        node(api, "node-3").filter(|n| node_up_since(n, restarted))
+    });
+    let (s, v) = call("DELETE", &format!("{api}/v1/volumes/v1"), None);
+    assert_eq!(s, 204, "{v}");
+    for r in &reps {
+        let d = dir
+            .path()
+            .join(r["nodeId"].as_str().unwrap())
+            .join("disk-1/replicas")
+            .join(r["name"].as_str().unwrap());
+        assert!(!d.exists(), "{} removed", d.display());
+    }
+    let (_, list) = call("GET", &format!("{api}/v1/replicas?volume=v1"), None);
+    assert_eq!(list["items"], json!([]));
+    drop(again);
+}

@@ -1,0 +1,47 @@
+//! The executor: carries out decisions through the node agents. It writes
+//! its intent to the store before calling a node (a volume `creating`, a
+//! replica record before the replica), and rolls back what it started when
+//! a step fails. It decides nothing: placement comes from the planner.
+//!
+//! This release carries out the volume lifecycle (create, attach, detach,
+//! delete); the reconcile loop that carries out every planner action comes
+//! next.
+
+mod volume;
+
+use std::time::Duration;
+
+use ballast::model::Node;
+use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
+use tonic::transport::Channel;
+
+use crate::error::Error;
+
+pub use volume::{attach, create, delete, detach};
+
+/// A client of a node's agent.
+pub fn agent(node: &Node) -> Result<NodeAgentClient<Channel>, Error> {
+    if node.status.agent_endpoint.is_empty() {
+        return Err(Error::Unprocessable(format!(
+            "node {} has not registered an agent endpoint",
+            node.id
+        )));
+    }
+    let ch = ballast::grpc::tcp_channel(&node.status.agent_endpoint)
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(NodeAgentClient::new(ch))
+}
+
+/// How long one agent call may take.
+pub const AGENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Maps a failed agent call to a controller error naming the node.
+pub fn agent_error(node: &str, s: tonic::Status) -> Error {
+    let msg = format!("node {node}: {}", s.message());
+    match s.code() {
+        tonic::Code::InvalidArgument => Error::invalid("node", msg),
+        tonic::Code::AlreadyExists | tonic::Code::Aborted => Error::Conflict(msg),
+        tonic::Code::FailedPrecondition => Error::Unprocessable(msg),
+        _ => Error::Internal(msg),
+    }
+}

@@ -1,0 +1,299 @@
+use std::sync::Arc;
+
+use ballast::model::{
+    DesiredState, Kind, Node, Replica, ReplicaSpec, ReplicaStatus, Robustness, Volume, VolumeState,
+};
+use ballast::proto::agent::v1::{
+    CreateReplicaRequest, DeleteReplicaRequest, StartEngineRequest, StopEngineRequest,
+};
+use ballast::store::StoreExt;
+
+use super::{AGENT_TIMEOUT, agent, agent_error};
+use crate::context::Context;
+use crate::error::Error;
+use crate::{observe, planner};
+
+async fn with_timeout<T>(
+    node: &str,
+    f: impl std::future::Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(AGENT_TIMEOUT, f).await {
+        Ok(r) => r.map_err(|s| agent_error(node, s)),
+        Err(_) => Err(Error::Internal(format!(
+            "node {node}: no answer in {}s",
+            AGENT_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+fn replica_name(volume: &str) -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{volume}-r{}", &id[..8])
+}
+
+async fn delete_on_node(ctx: &Context, r: &Replica) -> Result<(), Error> {
+    let node: Node = ctx.store.fetch(&r.spec.node_id)?;
+    let mut c = agent(&node)?;
+    with_timeout(
+        &node.id,
+        c.delete_replica(DeleteReplicaRequest {
+            name: r.name.clone(),
+        }),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Places a new volume's replicas with the planner, records them, and
+/// creates them on their nodes. Nothing is left behind when a step fails.
+#[tracing::instrument(skip_all, fields(volume = %volume.name))]
+pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Error> {
+    let _guard = ctx.lock_volume(&volume.name)?;
+    if ctx.store.get::<Volume>(&volume.name)?.is_some() {
+        return Err(Error::AlreadyExists(format!(
+            "volume {:?} already exists",
+            volume.name
+        )));
+    }
+    let view = observe::cluster_view(ctx.store.as_ref())?;
+    let placements = planner::place_new(
+        &view,
+        &ctx.settings()?,
+        chrono::Utc::now(),
+        &observe::volume_view(&volume),
+    )
+    .map_err(|reasons| {
+        Error::Unprocessable(format!(
+            "cannot place {} replicas of {}: {}",
+            volume.spec.number_of_replicas,
+            volume.name,
+            reasons.join("; ")
+        ))
+    })?;
+    volume.status.state = VolumeState::Creating;
+    let mut volume = ctx.store.create(&volume)?;
+    let mut made: Vec<Replica> = Vec::new();
+    let mut failure = None;
+    for p in placements {
+        let name = replica_name(&volume.name);
+        let record = Replica {
+            name: name.clone(),
+            resource_version: 0,
+            spec: ReplicaSpec {
+                volume: volume.name.clone(),
+                node_id: p.node.clone(),
+                disk_id: p.disk.clone(),
+                data_directory: format!("replicas/{name}"),
+                desired_state: DesiredState::Running,
+                eviction_requested: false,
+                rebuild_retry_count: 0,
+                failed_at: None,
+                healthy_at: None,
+            },
+            status: ReplicaStatus::default(),
+        };
+        // Intent first: the record exists before the replica does.
+        let record = match ctx.store.create(&record) {
+            Ok(r) => r,
+            Err(e) => {
+                failure = Some(e.into());
+                break;
+            }
+        };
+        made.push(record.clone());
+        let created = async {
+            let node: Node = ctx.store.fetch(&p.node)?;
+            let mut c = agent(&node)?;
+            with_timeout(
+                &node.id,
+                c.create_replica(CreateReplicaRequest {
+                    name: name.clone(),
+                    volume: volume.name.clone(),
+                    disk_id: p.disk.clone(),
+                    size: volume.spec.size,
+                }),
+            )
+            .await
+        }
+        .await;
+        if let Err(e) = created {
+            failure = Some(e);
+            break;
+        }
+    }
+    if let Some(e) = failure {
+        for r in &made {
+            let _ = delete_on_node(ctx, r).await;
+            let _ = ctx.store.delete::<Replica>(&r.name, None);
+        }
+        let _ = ctx.store.delete::<Volume>(&volume.name, None);
+        return Err(e);
+    }
+    volume = ctx.store.modify::<Volume, Error>(&volume.name, |v| {
+        v.status.state = VolumeState::Detached;
+        Ok(true)
+    })?;
+    ctx.event(
+        Kind::Volume,
+        &volume.name,
+        "VolumeCreated",
+        format!(
+            "{} replicas of {} on {}",
+            made.len(),
+            ballast::quantity::format_size(volume.spec.size),
+            made.iter()
+                .map(|r| format!("{}/{}", r.spec.node_id, r.spec.disk_id))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    );
+    Ok(volume)
+}
+
+/// Deletes a detached volume: its replicas' data on their nodes, then the
+/// records. A replica whose node cannot delete it keeps its record, so the
+/// call can be repeated.
+#[tracing::instrument(skip_all, fields(volume = %name))]
+pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
+    let _guard = ctx.lock_volume(name)?;
+    let volume: Volume = ctx.store.fetch(name)?;
+    if let Some(node) = &volume.status.attached_node {
+        return Err(Error::Conflict(format!(
+            "volume {name:?} is attached to {node}; detach it first"
+        )));
+    }
+    let mut failed = Vec::new();
+    for r in ctx
+        .store
+        .list::<Replica>()?
+        .into_iter()
+        .filter(|r| r.spec.volume == name)
+    {
+        match delete_on_node(ctx, &r).await {
+            Ok(()) => ctx.store.delete::<Replica>(&r.name, None)?,
+            Err(e) => failed.push(format!("{}: {e}", r.name)),
+        }
+    }
+    if !failed.is_empty() {
+        return Err(Error::Internal(format!(
+            "could not delete every replica of {name}: {}",
+            failed.join("; ")
+        )));
+    }
+    ctx.store.delete::<Volume>(name, None)?;
+    ctx.event(
+        Kind::Volume,
+        name,
+        "VolumeDeleted",
+        "volume and its replicas' data deleted",
+    );
+    Ok(())
+}
+
+/// Starts the volume's engine on `node_id` and records its endpoint.
+#[tracing::instrument(skip_all, fields(volume = %name, node = %node_id))]
+pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Volume, Error> {
+    let _guard = ctx.lock_volume(name)?;
+    let volume: Volume = ctx.store.fetch(name)?;
+    match &volume.status.attached_node {
+        Some(n) if n == node_id => return Ok(volume),
+        Some(n) => {
+            return Err(Error::Conflict(format!(
+                "volume {name:?} is attached to {n}; detach it first"
+            )));
+        }
+        None => {}
+    }
+    let node: Node = ctx
+        .store
+        .get(node_id)?
+        .ok_or_else(|| Error::invalid("nodeId", format!("no node {node_id:?}")))?;
+    if !node.status.ready {
+        return Err(Error::Unprocessable(format!("node {node_id} is not ready")));
+    }
+    let nodes: Vec<Node> = ctx.store.list()?;
+    let replicas: Vec<Replica> = ctx
+        .store
+        .list::<Replica>()?
+        .into_iter()
+        .filter(|r| r.spec.volume == name)
+        .collect();
+    let mut specs = Vec::new();
+    for r in &replicas {
+        if let Some(n) = nodes.iter().find(|n| {
+            n.id == r.spec.node_id && n.status.ready && !n.status.replica_endpoint.is_empty()
+        }) {
+            specs.push(format!("{}@{}", r.name, n.status.replica_endpoint));
+        }
+    }
+    if specs.is_empty() {
+        return Err(Error::Unprocessable(format!(
+            "no replica of {name} is on a ready node"
+        )));
+    }
+    let local = replicas
+        .iter()
+        .find(|r| r.spec.node_id == node_id)
+        .map(|r| r.name.clone())
+        .unwrap_or_default();
+    let mut c = agent(&node)?;
+    let started = with_timeout(
+        node_id,
+        c.start_engine(StartEngineRequest {
+            volume: name.to_string(),
+            size: volume.spec.size,
+            replicas: specs,
+            local,
+        }),
+    )
+    .await?
+    .into_inner();
+    let endpoint = started.engine.map(|e| e.endpoint).unwrap_or_default();
+    let volume = ctx.store.modify::<Volume, Error>(name, |v| {
+        v.status.attached_node = Some(node_id.to_string());
+        v.status.frontend_endpoint = Some(endpoint.clone());
+        v.status.state = VolumeState::Attached;
+        Ok(true)
+    })?;
+    ctx.event(
+        Kind::Volume,
+        name,
+        "VolumeAttached",
+        format!("attached to {node_id}: {endpoint}"),
+    );
+    Ok(volume)
+}
+
+/// Stops the volume's engine.
+#[tracing::instrument(skip_all, fields(volume = %name))]
+pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
+    let _guard = ctx.lock_volume(name)?;
+    let volume: Volume = ctx.store.fetch(name)?;
+    let Some(node_id) = volume.status.attached_node.clone() else {
+        return Ok(volume);
+    };
+    if let Some(node) = ctx.store.get::<Node>(&node_id)? {
+        let mut c = agent(&node)?;
+        with_timeout(
+            &node_id,
+            c.stop_engine(StopEngineRequest {
+                volume: name.to_string(),
+            }),
+        )
+        .await?;
+    }
+    let volume = ctx.store.modify::<Volume, Error>(name, |v| {
+        v.status.attached_node = None;
+        v.status.frontend_endpoint = None;
+        v.status.state = VolumeState::Detached;
+        v.status.robustness = Robustness::Unknown;
+        Ok(true)
+    })?;
+    ctx.event(
+        Kind::Volume,
+        name,
+        "VolumeDetached",
+        format!("detached from {node_id}"),
+    );
+    Ok(volume)
+}

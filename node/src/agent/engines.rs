@@ -1,0 +1,266 @@
+//! The engine processes of the volumes attached to this node. Each engine
+//! runs as `ballast engine` in its own process, so that restarting the node
+//! plugin never interrupts a volume; the node plugin re-adopts running
+//! engines (by their pid files) when it starts.
+//!
+//! Files per volume, in `<state-dir>/frontends/`: `<volume>.sock` (NBD),
+//! `<volume>.pid`, `<volume>.status.json` (written by the engine).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ballast::proto::agent::v1::{EngineReplica, EngineStatus, StartEngineRequest};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::sync::Mutex;
+
+use crate::error::Error;
+
+#[derive(Clone, Debug)]
+struct Running {
+    pid: i32,
+    spec: StartEngineRequest,
+}
+
+pub struct Engines {
+    dir: PathBuf,
+    exe: PathBuf,
+    running: Mutex<BTreeMap<String, Running>>,
+}
+
+fn alive(pid: i32) -> bool {
+    kill(Pid::from_raw(pid), None).is_ok()
+}
+
+impl Engines {
+    /// `state_dir/frontends` holds the sockets; `exe` is the ballast binary.
+    pub fn new(state_dir: &Path, exe: PathBuf) -> Self {
+        Engines {
+            dir: state_dir.join("frontends"),
+            exe,
+            running: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn socket(&self, volume: &str) -> PathBuf {
+        self.dir.join(format!("{volume}.sock"))
+    }
+
+    fn pid_file(&self, volume: &str) -> PathBuf {
+        self.dir.join(format!("{volume}.pid"))
+    }
+
+    fn status_file(&self, volume: &str) -> PathBuf {
+        self.dir.join(format!("{volume}.status.json"))
+    }
+
+    pub fn endpoint(&self, volume: &str) -> String {
+        format!(
+            "nbd+unix:///{volume}?socket={}",
+            self.socket(volume).display()
+        )
+    }
+
+    /// Re-adopts engines that outlived a previous node plugin.
+    pub async fn adopt(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut running = self.running.lock().await;
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(volume) = name.strip_suffix(".pid") else {
+                continue;
+            };
+            let Ok(text) = std::fs::read_to_string(e.path()) else {
+                continue;
+            };
+            let mut lines = text.lines();
+            let (Some(pid), Some(spec)) = (
+                lines.next().and_then(|p| p.parse::<i32>().ok()),
+                lines.next(),
+            ) else {
+                continue;
+            };
+            let Ok(spec) = serde_json::from_str::<serde_json::Value>(spec) else {
+                continue;
+            };
+            if alive(pid) && self.socket(volume).exists() {
+                tracing::info!(volume, pid, "re-adopted a running engine");
+                let spec = StartEngineRequest {
+                    volume: volume.to_string(),
+                    size: spec["size"].as_u64().unwrap_or(0),
+                    replicas: spec["replicas"]
+                        .as_array()
+                        .map(|a| {
+                            a.iter()
+                                .filter_map(|r| r.as_str().map(str::to_string))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    local: spec["local"].as_str().unwrap_or_default().to_string(),
+                };
+                running.insert(volume.to_string(), Running { pid, spec });
+            }
+        }
+    }
+
+    /// Starts the engine of a volume, or returns the one already running
+    /// with the same replicas.
+    #[tracing::instrument(skip_all, fields(volume = %spec.volume))]
+    pub async fn start(&self, spec: StartEngineRequest) -> Result<EngineStatus, Error> {
+        let invalid = |field: &str, m: String| Error::Invalid {
+            field: field.into(),
+            message: m,
+        };
+        ballast::model::validate_name(&spec.volume).map_err(|m| invalid("volume", m))?;
+        if spec.replicas.is_empty() {
+            return Err(invalid("replicas", "at least one replica is needed".into()));
+        }
+        let mut running = self.running.lock().await;
+        if let Some(r) = running.get(&spec.volume) {
+            if alive(r.pid) {
+                if r.spec.replicas == spec.replicas && r.spec.size == spec.size {
+                    return Ok(self.status(&spec.volume, true));
+                }
+                return Err(invalid(
+                    "replicas",
+                    format!(
+                        "an engine of {} already runs with other replicas",
+                        spec.volume
+                    ),
+                ));
+            }
+            running.remove(&spec.volume);
+        }
+        std::fs::create_dir_all(&self.dir).map_err(|e| Error::disk(&self.dir, e.to_string()))?;
+        let socket = self.socket(&spec.volume);
+        let _ = std::fs::remove_file(&socket);
+        let _ = std::fs::remove_file(self.status_file(&spec.volume));
+        let log = self.dir.join(format!("{}.log", spec.volume));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .map_err(|e| Error::disk(&log, e.to_string()))?;
+        let err = out
+            .try_clone()
+            .map_err(|e| Error::disk(&log, e.to_string()))?;
+        let mut cmd = std::process::Command::new(&self.exe);
+        cmd.arg("engine")
+            .args(["--volume", &spec.volume, "--size", &spec.size.to_string()])
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--status-file")
+            .arg(self.status_file(&spec.volume));
+        for r in &spec.replicas {
+            cmd.args(["--replica", r]);
+        }
+        if !spec.local.is_empty() {
+            cmd.args(["--local", &spec.local]);
+        }
+        let mut child = cmd
+            .stdin(std::process::Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| Error::Controller(format!("cannot start the engine: {e}")))?;
+        let pid = child.id() as i32;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !socket.exists() {
+            if let Ok(Some(status)) = child.try_wait() {
+                let tail = std::fs::read_to_string(&log).unwrap_or_default();
+                let last = tail
+                    .lines()
+                    .rev()
+                    .find(|l| !l.trim().is_empty())
+                    .unwrap_or_default()
+                    .to_string();
+                return Err(Error::Controller(format!(
+                    "the engine of {} exited ({status}): {last}",
+                    spec.volume
+                )));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                return Err(Error::Controller(format!(
+                    "the engine of {} did not come up",
+                    spec.volume
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The engine outlives this process; reap it in the background.
+        std::thread::spawn(move || {
+            let _ = child.wait();
+        });
+        let record =
+            serde_json::json!({"size": spec.size, "replicas": spec.replicas, "local": spec.local});
+        let _ = std::fs::write(self.pid_file(&spec.volume), format!("{pid}\n{record}\n"));
+        tracing::info!(pid, "engine started");
+        let volume = spec.volume.clone();
+        running.insert(volume.clone(), Running { pid, spec });
+        Ok(self.status(&volume, true))
+    }
+
+    /// Stops the engine of a volume (nothing to do when none runs).
+    #[tracing::instrument(skip_all, fields(volume = %volume))]
+    pub async fn stop(&self, volume: &str) -> Result<(), Error> {
+        let mut running = self.running.lock().await;
+        if let Some(r) = running.remove(volume) {
+            let pid = Pid::from_raw(r.pid);
+            let _ = kill(pid, Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while alive(r.pid) && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if alive(r.pid) {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+        }
+        for f in [
+            self.socket(volume),
+            self.pid_file(volume),
+            self.status_file(volume),
+        ] {
+            let _ = std::fs::remove_file(f);
+        }
+        Ok(())
+    }
+
+    fn status(&self, volume: &str, running: bool) -> EngineStatus {
+        let file: serde_json::Value = std::fs::read(self.status_file(volume))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let replicas = file["replicas"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|r| EngineReplica {
+                        name: r["name"].as_str().unwrap_or_default().to_string(),
+                        addr: r["addr"].as_str().unwrap_or_default().to_string(),
+                        mode: r["mode"].as_str().unwrap_or_default().to_string(),
+                        error: r["error"].as_str().unwrap_or_default().to_string(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        EngineStatus {
+            volume: volume.to_string(),
+            endpoint: self.endpoint(volume),
+            running,
+            replicas,
+        }
+    }
+
+    /// Every engine this node runs, with its replicas' modes.
+    pub async fn list(&self) -> Vec<EngineStatus> {
+        let running = self.running.lock().await;
+        running
+            .iter()
+            .map(|(v, r)| self.status(v, alive(r.pid)))
+            .collect()
+    }
+}
