@@ -1,0 +1,180 @@
+//! The engine's NBD endpoint against nbdkit's file plugin, in one run, on
+//! one disk: `qemu-img bench` at queue depth 16, 4k and 64k, read and
+//! write, through a unix socket. Prints each figure and the ratio.
+//!
+//! - Ballast, 1 replica: `ballast node` (replica server on loopback TCP)
+//!   and `ballast engine` serving NBD.
+//! - Ballast, 3 replicas: three node processes, writes to all three.
+//! - Peer: `nbdkit file` serving a file on the same disk.
+//!
+//! Needs qemu-img and nbdkit. Run: `cargo bench -p ballast-cli --bench nbd`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BALLAST: &str = env!("CARGO_BIN_EXE_ballast");
+const SIZE: u64 = 1 << 30;
+
+struct Kill(Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_for(path: &Path) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        assert!(Instant::now() < end, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn quiet(cmd: &mut Command) -> &mut Command {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+}
+
+/// A node process holding one replica of `volume`; returns NAME@ADDR.
+fn node_with_replica(dir: &Path, i: usize, volume: &str) -> (Kill, String) {
+    let disk = dir.join(format!("node-{i}/disk"));
+    std::fs::create_dir_all(&disk).unwrap();
+    let name = format!("{volume}-r{i}");
+    ballast_node::replica::Replica::create(
+        &ballast_node::replica::server::replica_dir(&disk, &name),
+        SIZE,
+    )
+    .unwrap();
+    let replica_port = free_port();
+    let child = quiet(
+        Command::new(BALLAST)
+            .args(["node", "--node-id", &format!("bench-{i}")])
+            .arg("--disk")
+            .arg(&disk)
+            .args([
+                "--controller",
+                "http://127.0.0.1:1",
+                "--csi-endpoint",
+                &format!("unix://{}", dir.join(format!("node-{i}.sock")).display()),
+                "--agent-listen",
+                &format!("127.0.0.1:{}", free_port()),
+                "--replica-listen",
+                &format!("127.0.0.1:{replica_port}"),
+            ]),
+    )
+    .spawn()
+    .unwrap();
+    wait_for(&dir.join(format!("node-{i}.sock")));
+    (Kill(child), format!("{name}@127.0.0.1:{replica_port}"))
+}
+
+fn engine(dir: &Path, volume: &str, replicas: &[String]) -> (Kill, PathBuf) {
+    let socket = dir.join(format!("{volume}.sock"));
+    let mut c = Command::new(BALLAST);
+    c.args(["engine", "--volume", volume, "--size", "1Gi"])
+        .arg("--socket")
+        .arg(&socket);
+    for r in replicas {
+        c.args(["--replica", r]);
+    }
+    c.args(["--local", replicas[0].split('@').next().unwrap()]);
+    let child = quiet(&mut c).spawn().unwrap();
+    wait_for(&socket);
+    (Kill(child), socket)
+}
+
+/// qemu-img bench; returns operations per second.
+fn bench(target: &str, size: &str, write: bool, count: u32) -> f64 {
+    let mut c = Command::new("qemu-img");
+    c.args([
+        "bench",
+        "-f",
+        "raw",
+        "-d",
+        "16",
+        "-s",
+        size,
+        "-c",
+        &count.to_string(),
+    ]);
+    if write {
+        c.arg("-w");
+    }
+    let start = Instant::now();
+    let out = c.arg(target).output().expect("qemu-img is installed");
+    let took = start.elapsed().as_secs_f64();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    f64::from(count) / took
+}
+
+fn main() {
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    // The peer: nbdkit's file plugin on a file of the same disk.
+    let file = dir.path().join("peer.img");
+    std::fs::File::create(&file).unwrap().set_len(SIZE).unwrap();
+    let peer_sock = dir.path().join("peer.sock");
+    let _peer = Kill(
+        quiet(
+            Command::new("nbdkit")
+                .args(["-f", "-U"])
+                .arg(&peer_sock)
+                .arg("file")
+                .arg(format!("file={}", file.display())),
+        )
+        .spawn()
+        .expect("nbdkit is installed"),
+    );
+    wait_for(&peer_sock);
+    let peer = format!("nbd+unix://?socket={}", peer_sock.display());
+
+    let (_n1, r1) = node_with_replica(dir.path(), 1, "one");
+    let (_e1, one_sock) = engine(dir.path(), "one", std::slice::from_ref(&r1));
+    let one = format!("nbd+unix:///one?socket={}", one_sock.display());
+
+    let mut three_replicas = Vec::new();
+    let mut keep = Vec::new();
+    for i in 2..=4 {
+        let (k, r) = node_with_replica(dir.path(), i, "three");
+        keep.push(k);
+        three_replicas.push(r);
+    }
+    let (_e3, three_sock) = engine(dir.path(), "three", &three_replicas);
+    let three = format!("nbd+unix:///three?socket={}", three_sock.display());
+
+    println!("qemu-img bench, QD16, unix socket, operations per second (median of 3)");
+    for (size, count) in [("4k", 40_000u32), ("64k", 8_000)] {
+        for write in [false, true] {
+            let kind = if write { "write" } else { "read" };
+            // Writes first fill the images, so reads read data.
+            let median = |t: &str| {
+                let mut v: Vec<f64> = (0..3).map(|_| bench(t, size, write, count)).collect();
+                v.sort_by(|a, b| a.total_cmp(b));
+                v[1]
+            };
+            let p = median(&peer);
+            let a = median(&one);
+            let b = median(&three);
+            println!(
+                "{size:>3} {kind:<5}  nbdkit file {p:>8.0}  ballast 1 replica {a:>8.0} ({:.2}x)  ballast 3 replicas {b:>8.0} ({:.2}x)",
+                a / p,
+                b / p
+            );
+        }
+    }
+}
