@@ -31,6 +31,19 @@ pub async fn run(a: EngineArgs) -> Result<(), String> {
             }
         });
     }
+    let _fuse = match &a.fuse_dir {
+        Some(dir) => {
+            if let Err(e) = ballast_node::frontend::blockdev::set_io_flusher() {
+                tracing::warn!(error = %e, "cannot mark the engine an I/O flusher");
+            }
+            let rt = tokio::runtime::Handle::current();
+            let m = ballast_node::frontend::blockdev::mount(engine.clone(), rt, dir)
+                .map_err(|e| format!("FUSE mount at {}: {e}", dir.display()))?;
+            tracing::info!(file = %m.file().display(), "serving the block-device file");
+            Some(m)
+        }
+        None => None,
+    };
     let socket = a.socket.clone();
     let served = tokio::select! {
         r = ballast_node::frontend::nbd::serve_unix(engine, &socket) => r.map_err(|e| format!("{}: {e}", socket.display())),

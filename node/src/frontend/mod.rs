@@ -1,5 +1,6 @@
 //! How an engine is exposed: an NBD server on a unix socket (any NBD
-//! client can use it: qemu-io, qemu-img, nbd-client). The kernel block
-//! device on top of it (FUSE file + loop device) comes next.
+//! client can use it: qemu-io, qemu-img, nbd-client), and a kernel block
+//! device (a FUSE file with a loop device on it).
 
+pub mod blockdev;
 pub mod nbd;
