@@ -177,3 +177,38 @@ async fn bad_frames_get_an_error_reply_or_a_closed_connection_and_the_server_sta
     let c = ReplicaClient::connect(&addr, "v1-r1").await.unwrap();
     c.write(0, &[1u8; 512], 1, false).await.unwrap();
 }
+
+#[tokio::test]
+async fn calls_after_the_connection_dies_fail_at_once_and_never_hang() {
+    // A server that answers OPEN, then closes the connection.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = [0u8; ballast_node::replica::protocol::REQUEST_HEADER];
+        s.read_exact(&mut head).await.unwrap();
+        let req = Request::decode(&head).unwrap();
+        let mut name = vec![0u8; req.len as usize];
+        s.read_exact(&mut name).await.unwrap();
+        s.write_all(
+            &Response {
+                status: status::OK,
+                id: req.id,
+                len: 0,
+            }
+            .encode(),
+        )
+        .await
+        .unwrap();
+        drop(s);
+    });
+    let c = ReplicaClient::connect(&addr, "x").await.unwrap();
+    for _ in 0..5 {
+        let r = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            c.write(0, &[0u8; 512], 1, false),
+        )
+        .await;
+        assert!(matches!(r, Ok(Err(ClientError::Closed { .. }))), "{r:?}");
+    }
+}

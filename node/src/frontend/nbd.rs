@@ -61,6 +61,8 @@ const ENOSPC: u32 = 28;
 
 /// Largest READ or WRITE we serve.
 pub const MAX_REQUEST: u32 = 32 << 20;
+/// Socket buffers: a 64 KiB request or reply and its header fit.
+const IO_BUFFER: usize = 256 * 1024;
 /// Largest option payload we read during the handshake.
 const MAX_OPTION: u32 = 4096;
 
@@ -213,11 +215,21 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     if !handshake(&mut stream, &engine).await? {
         return Ok(());
     }
-    let (mut rd, mut wr) = tokio::io::split(stream);
+    let (rd, wr) = tokio::io::split(stream);
+    let mut rd = tokio::io::BufReader::with_capacity(IO_BUFFER, rd);
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(256);
     let writer = tokio::spawn(async move {
-        while let Some(b) = rx.recv().await {
-            if wr.write_all(&b).await.is_err() {
+        // Replies queued together leave in one write.
+        let mut wr = tokio::io::BufWriter::with_capacity(IO_BUFFER, wr);
+        'out: while let Some(first) = rx.recv().await {
+            let mut next = Some(first);
+            while let Some(b) = next {
+                if wr.write_all(&b).await.is_err() {
+                    break 'out;
+                }
+                next = rx.try_recv().ok();
+            }
+            if wr.flush().await.is_err() {
                 break;
             }
         }

@@ -3,12 +3,11 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::sync::{Mutex, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::protocol::{Op, RESPONSE_HEADER, Request, Response, status};
 
@@ -26,9 +25,27 @@ pub enum ClientError {
 
 type Pending = Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>, ClientError>>>>>;
 
+/// Marks the connection closed, then fails every request still waiting.
+/// (A request registered after this sees the flag and fails at once.)
+fn close_all(closed: &AtomicBool, pending: &Pending, addr: &str, reason: &str) {
+    closed.store(true, Ordering::SeqCst);
+    if let Ok(mut m) = pending.lock() {
+        for (_, w) in m.drain() {
+            let _ = w.send(Err(ClientError::Closed {
+                addr: addr.to_string(),
+                reason: reason.to_string(),
+            }));
+        }
+    }
+}
+
 pub struct ReplicaClient {
     addr: String,
-    writer: Mutex<OwnedWriteHalf>,
+    /// Frames to send, in order; one task writes them, batching what queues.
+    outbox: mpsc::Sender<Vec<u8>>,
+    writer: tokio::task::JoinHandle<()>,
+    /// Set once the connection is gone.
+    closed: Arc<AtomicBool>,
     pending: Pending,
     next: AtomicU64,
     reader: tokio::task::JoinHandle<()>,
@@ -37,6 +54,7 @@ pub struct ReplicaClient {
 impl Drop for ReplicaClient {
     fn drop(&mut self) {
         self.reader.abort();
+        self.writer.abort();
     }
 }
 
@@ -53,10 +71,30 @@ impl ReplicaClient {
                 .map_err(|_| closed("connect timed out".into()))?
                 .map_err(|e| closed(e.to_string()))?;
         let _ = stream.set_nodelay(true);
-        let (mut rd, wr) = stream.into_split();
+        let (rd, wr) = stream.into_split();
+        let mut rd = tokio::io::BufReader::with_capacity(super::server::IO_BUFFER, rd);
+        let (outbox, mut frames) = mpsc::channel::<Vec<u8>>(256);
         let pending: Pending = Arc::default();
-        let p = pending.clone();
-        let a = addr.to_string();
+        let closed = Arc::new(AtomicBool::new(false));
+        let (wp, wa, wc) = (pending.clone(), addr.to_string(), closed.clone());
+        let writer = tokio::spawn(async move {
+            let mut wr = tokio::io::BufWriter::with_capacity(super::server::IO_BUFFER, wr);
+            while let Some(first) = frames.recv().await {
+                let mut next = Some(first);
+                while let Some(frame) = next {
+                    if let Err(e) = wr.write_all(&frame).await {
+                        close_all(&wc, &wp, &wa, &e.to_string());
+                        return;
+                    }
+                    next = frames.try_recv().ok();
+                }
+                if let Err(e) = wr.flush().await {
+                    close_all(&wc, &wp, &wa, &e.to_string());
+                    return;
+                }
+            }
+        });
+        let (p, a, c) = (pending.clone(), addr.to_string(), closed.clone());
         let reader = tokio::spawn(async move {
             let reason = loop {
                 let mut head = [0u8; RESPONSE_HEADER];
@@ -85,19 +123,13 @@ impl ReplicaClient {
                     let _ = w.send(result);
                 }
             };
-            // Fail everything still waiting.
-            if let Ok(mut m) = p.lock() {
-                for (_, w) in m.drain() {
-                    let _ = w.send(Err(ClientError::Closed {
-                        addr: a.clone(),
-                        reason: reason.clone(),
-                    }));
-                }
-            }
+            close_all(&c, &p, &a, &reason);
         });
         let client = ReplicaClient {
             addr: addr.to_string(),
-            writer: Mutex::new(wr),
+            outbox,
+            writer,
+            closed,
             pending,
             next: AtomicU64::new(1),
             reader,
@@ -149,6 +181,12 @@ impl ReplicaClient {
             .lock()
             .map_err(|_| closed("poisoned".into()))?
             .insert(id, tx);
+        if self.closed.load(Ordering::SeqCst) {
+            if let Ok(mut m) = self.pending.lock() {
+                m.remove(&id);
+            }
+            return Err(closed("connection closed".into()));
+        }
         let head = Request {
             op,
             flags,
@@ -158,22 +196,14 @@ impl ReplicaClient {
             revision,
         }
         .encode();
-        {
-            let mut w = self.writer.lock().await;
-            let sent = async {
-                w.write_all(&head).await?;
-                if !payload.is_empty() {
-                    w.write_all(payload).await?;
-                }
-                Ok::<_, std::io::Error>(())
+        let mut frame = Vec::with_capacity(head.len() + payload.len());
+        frame.extend_from_slice(&head);
+        frame.extend_from_slice(payload);
+        if self.outbox.send(frame).await.is_err() {
+            if let Ok(mut m) = self.pending.lock() {
+                m.remove(&id);
             }
-            .await;
-            if let Err(e) = sent {
-                if let Ok(mut m) = self.pending.lock() {
-                    m.remove(&id);
-                }
-                return Err(closed(e.to_string()));
-            }
+            return Err(closed("writer stopped".into()));
         }
         let addr = self.addr.clone();
         Ok(async move {

@@ -16,6 +16,9 @@ use super::{META_FILE, Replica, ReplicaError};
 
 type Shared = Arc<RwLock<Replica>>;
 
+/// Socket buffers: large enough for a 64 KiB request or reply and its header.
+pub const IO_BUFFER: usize = 256 * 1024;
+
 /// Serves every replica found under `<disk>/replicas/` of its disks.
 pub struct ReplicaServer {
     disks: Vec<PathBuf>,
@@ -96,14 +99,24 @@ impl ReplicaServer {
     }
 
     async fn connection(self: Arc<Self>, stream: TcpStream) -> std::io::Result<()> {
-        let (mut rd, mut wr) = stream.into_split();
+        let (rd, wr) = stream.into_split();
+        let mut rd = tokio::io::BufReader::with_capacity(IO_BUFFER, rd);
         let (tx, mut rx) = mpsc::channel::<(Response, Vec<u8>)>(256);
         let writer = tokio::spawn(async move {
-            while let Some((resp, body)) = rx.recv().await {
-                let mut frame = resp.encode().to_vec();
-                frame.extend_from_slice(&body);
-                if wr.write_all(&frame).await.is_err() {
-                    break;
+            // Replies queued together leave in one write.
+            let mut wr = tokio::io::BufWriter::with_capacity(IO_BUFFER, wr);
+            while let Some(first) = rx.recv().await {
+                let mut next = Some(first);
+                while let Some((resp, body)) = next {
+                    if wr.write_all(&resp.encode()).await.is_err()
+                        || wr.write_all(&body).await.is_err()
+                    {
+                        return;
+                    }
+                    next = rx.try_recv().ok();
+                }
+                if wr.flush().await.is_err() {
+                    return;
                 }
             }
         });
