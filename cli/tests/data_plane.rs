@@ -120,30 +120,6 @@ fn uri(volume: &str, socket: &Path) -> String {
     format!("nbd+unix:///{volume}?socket={}", socket.display())
 }
 
-/// Runs qemu-io with commands; returns (success, output).
-fn qemu_io(target: &str, cmds: &[&str]) -> (bool, String) {
-    let mut c = Command::new("qemu-io");
-    c.args(["-f", "raw"]);
-    for cmd in cmds {
-        c.args(["-c", cmd]);
-    }
-    let out = c
-        .arg(target)
-        .output()
-        .expect("qemu-io (package qemu-utils) is installed");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (
-        out.status.success()
-            && !text.contains("Pattern verification failed")
-            && !text.contains("error"),
-        text,
-    )
-}
-
 const WRITES: [&str; 4] = [
     "write -P 0xab 0 64k",
     "write -P 0xcd 512M 1M",

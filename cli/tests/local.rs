@@ -236,18 +236,8 @@ fn round_trip(dir: &std::path::Path, api: &str) {
         "read -P 0x44 7k 3k",
     ];
     let qemu_io = |target: &str, cmds: &[&str]| {
-        let mut c = Command::new("qemu-io");
-        c.args(["-f", "raw"]);
-        for cmd in cmds {
-            c.args(["-c", cmd]);
-        }
-        let out = c.arg(target).output().expect("qemu-io is installed");
-        assert!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (ok, out) = qemu_io(target, cmds);
+        assert!(ok, "{out}");
     };
     qemu_io(&endpoint, &writes);
     qemu_io(&endpoint, &reads);

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -29,24 +28,6 @@ fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
         let text = resp.text().await.unwrap();
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
     })
-}
-
-fn qemu_io(target: &str, cmds: &[&str]) -> (bool, String) {
-    let mut c = Command::new("qemu-io");
-    c.args(["-f", "raw"]);
-    for cmd in cmds {
-        c.args(["-c", cmd]);
-    }
-    let out = c
-        .arg(target)
-        .output()
-        .expect("qemu-io (package qemu-utils) is installed");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success() && !text.contains("failed"), text)
 }
 
 #[test]

@@ -328,6 +328,24 @@ fn event_rows(list: &[Value]) -> Vec<Vec<String>> {
 
 const EVENT_HEADER: [&str; 4] = ["TIME", "OBJECT", "REASON", "MESSAGE"];
 
+/// Adds the optional volume fields given on the command line to `body`.
+fn volume_options(
+    body: &mut Value,
+    replicas: Option<u32>,
+    data_locality: Option<String>,
+    auto_balance: Option<String>,
+) {
+    if let Some(r) = replicas {
+        body["numberOfReplicas"] = json!(r);
+    }
+    if let Some(d) = data_locality {
+        body["dataLocality"] = json!(d);
+    }
+    if let Some(a) = auto_balance {
+        body["replicaAutoBalance"] = json!(a);
+    }
+}
+
 fn on_off_patch(field: &str, state: OnOff) -> Value {
     json!({ field: state.yes() })
 }
@@ -387,15 +405,7 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
             } => {
                 let bytes = parse_size(&sz).map_err(|e| CtlError::Usage(format!("--size: {e}")))?;
                 let mut body = json!({ "name": name, "size": bytes });
-                if let Some(r) = replicas {
-                    body["numberOfReplicas"] = json!(r);
-                }
-                if let Some(d) = data_locality {
-                    body["dataLocality"] = json!(d);
-                }
-                if let Some(a) = auto_balance {
-                    body["replicaAutoBalance"] = json!(a);
-                }
+                volume_options(&mut body, replicas, data_locality, auto_balance);
                 let v = c.call(Method::POST, "/v1/volumes", Some(body)).await?;
                 show(&v, &VOLUME_HEADER, volume_rows, false);
             }
@@ -406,15 +416,7 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                 auto_balance,
             } => {
                 let mut body = json!({});
-                if let Some(r) = replicas {
-                    body["numberOfReplicas"] = json!(r);
-                }
-                if let Some(d) = data_locality {
-                    body["dataLocality"] = json!(d);
-                }
-                if let Some(a) = auto_balance {
-                    body["replicaAutoBalance"] = json!(a);
-                }
+                volume_options(&mut body, replicas, data_locality, auto_balance);
                 if body.as_object().is_some_and(Map::is_empty) {
                     return Err(CtlError::Usage(
                         "nothing to update: give --replicas, --data-locality or --auto-balance"

@@ -261,3 +261,26 @@ pub fn ballastctl(api: &str, args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// Runs qemu-io on `target` with commands; returns (success, output).
+/// Success means exit 0 and no failed command or pattern mismatch.
+pub fn qemu_io(target: &str, cmds: &[&str]) -> (bool, String) {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for cmd in cmds {
+        c.args(["-c", cmd]);
+    }
+    let out = c
+        .arg(target)
+        .output()
+        .expect("qemu-io (package qemu-utils) is installed");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ok = out.status.success()
+        && !text.contains("Pattern verification failed")
+        && !text.contains("failed");
+    (ok, text)
+}
