@@ -10,6 +10,11 @@ pub enum Error {
     Invalid { field: String, message: String },
     #[error("controller: {0}")]
     Controller(String),
+    #[error("{0}")]
+    AlreadyExists(String),
+    /// A failure of this node (its files, its processes).
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl Error {
@@ -28,6 +33,8 @@ impl From<Error> for tonic::Status {
             Error::Invalid { .. } => tonic::Status::invalid_argument(msg),
             Error::Disk { .. } => tonic::Status::failed_precondition(msg),
             Error::Controller(_) => tonic::Status::unavailable(msg),
+            Error::AlreadyExists(_) => tonic::Status::already_exists(msg),
+            Error::Internal(_) => tonic::Status::internal(msg),
         }
     }
 }

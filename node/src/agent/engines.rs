@@ -165,7 +165,7 @@ impl Engines {
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(|e| Error::Controller(format!("cannot start the engine: {e}")))?;
+            .map_err(|e| Error::Internal(format!("cannot start the engine: {e}")))?;
         let pid = child.id() as i32;
         let deadline = Instant::now() + Duration::from_secs(20);
         while !socket.exists() {
@@ -177,14 +177,14 @@ impl Engines {
                     .find(|l| !l.trim().is_empty())
                     .unwrap_or_default()
                     .to_string();
-                return Err(Error::Controller(format!(
+                return Err(Error::Internal(format!(
                     "the engine of {} exited ({status}): {last}",
                     spec.volume
                 )));
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                return Err(Error::Controller(format!(
+                return Err(Error::Internal(format!(
                     "the engine of {} did not come up",
                     spec.volume
                 )));

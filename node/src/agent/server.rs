@@ -94,12 +94,13 @@ impl NodeAgent for NodeAgentService {
         let dir = replica_dir(&disk.path, &req.name);
         if dir.join(META_FILE).exists() {
             // Idempotent: the same replica again is fine, another size is not.
-            let meta = Meta::read(&dir).map_err(|e| Status::internal(e.to_string()))?;
+            let meta = Meta::read(&dir).map_err(|e| Error::Internal(e.to_string()))?;
             if meta.size != req.size || meta.volume != req.volume {
-                return Err(Status::already_exists(format!(
+                return Err(Error::AlreadyExists(format!(
                     "replica {} exists with another volume or size",
                     req.name
-                )));
+                ))
+                .into());
             }
             return Ok(Response::new(CreateReplicaResponse {
                 replica: Some(status_of(&req.name, &disk.id, &meta)),
@@ -109,16 +110,16 @@ impl NodeAgent for NodeAgentService {
         let created =
             tokio::task::spawn_blocking(move || Replica::create_for(&dir2, &volume, size))
                 .await
-                .map_err(|e| Status::internal(e.to_string()))?;
+                .map_err(|e| Error::Internal(e.to_string()))?;
         match created {
             Ok(_) => {
-                let meta = Meta::read(&dir).map_err(|e| Status::internal(e.to_string()))?;
+                let meta = Meta::read(&dir).map_err(|e| Error::Internal(e.to_string()))?;
                 Ok(Response::new(CreateReplicaResponse {
                     replica: Some(status_of(&req.name, &disk.id, &meta)),
                 }))
             }
             Err(crate::replica::ReplicaError::Invalid(m)) => Err(invalid("size", m).into()),
-            Err(e) => Err(Status::internal(e.to_string())),
+            Err(e) => Err(Error::Internal(e.to_string()).into()),
         }
     }
 
@@ -139,7 +140,7 @@ impl NodeAgent for NodeAgentService {
                     server.close(&name);
                 }
                 std::fs::remove_dir_all(&dir)
-                    .map_err(|e| Status::internal(format!("{}: {e}", dir.display())))?;
+                    .map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
             }
         }
         // Deleting what is not there succeeds: the call is idempotent.
