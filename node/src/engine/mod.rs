@@ -218,6 +218,8 @@ impl Engine {
                 }
                 let n = (len - pos).min(MAX_DATA);
                 match c.read(offset + u64::from(pos), n).await {
+                    // One chunk (the usual case) is returned as it came.
+                    Ok(b) if n == len => out = b,
                     Ok(b) => out.extend_from_slice(&b),
                     Err(e) => break Err(e),
                 }

@@ -199,13 +199,16 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-fn simple_reply(error: u32, handle: u64, data: Vec<u8>) -> Vec<u8> {
-    let mut b = Vec::with_capacity(16 + data.len());
-    b.extend_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
-    b.extend_from_slice(&error.to_be_bytes());
-    b.extend_from_slice(&handle.to_be_bytes());
-    b.extend(data);
-    b
+/// A simple reply: its header, and the data that follows it (kept apart so
+/// that the data is not copied to sit behind the header).
+type Reply = ([u8; 16], Vec<u8>);
+
+fn simple_reply(error: u32, handle: u64, data: Vec<u8>) -> Reply {
+    let mut h = [0u8; 16];
+    h[..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
+    h[4..8].copy_from_slice(&error.to_be_bytes());
+    h[8..].copy_from_slice(&handle.to_be_bytes());
+    (h, data)
 }
 
 async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
@@ -217,14 +220,14 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     }
     let (rd, wr) = tokio::io::split(stream);
     let mut rd = tokio::io::BufReader::with_capacity(IO_BUFFER, rd);
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(256);
+    let (tx, mut rx) = mpsc::channel::<Reply>(256);
     let writer = tokio::spawn(async move {
         // Replies queued together leave in one write.
         let mut wr = tokio::io::BufWriter::with_capacity(IO_BUFFER, wr);
         'out: while let Some(first) = rx.recv().await {
             let mut next = Some(first);
-            while let Some(b) = next {
-                if wr.write_all(&b).await.is_err() {
+            while let Some((head, data)) = next {
+                if wr.write_all(&head).await.is_err() || wr.write_all(&data).await.is_err() {
                     break 'out;
                 }
                 next = rx.try_recv().ok();
