@@ -8,8 +8,6 @@ pub enum Error {
     Disk { path: PathBuf, message: String },
     #[error("invalid {field}: {message}")]
     Invalid { field: String, message: String },
-    #[error("controller: {0}")]
-    Controller(String),
     #[error("{0}")]
     AlreadyExists(String),
     /// A failure of this node (its files, its processes).
@@ -32,7 +30,6 @@ impl From<Error> for tonic::Status {
         match e {
             Error::Invalid { .. } => tonic::Status::invalid_argument(msg),
             Error::Disk { .. } => tonic::Status::failed_precondition(msg),
-            Error::Controller(_) => tonic::Status::unavailable(msg),
             Error::AlreadyExists(_) => tonic::Status::already_exists(msg),
             Error::Internal(_) => tonic::Status::internal(msg),
         }

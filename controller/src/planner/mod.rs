@@ -65,8 +65,7 @@ pub fn place_new(
     now: DateTime<Utc>,
     volume: &VolumeView,
 ) -> Result<Vec<schedule::Placement>, Vec<String>> {
-    let pass = Pass::new(view, settings, now);
-    let mut pass = pass;
+    let mut pass = Pass::new(view, settings, now);
     let mut peers = Vec::new();
     let mut out = Vec::new();
     for _ in 0..volume.number_of_replicas {

@@ -203,6 +203,11 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
 /// that the data is not copied to sit behind the header).
 type Reply = ([u8; 16], Vec<u8>);
 
+/// The reply to a command that returns no data.
+fn done_reply(r: Result<(), EngineError>, handle: u64) -> Reply {
+    simple_reply(r.err().map(|e| errno(&e)).unwrap_or(0), handle, Vec::new())
+}
+
 fn simple_reply(error: u32, handle: u64, data: Vec<u8>) -> Reply {
     let mut h = [0u8; 16];
     h[..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
@@ -277,18 +282,9 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 }
                 let (e, tx) = (engine.clone(), tx.clone());
                 inflight.spawn(async move {
-                    let r = e.write(offset, &data, fua).await.and(if fua {
-                        e.flush().await
-                    } else {
-                        Ok(())
-                    });
-                    let _ = tx
-                        .send(simple_reply(
-                            r.err().map(|x| errno(&x)).unwrap_or(0),
-                            handle,
-                            Vec::new(),
-                        ))
-                        .await;
+                    // With FUA each replica syncs the write before answering.
+                    let r = e.write(offset, &data, fua).await;
+                    let _ = tx.send(done_reply(r, handle)).await;
                 });
             }
             CMD_READ => {
@@ -309,13 +305,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 let (e, tx) = (engine.clone(), tx.clone());
                 inflight.spawn(async move {
                     let r = e.flush().await;
-                    let _ = tx
-                        .send(simple_reply(
-                            r.err().map(|x| errno(&x)).unwrap_or(0),
-                            handle,
-                            Vec::new(),
-                        ))
-                        .await;
+                    let _ = tx.send(done_reply(r, handle)).await;
                 });
             }
             CMD_TRIM | CMD_WRITE_ZEROES => {
@@ -331,13 +321,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                     } else {
                         Ok(())
                     });
-                    let _ = tx
-                        .send(simple_reply(
-                            r.err().map(|x| errno(&x)).unwrap_or(0),
-                            handle,
-                            Vec::new(),
-                        ))
-                        .await;
+                    let _ = tx.send(done_reply(r, handle)).await;
                 });
             }
             _ => {
