@@ -147,6 +147,9 @@ pub struct EngineArgs {
     /// Where to write the engine's status (JSON) every second.
     #[arg(long, env = "BALLAST_STATUS_FILE")]
     pub status_file: Option<PathBuf>,
+    /// The control socket the node agent uses to add and remove replicas.
+    #[arg(long, env = "BALLAST_CONTROL_SOCKET")]
+    pub control_socket: Option<PathBuf>,
     /// Also serve the volume as the file `<DIR>/volume` on a FUSE mount,
     /// for a loop device (the kernel block device NodeStage mounts).
     #[arg(long, env = "BALLAST_FUSE_DIR")]

@@ -31,6 +31,17 @@ pub async fn run(a: EngineArgs) -> Result<(), String> {
             }
         });
     }
+    let _control = match a.control_socket.clone() {
+        Some(path) => {
+            let e = engine.clone();
+            Some(tokio::spawn(async move {
+                if let Err(err) = ballast_node::engine::control::serve(e, &path).await {
+                    tracing::error!(socket = %path.display(), error = %err, "control socket failed");
+                }
+            }))
+        }
+        None => None,
+    };
     let _fuse = match &a.fuse_dir {
         Some(dir) => {
             if let Err(e) = ballast_node::frontend::blockdev::set_io_flusher() {
@@ -50,5 +61,8 @@ pub async fn run(a: EngineArgs) -> Result<(), String> {
         _ = ballast::grpc::shutdown_signal() => Ok(()),
     };
     let _ = std::fs::remove_file(&socket);
+    if let Some(path) = &a.control_socket {
+        let _ = std::fs::remove_file(path);
+    }
     served
 }

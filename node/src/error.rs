@@ -10,6 +10,11 @@ pub enum Error {
     Invalid { field: String, message: String },
     #[error("{0}")]
     AlreadyExists(String),
+    /// The object is busy with another operation; try again later.
+    #[error("{0}")]
+    Busy(String),
+    #[error("{0}")]
+    NotFound(String),
     /// A failure of this node (its files, its processes).
     #[error("{0}")]
     Internal(String),
@@ -31,6 +36,8 @@ impl From<Error> for tonic::Status {
             Error::Invalid { .. } => tonic::Status::invalid_argument(msg),
             Error::Disk { .. } => tonic::Status::failed_precondition(msg),
             Error::AlreadyExists(_) => tonic::Status::already_exists(msg),
+            Error::Busy(_) => tonic::Status::aborted(msg),
+            Error::NotFound(_) => tonic::Status::not_found(msg),
             Error::Internal(_) => tonic::Status::internal(msg),
         }
     }

@@ -15,5 +15,6 @@ pub mod engine;
 pub mod error;
 pub mod frontend;
 pub mod replica;
+pub mod sync;
 
 pub use daemon::{NodeConfig, run};

@@ -15,6 +15,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::Mutex;
 
+use crate::engine::control::{self, ControlRequest};
 use crate::error::Error;
 
 #[derive(Clone, Debug)]
@@ -49,6 +50,10 @@ impl Engines {
 
     fn pid_file(&self, volume: &str) -> PathBuf {
         self.dir.join(format!("{volume}.pid"))
+    }
+
+    fn control(&self, volume: &str) -> PathBuf {
+        self.dir.join(format!("{volume}.ctl"))
     }
 
     fn status_file(&self, volume: &str) -> PathBuf {
@@ -153,7 +158,9 @@ impl Engines {
             .arg("--socket")
             .arg(&socket)
             .arg("--status-file")
-            .arg(self.status_file(&spec.volume));
+            .arg(self.status_file(&spec.volume))
+            .arg("--control-socket")
+            .arg(self.control(&spec.volume));
         for r in &spec.replicas {
             cmd.args(["--replica", r]);
         }
@@ -195,13 +202,80 @@ impl Engines {
         std::thread::spawn(move || {
             let _ = child.wait();
         });
-        let record =
-            serde_json::json!({"size": spec.size, "replicas": spec.replicas, "local": spec.local});
-        let _ = std::fs::write(self.pid_file(&spec.volume), format!("{pid}\n{record}\n"));
+        self.record(pid, &spec);
         tracing::info!(pid, "engine started");
         let volume = spec.volume.clone();
         running.insert(volume.clone(), Running { pid, spec });
         Ok(self.status(&volume, true))
+    }
+
+    /// Writes the pid file: the pid and the engine's replicas.
+    fn record(&self, pid: i32, spec: &StartEngineRequest) {
+        let record =
+            serde_json::json!({"size": spec.size, "replicas": spec.replicas, "local": spec.local});
+        let _ = std::fs::write(self.pid_file(&spec.volume), format!("{pid}\n{record}\n"));
+    }
+
+    /// Asks the running engine of `volume` to add `replica` (`NAME@ADDR`)
+    /// and rebuild it from `source` (or a replica it picks).
+    #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]
+    pub async fn add_replica(
+        &self,
+        volume: &str,
+        replica: &str,
+        source: Option<String>,
+    ) -> Result<(), Error> {
+        let at: crate::engine::ReplicaAddr = replica.parse().map_err(|m| Error::Invalid {
+            field: "replica".into(),
+            message: m,
+        })?;
+        let mut running = self.running.lock().await;
+        let r = running
+            .get_mut(volume)
+            .filter(|r| alive(r.pid))
+            .ok_or_else(|| Error::NotFound(format!("no engine of {volume} runs on this node")))?;
+        let req = ControlRequest::Add {
+            replica: replica.to_string(),
+            source,
+        };
+        control::call(&self.control(volume), &req)
+            .await
+            .map_err(|e| {
+                if e.contains("already running") {
+                    Error::Busy(e)
+                } else {
+                    Error::Internal(e)
+                }
+            })?;
+        r.spec
+            .replicas
+            .retain(|x| !x.starts_with(&format!("{}@", at.name)));
+        r.spec.replicas.push(replica.to_string());
+        let (pid, spec) = (r.pid, r.spec.clone());
+        self.record(pid, &spec);
+        Ok(())
+    }
+
+    /// Takes `replica` (a name) out of the running engine of `volume`; no
+    /// engine, nothing to do.
+    #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]
+    pub async fn remove_replica(&self, volume: &str, replica: &str) -> Result<(), Error> {
+        let mut running = self.running.lock().await;
+        let Some(r) = running.get_mut(volume).filter(|r| alive(r.pid)) else {
+            return Ok(());
+        };
+        let req = ControlRequest::Remove {
+            replica: replica.to_string(),
+        };
+        control::call(&self.control(volume), &req)
+            .await
+            .map_err(Error::Internal)?;
+        r.spec
+            .replicas
+            .retain(|x| !x.starts_with(&format!("{replica}@")));
+        let (pid, spec) = (r.pid, r.spec.clone());
+        self.record(pid, &spec);
+        Ok(())
     }
 
     /// Stops the engine of a volume (nothing to do when none runs).
@@ -221,6 +295,7 @@ impl Engines {
         }
         for f in [
             self.socket(volume),
+            self.control(volume),
             self.pid_file(volume),
             self.status_file(volume),
         ] {
@@ -238,11 +313,21 @@ impl Engines {
             .as_array()
             .map(|a| {
                 a.iter()
-                    .map(|r| EngineReplica {
-                        name: r["name"].as_str().unwrap_or_default().to_string(),
-                        addr: r["addr"].as_str().unwrap_or_default().to_string(),
-                        mode: r["mode"].as_str().unwrap_or_default().to_string(),
-                        error: r["error"].as_str().unwrap_or_default().to_string(),
+                    .map(|r| {
+                        let text =
+                            |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+                        let rb = &r["rebuild"];
+                        EngineReplica {
+                            name: text(&r["name"]),
+                            addr: text(&r["addr"]),
+                            mode: text(&r["mode"]),
+                            error: text(&r["error"]),
+                            rebuild_source: text(&rb["source"]),
+                            kept_bytes: rb["keptBytes"].as_u64().unwrap_or(0),
+                            copied_bytes: rb["copiedBytes"].as_u64().unwrap_or(0),
+                            copy_path: text(&rb["path"]),
+                            rebuild_done: rb["done"].as_bool().unwrap_or(false),
+                        }
                     })
                     .collect()
             })

@@ -3,6 +3,7 @@
 
 pub mod engines;
 mod heartbeat;
+mod rebuild;
 mod server;
 
 pub use heartbeat::run_heartbeats;

@@ -2,10 +2,12 @@ use std::sync::Arc;
 
 use ballast::proto::agent::v1::node_agent_server::NodeAgent;
 use ballast::proto::agent::v1::{
-    CreateReplicaRequest, CreateReplicaResponse, DeleteReplicaRequest, DeleteReplicaResponse,
-    GetNodeStatusRequest, GetNodeStatusResponse, ListEnginesRequest, ListEnginesResponse,
-    ListReplicasRequest, ListReplicasResponse, ReplicaStatus, StartEngineRequest,
-    StartEngineResponse, StopEngineRequest, StopEngineResponse,
+    AddEngineReplicaRequest, AddEngineReplicaResponse, CreateReplicaRequest, CreateReplicaResponse,
+    DeleteReplicaRequest, DeleteReplicaResponse, GetNodeStatusRequest, GetNodeStatusResponse,
+    ListEnginesRequest, ListEnginesResponse, ListReplicasRequest, ListReplicasResponse,
+    RebuildReplicaRequest, RebuildReplicaResponse, RemoveEngineReplicaRequest,
+    RemoveEngineReplicaResponse, ReplicaStatus, StartEngineRequest, StartEngineResponse,
+    StopEngineRequest, StopEngineResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -28,6 +30,7 @@ impl NodeAgentService {
 
 fn status_of(name: &str, disk_id: &str, meta: &Meta) -> ReplicaStatus {
     ReplicaStatus {
+        pending_layers: meta.pending.len() as u32,
         name: name.to_string(),
         volume: meta.volume.clone(),
         disk_id: disk_id.to_string(),
@@ -35,6 +38,7 @@ fn status_of(name: &str, disk_id: &str, meta: &Meta) -> ReplicaStatus {
         mode: String::new(),
         running: false,
         size: meta.size,
+        ..Default::default()
     }
 }
 
@@ -48,7 +52,13 @@ pub fn scan(ctx: &NodeContext) -> Vec<ReplicaStatus> {
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if let Ok(meta) = Meta::read(&e.path()) {
-                out.push(status_of(&name, &d.id, &meta));
+                let mut st = status_of(&name, &d.id, &meta);
+                if let Some((done, total)) =
+                    ctx.replicas.as_ref().and_then(|s| s.fill_progress(&name))
+                {
+                    (st.rebuild_done, st.rebuild_total) = (done, total);
+                }
+                out.push(st);
             }
         }
     }
@@ -174,6 +184,48 @@ impl NodeAgent for NodeAgentService {
     ) -> Result<Response<StopEngineResponse>, Status> {
         self.ctx.engines.stop(&request.into_inner().volume).await?;
         Ok(Response::new(StopEngineResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, volume = %request.get_ref().volume, replica = %request.get_ref().replica))]
+    async fn add_engine_replica(
+        &self,
+        request: Request<AddEngineReplicaRequest>,
+    ) -> Result<Response<AddEngineReplicaResponse>, Status> {
+        let req = request.into_inner();
+        let source = (!req.source.is_empty()).then_some(req.source);
+        self.ctx
+            .engines
+            .add_replica(&req.volume, &req.replica, source)
+            .await?;
+        Ok(Response::new(AddEngineReplicaResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, volume = %request.get_ref().volume, replica = %request.get_ref().replica))]
+    async fn remove_engine_replica(
+        &self,
+        request: Request<RemoveEngineReplicaRequest>,
+    ) -> Result<Response<RemoveEngineReplicaResponse>, Status> {
+        let req = request.into_inner();
+        self.ctx
+            .engines
+            .remove_replica(&req.volume, &req.replica)
+            .await?;
+        Ok(Response::new(RemoveEngineReplicaResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, replica = %request.get_ref().name, source = %request.get_ref().source))]
+    async fn rebuild_replica(
+        &self,
+        request: Request<RebuildReplicaRequest>,
+    ) -> Result<Response<RebuildReplicaResponse>, Status> {
+        let req = request.into_inner();
+        let server = self
+            .ctx
+            .replicas
+            .clone()
+            .ok_or_else(|| Error::Internal("this node serves no replicas".into()))?;
+        let done = super::rebuild::offline(&server, &req.name, &req.source).await?;
+        Ok(Response::new(done))
     }
 
     async fn list_engines(

@@ -17,8 +17,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ballast::model::ReplicaMode;
 use tokio::sync::{Mutex, RwLock};
 
+use crate::replica::BLOCK;
 use crate::replica::client::{ClientError, ReplicaClient};
-use crate::replica::protocol::{MAX_DATA, Op};
+use crate::replica::protocol::{FLAG_ZEROES, MAX_DATA, Op};
+
+pub mod control;
+mod rebuild;
 
 /// Errors of the engine, as NBD reports them.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +33,10 @@ pub enum EngineError {
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("engine start: {0}")]
     Start(String),
+    #[error("replica {replica}: {message}")]
+    Replica { replica: String, message: String },
+    #[error("a rebuild of {0} is already running; one at a time")]
+    Busy(String),
 }
 
 /// Where a replica is: its name on its node, and the node's replica address.
@@ -56,6 +64,22 @@ struct Member {
     client: Option<Arc<ReplicaClient>>,
     mode: ReplicaMode,
     error: Option<String>,
+    rebuild: Option<RebuildStatus>,
+}
+
+/// The last rebuild of a replica: what it kept, what it copied and how.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RebuildStatus {
+    /// Where the layers came from.
+    pub source: String,
+    /// Bytes of frozen layers the replica already held (kept, not copied).
+    pub kept_bytes: u64,
+    /// Bytes copied; 0 until the rebuild is done.
+    pub copied_bytes: u64,
+    /// `reflink`, `copy-file-range`, `read-write` or `remote`; empty until done.
+    pub path: String,
+    pub done: bool,
 }
 
 /// A replica as the engine reports it.
@@ -66,6 +90,8 @@ pub struct MemberStatus {
     pub mode: ReplicaMode,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rebuild: Option<RebuildStatus>,
 }
 
 pub struct Engine {
@@ -80,6 +106,8 @@ pub struct Engine {
     order: Mutex<()>,
     /// I/O holds it shared; a snapshot holds it exclusively.
     io: RwLock<()>,
+    /// Set while a replica is being rebuilt (one at a time).
+    rebuilding: std::sync::atomic::AtomicBool,
 }
 
 impl Engine {
@@ -104,6 +132,16 @@ impl Engine {
             }
             .await;
             match connected {
+                Ok((_, info)) if info["pending"].as_u64().unwrap_or(0) > 0 => {
+                    revisions.push(0);
+                    members.push(Member {
+                        at: at.clone(),
+                        client: None,
+                        mode: ReplicaMode::Err,
+                        error: Some("its rebuild did not finish".into()),
+                        rebuild: None,
+                    });
+                }
                 Ok((c, info)) if info["size"].as_u64() == Some(size) => {
                     revisions.push(info["revision"].as_u64().unwrap_or(0));
                     members.push(Member {
@@ -111,6 +149,7 @@ impl Engine {
                         client: Some(Arc::new(c)),
                         mode: ReplicaMode::Rw,
                         error: None,
+                        rebuild: None,
                     });
                 }
                 Ok((_, info)) => {
@@ -120,6 +159,7 @@ impl Engine {
                         client: None,
                         mode: ReplicaMode::Err,
                         error: Some(format!("size {} is not the volume's {size}", info["size"])),
+                        rebuild: None,
                     });
                 }
                 Err(e) => {
@@ -129,6 +169,7 @@ impl Engine {
                         client: None,
                         mode: ReplicaMode::Err,
                         error: Some(e.to_string()),
+                        rebuild: None,
                     });
                 }
             }
@@ -164,6 +205,7 @@ impl Engine {
             revision: AtomicU64::new(best),
             order: Mutex::new(()),
             io: RwLock::new(()),
+            rebuilding: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
@@ -178,6 +220,7 @@ impl Engine {
         }
     }
 
+    /// Replicas to read from: the `rw` ones, the local one first.
     async fn rw_clients(&self) -> Vec<(String, Arc<ReplicaClient>)> {
         let m = self.members.lock().await;
         let mut out: Vec<(String, Arc<ReplicaClient>)> = m
@@ -190,6 +233,20 @@ impl Engine {
             out.sort_by_key(|(n, _)| n != local);
         }
         out
+    }
+
+    /// Replicas to write to: `rw` and `wo` (being rebuilt), with whether
+    /// each counts for the acknowledgement.
+    async fn write_clients(&self) -> Vec<(String, Arc<ReplicaClient>, bool)> {
+        let m = self.members.lock().await;
+        m.iter()
+            .filter(|m| matches!(m.mode, ReplicaMode::Rw | ReplicaMode::Wo))
+            .filter_map(|m| {
+                m.client
+                    .clone()
+                    .map(|c| (m.at.name.clone(), c, m.mode == ReplicaMode::Rw))
+            })
+            .collect()
     }
 
     async fn fail(&self, name: &str, why: &ClientError) {
@@ -208,6 +265,11 @@ impl Engine {
     pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, EngineError> {
         self.check(offset, u64::from(len))?;
         let _io = self.io.read().await;
+        self.read_now(offset, len).await
+    }
+
+    /// Reads with I/O already held (shared or exclusive).
+    async fn read_now(&self, offset: u64, len: u32) -> Result<Vec<u8>, EngineError> {
         let mut last = String::from("no rw replica");
         for (name, c) in self.rw_clients().await {
             let mut out = Vec::with_capacity(len as usize);
@@ -236,9 +298,10 @@ impl Engine {
         Err(EngineError::NoReplica(last))
     }
 
-    /// Sends one mutation to every rw replica in engine order, waits for
-    /// all, and drops those that fail. Succeeds when at least one has it.
-    async fn mutate(
+    /// Sends one mutation to every rw and wo replica in engine order, waits
+    /// for all, and drops those that fail. Succeeds when at least one rw
+    /// replica has it. I/O must be held (shared or exclusive).
+    async fn mutate_now(
         &self,
         op: Op,
         offset: u64,
@@ -246,9 +309,8 @@ impl Engine {
         flags: u8,
         data: &[u8],
     ) -> Result<(), EngineError> {
-        let _io = self.io.read().await;
-        let clients = self.rw_clients().await;
-        if clients.is_empty() {
+        let clients = self.write_clients().await;
+        if !clients.iter().any(|(_, _, rw)| *rw) {
             return Err(EngineError::NoReplica("no rw replica".into()));
         }
         let mut waits = Vec::new();
@@ -260,17 +322,17 @@ impl Engine {
             } else {
                 0
             };
-            for (name, c) in &clients {
+            for (name, c, rw) in &clients {
                 match c.submit(op, offset, len, revision, flags, data).await {
-                    Ok(w) => waits.push((name.clone(), w)),
+                    Ok(w) => waits.push((name.clone(), w, *rw)),
                     Err(e) => failed.push((name.clone(), e)),
                 }
             }
         }
         let mut ok = 0;
-        for (name, w) in waits {
+        for (name, w, rw) in waits {
             match w.await {
-                Ok(_) => ok += 1,
+                Ok(_) => ok += usize::from(rw),
                 Err(e) => failed.push((name, e)),
             }
         }
@@ -286,8 +348,61 @@ impl Engine {
         }
     }
 
+    async fn mutate(
+        &self,
+        op: Op,
+        offset: u64,
+        len: u32,
+        flags: u8,
+        data: &[u8],
+    ) -> Result<(), EngineError> {
+        let _io = self.io.read().await;
+        self.mutate_now(op, offset, len, flags, data).await
+    }
+
+    /// A replica being rebuilt cannot finish a partial block from layers it
+    /// does not hold yet, so while a rebuild runs an unaligned write is made
+    /// whole here: with I/O paused, the partial blocks are read from an rw
+    /// replica and the write goes out block aligned.
+    async fn write_aligned(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), EngineError> {
+        let _pause = self.io.write().await;
+        let start = offset / BLOCK * BLOCK;
+        let end = (offset + data.len() as u64).div_ceil(BLOCK) * BLOCK;
+        let mut whole = Vec::with_capacity((end - start) as usize);
+        whole.extend_from_slice(&self.read_now(start, BLOCK as u32).await?);
+        whole.resize((end - start) as usize, 0);
+        if end - start > BLOCK {
+            let tail = self.read_now(end - BLOCK, BLOCK as u32).await?;
+            let at = whole.len() - BLOCK as usize;
+            whole[at..].copy_from_slice(&tail);
+        }
+        let at = (offset - start) as usize;
+        whole[at..at + data.len()].copy_from_slice(data);
+        let mut pos = 0usize;
+        while pos < whole.len() {
+            let n = (whole.len() - pos).min(MAX_DATA as usize);
+            self.mutate_now(
+                Op::Write,
+                start + pos as u64,
+                n as u32,
+                u8::from(fua),
+                &whole[pos..pos + n],
+            )
+            .await?;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn unaligned(offset: u64, len: u64) -> bool {
+        !offset.is_multiple_of(BLOCK) || !len.is_multiple_of(BLOCK)
+    }
+
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), EngineError> {
         self.check(offset, data.len() as u64)?;
+        if self.rebuilding.load(Ordering::SeqCst) && Self::unaligned(offset, data.len() as u64) {
+            return self.write_aligned(offset, data, fua).await;
+        }
         let mut pos = 0usize;
         while pos < data.len() {
             let n = (data.len() - pos).min(MAX_DATA as usize);
@@ -307,10 +422,34 @@ impl Engine {
     /// Discards a range; it reads as zeros afterwards.
     pub async fn trim(&self, offset: u64, len: u64) -> Result<(), EngineError> {
         self.check(offset, len)?;
+        let (mut offset, mut len) = (offset, len);
+        if self.rebuilding.load(Ordering::SeqCst) && Self::unaligned(offset, len) {
+            // The partial blocks at the edges become aligned zero writes.
+            let first_end = (offset / BLOCK + 1) * BLOCK;
+            if !offset.is_multiple_of(BLOCK) {
+                let n = (first_end - offset).min(len);
+                self.write_aligned(offset, &vec![0u8; n as usize], false)
+                    .await?;
+                (offset, len) = (offset + n, len - n);
+            }
+            let tail = len % BLOCK;
+            if tail > 0 {
+                self.write_aligned(offset + len - tail, &vec![0u8; tail as usize], false)
+                    .await?;
+                len -= tail;
+            }
+        }
         let mut pos = 0u64;
         while pos < len {
             let n = (len - pos).min(u64::from(u32::MAX) & !4095);
-            self.mutate(Op::Trim, offset + pos, n as u32, 0, &[])
+            // While a rebuild runs every replica writes zeros, so that
+            // their heads keep the same allocation.
+            let flags = if self.rebuilding.load(Ordering::SeqCst) {
+                FLAG_ZEROES
+            } else {
+                0
+            };
+            self.mutate(Op::Trim, offset + pos, n as u32, flags, &[])
                 .await?;
             pos += n;
         }
@@ -324,6 +463,10 @@ impl Engine {
     /// Snapshots every rw replica at one point of the I/O stream.
     pub async fn snapshot(&self) -> Result<Vec<String>, EngineError> {
         let _pause = self.io.write().await;
+        self.snapshot_now().await
+    }
+
+    async fn snapshot_now(&self) -> Result<Vec<String>, EngineError> {
         let mut names = Vec::new();
         for (name, c) in self.rw_clients().await {
             match c.snapshot().await {
@@ -348,6 +491,7 @@ impl Engine {
                 addr: m.at.addr.clone(),
                 mode: m.mode,
                 error: m.error.clone(),
+                rebuild: m.rebuild.clone(),
             })
             .collect()
     }

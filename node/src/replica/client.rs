@@ -144,7 +144,8 @@ impl ReplicaClient {
         &self.addr
     }
 
-    async fn call(
+    /// Sends one request and waits for its reply.
+    pub async fn call(
         &self,
         op: Op,
         offset: u64,
@@ -271,5 +272,40 @@ impl ReplicaClient {
             status: status::IO,
             message: e.to_string(),
         })
+    }
+}
+
+impl ReplicaClient {
+    fn json<T: serde::de::DeserializeOwned>(&self, body: &[u8]) -> Result<T, ClientError> {
+        serde_json::from_slice(body).map_err(|e| ClientError::Failed {
+            addr: self.addr.clone(),
+            status: status::IO,
+            message: e.to_string(),
+        })
+    }
+
+    /// Joins a rebuild (see `Replica::join`).
+    pub async fn join(
+        &self,
+        spec: &super::server::JoinSpec,
+    ) -> Result<super::JoinReport, ClientError> {
+        let payload = serde_json::to_vec(spec).map_err(|e| ClientError::Failed {
+            addr: self.addr.clone(),
+            status: status::INVALID,
+            message: e.to_string(),
+        })?;
+        let body = self
+            .call(Op::Join, 0, payload.len() as u32, 0, 0, &payload)
+            .await?;
+        self.json(&body)
+    }
+
+    /// Fills the replica's pending layers from `source` (`NAME@ADDR`);
+    /// returns `{path, bytes, layers}` when every layer is complete.
+    pub async fn fill(&self, source: &str) -> Result<serde_json::Value, ClientError> {
+        let body = self
+            .call(Op::Fill, 0, source.len() as u32, 0, 0, source.as_bytes())
+            .await?;
+        self.json(&body)
     }
 }

@@ -28,6 +28,10 @@ pub struct Meta {
     pub frozen: BTreeMap<String, String>,
     /// The revision when this file was last written.
     pub revision: u64,
+    /// Frozen layers still being filled by a rebuild (their checksums in
+    /// `frozen` are what they must reach).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub pending: std::collections::BTreeSet<String>,
 }
 
 impl Meta {

@@ -13,6 +13,7 @@
 
 mod bitmap;
 pub mod client;
+mod layers;
 mod meta;
 pub mod protocol;
 pub mod server;
@@ -23,6 +24,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 pub use bitmap::Bitmap;
+pub use layers::{JoinReport, LayerSpec};
 pub use meta::{META_FILE, Meta};
 
 /// The unit of allocation and of the allocation maps.
@@ -70,6 +72,8 @@ pub struct LayerInfo {
     pub allocated: u64,
     /// Checksum when frozen; None for the head.
     pub checksum: Option<String>,
+    /// Still being filled by a rebuild.
+    pub pending: bool,
 }
 
 /// An open replica.
@@ -87,7 +91,7 @@ fn layer_name(n: usize) -> String {
 }
 
 /// Blocks of `file` that hold data, from its extents.
-fn allocation(file: &File, blocks: u64) -> Result<Bitmap, std::io::Error> {
+pub fn allocation(file: &File, blocks: u64) -> Result<Bitmap, std::io::Error> {
     use nix::unistd::{Whence, lseek};
     let mut map = Bitmap::new(blocks);
     let len = file.metadata()?.len() as i64;
@@ -147,6 +151,7 @@ impl Replica {
             chain: vec![head],
             frozen: Default::default(),
             revision: 0,
+            pending: Default::default(),
         };
         let rev = dir.join(REVISION_FILE);
         std::fs::write(&rev, 0u64.to_le_bytes()).map_err(|e| ReplicaError::io(&rev, e))?;
@@ -169,8 +174,14 @@ impl Replica {
         }
         let blocks = meta.size / BLOCK;
         let mut layers = Vec::new();
-        for name in &meta.chain {
+        for (i, name) in meta.chain.iter().enumerate() {
             let path = dir.join(name);
+            // A join writes its new chain first and makes the files after:
+            // a pending layer or a head cut off by a crash starts empty.
+            let may_be_missing = meta.pending.contains(name) || i + 1 == meta.chain.len();
+            if may_be_missing && !path.exists() {
+                layers::empty_layer(&path, meta.size)?;
+            }
             let file = open_rw(&path)?;
             let map = allocation(&file, blocks).map_err(|e| ReplicaError::io(&path, e))?;
             layers.push(Layer {
@@ -297,6 +308,14 @@ impl Replica {
             let (bs, be) = (b * BLOCK, (b + 1) * BLOCK);
             let partial = offset > bs || end < be;
             if partial && b < last && !self.layers[head_idx].map.get(b) {
+                if !self.meta.pending.is_empty() {
+                    // The layers below are still being filled: a partial
+                    // block cannot be completed from them yet.
+                    return Err(ReplicaError::Invalid(format!(
+                        "write {offset}+{} is not block aligned while the replica rebuilds",
+                        data.len()
+                    )));
+                }
                 let mut block = vec![0u8; BLOCK as usize];
                 self.read(bs, &mut block)?;
                 let head = self.head();
@@ -322,6 +341,19 @@ impl Replica {
         len: u64,
         revision: Option<u64>,
     ) -> Result<(), ReplicaError> {
+        self.discard(offset, len, revision, false)
+    }
+
+    /// Like `trim`; with `zeroes`, every block is written as zeros and none
+    /// becomes a hole (while a rebuild runs, so that every replica's head
+    /// ends up with the same allocation).
+    pub fn discard(
+        &mut self,
+        offset: u64,
+        len: u64,
+        revision: Option<u64>,
+        zeroes: bool,
+    ) -> Result<(), ReplicaError> {
         self.check(offset, len)?;
         let end = offset + len;
         let head_idx = self.layers.len() - 1;
@@ -331,7 +363,10 @@ impl Replica {
             let (bs, be) = (b * BLOCK, (b + 1) * BLOCK);
             let chunk_end = be.min(end);
             let whole = pos == bs && chunk_end == be;
-            let below = (0..head_idx).any(|i| self.layers[i].map.get(b));
+            // Layers still being filled may hold the block: keep zeros.
+            let below = zeroes
+                || !self.meta.pending.is_empty()
+                || (0..head_idx).any(|i| self.layers[i].map.get(b));
             if whole && !below {
                 if self.layers[head_idx].map.get(b) {
                     let head = self.head();
@@ -391,6 +426,11 @@ impl Replica {
     /// Freezes the head (with its checksum) and starts a new, empty head.
     /// Returns the name of the frozen layer.
     pub fn snapshot(&mut self) -> Result<String, ReplicaError> {
+        if !self.meta.pending.is_empty() {
+            return Err(ReplicaError::Invalid(
+                "a replica still being rebuilt cannot take a snapshot".into(),
+            ));
+        }
         self.flush()?;
         let frozen = self.head().name.clone();
         let sum = self.checksum(self.layers.len() - 1)?;
@@ -446,6 +486,7 @@ impl Replica {
                 name: l.name.clone(),
                 allocated: l.map.count() * BLOCK,
                 checksum: self.meta.frozen.get(&l.name).cloned(),
+                pending: self.meta.pending.contains(&l.name),
             })
             .collect()
     }
@@ -453,6 +494,9 @@ impl Replica {
     /// Verifies every frozen layer against its recorded checksum.
     pub fn verify(&self) -> Result<(), ReplicaError> {
         for (i, l) in self.layers.iter().enumerate() {
+            if self.meta.pending.contains(&l.name) {
+                continue;
+            }
             if let Some(want) = self.meta.frozen.get(&l.name) {
                 let got = self.checksum(i)?;
                 if &got != want {

@@ -3,8 +3,8 @@
 //! of order.
 //!
 //! Request: a 40-byte header — magic "BREQ", op, flags, id, offset, length,
-//! revision (little endian) — then `length` bytes of payload for WRITE and
-//! OPEN. Response: a 24-byte header — magic "BRSP", status, id, length —
+//! revision (little endian; the layer's chain index for LAYER_* ops) — then
+//! `length` bytes of payload for WRITE, OPEN, JOIN and FILL. Response: a 24-byte header — magic "BRSP", status, id, length —
 //! then `length` bytes (data for READ, JSON for INFO and LAYERS, the frozen
 //! layer's name for SNAPSHOT, a message when status is not 0).
 //!
@@ -20,6 +20,12 @@ pub const RESPONSE_HEADER: usize = 24;
 pub const MAX_DATA: u32 = 32 << 20;
 /// Largest OPEN payload (a replica name).
 pub const MAX_NAME: u32 = 255;
+/// Request flag: make the write durable before answering.
+pub const FLAG_FUA: u8 = 1;
+/// TRIM flag: write zeros instead of punching holes.
+pub const FLAG_ZEROES: u8 = 2;
+/// Largest JOIN or FILL payload.
+pub const MAX_CONTROL: u32 = 1 << 20;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -33,6 +39,17 @@ pub enum Op {
     Layers = 7,
     /// Binds the connection to a replica, by name (payload).
     Open = 8,
+    /// Joins a rebuild: payload JSON `{frozen: [{name, checksum}], head,
+    /// revision}`; replies a JSON join report.
+    Join = 9,
+    /// Fills the pending layers from `NAME@HOST:PORT` (payload); replies
+    /// JSON `{path, bytes}` once every layer is checked and complete.
+    Fill = 10,
+    /// Data extents of the frozen layer at chain index `revision`: JSON
+    /// `[[offset, length], ...]` in bytes.
+    LayerExtents = 11,
+    /// Raw bytes of the layer at chain index `revision`.
+    LayerRead = 12,
 }
 
 impl Op {
@@ -46,6 +63,10 @@ impl Op {
             6 => Op::Snapshot,
             7 => Op::Layers,
             8 => Op::Open,
+            9 => Op::Join,
+            10 => Op::Fill,
+            11 => Op::LayerExtents,
+            12 => Op::LayerRead,
             _ => return None,
         })
     }
@@ -120,13 +141,18 @@ impl Request {
         let len = u32_at(b, 24);
         let offset = u64_at(b, 16);
         match op {
-            Op::Read | Op::Write if len > MAX_DATA => {
+            Op::Read | Op::Write | Op::LayerRead if len > MAX_DATA => {
                 return Err(refuse(format!("length {len} over the limit {MAX_DATA}")));
             }
             Op::Open if len == 0 || len > MAX_NAME => {
                 return Err(refuse(format!("name length {len} not in 1..={MAX_NAME}")));
             }
-            Op::Flush | Op::Info | Op::Snapshot | Op::Layers if len != 0 => {
+            Op::Join | Op::Fill if len == 0 || len > MAX_CONTROL => {
+                return Err(refuse(format!(
+                    "{op:?} payload length {len} not in 1..={MAX_CONTROL}"
+                )));
+            }
+            Op::Flush | Op::Info | Op::Snapshot | Op::Layers | Op::LayerExtents if len != 0 => {
                 return Err(refuse(format!("{op:?} carries no length, got {len}")));
             }
             _ => {}
@@ -147,7 +173,7 @@ impl Request {
     /// Bytes of payload that follow this header.
     pub fn payload_len(&self) -> usize {
         match self.op {
-            Op::Write | Op::Open => self.len as usize,
+            Op::Write | Op::Open | Op::Join | Op::Fill => self.len as usize,
             _ => 0,
         }
     }

@@ -11,10 +11,48 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use super::protocol::{FrameError, Op, REQUEST_HEADER, Request, Response, status};
-use super::{META_FILE, Replica, ReplicaError};
+use super::protocol::{
+    FLAG_FUA, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER, Request, Response, status,
+};
+use super::{LayerSpec, META_FILE, Replica, ReplicaError};
+use crate::sync::{FillReport, Progress};
 
-type Shared = Arc<RwLock<Replica>>;
+/// What a JOIN carries.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct JoinSpec {
+    pub frozen: Vec<LayerSpec>,
+    pub head: String,
+    pub revision: u64,
+}
+
+impl JoinSpec {
+    /// The join that follows the source's chain: its frozen layers, and a new
+    /// head named as the source's.
+    pub fn following(layers: &serde_json::Value, revision: u64) -> Result<JoinSpec, String> {
+        let list = layers.as_array().ok_or("layer list is not a list")?;
+        let (head, frozen) = list.split_last().ok_or("the source has no layers")?;
+        let frozen = frozen
+            .iter()
+            .map(|l| {
+                Ok(LayerSpec {
+                    name: l["name"].as_str().unwrap_or_default().to_string(),
+                    checksum: l["checksum"]
+                        .as_str()
+                        .ok_or_else(|| format!("layer {} has no checksum", l["name"]))?
+                        .to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(JoinSpec {
+            frozen,
+            head: head["name"].as_str().unwrap_or_default().to_string(),
+            revision,
+        })
+    }
+}
+
+/// An open replica, shared by the connections that use it.
+pub type Shared = Arc<RwLock<Replica>>;
 
 /// Socket buffers: large enough for a 64 KiB request or reply and its header.
 pub const IO_BUFFER: usize = 256 * 1024;
@@ -23,6 +61,8 @@ pub const IO_BUFFER: usize = 256 * 1024;
 pub struct ReplicaServer {
     disks: Vec<PathBuf>,
     open: Mutex<HashMap<String, Shared>>,
+    /// Fills under way, by target replica.
+    fills: Mutex<HashMap<String, Arc<Progress>>>,
 }
 
 /// Where a replica named `name` lives on `disk`.
@@ -44,6 +84,7 @@ impl ReplicaServer {
         Arc::new(ReplicaServer {
             disks,
             open: Mutex::new(HashMap::new()),
+            fills: Mutex::new(HashMap::new()),
         })
     }
 
@@ -68,6 +109,39 @@ impl ReplicaServer {
         let r = Arc::new(RwLock::new(Replica::open(&dir).map_err(|e| e.to_string())?));
         open.insert(name.to_string(), r.clone());
         Ok(r)
+    }
+
+    /// Bytes done and total of the fill of `name`, while one runs.
+    pub fn fill_progress(&self, name: &str) -> Option<(u64, u64)> {
+        let fills = self.fills.lock().ok()?;
+        let p = fills.get(name)?;
+        Some((
+            p.done.load(std::sync::atomic::Ordering::SeqCst),
+            p.total.load(std::sync::atomic::Ordering::SeqCst),
+        ))
+    }
+
+    /// Fills the pending layers of `target` from `source` (`NAME@ADDR`),
+    /// one fill per replica at a time.
+    pub async fn fill(&self, target: &str, source: &str) -> Result<FillReport, String> {
+        let (src_name, src_addr) = source
+            .split_once('@')
+            .filter(|(n, a)| !n.is_empty() && !a.is_empty())
+            .ok_or_else(|| format!("fill source {source:?}: expected NAME@HOST:PORT"))?;
+        let replica = self.find(target)?;
+        let progress = Arc::new(Progress::default());
+        {
+            let mut fills = self.fills.lock().map_err(|_| "registry poisoned")?;
+            if fills.contains_key(target) {
+                return Err(format!("{target} is already being filled"));
+            }
+            fills.insert(target.to_string(), progress.clone());
+        }
+        let done = crate::sync::fill(self, target, replica, src_name, src_addr, progress).await;
+        if let Ok(mut fills) = self.fills.lock() {
+            fills.remove(target);
+        }
+        done.map_err(|e| e.to_string())
     }
 
     /// Forgets an open replica (after it was deleted).
@@ -120,7 +194,7 @@ impl ReplicaServer {
                 }
             }
         });
-        let mut bound: Option<Shared> = None;
+        let mut bound: Option<(String, Shared)> = None;
         // Mutations run one at a time, in the order they arrived, so that
         // every replica applies an engine's writes in the engine's order.
         // Reads run in parallel.
@@ -165,7 +239,7 @@ impl ReplicaServer {
                 let name = String::from_utf8_lossy(&payload).into_owned();
                 let reply = match self.find(&name) {
                     Ok(r) => {
-                        bound = Some(r);
+                        bound = Some((name, r));
                         (
                             Response {
                                 status: status::OK,
@@ -182,7 +256,7 @@ impl ReplicaServer {
                 }
                 continue;
             }
-            let Some(replica) = bound.clone() else {
+            let Some((name, replica)) = bound.clone() else {
                 if tx
                     .send(error(
                         req.id,
@@ -196,7 +270,21 @@ impl ReplicaServer {
                 }
                 continue;
             };
-            if matches!(req.op, Op::Read | Op::Info | Op::Layers) {
+            if req.op == Op::Fill {
+                // Long: it runs beside the connection's other requests.
+                let (tx, server) = (tx.clone(), self.clone());
+                tokio::spawn(async move {
+                    let source = String::from_utf8_lossy(&payload).into_owned();
+                    let reply = match server.fill(&name, &source).await {
+                        Ok(report) => ok_json(req.id, &report),
+                        Err(e) => error(req.id, status::IO, &e),
+                    };
+                    let _ = tx.send(reply).await;
+                });
+            } else if matches!(
+                req.op,
+                Op::Read | Op::Info | Op::Layers | Op::LayerExtents | Op::LayerRead
+            ) {
                 let tx = tx.clone();
                 tokio::task::spawn_blocking(move || {
                     let reply = execute(&replica, &req, payload);
@@ -211,6 +299,20 @@ impl ReplicaServer {
         drop(tx);
         let _ = writer.await;
         result
+    }
+}
+
+fn ok_json(id: u64, value: &impl serde::Serialize) -> (Response, Vec<u8>) {
+    match serde_json::to_vec(value) {
+        Ok(body) => (
+            Response {
+                status: status::OK,
+                id,
+                len: body.len() as u32,
+            },
+            body,
+        ),
+        Err(e) => error(id, status::IO, &e.to_string()),
     }
 }
 
@@ -266,11 +368,16 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: Vec<u8>) -> (Respo
             let done = if req.op == Op::Write {
                 r.write(req.offset, &payload, rev)
             } else {
-                r.trim(req.offset, u64::from(req.len), rev)
+                r.discard(
+                    req.offset,
+                    u64::from(req.len),
+                    rev,
+                    req.flags & FLAG_ZEROES != 0,
+                )
             };
             // FUA: make this write durable before answering.
             let done = done.and_then(|()| {
-                if req.flags & 1 != 0 {
+                if req.flags & FLAG_FUA != 0 {
                     r.flush()
                 } else {
                     Ok(())
@@ -294,8 +401,7 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: Vec<u8>) -> (Respo
             let Ok(r) = replica.read() else {
                 return poisoned();
             };
-            let info =
-                serde_json::json!({"size": r.size(), "chain": r.chain(), "revision": r.revision()});
+            let info = serde_json::json!({"size": r.size(), "chain": r.chain(), "revision": r.revision(), "pending": r.pending().len()});
             ok(info.to_string().into_bytes())
         }
         Op::Snapshot => {
@@ -314,10 +420,43 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: Vec<u8>) -> (Respo
             let layers: Vec<_> = r
                 .layers()
                 .into_iter()
-                .map(|l| serde_json::json!({"name": l.name, "allocated": l.allocated, "checksum": l.checksum}))
+                .map(|l| serde_json::json!({"name": l.name, "allocated": l.allocated, "checksum": l.checksum, "pending": l.pending}))
                 .collect();
             ok(serde_json::Value::Array(layers).to_string().into_bytes())
         }
-        Op::Open => error(req.id, status::INVALID, "open is handled by the connection"),
+        Op::Join => {
+            let Ok(mut r) = replica.write() else {
+                return poisoned();
+            };
+            let spec: Result<JoinSpec, _> = serde_json::from_slice(&payload);
+            match spec {
+                Ok(j) => match r.join(&j.frozen, &j.head, j.revision) {
+                    Ok(report) => ok_json(req.id, &report),
+                    Err(e) => fail(e),
+                },
+                Err(e) => error(req.id, status::INVALID, &format!("join: {e}")),
+            }
+        }
+        Op::LayerExtents | Op::LayerRead => {
+            let Ok(r) = replica.read() else {
+                return poisoned();
+            };
+            let layer = match r.layer_name_at(req.revision) {
+                Ok(l) => l,
+                Err(e) => return fail(e),
+            };
+            if req.op == Op::LayerExtents {
+                return match r.layer_extents(&layer) {
+                    Ok(x) => ok_json(req.id, &x),
+                    Err(e) => fail(e),
+                };
+            }
+            let mut buf = vec![0u8; req.len as usize];
+            match r.read_layer(&layer, req.offset, &mut buf) {
+                Ok(()) => ok(buf),
+                Err(e) => fail(e),
+            }
+        }
+        Op::Open | Op::Fill => error(req.id, status::INVALID, "handled by the connection"),
     }
 }

@@ -1,0 +1,49 @@
+//! Offline rebuild, for a replica of a detached volume (no engine runs to
+//! coordinate): the source freezes its head, the target joins the source's
+//! chain and fills the layers it lacks.
+
+use ballast::proto::agent::v1::RebuildReplicaResponse;
+
+use crate::error::Error;
+use crate::replica::client::ReplicaClient;
+use crate::replica::server::{JoinSpec, ReplicaServer};
+
+pub async fn offline(
+    server: &ReplicaServer,
+    name: &str,
+    source: &str,
+) -> Result<RebuildReplicaResponse, Error> {
+    let (src_name, src_addr) = source
+        .split_once('@')
+        .filter(|(n, a)| !n.is_empty() && !a.is_empty())
+        .ok_or_else(|| Error::Invalid {
+            field: "source".into(),
+            message: format!("{source:?}: expected NAME@HOST:PORT"),
+        })?;
+    let target = server.find(name).map_err(Error::NotFound)?;
+    let src = ReplicaClient::connect(src_addr, src_name)
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    let remote = |e: crate::replica::client::ClientError| Error::Internal(e.to_string());
+    src.snapshot().await.map_err(remote)?;
+    let info = src.info().await.map_err(remote)?;
+    let layers = src.layers().await.map_err(remote)?;
+    let spec = JoinSpec::following(&layers, info["revision"].as_u64().unwrap_or(0))
+        .map_err(Error::Internal)?;
+    let report = tokio::task::spawn_blocking(move || {
+        target
+            .write()
+            .map_err(|_| "replica lock poisoned".to_string())?
+            .join(&spec.frozen, &spec.head, spec.revision)
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| Error::Internal(e.to_string()))?
+    .map_err(Error::Internal)?;
+    let filled = server.fill(name, source).await.map_err(Error::Internal)?;
+    Ok(RebuildReplicaResponse {
+        kept_bytes: report.kept_bytes,
+        copied_bytes: filled.bytes,
+        copy_path: filled.path.as_str().to_string(),
+    })
+}

@@ -1,0 +1,160 @@
+//! Rebuild: a replica joins a running volume. With I/O paused, every `rw`
+//! replica takes a snapshot at the same point, and the new replica joins
+//! the chain (keeping the frozen layers it already holds with matching
+//! checksums) in `wo` mode, so it receives every write from that moment.
+//! Then its replica server fills the layers it lacks from a healthy
+//! source; once each is checked, the replica turns `rw`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use ballast::model::ReplicaMode;
+
+use super::{Engine, EngineError, Member, RebuildStatus, ReplicaAddr};
+use crate::replica::client::{ClientError, ReplicaClient};
+use crate::replica::server::JoinSpec;
+
+fn replica_err(replica: &str, e: impl std::fmt::Display) -> EngineError {
+    EngineError::Replica {
+        replica: replica.to_string(),
+        message: e.to_string(),
+    }
+}
+
+/// Clears the rebuilding flag however the rebuild ends.
+struct Rebuilding(Arc<Engine>);
+
+impl Drop for Rebuilding {
+    fn drop(&mut self) {
+        self.0.rebuilding.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Engine {
+    /// Adds `at` to the volume and starts its rebuild; returns once it has
+    /// joined in `wo` mode. `source` names the replica to copy from (the
+    /// controller picks one on the target's node for a local copy); any
+    /// `rw` replica otherwise. Adding a replica already `rw` or `wo` does
+    /// nothing.
+    #[tracing::instrument(skip_all, fields(volume = %self.volume, replica = %at.name))]
+    pub async fn add_replica(
+        self: &Arc<Self>,
+        at: ReplicaAddr,
+        source: Option<String>,
+    ) -> Result<(), EngineError> {
+        {
+            let m = self.members.lock().await;
+            if m.iter().any(|x| {
+                x.at.name == at.name && matches!(x.mode, ReplicaMode::Rw | ReplicaMode::Wo)
+            }) {
+                return Ok(());
+            }
+        }
+        if self.rebuilding.swap(true, Ordering::SeqCst) {
+            return Err(EngineError::Busy(self.volume.clone()));
+        }
+        let guard = Rebuilding(self.clone());
+        let client = ReplicaClient::connect(&at.addr, &at.name)
+            .await
+            .map_err(|e| replica_err(&at.name, e))?;
+        let info = client.info().await.map_err(|e| replica_err(&at.name, e))?;
+        if info["size"].as_u64() != Some(self.size) {
+            return Err(replica_err(
+                &at.name,
+                format!("size {} is not the volume's {}", info["size"], self.size),
+            ));
+        }
+        let client = Arc::new(client);
+        let (src, kept) = {
+            let _pause = self.io.write().await;
+            self.snapshot_now().await?;
+            let rw = self.rw_clients().await;
+            let (src_name, src_client) = source
+                .as_ref()
+                .and_then(|s| rw.iter().find(|(n, _)| n == s))
+                .or_else(|| rw.first())
+                .cloned()
+                .ok_or_else(|| EngineError::NoReplica("no rw replica to copy from".into()))?;
+            let layers = src_client
+                .layers()
+                .await
+                .map_err(|e| replica_err(&src_name, e))?;
+            let spec = JoinSpec::following(&layers, self.revision.load(Ordering::SeqCst))
+                .map_err(|e| replica_err(&src_name, e))?;
+            let report = client
+                .join(&spec)
+                .await
+                .map_err(|e| replica_err(&at.name, e))?;
+            let src_addr = {
+                let m = self.members.lock().await;
+                m.iter()
+                    .find(|x| x.at.name == src_name)
+                    .map(|x| x.at.addr.clone())
+                    .unwrap_or_default()
+            };
+            let status = RebuildStatus {
+                source: src_name.clone(),
+                kept_bytes: report.kept_bytes,
+                ..Default::default()
+            };
+            let mut m = self.members.lock().await;
+            m.retain(|x| x.at.name != at.name);
+            m.push(Member {
+                at: at.clone(),
+                client: Some(client.clone()),
+                mode: ReplicaMode::Wo,
+                error: None,
+                rebuild: Some(status),
+            });
+            (format!("{src_name}@{src_addr}"), report)
+        };
+        tracing::info!(source = %src, kept = kept.kept.len(), pending = kept.pending.len(), "replica joined; filling its layers");
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let _guard = guard;
+            let filled = client.fill(&src).await;
+            engine.finish_rebuild(&at.name, filled).await;
+        });
+        Ok(())
+    }
+
+    async fn finish_rebuild(&self, name: &str, filled: Result<serde_json::Value, ClientError>) {
+        match filled {
+            Ok(report) => {
+                let mut m = self.members.lock().await;
+                if let Some(x) = m
+                    .iter_mut()
+                    .find(|x| x.at.name == name && x.mode == ReplicaMode::Wo)
+                {
+                    x.mode = ReplicaMode::Rw;
+                    if let Some(r) = x.rebuild.as_mut() {
+                        r.copied_bytes = report["bytes"].as_u64().unwrap_or(0);
+                        r.path = report["path"].as_str().unwrap_or_default().to_string();
+                        r.done = true;
+                    }
+                    tracing::info!(volume = %self.volume, replica = name, report = %report, "rebuild done; replica is rw");
+                }
+            }
+            Err(e) => self.fail(name, &e).await,
+        }
+    }
+
+    /// Takes a replica out of the volume (before its data is deleted).
+    #[tracing::instrument(skip_all, fields(volume = %self.volume, replica = %name))]
+    pub async fn remove_replica(&self, name: &str) -> Result<(), EngineError> {
+        let _pause = self.io.write().await;
+        let mut m = self.members.lock().await;
+        let others_rw = m
+            .iter()
+            .filter(|x| x.at.name != name && x.mode == ReplicaMode::Rw)
+            .count();
+        let is_rw = m
+            .iter()
+            .any(|x| x.at.name == name && x.mode == ReplicaMode::Rw);
+        if is_rw && others_rw == 0 {
+            return Err(replica_err(name, "it is the last rw replica"));
+        }
+        m.retain(|x| x.at.name != name);
+        Ok(())
+    }
+}

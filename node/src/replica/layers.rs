@@ -1,0 +1,291 @@
+//! Rebuild support of the replica format: joining a volume's layer chain,
+//! and filling, checking and completing frozen layers one at a time.
+//!
+//! A replica joins a rebuild with the source's frozen layers (name and
+//! checksum). It keeps the oldest of its own frozen layers that match them
+//! one for one, drops the rest (its old head included), lists the layers it
+//! lacks as `pending`, and starts an empty head under the source's head
+//! name. A pending layer is filled (locally or over the network), checked
+//! against its checksum and then completed; a replica with no pending layer
+//! holds the whole volume. Completed layers survive a restart, so a rebuild
+//! cut off resumes from them.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::{BLOCK, Bitmap, Layer, Replica, ReplicaError, allocation, open_rw};
+
+/// A frozen layer of the volume: its name and checksum.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LayerSpec {
+    pub name: String,
+    pub checksum: String,
+}
+
+/// What a join kept and what it still needs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JoinReport {
+    /// Frozen layers kept, because they already matched.
+    pub kept: Vec<String>,
+    /// Bytes of data in the kept layers (not to be copied again).
+    pub kept_bytes: u64,
+    /// Layers to fill, oldest first.
+    pub pending: Vec<String>,
+}
+
+/// Creates (or empties) a sparse layer file of `size` bytes.
+pub(super) fn empty_layer(path: &Path, size: u64) -> Result<(), ReplicaError> {
+    let io = |e| ReplicaError::io(path, e);
+    let f = File::create(path).map_err(io)?;
+    f.set_len(size).map_err(io)?;
+    f.sync_all().map_err(io)
+}
+
+fn valid_layer_name(name: &str) -> bool {
+    name.starts_with("layer-")
+        && name.ends_with(".img")
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+}
+
+impl Replica {
+    /// Joins the chain whose frozen layers are `frozen` (oldest first),
+    /// with a new empty head called `head`, at `revision`.
+    pub fn join(
+        &mut self,
+        frozen: &[LayerSpec],
+        head: &str,
+        revision: u64,
+    ) -> Result<JoinReport, ReplicaError> {
+        for name in frozen.iter().map(|l| l.name.as_str()).chain([head]) {
+            if !valid_layer_name(name) {
+                return Err(ReplicaError::Invalid(format!(
+                    "{name:?} is not a layer name"
+                )));
+            }
+        }
+        if frozen.iter().any(|l| l.name == head) {
+            return Err(ReplicaError::Invalid(format!(
+                "head {head} is also a frozen layer"
+            )));
+        }
+        // The longest prefix of our complete frozen layers that matches.
+        let mut report = JoinReport::default();
+        for (want, have) in frozen.iter().zip(&self.layers) {
+            let ours = self.meta.frozen.get(&have.name);
+            let complete = !self.meta.pending.contains(&have.name);
+            if have.name != want.name || ours != Some(&want.checksum) || !complete {
+                break;
+            }
+            report.kept.push(want.name.clone());
+            report.kept_bytes += have.map.count() * BLOCK;
+        }
+        report.pending = frozen[report.kept.len()..]
+            .iter()
+            .map(|l| l.name.clone())
+            .collect();
+        // The new chain is recorded first; the files follow (and `open`
+        // makes any a crash left out).
+        let mut meta = self.meta.clone();
+        meta.chain = frozen
+            .iter()
+            .map(|l| l.name.clone())
+            .chain([head.to_string()])
+            .collect();
+        meta.frozen = frozen
+            .iter()
+            .map(|l| (l.name.clone(), l.checksum.clone()))
+            .collect();
+        meta.pending = report.pending.iter().cloned().collect();
+        meta.revision = revision;
+        meta.write(&self.dir)?;
+        self.meta = meta;
+        let keep: Vec<String> = report.kept.clone();
+        for l in &self.layers {
+            if !keep.contains(&l.name) {
+                let _ = std::fs::remove_file(&l.path);
+            }
+        }
+        for name in report.pending.iter().map(String::as_str).chain([head]) {
+            empty_layer(&self.dir.join(name), self.meta.size)?;
+        }
+        self.revision = revision;
+        self.revision_file
+            .write_all_at(&revision.to_le_bytes(), 0)
+            .map_err(|e| ReplicaError::io(&self.dir.join(super::REVISION_FILE), e))?;
+        self.reload()?;
+        Ok(report)
+    }
+
+    /// Re-reads every layer's file and allocation.
+    fn reload(&mut self) -> Result<(), ReplicaError> {
+        let blocks = self.meta.size / BLOCK;
+        let mut layers = Vec::new();
+        for name in &self.meta.chain {
+            let path = self.dir.join(name);
+            let file = open_rw(&path)?;
+            let map = allocation(&file, blocks).map_err(|e| ReplicaError::io(&path, e))?;
+            layers.push(Layer {
+                name: name.clone(),
+                path,
+                file,
+                map,
+            });
+        }
+        self.layers = layers;
+        Ok(())
+    }
+
+    fn layer_at(&self, name: &str) -> Result<usize, ReplicaError> {
+        self.layers
+            .iter()
+            .position(|l| l.name == name)
+            .ok_or_else(|| ReplicaError::Invalid(format!("no layer {name:?} in this replica")))
+    }
+
+    /// The layer at `index` of the chain (oldest is 0).
+    pub fn layer_name_at(&self, index: u64) -> Result<String, ReplicaError> {
+        usize::try_from(index)
+            .ok()
+            .and_then(|i| self.layers.get(i))
+            .map(|l| l.name.clone())
+            .ok_or_else(|| {
+                ReplicaError::Invalid(format!(
+                    "layer index {index} outside a chain of {}",
+                    self.layers.len()
+                ))
+            })
+    }
+
+    /// Where a layer's file is.
+    pub fn layer_path(&self, name: &str) -> Result<PathBuf, ReplicaError> {
+        Ok(self.layers[self.layer_at(name)?].path.clone())
+    }
+
+    /// Byte ranges holding data in a complete frozen layer.
+    pub fn layer_extents(&self, name: &str) -> Result<Vec<(u64, u64)>, ReplicaError> {
+        let i = self.layer_at(name)?;
+        if !self.meta.frozen.contains_key(name) || self.meta.pending.contains(name) {
+            return Err(ReplicaError::Invalid(format!(
+                "layer {name} is not a complete frozen layer"
+            )));
+        }
+        Ok(self.layers[i]
+            .map
+            .runs()
+            .into_iter()
+            .map(|(s, e)| (s * BLOCK, (e - s) * BLOCK))
+            .collect())
+    }
+
+    /// Reads raw bytes of one layer (holes read as zeros).
+    pub fn read_layer(&self, name: &str, offset: u64, buf: &mut [u8]) -> Result<(), ReplicaError> {
+        self.check(offset, buf.len() as u64)?;
+        let l = &self.layers[self.layer_at(name)?];
+        l.file
+            .read_exact_at(buf, offset)
+            .map_err(|e| ReplicaError::io(&l.path, e))
+    }
+
+    fn pending_at(&self, name: &str) -> Result<usize, ReplicaError> {
+        if !self.meta.pending.contains(name) {
+            return Err(ReplicaError::Invalid(format!(
+                "layer {name} is not being filled"
+            )));
+        }
+        self.layer_at(name)
+    }
+
+    /// Writes block-aligned data into a pending layer.
+    pub fn write_layer(
+        &mut self,
+        name: &str,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), ReplicaError> {
+        self.check(offset, data.len() as u64)?;
+        if !offset.is_multiple_of(BLOCK) || !(data.len() as u64).is_multiple_of(BLOCK) {
+            return Err(ReplicaError::Invalid(format!(
+                "layer write {offset}+{} is not block aligned",
+                data.len()
+            )));
+        }
+        let i = self.pending_at(name)?;
+        let l = &mut self.layers[i];
+        l.file
+            .write_all_at(data, offset)
+            .map_err(|e| ReplicaError::io(&l.path, e))?;
+        l.map
+            .set_range(offset / BLOCK, (offset + data.len() as u64) / BLOCK, true);
+        Ok(())
+    }
+
+    /// Empties a pending layer again (after a failed copy).
+    pub fn reset_layer(&mut self, name: &str) -> Result<(), ReplicaError> {
+        let i = self.pending_at(name)?;
+        let l = &mut self.layers[i];
+        l.file
+            .set_len(0)
+            .and_then(|()| l.file.set_len(self.meta.size))
+            .map_err(|e| ReplicaError::io(&l.path, e))?;
+        l.map = Bitmap::new(self.meta.size / BLOCK);
+        Ok(())
+    }
+
+    /// Re-reads a pending layer whose file was replaced (by a local copy).
+    pub fn reopen_layer(&mut self, name: &str) -> Result<(), ReplicaError> {
+        let i = self.pending_at(name)?;
+        let path = self.layers[i].path.clone();
+        let file = open_rw(&path)?;
+        let map =
+            allocation(&file, self.meta.size / BLOCK).map_err(|e| ReplicaError::io(&path, e))?;
+        self.layers[i].file = file;
+        self.layers[i].map = map;
+        Ok(())
+    }
+
+    /// Checks a filled layer against its checksum and completes it. A
+    /// mismatch leaves it pending.
+    pub fn complete_layer(&mut self, name: &str) -> Result<(), ReplicaError> {
+        let i = self.pending_at(name)?;
+        let l = &self.layers[i];
+        l.file
+            .sync_all()
+            .map_err(|e| ReplicaError::io(&l.path, e))?;
+        let got = self.checksum(i)?;
+        let want = self.meta.frozen.get(name).cloned().unwrap_or_default();
+        if got != want {
+            return Err(ReplicaError::Corrupt(format!(
+                "layer {name} arrived with checksum {got}, the source's is {want}"
+            )));
+        }
+        let mut meta = self.meta.clone();
+        meta.pending.remove(name);
+        meta.write(&self.dir)?;
+        self.meta = meta;
+        Ok(())
+    }
+
+    /// Layers still to fill, oldest first.
+    pub fn pending(&self) -> Vec<String> {
+        self.meta
+            .chain
+            .iter()
+            .filter(|n| self.meta.pending.contains(*n))
+            .cloned()
+            .collect()
+    }
+
+    /// The allocation of one layer, in blocks.
+    pub fn layer_map(&self, name: &str) -> Result<Bitmap, ReplicaError> {
+        Ok(self.layers[self.layer_at(name)?].map.clone())
+    }
+
+    /// Bytes held by the layer `name`.
+    pub fn layer_allocated(&self, name: &str) -> Result<u64, ReplicaError> {
+        Ok(self.layers[self.layer_at(name)?].map.count() * BLOCK)
+    }
+}

@@ -1,0 +1,174 @@
+//! Filling a rebuilding replica: every layer it lacks comes from a healthy
+//! source, by local sparse copy when the source is on this node, else over
+//! the replica protocol as data extents only. Each layer is checked against
+//! the source's checksum on arrival and only then completed, so a fill cut
+//! off resumes from the layers already done.
+//!
+//! This module copies layers and nothing else: it neither decides which
+//! replica to rebuild (the controller does) nor when it turns `rw` (the
+//! engine does).
+
+pub mod local;
+mod remote;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::replica::client::{ClientError, ReplicaClient};
+use crate::replica::server::{ReplicaServer, Shared};
+use crate::replica::{LayerInfo, ReplicaError};
+
+pub use local::CopyPath;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("copy check failed: {0}")]
+    Check(String),
+    #[error(transparent)]
+    Replica(#[from] ReplicaError),
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error("{0}")]
+    Source(String),
+}
+
+/// Bytes done and to do of a running fill.
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub done: AtomicU64,
+    pub total: AtomicU64,
+}
+
+/// What a fill did.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FillReport {
+    /// How the last layer was copied (local ways, or remote).
+    pub path: CopyPath,
+    /// Bytes of layer data copied.
+    pub bytes: u64,
+    /// Layers filled.
+    pub layers: Vec<String>,
+}
+
+fn source_layers(v: &serde_json::Value) -> Vec<LayerInfo> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|l| LayerInfo {
+                    name: l["name"].as_str().unwrap_or_default().to_string(),
+                    allocated: l["allocated"].as_u64().unwrap_or(0),
+                    checksum: l["checksum"].as_str().map(str::to_string),
+                    pending: l["pending"].as_bool().unwrap_or(false),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, SyncError> + Send + 'static,
+) -> Result<T, SyncError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| SyncError::Source(format!("copy task failed: {e}")))?
+}
+
+fn lock_err() -> SyncError {
+    SyncError::Source("replica lock poisoned".into())
+}
+
+/// Fills every pending layer of `target` from the replica `source_name`
+/// served at `source_addr`.
+#[tracing::instrument(skip_all, fields(replica = %target_name, source = %source_name))]
+pub async fn fill(
+    server: &ReplicaServer,
+    target_name: &str,
+    target: Shared,
+    source_name: &str,
+    source_addr: &str,
+    progress: Arc<Progress>,
+) -> Result<FillReport, SyncError> {
+    let pending = target.read().map_err(|_| lock_err())?.pending();
+    let client = ReplicaClient::connect(source_addr, source_name).await?;
+    let layers = source_layers(&client.layers().await?);
+    let mut todo = Vec::new();
+    for name in &pending {
+        let (index, info) = layers
+            .iter()
+            .enumerate()
+            .find(|(_, l)| &l.name == name)
+            .ok_or_else(|| SyncError::Source(format!("the source has no layer {name}")))?;
+        if info.pending || info.checksum.is_none() {
+            return Err(SyncError::Source(format!(
+                "the source's layer {name} is not complete"
+            )));
+        }
+        todo.push((index as u64, info.clone()));
+    }
+    progress.total.store(
+        todo.iter().map(|(_, l)| l.allocated).sum(),
+        Ordering::SeqCst,
+    );
+    let mut report = FillReport {
+        path: CopyPath::Remote,
+        bytes: 0,
+        layers: pending.clone(),
+    };
+    // The source is on this node when this server can open it.
+    let local_source = if source_name != target_name {
+        server.find(source_name).ok()
+    } else {
+        None
+    };
+    let mut remaining = todo.as_slice();
+    if let Some(src) = local_source {
+        while let Some(((_, layer), rest)) = remaining.split_first() {
+            let (src, dst, name) = (src.clone(), target.clone(), layer.name.clone());
+            let copied = blocking(move || {
+                let (src_path, map, size) = {
+                    let s = src.read().map_err(|_| lock_err())?;
+                    (s.layer_path(&name)?, s.layer_map(&name)?, s.size())
+                };
+                let dst_path = dst.read().map_err(|_| lock_err())?.layer_path(&name)?;
+                let way = local::copy_layer(&src_path, &map, &dst_path, size)?;
+                let mut d = dst.write().map_err(|_| lock_err())?;
+                d.reopen_layer(&name)?;
+                d.complete_layer(&name)?;
+                Ok(way)
+            })
+            .await;
+            match copied {
+                Ok(way) => {
+                    report.path = way;
+                    report.bytes += layer.allocated;
+                    progress.done.fetch_add(layer.allocated, Ordering::SeqCst);
+                    remaining = rest;
+                }
+                Err(e) => {
+                    tracing::warn!(layer = %layer.name, error = %e, "local copy failed; cleaning the target and copying over the network");
+                    let (dst, name) = (target.clone(), layer.name.clone());
+                    blocking(move || {
+                        dst.write()
+                            .map_err(|_| lock_err())?
+                            .reset_layer(&name)
+                            .map_err(SyncError::from)
+                    })
+                    .await?;
+                    break;
+                }
+            }
+        }
+    }
+    for (index, layer) in remaining {
+        let n = remote::pull_layer(&client, *index, &layer.name, &target, &progress).await?;
+        report.path = CopyPath::Remote;
+        report.bytes += n;
+    }
+    Ok(report)
+}

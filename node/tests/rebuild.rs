@@ -1,0 +1,297 @@
+//! Rebuild over real replica servers on loopback: a replica joins a running
+//! volume, receives every write from that moment, and fills its frozen
+//! layers by local copy (same node) or remote sync (another node).
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ballast::model::ReplicaMode;
+use ballast_node::engine::{Engine, MemberStatus, ReplicaAddr};
+use ballast_node::replica::Replica;
+use ballast_node::replica::client::ReplicaClient;
+use ballast_node::replica::server::{JoinSpec, ReplicaServer, replica_dir};
+use tokio::net::TcpListener;
+
+const SIZE: u64 = 16 << 20;
+
+/// A replica server over `disks`; returns its address.
+async fn server(disks: &[&Path]) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(
+        ReplicaServer::new(disks.iter().map(|d| d.to_path_buf()).collect()).serve(listener),
+    );
+    addr
+}
+
+fn replica(disk: &Path, name: &str, addr: &str) -> ReplicaAddr {
+    Replica::create(&replica_dir(disk, name), SIZE).unwrap();
+    ReplicaAddr {
+        name: name.into(),
+        addr: addr.into(),
+    }
+}
+
+/// A pattern that differs per block and per generation.
+fn pattern(offset: u64, len: usize, generation: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((offset as usize + i) / 4096 % 251) as u8 ^ generation.wrapping_mul(37))
+        .collect()
+}
+
+async fn wait_rw(engine: &Engine, name: &str) -> MemberStatus {
+    for _ in 0..600 {
+        let st = engine.status().await;
+        let m = st.iter().find(|m| m.name == name).unwrap().clone();
+        assert_ne!(m.mode, ReplicaMode::Err, "rebuild failed: {m:?}");
+        if m.mode == ReplicaMode::Rw {
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{name} did not become rw");
+}
+
+async fn image(at: &ReplicaAddr) -> Vec<u8> {
+    let c = ReplicaClient::connect(&at.addr, &at.name).await.unwrap();
+    c.read(0, SIZE as u32).await.unwrap()
+}
+
+async fn layers(at: &ReplicaAddr) -> Vec<(String, Option<String>)> {
+    let c = ReplicaClient::connect(&at.addr, &at.name).await.unwrap();
+    c.layers()
+        .await
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| {
+            (
+                l["name"].as_str().unwrap().to_string(),
+                l["checksum"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_under_concurrent_writes_ends_with_all_replicas_identical_layer_by_layer() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
+    let r0 = replica(d1.path(), "v-r0", &s1);
+    let r1 = replica(d2.path(), "v-r1", &s2);
+    let engine = Engine::start("v", SIZE, std::slice::from_ref(&r0), None)
+        .await
+        .unwrap();
+    // Data before the rebuild: the first 8 MiB, with holes every other MiB.
+    for mib in (0..8u64).step_by(2) {
+        engine
+            .write(mib << 20, &pattern(mib << 20, 1 << 20, 1), false)
+            .await
+            .unwrap();
+    }
+    let before = blake3::hash(&engine.read(0, 8 << 20).await.unwrap());
+    // Writers keep going during the rebuild, over the upper half, aligned
+    // and not.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = (0..3u64)
+        .map(|w| {
+            let (e, stop) = (engine.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !stop.load(Ordering::SeqCst) || n < 20 {
+                    let offset =
+                        (8 << 20) + w * (2 << 20) + (n * 7919 % 500) * 4096 + (n % 3) * 512;
+                    let len = 4096 + (n % 4) as usize * 1000;
+                    e.write(offset, &pattern(offset, len, n as u8), n.is_multiple_of(5))
+                        .await
+                        .unwrap();
+                    if n.is_multiple_of(9) {
+                        e.trim(offset + 8192, 3 * 4096 + 100).await.unwrap();
+                    }
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    engine.add_replica(r1.clone(), None).await.unwrap();
+    let m = wait_rw(&engine, "v-r1").await;
+    stop.store(true, Ordering::SeqCst);
+    for w in writers {
+        assert!(w.await.unwrap() >= 20);
+    }
+    let rebuild = m.rebuild.unwrap();
+    assert!(rebuild.done);
+    assert_eq!(rebuild.path, "remote");
+    assert_eq!(rebuild.source, "v-r0");
+    assert!(rebuild.copied_bytes >= 4 << 20, "{rebuild:?}");
+    engine.flush().await.unwrap();
+    // One more snapshot freezes the heads: every layer must then be equal.
+    engine.snapshot().await.unwrap();
+    let (l0, l1) = (layers(&r0).await, layers(&r1).await);
+    assert_eq!(l0, l1, "layer chains differ");
+    assert!(l0.len() >= 3 && l0[..l0.len() - 1].iter().all(|l| l.1.is_some()));
+    let (i0, i1) = (image(&r0).await, image(&r1).await);
+    assert!(i0 == i1, "replica contents differ");
+    assert_eq!(
+        blake3::hash(&i1[..8 << 20]),
+        before,
+        "data written before the rebuild changed"
+    );
+}
+
+/// Allocated bytes of a file.
+fn allocated(p: &Path) -> u64 {
+    std::fs::metadata(p).unwrap().blocks() * 512
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_on_the_same_node_copies_locally_and_keeps_the_holes() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let s = server(&[d1.path(), d2.path()]).await;
+    let r0 = replica(d1.path(), "v-r0", &s);
+    let r1 = replica(d2.path(), "v-r1", &s);
+    let engine = Engine::start("v", SIZE, std::slice::from_ref(&r0), Some("v-r0".into()))
+        .await
+        .unwrap();
+    for k in 0..16u64 {
+        let at = k * (1 << 20) + (k % 3) * 8192;
+        engine
+            .write(at, &pattern(at, 64 << 10, 2), false)
+            .await
+            .unwrap();
+    }
+    let before = blake3::hash(&engine.read(0, SIZE as u32).await.unwrap());
+    engine
+        .add_replica(r1.clone(), Some("v-r0".into()))
+        .await
+        .unwrap();
+    let m = wait_rw(&engine, "v-r1").await;
+    let rebuild = m.rebuild.unwrap();
+    // /tmp is ext4 here: no reflink, so copy_file_range per extent.
+    assert!(
+        ["reflink", "copy-file-range"].contains(&rebuild.path.as_str()),
+        "{rebuild:?}"
+    );
+    assert_eq!(rebuild.copied_bytes, 16 * (64 << 10));
+    let src = replica_dir(d1.path(), "v-r0").join("layer-000001.img");
+    let dst = replica_dir(d2.path(), "v-r1").join("layer-000001.img");
+    assert_eq!(std::fs::metadata(&dst).unwrap().len(), SIZE);
+    assert_eq!(allocated(&dst), allocated(&src), "holes were not kept");
+    assert_eq!(blake3::hash(&image(&r1).await), before);
+}
+
+/// Freezes the source's head and joins `target` to its chain; returns the
+/// report of the join.
+async fn join(source: &ReplicaClient, target: &ReplicaClient) -> serde_json::Value {
+    source.snapshot().await.unwrap();
+    let info = source.info().await.unwrap();
+    let spec = JoinSpec::following(
+        &source.layers().await.unwrap(),
+        info["revision"].as_u64().unwrap(),
+    )
+    .unwrap();
+    serde_json::to_value(target.join(&spec).await.unwrap()).unwrap()
+}
+
+struct Immutable<'a>(&'a Path);
+
+impl Drop for Immutable<'_> {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(self.0)
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_local_copy_falls_back_to_remote_sync_with_a_clean_target() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root for chattr (CI runs as root)"
+    );
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let s = server(&[d1.path(), d2.path()]).await;
+    let r0 = replica(d1.path(), "v-r0", &s);
+    let r1 = replica(d2.path(), "v-r1", &s);
+    let src = ReplicaClient::connect(&s, "v-r0").await.unwrap();
+    let dst = ReplicaClient::connect(&s, "v-r1").await.unwrap();
+    for k in 0..8u64 {
+        src.write(k << 20, &pattern(k << 20, 32 << 10, 3), k + 1, false)
+            .await
+            .unwrap();
+    }
+    join(&src, &dst).await;
+    // The local copy writes a temp file beside the target layer and renames
+    // it; an immutable file in its way makes that path unwritable, while
+    // the remote sync writes into the layer file itself.
+    let dir = replica_dir(d2.path(), "v-r1");
+    let blocker = dir.join(".layer-000001.img.partial");
+    std::fs::write(&blocker, b"").unwrap();
+    let ok = std::process::Command::new("chattr")
+        .arg("+i")
+        .arg(&blocker)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "chattr +i failed");
+    let _undo = Immutable(&blocker);
+    let report = dst.fill(&format!("v-r0@{s}")).await.unwrap();
+    assert_eq!(report["path"], "remote", "{report}");
+    assert_eq!(report["bytes"], 8 * (32 << 10));
+    let leftovers: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".partial") && n != ".layer-000001.img.partial")
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert_eq!(layers(&r0).await[..1], layers(&r1).await[..1]);
+    assert!(image(&r0).await == image(&r1).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_cut_off_resumes_from_the_layers_it_had_finished() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
+    let r0 = replica(d1.path(), "v-r0", &s1);
+    let r1 = replica(d2.path(), "v-r1", &s2);
+    let src = ReplicaClient::connect(&s1, "v-r0").await.unwrap();
+    let dst = ReplicaClient::connect(&s2, "v-r1").await.unwrap();
+    // Two frozen layers of 1 MiB each.
+    src.write(0, &pattern(0, 1 << 20, 4), 1, false)
+        .await
+        .unwrap();
+    src.snapshot().await.unwrap();
+    src.write(4 << 20, &pattern(4 << 20, 1 << 20, 5), 2, false)
+        .await
+        .unwrap();
+    src.snapshot().await.unwrap();
+    // A first attempt whose second layer arrives wrong (its checksum does
+    // not match): the first layer is kept, the second stays pending.
+    let info = src.info().await.unwrap();
+    let mut spec = JoinSpec::following(
+        &src.layers().await.unwrap(),
+        info["revision"].as_u64().unwrap(),
+    )
+    .unwrap();
+    spec.frozen[1].checksum = "0".repeat(64);
+    dst.join(&spec).await.unwrap();
+    let err = dst.fill(&format!("v-r0@{s1}")).await.unwrap_err();
+    assert!(err.to_string().contains("checksum"), "{err}");
+    let pending = dst.info().await.unwrap()["pending"].as_u64().unwrap();
+    assert_eq!(pending, 1);
+    // The next attempt keeps the finished layer and copies only the other.
+    let report = join(&src, &dst).await;
+    assert_eq!(report["kept"], serde_json::json!(["layer-000001.img"]));
+    assert_eq!(report["keptBytes"], 1 << 20);
+    let filled = dst.fill(&format!("v-r0@{s1}")).await.unwrap();
+    assert_eq!(filled["bytes"], 1 << 20, "{filled}");
+    assert_eq!(dst.info().await.unwrap()["pending"], 0);
+    assert_eq!(layers(&r0).await[..3], layers(&r1).await[..3]);
+    assert!(image(&r0).await == image(&r1).await);
+}
