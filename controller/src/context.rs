@@ -95,6 +95,11 @@ impl Context {
         })
     }
 
+    /// Whether a call holds the volume now.
+    pub fn volume_busy(&self, name: &str) -> bool {
+        self.busy.lock().map(|b| b.contains(name)).unwrap_or(true)
+    }
+
     pub fn saw_node(&self, id: &str) {
         if let Ok(mut m) = self.last_seen.lock() {
             m.insert(id.to_string(), Instant::now());

@@ -106,6 +106,10 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     let api_server =
         axum::serve(api, crate::api::router(ctx.clone())).with_graceful_shutdown(stopped());
     let liveness = tokio::spawn(run_liveness(ctx.clone()));
+    let reconcile = tokio::spawn(crate::executor::run_reconcile(
+        ctx.clone(),
+        config.resync_interval,
+    ));
 
     tracing::info!(
         store = ?config.store,
@@ -124,6 +128,7 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     ballast::grpc::shutdown_signal().await;
     let _ = stop_tx.send(true);
     liveness.abort();
+    reconcile.abort();
     let (c, a, h) = tokio::join!(csi, agent_task, api_task);
     let _ = std::fs::remove_file(&socket);
     if let Ok(Err(e)) = c {

@@ -25,9 +25,25 @@ impl Recorder {
         reason: &str,
         message: impl Into<String>,
     ) {
+        self.record_on(
+            store,
+            &format!("{}/{name}", kind.singular()),
+            reason,
+            message,
+        );
+    }
+
+    /// Records an event on `object` (`KIND/NAME`).
+    pub fn record_on(
+        &self,
+        store: &dyn Store,
+        object: &str,
+        reason: &str,
+        message: impl Into<String>,
+    ) {
         let now = chrono::Utc::now();
         let message = message.into();
-        let object = format!("{}/{name}", kind.singular());
+        let object = object.to_string();
         tracing::info!(%object, reason, %message, "event");
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let event = Event {

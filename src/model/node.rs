@@ -107,4 +107,7 @@ pub struct DiskStatus {
     pub storage_scheduled: u64,
     #[serde(default)]
     pub scheduled_replicas: Vec<String>,
+    /// Used share at or above `replica-auto-balance-disk-pressure-percentage`.
+    #[serde(default)]
+    pub pressure: bool,
 }

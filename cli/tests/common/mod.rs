@@ -147,13 +147,21 @@ pub fn controller_args(
 
 /// Starts a controller in `dir` and waits until its API answers.
 pub fn start_controller(dir: &Path, node_down_timeout: &str) -> ControllerProc {
+    start_controller_with(dir, node_down_timeout, &[])
+}
+
+/// Like `start_controller`, with more flags.
+pub fn start_controller_with(
+    dir: &Path,
+    node_down_timeout: &str,
+    extra: &[&str],
+) -> ControllerProc {
     let (api, agent) = (free_addr(), free_addr());
     let socket = dir.join("controller.sock");
     let store = dir.join("store.redb");
-    let proc = Proc::spawn(
-        &controller_args(&store, &socket, api, agent, node_down_timeout),
-        dir.join("controller.log"),
-    );
+    let mut args = controller_args(&store, &socket, api, agent, node_down_timeout);
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let proc = Proc::spawn(&args, dir.join("controller.log"));
     let api = format!("http://{api}");
     wait_for(Duration::from_secs(30), "the controller's API", || {
         get_json(&format!("{api}/healthz"))

@@ -3,10 +3,12 @@
 //! replica record before the replica), and rolls back what it started when
 //! a step fails. It decides nothing: placement comes from the planner.
 //!
-//! This release carries out the volume lifecycle (create, attach, detach,
-//! delete); the reconcile loop that carries out every planner action comes
-//! next.
+//! `volume` carries out the volume lifecycle (create, attach, detach,
+//! delete); `actions` carries out each planner action; `reconcile` is the
+//! loop that observes, plans and acts on every change and resync tick.
 
+mod actions;
+mod reconcile;
 mod volume;
 
 use std::time::Duration;
@@ -17,6 +19,8 @@ use tonic::transport::Channel;
 
 use crate::error::Error;
 
+pub use actions::carry_out;
+pub use reconcile::run_reconcile;
 pub use volume::{attach, create, delete, detach};
 
 /// A client of a node's agent.
@@ -44,4 +48,24 @@ pub fn agent_error(node: &str, s: tonic::Status) -> Error {
         tonic::Code::FailedPrecondition => Error::Unprocessable(msg),
         _ => Error::Internal(msg),
     }
+}
+
+/// Runs one agent call with the agent timeout.
+pub(crate) async fn with_timeout<T>(
+    node: &str,
+    f: impl std::future::Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(AGENT_TIMEOUT, f).await {
+        Ok(r) => r.map_err(|s| agent_error(node, s)),
+        Err(_) => Err(Error::Internal(format!(
+            "node {node}: no answer in {}s",
+            AGENT_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// A new replica's name: `<volume>-r<8 hex>`.
+pub(crate) fn replica_name(volume: &str) -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{volume}-r{}", &id[..8])
 }

@@ -8,28 +8,10 @@ use ballast::proto::agent::v1::{
 };
 use ballast::store::StoreExt;
 
-use super::{AGENT_TIMEOUT, agent, agent_error};
+use super::{agent, replica_name, with_timeout};
 use crate::context::Context;
 use crate::error::Error;
 use crate::{observe, planner};
-
-async fn with_timeout<T>(
-    node: &str,
-    f: impl std::future::Future<Output = Result<T, tonic::Status>>,
-) -> Result<T, Error> {
-    match tokio::time::timeout(AGENT_TIMEOUT, f).await {
-        Ok(r) => r.map_err(|s| agent_error(node, s)),
-        Err(_) => Err(Error::Internal(format!(
-            "node {node}: no answer in {}s",
-            AGENT_TIMEOUT.as_secs()
-        ))),
-    }
-}
-
-fn replica_name(volume: &str) -> String {
-    let id = uuid::Uuid::new_v4().simple().to_string();
-    format!("{volume}-r{}", &id[..8])
-}
 
 async fn delete_on_node(ctx: &Context, r: &Replica) -> Result<(), Error> {
     let node: Node = ctx.store.fetch(&r.spec.node_id)?;

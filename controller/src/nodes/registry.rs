@@ -23,16 +23,32 @@ impl ControlplaneService {
     }
 }
 
-fn disk_status(d: &ballast::proto::agent::v1::DiskStatus, old: Option<&DiskStatus>) -> DiskStatus {
+/// A disk as its node reports it, with the replicas found on it and
+/// whether it is pressured (used share, counting what the operator
+/// reserves, at or above `pressure_percent`; 0 turns it off).
+fn disk_status(
+    d: &ballast::proto::agent::v1::DiskStatus,
+    replicas: &[ballast::proto::agent::v1::ReplicaStatus],
+    reserved: u64,
+    pressure_percent: u32,
+) -> DiskStatus {
+    let used = d.storage_maximum.saturating_sub(d.storage_available) + reserved;
+    let pressure = pressure_percent > 0
+        && d.ready
+        && d.storage_maximum > 0
+        && used.saturating_mul(100) >= u64::from(pressure_percent) * d.storage_maximum;
     DiskStatus {
         ready: d.ready,
         message: d.message.clone(),
         storage_maximum: d.storage_maximum,
         storage_available: d.storage_available,
         storage_scheduled: d.storage_scheduled,
-        scheduled_replicas: old
-            .map(|o| o.scheduled_replicas.clone())
-            .unwrap_or_default(),
+        scheduled_replicas: replicas
+            .iter()
+            .filter(|r| r.disk_id == d.id)
+            .map(|r| r.name.clone())
+            .collect(),
+        pressure,
     }
 }
 
@@ -154,14 +170,23 @@ impl Controlplane for ControlplaneService {
             return Ok(Response::new(HeartbeatResponse { known: false }));
         }
         ctx.saw_node(&req.node_id);
+        let pressure_percent = ctx.settings()?.disk_pressure_percentage();
         let mut became_ready = false;
         ctx.store
             .modify::<Node, Error>(&req.node_id, |node| {
-                let old = std::mem::take(&mut node.status.disks);
                 node.status.disks = req
                     .disks
                     .iter()
-                    .map(|d| (d.id.clone(), disk_status(d, old.get(&d.id))))
+                    .map(|d| {
+                        let reserved = node
+                            .spec
+                            .disks
+                            .get(&d.id)
+                            .map(|s| s.storage_reserved)
+                            .unwrap_or(0);
+                        let st = disk_status(d, &req.replicas, reserved, pressure_percent);
+                        (d.id.clone(), st)
+                    })
                     .collect();
                 became_ready = mark_alive(node);
                 Ok(true)
@@ -175,6 +200,11 @@ impl Controlplane for ControlplaneService {
                 "heartbeats resumed; node is ready",
             );
         }
+        for r in &req.replicas {
+            if let Err(e) = record_progress(ctx, r) {
+                tracing::warn!(replica = %r.name, error = %e, "cannot record rebuild progress");
+            }
+        }
         for engine in &req.engines {
             if let Err(e) = record_engine(ctx, &req.node_id, engine) {
                 tracing::warn!(volume = %engine.volume, error = %e, "cannot record engine status");
@@ -182,6 +212,28 @@ impl Controlplane for ControlplaneService {
         }
         Ok(Response::new(HeartbeatResponse { known: true }))
     }
+}
+
+/// Records how far a replica's rebuild got (bytes done of total).
+fn record_progress(
+    ctx: &Context,
+    r: &ballast::proto::agent::v1::ReplicaStatus,
+) -> Result<(), Error> {
+    use ballast::model::{RebuildProgress, Replica};
+    let progress = (r.rebuild_total > 0).then_some(RebuildProgress {
+        done: r.rebuild_done,
+        total: r.rebuild_total,
+    });
+    let Some(rep) = ctx.store.get::<Replica>(&r.name)? else {
+        return Ok(());
+    };
+    if rep.status.rebuild_progress != progress {
+        ctx.store.modify::<Replica, Error>(&r.name, |rep| {
+            rep.status.rebuild_progress = progress.clone();
+            Ok(true)
+        })?;
+    }
+    Ok(())
 }
 
 /// Records what an engine reports: its replicas' modes, and the volume's
@@ -210,17 +262,23 @@ fn record_engine(
         if ctx.store.get::<ballast::model::Replica>(&r.name)?.is_none() {
             continue;
         }
+        let mut rebuilt = false;
         ctx.store
             .modify::<ballast::model::Replica, Error>(&r.name, |rep| {
                 let running = e.running && mode != ReplicaMode::Err;
                 if rep.status.mode == Some(mode) && rep.status.running == running {
                     return Ok(false);
                 }
+                rebuilt = mode == ReplicaMode::Rw && rep.status.mode == Some(ReplicaMode::Wo);
                 rep.status.mode = Some(mode);
                 rep.status.running = running;
                 match mode {
-                    ReplicaMode::Rw if rep.spec.healthy_at.is_none() => {
-                        rep.spec.healthy_at = Some(now)
+                    // Reaching rw ends a rebuild and resets the retry count.
+                    ReplicaMode::Rw => {
+                        rep.spec.healthy_at = Some(now);
+                        rep.spec.failed_at = None;
+                        rep.spec.rebuild_retry_count = 0;
+                        rep.status.rebuild_progress = None;
                     }
                     ReplicaMode::Err if rep.spec.failed_at.is_none() => {
                         rep.spec.failed_at = Some(now)
@@ -229,6 +287,20 @@ fn record_engine(
                 }
                 Ok(true)
             })?;
+        if rebuilt {
+            ctx.event(
+                Kind::Replica,
+                &r.name,
+                "ReplicaRebuilt",
+                format!(
+                    "from {}: kept {} B, copied {} B by {}",
+                    r.rebuild_source, r.kept_bytes, r.copied_bytes, r.copy_path
+                ),
+            );
+        }
+        if mode == ReplicaMode::Err && !r.error.is_empty() {
+            tracing::debug!(replica = %r.name, error = %r.error, "replica is err");
+        }
     }
     let robustness = if rw >= volume.spec.number_of_replicas {
         Robustness::Healthy

@@ -55,9 +55,19 @@ pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Channel) {
     loop {
         // The first heartbeat goes right after registering, so the
         // controller learns the disks' sizes at once.
+        let disks = ctx.disk_status();
+        // A disk that went away fails its replicas, so that their volumes
+        // degrade and rebuild elsewhere instead of writing into the void.
+        if let Some(server) = &ctx.replicas {
+            for (d, st) in ctx.disks.iter().zip(&disks) {
+                if !st.ready {
+                    server.fail_disk(&d.path, &st.message);
+                }
+            }
+        }
         let req = HeartbeatRequest {
             node_id: ctx.node_id.clone(),
-            disks: ctx.disk_status(),
+            disks,
             replicas: super::server::scan(&ctx),
             engines: ctx.engines.list().await,
         };

@@ -53,6 +53,9 @@ pub struct DiskIdentityFile {
     pub created: chrono::DateTime<chrono::Utc>,
 }
 
+/// Available bytes are reported in steps of this much.
+pub const ROUND: u64 = 16 << 20;
+
 /// An opened disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Disk {
@@ -70,6 +73,18 @@ impl Disk {
             path: self.path.display().to_string(),
             tags: self.tags.clone(),
         }
+    }
+
+    /// The sum of the sizes of the replicas on this disk.
+    pub fn scheduled(&self) -> u64 {
+        let Ok(entries) = std::fs::read_dir(self.path.join("replicas")) else {
+            return 0;
+        };
+        entries
+            .flatten()
+            .filter_map(|e| crate::replica::Meta::read(&e.path()).ok())
+            .map(|m| m.size)
+            .sum()
     }
 
     /// Measures the disk now. A disk whose identity file is gone or names
@@ -102,7 +117,10 @@ impl Disk {
             Ok(st) => {
                 let frag = st.fragment_size();
                 status.storage_maximum = st.blocks() * frag;
-                status.storage_available = st.blocks_available() * frag;
+                // Rounded down, so that a few writes do not change the
+                // node's record on every heartbeat.
+                status.storage_available = st.blocks_available() * frag / ROUND * ROUND;
+                status.storage_scheduled = self.scheduled();
                 status.ready = true;
             }
             Err(e) => status.message = format!("statvfs: {e}"),
@@ -251,6 +269,13 @@ mod tests {
         let s = disks[0].status();
         assert!(s.ready, "{}", s.message);
         assert!(s.storage_maximum > 0 && s.storage_available <= s.storage_maximum);
+        assert_eq!(s.storage_available % ROUND, 0, "available is rounded");
+        assert_eq!(s.storage_scheduled, 0);
+        for (name, size) in [("v-r1", 8 << 20), ("w-r1", 4 << 20)] {
+            crate::replica::Replica::create(&root.path().join("replicas").join(name), size)
+                .unwrap();
+        }
+        assert_eq!(disks[0].status().storage_scheduled, 12 << 20);
         std::fs::remove_file(root.path().join(IDENTITY_FILE)).unwrap();
         let s = disks[0].status();
         assert!(!s.ready);

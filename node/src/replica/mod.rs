@@ -84,6 +84,8 @@ pub struct Replica {
     layers: Vec<Layer>,
     revision: u64,
     revision_file: File,
+    /// Set when the replica's disk went away: every I/O fails from then on.
+    broken: Option<String>,
 }
 
 fn layer_name(n: usize) -> String {
@@ -205,6 +207,7 @@ impl Replica {
             Err(_) => 0,
         };
         Ok(Replica {
+            broken: None,
             dir: dir.to_path_buf(),
             revision: stored.max(meta.revision),
             meta,
@@ -233,7 +236,18 @@ impl Replica {
         self.meta.chain.clone()
     }
 
+    /// Fails every I/O from now on (its disk is gone or not its own).
+    pub fn break_off(&mut self, why: String) {
+        self.broken = Some(why);
+    }
+
     fn check(&self, offset: u64, len: u64) -> Result<(), ReplicaError> {
+        if let Some(why) = &self.broken {
+            return Err(ReplicaError::io(
+                &self.dir,
+                std::io::Error::other(why.clone()),
+            ));
+        }
         match offset.checked_add(len) {
             Some(end) if end <= self.meta.size => Ok(()),
             _ => Err(ReplicaError::OutOfRange {
@@ -391,6 +405,7 @@ impl Replica {
 
     /// Makes every write so far durable.
     pub fn flush(&self) -> Result<(), ReplicaError> {
+        self.check(0, 0)?;
         let head = self.head();
         head.file
             .sync_data()

@@ -63,6 +63,8 @@ pub struct ReplicaServer {
     open: Mutex<HashMap<String, Shared>>,
     /// Fills under way, by target replica.
     fills: Mutex<HashMap<String, Arc<Progress>>>,
+    /// Disks found not ready: their replicas fail.
+    failed_disks: Mutex<std::collections::HashSet<PathBuf>>,
 }
 
 /// Where a replica named `name` lives on `disk`.
@@ -85,6 +87,7 @@ impl ReplicaServer {
             disks,
             open: Mutex::new(HashMap::new()),
             fills: Mutex::new(HashMap::new()),
+            failed_disks: Mutex::new(Default::default()),
         })
     }
 
@@ -100,9 +103,15 @@ impl ReplicaServer {
         if let Some(r) = open.get(name) {
             return Ok(r.clone());
         }
+        let failed = self
+            .failed_disks
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?
+            .clone();
         let dir = self
             .disks
             .iter()
+            .filter(|d| !failed.contains(*d))
             .map(|d| replica_dir(d, name))
             .find(|d| d.join(META_FILE).exists())
             .ok_or_else(|| format!("no replica {name} on this node"))?;
@@ -142,6 +151,27 @@ impl ReplicaServer {
             fills.remove(target);
         }
         done.map_err(|e| e.to_string())
+    }
+
+    /// Fails every open replica under `disk`, and refuses to open more
+    /// there: the disk is gone or is not the one it was.
+    pub fn fail_disk(&self, disk: &std::path::Path, why: &str) {
+        if let Ok(mut failed) = self.failed_disks.lock() {
+            if !failed.insert(disk.to_path_buf()) {
+                return;
+            }
+        }
+        let Ok(open) = self.open.lock() else {
+            return;
+        };
+        for (name, r) in open.iter() {
+            if let Ok(mut r) = r.write() {
+                if r.dir().starts_with(disk) {
+                    tracing::warn!(replica = %name, disk = %disk.display(), why, "disk lost; failing the replica");
+                    r.break_off(format!("disk {} is not ready: {why}", disk.display()));
+                }
+            }
+        }
     }
 
     /// Forgets an open replica (after it was deleted).

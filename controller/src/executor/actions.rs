@@ -1,0 +1,335 @@
+//! Carrying out one planner action, through the store and the node agents.
+//! Intent is written before the effect: a replica's record exists (in `wo`
+//! mode, so the next plan sees a rebuild under way) before its node builds
+//! it. A failed build marks the replica failed, so that the planner reuses
+//! or replaces it; nothing here decides what to do next.
+
+use std::sync::Arc;
+
+use ballast::model::{
+    DesiredState, Kind, Node, Replica, ReplicaMode, ReplicaSpec, ReplicaStatus, Volume,
+};
+use ballast::proto::agent::v1::{
+    AddEngineReplicaRequest, CreateReplicaRequest, DeleteReplicaRequest, RebuildReplicaRequest,
+    RemoveEngineReplicaRequest,
+};
+use ballast::store::StoreExt;
+
+use super::{agent, replica_name, with_timeout};
+use crate::context::Context;
+use crate::error::Error;
+use crate::planner::{Action, ActionKind};
+
+/// Carries out `action`. Actions on a volume take its guard; a volume busy
+/// with another call fails with a conflict (and is retried by the loop).
+#[tracing::instrument(skip_all, fields(rule = ?action.rule))]
+pub async fn carry_out(ctx: &Arc<Context>, action: &Action) -> Result<(), Error> {
+    match &action.kind {
+        ActionKind::CreateReplica {
+            volume,
+            node,
+            disk,
+            reuse,
+            copy_from,
+            ..
+        } => {
+            let _guard = ctx.lock_volume(volume)?;
+            build_replica(
+                ctx,
+                volume,
+                node,
+                disk,
+                reuse.as_deref(),
+                copy_from.as_deref(),
+            )
+            .await
+        }
+        ActionKind::DeleteReplica { volume, replica } => {
+            let _guard = ctx.lock_volume(volume)?;
+            remove_replica(ctx, volume, replica, &action.reason).await
+        }
+        ActionKind::SetReplicaEviction { replica, requested } => {
+            ctx.store.modify::<Replica, Error>(replica, |r| {
+                let changed = r.spec.eviction_requested != *requested;
+                r.spec.eviction_requested = *requested;
+                Ok(changed)
+            })?;
+            Ok(())
+        }
+        ActionKind::SetNodeStatus {
+            node,
+            auto_evicting,
+            drain_blocked,
+            drain_blocked_reason,
+        } => {
+            ctx.store.modify::<Node, Error>(node, |n| {
+                let s = &mut n.status;
+                let changed = s.auto_evicting != *auto_evicting
+                    || s.drain_blocked != *drain_blocked
+                    || s.drain_blocked_reason != *drain_blocked_reason;
+                s.auto_evicting = *auto_evicting;
+                s.drain_blocked = *drain_blocked;
+                s.drain_blocked_reason = drain_blocked_reason.clone();
+                Ok(changed)
+            })?;
+            Ok(())
+        }
+        ActionKind::RecordEvent {
+            object,
+            reason,
+            message,
+        } => {
+            ctx.events
+                .record_on(ctx.store.as_ref(), object, reason, message.clone());
+            Ok(())
+        }
+    }
+}
+
+fn ready_node(ctx: &Context, id: &str) -> Result<Node, Error> {
+    let node: Node = ctx.store.fetch(id)?;
+    if !node.status.ready || node.status.replica_endpoint.is_empty() {
+        return Err(Error::Unprocessable(format!("node {id} is not ready")));
+    }
+    Ok(node)
+}
+
+fn mark_failed(ctx: &Context, name: &str, why: &Error) {
+    let now = chrono::Utc::now();
+    let marked = ctx.store.modify::<Replica, Error>(name, |r| {
+        r.status.mode = Some(ReplicaMode::Err);
+        r.status.running = false;
+        r.status.rebuild_progress = None;
+        r.spec.failed_at = Some(now);
+        Ok(true)
+    });
+    if marked.is_ok() {
+        ctx.event(
+            Kind::Replica,
+            name,
+            "RebuildFailed",
+            format!("rebuild failed: {why}"),
+        );
+    }
+}
+
+/// Creates (or reuses) a replica of `volume` on `node`/`disk` and fills it:
+/// through the engine when the volume is attached, offline otherwise.
+#[tracing::instrument(skip_all, fields(volume = %volume, node = %node, replica = ?reuse))]
+async fn build_replica(
+    ctx: &Arc<Context>,
+    volume: &str,
+    node: &str,
+    disk: &str,
+    reuse: Option<&str>,
+    copy_from: Option<&str>,
+) -> Result<(), Error> {
+    let vol: Volume = ctx.store.fetch(volume)?;
+    let target = ready_node(ctx, node)?;
+    let replicas: Vec<Replica> = ctx
+        .store
+        .list::<Replica>()?
+        .into_iter()
+        .filter(|r| r.spec.volume == volume)
+        .collect();
+    let has_data = replicas.iter().any(|r| r.spec.healthy_at.is_some());
+    // A replica of a volume that never held data is just made empty.
+    let mode = has_data.then_some(ReplicaMode::Wo);
+    let name = match reuse {
+        Some(name) => {
+            ctx.store.modify::<Replica, Error>(name, |r| {
+                r.spec.failed_at = None;
+                r.spec.rebuild_retry_count += 1;
+                r.status.mode = mode;
+                r.status.running = false;
+                Ok(true)
+            })?;
+            name.to_string()
+        }
+        None => {
+            let name = replica_name(volume);
+            let record = Replica {
+                name: name.clone(),
+                resource_version: 0,
+                spec: ReplicaSpec {
+                    volume: volume.to_string(),
+                    node_id: node.to_string(),
+                    disk_id: disk.to_string(),
+                    data_directory: format!("replicas/{name}"),
+                    desired_state: DesiredState::Running,
+                    eviction_requested: false,
+                    rebuild_retry_count: 0,
+                    failed_at: None,
+                    healthy_at: None,
+                },
+                status: ReplicaStatus {
+                    mode,
+                    ..Default::default()
+                },
+            };
+            ctx.store.create(&record)?;
+            let mut c = agent(&target)?;
+            let created = with_timeout(
+                node,
+                c.create_replica(CreateReplicaRequest {
+                    name: name.clone(),
+                    volume: volume.to_string(),
+                    disk_id: disk.to_string(),
+                    size: vol.spec.size,
+                }),
+            )
+            .await;
+            if let Err(e) = created {
+                let _ = ctx.store.delete::<Replica>(&name, None);
+                return Err(e);
+            }
+            ctx.event(
+                Kind::Replica,
+                &name,
+                "ReplicaCreated",
+                format!("on {node}/{disk}"),
+            );
+            name
+        }
+    };
+    if !has_data {
+        return Ok(());
+    }
+    let at = format!("{name}@{}", target.status.replica_endpoint);
+    let filled = match &vol.status.attached_node {
+        Some(attached) => add_to_engine(ctx, volume, attached, &at, copy_from).await,
+        None => rebuild_offline(ctx, &replicas, &name, &target, copy_from).await,
+    };
+    if let Err(e) = &filled {
+        mark_failed(ctx, &name, e);
+    }
+    filled
+}
+
+/// The engine adds the replica in `wo` mode and rebuilds it; its heartbeat
+/// reports when it turns `rw`.
+async fn add_to_engine(
+    ctx: &Context,
+    volume: &str,
+    attached: &str,
+    at: &str,
+    copy_from: Option<&str>,
+) -> Result<(), Error> {
+    let engine_node = ready_node(ctx, attached)?;
+    let mut c = agent(&engine_node)?;
+    with_timeout(
+        attached,
+        c.add_engine_replica(AddEngineReplicaRequest {
+            volume: volume.to_string(),
+            replica: at.to_string(),
+            source: copy_from.unwrap_or_default().to_string(),
+        }),
+    )
+    .await?;
+    Ok(())
+}
+
+/// A detached volume has no engine: the target's node copies from a
+/// healthy replica (one on its own node first, for a local copy).
+async fn rebuild_offline(
+    ctx: &Context,
+    replicas: &[Replica],
+    name: &str,
+    target: &Node,
+    copy_from: Option<&str>,
+) -> Result<(), Error> {
+    let mut sources: Vec<&Replica> = replicas
+        .iter()
+        .filter(|r| r.name != name && r.status.mode == Some(ReplicaMode::Rw))
+        .collect();
+    sources.sort_by_key(|r| {
+        (
+            Some(r.name.as_str()) != copy_from,
+            r.spec.node_id != target.id,
+        )
+    });
+    let source = sources
+        .iter()
+        .find_map(|r| {
+            ready_node(ctx, &r.spec.node_id)
+                .ok()
+                .map(|n| format!("{}@{}", r.name, n.status.replica_endpoint))
+        })
+        .ok_or_else(|| Error::Unprocessable(format!("no healthy replica to copy {name} from")))?;
+    let mut c = agent(target)?;
+    let done = with_timeout(
+        &target.id,
+        c.rebuild_replica(RebuildReplicaRequest {
+            name: name.to_string(),
+            source: source.clone(),
+        }),
+    )
+    .await?
+    .into_inner();
+    let now = chrono::Utc::now();
+    ctx.store.modify::<Replica, Error>(name, |r| {
+        r.status.mode = Some(ReplicaMode::Rw);
+        r.status.rebuild_progress = None;
+        r.spec.healthy_at = Some(now);
+        r.spec.failed_at = None;
+        r.spec.rebuild_retry_count = 0;
+        Ok(true)
+    })?;
+    ctx.event(
+        Kind::Replica,
+        name,
+        "ReplicaRebuilt",
+        format!(
+            "from {source}: kept {} B, copied {} B by {}",
+            done.kept_bytes, done.copied_bytes, done.copy_path
+        ),
+    );
+    Ok(())
+}
+
+/// Takes a replica out of its volume's engine, deletes its data, then its
+/// record. A replica on a node that is down loses its record only.
+#[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]
+async fn remove_replica(
+    ctx: &Context,
+    volume: &str,
+    replica: &str,
+    why: &str,
+) -> Result<(), Error> {
+    let Some(rep) = ctx.store.get::<Replica>(replica)? else {
+        return Ok(());
+    };
+    let vol: Option<Volume> = ctx.store.get(volume)?;
+    if let Some(attached) = vol.and_then(|v| v.status.attached_node) {
+        if let Ok(node) = ready_node(ctx, &attached) {
+            let mut c = agent(&node)?;
+            with_timeout(
+                &attached,
+                c.remove_engine_replica(RemoveEngineReplicaRequest {
+                    volume: volume.to_string(),
+                    replica: replica.to_string(),
+                }),
+            )
+            .await?;
+        }
+    }
+    match ready_node(ctx, &rep.spec.node_id) {
+        Ok(node) => {
+            let mut c = agent(&node)?;
+            with_timeout(
+                &node.id,
+                c.delete_replica(DeleteReplicaRequest {
+                    name: replica.to_string(),
+                }),
+            )
+            .await?;
+        }
+        Err(_) => tracing::warn!(
+            node = %rep.spec.node_id,
+            "the replica's node is down; its data stays on the disk until the node returns"
+        ),
+    }
+    ctx.store.delete::<Replica>(replica, None)?;
+    ctx.event(Kind::Replica, replica, "ReplicaDeleted", why.to_string());
+    Ok(())
+}

@@ -1,0 +1,148 @@
+//! The control loop: observe the store, plan, act — on every change to the
+//! store and on every resync tick.
+//!
+//! Actions run in tasks of their own, so that a long offline rebuild does
+//! not hold up the rest of the cluster; the volume guard keeps one action
+//! per volume at a time, and the next plan sees what is under way (a
+//! replica in `wo` mode) so it never issues it twice. A failed action is
+//! retried with a growing delay; the failure is recorded as an event.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::broadcast::error::RecvError;
+
+use super::actions::carry_out;
+use crate::context::Context;
+use crate::error::Error;
+use crate::observe;
+use crate::planner::{self, Action, ActionKind};
+
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Changes that come together are planned together.
+const SETTLE: Duration = Duration::from_millis(50);
+
+/// Failed actions and when each may run again.
+#[derive(Default)]
+struct Backoff {
+    failures: HashMap<String, (u32, Instant)>,
+}
+
+impl Backoff {
+    fn ready(&self, key: &str, now: Instant) -> bool {
+        self.failures.get(key).is_none_or(|(_, at)| *at <= now)
+    }
+
+    fn failed(&mut self, key: &str, now: Instant) -> Duration {
+        let e = self.failures.entry(key.to_string()).or_insert((0, now));
+        e.0 += 1;
+        let delay = BACKOFF_MIN.saturating_mul(1 << e.0.min(8)).min(BACKOFF_MAX);
+        e.1 = now + delay;
+        delay
+    }
+
+    fn succeeded(&mut self, key: &str) {
+        self.failures.remove(key);
+    }
+}
+
+/// What identifies an action across passes, for its backoff.
+fn key(a: &Action) -> String {
+    match &a.kind {
+        ActionKind::CreateReplica {
+            volume,
+            node,
+            disk,
+            reuse,
+            ..
+        } => format!(
+            "create/{volume}/{node}/{disk}/{}",
+            reuse.as_deref().unwrap_or("")
+        ),
+        ActionKind::DeleteReplica { replica, .. } => format!("delete/{replica}"),
+        other => format!("{other:?}"),
+    }
+}
+
+fn volume_of(a: &Action) -> Option<&str> {
+    match &a.kind {
+        ActionKind::CreateReplica { volume, .. } | ActionKind::DeleteReplica { volume, .. } => {
+            Some(volume)
+        }
+        _ => None,
+    }
+}
+
+/// One pass: plan on the store as it is now and start what is due.
+#[tracing::instrument(skip_all)]
+fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<usize, Error> {
+    let view = observe::cluster_view(ctx.store.as_ref())?;
+    let plan = planner::plan(&view, &ctx.settings()?, chrono::Utc::now());
+    let now = Instant::now();
+    let mut started = 0;
+    for action in plan.actions {
+        let k = key(&action);
+        if !backoff.lock().map(|b| b.ready(&k, now)).unwrap_or(true) {
+            continue;
+        }
+        if let Some(v) = volume_of(&action) {
+            if ctx.volume_busy(v) {
+                continue;
+            }
+        }
+        started += 1;
+        tracing::info!(rule = ?action.rule, reason = %action.reason, action = ?action.kind, "carrying out");
+        let (ctx, backoff) = (ctx.clone(), backoff.clone());
+        tokio::spawn(async move {
+            let result = carry_out(&ctx, &action).await;
+            let Ok(mut b) = backoff.lock() else {
+                return;
+            };
+            match result {
+                Ok(()) => b.succeeded(&k),
+                // Another call holds the volume: try on the next pass.
+                Err(Error::Conflict(_)) => {}
+                Err(e) => {
+                    let delay = b.failed(&k, Instant::now());
+                    tracing::warn!(error = %e, retry_in = ?delay, "action failed");
+                    if let Some(v) = volume_of(&action) {
+                        ctx.event(
+                            ballast::model::Kind::Volume,
+                            v,
+                            "ActionFailed",
+                            format!("{}: {e}; retrying in {delay:?}", action.reason),
+                        );
+                    }
+                }
+            }
+        });
+    }
+    Ok(started)
+}
+
+/// Runs the loop until the task is dropped.
+pub async fn run_reconcile(ctx: Arc<Context>, resync: Duration) {
+    let mut changes = ctx.store.subscribe();
+    let backoff = Arc::new(Mutex::new(Backoff::default()));
+    let mut tick = tokio::time::interval(resync);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            got = changes.recv() => {
+                match got {
+                    Err(RecvError::Closed) => return,
+                    // Events are reports, not state: nothing to plan on.
+                    Ok(c) if c.kind == ballast::model::Kind::Event => continue,
+                    _ => {}
+                }
+                tokio::time::sleep(SETTLE).await;
+                while changes.try_recv().is_ok() {}
+            }
+        }
+        if let Err(e) = reconcile_once(&ctx, &backoff) {
+            tracing::warn!(error = %e, "reconcile pass failed");
+        }
+    }
+}

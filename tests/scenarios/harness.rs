@@ -1,0 +1,327 @@
+//! The scenario harness: a real controller and real node processes on
+//! loopback (directories as disks), driven through the REST API, with data
+//! written through NBD by `qemu-img` before a move and verified by checksum
+//! after it. Nothing is mocked.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+pub use crate::common::*;
+
+/// Volume size in the scenarios: small, so that rebuilds are quick.
+pub const SIZE: u64 = 64 << 20;
+
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub ctl: ControllerProc,
+    pub nodes: Vec<NodeProc>,
+    pub api: String,
+}
+
+/// `disks` disks per node: `<dir>/<node>/disk-1` ...
+pub fn node_args_with(dir: &Path, id: &str, agent: &str, disks: usize) -> Vec<String> {
+    let (mut args, _) = node_args(dir, id, agent);
+    for d in 2..=disks {
+        let path = dir.join(id).join(format!("disk-{d}"));
+        std::fs::create_dir_all(&path).unwrap();
+        args.push("--disk".into());
+        args.push(path.display().to_string());
+    }
+    args
+}
+
+impl Cluster {
+    /// `n` nodes of `disks` disks each, all ready; scheduling not limited
+    /// by this machine's free space.
+    pub fn start(n: usize, disks: usize) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let ctl = start_controller_with(dir.path(), "4s", &["--resync-interval", "1s"]);
+        let agent = format!("http://{}", ctl.agent);
+        let nodes: Vec<NodeProc> = (1..=n)
+            .map(|i| {
+                let id = format!("node-{i}");
+                let args = node_args_with(dir.path(), &id, &agent, disks);
+                let proc = Proc::spawn(&args, dir.path().join(format!("{id}.log")));
+                NodeProc {
+                    proc,
+                    socket: dir.path().join(format!("{id}.sock")),
+                    id,
+                    args,
+                }
+            })
+            .collect();
+        let api = ctl.api.clone();
+        for n in &nodes {
+            wait_for(Duration::from_secs(30), "node ready", || {
+                node(&api, &n.id).filter(node_is_up)
+            });
+        }
+        let c = Cluster {
+            dir,
+            ctl,
+            nodes,
+            api,
+        };
+        c.set("storage-minimal-available-percentage", json!(0));
+        c
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.api)
+    }
+
+    /// A REST call that must succeed (2xx); returns the body.
+    pub fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let (s, v) = call(method, &self.url(path), body);
+        assert!((200..300).contains(&s), "{method} {path}: {s} {v}");
+        v
+    }
+
+    pub fn set(&self, name: &str, value: Value) {
+        self.ok(
+            "PUT",
+            &format!("/v1/settings/{name}"),
+            Some(json!({ "value": value })),
+        );
+    }
+
+    pub fn patch_node(&self, id: &str, body: Value) {
+        self.ok("PATCH", &format!("/v1/nodes/{id}"), Some(body));
+    }
+
+    pub fn node(&self, id: &str) -> Value {
+        self.ok("GET", &format!("/v1/nodes/{id}"), None)
+    }
+
+    pub fn volume(&self, name: &str) -> Value {
+        self.ok("GET", &format!("/v1/volumes/{name}"), None)
+    }
+
+    pub fn create_volume(&self, body: Value) -> Value {
+        self.ok("POST", "/v1/volumes", Some(body))
+    }
+
+    /// Attaches and returns the NBD endpoint.
+    pub fn attach(&self, volume: &str, node: &str) -> String {
+        let v = self.ok(
+            "POST",
+            &format!("/v1/volumes/{volume}/attach"),
+            Some(json!({ "nodeId": node })),
+        );
+        v["status"]["frontendEndpoint"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    pub fn replicas(&self, volume: &str) -> Vec<Value> {
+        self.ok("GET", &format!("/v1/replicas?volume={volume}"), None)["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Replicas in `rw` mode per node.
+    pub fn rw_per_node(&self, volume: &str) -> std::collections::BTreeMap<String, usize> {
+        let mut m = std::collections::BTreeMap::new();
+        for r in self.replicas(volume) {
+            if r["status"]["mode"] == "rw" {
+                *m.entry(r["spec"]["nodeId"].as_str().unwrap().to_string())
+                    .or_default() += 1;
+            }
+        }
+        m
+    }
+
+    /// Waits until the volume has exactly `n` replicas, all `rw`.
+    pub fn wait_settled(&self, volume: &str, n: usize, limit: Duration) -> Vec<Value> {
+        wait_for(limit, &format!("{volume}: {n} rw replicas"), || {
+            let reps = self.replicas(volume);
+            (reps.len() == n && reps.iter().all(|r| r["status"]["mode"] == "rw")).then_some(reps)
+        })
+    }
+
+    pub fn events(&self, object: &str) -> Vec<Value> {
+        self.ok("GET", &format!("/v1/events?object={object}"), None)["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Every event with `reason`, on any object.
+    pub fn all_events(&self, reason: &str) -> Vec<Value> {
+        self.ok("GET", "/v1/events", None)["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect()
+    }
+
+    /// The `ReplicaRebuilt` events: (replica, message).
+    pub fn rebuilds(&self) -> Vec<(String, String)> {
+        self.all_events("ReplicaRebuilt")
+            .iter()
+            .map(|e| {
+                (
+                    e["object"].as_str().unwrap_or_default().to_string(),
+                    e["message"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    pub fn event_reasons(&self, object: &str) -> Vec<String> {
+        self.events(object)
+            .iter()
+            .map(|e| e["reason"].as_str().unwrap_or_default().to_string())
+            .collect()
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// Stops a node's process (SIGKILL), as a crash would.
+    pub fn kill_node(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        n.proc.signal(nix::sys::signal::Signal::SIGKILL);
+        n.proc.wait_exit(Duration::from_secs(10));
+    }
+
+    /// Starts a stopped node again with the same flags and waits for it.
+    pub fn restart_node(&mut self, i: usize) {
+        let since = chrono::Utc::now();
+        let n = &mut self.nodes[i];
+        let log = self.dir.path().join(format!("{}.log", n.id));
+        n.proc = Proc::spawn(&n.args, log);
+        let (api, id) = (self.api.clone(), n.id.clone());
+        wait_for(Duration::from_secs(30), "node back", || {
+            node(&api, &id).filter(|v| node_up_since(v, since))
+        });
+    }
+}
+
+/// A REST call: (status, JSON body).
+pub fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = reqwest::Client::new();
+        let mut r = c
+            .request(method.parse().unwrap(), url)
+            .timeout(Duration::from_secs(60));
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    })
+}
+
+/// Data written to a volume: a sparse image of scattered pseudo-random
+/// extents, and its checksum.
+pub struct Data {
+    pub image: PathBuf,
+    pub sum: String,
+}
+
+fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// Writes `seed`-dependent data through the NBD endpoint with qemu-img.
+pub fn write_data(dir: &Path, endpoint: &str, seed: u64) -> Data {
+    use std::os::unix::fs::FileExt;
+    let image = dir.join(format!("data-{seed}.img"));
+    let f = std::fs::File::create(&image).unwrap();
+    f.set_len(SIZE).unwrap();
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    for k in 0..12u64 {
+        let mut buf = vec![0u8; 256 << 10];
+        for b in buf.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        let at = (k * 5 + seed % 3) << 20;
+        f.write_all_at(&buf, at).unwrap();
+    }
+    f.sync_all().unwrap();
+    let out = Command::new("qemu-img")
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&image)
+        .arg(endpoint)
+        .output()
+        .expect("qemu-img (package qemu-utils) is installed");
+    assert!(
+        out.status.success(),
+        "qemu-img convert: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Data {
+        sum: sha256(&image),
+        image,
+    }
+}
+
+/// Reads the whole volume back through NBD and checks it against `data`.
+pub fn verify_data(dir: &Path, endpoint: &str, data: &Data) {
+    let back = dir.join("read-back.img");
+    let _ = std::fs::remove_file(&back);
+    let out = Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw"])
+        .arg(endpoint)
+        .arg(&back)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "qemu-img convert: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(sha256(&back), data.sum, "the volume's data changed");
+    std::fs::remove_file(&back).unwrap();
+}
+
+/// Reads every replica of `volume` straight from its files on disk (the
+/// newest layer holding a block wins) and checks each against `data`.
+pub fn verify_replicas(c: &Cluster, volume: &str, data: &Data) {
+    let reps = c.replicas(volume);
+    assert!(!reps.is_empty());
+    for r in reps {
+        let node = r["spec"]["nodeId"].as_str().unwrap();
+        let disk = r["spec"]["diskId"].as_str().unwrap();
+        let name = r["name"].as_str().unwrap();
+        let dir = c.path(node).join(disk).join("replicas").join(name);
+        let replica = ballast_node::replica::Replica::open(&dir).unwrap();
+        assert!(replica.pending().is_empty(), "{name} has pending layers");
+        let mut buf = vec![0u8; SIZE as usize];
+        replica.read(0, &mut buf).unwrap();
+        let copy = c.path(&format!("{name}.img"));
+        std::fs::write(&copy, &buf).unwrap();
+        assert_eq!(
+            sha256(&copy),
+            data.sum,
+            "replica {name} on {node}/{disk} differs"
+        );
+        std::fs::remove_file(&copy).unwrap();
+    }
+}

@@ -1,0 +1,10 @@
+//! Every scenario of the seeds' test plans, on real processes: a controller
+//! and node processes on loopback, directories as disks, volumes served by
+//! engine processes over NBD. Data is written before every move and
+//! verified by checksum after it, through NBD and in every replica's files.
+
+#[path = "../../cli/tests/common/mod.rs"]
+mod common;
+mod harness;
+
+mod seed000_auto_balance;
