@@ -300,18 +300,18 @@ async fn remove_replica(
         return Ok(());
     };
     let vol: Option<Volume> = ctx.store.get(volume)?;
-    if let Some(attached) = vol.and_then(|v| v.status.attached_node) {
-        if let Ok(node) = ready_node(ctx, &attached) {
-            let mut c = agent(&node)?;
-            with_timeout(
-                &attached,
-                c.remove_engine_replica(RemoveEngineReplicaRequest {
-                    volume: volume.to_string(),
-                    replica: replica.to_string(),
-                }),
-            )
-            .await?;
-        }
+    if let Some(attached) = vol.and_then(|v| v.status.attached_node)
+        && let Ok(node) = ready_node(ctx, &attached)
+    {
+        let mut c = agent(&node)?;
+        with_timeout(
+            &attached,
+            c.remove_engine_replica(RemoveEngineReplicaRequest {
+                volume: volume.to_string(),
+                replica: replica.to_string(),
+            }),
+        )
+        .await?;
     }
     match ready_node(ctx, &rep.spec.node_id) {
         Ok(node) => {

@@ -87,10 +87,8 @@ fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<u
         if !backoff.lock().map(|b| b.ready(&k, now)).unwrap_or(true) {
             continue;
         }
-        if let Some(v) = volume_of(&action) {
-            if ctx.volume_busy(v) {
-                continue;
-            }
+        if volume_of(&action).is_some_and(|v| ctx.volume_busy(v)) {
+            continue;
         }
         started += 1;
         tracing::info!(rule = ?action.rule, reason = %action.reason, action = ?action.kind, "carrying out");

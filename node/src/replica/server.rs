@@ -156,20 +156,20 @@ impl ReplicaServer {
     /// Fails every open replica under `disk`, and refuses to open more
     /// there: the disk is gone or is not the one it was.
     pub fn fail_disk(&self, disk: &std::path::Path, why: &str) {
-        if let Ok(mut failed) = self.failed_disks.lock() {
-            if !failed.insert(disk.to_path_buf()) {
-                return;
-            }
+        if let Ok(mut failed) = self.failed_disks.lock()
+            && !failed.insert(disk.to_path_buf())
+        {
+            return;
         }
         let Ok(open) = self.open.lock() else {
             return;
         };
         for (name, r) in open.iter() {
-            if let Ok(mut r) = r.write() {
-                if r.dir().starts_with(disk) {
-                    tracing::warn!(replica = %name, disk = %disk.display(), why, "disk lost; failing the replica");
-                    r.break_off(format!("disk {} is not ready: {why}", disk.display()));
-                }
+            if let Ok(mut r) = r.write()
+                && r.dir().starts_with(disk)
+            {
+                tracing::warn!(replica = %name, disk = %disk.display(), why, "disk lost; failing the replica");
+                r.break_off(format!("disk {} is not ready: {why}", disk.display()));
             }
         }
     }
