@@ -139,3 +139,148 @@ fn node_least_effort_spreads_without_evening_out_and_keeps_the_data() {
     stays_put(&c, "vol");
     check_data(&c, &endpoint, &data);
 }
+
+#[test]
+fn a_volume_spec_balances_one_volume_when_the_setting_does_not() {
+    let c = Cluster::start(3, 1);
+    c.set("replica-soft-anti-affinity", json!(true));
+    c.set("replica-disk-soft-anti-affinity", json!(true));
+    c.set("replica-auto-balance", json!("disabled"));
+    for n in ["node-2", "node-3"] {
+        c.patch_node(n, json!({"allowScheduling": false}));
+    }
+    let mut data = Vec::new();
+    for (i, v) in ["vol-1", "vol-2"].iter().enumerate() {
+        c.create_volume(json!({"name": v, "size": SIZE, "numberOfReplicas": 3}));
+        let endpoint = c.attach(v, "node-1");
+        c.wait_settled(v, 3, SETTLE);
+        assert_eq!(c.rw_per_node(v), counts(&[("node-1", 3)]));
+        data.push((
+            v.to_string(),
+            endpoint.clone(),
+            write_data(c.dir.path(), &endpoint, i as u64 + 7),
+        ));
+    }
+    c.ok(
+        "PATCH",
+        "/v1/volumes/vol-2",
+        Some(json!({"replicaAutoBalance": "least-effort"})),
+    );
+    for n in ["node-2", "node-3"] {
+        c.patch_node(n, json!({"allowScheduling": true}));
+    }
+    wait_counts(
+        &c,
+        "vol-2",
+        &counts(&[("node-1", 1), ("node-2", 1), ("node-3", 1)]),
+        3,
+    );
+    stays_put(&c, "vol-1");
+    assert_eq!(c.rw_per_node("vol-1"), counts(&[("node-1", 3)]));
+    for (v, endpoint, d) in &data {
+        verify_data(c.dir.path(), endpoint, d);
+        verify_replicas(&c, v, d);
+    }
+}
+
+/// Zone scenarios: node-i in zone-i, the volume's own balance mode.
+fn start_zones(balance: &str, replicas: u32) -> (Cluster, String, Data) {
+    let c = Cluster::start(3, 1);
+    for (n, z) in [
+        ("node-1", "zone-1"),
+        ("node-2", "zone-2"),
+        ("node-3", "zone-3"),
+    ] {
+        c.patch_node(n, json!({"zone": z}));
+    }
+    c.set("replica-soft-anti-affinity", json!(true));
+    c.set("replica-zone-soft-anti-affinity", json!(true));
+    c.set("replica-disk-soft-anti-affinity", json!(true));
+    for n in ["node-2", "node-3"] {
+        c.patch_node(n, json!({"allowScheduling": false}));
+    }
+    c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": replicas, "replicaAutoBalance": balance}));
+    let endpoint = c.attach("vol", "node-1");
+    c.wait_settled("vol", replicas as usize, SETTLE);
+    let data = write_data(c.dir.path(), &endpoint, 3);
+    assert_eq!(
+        per_zone(&c, "vol"),
+        counts(&[("zone-1", replicas as usize)])
+    );
+    (c, endpoint, data)
+}
+
+fn wait_zones(
+    c: &Cluster,
+    ok: impl Fn(&BTreeMap<String, usize>) -> bool,
+) -> BTreeMap<String, usize> {
+    wait_for(SETTLE, "the zone layout", || {
+        let z = per_zone(c, "vol");
+        (c.replicas("vol").len() == 6 && ok(&z)).then_some(z)
+    })
+}
+
+#[test]
+fn zone_least_effort_reaches_every_zone_and_keeps_the_data() {
+    let (c, endpoint, data) = start_zones("least-effort", 6);
+    c.patch_node("node-2", json!({"allowScheduling": true}));
+    let z = wait_zones(&c, |z| z.get("zone-2").is_some_and(|n| *n > 0));
+    assert_ne!(z.get("zone-1"), z.get("zone-2"), "{z:?}");
+    assert_eq!(z.get("zone-3"), None);
+    c.patch_node("node-3", json!({"allowScheduling": true}));
+    let z = wait_zones(&c, |z| z.get("zone-3").is_some_and(|n| *n > 0));
+    assert!(z.get("zone-2").is_some_and(|n| *n > 0));
+    assert_ne!(z.get("zone-1"), z.get("zone-3"), "{z:?}");
+    stays_put(&c, "vol");
+    check_data(&c, &endpoint, &data);
+}
+
+#[test]
+fn zone_best_effort_evens_out_zones_and_keeps_the_data() {
+    let (c, endpoint, data) = start_zones("best-effort", 6);
+    c.patch_node("node-2", json!({"allowScheduling": true}));
+    wait_zones(&c, |z| z == &counts(&[("zone-1", 3), ("zone-2", 3)]));
+    c.patch_node("node-3", json!({"allowScheduling": true}));
+    wait_zones(&c, |z| {
+        z == &counts(&[("zone-1", 2), ("zone-2", 2), ("zone-3", 2)])
+    });
+    stays_put(&c, "vol");
+    check_data(&c, &endpoint, &data);
+}
+
+#[test]
+fn a_node_added_to_the_zone_with_duplicates_gets_one() {
+    let c = Cluster::start(3, 1);
+    c.set("replica-soft-anti-affinity", json!(true));
+    c.set("replica-zone-soft-anti-affinity", json!(true));
+    c.set("replica-disk-soft-anti-affinity", json!(true));
+    c.patch_node("node-1", json!({"zone": "zone-1"}));
+    c.patch_node("node-2", json!({"zone": "zone-2"}));
+    c.patch_node("node-3", json!({"allowScheduling": false}));
+    c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 3, "replicaAutoBalance": "least-effort"}));
+    let endpoint = c.attach("vol", "node-1");
+    c.wait_settled("vol", 3, SETTLE);
+    let data = write_data(c.dir.path(), &endpoint, 4);
+    let z = per_zone(&c, "vol");
+    assert_eq!(z.values().sum::<usize>(), 3);
+    // node-3 joins the zone that holds two replicas.
+    let dup = z
+        .iter()
+        .find(|(_, n)| **n == 2)
+        .map(|(z, _)| z.clone())
+        .unwrap();
+    c.patch_node("node-3", json!({"zone": dup, "allowScheduling": true}));
+    wait_counts(
+        &c,
+        "vol",
+        &counts(&[("node-1", 1), ("node-2", 1), ("node-3", 1)]),
+        3,
+    );
+    let z = per_zone(&c, "vol");
+    assert_eq!(
+        z.get("zone-1").copied().unwrap_or(0) + z.get("zone-2").copied().unwrap_or(0),
+        3,
+        "{z:?}"
+    );
+    check_data(&c, &endpoint, &data);
+}

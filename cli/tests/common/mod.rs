@@ -163,9 +163,15 @@ pub fn start_controller_with(
     args.extend(extra.iter().map(|a| a.to_string()));
     let proc = Proc::spawn(&args, dir.join("controller.log"));
     let api = format!("http://{api}");
-    wait_for(Duration::from_secs(30), "the controller's API", || {
-        get_json(&format!("{api}/healthz"))
-    });
+    let end = Instant::now() + Duration::from_secs(30);
+    while get_json(&format!("{api}/healthz")).is_none() {
+        assert!(
+            Instant::now() < end,
+            "the controller's API did not answer in 30s; its log:\n{}",
+            proc.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     ControllerProc {
         proc,
         api,
