@@ -8,3 +8,5 @@ mod common;
 mod harness;
 
 mod seed000_auto_balance;
+mod seed002_eviction_drain;
+mod seed003_data_locality;
