@@ -22,7 +22,10 @@ pub async fn run(a: EngineArgs) -> Result<(), String> {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = e.changed.notified() => {}
+                }
                 let status = serde_json::json!({"volume": e.volume, "replicas": e.status().await});
                 let tmp = path.with_extension("tmp");
                 if std::fs::write(&tmp, status.to_string()).is_ok() {

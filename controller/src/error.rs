@@ -19,6 +19,9 @@ pub enum Error {
     /// Valid, but not possible now.
     #[error("{0}")]
     Unprocessable(String),
+    /// A node or a replica could not be reached: it may come back.
+    #[error("{0}")]
+    Unavailable(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -59,6 +62,7 @@ impl From<Error> for tonic::Status {
             Error::AlreadyExists(_) => tonic::Status::already_exists(msg),
             Error::Conflict(_) => tonic::Status::aborted(msg),
             Error::Unprocessable(_) => tonic::Status::failed_precondition(msg),
+            Error::Unavailable(_) => tonic::Status::unavailable(msg),
             Error::Internal(_) => tonic::Status::internal(msg),
         }
     }

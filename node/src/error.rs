@@ -15,6 +15,9 @@ pub enum Error {
     Busy(String),
     #[error("{0}")]
     NotFound(String),
+    /// Something this node needs could not be reached.
+    #[error("{0}")]
+    Unavailable(String),
     /// A failure of this node (its files, its processes).
     #[error("{0}")]
     Internal(String),
@@ -38,6 +41,7 @@ impl From<Error> for tonic::Status {
             Error::AlreadyExists(_) => tonic::Status::already_exists(msg),
             Error::Busy(_) => tonic::Status::aborted(msg),
             Error::NotFound(_) => tonic::Status::not_found(msg),
+            Error::Unavailable(_) => tonic::Status::unavailable(msg),
             Error::Internal(_) => tonic::Status::internal(msg),
         }
     }

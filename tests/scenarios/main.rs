@@ -10,3 +10,4 @@ mod harness;
 mod seed000_auto_balance;
 mod seed002_eviction_drain;
 mod seed003_data_locality;
+mod seed004_reuse;

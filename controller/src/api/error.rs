@@ -15,6 +15,7 @@ impl IntoResponse for Error {
             Error::AlreadyExists(_) => (StatusCode::CONFLICT, "already_exists"),
             Error::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Error::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable"),
+            Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         if status.is_server_error() {

@@ -94,9 +94,15 @@ fn ready_node(ctx: &Context, id: &str) -> Result<Node, Error> {
     Ok(node)
 }
 
-fn mark_failed(ctx: &Context, name: &str, why: &Error) {
+fn mark_failed(ctx: &Context, name: &str, why: &Error, reused: bool) {
     let now = chrono::Utc::now();
+    // A rebuild that failed because a node could not be reached does not
+    // count as a reuse attempt.
+    let uncounted = reused && matches!(why, Error::Unavailable(_));
     let marked = ctx.store.modify::<Replica, Error>(name, |r| {
+        if uncounted {
+            r.spec.rebuild_retry_count = r.spec.rebuild_retry_count.saturating_sub(1);
+        }
         r.status.mode = Some(ReplicaMode::Err);
         r.status.running = false;
         r.status.rebuild_progress = None;
@@ -201,7 +207,7 @@ async fn build_replica(
         None => rebuild_offline(ctx, &replicas, &name, &target, copy_from).await,
     };
     if let Err(e) = &filled {
-        mark_failed(ctx, &name, e);
+        mark_failed(ctx, &name, e, reuse.is_some());
     }
     filled
 }

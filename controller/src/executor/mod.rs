@@ -46,6 +46,7 @@ pub fn agent_error(node: &str, s: tonic::Status) -> Error {
         tonic::Code::InvalidArgument => Error::invalid("node", msg),
         tonic::Code::AlreadyExists | tonic::Code::Aborted => Error::Conflict(msg),
         tonic::Code::FailedPrecondition => Error::Unprocessable(msg),
+        tonic::Code::Unavailable => Error::Unavailable(msg),
         _ => Error::Internal(msg),
     }
 }

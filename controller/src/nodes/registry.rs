@@ -269,7 +269,8 @@ fn record_engine(
                 if rep.status.mode == Some(mode) && rep.status.running == running {
                     return Ok(false);
                 }
-                rebuilt = mode == ReplicaMode::Rw && rep.status.mode == Some(ReplicaMode::Wo);
+                // A rebuild's end is reported once, as the replica turns rw.
+                rebuilt = mode == ReplicaMode::Rw && r.rebuild_done;
                 rep.status.mode = Some(mode);
                 rep.status.running = running;
                 match mode {

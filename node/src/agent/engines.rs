@@ -243,6 +243,8 @@ impl Engines {
             .map_err(|e| {
                 if e.contains("already running") {
                     Error::Busy(e)
+                } else if e.contains("connection lost") {
+                    Error::Unavailable(e)
                 } else {
                     Error::Internal(e)
                 }

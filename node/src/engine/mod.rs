@@ -108,6 +108,9 @@ pub struct Engine {
     io: RwLock<()>,
     /// Set while a replica is being rebuilt (one at a time).
     rebuilding: std::sync::atomic::AtomicBool,
+    /// Woken whenever a replica's mode changes, so that the status is
+    /// reported at once.
+    pub changed: tokio::sync::Notify,
 }
 
 impl Engine {
@@ -206,6 +209,7 @@ impl Engine {
             order: Mutex::new(()),
             io: RwLock::new(()),
             rebuilding: std::sync::atomic::AtomicBool::new(false),
+            changed: tokio::sync::Notify::new(),
         }))
     }
 
@@ -259,6 +263,7 @@ impl Engine {
             x.mode = ReplicaMode::Err;
             x.error = Some(why.to_string());
             x.client = None;
+            self.changed.notify_waiters();
         }
     }
 

@@ -106,6 +106,7 @@ impl Engine {
                 error: None,
                 rebuild: Some(status),
             });
+            self.changed.notify_waiters();
             (format!("{src_name}@{src_addr}"), report)
         };
         tracing::info!(source = %src, kept = kept.kept.len(), pending = kept.pending.len(), "replica joined; filling its layers");
@@ -133,6 +134,7 @@ impl Engine {
                         r.done = true;
                     }
                     tracing::info!(volume = %self.volume, replica = name, report = %report, "rebuild done; replica is rw");
+                    self.changed.notify_waiters();
                 }
             }
             Err(e) => self.fail(name, &e).await,
@@ -155,6 +157,7 @@ impl Engine {
             return Err(replica_err(name, "it is the last rw replica"));
         }
         m.retain(|x| x.at.name != name);
+        self.changed.notify_waiters();
         Ok(())
     }
 }

@@ -1,0 +1,216 @@
+//! Seed 004: reuse of failed replicas. A node back within the replenishment
+//! wait has its replica rebuilt in place, copying only the layers it lacks;
+//! past the wait a new replica is built; a reuse that keeps failing gives
+//! up after the retry limit.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::harness::*;
+
+const SETTLE: Duration = Duration::from_secs(120);
+
+fn names(c: &Cluster, volume: &str) -> Vec<String> {
+    let mut n: Vec<String> = c
+        .replicas(volume)
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    n.sort();
+    n
+}
+
+fn replica_on(c: &Cluster, volume: &str, node: &str) -> Value {
+    c.replicas(volume)
+        .into_iter()
+        .find(|r| r["spec"]["nodeId"] == node)
+        .unwrap()
+}
+
+fn node_index(c: &Cluster, id: &str) -> usize {
+    c.nodes.iter().position(|n| n.id == id).unwrap()
+}
+
+fn wait_mode(c: &Cluster, replica: &str, volume: &str, mode: &str) {
+    wait_for(SETTLE, &format!("{replica} {mode}"), || {
+        c.replicas(volume)
+            .iter()
+            .any(|r| r["name"] == replica && r["status"]["mode"] == mode)
+            .then_some(())
+    });
+}
+
+/// Bytes kept and copied, from a `ReplicaRebuilt` message.
+fn kept_and_copied(message: &str) -> (u64, u64) {
+    let num = |after: &str| -> u64 {
+        let i = message.find(after).unwrap() + after.len();
+        message[i..]
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (num("kept "), num("copied "))
+}
+
+#[test]
+fn a_node_back_within_the_wait_has_its_replica_reused_and_only_missing_layers_copied() {
+    let mut c = Cluster::start(3, 1);
+    c.set("replica-replenishment-wait-interval", json!(600));
+    c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 2}));
+    let holders: Vec<String> = c
+        .replicas("vol")
+        .iter()
+        .map(|r| r["spec"]["nodeId"].as_str().unwrap().to_string())
+        .collect();
+    let attached = holders[0].clone();
+    let endpoint = c.attach("vol", &attached);
+    c.wait_settled("vol", 2, SETTLE);
+    write_data(c.dir.path(), &endpoint, 31);
+    // A third replica: its rebuild freezes a layer on every replica.
+    c.ok(
+        "PATCH",
+        "/v1/volumes/vol",
+        Some(json!({"numberOfReplicas": 3})),
+    );
+    c.wait_settled("vol", 3, SETTLE);
+    write_data(c.dir.path(), &endpoint, 32);
+    let victim = ["node-1", "node-2", "node-3"]
+        .into_iter()
+        .find(|n| *n != attached)
+        .unwrap();
+    let reused = replica_on(&c, "vol", victim)["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let before = names(&c, "vol");
+    c.kill_node(node_index(&c, victim));
+    // Writes while it is down fail the replica; the volume degrades and
+    // waits for it.
+    let data = write_data(c.dir.path(), &endpoint, 33);
+    wait_mode(&c, &reused, "vol", "err");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        names(&c, "vol"),
+        before,
+        "a new replica was made during the wait"
+    );
+    c.restart_node(node_index(&c, victim));
+    wait_mode(&c, &reused, "vol", "rw");
+    c.wait_settled("vol", 3, SETTLE);
+    assert_eq!(
+        names(&c, "vol"),
+        before,
+        "the failed replica was not reused"
+    );
+    let rebuilds = c.rebuilds();
+    let Some((_, message)) = rebuilds
+        .iter()
+        .rfind(|(o, _)| o == &format!("replica/{reused}"))
+    else {
+        let all = c.ok("GET", "/v1/events", None);
+        let _ = std::fs::write("/tmp/seed004-events.json", all.to_string());
+        let _ = std::fs::copy(c.path("controller.log"), "/tmp/seed004-controller.log");
+        panic!("no rebuild event for {reused}: {rebuilds:?}");
+    };
+    let (kept, copied) = kept_and_copied(message);
+    assert!(kept > 0, "nothing was kept: {message}");
+    assert!(copied > 0, "{message}");
+    verify_data(c.dir.path(), &endpoint, &data);
+    verify_replicas(&c, "vol", &data);
+}
+
+#[test]
+fn past_the_wait_a_new_replica_is_built() {
+    let mut c = Cluster::start(4, 1);
+    c.set("replica-replenishment-wait-interval", json!(3));
+    c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 3}));
+    let holders: Vec<String> = c
+        .replicas("vol")
+        .iter()
+        .map(|r| r["spec"]["nodeId"].as_str().unwrap().to_string())
+        .collect();
+    let endpoint = c.attach("vol", &holders[0]);
+    c.wait_settled("vol", 3, SETTLE);
+    let victim = holders[1].clone();
+    let failed = replica_on(&c, "vol", &victim)["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.kill_node(node_index(&c, &victim));
+    let data = write_data(c.dir.path(), &endpoint, 34);
+    wait_for(SETTLE, "a new replica, rw", || {
+        let reps = c.replicas("vol");
+        let rw: Vec<&Value> = reps
+            .iter()
+            .filter(|r| r["status"]["mode"] == "rw")
+            .collect();
+        (rw.len() == 3 && rw.iter().all(|r| r["name"] != failed.as_str())).then_some(())
+    });
+    verify_data(c.dir.path(), &endpoint, &data);
+}
+
+#[test]
+fn a_reuse_that_keeps_failing_gives_up_after_the_retry_limit() {
+    let mut c = Cluster::start(4, 1);
+    c.set("replica-replenishment-wait-interval", json!(600));
+    c.set("replica-rebuild-max-retry", json!(1));
+    c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 3}));
+    let holders: Vec<String> = c
+        .replicas("vol")
+        .iter()
+        .map(|r| r["spec"]["nodeId"].as_str().unwrap().to_string())
+        .collect();
+    let endpoint = c.attach("vol", &holders[0]);
+    c.wait_settled("vol", 3, SETTLE);
+    let victim = holders[1].clone();
+    let broken = replica_on(&c, "vol", &victim);
+    let name = broken["name"].as_str().unwrap().to_string();
+    let i = node_index(&c, &victim);
+    c.kill_node(i);
+    let data = write_data(c.dir.path(), &endpoint, 35);
+    wait_mode(&c, &name, "vol", "err");
+    // Mess up the replica: its head layer becomes a directory.
+    let dir = c
+        .path(&victim)
+        .join(broken["spec"]["diskId"].as_str().unwrap())
+        .join("replicas")
+        .join(&name);
+    let meta: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap();
+    let head = meta["chain"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .as_str()
+        .unwrap()
+        .to_string();
+    std::fs::remove_file(dir.join(&head)).unwrap();
+    std::fs::create_dir(dir.join(&head)).unwrap();
+    c.restart_node(i);
+    // One reuse attempt fails; then a new replica is built elsewhere.
+    wait_for(SETTLE, "a new replica, rw", || {
+        let reps = c.replicas("vol");
+        let rw: Vec<&Value> = reps
+            .iter()
+            .filter(|r| r["status"]["mode"] == "rw")
+            .collect();
+        (rw.len() == 3 && rw.iter().all(|r| r["name"] != name.as_str())).then_some(())
+    });
+    let reasons = c.event_reasons(&format!("replica/{name}"));
+    assert!(
+        reasons.contains(&"RebuildFailed".to_string()),
+        "{reasons:?}"
+    );
+    let r = c
+        .replicas("vol")
+        .into_iter()
+        .find(|r| r["name"] == name.as_str());
+    if let Some(r) = r {
+        assert_eq!(r["spec"]["rebuildRetryCount"], 1, "{r}");
+    }
+    verify_data(c.dir.path(), &endpoint, &data);
+}
