@@ -16,7 +16,8 @@ pub const SIZE: u64 = 64 << 20;
 
 pub struct Cluster {
     pub dir: tempfile::TempDir,
-    pub ctl: ControllerProc,
+    /// Kept for its lifetime: the controller process stops with it.
+    pub _ctl: ControllerProc,
     pub nodes: Vec<NodeProc>,
     pub api: String,
 }
@@ -61,7 +62,7 @@ impl Cluster {
         }
         let c = Cluster {
             dir,
-            ctl,
+            _ctl: ctl,
             nodes,
             api,
         };
@@ -230,7 +231,6 @@ pub fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
 /// Data written to a volume: a sparse image of scattered pseudo-random
 /// extents, and its checksum.
 pub struct Data {
-    pub image: PathBuf,
     pub sum: String,
 }
 
@@ -276,10 +276,9 @@ pub fn write_data(dir: &Path, endpoint: &str, seed: u64) -> Data {
         "qemu-img convert: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Data {
-        sum: sha256(&image),
-        image,
-    }
+    let sum = sha256(&image);
+    std::fs::remove_file(&image).unwrap();
+    Data { sum }
 }
 
 /// Reads the whole volume back through NBD and checks it against `data`.
