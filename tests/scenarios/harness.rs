@@ -14,12 +14,53 @@ pub use crate::common::*;
 /// Volume size in the scenarios: small, so that rebuilds are quick.
 pub const SIZE: u64 = 64 << 20;
 
+/// Fields drop in this order: processes first, then mounts, then files.
 pub struct Cluster {
-    pub dir: tempfile::TempDir,
+    pub nodes: Vec<NodeProc>,
     /// Kept for its lifetime: the controller process stops with it.
     pub _ctl: ControllerProc,
-    pub nodes: Vec<NodeProc>,
+    pub mounts: Vec<LoopFs>,
     pub api: String,
+    pub dir: tempfile::TempDir,
+}
+
+/// A small ext4 filesystem on a loop device, mounted at `dir` (as root):
+/// a disk whose usage the test controls.
+pub struct LoopFs {
+    pub dir: PathBuf,
+}
+
+impl LoopFs {
+    pub fn mount(image: &Path, dir: &Path, size: u64) -> LoopFs {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "loop-mounted disks need root (CI runs as root)"
+        );
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::File::create(image).unwrap().set_len(size).unwrap();
+        let run = |cmd: &mut Command| {
+            let out = cmd.output().unwrap();
+            assert!(
+                out.status.success(),
+                "{cmd:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(image));
+        run(Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(image)
+            .arg(dir));
+        LoopFs {
+            dir: dir.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for LoopFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
 }
 
 /// `disks` disks per node: `<dir>/<node>/disk-1` ...
@@ -38,7 +79,26 @@ impl Cluster {
     /// `n` nodes of `disks` disks each, all ready; scheduling not limited
     /// by this machine's free space.
     pub fn start(n: usize, disks: usize) -> Cluster {
+        Cluster::start_with(n, disks, None)
+    }
+
+    /// Like `start`; with `loop_size`, every disk is its own ext4
+    /// filesystem of that size.
+    pub fn start_with(n: usize, disks: usize, loop_size: Option<u64>) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
+        let mut mounts = Vec::new();
+        if let Some(size) = loop_size {
+            for i in 1..=n {
+                for d in 1..=disks {
+                    let at = dir
+                        .path()
+                        .join(format!("node-{i}"))
+                        .join(format!("disk-{d}"));
+                    let image = dir.path().join(format!("node-{i}-disk-{d}.img"));
+                    mounts.push(LoopFs::mount(&image, &at, size));
+                }
+            }
+        }
         let ctl = start_controller_with(dir.path(), "4s", &["--resync-interval", "1s"]);
         let agent = format!("http://{}", ctl.agent);
         let nodes: Vec<NodeProc> = (1..=n)
@@ -61,10 +121,11 @@ impl Cluster {
             });
         }
         let c = Cluster {
-            dir,
-            _ctl: ctl,
             nodes,
+            _ctl: ctl,
+            mounts,
             api,
+            dir,
         };
         c.set("storage-minimal-available-percentage", json!(0));
         c

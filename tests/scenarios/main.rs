@@ -8,6 +8,7 @@ mod common;
 mod harness;
 
 mod seed000_auto_balance;
+mod seed001_disk_pressure;
 mod seed002_eviction_drain;
 mod seed003_data_locality;
 mod seed004_reuse;
