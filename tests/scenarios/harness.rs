@@ -361,11 +361,15 @@ pub fn verify_data(dir: &Path, endpoint: &str, data: &Data) {
     std::fs::remove_file(&back).unwrap();
 }
 
-/// Reads every replica of `volume` straight from its files on disk (the
-/// newest layer holding a block wins) and checks each against `data`.
+/// Reads every `rw` replica of `volume` straight from its files on disk
+/// (the newest layer holding a block wins) and checks each against `data`.
 pub fn verify_replicas(c: &Cluster, volume: &str, data: &Data) {
-    let reps = c.replicas(volume);
-    assert!(!reps.is_empty());
+    let reps: Vec<Value> = c
+        .replicas(volume)
+        .into_iter()
+        .filter(|r| r["status"]["mode"] == "rw")
+        .collect();
+    assert!(!reps.is_empty(), "{volume} has no rw replica");
     for r in reps {
         let node = r["spec"]["nodeId"].as_str().unwrap();
         let disk = r["spec"]["diskId"].as_str().unwrap();
