@@ -11,7 +11,7 @@ const SETTLE: Duration = Duration::from_secs(120);
 
 #[test]
 fn removing_a_disk_directory_fails_its_replicas_and_the_volume_rebuilds_elsewhere() {
-    let c = Cluster::start(3, 1);
+    let mut c = Cluster::start(3, 1);
     c.set("replica-replenishment-wait-interval", json!(2));
     c.patch_node("node-3", json!({"allowScheduling": false}));
     c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 2}));
