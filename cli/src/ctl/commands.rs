@@ -389,10 +389,11 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                                     s(&r["nodeId"]),
                                     s(&r["diskId"]),
                                     s(&r["mode"]),
+                                    rebuild_cell(&r["rebuildProgress"]),
                                 ]
                             })
                             .collect();
-                        table::print(&["REPLICA", "NODE", "DISK", "MODE"], rows);
+                        table::print(&["REPLICA", "NODE", "DISK", "MODE", "REBUILD"], rows);
                     }
                 }
             }
@@ -693,4 +694,32 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
         }
     }
     Ok(())
+}
+
+/// `42% (1.2Gi of 2.9Gi)` while a replica is being rebuilt; empty otherwise.
+fn rebuild_cell(p: &Value) -> String {
+    match (p["done"].as_u64(), p["total"].as_u64()) {
+        (Some(done), Some(total)) if total > 0 => format!(
+            "{}% ({} of {})",
+            done.saturating_mul(100) / total,
+            ballast::quantity::format_size(done),
+            ballast::quantity::format_size(total)
+        ),
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rebuild_progress_shows_percent_and_sizes_only_while_rebuilding() {
+        assert_eq!(
+            rebuild_cell(&json!({"done": 1 << 30, "total": 4u64 << 30})),
+            "25% (1Gi of 4Gi)"
+        );
+        assert_eq!(rebuild_cell(&Value::Null), "");
+        assert_eq!(rebuild_cell(&json!({"done": 0, "total": 0})), "");
+    }
 }

@@ -28,6 +28,7 @@ fn with_replicas(ctx: &Context, volume: &Volume) -> Result<Value, Error> {
             json!({
                 "name": r.name, "nodeId": r.spec.node_id, "diskId": r.spec.disk_id,
                 "mode": r.status.mode, "running": r.status.running,
+                "rebuildProgress": r.status.rebuild_progress,
             })
         })
         .collect();
