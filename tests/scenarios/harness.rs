@@ -19,7 +19,7 @@ pub struct Cluster {
     pub nodes: Vec<NodeProc>,
     /// Kept for its lifetime: the controller process stops with it.
     pub _ctl: ControllerProc,
-    pub mounts: Vec<LoopFs>,
+    pub _mounts: Vec<LoopFs>,
     pub api: String,
     pub dir: tempfile::TempDir,
 }
@@ -123,7 +123,7 @@ impl Cluster {
         let c = Cluster {
             nodes,
             _ctl: ctl,
-            mounts,
+            _mounts: mounts,
             api,
             dir,
         };

@@ -11,7 +11,6 @@ use serde_json::{Value, json};
 use crate::harness::*;
 
 const SETTLE: Duration = Duration::from_secs(120);
-const MIB: u64 = 1 << 20;
 
 fn disk(c: &Cluster, id: &str) -> Value {
     c.node("node-1")["status"]["disks"][id].clone()

@@ -112,15 +112,11 @@ fn temp_path(dst: &Path) -> PathBuf {
 /// keeping its holes. `size` is the apparent size both must have.
 pub fn copy_layer(src: &Path, map: &Bitmap, dst: &Path, size: u64) -> Result<CopyPath, SyncError> {
     let tmp = temp_path(dst);
-    let result = copy_checked(src, map, &tmp, size).and_then(|path| {
-        std::fs::rename(&tmp, dst).map_err(io(dst))?;
-        if let Some(dir) = dst.parent() {
-            File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(io(dir))?;
-        }
-        Ok(path)
-    });
+    // The rename (like the data) becomes durable when the layer is
+    // completed: the file is synced and the metadata rewritten, which
+    // syncs this directory.
+    let result = copy_checked(src, map, &tmp, size)
+        .and_then(|path| std::fs::rename(&tmp, dst).map_err(io(dst)).map(|()| path));
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -140,26 +136,28 @@ fn copy_checked(src: &Path, map: &Bitmap, tmp: &Path, size: u64) -> Result<CopyP
         CopyPath::CopyFileRange,
         CopyPath::ReadWrite,
     ] {
-        // The target gets its size first, then the data.
+        // Each way starts from a new, empty file (truncating one that has
+        // data would make ext4 flush it on close). A clone brings its size;
+        // a copy gives the target its size first, then the data.
+        let _ = std::fs::remove_file(tmp);
         let d = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .open(tmp)
             .map_err(io(tmp))?;
-        d.set_len(size).map_err(io(tmp))?;
         let copied = match way {
             CopyPath::Reflink => reflink(&s, &d),
-            CopyPath::CopyFileRange => copy_ranges(&s, &d, &extents),
-            _ => read_write(&s, &d, &extents),
+            CopyPath::CopyFileRange => d.set_len(size).and_then(|()| copy_ranges(&s, &d, &extents)),
+            _ => d.set_len(size).and_then(|()| read_write(&s, &d, &extents)),
         };
         if let Err(e) = copied {
             tracing::debug!(way = way.as_str(), error = %e, "local copy way failed; trying the next");
             failures.push(format!("{}: {e}", way.as_str()));
             continue;
         }
-        d.sync_all().map_err(io(tmp))?;
+        // Durability comes with completing the layer, which syncs it
+        // before it is recorded complete.
         let len = d.metadata().map_err(io(tmp))?.len();
         if len != size {
             return Err(SyncError::Check(format!(
