@@ -95,6 +95,24 @@ impl Context {
         })
     }
 
+    /// Takes the volume for a user's call, waiting up to `patience` for a
+    /// background action (a rebuild step) to let go of it; then busy (409).
+    pub async fn lock_volume_waiting(
+        &self,
+        name: &str,
+        patience: Duration,
+    ) -> Result<VolumeGuard, Error> {
+        let end = Instant::now() + patience;
+        loop {
+            match self.lock_volume(name) {
+                Err(Error::Conflict(_)) if Instant::now() < end => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Whether a call holds the volume now.
     pub fn volume_busy(&self, name: &str) -> bool {
         self.busy.lock().map(|b| b.contains(name)).unwrap_or(true)

@@ -137,7 +137,9 @@ fn if_contains_last_replica_evicts_only_the_last_copy_and_blocks_the_drain_until
             .then_some(())
     });
     assert!(saw_blocked, "the drain was never blocked by the last copy");
-    assert_eq!(c.node(&drained)["status"]["autoEvicting"], false);
+    wait_for(SETTLE, "autoEvicting off", || {
+        (c.node(&drained)["status"]["autoEvicting"] == false).then_some(())
+    });
     // The drain stops the node: the three-replica volume degrades and the
     // single-replica one does not.
     let idx = c.nodes.iter().position(|n| n.id == drained).unwrap();

@@ -9,6 +9,10 @@ use ballast::proto::agent::v1::{
 use ballast::store::StoreExt;
 
 use super::{agent, replica_name, with_timeout};
+
+/// How long a user's call waits for the control loop to finish a step on
+/// the volume before it answers busy.
+const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 use crate::context::Context;
 use crate::error::Error;
 use crate::{observe, planner};
@@ -30,7 +34,7 @@ async fn delete_on_node(ctx: &Context, r: &Replica) -> Result<(), Error> {
 /// creates them on their nodes. Nothing is left behind when a step fails.
 #[tracing::instrument(skip_all, fields(volume = %volume.name))]
 pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Error> {
-    let _guard = ctx.lock_volume(&volume.name)?;
+    let _guard = ctx.lock_volume_waiting(&volume.name, PATIENCE).await?;
     if ctx.store.get::<Volume>(&volume.name)?.is_some() {
         return Err(Error::AlreadyExists(format!(
             "volume {:?} already exists",
@@ -137,7 +141,7 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
 /// call can be repeated.
 #[tracing::instrument(skip_all, fields(volume = %name))]
 pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
-    let _guard = ctx.lock_volume(name)?;
+    let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
     let volume: Volume = ctx.store.fetch(name)?;
     if let Some(node) = &volume.status.attached_node {
         return Err(Error::Conflict(format!(
@@ -175,7 +179,7 @@ pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
 /// Starts the volume's engine on `node_id` and records its endpoint.
 #[tracing::instrument(skip_all, fields(volume = %name, node = %node_id))]
 pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Volume, Error> {
-    let _guard = ctx.lock_volume(name)?;
+    let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
     let volume: Volume = ctx.store.fetch(name)?;
     match &volume.status.attached_node {
         Some(n) if n == node_id => return Ok(volume),
@@ -249,7 +253,7 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
 /// Stops the volume's engine.
 #[tracing::instrument(skip_all, fields(volume = %name))]
 pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
-    let _guard = ctx.lock_volume(name)?;
+    let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
     let volume: Volume = ctx.store.fetch(name)?;
     let Some(node_id) = volume.status.attached_node.clone() else {
         return Ok(volume);
