@@ -295,3 +295,111 @@ async fn a_rebuild_cut_off_resumes_from_the_layers_it_had_finished() {
     assert_eq!(layers(&r0).await[..3], layers(&r1).await[..3]);
     assert!(image(&r0).await == image(&r1).await);
 }
+
+/// A replica server on a runtime of its own, so that a test can stop it the
+/// way a crash stops a process: every task dropped, files left as they are.
+struct Process {
+    rt: Option<tokio::runtime::Runtime>,
+    addr: String,
+}
+
+impl Process {
+    fn start(disk: &Path) -> Process {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let disk = disk.to_path_buf();
+        let addr = rt.block_on(async move {
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = l.local_addr().unwrap().to_string();
+            tokio::spawn(ReplicaServer::new(vec![disk]).serve(l));
+            addr
+        });
+        Process { rt: Some(rt), addr }
+    }
+
+    fn kill(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[test]
+fn a_rebuild_cut_off_by_a_restart_resumes_from_the_layers_it_had_finished() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let size = 1u64 << 30;
+    let src_dir = replica_dir(d1.path(), "v-r0");
+    {
+        // The source: a small frozen layer, then a large one.
+        let mut r = Replica::create(&src_dir, size).unwrap();
+        r.write(0, &pattern(0, 1 << 20, 6), Some(1)).unwrap();
+        r.snapshot().unwrap();
+        let chunk = pattern(0, 8 << 20, 7);
+        for k in 0..48u64 {
+            r.write(k * (16 << 20), &chunk, Some(2 + k)).unwrap();
+        }
+        r.snapshot().unwrap();
+    }
+    Replica::create(&replica_dir(d2.path(), "v-r1"), size).unwrap();
+    let source = Process::start(d1.path());
+    let mut target = Process::start(d2.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (s_addr, t_addr) = (source.addr.clone(), target.addr.clone());
+    rt.block_on(async {
+        let src = ReplicaClient::connect(&s_addr, "v-r0").await.unwrap();
+        let dst = ReplicaClient::connect(&t_addr, "v-r1").await.unwrap();
+        let info = src.info().await.unwrap();
+        let spec = JoinSpec::following(
+            &src.layers().await.unwrap(),
+            info["revision"].as_u64().unwrap(),
+        )
+        .unwrap();
+        let joined = dst.join(&spec).await.unwrap();
+        assert_eq!(joined.pending.len(), 2);
+        let fill = tokio::spawn(async move { dst.fill(&format!("v-r0@{s_addr}")).await });
+        // Wait until the first layer is complete, then cut the target off.
+        let probe = ReplicaClient::connect(&t_addr, "v-r1").await.unwrap();
+        loop {
+            if probe.info().await.unwrap()["pending"] == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        drop(probe);
+        // The fill dies with the target below.
+        drop(fill);
+    });
+    target.kill();
+    // The target's files after the crash: one layer done, one pending.
+    let on_disk = Replica::open(&replica_dir(d2.path(), "v-r1")).unwrap();
+    assert_eq!(on_disk.pending(), ["layer-000002.img"]);
+    drop(on_disk);
+    let target = Process::start(d2.path());
+    rt.block_on(async {
+        let src = ReplicaClient::connect(&source.addr, "v-r0").await.unwrap();
+        let dst = ReplicaClient::connect(&target.addr, "v-r1").await.unwrap();
+        let info = src.info().await.unwrap();
+        let spec = JoinSpec::following(
+            &src.layers().await.unwrap(),
+            info["revision"].as_u64().unwrap(),
+        )
+        .unwrap();
+        let joined = dst.join(&spec).await.unwrap();
+        assert_eq!(joined.kept, ["layer-000001.img"]);
+        assert_eq!(joined.kept_bytes, 1 << 20);
+        let report = dst.fill(&format!("v-r0@{}", source.addr)).await.unwrap();
+        assert_eq!(report["bytes"], 48 * (8u64 << 20), "{report}");
+        let a = ReplicaClient::connect(&source.addr, "v-r0").await.unwrap();
+        let (la, lb) = (a.layers().await.unwrap(), dst.layers().await.unwrap());
+        assert_eq!(la.as_array().unwrap()[..2], lb.as_array().unwrap()[..2]);
+        for k in [0u64, 17, 47] {
+            let at = k * (16 << 20);
+            assert!(a.read(at, 8 << 20).await.unwrap() == dst.read(at, 8 << 20).await.unwrap());
+        }
+    });
+}
