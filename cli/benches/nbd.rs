@@ -80,7 +80,8 @@ fn node_with_replica(dir: &Path, i: usize, volume: &str) -> (Kill, String) {
     (Kill(child), format!("{name}@127.0.0.1:{replica_port}"))
 }
 
-fn engine(dir: &Path, volume: &str, replicas: &[String]) -> (Kill, PathBuf) {
+/// The engine of `volume`, on the node of its first replica (`local_node`).
+fn engine(dir: &Path, volume: &str, replicas: &[String], local_node: usize) -> (Kill, PathBuf) {
     let socket = dir.join(format!("{volume}.sock"));
     let mut c = Command::new(BALLAST);
     c.args(["engine", "--volume", volume, "--size", "1Gi"])
@@ -89,7 +90,15 @@ fn engine(dir: &Path, volume: &str, replicas: &[String]) -> (Kill, PathBuf) {
     for r in replicas {
         c.args(["--replica", r]);
     }
-    c.args(["--local", replicas[0].split('@').next().unwrap()]);
+    // The first replica is on the engine's node, as attach arranges it: its
+    // reads go straight to its files.
+    let local = replicas[0].split('@').next().unwrap();
+    c.args(["--local", local]);
+    c.arg("--local-dir")
+        .arg(ballast_node::replica::server::replica_dir(
+            &dir.join(format!("node-{local_node}/disk")),
+            local,
+        ));
     let child = quiet(&mut c).spawn().unwrap();
     wait_for(&socket);
     (Kill(child), socket)
@@ -144,7 +153,7 @@ fn main() {
     let peer = format!("nbd+unix://?socket={}", peer_sock.display());
 
     let (_n1, r1) = node_with_replica(dir.path(), 1, "one");
-    let (_e1, one_sock) = engine(dir.path(), "one", std::slice::from_ref(&r1));
+    let (_e1, one_sock) = engine(dir.path(), "one", std::slice::from_ref(&r1), 1);
     let one = format!("nbd+unix:///one?socket={}", one_sock.display());
 
     let mut three_replicas = Vec::new();
@@ -154,7 +163,7 @@ fn main() {
         keep.push(k);
         three_replicas.push(r);
     }
-    let (_e3, three_sock) = engine(dir.path(), "three", &three_replicas);
+    let (_e3, three_sock) = engine(dir.path(), "three", &three_replicas, 2);
     let three = format!("nbd+unix:///three?socket={}", three_sock.display());
 
     println!("qemu-img bench, QD16, unix socket, operations per second (median of 3)");

@@ -144,6 +144,9 @@ pub struct EngineArgs {
     /// The replica on this node, read first.
     #[arg(long, env = "BALLAST_LOCAL")]
     pub local: Option<String>,
+    /// The local replica's directory: its reads go straight to its files.
+    #[arg(long, env = "BALLAST_LOCAL_DIR", requires = "local")]
+    pub local_dir: Option<PathBuf>,
     /// Where to write the engine's status (JSON) every second.
     #[arg(long, env = "BALLAST_STATUS_FILE")]
     pub status_file: Option<PathBuf>,

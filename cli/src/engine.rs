@@ -14,6 +14,9 @@ pub async fn run(a: EngineArgs) -> Result<(), String> {
         ballast_node::engine::Engine::start(&a.volume, a.size, &a.replicas, a.local.clone())
             .await
             .map_err(|e| e.to_string())?;
+    if let Some(dir) = a.local_dir.clone() {
+        engine.set_local_dir(dir);
+    }
     for m in engine.status().await {
         tracing::info!(replica = %m.name, addr = %m.addr, mode = %m.mode, error = ?m.error, "replica");
     }

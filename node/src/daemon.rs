@@ -67,6 +67,7 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     let replica_server =
         crate::replica::server::ReplicaServer::new(disks.iter().map(|d| d.path.clone()).collect());
     let registered = Arc::new(AtomicBool::new(false));
+    let disk_paths = disks.iter().map(|d| d.path.clone()).collect();
     let ctx = Arc::new(NodeContext {
         node_id: config.node_id.clone(),
         zone: config.zone.clone(),
@@ -77,7 +78,7 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
         csi_endpoint: format!("unix://{}", socket.display()),
         registered: registered.clone(),
         replicas: Some(replica_server.clone()),
-        engines: crate::agent::engines::Engines::new(&state_dir, exe),
+        engines: crate::agent::engines::Engines::new(&state_dir, exe, disk_paths),
     });
     ctx.engines.adopt().await;
     let replica_task = tokio::spawn(replica_server.serve(replica_listener));

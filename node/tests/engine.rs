@@ -83,3 +83,60 @@ async fn concurrent_overlapping_writes_leave_every_replica_identical() {
     let names = engine2.snapshot().await.unwrap();
     assert_eq!(names.len(), 3, "one snapshot per replica at the same point");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_reads_of_the_local_replica_match_a_model_through_writes_trims_and_snapshots() {
+    let d = tempfile::tempdir().unwrap();
+    let size = 256 * BLOCK;
+    let a = replica_server(d.path(), "v-r0", size).await;
+    let engine = Engine::start("v", size, std::slice::from_ref(&a), Some("v-r0".into()))
+        .await
+        .unwrap();
+    engine.set_local_dir(replica_dir(d.path(), "v-r0"));
+    let through_server = ReplicaClient::connect(&a.addr, &a.name).await.unwrap();
+    let mut model = vec![0u8; size as usize];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    for step in 0..400u64 {
+        let offset = next(size - 1);
+        let len = (1 + next(5 * BLOCK)).min(size - offset);
+        match next(10) {
+            0 => {
+                engine.trim(offset, len).await.unwrap();
+                model[offset as usize..(offset + len) as usize].fill(0);
+            }
+            1 if step % 7 == 0 => {
+                engine.snapshot().await.unwrap();
+            }
+            _ => {
+                let data: Vec<u8> = (0..len).map(|i| (step as u8) ^ (i as u8)).collect();
+                engine.write(offset, &data, false).await.unwrap();
+                model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+            }
+        }
+        let (ro, rl) = (next(size - 1), 1 + next(8 * BLOCK));
+        let rl = rl.min(size - ro) as u32;
+        let direct = engine.read(ro, rl).await.unwrap();
+        let want = &model[ro as usize..ro as usize + rl as usize];
+        assert!(
+            direct == want,
+            "direct read {ro}+{rl} differs at step {step}"
+        );
+        let served = through_server.read(ro, rl).await.unwrap();
+        assert!(
+            served == want,
+            "served read {ro}+{rl} differs at step {step}"
+        );
+    }
+    assert!(
+        engine.read(0, size as u32).await.unwrap() == model,
+        "whole volume differs"
+    );
+    // Every read went straight to the files (none fell back to the server).
+    assert_eq!(engine.direct_reads(), 401);
+}

@@ -27,6 +27,8 @@ struct Running {
 pub struct Engines {
     dir: PathBuf,
     exe: PathBuf,
+    /// This node's disks, where a local replica's files are.
+    disks: Vec<PathBuf>,
     running: Mutex<BTreeMap<String, Running>>,
 }
 
@@ -36,10 +38,11 @@ fn alive(pid: i32) -> bool {
 
 impl Engines {
     /// `state_dir/frontends` holds the sockets; `exe` is the ballast binary.
-    pub fn new(state_dir: &Path, exe: PathBuf) -> Self {
+    pub fn new(state_dir: &Path, exe: PathBuf, disks: Vec<PathBuf>) -> Self {
         Engines {
             dir: state_dir.join("frontends"),
             exe,
+            disks,
             running: Mutex::new(BTreeMap::new()),
         }
     }
@@ -166,6 +169,15 @@ impl Engines {
         }
         if !spec.local.is_empty() {
             cmd.args(["--local", &spec.local]);
+            // The engine reads the local replica's files directly.
+            if let Some(dir) = self
+                .disks
+                .iter()
+                .map(|d| crate::replica::server::replica_dir(d, &spec.local))
+                .find(|d| d.join(crate::replica::META_FILE).exists())
+            {
+                cmd.arg("--local-dir").arg(dir);
+            }
         }
         let mut child = cmd
             .stdin(std::process::Stdio::null())

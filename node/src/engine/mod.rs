@@ -22,6 +22,7 @@ use crate::replica::client::{ClientError, ReplicaClient};
 use crate::replica::protocol::{FLAG_ZEROES, MAX_DATA, Op};
 
 pub mod control;
+mod local;
 mod rebuild;
 
 /// Errors of the engine, as NBD reports them.
@@ -111,6 +112,13 @@ pub struct Engine {
     /// Woken whenever a replica's mode changes, so that the status is
     /// reported at once.
     pub changed: tokio::sync::Notify,
+    /// The local replica's directory, when its files may be read directly.
+    local_dir: std::sync::Mutex<Option<std::path::PathBuf>>,
+    /// The open direct reader of the local replica; dropped when its chain
+    /// changes (snapshot, rebuild) or it fails.
+    reader: std::sync::Mutex<Option<Arc<local::LocalReader>>>,
+    /// Reads served straight from the local replica's files.
+    direct_reads: AtomicU64,
 }
 
 impl Engine {
@@ -210,6 +218,9 @@ impl Engine {
             io: RwLock::new(()),
             rebuilding: std::sync::atomic::AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
+            local_dir: std::sync::Mutex::new(None),
+            reader: std::sync::Mutex::new(None),
+            direct_reads: AtomicU64::new(0),
         }))
     }
 
@@ -263,6 +274,7 @@ impl Engine {
             x.mode = ReplicaMode::Err;
             x.error = Some(why.to_string());
             x.client = None;
+            self.drop_reader();
             self.changed.notify_waiters();
         }
     }
@@ -270,7 +282,70 @@ impl Engine {
     pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, EngineError> {
         self.check(offset, u64::from(len))?;
         let _io = self.io.read().await;
+        if let Some(reader) = self.local_reader().await {
+            // Inline, without a thread hop: a read of the local disk, mostly
+            // from the page cache, is short (handing the worker over with
+            // block_in_place cost more than the read itself).
+            match reader.read(offset, len) {
+                Ok(b) => {
+                    self.direct_reads.fetch_add(1, Ordering::Relaxed);
+                    return Ok(b);
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %self.volume, dir = %reader.dir().display(), error = %e, "direct read of the local replica failed; reading through its server");
+                    self.drop_reader();
+                }
+            }
+        }
         self.read_now(offset, len).await
+    }
+
+    /// How many reads were served straight from the local replica's files.
+    pub fn direct_reads(&self) -> u64 {
+        self.direct_reads.load(Ordering::Relaxed)
+    }
+
+    /// Lets reads of the local replica go straight to its files in `dir`.
+    pub fn set_local_dir(&self, dir: std::path::PathBuf) {
+        if let Ok(mut d) = self.local_dir.lock() {
+            *d = Some(dir);
+        }
+        self.drop_reader();
+    }
+
+    fn drop_reader(&self) {
+        if let Ok(mut r) = self.reader.lock() {
+            *r = None;
+        }
+    }
+
+    /// The direct reader of the local replica, while it is `rw`.
+    async fn local_reader(&self) -> Option<Arc<local::LocalReader>> {
+        let local = self.local.as_ref()?;
+        if let Some(r) = self.reader.lock().ok()?.clone() {
+            return Some(r);
+        }
+        let dir = self.local_dir.lock().ok()?.clone()?;
+        let rw = self
+            .members
+            .lock()
+            .await
+            .iter()
+            .any(|m| &m.at.name == local && m.mode == ReplicaMode::Rw);
+        if !rw {
+            return None;
+        }
+        match local::LocalReader::open(&dir) {
+            Ok(r) => {
+                let r = Arc::new(r);
+                *self.reader.lock().ok()? = Some(r.clone());
+                Some(r)
+            }
+            Err(e) => {
+                tracing::debug!(volume = %self.volume, error = %e, "the local replica cannot be read directly");
+                None
+            }
+        }
     }
 
     /// Reads with I/O already held (shared or exclusive).
@@ -472,6 +547,8 @@ impl Engine {
     }
 
     async fn snapshot_now(&self) -> Result<Vec<String>, EngineError> {
+        // The chain changes: the direct reader opens the new one.
+        self.drop_reader();
         let mut names = Vec::new();
         for (name, c) in self.rw_clients().await {
             match c.snapshot().await {

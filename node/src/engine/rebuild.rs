@@ -128,6 +128,7 @@ impl Engine {
                     .find(|x| x.at.name == name && x.mode == ReplicaMode::Wo)
                 {
                     x.mode = ReplicaMode::Rw;
+                    self.drop_reader();
                     if let Some(r) = x.rebuild.as_mut() {
                         r.copied_bytes = report["bytes"].as_u64().unwrap_or(0);
                         r.path = report["path"].as_str().unwrap_or_default().to_string();
@@ -157,6 +158,7 @@ impl Engine {
             return Err(replica_err(name, "it is the last rw replica"));
         }
         m.retain(|x| x.at.name != name);
+        self.drop_reader();
         self.changed.notify_waiters();
         Ok(())
     }
