@@ -7,6 +7,7 @@
 //! crate: it meets the controller only through the agent protocol.
 
 pub mod agent;
+pub mod bufio;
 pub mod context;
 pub mod csi;
 pub mod daemon;

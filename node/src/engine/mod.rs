@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ballast::model::ReplicaMode;
+use bytes::Bytes;
 use tokio::sync::{Mutex, RwLock};
 
 use crate::replica::BLOCK;
@@ -387,7 +388,7 @@ impl Engine {
         offset: u64,
         len: u32,
         flags: u8,
-        data: &[u8],
+        data: Bytes,
     ) -> Result<(), EngineError> {
         let clients = self.write_clients().await;
         if !clients.iter().any(|(_, _, rw)| *rw) {
@@ -403,7 +404,10 @@ impl Engine {
                 0
             };
             for (name, c, rw) in &clients {
-                match c.submit(op, offset, len, revision, flags, data).await {
+                match c
+                    .submit(op, offset, len, revision, flags, data.clone())
+                    .await
+                {
                     Ok(w) => waits.push((name.clone(), w, *rw)),
                     Err(e) => failed.push((name.clone(), e)),
                 }
@@ -434,7 +438,7 @@ impl Engine {
         offset: u64,
         len: u32,
         flags: u8,
-        data: &[u8],
+        data: Bytes,
     ) -> Result<(), EngineError> {
         let _io = self.io.read().await;
         self.mutate_now(op, offset, len, flags, data).await
@@ -458,6 +462,7 @@ impl Engine {
         }
         let at = (offset - start) as usize;
         whole[at..at + data.len()].copy_from_slice(data);
+        let whole = Bytes::from(whole);
         let mut pos = 0usize;
         while pos < whole.len() {
             let n = (whole.len() - pos).min(MAX_DATA as usize);
@@ -466,7 +471,7 @@ impl Engine {
                 start + pos as u64,
                 n as u32,
                 u8::from(fua),
-                &whole[pos..pos + n],
+                whole.slice(pos..pos + n),
             )
             .await?;
             pos += n;
@@ -479,9 +484,21 @@ impl Engine {
     }
 
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), EngineError> {
+        self.write_bytes(offset, Bytes::copy_from_slice(data), fua)
+            .await
+    }
+
+    /// Like `write`, for data the caller hands over: it goes to every
+    /// replica's connection without being copied.
+    pub async fn write_bytes(
+        &self,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Result<(), EngineError> {
         self.check(offset, data.len() as u64)?;
         if self.rebuilding.load(Ordering::SeqCst) && Self::unaligned(offset, data.len() as u64) {
-            return self.write_aligned(offset, data, fua).await;
+            return self.write_aligned(offset, &data, fua).await;
         }
         let mut pos = 0usize;
         while pos < data.len() {
@@ -491,7 +508,7 @@ impl Engine {
                 offset + pos as u64,
                 n as u32,
                 u8::from(fua),
-                &data[pos..pos + n],
+                data.slice(pos..pos + n),
             )
             .await?;
             pos += n;
@@ -529,7 +546,7 @@ impl Engine {
             } else {
                 0
             };
-            self.mutate(Op::Trim, offset + pos, n as u32, flags, &[])
+            self.mutate(Op::Trim, offset + pos, n as u32, flags, Bytes::new())
                 .await?;
             pos += n;
         }
@@ -537,7 +554,7 @@ impl Engine {
     }
 
     pub async fn flush(&self) -> Result<(), EngineError> {
-        self.mutate(Op::Flush, 0, 0, 0, &[]).await
+        self.mutate(Op::Flush, 0, 0, 0, Bytes::new()).await
     }
 
     /// Snapshots every rw replica at one point of the I/O stream.

@@ -274,8 +274,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                     let _ = tx.send(simple_reply(EINVAL, handle, Vec::new())).await;
                     break Err(invalid("write too large"));
                 }
-                let mut data = vec![0u8; len as usize];
-                rd.read_exact(&mut data).await?;
+                let data = crate::bufio::read_payload(&mut rd, len as usize).await?;
                 if !in_range {
                     let _ = tx.send(simple_reply(ENOSPC, handle, Vec::new())).await;
                     continue;
@@ -283,7 +282,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 let (e, tx) = (engine.clone(), tx.clone());
                 inflight.spawn(async move {
                     // With FUA each replica syncs the write before answering.
-                    let r = e.write(offset, &data, fua).await;
+                    let r = e.write_bytes(offset, bytes::Bytes::from(data), fua).await;
                     let _ = tx.send(done_reply(r, handle)).await;
                 });
             }

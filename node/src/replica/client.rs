@@ -39,10 +39,42 @@ fn close_all(closed: &AtomicBool, pending: &Pending, addr: &str, reason: &str) {
     }
 }
 
+/// A request on its way out: its header and its payload, shared with the
+/// other replicas' frames of the same write.
+struct Frame {
+    head: [u8; super::protocol::REQUEST_HEADER],
+    payload: bytes::Bytes,
+}
+
+/// Writes every frame of `batch`, headers and payloads, with vectored
+/// writes.
+async fn write_frames(
+    wr: &mut tokio::net::tcp::OwnedWriteHalf,
+    batch: &[Frame],
+) -> std::io::Result<()> {
+    use std::io::IoSlice;
+    let mut slices: Vec<IoSlice> = Vec::with_capacity(batch.len() * 2);
+    for f in batch {
+        slices.push(IoSlice::new(&f.head));
+        if !f.payload.is_empty() {
+            slices.push(IoSlice::new(&f.payload));
+        }
+    }
+    let mut rest: &mut [IoSlice] = &mut slices;
+    while !rest.is_empty() {
+        let n = wr.write_vectored(rest).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        IoSlice::advance_slices(&mut rest, n);
+    }
+    Ok(())
+}
+
 pub struct ReplicaClient {
     addr: String,
     /// Frames to send, in order; one task writes them, batching what queues.
-    outbox: mpsc::Sender<Vec<u8>>,
+    outbox: mpsc::Sender<Frame>,
     writer: tokio::task::JoinHandle<()>,
     /// Set once the connection is gone.
     closed: Arc<AtomicBool>,
@@ -73,25 +105,28 @@ impl ReplicaClient {
         let _ = stream.set_nodelay(true);
         let (rd, wr) = stream.into_split();
         let mut rd = tokio::io::BufReader::with_capacity(super::server::IO_BUFFER, rd);
-        let (outbox, mut frames) = mpsc::channel::<Vec<u8>>(256);
+        let (outbox, mut frames) = mpsc::channel::<Frame>(256);
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
         let (wp, wa, wc) = (pending.clone(), addr.to_string(), closed.clone());
         let writer = tokio::spawn(async move {
-            let mut wr = tokio::io::BufWriter::with_capacity(super::server::IO_BUFFER, wr);
+            let mut wr = wr;
+            // Frames queued together leave in one vectored write: headers
+            // and payloads go out from where they are, uncopied.
+            let mut batch = Vec::new();
             while let Some(first) = frames.recv().await {
-                let mut next = Some(first);
-                while let Some(frame) = next {
-                    if let Err(e) = wr.write_all(&frame).await {
-                        close_all(&wc, &wp, &wa, &e.to_string());
-                        return;
+                batch.push(first);
+                while batch.len() < 64 {
+                    match frames.try_recv() {
+                        Ok(f) => batch.push(f),
+                        Err(_) => break,
                     }
-                    next = frames.try_recv().ok();
                 }
-                if let Err(e) = wr.flush().await {
+                if let Err(e) = write_frames(&mut wr, &batch).await {
                     close_all(&wc, &wp, &wa, &e.to_string());
                     return;
                 }
+                batch.clear();
             }
         });
         let (p, a, c) = (pending.clone(), addr.to_string(), closed.clone());
@@ -105,10 +140,10 @@ impl ReplicaClient {
                     Ok(r) => r,
                     Err(e) => break e.to_string(),
                 };
-                let mut body = vec![0u8; resp.len as usize];
-                if let Err(e) = rd.read_exact(&mut body).await {
-                    break e.to_string();
-                }
+                let body = match crate::bufio::read_payload(&mut rd, resp.len as usize).await {
+                    Ok(b) => b,
+                    Err(e) => break e.to_string(),
+                };
                 let waiter = p.lock().ok().and_then(|mut m| m.remove(&resp.id));
                 if let Some(w) = waiter {
                     let result = if resp.status == status::OK {
@@ -154,9 +189,16 @@ impl ReplicaClient {
         flags: u8,
         payload: &[u8],
     ) -> Result<Vec<u8>, ClientError> {
-        self.submit(op, offset, len, revision, flags, payload)
-            .await?
-            .await
+        self.submit(
+            op,
+            offset,
+            len,
+            revision,
+            flags,
+            bytes::Bytes::copy_from_slice(payload),
+        )
+        .await?
+        .await
     }
 
     /// Sends a request now and returns what waits for its reply: callers
@@ -169,7 +211,7 @@ impl ReplicaClient {
         len: u32,
         revision: u64,
         flags: u8,
-        payload: &[u8],
+        payload: bytes::Bytes,
     ) -> Result<impl std::future::Future<Output = Result<Vec<u8>, ClientError>> + use<>, ClientError>
     {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
@@ -197,10 +239,7 @@ impl ReplicaClient {
             revision,
         }
         .encode();
-        let mut frame = Vec::with_capacity(head.len() + payload.len());
-        frame.extend_from_slice(&head);
-        frame.extend_from_slice(payload);
-        if self.outbox.send(frame).await.is_err() {
+        if self.outbox.send(Frame { head, payload }).await.is_err() {
             if let Ok(mut m) = self.pending.lock() {
                 m.remove(&id);
             }

@@ -227,15 +227,19 @@ impl ReplicaServer {
         let mut bound: Option<(String, Shared)> = None;
         // Mutations run one at a time, in the order they arrived, so that
         // every replica applies an engine's writes in the engine's order.
-        // Reads run in parallel.
+        // Reads run in parallel. A plain write or trim (no FUA) that finds
+        // no mutation queued is applied right here, without a thread hop (a
+        // write into the page cache is short); one that must sync, or that
+        // would overtake a queued one, goes to the mutator thread.
         let (mtx, mut mrx) = mpsc::channel::<(Shared, Request, Vec<u8>)>(256);
         let mtx_reply = tx.clone();
+        let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let done = queued.clone();
         let mutator = tokio::task::spawn_blocking(move || {
             while let Some((replica, req, payload)) = mrx.blocking_recv() {
-                if mtx_reply
-                    .blocking_send(execute(&replica, &req, payload))
-                    .is_err()
-                {
+                let reply = execute(&replica, &req, payload);
+                done.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                if mtx_reply.blocking_send(reply).is_err() {
                     break;
                 }
             }
@@ -263,8 +267,7 @@ impl ReplicaServer {
                     break Ok(());
                 }
             };
-            let mut payload = vec![0u8; req.payload_len()];
-            rd.read_exact(&mut payload).await?;
+            let payload = crate::bufio::read_payload(&mut rd, req.payload_len()).await?;
             if req.op == Op::Open {
                 let name = String::from_utf8_lossy(&payload).into_owned();
                 let reply = match self.find(&name) {
@@ -320,8 +323,18 @@ impl ReplicaServer {
                     let reply = execute(&replica, &req, payload);
                     let _ = tx.blocking_send(reply);
                 });
-            } else if mtx.send((replica, req, payload)).await.is_err() {
-                break Ok(());
+            } else if matches!(req.op, Op::Write | Op::Trim)
+                && req.flags & FLAG_FUA == 0
+                && queued.load(std::sync::atomic::Ordering::SeqCst) == 0
+            {
+                if tx.send(execute(&replica, &req, payload)).await.is_err() {
+                    break Ok(());
+                }
+            } else {
+                queued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if mtx.send((replica, req, payload)).await.is_err() {
+                    break Ok(());
+                }
             }
         };
         drop(mtx);

@@ -46,7 +46,7 @@ pub async fn pull_layer(
                 break;
             };
             let wait = source
-                .submit(Op::LayerRead, at, n as u32, index, 0, &[])
+                .submit(Op::LayerRead, at, n as u32, index, 0, bytes::Bytes::new())
                 .await?;
             in_flight.push_back((at, wait));
         }
