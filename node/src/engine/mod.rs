@@ -104,8 +104,8 @@ pub struct Engine {
     local: Option<String>,
     revision: AtomicU64,
     /// Held while putting a write on the wires, so every replica sees the
-    /// same order.
-    order: Mutex<()>,
+    /// same order. Never held across an await.
+    order: std::sync::Mutex<()>,
     /// I/O holds it shared; a snapshot holds it exclusively.
     io: RwLock<()>,
     /// Set while a replica is being rebuilt (one at a time).
@@ -120,7 +120,12 @@ pub struct Engine {
     reader: std::sync::Mutex<Option<Arc<local::LocalReader>>>,
     /// Reads served straight from the local replica's files.
     direct_reads: AtomicU64,
+    /// The replicas writes go to, while the members stay as they are.
+    writers: std::sync::Mutex<Option<Arc<Writers>>>,
 }
+
+/// Name, connection, and whether its answer counts (rw, not wo).
+type Writers = Vec<(String, Arc<ReplicaClient>, bool)>;
 
 impl Engine {
     /// Connects to every replica, checks their sizes, and makes `rw` the
@@ -215,13 +220,14 @@ impl Engine {
             members: Mutex::new(members),
             local,
             revision: AtomicU64::new(best),
-            order: Mutex::new(()),
+            order: std::sync::Mutex::new(()),
             io: RwLock::new(()),
             rebuilding: std::sync::atomic::AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
             local_dir: std::sync::Mutex::new(None),
             reader: std::sync::Mutex::new(None),
             direct_reads: AtomicU64::new(0),
+            writers: std::sync::Mutex::new(None),
         }))
     }
 
@@ -252,17 +258,39 @@ impl Engine {
     }
 
     /// Replicas to write to: `rw` and `wo` (being rebuilt), with whether
-    /// each counts for the acknowledgement.
-    async fn write_clients(&self) -> Vec<(String, Arc<ReplicaClient>, bool)> {
+    /// each counts for the acknowledgement. Kept until the members change.
+    async fn write_clients(&self) -> Arc<Writers> {
+        if let Some(w) = self.writers.lock().ok().and_then(|w| w.clone()) {
+            return w;
+        }
         let m = self.members.lock().await;
-        m.iter()
-            .filter(|m| matches!(m.mode, ReplicaMode::Rw | ReplicaMode::Wo))
-            .filter_map(|m| {
-                m.client
-                    .clone()
-                    .map(|c| (m.at.name.clone(), c, m.mode == ReplicaMode::Rw))
-            })
-            .collect()
+        let w: Arc<Writers> = Arc::new(
+            m.iter()
+                .filter(|m| matches!(m.mode, ReplicaMode::Rw | ReplicaMode::Wo))
+                .filter_map(|m| {
+                    m.client
+                        .clone()
+                        .map(|c| (m.at.name.clone(), c, m.mode == ReplicaMode::Rw))
+                })
+                .collect(),
+        );
+        // Stored while the members are still locked: every change clears
+        // the cache under the same lock, so no stale list can land after it.
+        if let Ok(mut cache) = self.writers.lock() {
+            *cache = Some(w.clone());
+        }
+        drop(m);
+        w
+    }
+
+    /// After any change of a replica's mode or of the set (made with the
+    /// members locked): the cached writers go, and the status is reported
+    /// at once.
+    fn members_changed(&self) {
+        if let Ok(mut cache) = self.writers.lock() {
+            *cache = None;
+        }
+        self.changed.notify_waiters();
     }
 
     async fn fail(&self, name: &str, why: &ClientError) {
@@ -276,7 +304,7 @@ impl Engine {
             x.error = Some(why.to_string());
             x.client = None;
             self.drop_reader();
-            self.changed.notify_waiters();
+            self.members_changed();
         }
     }
 
@@ -397,17 +425,17 @@ impl Engine {
         let mut waits = Vec::new();
         let mut failed = Vec::new();
         {
-            let _order = self.order.lock().await;
+            let _order = self
+                .order
+                .lock()
+                .map_err(|_| EngineError::NoReplica("engine order lock poisoned".into()))?;
             let revision = if matches!(op, Op::Write | Op::Trim) {
                 self.revision.fetch_add(1, Ordering::SeqCst) + 1
             } else {
                 0
             };
-            for (name, c, rw) in &clients {
-                match c
-                    .submit(op, offset, len, revision, flags, data.clone())
-                    .await
-                {
+            for (name, c, rw) in clients.iter() {
+                match c.submit(op, offset, len, revision, flags, data.clone()) {
                     Ok(w) => waits.push((name.clone(), w, *rw)),
                     Err(e) => failed.push((name.clone(), e)),
                 }

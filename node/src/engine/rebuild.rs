@@ -106,7 +106,7 @@ impl Engine {
                 error: None,
                 rebuild: Some(status),
             });
-            self.changed.notify_waiters();
+            self.members_changed();
             (format!("{src_name}@{src_addr}"), report)
         };
         tracing::info!(source = %src, kept = kept.kept.len(), pending = kept.pending.len(), "replica joined; filling its layers");
@@ -135,7 +135,7 @@ impl Engine {
                         r.done = true;
                     }
                     tracing::info!(volume = %self.volume, replica = name, report = %report, "rebuild done; replica is rw");
-                    self.changed.notify_waiters();
+                    self.members_changed();
                 }
             }
             Err(e) => self.fail(name, &e).await,
@@ -159,7 +159,7 @@ impl Engine {
         }
         m.retain(|x| x.at.name != name);
         self.drop_reader();
-        self.changed.notify_waiters();
+        self.members_changed();
         Ok(())
     }
 }

@@ -74,7 +74,9 @@ async fn write_frames(
 pub struct ReplicaClient {
     addr: String,
     /// Frames to send, in order; one task writes them, batching what queues.
-    outbox: mpsc::Sender<Frame>,
+    /// Unbounded: what waits in it is bounded by the requests in flight,
+    /// and sending never waits, so callers may send under a plain lock.
+    outbox: mpsc::UnboundedSender<Frame>,
     writer: tokio::task::JoinHandle<()>,
     /// Set once the connection is gone.
     closed: Arc<AtomicBool>,
@@ -105,7 +107,7 @@ impl ReplicaClient {
         let _ = stream.set_nodelay(true);
         let (rd, wr) = stream.into_split();
         let mut rd = tokio::io::BufReader::with_capacity(super::server::IO_BUFFER, rd);
-        let (outbox, mut frames) = mpsc::channel::<Frame>(256);
+        let (outbox, mut frames) = mpsc::unbounded_channel::<Frame>();
         let pending: Pending = Arc::default();
         let closed = Arc::new(AtomicBool::new(false));
         let (wp, wa, wc) = (pending.clone(), addr.to_string(), closed.clone());
@@ -196,15 +198,14 @@ impl ReplicaClient {
             revision,
             flags,
             bytes::Bytes::copy_from_slice(payload),
-        )
-        .await?
+        )?
         .await
     }
 
     /// Sends a request now and returns what waits for its reply: callers
     /// that must order requests across replicas send under their own lock
     /// and wait outside it.
-    pub async fn submit(
+    pub fn submit(
         &self,
         op: Op,
         offset: u64,
@@ -239,7 +240,7 @@ impl ReplicaClient {
             revision,
         }
         .encode();
-        if self.outbox.send(Frame { head, payload }).await.is_err() {
+        if self.outbox.send(Frame { head, payload }).is_err() {
             if let Ok(mut m) = self.pending.lock() {
                 m.remove(&id);
             }
