@@ -45,8 +45,7 @@ pub async fn pull_layer(
             let Some((at, n)) = chunks.pop_front() else {
                 break;
             };
-            let wait = source
-                .submit(Op::LayerRead, at, n as u32, index, 0, bytes::Bytes::new())?;
+            let wait = source.submit(Op::LayerRead, at, n as u32, index, 0, bytes::Bytes::new())?;
             in_flight.push_back((at, wait));
         }
         let Some((at, wait)) = in_flight.pop_front() else {
