@@ -21,8 +21,10 @@ use crate::planner::{self, Action, ActionKind};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(60);
-/// Changes that come together are planned together.
-const SETTLE: Duration = Duration::from_millis(50);
+/// Changes that come together are planned together, and passes are at
+/// least this far apart (every heartbeat is a change: a large cluster must
+/// not plan once per heartbeat).
+const SETTLE: Duration = Duration::from_millis(200);
 
 /// Failed actions and when each may run again.
 #[derive(Default)]
