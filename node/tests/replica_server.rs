@@ -212,3 +212,25 @@ async fn calls_after_the_connection_dies_fail_at_once_and_never_hang() {
         assert!(matches!(r, Ok(Err(ClientError::Closed { .. }))), "{r:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_disk_fails_its_replicas_until_it_is_restored() {
+    use ballast_node::replica::Replica;
+    use ballast_node::replica::client::ReplicaClient;
+    use ballast_node::replica::server::{ReplicaServer, replica_dir};
+    let d = tempfile::tempdir().unwrap();
+    Replica::create(&replica_dir(d.path(), "v-r1"), 1 << 20).unwrap();
+    let server = ReplicaServer::new(vec![d.path().to_path_buf()]);
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(server.clone().serve(l));
+    let c = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    c.write(0, &[7u8; 4096], 1, false).await.unwrap();
+    server.fail_disk(d.path(), "ballast-disk.json is missing");
+    let err = c.write(0, &[8u8; 4096], 2, false).await.unwrap_err();
+    assert!(err.to_string().contains("not ready"), "{err}");
+    assert!(ReplicaClient::connect(&addr, "v-r1").await.is_err());
+    server.restore_disk(d.path());
+    let again = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    assert_eq!(again.read(0, 4096).await.unwrap(), vec![7u8; 4096]);
+}

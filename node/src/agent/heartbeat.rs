@@ -60,7 +60,9 @@ pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Channel) {
         // degrade and rebuild elsewhere instead of writing into the void.
         if let Some(server) = &ctx.replicas {
             for (d, st) in ctx.disks.iter().zip(&disks) {
-                if !st.ready {
+                if st.ready {
+                    server.restore_disk(&d.path);
+                } else {
                     server.fail_disk(&d.path, &st.message);
                 }
             }

@@ -236,6 +236,11 @@ impl Replica {
         self.meta.chain.clone()
     }
 
+    /// Why every I/O fails, when its disk went away.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
+    }
+
     /// Fails every I/O from now on (its disk is gone or not its own).
     pub fn break_off(&mut self, why: String) {
         self.broken = Some(why);

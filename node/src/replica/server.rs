@@ -101,6 +101,9 @@ impl ReplicaServer {
             .lock()
             .map_err(|_| "registry poisoned".to_string())?;
         if let Some(r) = open.get(name) {
+            if let Some(why) = r.read().ok().and_then(|r| r.broken().map(str::to_string)) {
+                return Err(why);
+            }
             return Ok(r.clone());
         }
         let failed = self
@@ -171,6 +174,28 @@ impl ReplicaServer {
                 tracing::warn!(replica = %name, disk = %disk.display(), why, "disk lost; failing the replica");
                 r.break_off(format!("disk {} is not ready: {why}", disk.display()));
             }
+        }
+    }
+
+    /// A disk found ready again: replicas there open afresh from their
+    /// files on next use (the failed ones stay closed, and an engine that
+    /// dropped them rebuilds them as reused replicas).
+    pub fn restore_disk(&self, disk: &std::path::Path) {
+        let was_failed = self
+            .failed_disks
+            .lock()
+            .map(|mut f| f.remove(disk))
+            .unwrap_or(false);
+        if !was_failed {
+            return;
+        }
+        tracing::info!(disk = %disk.display(), "disk ready again");
+        if let Ok(mut open) = self.open.lock() {
+            open.retain(|_, r| {
+                r.read()
+                    .map(|r| !r.dir().starts_with(disk))
+                    .unwrap_or(false)
+            });
         }
     }
 
