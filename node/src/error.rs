@@ -15,6 +15,9 @@ pub enum Error {
     Busy(String),
     #[error("{0}")]
     NotFound(String),
+    /// Valid, but refused in the current state (e.g. the last rw replica).
+    #[error("{0}")]
+    Refused(String),
     /// Something this node needs could not be reached.
     #[error("{0}")]
     Unavailable(String),
@@ -42,6 +45,7 @@ impl From<Error> for tonic::Status {
             Error::Busy(_) => tonic::Status::aborted(msg),
             Error::NotFound(_) => tonic::Status::not_found(msg),
             Error::Unavailable(_) => tonic::Status::unavailable(msg),
+            Error::Refused(_) => tonic::Status::failed_precondition(msg),
             Error::Internal(_) => tonic::Status::internal(msg),
         }
     }

@@ -8,6 +8,7 @@ mod common;
 mod harness;
 
 mod disk_loss;
+mod orphans;
 mod seed000_auto_balance;
 mod seed001_disk_pressure;
 mod seed002_eviction_drain;

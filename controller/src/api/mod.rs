@@ -65,7 +65,11 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
         "/v1/replicas",
         "List replicas, optionally ?volume=NAME&node=ID",
     ),
-    ("delete", "/v1/replicas/{name}", "Delete a replica record"),
+    (
+        "delete",
+        "/v1/replicas/{name}",
+        "Delete a replica: out of its engine, its data, its record",
+    ),
     ("get", "/v1/nodes", "List nodes"),
     ("get", "/v1/nodes/{id}", "Get a node"),
     (

@@ -40,7 +40,7 @@ pub async fn delete_replica(
     State(ctx): State<Arc<Context>>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, Error> {
-    ctx.store.delete::<Replica>(&name, None)?;
+    crate::executor::delete_replica(&ctx, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

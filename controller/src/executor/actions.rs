@@ -293,8 +293,20 @@ async fn rebuild_offline(
     Ok(())
 }
 
+/// Deletes a replica at a user's request (`DELETE /v1/replicas/{name}`):
+/// out of its engine, its data, then its record.
+#[tracing::instrument(skip_all, fields(replica = %name))]
+pub async fn delete_replica(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
+    let rep: Replica = ctx.store.fetch(name)?;
+    let _guard = ctx
+        .lock_volume_waiting(&rep.spec.volume, std::time::Duration::from_secs(30))
+        .await?;
+    remove_replica(ctx, &rep.spec.volume, name, "deleted on request").await
+}
+
 /// Takes a replica out of its volume's engine, deletes its data, then its
-/// record. A replica on a node that is down loses its record only.
+/// record. A replica on a node that is down loses its record only (its
+/// node deletes the data when it is back: see `nodes::registry`).
 #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]
 async fn remove_replica(
     ctx: &Context,
@@ -319,7 +331,7 @@ async fn remove_replica(
         )
         .await?;
     }
-    match ready_node(ctx, &rep.spec.node_id) {
+    let deleted = match ready_node(ctx, &rep.spec.node_id) {
         Ok(node) => {
             let mut c = agent(&node)?;
             with_timeout(
@@ -328,12 +340,21 @@ async fn remove_replica(
                     name: replica.to_string(),
                 }),
             )
-            .await?;
+            .await
+            .map(drop)
         }
-        Err(_) => tracing::warn!(
-            node = %rep.spec.node_id,
-            "the replica's node is down; its data stays on the disk until the node returns"
-        ),
+        Err(e) => Err(e),
+    };
+    match deleted {
+        Ok(()) => {}
+        // Down or unreachable: the node deletes the data when it is back.
+        Err(Error::Unprocessable(_) | Error::Unavailable(_) | Error::NotFound { .. }) => {
+            tracing::warn!(
+                node = %rep.spec.node_id,
+                "the replica's node is down; its data stays on the disk until the node returns"
+            )
+        }
+        Err(e) => return Err(e),
     }
     ctx.store.delete::<Replica>(replica, None)?;
     ctx.event(Kind::Replica, replica, "ReplicaDeleted", why.to_string());

@@ -19,7 +19,7 @@ use tonic::transport::Channel;
 
 use crate::error::Error;
 
-pub use actions::carry_out;
+pub use actions::{carry_out, delete_replica};
 pub use reconcile::run_reconcile;
 pub use volume::{attach, create, delete, detach};
 

@@ -205,12 +205,64 @@ impl Controlplane for ControlplaneService {
                 tracing::warn!(replica = %r.name, error = %e, "cannot record rebuild progress");
             }
         }
+        delete_orphans(ctx, &req.node_id, &req.replicas);
         for engine in &req.engines {
             if let Err(e) = record_engine(ctx, &req.node_id, engine) {
                 tracing::warn!(volume = %engine.volume, error = %e, "cannot record engine status");
             }
         }
         Ok(Response::new(HeartbeatResponse { known: true }))
+    }
+}
+
+/// Replicas a node reports that have no record while their volume has one
+/// are left over (their record went while the node was away): their data is
+/// deleted. A replica whose volume is unknown is only reported — a store
+/// that lost its records must never make nodes delete data.
+fn delete_orphans(
+    ctx: &Arc<Context>,
+    node: &str,
+    replicas: &[ballast::proto::agent::v1::ReplicaStatus],
+) {
+    use ballast::model::{Replica, Volume};
+    for r in replicas {
+        let known = matches!(ctx.store.get::<Replica>(&r.name), Ok(Some(_)));
+        if known || ctx.volume_busy(&r.volume) {
+            continue;
+        }
+        match ctx.store.get::<Volume>(&r.volume) {
+            Ok(Some(_)) => {}
+            _ => {
+                tracing::debug!(replica = %r.name, node, "replica of an unknown volume left on the node");
+                continue;
+            }
+        }
+        let (ctx, node, name) = (ctx.clone(), node.to_string(), r.name.clone());
+        tokio::spawn(async move {
+            let deleted = async {
+                let n: Node = ctx.store.fetch(&node)?;
+                let mut c = crate::executor::agent(&n)?;
+                crate::executor::with_timeout(
+                    &node,
+                    c.delete_replica(ballast::proto::agent::v1::DeleteReplicaRequest {
+                        name: name.clone(),
+                    }),
+                )
+                .await
+            }
+            .await;
+            match deleted {
+                Ok(_) => ctx.event(
+                    Kind::Replica,
+                    &name,
+                    "OrphanDeleted",
+                    format!("its record was gone; its data on {node} is deleted"),
+                ),
+                Err(e) => {
+                    tracing::warn!(replica = %name, error = %e, "cannot delete a left-over replica")
+                }
+            }
+        });
     }
 }
 

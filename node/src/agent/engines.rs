@@ -283,7 +283,13 @@ impl Engines {
         };
         control::call(&self.control(volume), &req)
             .await
-            .map_err(Error::Internal)?;
+            .map_err(|e| {
+                if e.contains("last rw replica") {
+                    Error::Refused(e)
+                } else {
+                    Error::Internal(e)
+                }
+            })?;
         r.spec
             .replicas
             .retain(|x| !x.starts_with(&format!("{replica}@")));
