@@ -69,4 +69,16 @@ fn deleting_a_replica_takes_it_out_of_the_engine_and_deletes_its_data() {
     c.wait_settled("vol", 3, SETTLE);
     verify_data(c.dir.path(), &endpoint, &data);
     verify_replicas(&c, "vol", &data);
+    // The last copy of an attached volume's data is not deleted.
+    c.create_volume(json!({"name": "solo", "size": SIZE, "numberOfReplicas": 1}));
+    c.attach("solo", "node-1");
+    let reps = c.wait_settled("solo", 1, SETTLE);
+    let only = reps[0]["name"].as_str().unwrap();
+    let (status, body) = call("DELETE", &c.url(&format!("/v1/replicas/{only}")), None);
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("last rw replica"),
+        "{body}"
+    );
+    assert_eq!(c.replicas("solo").len(), 1);
 }
