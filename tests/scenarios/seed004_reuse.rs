@@ -70,10 +70,19 @@ fn a_node_back_within_the_wait_has_its_replica_reused_and_only_missing_layers_co
     c.wait_settled("vol", 2, SETTLE);
     write_data(c.dir.path(), &endpoint, 31);
     // A third replica: its rebuild freezes a layer on every replica.
-    c.ok(
-        "PATCH",
-        "/v1/volumes/vol",
-        Some(json!({"numberOfReplicas": 3})),
+    // `ballastctl volume update --wait` returns once it is rw.
+    let (ok, _, progress) = ballastctl(
+        &c.api,
+        &["volume", "update", "vol", "--replicas", "3", "--wait"],
+    );
+    assert!(ok, "{progress}");
+    assert!(
+        progress
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .ends_with("3/3 rw"),
+        "{progress}"
     );
     c.wait_settled("vol", 3, SETTLE);
     write_data(c.dir.path(), &endpoint, 32);

@@ -93,6 +93,10 @@ pub enum VolumeCmd {
         data_locality: Option<String>,
         #[arg(long)]
         auto_balance: Option<String>,
+        /// Wait until the volume has all its replicas rw, showing each
+        /// rebuild's progress.
+        #[arg(long)]
+        wait: bool,
     },
     Delete {
         name: String,
@@ -415,6 +419,7 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                 replicas,
                 data_locality,
                 auto_balance,
+                wait,
             } => {
                 let mut body = json!({});
                 volume_options(&mut body, replicas, data_locality, auto_balance);
@@ -428,6 +433,9 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                     .call(Method::PATCH, &format!("/v1/volumes/{name}"), Some(body))
                     .await?;
                 show(&v, &VOLUME_HEADER, volume_rows, false);
+                if wait {
+                    wait_replicas(&c, &name).await?;
+                }
             }
             VolumeCmd::Delete { name } => {
                 c.call(Method::DELETE, &format!("/v1/volumes/{name}"), None)
@@ -696,6 +704,56 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
     Ok(())
 }
 
+/// Where a volume's replicas stand: `2/3 rw; r-abc 42% (...)`, and whether
+/// every wanted replica is rw.
+fn replica_progress(v: &Value) -> (String, bool) {
+    let wanted = v["spec"]["numberOfReplicas"].as_u64().unwrap_or(0) as usize;
+    let reps = v["status"]["replicas"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let rw = reps.iter().filter(|r| r["mode"] == "rw").count();
+    let mut line = format!("{rw}/{wanted} rw");
+    for r in reps.iter().filter(|r| r["mode"] != "rw") {
+        let cell = rebuild_cell(&r["rebuildProgress"]);
+        line.push_str(&format!(
+            "; {} on {} {}",
+            s(&r["name"]),
+            s(&r["nodeId"]),
+            if cell.is_empty() { s(&r["mode"]) } else { cell }
+        ));
+    }
+    (line, rw == wanted && reps.len() == wanted)
+}
+
+/// Polls the volume until every wanted replica is rw; on a terminal the
+/// progress line is rewritten in place, elsewhere each change is a line.
+async fn wait_replicas(c: &Client, name: &str) -> Result<(), CtlError> {
+    use std::io::{IsTerminal, Write};
+    let tty = std::io::stderr().is_terminal();
+    let mut last = String::new();
+    loop {
+        let v = c.get(&format!("/v1/volumes/{name}")).await?;
+        let (line, done) = replica_progress(&v);
+        if line != last {
+            if tty {
+                eprint!("\r\x1b[K{name}: {line}");
+            } else {
+                eprintln!("{name}: {line}");
+            }
+            let _ = std::io::stderr().flush();
+            last = line;
+        }
+        if done {
+            if tty {
+                eprintln!();
+            }
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
 /// `42% (1.2Gi of 2.9Gi)` while a replica is being rebuilt; empty otherwise.
 fn rebuild_cell(p: &Value) -> String {
     match (p["done"].as_u64(), p["total"].as_u64()) {
@@ -721,5 +779,21 @@ mod tests {
         );
         assert_eq!(rebuild_cell(&Value::Null), "");
         assert_eq!(rebuild_cell(&json!({"done": 0, "total": 0})), "");
+    }
+
+    #[test]
+    fn replica_progress_names_what_is_not_rw_yet() {
+        let v = json!({"spec": {"numberOfReplicas": 3}, "status": {"replicas": [
+            {"name": "v-r1", "nodeId": "n1", "mode": "rw"},
+            {"name": "v-r2", "nodeId": "n2", "mode": "rw"},
+            {"name": "v-r3", "nodeId": "n3", "mode": "wo", "rebuildProgress": {"done": 1, "total": 4}},
+        ]}});
+        assert_eq!(
+            replica_progress(&v),
+            ("2/3 rw; v-r3 on n3 25% (1 of 4)".to_string(), false)
+        );
+        let done = json!({"spec": {"numberOfReplicas": 1}, "status": {"replicas": [
+            {"name": "v-r1", "nodeId": "n1", "mode": "rw"}]}});
+        assert!(replica_progress(&done).1);
     }
 }
