@@ -85,7 +85,12 @@ impl Cluster {
     /// Like `start`; with `loop_size`, every disk is its own ext4
     /// filesystem of that size.
     pub fn start_with(n: usize, disks: usize, loop_size: Option<u64>) -> Cluster {
-        let dir = tempfile::tempdir().unwrap();
+        let mut dir = tempfile::tempdir().unwrap();
+        // BALLAST_KEEP_TEST_DIRS=1 keeps the logs and disks for a post-mortem.
+        if std::env::var_os("BALLAST_KEEP_TEST_DIRS").is_some() {
+            dir.disable_cleanup(true);
+            eprintln!("test directory: {}", dir.path().display());
+        }
         let mut mounts = Vec::new();
         if let Some(size) = loop_size {
             for i in 1..=n {
@@ -127,7 +132,11 @@ impl Cluster {
             api,
             dir,
         };
+        // Directories as disks share this machine's filesystem, however
+        // full it is: neither its free space nor its used share (disk
+        // pressure) may decide a scenario that is not about them.
         c.set("storage-minimal-available-percentage", json!(0));
+        c.set("replica-auto-balance-disk-pressure-percentage", json!(0));
         c
     }
 
