@@ -1,6 +1,8 @@
 //! The Ballast controller: the store of record, the REST API, the CSI
-//! controller socket, and the registry of nodes (registration, heartbeats,
-//! liveness). Placement (planner) and its executor come in later releases.
+//! controller socket, the registry of nodes (registration, heartbeats,
+//! liveness), the pure planner (`planner`, and `sim` to run it on a model),
+//! and the executor with the control loop that carries its plans out
+//! (`executor`).
 //!
 //! It never touches a disk and never imports the node crate: nodes are
 //! reached only through the agent protocol in the core crate.

@@ -1,7 +1,8 @@
 //! The Ballast node plugin: the node's hands. It owns its disks (identity
-//! files, usage), registers with the controller and heartbeats, and serves
-//! the CSI socket. Replicas, the engine and frontends come in later
-//! releases.
+//! files, usage, the disk monitor), registers with the controller and
+//! heartbeats, serves the CSI socket and the agent, hosts replicas
+//! (`replica`), runs volume engines (`engine`) with their frontends
+//! (`frontend`), and copies replica data for rebuilds (`sync`).
 //!
 //! It decides nothing about placement and never imports the controller
 //! crate: it meets the controller only through the agent protocol.

@@ -9,7 +9,10 @@
 //! snapshots every replica at the same point, and resumes.
 //!
 //! On start after an unclean stop, only the replicas with the highest
-//! revision counter become `rw`; the others are `err`.
+//! revision counter become `rw`; the others are `err`. A replica joins a
+//! running volume through a rebuild (`rebuild`); the node agent asks for it
+//! on the control socket (`control`); reads of the local replica go
+//! straight to its files (`local`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
