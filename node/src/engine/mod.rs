@@ -22,7 +22,7 @@ use bytes::Bytes;
 use tokio::sync::{Mutex, RwLock};
 
 use crate::replica::BLOCK;
-use crate::replica::client::{ClientError, ReplicaClient};
+use crate::replica::client::{ClientError, ReplicaClient, Waiter};
 use crate::replica::protocol::{FLAG_ZEROES, MAX_DATA, Op};
 
 pub mod control;
@@ -110,7 +110,7 @@ pub struct Engine {
     /// same order. Never held across an await.
     order: std::sync::Mutex<()>,
     /// I/O holds it shared; a snapshot holds it exclusively.
-    io: RwLock<()>,
+    io: Arc<RwLock<()>>,
     /// Set while a replica is being rebuilt (one at a time).
     rebuilding: std::sync::atomic::AtomicBool,
     /// Woken whenever a replica's mode changes, so that the status is
@@ -129,6 +129,88 @@ pub struct Engine {
 
 /// Name, connection, and whether its answer counts (rw, not wo).
 type Writers = Vec<(String, Arc<ReplicaClient>, bool)>;
+
+/// What is called with a write's outcome.
+pub type WriteDone = Box<dyn FnOnce(Result<(), EngineError>) + Send>;
+
+/// The answers to one write from every replica, gathered as they come.
+struct FanIn {
+    engine: Arc<Engine>,
+    state: std::sync::Mutex<FanInState>,
+}
+
+struct FanInState {
+    remaining: usize,
+    /// rw replicas that have the write.
+    ok: usize,
+    failed: Vec<(String, ClientError)>,
+    done: Option<WriteDone>,
+    /// I/O stays held until every replica answered (a snapshot waits).
+    guard: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
+}
+
+impl FanIn {
+    /// One replica's answer; the last one finishes the write.
+    fn one(&self, name: String, rw: bool, r: Result<(), ClientError>) {
+        let finished = {
+            let Ok(mut s) = self.state.lock() else {
+                return;
+            };
+            match r {
+                Ok(()) => s.ok += usize::from(rw),
+                Err(e) => s.failed.push((name, e)),
+            }
+            s.remaining = s.remaining.saturating_sub(1);
+            if s.remaining > 0 {
+                return;
+            }
+            (
+                s.ok,
+                std::mem::take(&mut s.failed),
+                s.done.take(),
+                s.guard.take(),
+            )
+        };
+        let (ok, failed, done, guard) = finished;
+        let Some(done) = done else {
+            return;
+        };
+        let outcome = move |last: String| {
+            if ok == 0 {
+                Err(EngineError::NoReplica(last))
+            } else {
+                Ok(())
+            }
+        };
+        if failed.is_empty() {
+            drop(guard);
+            return done(outcome(String::new()));
+        }
+        // A replica failed: drop it from the volume (which takes the
+        // members' lock) before answering.
+        let engine = self.engine.clone();
+        tokio::spawn(async move {
+            let mut last = String::new();
+            for (name, e) in &failed {
+                last = e.to_string();
+                engine.fail(name, e).await;
+            }
+            drop(guard);
+            done(outcome(last));
+        });
+    }
+
+    /// Fails the write before anything was sent.
+    fn answer_all(&self, e: EngineError) {
+        let done = self.state.lock().ok().and_then(|mut s| {
+            s.guard.take();
+            s.done.take()
+        });
+        if let Some(done) = done {
+            done(Err(e));
+        }
+    }
+}
 
 impl Engine {
     /// Connects to every replica, checks their sizes, and makes `rw` the
@@ -224,7 +306,7 @@ impl Engine {
             local,
             revision: AtomicU64::new(best),
             order: std::sync::Mutex::new(()),
-            io: RwLock::new(()),
+            io: Arc::new(RwLock::new(())),
             rebuilding: std::sync::atomic::AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
             local_dir: std::sync::Mutex::new(None),
@@ -545,6 +627,61 @@ impl Engine {
             pos += n;
         }
         Ok(())
+    }
+
+    /// Writes `data` at `offset` and calls `done` with the outcome once
+    /// every replica has answered, from the task that read the last
+    /// answer: no task per request. Writes larger than one frame, and
+    /// unaligned writes during a rebuild, take the awaited path.
+    pub async fn write_then(
+        self: &Arc<Self>,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+        done: WriteDone,
+    ) {
+        if let Err(e) = self.check(offset, data.len() as u64) {
+            return done(Err(e));
+        }
+        let unaligned = Self::unaligned(offset, data.len() as u64);
+        if data.len() > MAX_DATA as usize || (self.rebuilding.load(Ordering::SeqCst) && unaligned) {
+            return done(self.write_bytes(offset, data, fua).await);
+        }
+        let guard = self.io.clone().read_owned().await;
+        let clients = self.write_clients().await;
+        if !clients.iter().any(|(_, _, rw)| *rw) {
+            return done(Err(EngineError::NoReplica("no rw replica".into())));
+        }
+        let fan = Arc::new(FanIn {
+            engine: self.clone(),
+            state: std::sync::Mutex::new(FanInState {
+                remaining: clients.len(),
+                ok: 0,
+                failed: Vec::new(),
+                done: Some(done),
+                guard: Some(guard),
+            }),
+        });
+        let Ok(_order) = self.order.lock() else {
+            return fan.answer_all(EngineError::NoReplica("engine order lock poisoned".into()));
+        };
+        let revision = self.revision.fetch_add(1, Ordering::SeqCst) + 1;
+        for (name, c, rw) in clients.iter() {
+            let (f, n, rw) = (fan.clone(), name.clone(), *rw);
+            let waiter = Waiter::Callback(Box::new(move |r| f.one(n, rw, r.map(drop))));
+            let sent = c.send(
+                Op::Write,
+                offset,
+                data.len() as u32,
+                revision,
+                u8::from(fua),
+                data.clone(),
+                waiter,
+            );
+            if let Err(e) = sent {
+                fan.one(name.clone(), rw, Err(e));
+            }
+        }
     }
 
     /// Discards a range; it reads as zeros afterwards.

@@ -225,7 +225,10 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     }
     let (rd, wr) = tokio::io::split(stream);
     let mut rd = tokio::io::BufReader::with_capacity(IO_BUFFER, rd);
-    let (tx, mut rx) = mpsc::channel::<Reply>(256);
+    // Unbounded: what waits is bounded by the requests in flight, and a
+    // write's answer is sent from the task that read the replicas' answers,
+    // which must not wait.
+    let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
     let writer = tokio::spawn(async move {
         // Replies queued together leave in one write.
         let mut wr = tokio::io::BufWriter::with_capacity(IO_BUFFER, wr);
@@ -271,24 +274,30 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             CMD_WRITE => {
                 if len > MAX_REQUEST {
                     // Its payload cannot be skipped safely: end the connection.
-                    let _ = tx.send(simple_reply(EINVAL, handle, Vec::new())).await;
+                    let _ = tx.send(simple_reply(EINVAL, handle, Vec::new()));
                     break Err(invalid("write too large"));
                 }
                 let data = crate::bufio::read_payload(&mut rd, len as usize).await?;
                 if !in_range {
-                    let _ = tx.send(simple_reply(ENOSPC, handle, Vec::new())).await;
+                    let _ = tx.send(simple_reply(ENOSPC, handle, Vec::new()));
                     continue;
                 }
-                let (e, tx) = (engine.clone(), tx.clone());
-                inflight.spawn(async move {
-                    // With FUA each replica syncs the write before answering.
-                    let r = e.write_bytes(offset, bytes::Bytes::from(data), fua).await;
-                    let _ = tx.send(done_reply(r, handle)).await;
-                });
+                // With FUA each replica syncs the write before answering.
+                let tx = tx.clone();
+                engine
+                    .write_then(
+                        offset,
+                        bytes::Bytes::from(data),
+                        fua,
+                        Box::new(move |r| {
+                            let _ = tx.send(done_reply(r, handle));
+                        }),
+                    )
+                    .await;
             }
             CMD_READ => {
                 if len > MAX_REQUEST || !in_range {
-                    let _ = tx.send(simple_reply(EINVAL, handle, Vec::new())).await;
+                    let _ = tx.send(simple_reply(EINVAL, handle, Vec::new()));
                     continue;
                 }
                 let (e, tx) = (engine.clone(), tx.clone());
@@ -297,19 +306,19 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                         Ok(data) => simple_reply(0, handle, data),
                         Err(x) => simple_reply(errno(&x), handle, Vec::new()),
                     };
-                    let _ = tx.send(reply).await;
+                    let _ = tx.send(reply);
                 });
             }
             CMD_FLUSH => {
                 let (e, tx) = (engine.clone(), tx.clone());
                 inflight.spawn(async move {
                     let r = e.flush().await;
-                    let _ = tx.send(done_reply(r, handle)).await;
+                    let _ = tx.send(done_reply(r, handle));
                 });
             }
             CMD_TRIM | CMD_WRITE_ZEROES => {
                 if !in_range {
-                    let _ = tx.send(simple_reply(EINVAL, handle, Vec::new())).await;
+                    let _ = tx.send(simple_reply(EINVAL, handle, Vec::new()));
                     continue;
                 }
                 let (e, tx) = (engine.clone(), tx.clone());
@@ -320,11 +329,11 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                     } else {
                         Ok(())
                     });
-                    let _ = tx.send(done_reply(r, handle)).await;
+                    let _ = tx.send(done_reply(r, handle));
                 });
             }
             _ => {
-                let _ = tx.send(simple_reply(EINVAL, handle, Vec::new())).await;
+                let _ = tx.send(simple_reply(EINVAL, handle, Vec::new()));
             }
         }
         while inflight.try_join_next().is_some() {}

@@ -23,19 +23,40 @@ pub enum ClientError {
     },
 }
 
-type Pending = Arc<std::sync::Mutex<HashMap<u64, oneshot::Sender<Result<Vec<u8>, ClientError>>>>>;
+/// What to do with a reply: wake a waiting task, or run a callback right
+/// where the reply was read (no task hand-off).
+pub enum Waiter {
+    Task(oneshot::Sender<Result<Vec<u8>, ClientError>>),
+    Callback(Box<dyn FnOnce(Result<Vec<u8>, ClientError>) + Send>),
+}
+
+impl Waiter {
+    fn finish(self, r: Result<Vec<u8>, ClientError>) {
+        match self {
+            Waiter::Task(tx) => {
+                let _ = tx.send(r);
+            }
+            Waiter::Callback(f) => f(r),
+        }
+    }
+}
+
+type Pending = Arc<std::sync::Mutex<HashMap<u64, Waiter>>>;
 
 /// Marks the connection closed, then fails every request still waiting.
 /// (A request registered after this sees the flag and fails at once.)
 fn close_all(closed: &AtomicBool, pending: &Pending, addr: &str, reason: &str) {
     closed.store(true, Ordering::SeqCst);
-    if let Ok(mut m) = pending.lock() {
-        for (_, w) in m.drain() {
-            let _ = w.send(Err(ClientError::Closed {
-                addr: addr.to_string(),
-                reason: reason.to_string(),
-            }));
-        }
+    let waiting: Vec<Waiter> = match pending.lock() {
+        Ok(mut m) => m.drain().map(|(_, w)| w).collect(),
+        Err(_) => Vec::new(),
+    };
+    // Run outside the lock: a callback may submit again.
+    for w in waiting {
+        w.finish(Err(ClientError::Closed {
+            addr: addr.to_string(),
+            reason: reason.to_string(),
+        }));
     }
 }
 
@@ -157,7 +178,7 @@ impl ReplicaClient {
                             message: String::from_utf8_lossy(&body).into_owned(),
                         })
                     };
-                    let _ = w.send(result);
+                    w.finish(result);
                 }
             };
             close_all(&c, &p, &a, &reason);
@@ -215,8 +236,31 @@ impl ReplicaClient {
         payload: bytes::Bytes,
     ) -> Result<impl std::future::Future<Output = Result<Vec<u8>, ClientError>> + use<>, ClientError>
     {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
+        self.send(op, offset, len, revision, flags, payload, Waiter::Task(tx))?;
+        let addr = self.addr.clone();
+        Ok(async move {
+            rx.await.map_err(|_| ClientError::Closed {
+                addr,
+                reason: "reader stopped".into(),
+            })?
+        })
+    }
+
+    /// Sends a request now; `waiter` gets its reply (or the connection's
+    /// end). On an error here the waiter is dropped unrun.
+    #[allow(clippy::too_many_arguments)]
+    pub fn send(
+        &self,
+        op: Op,
+        offset: u64,
+        len: u32,
+        revision: u64,
+        flags: u8,
+        payload: bytes::Bytes,
+        waiter: Waiter,
+    ) -> Result<(), ClientError> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
         let closed = |reason: String| ClientError::Closed {
             addr: self.addr.clone(),
             reason,
@@ -224,7 +268,7 @@ impl ReplicaClient {
         self.pending
             .lock()
             .map_err(|_| closed("poisoned".into()))?
-            .insert(id, tx);
+            .insert(id, waiter);
         if self.closed.load(Ordering::SeqCst) {
             if let Ok(mut m) = self.pending.lock() {
                 m.remove(&id);
@@ -246,13 +290,7 @@ impl ReplicaClient {
             }
             return Err(closed("writer stopped".into()));
         }
-        let addr = self.addr.clone();
-        Ok(async move {
-            rx.await.map_err(|_| ClientError::Closed {
-                addr,
-                reason: "reader stopped".into(),
-            })?
-        })
+        Ok(())
     }
 
     pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, ClientError> {
