@@ -403,3 +403,57 @@ fn a_rebuild_cut_off_by_a_restart_resumes_from_the_layers_it_had_finished() {
         }
     });
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_reports_its_progress_while_it_runs() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let size = 1u64 << 30;
+    {
+        let mut r = Replica::create(&replica_dir(d1.path(), "v-r0"), size).unwrap();
+        let chunk = pattern(0, 8 << 20, 9);
+        for k in 0..64u64 {
+            r.write(k * (16 << 20), &chunk, Some(k + 1)).unwrap();
+        }
+        r.snapshot().unwrap();
+    }
+    Replica::create(&replica_dir(d2.path(), "v-r1"), size).unwrap();
+    let s1 = server(&[d1.path()]).await;
+    let target = ReplicaServer::new(vec![d2.path().to_path_buf()]);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let s2 = l.local_addr().unwrap().to_string();
+    tokio::spawn(target.clone().serve(l));
+    let src = ReplicaClient::connect(&s1, "v-r0").await.unwrap();
+    let dst = ReplicaClient::connect(&s2, "v-r1").await.unwrap();
+    let info = src.info().await.unwrap();
+    let spec = JoinSpec::following(
+        &src.layers().await.unwrap(),
+        info["revision"].as_u64().unwrap(),
+    )
+    .unwrap();
+    dst.join(&spec).await.unwrap();
+    assert_eq!(target.fill_progress("v-r1"), None);
+    let fill = tokio::spawn(async move { dst.fill(&format!("v-r0@{s1}")).await });
+    let mut seen = Vec::new();
+    while !fill.is_finished() {
+        if let Some(p) = target.fill_progress("v-r1") {
+            seen.push(p);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    fill.await.unwrap().unwrap();
+    let total = 64 * (8u64 << 20);
+    assert!(
+        seen.iter().any(|&(done, t)| t == total && done < total),
+        "no progress seen mid-fill: {:?}",
+        seen.first()
+    );
+    assert!(
+        seen.windows(2).all(|w| w[0].0 <= w[1].0),
+        "progress went back"
+    );
+    assert_eq!(
+        target.fill_progress("v-r1"),
+        None,
+        "progress stays after the fill"
+    );
+}

@@ -387,3 +387,111 @@ fn record_engine(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ballast::model::{DesiredState, Replica, ReplicaSpec, ReplicaStatus, Setting};
+    use ballast::proto::agent::v1::{DiskIdentity, DiskStatus as WireDisk, ReplicaStatus as Wire};
+    use ballast::store::RedbStore;
+
+    use super::*;
+
+    fn disk(available: u64) -> WireDisk {
+        WireDisk {
+            id: "disk-1".into(),
+            path: "/d".into(),
+            ready: true,
+            storage_maximum: 1000 << 20,
+            storage_available: available,
+            ..Default::default()
+        }
+    }
+
+    /// A controller's heartbeat handler over a real store, with one node
+    /// registered and one replica recorded on it.
+    async fn service() -> (tempfile::TempDir, ControlplaneService) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = RedbStore::open(dir.path().join("s.redb")).unwrap();
+        let ctx = Context::new(Arc::new(store), Duration::from_secs(30));
+        let svc = ControlplaneService::new(ctx.clone());
+        svc.register(Request::new(RegisterRequest {
+            node_id: "n1".into(),
+            disks: vec![DiskIdentity {
+                id: "disk-1".into(),
+                uuid: "u".into(),
+                path: "/d".into(),
+                tags: vec![],
+            }],
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+        ctx.store
+            .create(&Replica {
+                name: "v-r1".into(),
+                resource_version: 0,
+                spec: ReplicaSpec {
+                    volume: "v".into(),
+                    node_id: "n1".into(),
+                    disk_id: "disk-1".into(),
+                    data_directory: "replicas/v-r1".into(),
+                    desired_state: DesiredState::Running,
+                    eviction_requested: false,
+                    rebuild_retry_count: 0,
+                    failed_at: None,
+                    healthy_at: None,
+                },
+                status: ReplicaStatus::default(),
+            })
+            .unwrap();
+        (dir, svc)
+    }
+
+    async fn beat(svc: &ControlplaneService, available: u64, done: u64, total: u64) {
+        svc.heartbeat(Request::new(HeartbeatRequest {
+            node_id: "n1".into(),
+            disks: vec![disk(available)],
+            replicas: vec![Wire {
+                name: "v-r1".into(),
+                volume: "v".into(),
+                disk_id: "disk-1".into(),
+                rebuild_done: done,
+                rebuild_total: total,
+                ..Default::default()
+            }],
+            engines: vec![],
+        }))
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn heartbeats_record_rebuild_progress_and_disk_pressure() {
+        let (_dir, svc) = service().await;
+        let ctx = svc.ctx.clone();
+        // 95% used, over the default threshold of 90%.
+        beat(&svc, 50 << 20, 3 << 20, 8 << 20).await;
+        let r: Replica = ctx.store.fetch("v-r1").unwrap();
+        let p = r.status.rebuild_progress.unwrap();
+        assert_eq!((p.done, p.total), (3 << 20, 8 << 20));
+        let n: Node = ctx.store.fetch("n1").unwrap();
+        let d = &n.status.disks["disk-1"];
+        assert!(d.pressure);
+        assert_eq!(d.scheduled_replicas, ["v-r1"]);
+        // The fill is over; the disk has room; pressure turned off entirely.
+        ctx.store
+            .create(&Setting {
+                name: ballast::settings::DISK_PRESSURE_PERCENTAGE.into(),
+                resource_version: 0,
+                value: "0".into(),
+            })
+            .unwrap();
+        beat(&svc, 50 << 20, 0, 0).await;
+        let r: Replica = ctx.store.fetch("v-r1").unwrap();
+        assert_eq!(r.status.rebuild_progress, None);
+        let n: Node = ctx.store.fetch("n1").unwrap();
+        assert!(!n.status.disks["disk-1"].pressure);
+    }
+}
