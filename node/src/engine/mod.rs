@@ -610,13 +610,18 @@ impl Engine {
         fua: bool,
     ) -> Result<(), EngineError> {
         self.check(offset, data.len() as u64)?;
+        let io = self.io.read().await;
+        // The flag is read with I/O held: a rebuild sets it before its join,
+        // which waits for I/O to pause; so a write that finds it clear here
+        // only reaches replicas that can take it as it is.
         if self.rebuilding.load(Ordering::SeqCst) && Self::unaligned(offset, data.len() as u64) {
+            drop(io);
             return self.write_aligned(offset, &data, fua).await;
         }
         let mut pos = 0usize;
         while pos < data.len() {
             let n = (data.len() - pos).min(MAX_DATA as usize);
-            self.mutate(
+            self.mutate_now(
                 Op::Write,
                 offset + pos as u64,
                 n as u32,
@@ -648,6 +653,11 @@ impl Engine {
             return done(self.write_bytes(offset, data, fua).await);
         }
         let guard = self.io.clone().read_owned().await;
+        // Read again with I/O held (see `write_bytes`).
+        if unaligned && self.rebuilding.load(Ordering::SeqCst) {
+            drop(guard);
+            return done(self.write_bytes(offset, data, fua).await);
+        }
         let clients = self.write_clients().await;
         if !clients.iter().any(|(_, _, rw)| *rw) {
             return done(Err(EngineError::NoReplica("no rw replica".into())));
@@ -688,37 +698,40 @@ impl Engine {
     pub async fn trim(&self, offset: u64, len: u64) -> Result<(), EngineError> {
         self.check(offset, len)?;
         let (mut offset, mut len) = (offset, len);
-        if self.rebuilding.load(Ordering::SeqCst) && Self::unaligned(offset, len) {
-            // The partial blocks at the edges become aligned zero writes.
-            let first_end = (offset / BLOCK + 1) * BLOCK;
-            if !offset.is_multiple_of(BLOCK) {
-                let n = (first_end - offset).min(len);
-                self.write_aligned(offset, &vec![0u8; n as usize], false)
-                    .await?;
-                (offset, len) = (offset + n, len - n);
+        loop {
+            // As for writes, the flag is read with I/O held.
+            let io = self.io.read().await;
+            let rebuilding = self.rebuilding.load(Ordering::SeqCst);
+            if rebuilding && Self::unaligned(offset, len) {
+                drop(io);
+                // The partial blocks at the edges become aligned zero writes.
+                let first_end = (offset / BLOCK + 1) * BLOCK;
+                if !offset.is_multiple_of(BLOCK) {
+                    let n = (first_end - offset).min(len);
+                    self.write_aligned(offset, &vec![0u8; n as usize], false)
+                        .await?;
+                    (offset, len) = (offset + n, len - n);
+                }
+                let tail = len % BLOCK;
+                if tail > 0 {
+                    self.write_aligned(offset + len - tail, &vec![0u8; tail as usize], false)
+                        .await?;
+                    len -= tail;
+                }
+                continue;
             }
-            let tail = len % BLOCK;
-            if tail > 0 {
-                self.write_aligned(offset + len - tail, &vec![0u8; tail as usize], false)
-                    .await?;
-                len -= tail;
-            }
-        }
-        let mut pos = 0u64;
-        while pos < len {
-            let n = (len - pos).min(u64::from(u32::MAX) & !4095);
             // While a rebuild runs every replica writes zeros, so that
             // their heads keep the same allocation.
-            let flags = if self.rebuilding.load(Ordering::SeqCst) {
-                FLAG_ZEROES
-            } else {
-                0
-            };
-            self.mutate(Op::Trim, offset + pos, n as u32, flags, Bytes::new())
-                .await?;
-            pos += n;
+            let flags = if rebuilding { FLAG_ZEROES } else { 0 };
+            let mut pos = 0u64;
+            while pos < len {
+                let n = (len - pos).min(u64::from(u32::MAX) & !4095);
+                self.mutate_now(Op::Trim, offset + pos, n as u32, flags, Bytes::new())
+                    .await?;
+                pos += n;
+            }
+            return Ok(());
         }
-        Ok(())
     }
 
     pub async fn flush(&self) -> Result<(), EngineError> {
