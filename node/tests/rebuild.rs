@@ -106,9 +106,24 @@ async fn a_rebuild_under_concurrent_writes_ends_with_all_replicas_identical_laye
                     let offset =
                         (8 << 20) + w * (2 << 20) + (n * 7919 % 500) * 4096 + (n % 3) * 512;
                     let len = 4096 + (n % 4) as usize * 1000;
-                    e.write(offset, &pattern(offset, len, n as u8), n.is_multiple_of(5))
-                        .await
-                        .unwrap();
+                    let data = pattern(offset, len, n as u8);
+                    let fua = n.is_multiple_of(5);
+                    if w == 2 {
+                        // The NBD server's way: answered by callback.
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        e.write_then(
+                            offset,
+                            data.into(),
+                            fua,
+                            Box::new(move |r| {
+                                let _ = tx.send(r);
+                            }),
+                        )
+                        .await;
+                        rx.await.unwrap().unwrap();
+                    } else {
+                        e.write(offset, &data, fua).await.unwrap();
+                    }
                     if n.is_multiple_of(9) {
                         e.trim(offset + 8192, 3 * 4096 + 100).await.unwrap();
                     }
