@@ -231,10 +231,18 @@ impl ReplicaServer {
         let (rd, wr) = stream.into_split();
         let mut rd = tokio::io::BufReader::with_capacity(IO_BUFFER, rd);
         let (tx, mut rx) = mpsc::channel::<(Response, Vec<u8>)>(256);
+        // The socket's write half is shared: the writer task sends the
+        // replies of reads and queued mutations; this task sends the replies
+        // of the writes it applies itself, gathered until it would wait for
+        // the next request (no hand-off to another task).
+        let wr = Arc::new(tokio::sync::Mutex::new(
+            tokio::io::BufWriter::with_capacity(IO_BUFFER, wr),
+        ));
+        let writer_half = wr.clone();
         let writer = tokio::spawn(async move {
             // Replies queued together leave in one write.
-            let mut wr = tokio::io::BufWriter::with_capacity(IO_BUFFER, wr);
             while let Some(first) = rx.recv().await {
+                let mut wr = writer_half.lock().await;
                 let mut next = Some(first);
                 while let Some((resp, body)) = next {
                     if wr.write_all(&resp.encode()).await.is_err()
@@ -249,6 +257,7 @@ impl ReplicaServer {
                 }
             }
         });
+        let mut answered: Vec<(Response, Vec<u8>)> = Vec::new();
         let mut bound: Option<(String, Shared)> = None;
         // Mutations run one at a time, in the order they arrived, so that
         // every replica applies an engine's writes in the engine's order.
@@ -270,6 +279,10 @@ impl ReplicaServer {
             }
         });
         let result = loop {
+            // Before waiting for more bytes, send what was answered.
+            if rd.buffer().len() < REQUEST_HEADER {
+                send_answered(&wr, &mut answered).await?;
+            }
             let mut head = [0u8; REQUEST_HEADER];
             if let Err(e) = rd.read_exact(&mut head).await {
                 break if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -292,6 +305,9 @@ impl ReplicaServer {
                     break Ok(());
                 }
             };
+            if rd.buffer().len() < req.payload_len() {
+                send_answered(&wr, &mut answered).await?;
+            }
             let payload = crate::bufio::read_payload(&mut rd, req.payload_len()).await?;
             if req.op == Op::Open {
                 let name = String::from_utf8_lossy(&payload).into_owned();
@@ -352,9 +368,7 @@ impl ReplicaServer {
                 && req.flags & FLAG_FUA == 0
                 && queued.load(std::sync::atomic::Ordering::SeqCst) == 0
             {
-                if tx.send(execute(&replica, &req, payload)).await.is_err() {
-                    break Ok(());
-                }
+                answered.push(execute(&replica, &req, payload));
             } else {
                 queued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 if mtx.send((replica, req, payload)).await.is_err() {
@@ -362,12 +376,29 @@ impl ReplicaServer {
                 }
             }
         };
+        let _ = send_answered(&wr, &mut answered).await;
         drop(mtx);
         let _ = mutator.await;
         drop(tx);
         let _ = writer.await;
         result
     }
+}
+
+/// Sends the replies gathered by the connection's task, in one flush.
+async fn send_answered(
+    wr: &tokio::sync::Mutex<tokio::io::BufWriter<tokio::net::tcp::OwnedWriteHalf>>,
+    answered: &mut Vec<(Response, Vec<u8>)>,
+) -> std::io::Result<()> {
+    if answered.is_empty() {
+        return Ok(());
+    }
+    let mut w = wr.lock().await;
+    for (resp, body) in answered.drain(..) {
+        w.write_all(&resp.encode()).await?;
+        w.write_all(&body).await?;
+    }
+    w.flush().await
 }
 
 fn ok_json(id: u64, value: &impl serde::Serialize) -> (Response, Vec<u8>) {
