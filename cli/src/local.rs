@@ -213,6 +213,9 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
         ));
     }
 
+    // A node is up once it heartbeats in this run: a restarted cluster's
+    // store still says "ready" from the last one.
+    let started = chrono::Utc::now();
     let mut node_socks = Vec::new();
     for i in 1..=args.nodes {
         let name = format!("node-{i}");
@@ -247,9 +250,13 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
         node_socks.push((name, sock));
     }
     let want = usize::from(args.nodes);
-    // Ready, and every disk measured.
+    // Ready, on a heartbeat of this run, and every disk measured.
     let up = |n: &serde_json::Value| {
         n["status"]["ready"] == true
+            && n["status"]["lastHeartbeat"]
+                .as_str()
+                .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
+                .is_some_and(|t| t > started)
             && n["status"]["disks"]
                 .as_object()
                 .is_some_and(|d| !d.is_empty() && d.values().all(|d| d["ready"] == true))

@@ -33,12 +33,15 @@ fn a_replica_deleted_while_its_node_is_down_has_its_data_deleted_when_the_node_r
     c.ok("DELETE", &format!("/v1/replicas/{name}"), None);
     assert!(dir.exists(), "the node is down: its data is still there");
     c.restart_node(i);
-    wait_for(SETTLE, "the left-over replica deleted", || {
-        (!dir.exists()).then_some(())
-    });
-    assert!(
-        c.event_reasons(&format!("replica/{name}"))
-            .contains(&"OrphanDeleted".to_string())
+    wait_for(
+        SETTLE,
+        "the left-over replica deleted, with its event",
+        || {
+            (!dir.exists()
+                && c.event_reasons(&format!("replica/{name}"))
+                    .contains(&"OrphanDeleted".to_string()))
+            .then_some(())
+        },
     );
     // The volume is whole again, on a new replica.
     wait_for(SETTLE, "two rw replicas", || {

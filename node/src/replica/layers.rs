@@ -113,9 +113,7 @@ impl Replica {
             empty_layer(&self.dir.join(name), self.meta.size)?;
         }
         self.revision = revision;
-        self.revision_file
-            .write_all_at(&revision.to_le_bytes(), 0)
-            .map_err(|e| ReplicaError::io(&self.dir.join(super::REVISION_FILE), e))?;
+        self.revision_file.store(revision);
         self.reload()?;
         Ok(report)
     }

@@ -16,6 +16,7 @@ pub mod client;
 mod layers;
 mod meta;
 pub mod protocol;
+mod revision;
 pub mod server;
 
 use std::fs::{File, OpenOptions};
@@ -83,7 +84,7 @@ pub struct Replica {
     /// Oldest first; the last is the head.
     layers: Vec<Layer>,
     revision: u64,
-    revision_file: File,
+    revision_file: revision::RevisionCounter,
     /// Set when the replica's disk went away: every I/O fails from then on.
     broken: Option<String>,
 }
@@ -193,19 +194,7 @@ impl Replica {
                 map,
             });
         }
-        let rev_path = dir.join(REVISION_FILE);
-        let revision_file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(&rev_path)
-            .map_err(|e| ReplicaError::io(&rev_path, e))?;
-        let mut buf = [0u8; 8];
-        let stored = match revision_file.read_exact_at(&mut buf, 0) {
-            Ok(()) => u64::from_le_bytes(buf),
-            Err(_) => 0,
-        };
+        let (revision_file, stored) = revision::RevisionCounter::open(&dir.join(REVISION_FILE))?;
         Ok(Replica {
             broken: None,
             dir: dir.to_path_buf(),
@@ -305,9 +294,8 @@ impl Replica {
     /// Records the revision of the latest write (not synced until flush).
     fn bump(&mut self, revision: Option<u64>) -> Result<(), ReplicaError> {
         self.revision = revision.unwrap_or(self.revision + 1).max(self.revision);
-        self.revision_file
-            .write_all_at(&self.revision.to_le_bytes(), 0)
-            .map_err(|e| ReplicaError::io(&self.dir.join(REVISION_FILE), e))
+        self.revision_file.store(self.revision);
+        Ok(())
     }
 
     /// Writes `data` at `offset` into the head. A partial block not yet in
@@ -415,9 +403,7 @@ impl Replica {
         head.file
             .sync_data()
             .map_err(|e| ReplicaError::io(&head.path, e))?;
-        self.revision_file
-            .sync_data()
-            .map_err(|e| ReplicaError::io(&self.dir.join(REVISION_FILE), e))
+        self.revision_file.sync()
     }
 
     /// The checksum of a layer's contents: its allocated blocks, each with

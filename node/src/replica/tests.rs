@@ -189,3 +189,18 @@ fn revisions_persist_and_bad_input_is_refused() {
         "size must be block aligned"
     );
 }
+
+#[test]
+fn the_revision_of_the_last_write_survives_a_reopen_without_a_flush() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("r");
+    let mut r = Replica::create(&dir, 16 * BLOCK).unwrap();
+    r.write(0, &[1u8; 4096], Some(7)).unwrap();
+    r.trim(4096, 4096, Some(9)).unwrap();
+    drop(r);
+    // As after a crash of the process (not of the machine): no flush.
+    let again = Replica::open(&dir).unwrap();
+    assert_eq!(again.revision(), 9);
+    let bytes = std::fs::read(dir.join("revision")).unwrap();
+    assert_eq!(bytes, 9u64.to_le_bytes());
+}
