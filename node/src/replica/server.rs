@@ -1,7 +1,11 @@
 //! The replica server: serves the replicas on this node's disks over the
-//! replica data protocol. A connection first OPENs a replica by name; its
-//! requests then run on blocking threads (reads in parallel, writes one at
-//! a time per replica) and their replies go back as they finish.
+//! replica data protocol. A connection first OPENs a replica by name. Its
+//! reads run in parallel on blocking threads; its mutations apply one at a
+//! time in arrival order (plain writes on the connection's own task, those
+//! that sync on a thread of their own); replies go back as they finish. A
+//! FILL (a rebuild's copy, see `crate::sync`) runs beside the rest. It also
+//! keeps the registry of open replicas, fails those of a lost disk, and
+//! reports the progress of fills.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
