@@ -246,6 +246,29 @@ impl Cluster {
             .collect()
     }
 
+    /// The nodes holding the volume's replicas, sorted.
+    pub fn holders(&self, volume: &str) -> Vec<String> {
+        let mut n: Vec<String> = self
+            .replicas(volume)
+            .iter()
+            .map(|r| r["spec"]["nodeId"].as_str().unwrap().to_string())
+            .collect();
+        n.sort();
+        n
+    }
+
+    /// The volume's replica on `node`, if it has one.
+    pub fn replica_on(&self, volume: &str, node: &str) -> Option<Value> {
+        self.replicas(volume)
+            .into_iter()
+            .find(|r| r["spec"]["nodeId"] == node)
+    }
+
+    /// Where node `id` is in `nodes`.
+    pub fn node_index(&self, id: &str) -> usize {
+        self.nodes.iter().position(|n| n.id == id).unwrap()
+    }
+
     pub fn event_reasons(&self, object: &str) -> Vec<String> {
         self.events(object)
             .iter()
@@ -275,27 +298,6 @@ impl Cluster {
             node(&api, &id).filter(|v| node_up_since(v, since))
         });
     }
-}
-
-/// A REST call: (status, JSON body).
-pub fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let c = reqwest::Client::new();
-        let mut r = c
-            .request(method.parse().unwrap(), url)
-            .timeout(Duration::from_secs(60));
-        if let Some(b) = body {
-            r = r.json(&b);
-        }
-        let resp = r.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
-    })
 }
 
 /// Data written to a volume: a sparse image of scattered pseudo-random

@@ -13,22 +13,15 @@ const SETTLE: Duration = Duration::from_secs(120);
 fn a_replica_deleted_while_its_node_is_down_has_its_data_deleted_when_the_node_returns() {
     let mut c = Cluster::start(3, 1);
     c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 2}));
-    let reps = c.replicas("vol");
-    let holders: Vec<String> = reps
-        .iter()
-        .map(|r| r["spec"]["nodeId"].as_str().unwrap().to_string())
-        .collect();
+    let holders = c.holders("vol");
     let endpoint = c.attach("vol", &holders[0]);
     c.wait_settled("vol", 2, SETTLE);
     let data = write_data(c.dir.path(), &endpoint, 61);
-    let gone = reps
-        .iter()
-        .find(|r| r["spec"]["nodeId"] == holders[1].as_str())
-        .unwrap();
+    let gone = c.replica_on("vol", &holders[1]).unwrap();
     let name = gone["name"].as_str().unwrap().to_string();
     let dir = c.path(&holders[1]).join("disk-1/replicas").join(&name);
     assert!(dir.exists());
-    let i = c.nodes.iter().position(|n| n.id == holders[1]).unwrap();
+    let i = c.node_index(&holders[1]);
     c.kill_node(i);
     c.ok("DELETE", &format!("/v1/replicas/{name}"), None);
     assert!(dir.exists(), "the node is down: its data is still there");
@@ -58,11 +51,7 @@ fn deleting_a_replica_takes_it_out_of_the_engine_and_deletes_its_data() {
     c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 3}));
     let endpoint = c.attach("vol", "node-1");
     c.wait_settled("vol", 3, SETTLE);
-    let r = c
-        .replicas("vol")
-        .into_iter()
-        .find(|r| r["spec"]["nodeId"] == "node-2")
-        .unwrap();
+    let r = c.replica_on("vol", "node-2").unwrap();
     let name = r["name"].as_str().unwrap().to_string();
     let dir = c.path("node-2").join("disk-1/replicas").join(&name);
     c.ok("DELETE", &format!("/v1/replicas/{name}"), None);

@@ -3,27 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::harness::*;
 
 const SETTLE: Duration = Duration::from_secs(120);
-
-fn replica_on(c: &Cluster, volume: &str, node: &str) -> Option<Value> {
-    c.replicas(volume)
-        .into_iter()
-        .find(|r| r["spec"]["nodeId"] == node)
-}
-
-fn holders(c: &Cluster, volume: &str) -> Vec<String> {
-    let mut n: Vec<String> = c
-        .replicas(volume)
-        .iter()
-        .map(|r| r["spec"]["nodeId"].as_str().unwrap().to_string())
-        .collect();
-    n.sort();
-    n
-}
 
 fn cordon(c: &Cluster, node: &str, on: bool) {
     c.patch_node(node, json!({"cordoned": on}));
@@ -41,12 +25,12 @@ fn block_for_eviction_moves_the_replica_off_a_cordoned_node_before_the_drain_com
     let c = Cluster::start(3, 1);
     c.set("node-drain-policy", json!("block-for-eviction"));
     c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 2}));
-    let h = holders(&c, "vol");
+    let h = c.holders("vol");
     let (attached, drained) = (h[0].clone(), h[1].clone());
     let endpoint = c.attach("vol", &attached);
     c.wait_settled("vol", 2, SETTLE);
     let data = write_data(c.dir.path(), &endpoint, 21);
-    let evicted = replica_on(&c, "vol", &drained).unwrap()["name"]
+    let evicted = c.replica_on("vol", &drained).unwrap()["name"]
         .as_str()
         .unwrap()
         .to_string();
@@ -68,7 +52,7 @@ fn block_for_eviction_moves_the_replica_off_a_cordoned_node_before_the_drain_com
         {
             saw_requested |= r["spec"]["evictionRequested"] == true;
         }
-        (replica_on(&c, "vol", &drained).is_none() && n["status"]["drainBlocked"] == false)
+        (c.replica_on("vol", &drained).is_none() && n["status"]["drainBlocked"] == false)
             .then_some(())
     });
     assert!(saw_evicting, "autoEvicting was never true");
@@ -80,7 +64,7 @@ fn block_for_eviction_moves_the_replica_off_a_cordoned_node_before_the_drain_com
     let reps = c.wait_settled("vol", 2, SETTLE);
     assert!(reps.iter().all(|r| r["spec"]["evictionRequested"] == false));
     assert!(
-        !holders(&c, "vol").contains(&drained),
+        !c.holders("vol").contains(&drained),
         "the replica did not move"
     );
     assert!(
@@ -99,7 +83,7 @@ fn if_contains_last_replica_evicts_only_the_last_copy_and_blocks_the_drain_until
         json!("block-for-eviction-if-contains-last-replica"),
     );
     c.create_volume(json!({"name": "one", "size": SIZE, "numberOfReplicas": 1}));
-    let drained = holders(&c, "one")[0].clone();
+    let drained = c.holders("one")[0].clone();
     // The three-replica volume also has a replica on that node: the other
     // nodes are closed to it while it is created.
     let others: Vec<String> = (1..=4)
@@ -109,18 +93,18 @@ fn if_contains_last_replica_evicts_only_the_last_copy_and_blocks_the_drain_until
     c.patch_node(&others[2], json!({"allowScheduling": false}));
     c.create_volume(json!({"name": "three", "size": SIZE, "numberOfReplicas": 3}));
     c.patch_node(&others[2], json!({"allowScheduling": true}));
-    assert!(holders(&c, "three").contains(&drained));
+    assert!(c.holders("three").contains(&drained));
     let e1 = c.attach("one", &others[0]);
     let e3 = c.attach("three", &others[0]);
     c.wait_settled("one", 1, SETTLE);
     c.wait_settled("three", 3, SETTLE);
     let d1 = write_data(c.dir.path(), &e1, 22);
     let d3 = write_data(c.dir.path(), &e3, 23);
-    let last = replica_on(&c, "one", &drained).unwrap()["name"]
+    let last = c.replica_on("one", &drained).unwrap()["name"]
         .as_str()
         .unwrap()
         .to_string();
-    let kept = replica_on(&c, "three", &drained).unwrap()["name"]
+    let kept = c.replica_on("three", &drained).unwrap()["name"]
         .as_str()
         .unwrap()
         .to_string();
@@ -130,10 +114,10 @@ fn if_contains_last_replica_evicts_only_the_last_copy_and_blocks_the_drain_until
         assert_ne!(robustness(&c, "one"), "degraded");
         let n = c.node(&drained);
         saw_blocked |= n["status"]["drainBlocked"] == true;
-        if let Some(r) = replica_on(&c, "three", &drained) {
+        if let Some(r) = c.replica_on("three", &drained) {
             assert_eq!(r["spec"]["evictionRequested"], false, "{r}");
         }
-        (replica_on(&c, "one", &drained).is_none() && n["status"]["drainBlocked"] == false)
+        (c.replica_on("one", &drained).is_none() && n["status"]["drainBlocked"] == false)
             .then_some(())
     });
     assert!(saw_blocked, "the drain was never blocked by the last copy");
@@ -142,7 +126,7 @@ fn if_contains_last_replica_evicts_only_the_last_copy_and_blocks_the_drain_until
     });
     // The drain stops the node: the three-replica volume degrades and the
     // single-replica one does not.
-    let idx = c.nodes.iter().position(|n| n.id == drained).unwrap();
+    let idx = c.node_index(&drained);
     c.kill_node(idx);
     write_data(c.dir.path(), &e3, 23);
     wait_for(SETTLE, "three degraded", || {
@@ -160,7 +144,7 @@ fn if_contains_last_replica_evicts_only_the_last_copy_and_blocks_the_drain_until
         .then_some(())
     });
     assert!(
-        !holders(&c, "one").contains(&drained),
+        !c.holders("one").contains(&drained),
         "the last copy did not move"
     );
     for v in ["one", "three"] {
@@ -189,14 +173,14 @@ fn block_for_eviction_with_nowhere_to_go_blocks_the_drain_until_uncordoned() {
     let endpoint = c.attach("vol", "node-1");
     c.wait_settled("vol", 3, SETTLE);
     let data = write_data(c.dir.path(), &endpoint, 24);
-    let evicted = replica_on(&c, "vol", "node-2").unwrap()["name"]
+    let evicted = c.replica_on("vol", "node-2").unwrap()["name"]
         .as_str()
         .unwrap()
         .to_string();
     cordon(&c, "node-2", true);
     wait_for(SETTLE, "autoEvicting and evictionRequested", || {
         let n = c.node("node-2");
-        let r = replica_on(&c, "vol", "node-2")?;
+        let r = c.replica_on("vol", "node-2")?;
         (n["status"]["autoEvicting"] == true && r["spec"]["evictionRequested"] == true)
             .then_some(())
     });
@@ -204,13 +188,13 @@ fn block_for_eviction_with_nowhere_to_go_blocks_the_drain_until_uncordoned() {
     let end = Instant::now() + Duration::from_secs(8);
     while Instant::now() < end {
         assert_eq!(c.node("node-2")["status"]["drainBlocked"], true);
-        assert!(replica_on(&c, "vol", "node-2").is_some());
+        assert!(c.replica_on("vol", "node-2").is_some());
         std::thread::sleep(Duration::from_millis(500));
     }
     cordon(&c, "node-2", false);
     wait_for(SETTLE, "eviction canceled", || {
         let n = c.node("node-2");
-        let r = replica_on(&c, "vol", "node-2")?;
+        let r = c.replica_on("vol", "node-2")?;
         (n["status"]["autoEvicting"] == false && r["spec"]["evictionRequested"] == false)
             .then_some(())
     });

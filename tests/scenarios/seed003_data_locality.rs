@@ -10,16 +10,6 @@ use crate::harness::*;
 
 const SETTLE: Duration = Duration::from_secs(120);
 
-fn nodes_of(c: &Cluster, volume: &str) -> Vec<String> {
-    let mut n: Vec<String> = c
-        .replicas(volume)
-        .iter()
-        .map(|r| r["spec"]["nodeId"].as_str().unwrap().to_string())
-        .collect();
-    n.sort();
-    n
-}
-
 /// Creates a 2-replica volume, attaches it to the node holding none of its
 /// replicas, writes data; returns (node, endpoint, data).
 fn attach_away(
@@ -33,7 +23,7 @@ fn attach_away(
         body["dataLocality"] = Value::from(l);
     }
     c.create_volume(body);
-    let holders = nodes_of(c, name);
+    let holders = c.holders(name);
     let away = ["node-1", "node-2", "node-3"]
         .into_iter()
         .find(|n| !holders.iter().any(|h| h == n))
@@ -61,7 +51,7 @@ fn wait_local(c: &Cluster, volume: &str, node: &str, n: usize) {
 
 fn unchanged(c: &Cluster, volume: &str, before: &[String]) {
     std::thread::sleep(Duration::from_secs(5));
-    assert_eq!(nodes_of(c, volume), before, "{volume}'s replicas moved");
+    assert_eq!(c.holders(volume), before, "{volume}'s replicas moved");
 }
 
 #[test]
@@ -75,7 +65,7 @@ fn best_effort_moves_a_replica_next_to_the_volume_and_disabled_leaves_them() {
     verify_replicas(&c, "testvol", &data);
     // disabled: nothing moves.
     let (_, endpoint2, data2) = attach_away(&c, "testvol2", Some("disabled"), 12);
-    let before = nodes_of(&c, "testvol2");
+    let before = c.holders("testvol2");
     unchanged(&c, "testvol2", &before);
     // unspecified, with the default setting `disabled`: nothing moves.
     assert_eq!(
@@ -83,7 +73,7 @@ fn best_effort_moves_a_replica_next_to_the_volume_and_disabled_leaves_them() {
         "disabled"
     );
     let (_, _, _) = attach_away(&c, "testvol3", None, 13);
-    let before3 = nodes_of(&c, "testvol3");
+    let before3 = c.holders("testvol3");
     unchanged(&c, "testvol3", &before3);
     verify_data(c.dir.path(), &endpoint2, &data2);
 }
@@ -98,7 +88,7 @@ fn the_default_setting_and_runtime_switches_take_effect() {
     verify_data(c.dir.path(), &endpoint4, &data4);
     // disabled -> best-effort at runtime.
     let (node2, endpoint2, data2) = attach_away(&c, "testvol2", Some("disabled"), 15);
-    let before = nodes_of(&c, "testvol2");
+    let before = c.holders("testvol2");
     unchanged(&c, "testvol2", &before);
     c.ok(
         "PATCH",
@@ -114,7 +104,7 @@ fn the_default_setting_and_runtime_switches_take_effect() {
         Some(json!({"dataLocality": "disabled", "numberOfReplicas": 3})),
     );
     c.wait_settled("testvol2", 3, SETTLE);
-    let three = nodes_of(&c, "testvol2");
+    let three = c.holders("testvol2");
     unchanged(&c, "testvol2", &three);
     verify_data(c.dir.path(), &endpoint2, &data2);
     verify_replicas(&c, "testvol2", &data2);

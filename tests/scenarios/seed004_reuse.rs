@@ -21,17 +21,6 @@ fn names(c: &Cluster, volume: &str) -> Vec<String> {
     n
 }
 
-fn replica_on(c: &Cluster, volume: &str, node: &str) -> Value {
-    c.replicas(volume)
-        .into_iter()
-        .find(|r| r["spec"]["nodeId"] == node)
-        .unwrap()
-}
-
-fn node_index(c: &Cluster, id: &str) -> usize {
-    c.nodes.iter().position(|n| n.id == id).unwrap()
-}
-
 fn wait_mode(c: &Cluster, replica: &str, volume: &str, mode: &str) {
     wait_for(SETTLE, &format!("{replica} {mode}"), || {
         c.replicas(volume)
@@ -60,11 +49,7 @@ fn a_node_back_within_the_wait_has_its_replica_reused_and_only_missing_layers_co
     let mut c = Cluster::start(3, 1);
     c.set("replica-replenishment-wait-interval", json!(600));
     c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 2}));
-    let holders: Vec<String> = c
-        .replicas("vol")
-        .iter()
-        .map(|r| r["spec"]["nodeId"].as_str().unwrap().to_string())
-        .collect();
+    let holders = c.holders("vol");
     let attached = holders[0].clone();
     let endpoint = c.attach("vol", &attached);
     c.wait_settled("vol", 2, SETTLE);
@@ -90,12 +75,12 @@ fn a_node_back_within_the_wait_has_its_replica_reused_and_only_missing_layers_co
         .into_iter()
         .find(|n| *n != attached)
         .unwrap();
-    let reused = replica_on(&c, "vol", victim)["name"]
+    let reused = c.replica_on("vol", victim).unwrap()["name"]
         .as_str()
         .unwrap()
         .to_string();
     let before = names(&c, "vol");
-    c.kill_node(node_index(&c, victim));
+    c.kill_node(c.node_index(victim));
     // Writes while it is down fail the replica; the volume degrades and
     // waits for it.
     let data = write_data(c.dir.path(), &endpoint, 33);
@@ -106,7 +91,7 @@ fn a_node_back_within_the_wait_has_its_replica_reused_and_only_missing_layers_co
         before,
         "a new replica was made during the wait"
     );
-    c.restart_node(node_index(&c, victim));
+    c.restart_node(c.node_index(victim));
     wait_mode(&c, &reused, "vol", "rw");
     c.wait_settled("vol", 3, SETTLE);
     assert_eq!(
@@ -136,19 +121,15 @@ fn past_the_wait_a_new_replica_is_built() {
     let mut c = Cluster::start(4, 1);
     c.set("replica-replenishment-wait-interval", json!(3));
     c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 3}));
-    let holders: Vec<String> = c
-        .replicas("vol")
-        .iter()
-        .map(|r| r["spec"]["nodeId"].as_str().unwrap().to_string())
-        .collect();
+    let holders = c.holders("vol");
     let endpoint = c.attach("vol", &holders[0]);
     c.wait_settled("vol", 3, SETTLE);
     let victim = holders[1].clone();
-    let failed = replica_on(&c, "vol", &victim)["name"]
+    let failed = c.replica_on("vol", &victim).unwrap()["name"]
         .as_str()
         .unwrap()
         .to_string();
-    c.kill_node(node_index(&c, &victim));
+    c.kill_node(c.node_index(&victim));
     let data = write_data(c.dir.path(), &endpoint, 34);
     wait_for(SETTLE, "a new replica, rw", || {
         let reps = c.replicas("vol");
@@ -167,17 +148,13 @@ fn a_reuse_that_keeps_failing_gives_up_after_the_retry_limit() {
     c.set("replica-replenishment-wait-interval", json!(600));
     c.set("replica-rebuild-max-retry", json!(1));
     c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 3}));
-    let holders: Vec<String> = c
-        .replicas("vol")
-        .iter()
-        .map(|r| r["spec"]["nodeId"].as_str().unwrap().to_string())
-        .collect();
+    let holders = c.holders("vol");
     let endpoint = c.attach("vol", &holders[0]);
     c.wait_settled("vol", 3, SETTLE);
     let victim = holders[1].clone();
-    let broken = replica_on(&c, "vol", &victim);
+    let broken = c.replica_on("vol", &victim).unwrap();
     let name = broken["name"].as_str().unwrap().to_string();
-    let i = node_index(&c, &victim);
+    let i = c.node_index(&victim);
     c.kill_node(i);
     let data = write_data(c.dir.path(), &endpoint, 35);
     wait_mode(&c, &name, "vol", "err");

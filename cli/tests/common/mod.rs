@@ -298,3 +298,24 @@ pub fn qemu_io(target: &str, cmds: &[&str]) -> (bool, String) {
         && !text.contains("failed");
     (ok, text)
 }
+
+/// A blocking REST call: (status, JSON body).
+pub fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let c = reqwest::Client::new();
+        let mut r = c
+            .request(method.parse().unwrap(), url)
+            .timeout(Duration::from_secs(60));
+        if let Some(b) = body {
+            r = r.json(&b);
+        }
+        let resp = r.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    })
+}
