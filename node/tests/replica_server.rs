@@ -50,9 +50,9 @@ async fn pipelined_writes_and_reads_round_trip() {
     assert_eq!(c.info().await.unwrap()["revision"], 64);
     let frozen = c.snapshot().await.unwrap();
     let layers = c.layers().await.unwrap();
-    assert_eq!(layers[0]["name"], frozen);
-    assert_eq!(layers[0]["allocated"], 64 * BLOCK);
-    assert!(layers[0]["checksum"].is_string() && layers[1]["checksum"].is_null());
+    assert_eq!(layers[0].name, frozen);
+    assert_eq!(layers[0].allocated, 64 * BLOCK);
+    assert!(layers[0].checksum.is_some() && layers[1].checksum.is_none());
     c.trim(0, BLOCK as u32, 65).await.unwrap();
     assert!(c.read(0, 512).await.unwrap().iter().all(|&b| b == 0));
 }

@@ -342,14 +342,10 @@ impl ReplicaClient {
         })
     }
 
-    /// `[{name, allocated, checksum}]`, oldest first.
-    pub async fn layers(&self) -> Result<serde_json::Value, ClientError> {
+    /// Every layer, oldest first.
+    pub async fn layers(&self) -> Result<Vec<super::LayerInfo>, ClientError> {
         let body = self.call(Op::Layers, 0, 0, 0, 0, &[]).await?;
-        serde_json::from_slice(&body).map_err(|e| ClientError::Failed {
-            addr: self.addr.clone(),
-            status: status::IO,
-            message: e.to_string(),
-        })
+        self.json(&body)
     }
 }
 

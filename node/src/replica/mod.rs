@@ -65,8 +65,8 @@ struct Layer {
     map: Bitmap,
 }
 
-/// A layer as `list_layers` reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A layer as `layers` (and the LAYERS reply) reports it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LayerInfo {
     pub name: String,
     /// Bytes of data the layer holds.

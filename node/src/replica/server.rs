@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use super::protocol::{
     FLAG_FUA, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER, Request, Response, status,
 };
-use super::{LayerSpec, META_FILE, Replica, ReplicaError};
+use super::{LayerInfo, LayerSpec, META_FILE, Replica, ReplicaError};
 use crate::sync::{FillReport, Progress};
 
 /// What a JOIN carries.
@@ -32,24 +32,23 @@ pub struct JoinSpec {
 impl JoinSpec {
     /// The join that follows the source's chain: its frozen layers, and a new
     /// head named as the source's.
-    pub fn following(layers: &serde_json::Value, revision: u64) -> Result<JoinSpec, String> {
-        let list = layers.as_array().ok_or("layer list is not a list")?;
-        let (head, frozen) = list.split_last().ok_or("the source has no layers")?;
+    pub fn following(layers: &[LayerInfo], revision: u64) -> Result<JoinSpec, String> {
+        let (head, frozen) = layers.split_last().ok_or("the source has no layers")?;
         let frozen = frozen
             .iter()
             .map(|l| {
                 Ok(LayerSpec {
-                    name: l["name"].as_str().unwrap_or_default().to_string(),
-                    checksum: l["checksum"]
-                        .as_str()
-                        .ok_or_else(|| format!("layer {} has no checksum", l["name"]))?
-                        .to_string(),
+                    name: l.name.clone(),
+                    checksum: l
+                        .checksum
+                        .clone()
+                        .ok_or_else(|| format!("layer {} has no checksum", l.name))?,
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
         Ok(JoinSpec {
             frozen,
-            head: head["name"].as_str().unwrap_or_default().to_string(),
+            head: head.name.clone(),
             revision,
         })
     }
@@ -520,12 +519,7 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: Vec<u8>) -> (Respo
             let Ok(r) = replica.read() else {
                 return poisoned();
             };
-            let layers: Vec<_> = r
-                .layers()
-                .into_iter()
-                .map(|l| serde_json::json!({"name": l.name, "allocated": l.allocated, "checksum": l.checksum, "pending": l.pending}))
-                .collect();
-            ok(serde_json::Value::Array(layers).to_string().into_bytes())
+            ok_json(req.id, &r.layers())
         }
         Op::Join => {
             let Ok(mut r) = replica.write() else {

@@ -15,9 +15,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::replica::ReplicaError;
 use crate::replica::client::{ClientError, ReplicaClient};
 use crate::replica::server::{ReplicaServer, Shared};
-use crate::replica::{LayerInfo, ReplicaError};
 
 pub use local::CopyPath;
 
@@ -56,21 +56,6 @@ pub struct FillReport {
     pub layers: Vec<String>,
 }
 
-fn source_layers(v: &serde_json::Value) -> Vec<LayerInfo> {
-    v.as_array()
-        .map(|a| {
-            a.iter()
-                .map(|l| LayerInfo {
-                    name: l["name"].as_str().unwrap_or_default().to_string(),
-                    allocated: l["allocated"].as_u64().unwrap_or(0),
-                    checksum: l["checksum"].as_str().map(str::to_string),
-                    pending: l["pending"].as_bool().unwrap_or(false),
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, SyncError> + Send + 'static,
 ) -> Result<T, SyncError> {
@@ -96,7 +81,7 @@ pub async fn fill(
 ) -> Result<FillReport, SyncError> {
     let pending = target.read().map_err(|_| lock_err())?.pending();
     let client = ReplicaClient::connect(source_addr, source_name).await?;
-    let layers = source_layers(&client.layers().await?);
+    let layers = client.layers().await?;
     let mut todo = Vec::new();
     for name in &pending {
         let (index, info) = layers
