@@ -15,7 +15,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::Mutex;
 
-use crate::engine::control::{self, ControlRequest};
+use crate::engine::control::{self, ControlError, ControlRequest, FailureKind};
 use crate::error::Error;
 
 #[derive(Clone, Debug)]
@@ -30,6 +30,20 @@ pub struct Engines {
     /// This node's disks, where a local replica's files are.
     disks: Vec<PathBuf>,
     running: Mutex<BTreeMap<String, Running>>,
+}
+
+/// The node's error for what an engine answered on its control socket.
+fn control_error(e: ControlError) -> Error {
+    match e.kind {
+        FailureKind::Busy => Error::Busy(e.message),
+        FailureKind::Unreachable => Error::Unavailable(e.message),
+        FailureKind::Refused => Error::Refused(e.message),
+        FailureKind::Invalid => Error::Invalid {
+            field: "replica".into(),
+            message: e.message,
+        },
+        FailureKind::Failed => Error::Internal(e.message),
+    }
 }
 
 fn alive(pid: i32) -> bool {
@@ -252,15 +266,7 @@ impl Engines {
         };
         control::call(&self.control(volume), &req)
             .await
-            .map_err(|e| {
-                if e.contains("already running") {
-                    Error::Busy(e)
-                } else if e.contains("connection lost") {
-                    Error::Unavailable(e)
-                } else {
-                    Error::Internal(e)
-                }
-            })?;
+            .map_err(control_error)?;
         r.spec
             .replicas
             .retain(|x| !x.starts_with(&format!("{}@", at.name)));
@@ -283,13 +289,7 @@ impl Engines {
         };
         control::call(&self.control(volume), &req)
             .await
-            .map_err(|e| {
-                if e.contains("last rw replica") {
-                    Error::Refused(e)
-                } else {
-                    Error::Internal(e)
-                }
-            })?;
+            .map_err(control_error)?;
         r.spec
             .replicas
             .retain(|x| !x.starts_with(&format!("{replica}@")));

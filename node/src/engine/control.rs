@@ -3,7 +3,7 @@
 //! request per line, one JSON answer per line:
 //! `{"op":"add","replica":"NAME@HOST:PORT","source":"NAME"}` or
 //! `{"op":"remove","replica":"NAME"}`; the answer is `{"ok":true}` or
-//! `{"error":"..."}`.
+//! `{"kind":"busy|unreachable|refused|invalid|failed","error":"..."}`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use super::{Engine, ReplicaAddr};
+use super::{Engine, EngineError, ReplicaAddr};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
@@ -26,20 +26,60 @@ pub enum ControlRequest {
     },
 }
 
-async fn handle(engine: &Arc<Engine>, line: &str) -> Result<(), String> {
-    let req: ControlRequest = serde_json::from_str(line).map_err(|e| format!("request: {e}"))?;
+/// Why a control request failed, for the node agent to answer with the
+/// right code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureKind {
+    /// Another rebuild runs; try again later.
+    Busy,
+    /// A replica could not be reached.
+    Unreachable,
+    /// Valid, but refused as things stand (the last rw replica).
+    Refused,
+    /// The request itself is wrong.
+    Invalid,
+    Failed,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ControlError {
+    pub kind: FailureKind,
+    #[serde(rename = "error")]
+    pub message: String,
+}
+
+impl ControlError {
+    fn new(kind: FailureKind, message: impl Into<String>) -> Self {
+        ControlError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<EngineError> for ControlError {
+    fn from(e: EngineError) -> Self {
+        let kind = match e {
+            EngineError::Busy(_) => FailureKind::Busy,
+            EngineError::Unreachable { .. } => FailureKind::Unreachable,
+            EngineError::Refused { .. } => FailureKind::Refused,
+            _ => FailureKind::Failed,
+        };
+        ControlError::new(kind, e.to_string())
+    }
+}
+
+async fn handle(engine: &Arc<Engine>, line: &str) -> Result<(), ControlError> {
+    let invalid = |m: String| ControlError::new(FailureKind::Invalid, m);
+    let req: ControlRequest =
+        serde_json::from_str(line).map_err(|e| invalid(format!("request: {e}")))?;
     match req {
         ControlRequest::Add { replica, source } => {
-            let at: ReplicaAddr = replica.parse()?;
-            engine
-                .add_replica(at, source)
-                .await
-                .map_err(|e| e.to_string())
+            let at: ReplicaAddr = replica.parse().map_err(invalid)?;
+            Ok(engine.add_replica(at, source).await?)
         }
-        ControlRequest::Remove { replica } => engine
-            .remove_replica(&replica)
-            .await
-            .map_err(|e| e.to_string()),
+        ControlRequest::Remove { replica } => Ok(engine.remove_replica(&replica).await?),
     }
 }
 
@@ -56,7 +96,7 @@ pub async fn serve(engine: Arc<Engine>, path: &Path) -> std::io::Result<()> {
             while let Ok(Some(line)) = lines.next_line().await {
                 let answer = match handle(&engine, &line).await {
                     Ok(()) => serde_json::json!({"ok": true}),
-                    Err(e) => serde_json::json!({"error": e}),
+                    Err(e) => serde_json::to_value(&e).unwrap_or_default(),
                 };
                 if wr
                     .write_all(format!("{answer}\n").as_bytes())
@@ -71,24 +111,24 @@ pub async fn serve(engine: Arc<Engine>, path: &Path) -> std::io::Result<()> {
 }
 
 /// Sends one request to the engine behind `path` and waits for its answer.
-pub async fn call(path: &Path, req: &ControlRequest) -> Result<(), String> {
+pub async fn call(path: &Path, req: &ControlRequest) -> Result<(), ControlError> {
+    let failed = |m: String| ControlError::new(FailureKind::Failed, m);
     let stream = UnixStream::connect(path)
         .await
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| failed(format!("{}: {e}", path.display())))?;
     let (rd, mut wr) = stream.into_split();
-    let line = serde_json::to_string(req).map_err(|e| e.to_string())?;
+    let line = serde_json::to_string(req).map_err(|e| failed(e.to_string()))?;
     wr.write_all(format!("{line}\n").as_bytes())
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| failed(e.to_string()))?;
     let mut lines = BufReader::new(rd).lines();
     let answer = lines
         .next_line()
         .await
-        .map_err(|e| e.to_string())?
-        .ok_or("the engine closed its control socket")?;
-    let v: serde_json::Value = serde_json::from_str(&answer).map_err(|e| e.to_string())?;
-    match v["error"].as_str() {
-        Some(e) => Err(e.to_string()),
-        None => Ok(()),
+        .map_err(|e| failed(e.to_string()))?
+        .ok_or_else(|| failed("the engine closed its control socket".into()))?;
+    if let Ok(e) = serde_json::from_str::<ControlError>(&answer) {
+        return Err(e);
     }
+    Ok(())
 }

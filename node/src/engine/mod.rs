@@ -42,6 +42,23 @@ pub enum EngineError {
     Replica { replica: String, message: String },
     #[error("a rebuild of {0} is already running; one at a time")]
     Busy(String),
+    /// A replica could not be reached: it may come back.
+    #[error("replica {replica}: {message}")]
+    Unreachable { replica: String, message: String },
+    /// Valid, but refused as things stand.
+    #[error("replica {replica}: {message}")]
+    Refused { replica: String, message: String },
+}
+
+impl EngineError {
+    /// What went wrong with replica `replica`, from its connection's error.
+    pub fn of_replica(replica: &str, e: ClientError) -> Self {
+        let (replica, message) = (replica.to_string(), e.to_string());
+        match e {
+            ClientError::Closed { .. } => EngineError::Unreachable { replica, message },
+            ClientError::Failed { .. } => EngineError::Replica { replica, message },
+        }
+    }
 }
 
 /// Where a replica is: its name on its node, and the node's replica address.
@@ -575,16 +592,20 @@ impl Engine {
         }
         let at = (offset - start) as usize;
         whole[at..at + data.len()].copy_from_slice(data);
-        let whole = Bytes::from(whole);
+        self.write_now(start, Bytes::from(whole), fua).await
+    }
+
+    /// Writes `data` in frames of at most `MAX_DATA`, with I/O held.
+    async fn write_now(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), EngineError> {
         let mut pos = 0usize;
-        while pos < whole.len() {
-            let n = (whole.len() - pos).min(MAX_DATA as usize);
+        while pos < data.len() {
+            let n = (data.len() - pos).min(MAX_DATA as usize);
             self.mutate_now(
                 Op::Write,
-                start + pos as u64,
+                offset + pos as u64,
                 n as u32,
                 u8::from(fua),
-                whole.slice(pos..pos + n),
+                data.slice(pos..pos + n),
             )
             .await?;
             pos += n;
@@ -618,20 +639,7 @@ impl Engine {
             drop(io);
             return self.write_aligned(offset, &data, fua).await;
         }
-        let mut pos = 0usize;
-        while pos < data.len() {
-            let n = (data.len() - pos).min(MAX_DATA as usize);
-            self.mutate_now(
-                Op::Write,
-                offset + pos as u64,
-                n as u32,
-                u8::from(fua),
-                data.slice(pos..pos + n),
-            )
-            .await?;
-            pos += n;
-        }
-        Ok(())
+        self.write_now(offset, data, fua).await
     }
 
     /// Writes `data` at `offset` and calls `done` with the outcome once

@@ -56,8 +56,11 @@ impl Engine {
         let guard = Rebuilding(self.clone());
         let client = ReplicaClient::connect(&at.addr, &at.name)
             .await
-            .map_err(|e| replica_err(&at.name, e))?;
-        let info = client.info().await.map_err(|e| replica_err(&at.name, e))?;
+            .map_err(|e| EngineError::of_replica(&at.name, e))?;
+        let info = client
+            .info()
+            .await
+            .map_err(|e| EngineError::of_replica(&at.name, e))?;
         if info["size"].as_u64() != Some(self.size) {
             return Err(replica_err(
                 &at.name,
@@ -78,13 +81,13 @@ impl Engine {
             let layers = src_client
                 .layers()
                 .await
-                .map_err(|e| replica_err(&src_name, e))?;
+                .map_err(|e| EngineError::of_replica(&src_name, e))?;
             let spec = JoinSpec::following(&layers, self.revision.load(Ordering::SeqCst))
                 .map_err(|e| replica_err(&src_name, e))?;
             let report = client
                 .join(&spec)
                 .await
-                .map_err(|e| replica_err(&at.name, e))?;
+                .map_err(|e| EngineError::of_replica(&at.name, e))?;
             let src_addr = {
                 let m = self.members.lock().await;
                 m.iter()
@@ -155,7 +158,10 @@ impl Engine {
             .iter()
             .any(|x| x.at.name == name && x.mode == ReplicaMode::Rw);
         if is_rw && others_rw == 0 {
-            return Err(replica_err(name, "it is the last rw replica"));
+            return Err(EngineError::Refused {
+                replica: name.to_string(),
+                message: "it is the last rw replica".into(),
+            });
         }
         m.retain(|x| x.at.name != name);
         self.drop_reader();
