@@ -32,11 +32,11 @@ fn disk_status(
     reserved: u64,
     pressure_percent: u32,
 ) -> DiskStatus {
-    let used = d.storage_maximum.saturating_sub(d.storage_available) + reserved;
+    let used = crate::planner::view::used_percent(d.storage_maximum, d.storage_available, reserved);
     let pressure = pressure_percent > 0
         && d.ready
         && d.storage_maximum > 0
-        && used.saturating_mul(100) >= u64::from(pressure_percent) * d.storage_maximum;
+        && used >= u64::from(pressure_percent);
     DiskStatus {
         ready: d.ready,
         message: d.message.clone(),

@@ -52,12 +52,18 @@ pub struct DiskView {
 impl DiskView {
     /// Bytes in use, as a share of the maximum, in percent.
     pub fn used_percent(&self) -> u64 {
-        if self.maximum == 0 {
-            return 100;
-        }
-        let used = self.maximum.saturating_sub(self.available) + self.reserved;
-        used.saturating_mul(100) / self.maximum
+        used_percent(self.maximum, self.available, self.reserved)
     }
+}
+
+/// Bytes in use (what is not available, plus what the operator reserves)
+/// as a share of `maximum`, in percent; 100 for an unmeasured disk.
+pub fn used_percent(maximum: u64, available: u64, reserved: u64) -> u64 {
+    if maximum == 0 {
+        return 100;
+    }
+    let used = maximum.saturating_sub(available) + reserved;
+    used.saturating_mul(100) / maximum
 }
 
 #[derive(Clone, Debug, PartialEq)]
