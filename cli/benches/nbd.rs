@@ -6,8 +6,15 @@
 //!   and `ballast engine` serving NBD.
 //! - Ballast, 3 replicas: three node processes, writes to all three.
 //! - Peer: `nbdkit file` serving a file on the same disk.
+//! - For writes, a reference for three replicas: three `nbdkit file`
+//!   servers written at once by three clients, the same bytes as three
+//!   replicas to the same disk. What three plain file servers reach is the
+//!   most replication can reach on this machine.
 //!
 //! Needs qemu-img and nbdkit. Run: `cargo bench -p ballast-cli --bench nbd`.
+//! Words after `--` pick cases: a size (`4k`, `64k`) and/or a kind
+//! (`read`, `write`), e.g. `-- 64k write`; `-- hold` prints the three
+//! endpoints and keeps them up until Enter, for profiling by hand.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -104,8 +111,32 @@ fn engine(dir: &Path, volume: &str, replicas: &[String], local_node: usize) -> (
     (Kill(child), socket)
 }
 
-/// qemu-img bench; returns operations per second.
-fn bench(target: &str, size: &str, write: bool, count: u32) -> f64 {
+/// One qemu-img bench per target, all at once; returns the operations per
+/// second of one of them (`count` over the time until the last ends).
+fn bench_at_once(targets: &[&str], size: &str, write: bool, count: u32) -> f64 {
+    let start = Instant::now();
+    let running: Vec<Child> = targets
+        .iter()
+        .map(|t| {
+            qemu_img_bench(t, size, write, count)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("qemu-img is installed")
+        })
+        .collect();
+    for r in running {
+        let out = r.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    f64::from(count) / start.elapsed().as_secs_f64()
+}
+
+fn qemu_img_bench(target: &str, size: &str, write: bool, count: u32) -> Command {
     let mut c = Command::new("qemu-img");
     c.args([
         "bench",
@@ -121,36 +152,40 @@ fn bench(target: &str, size: &str, write: bool, count: u32) -> f64 {
     if write {
         c.arg("-w");
     }
-    let start = Instant::now();
-    let out = c.arg(target).output().expect("qemu-img is installed");
-    let took = start.elapsed().as_secs_f64();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    f64::from(count) / took
+    c.arg(target);
+    c
+}
+
+/// `nbdkit file` on a new file `name`.img of the disk; returns it and its URI.
+fn nbdkit_file(dir: &Path, name: &str) -> (Kill, String) {
+    let file = dir.join(format!("{name}.img"));
+    std::fs::File::create(&file).unwrap().set_len(SIZE).unwrap();
+    let sock = dir.join(format!("{name}.sock"));
+    let child = quiet(
+        Command::new("nbdkit")
+            .args(["-f", "-U"])
+            .arg(&sock)
+            .arg("file")
+            .arg(format!("file={}", file.display())),
+    )
+    .spawn()
+    .expect("nbdkit is installed");
+    wait_for(&sock);
+    (
+        Kill(child),
+        format!("nbd+unix://?socket={}", sock.display()),
+    )
 }
 
 fn main() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
-    // The peer: nbdkit's file plugin on a file of the same disk.
-    let file = dir.path().join("peer.img");
-    std::fs::File::create(&file).unwrap().set_len(SIZE).unwrap();
-    let peer_sock = dir.path().join("peer.sock");
-    let _peer = Kill(
-        quiet(
-            Command::new("nbdkit")
-                .args(["-f", "-U"])
-                .arg(&peer_sock)
-                .arg("file")
-                .arg(format!("file={}", file.display())),
-        )
-        .spawn()
-        .expect("nbdkit is installed"),
-    );
-    wait_for(&peer_sock);
-    let peer = format!("nbd+unix://?socket={}", peer_sock.display());
+    // The peer: nbdkit's file plugin on a file of the same disk; and three
+    // more, for the three-replica reference.
+    let (_peer, peer) = nbdkit_file(dir.path(), "peer");
+    let (peers3_kill, peers3): (Vec<Kill>, Vec<String>) = (1..=3)
+        .map(|i| nbdkit_file(dir.path(), &format!("peer3-{i}")))
+        .unzip();
+    let peers3: Vec<&str> = peers3.iter().map(String::as_str).collect();
 
     let (_n1, r1) = node_with_replica(dir.path(), 1, "one");
     let (_e1, one_sock) = engine(dir.path(), "one", std::slice::from_ref(&r1), 1);
@@ -166,24 +201,51 @@ fn main() {
     let (_e3, three_sock) = engine(dir.path(), "three", &three_replicas, 2);
     let three = format!("nbd+unix:///three?socket={}", three_sock.display());
 
+    let picked: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    let wanted = |word: &str, all: &[&str]| {
+        !picked.iter().any(|p| all.contains(&p.as_str())) || picked.iter().any(|p| p == word)
+    };
+    if picked.iter().any(|p| p == "hold") {
+        println!("nbdkit file: {peer}\n1 replica: {one}\n3 replicas: {three}\nEnter ends.");
+        let _ = std::io::stdin().read_line(&mut String::new());
+        return;
+    }
     println!("qemu-img bench, QD16, unix socket, operations per second (median of 3)");
     for (size, count) in [("4k", 40_000u32), ("64k", 8_000)] {
-        for write in [false, true] {
+        // Writes first fill the images, so that reads read data.
+        for write in [true, false] {
             let kind = if write { "write" } else { "read" };
-            // Writes first fill the images, so reads read data.
-            let median = |t: &str| {
-                let mut v: Vec<f64> = (0..3).map(|_| bench(t, size, write, count)).collect();
+            if !wanted(size, &["4k", "64k"]) || !wanted(kind, &["read", "write"]) {
+                continue;
+            }
+            let median = |targets: &[&str]| {
+                let mut v: Vec<f64> = (0..3)
+                    .map(|_| bench_at_once(targets, size, write, count))
+                    .collect();
                 v.sort_by(|a, b| a.total_cmp(b));
                 v[1]
             };
-            let p = median(&peer);
-            let a = median(&one);
-            let b = median(&three);
-            println!(
+            let p = median(&[&peer]);
+            let a = median(&[&one]);
+            let b = median(&[&three]);
+            print!(
                 "{size:>3} {kind:<5}  nbdkit file {p:>8.0}  ballast 1 replica {a:>8.0} ({:.2}x)  ballast 3 replicas {b:>8.0} ({:.2}x)",
                 a / p,
                 b / p
             );
+            if write {
+                let c = median(&peers3);
+                print!(
+                    "  3 nbdkit file at once {c:>8.0} ({:.2}x; ballast 3 replicas vs it {:.2}x)",
+                    c / p,
+                    b / c
+                );
+            }
+            println!();
         }
     }
+    drop(peers3_kill);
 }

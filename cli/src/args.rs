@@ -144,7 +144,8 @@ pub struct EngineArgs {
     /// The replica on this node, read first.
     #[arg(long, env = "BALLAST_LOCAL")]
     pub local: Option<String>,
-    /// The local replica's directory: its reads go straight to its files.
+    /// The local replica's directory: its server lends it to the engine,
+    /// whose reads and writes of it then go straight to its files.
     #[arg(long, env = "BALLAST_LOCAL_DIR", requires = "local")]
     pub local_dir: Option<PathBuf>,
     /// Where to write the engine's status (JSON) every second.

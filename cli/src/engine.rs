@@ -14,8 +14,10 @@ pub async fn run(a: EngineArgs) -> Result<(), String> {
         ballast_node::engine::Engine::start(&a.volume, a.size, &a.replicas, a.local.clone())
             .await
             .map_err(|e| e.to_string())?;
-    if let Some(dir) = a.local_dir.clone() {
-        engine.set_local_dir(dir);
+    if let Some(dir) = a.local_dir.clone()
+        && let Err(e) = engine.lend_local(dir).await
+    {
+        tracing::warn!(error = %e, "the local replica was not lent; its I/O goes through its server");
     }
     for m in engine.status().await {
         tracing::info!(replica = %m.name, addr = %m.addr, mode = %m.mode, error = ?m.error, "replica");

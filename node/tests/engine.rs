@@ -46,8 +46,31 @@ async fn after_an_unclean_stop_only_the_replicas_with_the_highest_revision_are_r
     assert_eq!(engine.read(0, 512).await.unwrap(), vec![2u8; 512]);
 }
 
+/// Reads a replica through its server once its loan to an engine has
+/// ended (the engine's connection closes on its own time after a drop).
+async fn read_given_back(a: &ReplicaAddr, offset: u64, len: u32) -> Vec<u8> {
+    let c = ReplicaClient::connect(&a.addr, &a.name).await.unwrap();
+    for _ in 0..100 {
+        match c.read(offset, len).await {
+            Ok(b) => return b,
+            Err(e) => assert!(e.to_string().contains("lent"), "{e}"),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("{} was never given back", a.name);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_overlapping_writes_leave_every_replica_identical() {
+    overlapping_writes(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_overlapping_writes_with_a_lent_local_replica_leave_every_replica_identical() {
+    overlapping_writes(true).await;
+}
+
+async fn overlapping_writes(lend: bool) {
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let mut addrs = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
@@ -56,6 +79,12 @@ async fn concurrent_overlapping_writes_leave_every_replica_identical() {
     let engine = Engine::start("v", 64 * BLOCK, &addrs, Some("v-r0".into()))
         .await
         .unwrap();
+    if lend {
+        engine
+            .lend_local(replica_dir(dirs[0].path(), "v-r0"))
+            .await
+            .unwrap();
+    }
     // Many writes racing on the same blocks.
     let tasks: Vec<_> = (0..200u32)
         .map(|i| {
@@ -70,29 +99,34 @@ async fn concurrent_overlapping_writes_leave_every_replica_identical() {
         t.await.unwrap();
     }
     engine.flush().await.unwrap();
+    let names = Arc::clone(&engine).snapshot().await.unwrap();
+    assert_eq!(names.len(), 3, "one snapshot per replica at the same point");
+    let seen = engine.read(0, 64 * BLOCK as u32).await.unwrap();
+    assert_eq!(engine.direct_reads(), u64::from(lend));
+    drop(engine);
     let mut images = Vec::new();
     for a in &addrs {
-        let c = ReplicaClient::connect(&a.addr, &a.name).await.unwrap();
-        images.push(c.read(0, 64 * BLOCK as u32).await.unwrap());
+        images.push(read_given_back(a, 0, 64 * BLOCK as u32).await);
     }
     assert!(
         images[0] == images[1] && images[1] == images[2],
         "replicas diverged"
     );
-    let engine2 = Arc::clone(&engine);
-    let names = engine2.snapshot().await.unwrap();
-    assert_eq!(names.len(), 3, "one snapshot per replica at the same point");
+    assert!(images[0] == seen, "the engine read what the replicas hold");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn direct_reads_of_the_local_replica_match_a_model_through_writes_trims_and_snapshots() {
+async fn a_lent_local_replica_matches_a_model_through_writes_trims_and_snapshots() {
     let d = tempfile::tempdir().unwrap();
     let size = 256 * BLOCK;
     let a = replica_server(d.path(), "v-r0", size).await;
     let engine = Engine::start("v", size, std::slice::from_ref(&a), Some("v-r0".into()))
         .await
         .unwrap();
-    engine.set_local_dir(replica_dir(d.path(), "v-r0"));
+    engine
+        .lend_local(replica_dir(d.path(), "v-r0"))
+        .await
+        .unwrap();
     let through_server = ReplicaClient::connect(&a.addr, &a.name).await.unwrap();
     let mut model = vec![0u8; size as usize];
     let mut x = 0x2545_f491_4f6c_dd1du64;
@@ -127,16 +161,139 @@ async fn direct_reads_of_the_local_replica_match_a_model_through_writes_trims_an
             direct == want,
             "direct read {ro}+{rl} differs at step {step}"
         );
-        let served = through_server.read(ro, rl).await.unwrap();
-        assert!(
-            served == want,
-            "served read {ro}+{rl} differs at step {step}"
-        );
+        if step % 50 == 0 {
+            // While lent, the server serves no data of it.
+            let refused = through_server.read(ro, rl).await.unwrap_err();
+            assert!(refused.to_string().contains("lent"), "{refused}");
+        }
     }
     assert!(
         engine.read(0, size as u32).await.unwrap() == model,
         "whole volume differs"
     );
-    // Every read went straight to the files (none fell back to the server).
+    // Every read went straight to the files.
     assert_eq!(engine.direct_reads(), 401);
+    // Given back, the server opens the files afresh and serves the same.
+    drop(engine);
+    assert!(
+        read_given_back(&a, 0, size as u32).await == model,
+        "the replica's files differ from the model"
+    );
+}
+
+/// A replica server in a runtime of its own, standing in for a node
+/// process: dropping it ends every connection, as a restart of the node
+/// plugin does.
+struct NodeProcess {
+    rt: Option<tokio::runtime::Runtime>,
+    server: Arc<ReplicaServer>,
+    addr: String,
+}
+
+impl NodeProcess {
+    async fn start(disk: &std::path::Path, addr: &str) -> NodeProcess {
+        let mut bound = None;
+        for _ in 0..100 {
+            match std::net::TcpListener::bind(addr) {
+                Ok(l) => {
+                    bound = Some(l);
+                    break;
+                }
+                // The last one's listener may not be closed yet.
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
+        let listener = bound.expect("the address is free again");
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = ReplicaServer::new(vec![disk.to_path_buf()]);
+        let s = server.clone();
+        rt.spawn(async move { s.serve(TcpListener::from_std(listener).unwrap()).await });
+        NodeProcess {
+            rt: Some(rt),
+            server,
+            addr,
+        }
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+async fn mode_of(engine: &Engine, name: &str) -> ReplicaMode {
+    engine
+        .status()
+        .await
+        .into_iter()
+        .find(|m| m.name == name)
+        .unwrap()
+        .mode
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lent_replica_is_lent_again_after_its_server_restarts_and_fails_with_its_disk() {
+    let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let size = 64 * BLOCK;
+    let dir0 = replica_dir(d0.path(), "v-r0");
+    Replica::create(&dir0, size).unwrap();
+    let n0 = NodeProcess::start(d0.path(), "127.0.0.1:0").await;
+    let a = ReplicaAddr {
+        name: "v-r0".into(),
+        addr: n0.addr.clone(),
+    };
+    let b = replica_server(d1.path(), "v-r1", size).await;
+    let engine = Engine::start("v", size, &[a.clone(), b], Some("v-r0".into()))
+        .await
+        .unwrap();
+    engine.lend_local(dir0.clone()).await.unwrap();
+    assert!(n0.server.is_lent("v-r0"));
+    let block = |i: u8| vec![i; BLOCK as usize];
+    engine.write(0, &block(1), false).await.unwrap();
+    // The node plugin restarts: the loan's connection drops, and I/O goes
+    // on, the local replica's too.
+    drop(n0);
+    engine.write(BLOCK, &block(2), false).await.unwrap();
+    assert_eq!(mode_of(&engine, "v-r0").await, ReplicaMode::Rw);
+    let n0 = NodeProcess::start(d0.path(), &a.addr).await;
+    for _ in 0..100 {
+        if n0.server.is_lent("v-r0") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(n0.server.is_lent("v-r0"), "lent again to the engine");
+    engine.write(2 * BLOCK, &block(3), false).await.unwrap();
+    assert_eq!(mode_of(&engine, "v-r0").await, ReplicaMode::Rw);
+    assert_eq!(engine.direct_reads(), 0);
+    assert_eq!(engine.read(BLOCK, BLOCK as u32).await.unwrap(), block(2));
+    assert_eq!(engine.direct_reads(), 1, "read from the lent replica");
+    // Its disk is lost: the loan ends, asking again is refused, and the
+    // engine drops the replica while I/O goes on.
+    n0.server.fail_disk(d0.path(), "test");
+    for _ in 0..100 {
+        if mode_of(&engine, "v-r0").await == ReplicaMode::Err {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(mode_of(&engine, "v-r0").await, ReplicaMode::Err);
+    engine.write(3 * BLOCK, &block(4), false).await.unwrap();
+    let all = engine.read(0, 4 * BLOCK as u32).await.unwrap();
+    assert!(all == [block(1), block(2), block(3), block(4)].concat());
+    // What the engine wrote while it held the replica is in its files.
+    drop(engine);
+    let files = Replica::open(&dir0).unwrap();
+    let mut got = vec![0u8; 3 * BLOCK as usize];
+    files.read(0, &mut got).unwrap();
+    assert!(got == [block(1), block(2), block(3)].concat());
 }

@@ -234,3 +234,73 @@ async fn a_failed_disk_fails_its_replicas_until_it_is_restored() {
     let again = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
     assert_eq!(again.read(0, 4096).await.unwrap(), vec![7u8; 4096]);
 }
+
+/// Polls `f` until it holds (5 s at most).
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..100 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("never: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lent_replica_serves_no_data_and_takes_no_mutation_until_given_back() {
+    let disk = tempfile::tempdir().unwrap();
+    Replica::create(&replica_dir(disk.path(), "v-r1"), 64 * BLOCK).unwrap();
+    let (addr, server) = serve(disk.path()).await;
+    let engine = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    engine.write(0, &[7u8; 4096], 1, false).await.unwrap();
+    engine.lend().await.unwrap();
+    assert!(server.is_lent("v-r1"));
+    // Lending again on the same connection is a no-op; on another, refused.
+    engine.lend().await.unwrap();
+    let other = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    let busy = |r: Result<(), ClientError>, what: &str| match r {
+        Err(ClientError::Failed { status: s, .. }) if s == status::BUSY => {}
+        other => panic!("{what}: expected BUSY, got {other:?}"),
+    };
+    busy(other.lend().await, "second loan");
+    busy(other.write(0, &[1u8; 4096], 2, false).await, "write");
+    busy(other.trim(0, 4096, 2).await, "trim");
+    busy(other.snapshot().await.map(drop), "snapshot");
+    busy(other.read(0, 4096).await.map(drop), "read");
+    // What a rebuild needs of it is still served, from the files.
+    assert_eq!(other.info().await.unwrap()["size"], 64 * BLOCK);
+    assert_eq!(other.layers().await.unwrap().len(), 1);
+    engine.give_back().await.unwrap();
+    assert!(!server.is_lent("v-r1"));
+    assert_eq!(other.read(0, 4096).await.unwrap(), vec![7u8; 4096]);
+    other.write(0, &[8u8; 4096], 2, false).await.unwrap();
+    // The end of the borrowing connection ends a loan too.
+    other.lend().await.unwrap();
+    drop(other);
+    eventually("the loan ends with its connection", || {
+        !server.is_lent("v-r1")
+    })
+    .await;
+    assert_eq!(engine.read(0, 4096).await.unwrap(), vec![8u8; 4096]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_disk_ends_the_loan_and_closes_the_borrowing_connection() {
+    let disk = tempfile::tempdir().unwrap();
+    Replica::create(&replica_dir(disk.path(), "v-r1"), 64 * BLOCK).unwrap();
+    let (addr, server) = serve(disk.path()).await;
+    let engine = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    engine.lend().await.unwrap();
+    server.fail_disk(disk.path(), "test");
+    assert!(!server.is_lent("v-r1"));
+    tokio::time::timeout(std::time::Duration::from_secs(5), engine.closed())
+        .await
+        .expect("the borrowing connection is closed");
+    // Asking again is refused: the replica is on a lost disk.
+    let again = ReplicaClient::connect(&addr, "v-r1").await;
+    assert!(
+        matches!(again, Err(ClientError::Failed { .. })),
+        "{:?}",
+        again.map(drop)
+    );
+}

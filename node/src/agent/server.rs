@@ -143,6 +143,14 @@ impl NodeAgent for NodeAgentService {
             field: "name".into(),
             message: m,
         })?;
+        if let Some(server) = &self.ctx.replicas
+            && server.is_lent(&name)
+        {
+            return Err(Error::Busy(format!(
+                "replica {name} is in use by its volume's engine; remove it from the engine first"
+            ))
+            .into());
+        }
         for d in &self.ctx.disks {
             let dir = replica_dir(&d.path, &name);
             if dir.join(META_FILE).exists() {

@@ -11,8 +11,9 @@
 //! On start after an unclean stop, only the replicas with the highest
 //! revision counter become `rw`; the others are `err`. A replica joins a
 //! running volume through a rebuild (`rebuild`); the node agent asks for it
-//! on the control socket (`control`); reads of the local replica go
-//! straight to its files (`local`).
+//! on the control socket (`control`). The replica on the engine's own node
+//! is lent to it by its server, and its I/O goes straight to its files
+//! (`lent`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,10 +24,10 @@ use tokio::sync::{Mutex, RwLock};
 
 use crate::replica::BLOCK;
 use crate::replica::client::{ClientError, ReplicaClient, Waiter};
-use crate::replica::protocol::{FLAG_ZEROES, MAX_DATA, Op};
+use crate::replica::protocol::{FLAG_FUA, FLAG_ZEROES, MAX_DATA, Op};
 
 pub mod control;
-mod local;
+mod lent;
 mod rebuild;
 
 /// Errors of the engine, as NBD reports them.
@@ -81,9 +82,34 @@ impl std::str::FromStr for ReplicaAddr {
     }
 }
 
+/// How the engine reaches a replica.
+#[derive(Clone)]
+enum Link {
+    /// Through its server, over TCP.
+    Remote(Arc<ReplicaClient>),
+    /// Lent by its server: straight to its files.
+    Lent(Arc<lent::Lent>),
+}
+
+impl Link {
+    async fn snapshot(&self) -> Result<String, ClientError> {
+        match self {
+            Link::Remote(c) => c.snapshot().await,
+            Link::Lent(l) => l.snapshot().await,
+        }
+    }
+
+    async fn layers(&self) -> Result<Vec<crate::replica::LayerInfo>, ClientError> {
+        match self {
+            Link::Remote(c) => c.layers().await,
+            Link::Lent(l) => l.layers(),
+        }
+    }
+}
+
 struct Member {
     at: ReplicaAddr,
-    client: Option<Arc<ReplicaClient>>,
+    link: Option<Link>,
     mode: ReplicaMode,
     error: Option<String>,
     rebuild: Option<RebuildStatus>,
@@ -133,19 +159,14 @@ pub struct Engine {
     /// Woken whenever a replica's mode changes, so that the status is
     /// reported at once.
     pub changed: tokio::sync::Notify,
-    /// The local replica's directory, when its files may be read directly.
-    local_dir: std::sync::Mutex<Option<std::path::PathBuf>>,
-    /// The open direct reader of the local replica; dropped when its chain
-    /// changes (snapshot, rebuild) or it fails.
-    reader: std::sync::Mutex<Option<Arc<local::LocalReader>>>,
     /// Reads served straight from the local replica's files.
     direct_reads: AtomicU64,
     /// The replicas writes go to, while the members stay as they are.
     writers: std::sync::Mutex<Option<Arc<Writers>>>,
 }
 
-/// Name, connection, and whether its answer counts (rw, not wo).
-type Writers = Vec<(String, Arc<ReplicaClient>, bool)>;
+/// Name, link, and whether its answer counts (rw, not wo).
+type Writers = Vec<(String, Link, bool)>;
 
 /// What is called with a write's outcome.
 pub type WriteDone = Box<dyn FnOnce(Result<(), EngineError>) + Send>;
@@ -255,7 +276,7 @@ impl Engine {
                     revisions.push(0);
                     members.push(Member {
                         at: at.clone(),
-                        client: None,
+                        link: None,
                         mode: ReplicaMode::Err,
                         error: Some("its rebuild did not finish".into()),
                         rebuild: None,
@@ -265,7 +286,7 @@ impl Engine {
                     revisions.push(info["revision"].as_u64().unwrap_or(0));
                     members.push(Member {
                         at: at.clone(),
-                        client: Some(Arc::new(c)),
+                        link: Some(Link::Remote(Arc::new(c))),
                         mode: ReplicaMode::Rw,
                         error: None,
                         rebuild: None,
@@ -275,7 +296,7 @@ impl Engine {
                     revisions.push(0);
                     members.push(Member {
                         at: at.clone(),
-                        client: None,
+                        link: None,
                         mode: ReplicaMode::Err,
                         error: Some(format!("size {} is not the volume's {size}", info["size"])),
                         rebuild: None,
@@ -285,7 +306,7 @@ impl Engine {
                     revisions.push(0);
                     members.push(Member {
                         at: at.clone(),
-                        client: None,
+                        link: None,
                         mode: ReplicaMode::Err,
                         error: Some(e.to_string()),
                         rebuild: None,
@@ -312,7 +333,7 @@ impl Engine {
             if m.mode == ReplicaMode::Rw && *r < best {
                 m.mode = ReplicaMode::Err;
                 m.error = Some(format!("revision {r} is behind {best}: it missed writes"));
-                m.client = None;
+                m.link = None;
             }
         }
         tracing::info!(volume, size, revision = best, "engine started");
@@ -326,8 +347,6 @@ impl Engine {
             io: Arc::new(RwLock::new(())),
             rebuilding: std::sync::atomic::AtomicBool::new(false),
             changed: tokio::sync::Notify::new(),
-            local_dir: std::sync::Mutex::new(None),
-            reader: std::sync::Mutex::new(None),
             direct_reads: AtomicU64::new(0),
             writers: std::sync::Mutex::new(None),
         }))
@@ -345,12 +364,12 @@ impl Engine {
     }
 
     /// Replicas to read from: the `rw` ones, the local one first.
-    async fn rw_clients(&self) -> Vec<(String, Arc<ReplicaClient>)> {
+    async fn rw_links(&self) -> Vec<(String, Link)> {
         let m = self.members.lock().await;
-        let mut out: Vec<(String, Arc<ReplicaClient>)> = m
+        let mut out: Vec<(String, Link)> = m
             .iter()
             .filter(|m| m.mode == ReplicaMode::Rw)
-            .filter_map(|m| m.client.clone().map(|c| (m.at.name.clone(), c)))
+            .filter_map(|m| m.link.clone().map(|c| (m.at.name.clone(), c)))
             .collect();
         // The local replica first.
         if let Some(local) = &self.local {
@@ -370,7 +389,7 @@ impl Engine {
             m.iter()
                 .filter(|m| matches!(m.mode, ReplicaMode::Rw | ReplicaMode::Wo))
                 .filter_map(|m| {
-                    m.client
+                    m.link
                         .clone()
                         .map(|c| (m.at.name.clone(), c, m.mode == ReplicaMode::Rw))
                 })
@@ -404,8 +423,7 @@ impl Engine {
             tracing::warn!(volume = %self.volume, replica = name, error = %why, "replica failed; dropped from the volume");
             x.mode = ReplicaMode::Err;
             x.error = Some(why.to_string());
-            x.client = None;
-            self.drop_reader();
+            x.link = None;
             self.members_changed();
         }
     }
@@ -413,21 +431,6 @@ impl Engine {
     pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, EngineError> {
         self.check(offset, u64::from(len))?;
         let _io = self.io.read().await;
-        if let Some(reader) = self.local_reader().await {
-            // Inline, without a thread hop: a read of the local disk, mostly
-            // from the page cache, is short (handing the worker over with
-            // block_in_place cost more than the read itself).
-            match reader.read(offset, len) {
-                Ok(b) => {
-                    self.direct_reads.fetch_add(1, Ordering::Relaxed);
-                    return Ok(b);
-                }
-                Err(e) => {
-                    tracing::warn!(volume = %self.volume, dir = %reader.dir().display(), error = %e, "direct read of the local replica failed; reading through its server");
-                    self.drop_reader();
-                }
-            }
-        }
         self.read_now(offset, len).await
     }
 
@@ -436,53 +439,62 @@ impl Engine {
         self.direct_reads.load(Ordering::Relaxed)
     }
 
-    /// Lets reads of the local replica go straight to its files in `dir`.
-    pub fn set_local_dir(&self, dir: std::path::PathBuf) {
-        if let Ok(mut d) = self.local_dir.lock() {
-            *d = Some(dir);
-        }
-        self.drop_reader();
-    }
-
-    fn drop_reader(&self) {
-        if let Ok(mut r) = self.reader.lock() {
-            *r = None;
-        }
-    }
-
-    /// The direct reader of the local replica, while it is `rw`.
-    async fn local_reader(&self) -> Option<Arc<local::LocalReader>> {
-        let local = self.local.as_ref()?;
-        if let Some(r) = self.reader.lock().ok()?.clone() {
-            return Some(r);
-        }
-        let dir = self.local_dir.lock().ok()?.clone()?;
-        let rw = self
-            .members
-            .lock()
+    /// Borrows the local replica from its server (see `lent`): from then on
+    /// its I/O goes straight to its files in `dir`. When the server does
+    /// not lend it, it stays reached through the server.
+    #[tracing::instrument(skip_all, fields(volume = %self.volume, dir = %dir.display()))]
+    pub async fn lend_local(self: &Arc<Self>, dir: std::path::PathBuf) -> Result<(), EngineError> {
+        let Some(local) = self.local.clone() else {
+            return Ok(());
+        };
+        let _pause = self.io.write().await;
+        let mut m = self.members.lock().await;
+        let Some(x) = m
+            .iter_mut()
+            .find(|x| x.at.name == local && x.mode == ReplicaMode::Rw)
+        else {
+            return Ok(());
+        };
+        let Some(Link::Remote(c)) = x.link.clone() else {
+            return Ok(());
+        };
+        let revision = self.revision.load(Ordering::SeqCst);
+        let lent = lent::Lent::borrow(c, &local, &dir, self.size, revision)
             .await
-            .iter()
-            .any(|m| &m.at.name == local && m.mode == ReplicaMode::Rw);
-        if !rw {
-            return None;
-        }
-        match local::LocalReader::open(&dir) {
-            Ok(r) => {
-                let r = Arc::new(r);
-                *self.reader.lock().ok()? = Some(r.clone());
-                Some(r)
-            }
-            Err(e) => {
-                tracing::debug!(volume = %self.volume, error = %e, "the local replica cannot be read directly");
-                None
-            }
-        }
+            .map_err(|e| EngineError::of_replica(&local, e))?;
+        let engine = Arc::downgrade(self);
+        lent.keep(move |refused| {
+            tokio::spawn(async move {
+                if let Some(engine) = engine.upgrade() {
+                    engine.fail(&local, &refused).await;
+                }
+            });
+        });
+        x.link = Some(Link::Lent(lent));
+        self.members_changed();
+        Ok(())
     }
 
     /// Reads with I/O already held (shared or exclusive).
     async fn read_now(&self, offset: u64, len: u32) -> Result<Vec<u8>, EngineError> {
         let mut last = String::from("no rw replica");
-        for (name, c) in self.rw_clients().await {
+        for (name, link) in self.rw_links().await {
+            let c = match link {
+                // Inline, without a thread hop: a read of the local disk,
+                // mostly from the page cache, is short.
+                Link::Lent(l) => match l.read(offset, len) {
+                    Ok(b) => {
+                        self.direct_reads.fetch_add(1, Ordering::Relaxed);
+                        return Ok(b);
+                    }
+                    Err(e) => {
+                        last = e.to_string();
+                        self.fail(&name, &e).await;
+                        continue;
+                    }
+                },
+                Link::Remote(c) => c,
+            };
             let mut out = Vec::with_capacity(len as usize);
             let mut pos = 0u32;
             let result = loop {
@@ -526,6 +538,9 @@ impl Engine {
         }
         let mut waits = Vec::new();
         let mut failed = Vec::new();
+        let mut ok = 0;
+        // Lent replicas to flush once the order lock is let go.
+        let mut flushes = Vec::new();
         {
             let _order = self
                 .order
@@ -536,14 +551,40 @@ impl Engine {
             } else {
                 0
             };
-            for (name, c, rw) in clients.iter() {
-                match c.submit(op, offset, len, revision, flags, data.clone()) {
-                    Ok(w) => waits.push((name.clone(), w, *rw)),
+            // Remote replicas first, so they work while the local one does.
+            for (name, link, rw) in clients.iter() {
+                if let Link::Remote(c) = link {
+                    match c.submit(op, offset, len, revision, flags, data.clone()) {
+                        Ok(w) => waits.push((name.clone(), w, *rw)),
+                        Err(e) => failed.push((name.clone(), e)),
+                    }
+                }
+            }
+            for (name, link, rw) in clients.iter() {
+                let Link::Lent(l) = link else {
+                    continue;
+                };
+                let done = match op {
+                    Op::Write => l.write(offset, &data, revision),
+                    Op::Trim => {
+                        l.discard(offset, u64::from(len), revision, flags & FLAG_ZEROES != 0)
+                    }
+                    _ => Ok(()),
+                };
+                let sync = op == Op::Flush || flags & FLAG_FUA != 0;
+                match done {
+                    Ok(()) if sync => flushes.push((name.clone(), l.clone(), *rw)),
+                    Ok(()) => ok += usize::from(*rw),
                     Err(e) => failed.push((name.clone(), e)),
                 }
             }
         }
-        let mut ok = 0;
+        for (name, l, rw) in flushes {
+            match l.flush().await {
+                Ok(()) => ok += usize::from(rw),
+                Err(e) => failed.push((name, e)),
+            }
+        }
         for (name, w, rw) in waits {
             match w.await {
                 Ok(_) => ok += usize::from(rw),
@@ -680,11 +721,15 @@ impl Engine {
                 guard: Some(guard),
             }),
         });
-        let Ok(_order) = self.order.lock() else {
+        let Ok(order) = self.order.lock() else {
             return fan.answer_all(EngineError::NoReplica("engine order lock poisoned".into()));
         };
         let revision = self.revision.fetch_add(1, Ordering::SeqCst) + 1;
-        for (name, c, rw) in clients.iter() {
+        // Remote replicas first, so they work while the local one does.
+        for (name, link, rw) in clients.iter() {
+            let Link::Remote(c) = link else {
+                continue;
+            };
             let (f, n, rw) = (fan.clone(), name.clone(), *rw);
             let waiter = Waiter::Callback(Box::new(move |r| f.one(n, rw, r.map(drop))));
             let sent = c.send(
@@ -698,6 +743,30 @@ impl Engine {
             );
             if let Err(e) = sent {
                 fan.one(name.clone(), rw, Err(e));
+            }
+        }
+        let local: Vec<_> = clients
+            .iter()
+            .filter_map(|(name, link, rw)| match link {
+                Link::Lent(l) => Some((
+                    name.clone(),
+                    l.clone(),
+                    *rw,
+                    l.write(offset, &data, revision),
+                )),
+                Link::Remote(_) => None,
+            })
+            .collect();
+        drop(order);
+        for (name, l, rw, done) in local {
+            if fua && done.is_ok() {
+                let fan = fan.clone();
+                tokio::spawn(async move {
+                    let r = l.flush().await;
+                    fan.one(name, rw, r);
+                });
+            } else {
+                fan.one(name, rw, done);
             }
         }
     }
@@ -753,10 +822,8 @@ impl Engine {
     }
 
     async fn snapshot_now(&self) -> Result<Vec<String>, EngineError> {
-        // The chain changes: the direct reader opens the new one.
-        self.drop_reader();
         let mut names = Vec::new();
-        for (name, c) in self.rw_clients().await {
+        for (name, c) in self.rw_links().await {
             match c.snapshot().await {
                 Ok(n) => names.push(n),
                 Err(e) => self.fail(&name, &e).await,

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 
 use ballast::model::ReplicaMode;
 
-use super::{Engine, EngineError, Member, RebuildStatus, ReplicaAddr};
+use super::{Engine, EngineError, Link, Member, RebuildStatus, ReplicaAddr};
 use crate::replica::client::{ClientError, ReplicaClient};
 use crate::replica::server::JoinSpec;
 
@@ -71,7 +71,7 @@ impl Engine {
         let (src, kept) = {
             let _pause = self.io.write().await;
             self.snapshot_now().await?;
-            let rw = self.rw_clients().await;
+            let rw = self.rw_links().await;
             let (src_name, src_client) = source
                 .as_ref()
                 .and_then(|s| rw.iter().find(|(n, _)| n == s))
@@ -104,7 +104,7 @@ impl Engine {
             m.retain(|x| x.at.name != at.name);
             m.push(Member {
                 at: at.clone(),
-                client: Some(client.clone()),
+                link: Some(Link::Remote(client.clone())),
                 mode: ReplicaMode::Wo,
                 error: None,
                 rebuild: Some(status),
@@ -131,7 +131,6 @@ impl Engine {
                     .find(|x| x.at.name == name && x.mode == ReplicaMode::Wo)
                 {
                     x.mode = ReplicaMode::Rw;
-                    self.drop_reader();
                     if let Some(r) = x.rebuild.as_mut() {
                         r.copied_bytes = report["bytes"].as_u64().unwrap_or(0);
                         r.path = report["path"].as_str().unwrap_or_default().to_string();
@@ -163,8 +162,15 @@ impl Engine {
                 message: "it is the last rw replica".into(),
             });
         }
+        // A lent replica is given back first: its data is deleted next.
+        if let Some(Link::Lent(l)) = m
+            .iter()
+            .find(|x| x.at.name == name)
+            .and_then(|x| x.link.clone())
+        {
+            l.give_back().await;
+        }
         m.retain(|x| x.at.name != name);
-        self.drop_reader();
         self.members_changed();
         Ok(())
     }

@@ -43,10 +43,18 @@ impl Waiter {
 
 type Pending = Arc<std::sync::Mutex<HashMap<u64, Waiter>>>;
 
+/// Whether the connection is gone, and who waits for it to go.
+#[derive(Default)]
+struct Ended {
+    flag: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
 /// Marks the connection closed, then fails every request still waiting.
 /// (A request registered after this sees the flag and fails at once.)
-fn close_all(closed: &AtomicBool, pending: &Pending, addr: &str, reason: &str) {
-    closed.store(true, Ordering::SeqCst);
+fn close_all(closed: &Ended, pending: &Pending, addr: &str, reason: &str) {
+    closed.flag.store(true, Ordering::SeqCst);
+    closed.notify.notify_waiters();
     let waiting: Vec<Waiter> = match pending.lock() {
         Ok(mut m) => m.drain().map(|(_, w)| w).collect(),
         Err(_) => Vec::new(),
@@ -100,7 +108,7 @@ pub struct ReplicaClient {
     outbox: mpsc::UnboundedSender<Frame>,
     writer: tokio::task::JoinHandle<()>,
     /// Set once the connection is gone.
-    closed: Arc<AtomicBool>,
+    closed: Arc<Ended>,
     pending: Pending,
     next: AtomicU64,
     reader: tokio::task::JoinHandle<()>,
@@ -130,7 +138,7 @@ impl ReplicaClient {
         let mut rd = tokio::io::BufReader::with_capacity(super::server::IO_BUFFER, rd);
         let (outbox, mut frames) = mpsc::unbounded_channel::<Frame>();
         let pending: Pending = Arc::default();
-        let closed = Arc::new(AtomicBool::new(false));
+        let closed = Arc::new(Ended::default());
         let (wp, wa, wc) = (pending.clone(), addr.to_string(), closed.clone());
         let writer = tokio::spawn(async move {
             let mut wr = wr;
@@ -202,6 +210,31 @@ impl ReplicaClient {
         &self.addr
     }
 
+    /// Returns once the connection is gone.
+    pub async fn closed(&self) {
+        let ended = self.closed.notify.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        if self.closed.flag.load(Ordering::SeqCst) {
+            return;
+        }
+        ended.await;
+    }
+
+    /// Borrows the opened replica (see `Op::Lend`): from now on the
+    /// caller does its I/O on the files, until `give_back` or this
+    /// connection's end.
+    pub async fn lend(&self) -> Result<(), ClientError> {
+        self.call(Op::Lend, 0, 0, 0, 0, &[]).await.map(drop)
+    }
+
+    /// Ends the loan taken with `lend`.
+    pub async fn give_back(&self) -> Result<(), ClientError> {
+        self.call(Op::Lend, 0, 0, 0, super::protocol::FLAG_RETURN, &[])
+            .await
+            .map(drop)
+    }
+
     /// Sends one request and waits for its reply.
     pub async fn call(
         &self,
@@ -269,7 +302,7 @@ impl ReplicaClient {
             .lock()
             .map_err(|_| closed("poisoned".into()))?
             .insert(id, waiter);
-        if self.closed.load(Ordering::SeqCst) {
+        if self.closed.flag.load(Ordering::SeqCst) {
             if let Ok(mut m) = self.pending.lock() {
                 m.remove(&id);
             }

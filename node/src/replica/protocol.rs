@@ -24,6 +24,8 @@ pub const MAX_NAME: u32 = 255;
 pub const FLAG_FUA: u8 = 1;
 /// TRIM flag: write zeros instead of punching holes.
 pub const FLAG_ZEROES: u8 = 2;
+/// LEND flag: give the replica back instead of borrowing it.
+pub const FLAG_RETURN: u8 = 4;
 /// Largest JOIN or FILL payload.
 pub const MAX_CONTROL: u32 = 1 << 20;
 
@@ -50,6 +52,11 @@ pub enum Op {
     LayerExtents = 11,
     /// Raw bytes of the layer at chain index `revision`.
     LayerRead = 12,
+    /// Lends the opened replica to this connection's engine, which then
+    /// does its I/O on the files itself; the server refuses every other
+    /// read and mutation of it until the loan ends (FLAG_RETURN, or the
+    /// connection closes).
+    Lend = 13,
 }
 
 impl Op {
@@ -67,6 +74,7 @@ impl Op {
             10 => Op::Fill,
             11 => Op::LayerExtents,
             12 => Op::LayerRead,
+            13 => Op::Lend,
             _ => return None,
         })
     }
@@ -81,6 +89,8 @@ pub mod status {
     pub const IO: u32 = 5;
     /// No such replica, or none opened on this connection.
     pub const NOT_FOUND: u32 = 2;
+    /// The replica is lent to an engine (or already lent, for LEND).
+    pub const BUSY: u32 = 16;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,7 +162,9 @@ impl Request {
                     "{op:?} payload length {len} not in 1..={MAX_CONTROL}"
                 )));
             }
-            Op::Flush | Op::Info | Op::Snapshot | Op::Layers | Op::LayerExtents if len != 0 => {
+            Op::Flush | Op::Info | Op::Snapshot | Op::Layers | Op::LayerExtents | Op::Lend
+                if len != 0 =>
+            {
                 return Err(refuse(format!("{op:?} carries no length, got {len}")));
             }
             _ => {}

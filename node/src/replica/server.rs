@@ -6,6 +6,14 @@
 //! FILL (a rebuild's copy, see `crate::sync`) runs beside the rest. It also
 //! keeps the registry of open replicas, fails those of a lost disk, and
 //! reports the progress of fills.
+//!
+//! A replica on the engine's own node is lent to it (LEND): the engine then
+//! reads and writes the files itself, and the server refuses every other
+//! read and mutation of that replica until the loan ends. What it still
+//! serves of it (INFO, LAYERS, and the frozen layers a rebuild copies) it
+//! reads from the files afresh. The loan ends when the engine gives the
+//! replica back or its connection closes, and the server ends it when the
+//! replica's disk is lost.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -16,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
 use super::protocol::{
-    FLAG_FUA, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER, Request, Response, status,
+    FLAG_FUA, FLAG_RETURN, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER, Request, Response, status,
 };
 use super::{LayerInfo, LayerSpec, META_FILE, Replica, ReplicaError};
 use crate::sync::{FillReport, Progress};
@@ -68,6 +76,33 @@ pub struct ReplicaServer {
     fills: Mutex<HashMap<String, Arc<Progress>>>,
     /// Disks found not ready: their replicas fail.
     failed_disks: Mutex<std::collections::HashSet<PathBuf>>,
+    /// Replicas lent to their engine, by name. Locked after `open` when
+    /// both are needed.
+    lent: Mutex<HashMap<String, Loan>>,
+    next_loan: std::sync::atomic::AtomicU64,
+}
+
+/// A loan as the borrowing connection holds it; dropping it ends it.
+struct Held {
+    server: Arc<ReplicaServer>,
+    name: String,
+    id: u64,
+    revoke: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.server.give_back(&self.name, self.id);
+    }
+}
+
+/// A replica lent to an engine.
+struct Loan {
+    id: u64,
+    dir: PathBuf,
+    /// Woken when the server ends the loan (the disk was lost): the
+    /// engine's connection is closed.
+    revoke: Arc<tokio::sync::Notify>,
 }
 
 /// Where a replica named `name` lives on `disk`.
@@ -91,7 +126,65 @@ impl ReplicaServer {
             open: Mutex::new(HashMap::new()),
             fills: Mutex::new(HashMap::new()),
             failed_disks: Mutex::new(Default::default()),
+            lent: Mutex::new(HashMap::new()),
+            next_loan: std::sync::atomic::AtomicU64::new(1),
         })
+    }
+
+    /// Whether `name` is lent to its engine.
+    pub fn is_lent(&self, name: &str) -> bool {
+        self.lent
+            .lock()
+            .map(|l| l.contains_key(name))
+            .unwrap_or(true)
+    }
+
+    /// Lends `name` to an engine; returns the loan's number and what ends
+    /// it early. The server's own copy of the replica is dropped: it is
+    /// opened afresh from the files once the loan ends.
+    fn lend(&self, name: &str) -> Result<(u64, Arc<tokio::sync::Notify>), String> {
+        let replica = self.find(name)?;
+        let dir = replica
+            .read()
+            .map_err(|_| "replica lock poisoned".to_string())?
+            .dir()
+            .to_path_buf();
+        let mut open = self
+            .open
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?;
+        let mut lent = self
+            .lent
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?;
+        if lent.contains_key(name) {
+            return Err(format!("replica {name} is already lent to an engine"));
+        }
+        let id = self
+            .next_loan
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let revoke = Arc::new(tokio::sync::Notify::new());
+        lent.insert(
+            name.to_string(),
+            Loan {
+                id,
+                dir,
+                revoke: revoke.clone(),
+            },
+        );
+        open.remove(name);
+        tracing::info!(replica = name, loan = id, "replica lent to its engine");
+        Ok((id, revoke))
+    }
+
+    /// Ends loan `id` of `name` (if it is still the current one).
+    fn give_back(&self, name: &str, id: u64) {
+        if let Ok(mut lent) = self.lent.lock()
+            && lent.get(name).is_some_and(|l| l.id == id)
+        {
+            lent.remove(name);
+            tracing::info!(replica = name, loan = id, "replica given back");
+        }
     }
 
     /// The open replica called `name`, opening it on first use.
@@ -109,6 +202,9 @@ impl ReplicaServer {
             }
             return Ok(r.clone());
         }
+        // A lent replica changes under the server: it is opened afresh for
+        // each use and never kept.
+        let lent = self.is_lent(name);
         let failed = self
             .failed_disks
             .lock()
@@ -122,7 +218,9 @@ impl ReplicaServer {
             .find(|d| d.join(META_FILE).exists())
             .ok_or_else(|| format!("no replica {name} on this node"))?;
         let r = Arc::new(RwLock::new(Replica::open(&dir).map_err(|e| e.to_string())?));
-        open.insert(name.to_string(), r.clone());
+        if !lent {
+            open.insert(name.to_string(), r.clone());
+        }
         Ok(r)
     }
 
@@ -170,6 +268,16 @@ impl ReplicaServer {
         let Ok(open) = self.open.lock() else {
             return;
         };
+        if let Ok(mut lent) = self.lent.lock() {
+            lent.retain(|name, loan| {
+                let keep = !loan.dir.starts_with(disk);
+                if !keep {
+                    tracing::warn!(replica = %name, disk = %disk.display(), why, "disk lost; ending the replica's loan to its engine");
+                    loan.revoke.notify_one();
+                }
+                keep
+            });
+        }
         for (name, r) in open.iter() {
             if let Ok(mut r) = r.write()
                 && r.dir().starts_with(disk)
@@ -262,6 +370,9 @@ impl ReplicaServer {
         });
         let mut answered: Vec<(Response, Vec<u8>)> = Vec::new();
         let mut bound: Option<(String, Shared)> = None;
+        // The loan this connection's engine holds (ended when dropped,
+        // however the connection ends).
+        let mut loan: Option<Held> = None;
         // Mutations run one at a time, in the order they arrived, so that
         // every replica applies an engine's writes in the engine's order.
         // Reads run in parallel. A plain write or trim (no FUA) that finds
@@ -287,7 +398,16 @@ impl ReplicaServer {
                 send_answered(&wr, &mut answered).await?;
             }
             let mut head = [0u8; REQUEST_HEADER];
-            if let Err(e) = rd.read_exact(&mut head).await {
+            let got = match &loan {
+                // A revoked loan closes the connection: the engine sees it
+                // and asks again, and is refused.
+                Some(held) => tokio::select! {
+                    got = rd.read_exact(&mut head) => got,
+                    () = held.revoke.notified() => break Ok(()),
+                },
+                None => rd.read_exact(&mut head).await,
+            };
+            if let Err(e) = got {
                 break if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     Ok(())
                 } else {
@@ -347,6 +467,58 @@ impl ReplicaServer {
                 }
                 continue;
             };
+            if req.op == Op::Lend {
+                let reply = if req.flags & FLAG_RETURN != 0 {
+                    loan = None;
+                    (ok_empty(req.id), Vec::new())
+                } else if loan.is_some() {
+                    (ok_empty(req.id), Vec::new())
+                } else if queued.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+                    error(req.id, status::BUSY, "mutations are still in flight")
+                } else {
+                    match self.lend(&name) {
+                        Ok((id, revoke)) => {
+                            loan = Some(Held {
+                                server: self.clone(),
+                                name: name.clone(),
+                                id,
+                                revoke,
+                            });
+                            (ok_empty(req.id), Vec::new())
+                        }
+                        Err(e) => error(req.id, status::BUSY, &e),
+                    }
+                };
+                // Replies of writes applied before it go first.
+                send_answered(&wr, &mut answered).await?;
+                if tx.send(reply).await.is_err() {
+                    break Ok(());
+                }
+                continue;
+            }
+            let fresh = matches!(req.op, Op::Info | Op::Layers);
+            let from_files = fresh || matches!(req.op, Op::LayerExtents | Op::LayerRead);
+            if !from_files && self.is_lent(&name) {
+                let why = format!("replica {name} is lent to its engine");
+                if tx.send(error(req.id, status::BUSY, &why)).await.is_err() {
+                    break Ok(());
+                }
+                continue;
+            }
+            // What is lent is read from its files as they are now.
+            let replica = if fresh && self.is_lent(&name) {
+                match self.find(&name) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        if tx.send(error(req.id, status::NOT_FOUND, &e)).await.is_err() {
+                            break Ok(());
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                replica
+            };
             if req.op == Op::Fill {
                 // Long: it runs beside the connection's other requests.
                 let (tx, server) = (tx.clone(), self.clone());
@@ -379,6 +551,7 @@ impl ReplicaServer {
                 }
             }
         };
+        drop(loan);
         let _ = send_answered(&wr, &mut answered).await;
         drop(mtx);
         let _ = mutator.await;
@@ -402,6 +575,14 @@ async fn send_answered(
         w.write_all(&body).await?;
     }
     w.flush().await
+}
+
+fn ok_empty(id: u64) -> Response {
+    Response {
+        status: status::OK,
+        id,
+        len: 0,
+    }
 }
 
 fn ok_json(id: u64, value: &impl serde::Serialize) -> (Response, Vec<u8>) {
@@ -554,6 +735,8 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: Vec<u8>) -> (Respo
                 Err(e) => fail(e),
             }
         }
-        Op::Open | Op::Fill => error(req.id, status::INVALID, "handled by the connection"),
+        Op::Open | Op::Fill | Op::Lend => {
+            error(req.id, status::INVALID, "handled by the connection")
+        }
     }
 }
