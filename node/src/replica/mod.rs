@@ -20,7 +20,7 @@ mod revision;
 pub mod server;
 
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -30,6 +30,9 @@ pub use meta::{META_FILE, Meta};
 
 /// The unit of allocation and of the allocation maps.
 pub const BLOCK: u64 = 4096;
+/// After this many bytes written to a head, its writeback is started (see
+/// `Replica::start_writeback`).
+const WRITEBACK_EVERY: u64 = 8 << 20;
 const REVISION_FILE: &str = "revision";
 
 /// Errors of the replica format.
@@ -87,6 +90,11 @@ pub struct Replica {
     revision_file: revision::RevisionCounter,
     /// Set when the replica's disk went away: every I/O fails from then on.
     broken: Option<String>,
+    /// Bytes written to the head since its writeback was last started.
+    unstarted: u64,
+    /// The thread that starts writeback, made on first use; it ends with
+    /// the replica.
+    writeback: Option<std::sync::mpsc::SyncSender<File>>,
 }
 
 fn layer_name(n: usize) -> String {
@@ -197,6 +205,8 @@ impl Replica {
         let (revision_file, stored) = revision::RevisionCounter::open(&dir.join(REVISION_FILE))?;
         Ok(Replica {
             broken: None,
+            unstarted: 0,
+            writeback: None,
             dir: dir.to_path_buf(),
             revision: stored.max(meta.revision),
             meta,
@@ -291,6 +301,37 @@ impl Replica {
         &self.layers[self.layers.len() - 1]
     }
 
+    /// Starts (without waiting for it) the writeback of the head's dirty
+    /// pages, so that they go to the disk while writes go on rather than
+    /// all at the next flush.
+    fn start_writeback(&mut self) {
+        if self.writeback.is_none() {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<File>(1);
+            let spawned = std::thread::Builder::new()
+                .name("writeback".into())
+                .spawn(move || {
+                    while let Ok(f) = rx.recv() {
+                        // SAFETY: a plain system call on an open
+                        // descriptor; no memory is passed.
+                        let r = unsafe {
+                            libc::sync_file_range(f.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE)
+                        };
+                        if r != 0 {
+                            tracing::debug!(error = %std::io::Error::last_os_error(), "starting writeback failed");
+                        }
+                    }
+                });
+            if spawned.is_ok() {
+                self.writeback = Some(tx);
+            }
+        }
+        let head = self.head();
+        if let (Some(tx), Ok(f)) = (&self.writeback, head.file.try_clone()) {
+            // Busy with the last one: that one covers these pages too.
+            let _ = tx.try_send(f);
+        }
+    }
+
     /// Records the revision of the latest write (not synced until flush).
     fn bump(&mut self, revision: Option<u64>) -> Result<(), ReplicaError> {
         self.revision = revision.unwrap_or(self.revision + 1).max(self.revision);
@@ -337,6 +378,11 @@ impl Replica {
             .write_all_at(data, offset)
             .map_err(|e| ReplicaError::io(&head.path, e))?;
         self.layers[head_idx].map.set_range(first, last, true);
+        self.unstarted += data.len() as u64;
+        if self.unstarted >= WRITEBACK_EVERY {
+            self.unstarted = 0;
+            self.start_writeback();
+        }
         self.bump(revision)
     }
 

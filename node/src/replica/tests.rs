@@ -204,3 +204,69 @@ fn the_revision_of_the_last_write_survives_a_reopen_without_a_flush() {
     let bytes = std::fs::read(dir.join("revision")).unwrap();
     assert_eq!(bytes, 9u64.to_le_bytes());
 }
+
+/// Pages of `file` that are dirty (written, writeback not started), from
+/// the kernel's `cachestat` (Linux 6.5+; the same number on every arch).
+fn dirty_pages(file: &File) -> u64 {
+    #[repr(C)]
+    struct Range {
+        off: u64,
+        len: u64,
+    }
+    #[repr(C)]
+    #[derive(Default)]
+    struct Stat {
+        nr_cache: u64,
+        nr_dirty: u64,
+        nr_writeback: u64,
+        nr_evicted: u64,
+        nr_recently_evicted: u64,
+    }
+    const SYS_CACHESTAT: libc::c_long = 451;
+    let range = Range { off: 0, len: 0 };
+    let mut stat = Stat::default();
+    // SAFETY: both pointers are to live structs of the layout the call
+    // expects.
+    let r = unsafe {
+        libc::syscall(
+            SYS_CACHESTAT,
+            file.as_raw_fd(),
+            &range as *const Range,
+            &mut stat as *mut Stat,
+            0,
+        )
+    };
+    assert_eq!(r, 0, "cachestat: {}", std::io::Error::last_os_error());
+    stat.nr_dirty
+}
+
+#[test]
+fn writeback_of_the_head_starts_every_few_mebibytes_written() {
+    let d = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(d.path(), 64 << 20).unwrap();
+    let head = File::open(d.path().join(r.chain().last().unwrap())).unwrap();
+    let chunk = vec![0x5au8; 1 << 20];
+    let below = WRITEBACK_EVERY / (1 << 20) - 1;
+    for i in 0..below {
+        r.write(i << 20, &chunk, None).unwrap();
+    }
+    // Below the mark, what was written waits in the page cache.
+    let pages = (below << 20) / BLOCK;
+    assert!(
+        dirty_pages(&head) >= pages * 9 / 10,
+        "{} of {pages} pages dirty",
+        dirty_pages(&head)
+    );
+    // The write that reaches it starts their writeback (on the replica's
+    // writeback thread), without a flush.
+    r.write(below << 20, &chunk, None).unwrap();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while dirty_pages(&head) >= pages / 10 && std::time::Instant::now() < end {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(
+        dirty_pages(&head) < pages / 10,
+        "{} pages still dirty",
+        dirty_pages(&head)
+    );
+}
