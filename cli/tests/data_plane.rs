@@ -94,6 +94,14 @@ impl Cluster {
             socket.display().to_string(),
             "--local".into(),
             replicas[0].split('@').next().unwrap().to_string(),
+            // As the node agent starts it: the first replica is on the
+            // engine's node and is lent to it.
+            "--local-dir".into(),
+            self.replica_head(1, volume)
+                .parent()
+                .unwrap()
+                .display()
+                .to_string(),
         ];
         for r in replicas {
             args.push("--replica".into());
@@ -138,6 +146,11 @@ fn qemu_io_round_trip_through_three_replicas_and_qemu_img_compare() {
     let c = cluster(3);
     let replicas = c.create_replicas("v1");
     let (_engine, socket) = c.start_engine("v1", &replicas);
+    let log = std::fs::read_to_string(c.dir.path().join("engine-v1.log")).unwrap();
+    assert!(
+        log.contains("local replica lent to the engine"),
+        "the local replica's I/O goes to its files: {log}"
+    );
     let target = uri("v1", &socket);
     let (ok, out) = qemu_io(&target, &WRITES);
     assert!(ok, "{out}");
