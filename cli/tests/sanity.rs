@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use ballast_sanity::{Expectations, Target, identity_checks};
+use ballast_sanity::{Expectations, Target, controller_checks, identity_checks};
 use common::*;
 
 fn check(socket: &std::path::Path, target: Target, ready: bool) {
@@ -19,6 +19,7 @@ fn check(socket: &std::path::Path, target: Target, ready: bool) {
             target,
             driver_name: ballast::DRIVER_NAME.into(),
             ready: Some(ready),
+            node_id: None,
         };
         identity_checks(&ch, &exp).await
     });
@@ -67,6 +68,7 @@ fn a_node_that_has_not_registered_probes_not_ready_and_the_checks_see_it() {
             target: Target::Node,
             driver_name: ballast::DRIVER_NAME.into(),
             ready: Some(true),
+            node_id: None,
         };
         identity_checks(&ch, &exp).await
     });
@@ -91,6 +93,7 @@ fn the_checks_fail_against_the_wrong_role_or_name() {
             target: Target::Node,
             driver_name: "other.csi.dev".into(),
             ready: None,
+            node_id: None,
         };
         identity_checks(&ch, &exp).await
     });
@@ -107,4 +110,53 @@ fn the_checks_fail_against_the_wrong_role_or_name() {
         failed.iter().any(|n| n.contains("GetPluginCapabilities")),
         "{failed:?}"
     );
+}
+
+#[test]
+fn controller_checks_pass_against_a_controller_with_a_node_and_fail_against_a_node_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = start_controller(dir.path(), "30s");
+    let n = start_node(dir.path(), "node-1", &format!("http://{}", ctl.agent));
+    wait_for(Duration::from_secs(30), "node-1 ready", || {
+        node(&ctl.api, "node-1").filter(node_is_up)
+    });
+    // The test disk is a directory of the host's disk, however full it is.
+    let (code, body) = call(
+        "PUT",
+        &format!(
+            "{}/v1/settings/storage-minimal-available-percentage",
+            ctl.api
+        ),
+        Some(serde_json::json!({"value": "0"})),
+    );
+    assert_eq!(code, 200, "{body}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let run = |socket: &std::path::Path| {
+        rt.block_on(async {
+            let ch = ballast::grpc::unix_channel(socket).unwrap();
+            let exp = Expectations {
+                target: Target::Controller,
+                driver_name: ballast::DRIVER_NAME.into(),
+                ready: Some(true),
+                node_id: Some("node-1".into()),
+            };
+            controller_checks(&ch, &exp).await
+        })
+    };
+    let outcomes = run(&ctl.socket);
+    assert_eq!(outcomes.len(), 5, "the publish checks ran too");
+    let failures: Vec<String> = outcomes
+        .iter()
+        .filter_map(|o| o.failure.as_ref().map(|f| format!("{}: {f}", o.name)))
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Nothing the checks made is left.
+    let left = get_json(&format!("{}/v1/volumes", ctl.api)).unwrap();
+    assert_eq!(left["items"].as_array().map(Vec::len), Some(0), "{left}");
+    // A node socket serves no Controller service: every check fails.
+    let outcomes = run(&n.socket);
+    assert!(outcomes.iter().all(|o| o.failure.is_some()), "{outcomes:?}");
 }

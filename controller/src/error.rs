@@ -19,6 +19,12 @@ pub enum Error {
     /// Valid, but not possible now.
     #[error("{0}")]
     Unprocessable(String),
+    /// Not enough room in the cluster (where the replicas could go).
+    #[error("{0}")]
+    NoRoom(String),
+    /// A value outside what Ballast can serve (a size range); names the field.
+    #[error("{field}: {message}")]
+    OutOfRange { field: String, message: String },
     /// A node or a replica could not be reached: it may come back.
     #[error("{0}")]
     Unavailable(String),
@@ -62,6 +68,8 @@ impl From<Error> for tonic::Status {
             Error::AlreadyExists(_) => tonic::Status::already_exists(msg),
             Error::Conflict(_) => tonic::Status::aborted(msg),
             Error::Unprocessable(_) => tonic::Status::failed_precondition(msg),
+            Error::NoRoom(_) => tonic::Status::resource_exhausted(msg),
+            Error::OutOfRange { .. } => tonic::Status::out_of_range(msg),
             Error::Unavailable(_) => tonic::Status::unavailable(msg),
             Error::Internal(_) => tonic::Status::internal(msg),
         }

@@ -34,6 +34,7 @@ pub struct CreateVolume {
     pub access_mode: Option<AccessMode>,
     pub fs_type: Option<FsType>,
     pub frontend: Option<Frontend>,
+    pub mkfs_params: Option<String>,
 }
 
 /// `PATCH /v1/volumes/{name}`.
@@ -131,6 +132,9 @@ pub fn build(req: CreateVolume, settings: &Settings) -> Result<Volume, Error> {
     }
     if let Some(v) = req.frontend {
         spec.frontend = v;
+    }
+    if let Some(v) = req.mkfs_params {
+        spec.mkfs_params = v;
     }
     validate_spec(&spec)?;
     Ok(Volume {

@@ -42,6 +42,9 @@ pub struct VolumeSpec {
     pub fs_type: FsType,
     #[serde(default = "default_frontend")]
     pub frontend: Frontend,
+    /// Extra mkfs arguments for a mount volume's filesystem.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mkfs_params: String,
 }
 
 fn default_auto_balance() -> VolumeAutoBalance {
@@ -77,6 +80,7 @@ impl VolumeSpec {
             access_mode: default_access_mode(),
             fs_type: default_fs_type(),
             frontend: default_frontend(),
+            mkfs_params: String::new(),
         }
     }
 }

@@ -15,6 +15,8 @@ impl IntoResponse for Error {
             Error::AlreadyExists(_) => (StatusCode::CONFLICT, "already_exists"),
             Error::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Error::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable"),
+            Error::NoRoom(_) => (StatusCode::UNPROCESSABLE_ENTITY, "no_room"),
+            Error::OutOfRange { .. } => (StatusCode::BAD_REQUEST, "out_of_range"),
             Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };

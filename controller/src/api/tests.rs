@@ -315,7 +315,7 @@ async fn creating_a_volume_that_cannot_be_placed_is_422_with_the_planners_reason
         )
         .await;
     assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
-    assert_eq!(v["code"], "unprocessable");
+    assert_eq!(v["code"], "no_room");
     let msg = v["error"].as_str().unwrap();
     assert!(
         msg.contains("cannot place 2 replicas")

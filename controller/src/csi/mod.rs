@@ -1,10 +1,15 @@
 //! The controller's CSI socket: Identity, and the Controller service.
 //!
-//! This release advertises no optional controller capability, so the RPCs
-//! behind them (CreateVolume, publish, snapshots, expand, ...) answer
-//! UNIMPLEMENTED as the spec allows; they arrive with placement and the
-//! data plane. What is served is served for real: ControllerGetCapabilities
-//! and ValidateVolumeCapabilities (against the store).
+//! Served: CreateVolume and DeleteVolume, ControllerPublishVolume and
+//! ControllerUnpublishVolume (which start and stop the volume's engine on
+//! the node), ListVolumes with the nodes each volume is published at,
+//! GetCapacity, ValidateVolumeCapabilities and ControllerGetCapabilities
+//! (`volumes`; StorageClass parameters in `params`). Not advertised, so
+//! UNIMPLEMENTED as the spec allows: snapshots, expansion, clones,
+//! ControllerGetVolume and ControllerModifyVolume.
+
+pub mod params;
+pub mod volumes;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,10 +19,15 @@ use ballast::csi_identity::{IdentityService, Role};
 use ballast::error::ServeError;
 use ballast::model::Volume;
 use ballast::proto::csi::v1::controller_server::{Controller, ControllerServer};
+use ballast::proto::csi::v1::controller_service_capability::{self, rpc::Type as RpcType};
 use ballast::proto::csi::v1::identity_server::IdentityServer;
 use ballast::proto::csi::v1::volume_capability::access_mode::Mode;
 use ballast::proto::csi::v1::{
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
+    ControllerPublishVolumeRequest, ControllerPublishVolumeResponse, ControllerServiceCapability,
+    ControllerUnpublishVolumeRequest, ControllerUnpublishVolumeResponse, CreateVolumeRequest,
+    CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest,
+    GetCapacityResponse, ListVolumesRequest, ListVolumesResponse,
     ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, VolumeCapability,
     validate_volume_capabilities_response::Confirmed, volume_capability::AccessType,
 };
@@ -68,9 +78,78 @@ impl Controller for ControllerService {
         &self,
         _request: Request<ControllerGetCapabilitiesRequest>,
     ) -> Result<Response<ControllerGetCapabilitiesResponse>, Status> {
+        let capabilities = [
+            RpcType::CreateDeleteVolume,
+            RpcType::PublishUnpublishVolume,
+            RpcType::ListVolumes,
+            RpcType::GetCapacity,
+            RpcType::ListVolumesPublishedNodes,
+        ]
+        .into_iter()
+        .map(|t| ControllerServiceCapability {
+            r#type: Some(controller_service_capability::Type::Rpc(
+                controller_service_capability::Rpc { r#type: t as i32 },
+            )),
+        })
+        .collect();
         Ok(Response::new(ControllerGetCapabilitiesResponse {
-            capabilities: Vec::new(),
+            capabilities,
         }))
+    }
+
+    async fn create_volume(
+        &self,
+        request: Request<CreateVolumeRequest>,
+    ) -> Result<Response<CreateVolumeResponse>, Status> {
+        let volume = volumes::create(&self.ctx, request.into_inner()).await?;
+        Ok(Response::new(CreateVolumeResponse {
+            volume: Some(volume),
+        }))
+    }
+
+    async fn delete_volume(
+        &self,
+        request: Request<DeleteVolumeRequest>,
+    ) -> Result<Response<DeleteVolumeResponse>, Status> {
+        volumes::delete(&self.ctx, request.into_inner()).await?;
+        Ok(Response::new(DeleteVolumeResponse {}))
+    }
+
+    async fn controller_publish_volume(
+        &self,
+        request: Request<ControllerPublishVolumeRequest>,
+    ) -> Result<Response<ControllerPublishVolumeResponse>, Status> {
+        Ok(Response::new(
+            volumes::publish(&self.ctx, request.into_inner()).await?,
+        ))
+    }
+
+    async fn controller_unpublish_volume(
+        &self,
+        request: Request<ControllerUnpublishVolumeRequest>,
+    ) -> Result<Response<ControllerUnpublishVolumeResponse>, Status> {
+        volumes::unpublish(&self.ctx, request.into_inner()).await?;
+        Ok(Response::new(ControllerUnpublishVolumeResponse {}))
+    }
+
+    async fn list_volumes(
+        &self,
+        request: Request<ListVolumesRequest>,
+    ) -> Result<Response<ListVolumesResponse>, Status> {
+        Ok(Response::new(volumes::list(
+            &self.ctx,
+            request.into_inner(),
+        )?))
+    }
+
+    async fn get_capacity(
+        &self,
+        request: Request<GetCapacityRequest>,
+    ) -> Result<Response<GetCapacityResponse>, Status> {
+        Ok(Response::new(volumes::capacity(
+            &self.ctx,
+            request.into_inner(),
+        )?))
     }
 
     #[tracing::instrument(skip_all, fields(rpc = "ValidateVolumeCapabilities", volume = %request.get_ref().volume_id))]

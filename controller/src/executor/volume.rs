@@ -49,7 +49,7 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
         &observe::volume_view(&volume),
     )
     .map_err(|reasons| {
-        Error::Unprocessable(format!(
+        Error::NoRoom(format!(
             "cannot place {} replicas of {}: {}",
             volume.spec.number_of_replicas,
             volume.name,

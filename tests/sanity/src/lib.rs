@@ -2,8 +2,13 @@
 //!
 //! Each check calls real RPCs over the socket and says what the spec
 //! requires that it did not get. This release covers the Identity service
-//! of both daemons and the consistency of what they advertise; the
-//! Controller and Node checks grow with those services.
+//! of both daemons and the consistency of what they advertise, and the
+//! Controller service (`controller`); the Node checks grow with that
+//! service.
+
+mod controller;
+
+pub use controller::controller_checks;
 
 use tonic::Code;
 use tonic::transport::Channel;
@@ -38,11 +43,14 @@ pub struct Expectations {
     pub driver_name: String,
     /// Whether Probe must say ready (None: either is fine).
     pub ready: Option<bool>,
+    /// A ready node to publish volumes at (controller checks); without
+    /// one the publish checks are left out.
+    pub node_id: Option<String>,
 }
 
-type CheckResult = Result<(), String>;
+pub(crate) type CheckResult = Result<(), String>;
 
-fn ensure(cond: bool, msg: impl FnOnce() -> String) -> CheckResult {
+pub(crate) fn ensure(cond: bool, msg: impl FnOnce() -> String) -> CheckResult {
     if cond { Ok(()) } else { Err(msg()) }
 }
 
@@ -142,7 +150,7 @@ async fn probe(ch: &Channel, exp: &Expectations) -> CheckResult {
     Ok(())
 }
 
-fn single_writer_mount() -> VolumeCapability {
+pub(crate) fn single_writer_mount() -> VolumeCapability {
     VolumeCapability {
         access_type: Some(volume_capability::AccessType::Mount(
             volume_capability::MountVolume::default(),
@@ -153,7 +161,7 @@ fn single_writer_mount() -> VolumeCapability {
     }
 }
 
-fn expect_code(
+pub(crate) fn expect_code(
     r: Result<impl std::fmt::Debug, tonic::Status>,
     want: Code,
     what: &str,

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use ballast_sanity::{Expectations, Target, identity_checks};
+use ballast_sanity::{Expectations, Target, controller_checks, identity_checks};
 use clap::{Parser, ValueEnum};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -28,6 +28,14 @@ struct Cli {
     /// Expected driver name.
     #[arg(long, default_value = ballast::DRIVER_NAME)]
     driver_name: String,
+    /// A ready node to publish test volumes at (controller target); the
+    /// publish checks run only with one. The controller checks create and
+    /// delete small volumes named sanity-*.
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Only the Identity checks (no volume is created).
+    #[arg(long)]
+    identity_only: bool,
 }
 
 fn main() -> ExitCode {
@@ -64,8 +72,12 @@ fn main() -> ExitCode {
             },
             driver_name: cli.driver_name,
             ready: Some(true),
+            node_id: cli.node_id,
         };
-        let outcomes = identity_checks(&ch, &exp).await;
+        let mut outcomes = identity_checks(&ch, &exp).await;
+        if exp.target == Target::Controller && !cli.identity_only {
+            outcomes.extend(controller_checks(&ch, &exp).await);
+        }
         let failed = outcomes.iter().filter(|o| o.failure.is_some()).count();
         for o in &outcomes {
             match &o.failure {

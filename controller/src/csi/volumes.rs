@@ -1,0 +1,407 @@
+//! The Controller service's volume RPCs: CreateVolume, DeleteVolume,
+//! ControllerPublishVolume, ControllerUnpublishVolume, ListVolumes and
+//! GetCapacity. Each validates its request, translates it to the volume
+//! lifecycle the REST API also uses (`crate::executor`), and answers with
+//! the codes the CSI spec prescribes; every one is idempotent. The volume
+//! id is the volume's name.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use ballast::model::{AccessMode, FsType, Node, Volume};
+use ballast::proto::csi::v1::volume_capability::AccessType;
+use ballast::proto::csi::v1::volume_capability::access_mode::Mode;
+use ballast::proto::csi::v1::{
+    self as csi, CapacityRange, ControllerPublishVolumeRequest, ControllerPublishVolumeResponse,
+    ControllerUnpublishVolumeRequest, CreateVolumeRequest, DeleteVolumeRequest, GetCapacityRequest,
+    GetCapacityResponse, ListVolumesRequest, ListVolumesResponse, VolumeCapability,
+    list_volumes_response,
+};
+use ballast::store::StoreExt;
+
+use super::check_capability;
+use super::params::StorageClassParams;
+use crate::context::Context;
+use crate::error::Error;
+use crate::volumes::{CreateVolume, SIZE_ALIGN};
+
+/// The size of a volume whose request names none.
+pub const DEFAULT_SIZE: u64 = 1 << 30;
+
+/// The key of ControllerPublishVolume's answer that carries the engine's
+/// NBD endpoint, for NodeStageVolume.
+pub const ENDPOINT_KEY: &str = "frontendEndpoint";
+
+/// The size to create for `range`: the required bytes rounded up to 4 KiB
+/// (1 GiB when none is required), within the limit.
+pub fn size_for(range: Option<&CapacityRange>) -> Result<u64, Error> {
+    let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
+    if required < 0 || limit < 0 {
+        return Err(Error::invalid(
+            "capacity_range",
+            "bytes must not be negative",
+        ));
+    }
+    let (required, limit) = (required as u64, limit as u64);
+    let size = if required == 0 {
+        match limit {
+            0 => DEFAULT_SIZE,
+            l => DEFAULT_SIZE.min(l / SIZE_ALIGN * SIZE_ALIGN),
+        }
+    } else {
+        required.div_ceil(SIZE_ALIGN) * SIZE_ALIGN
+    };
+    if size == 0 || (limit > 0 && size > limit) {
+        return Err(Error::OutOfRange {
+            field: "capacity_range".into(),
+            message: format!(
+                "required_bytes {required} and limit_bytes {limit} leave no size that is a \
+                 positive multiple of {SIZE_ALIGN} bytes"
+            ),
+        });
+    }
+    Ok(size)
+}
+
+/// Whether an existing volume satisfies a repeated CreateVolume.
+fn compatible(v: &Volume, range: Option<&CapacityRange>, wanted: &Volume) -> Result<(), String> {
+    let (required, limit) = range.map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
+    let size = v.spec.size;
+    if size < required.max(0) as u64 || (limit > 0 && size > limit as u64) {
+        return Err(format!(
+            "it has {size} bytes, outside required_bytes {required} / limit_bytes {limit}"
+        ));
+    }
+    let (a, b) = (&v.spec, &wanted.spec);
+    if a.number_of_replicas != b.number_of_replicas
+        || a.fs_type != b.fs_type
+        || a.access_mode != b.access_mode
+        || a.data_locality != b.data_locality
+        || a.disk_selector != b.disk_selector
+        || a.node_selector != b.node_selector
+        || a.mkfs_params != b.mkfs_params
+    {
+        return Err("its parameters or capabilities differ".into());
+    }
+    Ok(())
+}
+
+/// The filesystem a request asks for: the StorageClass's `fsType` and the
+/// mount capabilities' `fs_type` must agree.
+fn fs_type_of(params: &StorageClassParams, caps: &[VolumeCapability]) -> Result<FsType, Error> {
+    let mut wanted = params.fs_type;
+    for c in caps {
+        if let Some(AccessType::Mount(m)) = &c.access_type
+            && !m.fs_type.is_empty()
+        {
+            let t: FsType = m
+                .fs_type
+                .parse()
+                .map_err(|e: String| Error::invalid("volume_capabilities", e))?;
+            if wanted.is_some_and(|w| w != t) {
+                return Err(Error::invalid(
+                    "fsType",
+                    format!("{wanted:?} and the capability's fs_type {t} disagree"),
+                ));
+            }
+            wanted = Some(t);
+        }
+    }
+    Ok(wanted.unwrap_or(FsType::Ext4))
+}
+
+fn access_mode_of(caps: &[VolumeCapability]) -> AccessMode {
+    let read_only = caps.iter().all(|c| {
+        c.access_mode
+            .as_ref()
+            .is_some_and(|m| m.mode == Mode::SingleNodeReaderOnly as i32)
+    });
+    if read_only {
+        AccessMode::ReadOnlyMany
+    } else {
+        AccessMode::ReadWriteOnce
+    }
+}
+
+/// What CreateVolume and ListVolumes report of a volume.
+fn csi_volume(v: &Volume) -> csi::Volume {
+    let mut context = HashMap::from([
+        ("fsType".to_string(), v.spec.fs_type.to_string()),
+        (
+            "numberOfReplicas".to_string(),
+            v.spec.number_of_replicas.to_string(),
+        ),
+    ]);
+    if !v.spec.mkfs_params.is_empty() {
+        context.insert("mkfsParams".into(), v.spec.mkfs_params.clone());
+    }
+    csi::Volume {
+        capacity_bytes: i64::try_from(v.spec.size).unwrap_or(i64::MAX),
+        volume_id: v.name.clone(),
+        volume_context: context,
+        ..Default::default()
+    }
+}
+
+fn check_capabilities(caps: &[VolumeCapability]) -> Result<(), Error> {
+    if caps.is_empty() {
+        return Err(Error::invalid(
+            "volume_capabilities",
+            "at least one is required",
+        ));
+    }
+    for c in caps {
+        check_capability(c).map_err(|m| Error::invalid("volume_capabilities", m))?;
+    }
+    Ok(())
+}
+
+#[tracing::instrument(skip_all, fields(rpc = "CreateVolume", volume = %req.name))]
+pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi::Volume, Error> {
+    if req.name.is_empty() {
+        return Err(Error::invalid("name", "is required"));
+    }
+    check_capabilities(&req.volume_capabilities)?;
+    if req.volume_content_source.is_some() {
+        return Err(Error::invalid(
+            "volume_content_source",
+            "creating a volume from a snapshot or another volume is not supported",
+        ));
+    }
+    let params = StorageClassParams::try_from(&req.parameters)?;
+    let range = req.capacity_range.as_ref();
+    let wanted = crate::volumes::build(
+        CreateVolume {
+            name: req.name.clone(),
+            size: size_for(range)?,
+            number_of_replicas: params.number_of_replicas,
+            data_locality: params.data_locality,
+            replica_auto_balance: params.replica_auto_balance,
+            stale_replica_timeout: params.stale_replica_timeout,
+            disk_selector: params.disk_selector.clone(),
+            node_selector: params.node_selector.clone(),
+            access_mode: Some(access_mode_of(&req.volume_capabilities)),
+            fs_type: Some(fs_type_of(&params, &req.volume_capabilities)?),
+            frontend: None,
+            mkfs_params: params.mkfs_params.clone(),
+        },
+        &ctx.settings()?,
+    )?;
+    let existing = |v: Volume| {
+        compatible(&v, range, &wanted)
+            .map(|()| csi_volume(&v))
+            .map_err(|why| {
+                Error::AlreadyExists(format!(
+                    "volume {:?} exists and does not match the request: {why}",
+                    v.name
+                ))
+            })
+    };
+    if let Some(v) = ctx.store.get::<Volume>(&req.name)? {
+        return existing(v);
+    }
+    match crate::executor::create(ctx, wanted.clone()).await {
+        Ok(v) => Ok(csi_volume(&v)),
+        // Created meanwhile by a call like this one.
+        Err(Error::AlreadyExists(m)) => match ctx.store.get::<Volume>(&req.name)? {
+            Some(v) => existing(v),
+            None => Err(Error::AlreadyExists(m)),
+        },
+        Err(e) => Err(e),
+    }
+}
+
+#[tracing::instrument(skip_all, fields(rpc = "DeleteVolume", volume = %req.volume_id))]
+pub async fn delete(ctx: &Arc<Context>, req: DeleteVolumeRequest) -> Result<(), Error> {
+    if req.volume_id.is_empty() {
+        return Err(Error::invalid("volume_id", "is required"));
+    }
+    let Some(v) = ctx.store.get::<Volume>(&req.volume_id)? else {
+        return Ok(());
+    };
+    if let Some(node) = &v.status.attached_node {
+        return Err(Error::Unprocessable(format!(
+            "volume {:?} is in use: published at node {node}",
+            v.name
+        )));
+    }
+    match crate::executor::delete(ctx, &req.volume_id).await {
+        Err(Error::NotFound { .. }) => Ok(()),
+        other => other,
+    }
+}
+
+#[tracing::instrument(skip_all, fields(rpc = "ControllerPublishVolume", volume = %req.volume_id, node = %req.node_id))]
+pub async fn publish(
+    ctx: &Arc<Context>,
+    req: ControllerPublishVolumeRequest,
+) -> Result<ControllerPublishVolumeResponse, Error> {
+    if req.volume_id.is_empty() {
+        return Err(Error::invalid("volume_id", "is required"));
+    }
+    if req.node_id.is_empty() {
+        return Err(Error::invalid("node_id", "is required"));
+    }
+    let cap = req
+        .volume_capability
+        .as_ref()
+        .ok_or_else(|| Error::invalid("volume_capability", "is required"))?;
+    check_capability(cap).map_err(|m| Error::invalid("volume_capability", m))?;
+    if req.readonly {
+        return Err(Error::invalid(
+            "readonly",
+            "read-only publishing is not offered (no PUBLISH_READONLY capability)",
+        ));
+    }
+    let volume: Volume = ctx.store.fetch(&req.volume_id)?;
+    ctx.store.fetch::<Node>(&req.node_id)?;
+    let answer = |v: &Volume| ControllerPublishVolumeResponse {
+        publish_context: v
+            .status
+            .frontend_endpoint
+            .iter()
+            .map(|e| (ENDPOINT_KEY.to_string(), e.clone()))
+            .collect(),
+    };
+    match &volume.status.attached_node {
+        Some(n) if *n == req.node_id => return Ok(answer(&volume)),
+        Some(n) => {
+            return Err(Error::Unprocessable(format!(
+                "volume {:?} is published at node {n}; it can be published at one node at a time",
+                volume.name
+            )));
+        }
+        None => {}
+    }
+    let attached = crate::executor::attach(ctx, &req.volume_id, &req.node_id).await?;
+    Ok(answer(&attached))
+}
+
+#[tracing::instrument(skip_all, fields(rpc = "ControllerUnpublishVolume", volume = %req.volume_id, node = %req.node_id))]
+pub async fn unpublish(
+    ctx: &Arc<Context>,
+    req: ControllerUnpublishVolumeRequest,
+) -> Result<(), Error> {
+    if req.volume_id.is_empty() {
+        return Err(Error::invalid("volume_id", "is required"));
+    }
+    // A volume that does not exist is published nowhere.
+    let Some(v) = ctx.store.get::<Volume>(&req.volume_id)? else {
+        return Ok(());
+    };
+    match &v.status.attached_node {
+        None => Ok(()),
+        Some(n) if !req.node_id.is_empty() && *n != req.node_id => Ok(()),
+        Some(_) => crate::executor::detach(ctx, &req.volume_id).await.map(drop),
+    }
+}
+
+#[tracing::instrument(skip_all, fields(rpc = "ListVolumes"))]
+pub fn list(ctx: &Context, req: ListVolumesRequest) -> Result<ListVolumesResponse, Error> {
+    if req.max_entries < 0 {
+        return Err(Error::invalid("max_entries", "must not be negative"));
+    }
+    let mut all = ctx.store.list::<Volume>()?;
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    // The token is the index of the next entry.
+    let start = if req.starting_token.is_empty() {
+        0
+    } else {
+        req.starting_token
+            .parse::<usize>()
+            .ok()
+            .filter(|i| *i <= all.len())
+            .ok_or_else(|| {
+                Error::Conflict(format!(
+                    "starting_token {:?} is not one this plugin gave",
+                    req.starting_token
+                ))
+            })?
+    };
+    let take = match req.max_entries {
+        0 => all.len(),
+        n => n as usize,
+    };
+    let page: Vec<&Volume> = all.iter().skip(start).take(take).collect();
+    let next = start + page.len();
+    Ok(ListVolumesResponse {
+        entries: page
+            .into_iter()
+            .map(|v| list_volumes_response::Entry {
+                volume: Some(csi_volume(v)),
+                status: Some(list_volumes_response::VolumeStatus {
+                    published_node_ids: v.status.attached_node.iter().cloned().collect(),
+                    volume_condition: None,
+                }),
+            })
+            .collect(),
+        next_token: if next < all.len() {
+            next.to_string()
+        } else {
+            String::new()
+        },
+    })
+}
+
+/// Bytes free for new replicas on the ready nodes and disks that the
+/// parameters' selectors allow.
+#[tracing::instrument(skip_all, fields(rpc = "GetCapacity"))]
+pub fn capacity(ctx: &Context, req: GetCapacityRequest) -> Result<GetCapacityResponse, Error> {
+    for c in &req.volume_capabilities {
+        check_capability(c).map_err(|m| Error::invalid("volume_capabilities", m))?;
+    }
+    let params = StorageClassParams::try_from(&req.parameters)?;
+    let has_all = |have: &[String], want: &Option<Vec<String>>| {
+        want.as_ref()
+            .is_none_or(|w| w.iter().all(|t| have.contains(t)))
+    };
+    let mut free: u64 = 0;
+    for n in ctx.store.list::<Node>()? {
+        if !n.status.ready
+            || !n.spec.allow_scheduling
+            || !has_all(&n.spec.tags, &params.node_selector)
+        {
+            continue;
+        }
+        for (id, spec) in &n.spec.disks {
+            let Some(st) = n.status.disks.get(id) else {
+                continue;
+            };
+            if st.ready && spec.allow_scheduling && has_all(&spec.tags, &params.disk_selector) {
+                free += st.storage_available.saturating_sub(spec.storage_reserved);
+            }
+        }
+    }
+    Ok(GetCapacityResponse {
+        available_capacity: i64::try_from(free).unwrap_or(i64::MAX),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn range(required: i64, limit: i64) -> Option<CapacityRange> {
+        Some(CapacityRange {
+            required_bytes: required,
+            limit_bytes: limit,
+        })
+    }
+
+    #[test]
+    fn sizes_round_up_to_4k_within_the_limit() {
+        assert_eq!(size_for(None).unwrap(), DEFAULT_SIZE);
+        assert_eq!(size_for(range(0, 0).as_ref()).unwrap(), DEFAULT_SIZE);
+        assert_eq!(size_for(range(1, 0).as_ref()).unwrap(), 4096);
+        assert_eq!(size_for(range(4097, 8192).as_ref()).unwrap(), 8192);
+        assert_eq!(size_for(range(0, 10_000).as_ref()).unwrap(), 8192);
+        assert_eq!(size_for(range(0, 2 << 30).as_ref()).unwrap(), DEFAULT_SIZE);
+        for (r, l) in [(5000, 4097), (0, 100), (8192, 4096)] {
+            let e = size_for(range(r, l).as_ref()).unwrap_err();
+            assert!(matches!(e, Error::OutOfRange { .. }), "{r}/{l}: {e}");
+        }
+        let e = size_for(range(-1, 0).as_ref()).unwrap_err();
+        assert!(matches!(e, Error::Invalid { .. }), "{e}");
+    }
+}
