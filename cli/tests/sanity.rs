@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use ballast_sanity::{Expectations, Target, controller_checks, identity_checks};
+use ballast_sanity::{Expectations, Target, controller_checks, identity_checks, node_checks};
 use common::*;
 
 fn check(socket: &std::path::Path, target: Target, ready: bool) {
@@ -38,13 +38,26 @@ fn check(socket: &std::path::Path, target: Target, ready: bool) {
 #[test]
 fn identity_checks_pass_on_the_controller_and_node_sockets() {
     let dir = tempfile::tempdir().unwrap();
-    let ctl = start_controller(dir.path(), "30s");
-    let n = start_node(dir.path(), "node-1", &format!("http://{}", ctl.agent));
-    wait_for(Duration::from_secs(30), "node-1 ready", || {
-        node(&ctl.api, "node-1").filter(node_is_up)
-    });
+    let (ctl, n) = controller_with_one_node(dir.path());
     check(&ctl.socket, Target::Controller, true);
     check(&n.socket, Target::Node, true);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let run = |socket: &std::path::Path| {
+        rt.block_on(async {
+            let ch = ballast::grpc::unix_channel(socket).unwrap();
+            node_checks(&ch).await
+        })
+    };
+    let failures: Vec<String> = run(&n.socket)
+        .iter()
+        .filter_map(|o| o.failure.as_ref().map(|f| format!("{}: {f}", o.name)))
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // The controller socket serves no Node service: the checks fail there.
+    assert!(run(&ctl.socket).iter().all(|o| o.failure.is_some()));
 }
 
 #[test]
@@ -115,21 +128,7 @@ fn the_checks_fail_against_the_wrong_role_or_name() {
 #[test]
 fn controller_checks_pass_against_a_controller_with_a_node_and_fail_against_a_node_socket() {
     let dir = tempfile::tempdir().unwrap();
-    let ctl = start_controller(dir.path(), "30s");
-    let n = start_node(dir.path(), "node-1", &format!("http://{}", ctl.agent));
-    wait_for(Duration::from_secs(30), "node-1 ready", || {
-        node(&ctl.api, "node-1").filter(node_is_up)
-    });
-    // The test disk is a directory of the host's disk, however full it is.
-    let (code, body) = call(
-        "PUT",
-        &format!(
-            "{}/v1/settings/storage-minimal-available-percentage",
-            ctl.api
-        ),
-        Some(serde_json::json!({"value": "0"})),
-    );
-    assert_eq!(code, 200, "{body}");
+    let (ctl, n) = controller_with_one_node(dir.path());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -90,7 +90,12 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    let csi = tokio::spawn(crate::csi::serve(socket.clone(), registered, stopped())?);
+    let csi = tokio::spawn(crate::csi::serve(
+        socket.clone(),
+        ctx.clone(),
+        state_dir.clone(),
+        stopped(),
+    )?);
     let agent_server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(NodeAgentServer::new(NodeAgentService::new(ctx.clone())))

@@ -226,6 +226,27 @@ pub fn start_node(dir: &Path, id: &str, controller_agent: &str) -> NodeProc {
     }
 }
 
+/// A controller and one ready node, `node-1`, whose volumes may use its
+/// disk however full the host's filesystem is (the disk is a directory of
+/// it): the setting `storage-minimal-available-percentage` is 0.
+pub fn controller_with_one_node(dir: &Path) -> (ControllerProc, NodeProc) {
+    let ctl = start_controller(dir, "30s");
+    let n = start_node(dir, "node-1", &format!("http://{}", ctl.agent));
+    wait_for(Duration::from_secs(30), "node-1 ready", || {
+        node(&ctl.api, "node-1").filter(node_is_up)
+    });
+    let (code, body) = call(
+        "PUT",
+        &format!(
+            "{}/v1/settings/storage-minimal-available-percentage",
+            ctl.api
+        ),
+        Some(serde_json::json!({"value": "0"})),
+    );
+    assert_eq!(code, 200, "{body}");
+    (ctl, n)
+}
+
 /// The node as the API shows it, if it exists.
 pub fn node(api: &str, id: &str) -> Option<Value> {
     get_json(&format!("{api}/v1/nodes/{id}")).filter(|v| v["id"] == id)

@@ -21,15 +21,14 @@ use ballast::model::Volume;
 use ballast::proto::csi::v1::controller_server::{Controller, ControllerServer};
 use ballast::proto::csi::v1::controller_service_capability::{self, rpc::Type as RpcType};
 use ballast::proto::csi::v1::identity_server::IdentityServer;
-use ballast::proto::csi::v1::volume_capability::access_mode::Mode;
 use ballast::proto::csi::v1::{
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
     ControllerPublishVolumeRequest, ControllerPublishVolumeResponse, ControllerServiceCapability,
     ControllerUnpublishVolumeRequest, ControllerUnpublishVolumeResponse, CreateVolumeRequest,
     CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest,
     GetCapacityResponse, ListVolumesRequest, ListVolumesResponse,
-    ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse, VolumeCapability,
-    validate_volume_capabilities_response::Confirmed, volume_capability::AccessType,
+    ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
+    validate_volume_capabilities_response::Confirmed,
 };
 use ballast::store::StoreExt;
 use tonic::transport::Server;
@@ -43,33 +42,7 @@ pub struct ControllerService {
     ctx: Arc<Context>,
 }
 
-/// Whether Ballast can serve a capability: single-node access (block or
-/// mount with ext4/xfs). A reason when it cannot.
-pub fn check_capability(cap: &VolumeCapability) -> Result<(), String> {
-    let mode = cap
-        .access_mode
-        .as_ref()
-        .map(|m| Mode::try_from(m.mode).unwrap_or(Mode::Unknown))
-        .unwrap_or(Mode::Unknown);
-    match mode {
-        Mode::SingleNodeWriter | Mode::SingleNodeReaderOnly | Mode::SingleNodeSingleWriter => {}
-        Mode::Unknown => return Err("access_mode is missing or unknown".into()),
-        other => {
-            return Err(format!(
-                "access mode {} is not supported",
-                other.as_str_name()
-            ));
-        }
-    }
-    match &cap.access_type {
-        Some(AccessType::Block(_)) => Ok(()),
-        Some(AccessType::Mount(m)) => match m.fs_type.as_str() {
-            "" | "ext4" | "xfs" => Ok(()),
-            other => Err(format!("fs_type {other:?} is not supported (ext4, xfs)")),
-        },
-        None => Err("access_type (block or mount) is missing".into()),
-    }
-}
+pub use ballast::csi_caps::check_capability;
 
 #[tonic::async_trait]
 impl Controller for ControllerService {

@@ -298,10 +298,55 @@ impl Engines {
         Ok(())
     }
 
+    /// Where the engine of `volume` exports its block-device file.
+    pub fn export_dir(&self, volume: &str) -> PathBuf {
+        self.dir.join(format!("{volume}.fuse"))
+    }
+
+    /// Asks the running engine of `volume` to export the volume as a file
+    /// (FUSE) for a loop device; returns the file. Already exported: the
+    /// same file.
+    #[tracing::instrument(skip_all, fields(volume = %volume))]
+    pub async fn export(&self, volume: &str) -> Result<PathBuf, Error> {
+        let running = self.running.lock().await;
+        if !running.get(volume).is_some_and(|r| alive(r.pid)) {
+            return Err(Error::Refused(format!(
+                "volume {volume} is not published at this node: no engine of it runs here"
+            )));
+        }
+        let dir = self.export_dir(volume);
+        let req = ControlRequest::Export { dir: dir.clone() };
+        control::call(&self.control(volume), &req)
+            .await
+            .map_err(control_error)?;
+        Ok(dir.join(crate::frontend::blockdev::FILE_NAME))
+    }
+
+    /// Ends the export of `volume` (nothing to do without an engine).
+    #[tracing::instrument(skip_all, fields(volume = %volume))]
+    pub async fn unexport(&self, volume: &str) -> Result<(), Error> {
+        let running = self.running.lock().await;
+        if !running.get(volume).is_some_and(|r| alive(r.pid)) {
+            return Ok(());
+        }
+        control::call(&self.control(volume), &ControlRequest::Unexport)
+            .await
+            .map_err(control_error)
+    }
+
     /// Stops the engine of a volume (nothing to do when none runs).
     #[tracing::instrument(skip_all, fields(volume = %volume))]
     pub async fn stop(&self, volume: &str) -> Result<(), Error> {
         let mut running = self.running.lock().await;
+        // A staged volume's filesystem or device sits on the engine's
+        // export: stopping the engine under it would fail every I/O there.
+        if running.get(volume).is_some_and(|r| alive(r.pid))
+            && crate::frontend::blockdev::is_mountpoint(&self.export_dir(volume))
+        {
+            return Err(Error::Refused(format!(
+                "volume {volume} is still staged on this node; NodeUnstageVolume first"
+            )));
+        }
         if let Some(r) = running.remove(volume) {
             let pid = Pid::from_raw(r.pid);
             let _ = kill(pid, Signal::SIGTERM);

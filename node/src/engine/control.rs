@@ -1,8 +1,11 @@
 //! The engine's control socket, `<state-dir>/frontends/<volume>.ctl`: the
-//! node agent asks a running engine to add or remove a replica. One JSON
+//! node agent asks a running engine to add or remove a replica, and to
+//! export the volume as a file for a loop device (FUSE) or stop. One JSON
 //! request per line, one JSON answer per line:
-//! `{"op":"add","replica":"NAME@HOST:PORT","source":"NAME"}` or
-//! `{"op":"remove","replica":"NAME"}`; the answer is `{"ok":true}` or
+//! `{"op":"add","replica":"NAME@HOST:PORT","source":"NAME"}`,
+//! `{"op":"remove","replica":"NAME"}`, `{"op":"export","dir":"/path"}` (the
+//! file is `<dir>/volume`) or `{"op":"unexport"}`; the answer is
+//! `{"ok":true}` or
 //! `{"kind":"busy|unreachable|refused|invalid|failed","error":"..."}`.
 
 use std::path::Path;
@@ -24,7 +27,14 @@ pub enum ControlRequest {
     Remove {
         replica: String,
     },
+    Export {
+        dir: std::path::PathBuf,
+    },
+    Unexport,
 }
+
+/// The volume's FUSE export, while there is one.
+type Export = Arc<std::sync::Mutex<Option<crate::frontend::blockdev::FuseMount>>>;
 
 /// Why a control request failed, for the node agent to answer with the
 /// right code.
@@ -70,8 +80,9 @@ impl From<EngineError> for ControlError {
     }
 }
 
-async fn handle(engine: &Arc<Engine>, line: &str) -> Result<(), ControlError> {
+async fn handle(engine: &Arc<Engine>, export: &Export, line: &str) -> Result<(), ControlError> {
     let invalid = |m: String| ControlError::new(FailureKind::Invalid, m);
+    let failed = |m: String| ControlError::new(FailureKind::Failed, m);
     let req: ControlRequest =
         serde_json::from_str(line).map_err(|e| invalid(format!("request: {e}")))?;
     match req {
@@ -80,6 +91,44 @@ async fn handle(engine: &Arc<Engine>, line: &str) -> Result<(), ControlError> {
             Ok(engine.add_replica(at, source).await?)
         }
         ControlRequest::Remove { replica } => Ok(engine.remove_replica(&replica).await?),
+        ControlRequest::Export { dir } => {
+            let (engine, export) = (engine.clone(), export.clone());
+            let rt = tokio::runtime::Handle::current();
+            tokio::task::spawn_blocking(move || {
+                let mut current = export.lock().map_err(|_| failed("poisoned".into()))?;
+                match current.as_ref() {
+                    Some(m) if m.dir == dir => return Ok(()),
+                    Some(m) => {
+                        return Err(invalid(format!("already exported at {}", m.dir.display())));
+                    }
+                    None => {}
+                }
+                if let Err(e) = crate::frontend::blockdev::set_io_flusher() {
+                    tracing::warn!(error = %e, "cannot mark the engine an I/O flusher");
+                }
+                let m = crate::frontend::blockdev::mount(engine, rt, &dir)
+                    .map_err(|e| failed(format!("FUSE mount at {}: {e}", dir.display())))?;
+                tracing::info!(file = %m.file().display(), "serving the block-device file");
+                *current = Some(m);
+                Ok(())
+            })
+            .await
+            .map_err(|e| failed(e.to_string()))?
+        }
+        ControlRequest::Unexport => {
+            let export = export.clone();
+            tokio::task::spawn_blocking(move || {
+                let mut current = export.lock().map_err(|_| failed("poisoned".into()))?;
+                let Some(m) = current.take() else {
+                    return Ok(());
+                };
+                let dir = m.dir.clone();
+                m.unmount()
+                    .map_err(|e| failed(format!("FUSE unmount of {}: {e}", dir.display())))
+            })
+            .await
+            .map_err(|e| failed(e.to_string()))?
+        }
     }
 }
 
@@ -87,14 +136,15 @@ async fn handle(engine: &Arc<Engine>, line: &str) -> Result<(), ControlError> {
 pub async fn serve(engine: Arc<Engine>, path: &Path) -> std::io::Result<()> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
+    let export: Export = Arc::default();
     loop {
         let (stream, _) = listener.accept().await?;
-        let engine = engine.clone();
+        let (engine, export) = (engine.clone(), export.clone());
         tokio::spawn(async move {
             let (rd, mut wr) = stream.into_split();
             let mut lines = BufReader::new(rd).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let answer = match handle(&engine, &line).await {
+                let answer = match handle(&engine, &export, &line).await {
                     Ok(()) => serde_json::json!({"ok": true}),
                     Err(e) => serde_json::to_value(&e).unwrap_or_default(),
                 };

@@ -216,6 +216,15 @@ impl FuseMount {
     pub fn file(&self) -> PathBuf {
         self.dir.join(FILE_NAME)
     }
+
+    /// Unmounts now, saying why it could not (EBUSY while a loop device is
+    /// still attached to the file).
+    pub fn unmount(mut self) -> std::io::Result<()> {
+        match self.session.take() {
+            Some(s) => s.umount_and_join(),
+            None => Ok(()),
+        }
+    }
 }
 
 impl Drop for FuseMount {
@@ -290,16 +299,40 @@ fn check(r: libc::c_int, what: &str) -> std::io::Result<libc::c_int> {
     }
 }
 
-/// A loop device attached to a file; detached on drop.
+/// A loop device attached to a file; detached on drop, unless it was
+/// attached to stay (`attach_to_stay`).
 pub struct LoopDevice {
     pub path: PathBuf,
     dev: File,
+    stays: bool,
 }
 
 impl LoopDevice {
     /// Attaches the first free loop device to `backing`, with direct I/O.
     /// The device goes away by itself once detached and closed.
     pub fn attach(backing: &Path) -> std::io::Result<LoopDevice> {
+        Self::attach_with(backing, true)
+    }
+
+    /// Like `attach`, but the device stays attached when this process
+    /// closes it or exits (what a staged volume needs: the node plugin may
+    /// restart while a pod uses the device); `detach_path` ends it.
+    pub fn attach_to_stay(backing: &Path) -> std::io::Result<LoopDevice> {
+        Self::attach_with(backing, false)
+    }
+
+    /// Detaches the loop device at `path` from its file.
+    pub fn detach_path(path: &Path) -> std::io::Result<()> {
+        let dev = OpenOptions::new().read(true).write(true).open(path)?;
+        LoopDevice {
+            path: path.to_path_buf(),
+            dev,
+            stays: true,
+        }
+        .detach()
+    }
+
+    fn attach_with(backing: &Path, autoclear: bool) -> std::io::Result<LoopDevice> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -336,7 +369,11 @@ impl LoopDevice {
                     format!("LOOP_SET_FD {}: {e}", path.display()),
                 ));
             }
-            let loop_dev = LoopDevice { path, dev };
+            let loop_dev = LoopDevice {
+                path,
+                dev,
+                stays: !autoclear,
+            };
             let mut info = LoopInfo64 {
                 lo_device: 0,
                 lo_inode: 0,
@@ -346,7 +383,7 @@ impl LoopDevice {
                 lo_number: 0,
                 lo_encrypt_type: 0,
                 lo_encrypt_key_size: 0,
-                lo_flags: LO_FLAGS_AUTOCLEAR,
+                lo_flags: if autoclear { LO_FLAGS_AUTOCLEAR } else { 0 },
                 lo_file_name: [0; 64],
                 lo_crypt_name: [0; 64],
                 lo_encrypt_key: [0; 32],
@@ -395,8 +432,26 @@ impl LoopDevice {
 
 impl Drop for LoopDevice {
     fn drop(&mut self) {
-        let _ = self.detach();
+        if !self.stays {
+            let _ = self.detach();
+        }
     }
+}
+
+/// Whether something is mounted at `path` (from /proc/self/mountinfo).
+pub fn is_mountpoint(path: &Path) -> bool {
+    let Ok(path) = path.canonicalize() else {
+        return false;
+    };
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|l| {
+        l.split(' ')
+            .nth(4)
+            .map(|p| p.replace("\\040", " ").replace("\\011", "\t"))
+            .is_some_and(|p| Path::new(&p) == path)
+    })
 }
 
 /// Marks this process as an I/O flusher, so that memory reclaim does not

@@ -1,14 +1,15 @@
 //! Ballast's CSI conformance checks, run against a live endpoint.
 //!
 //! Each check calls real RPCs over the socket and says what the spec
-//! requires that it did not get. This release covers the Identity service
-//! of both daemons and the consistency of what they advertise, and the
-//! Controller service (`controller`); the Node checks grow with that
-//! service.
+//! requires that it did not get: the Identity service of both daemons and
+//! the consistency of what they advertise, the Controller service
+//! (`controller`) and the Node service (`node`).
 
 mod controller;
+mod node;
 
 pub use controller::controller_checks;
+pub use node::node_checks;
 
 use tonic::Code;
 use tonic::transport::Channel;

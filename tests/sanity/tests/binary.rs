@@ -1,5 +1,6 @@
 //! The `ballast-sanity` binary against a real socket: the node role's
-//! Identity service served in-process on a temporary unix socket.
+//! Identity service served in-process on a temporary unix socket (so only
+//! the Identity checks run: `--identity-only`).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -14,6 +15,7 @@ fn run_sanity(socket: &std::path::Path, target: &str) -> (bool, String) {
             &format!("unix://{}", socket.display()),
             "--target",
             target,
+            "--identity-only",
         ])
         .output()
         .unwrap();

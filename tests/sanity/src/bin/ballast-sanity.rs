@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use ballast_sanity::{Expectations, Target, controller_checks, identity_checks};
+use ballast_sanity::{Expectations, Target, controller_checks, identity_checks, node_checks};
 use clap::{Parser, ValueEnum};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -75,8 +75,11 @@ fn main() -> ExitCode {
             node_id: cli.node_id,
         };
         let mut outcomes = identity_checks(&ch, &exp).await;
-        if exp.target == Target::Controller && !cli.identity_only {
-            outcomes.extend(controller_checks(&ch, &exp).await);
+        if !cli.identity_only {
+            match exp.target {
+                Target::Controller => outcomes.extend(controller_checks(&ch, &exp).await),
+                Target::Node => outcomes.extend(node_checks(&ch).await),
+            }
         }
         let failed = outcomes.iter().filter(|o| o.failure.is_some()).count();
         for o in &outcomes {

@@ -1,0 +1,384 @@
+//! The CSI Node service end to end, as root, as a CO drives it: a real
+//! controller and node, CreateVolume and ControllerPublishVolume on the
+//! controller socket, then NodeStage/NodePublish on the node socket (FUSE
+//! export, loop device, ext4, bind mounts), files written through the
+//! published path, everything torn down, published and staged again, and
+//! the files verified. Mounts and loop devices are cleaned up even when a
+//! test fails.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use ballast::proto::csi::v1::controller_client::ControllerClient;
+use ballast::proto::csi::v1::node_client::NodeClient;
+use ballast::proto::csi::v1::volume_capability::{self, AccessType, access_mode::Mode};
+use ballast::proto::csi::v1::{
+    CapacityRange, ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest,
+    CreateVolumeRequest, DeleteVolumeRequest, NodeGetInfoRequest, NodeGetVolumeStatsRequest,
+    NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
+    NodeUnstageVolumeRequest, VolumeCapability, volume_usage,
+};
+use common::*;
+use tonic::Code;
+use tonic::transport::Channel;
+
+const SIZE: i64 = 64 << 20;
+
+fn cap(block: bool) -> VolumeCapability {
+    VolumeCapability {
+        access_type: Some(if block {
+            AccessType::Block(volume_capability::BlockVolume {})
+        } else {
+            AccessType::Mount(volume_capability::MountVolume {
+                fs_type: "ext4".into(),
+                ..Default::default()
+            })
+        }),
+        access_mode: Some(volume_capability::AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    }
+}
+
+/// Unmounts and detaches whatever the test left, however it ended.
+struct Cleanup {
+    paths: Vec<PathBuf>,
+    staged: PathBuf,
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for p in &self.paths {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(p)
+                .output();
+        }
+        if let Ok(entries) = std::fs::read_dir(&self.staged) {
+            for e in entries.flatten() {
+                let record: serde_json::Value = std::fs::read_to_string(e.path())
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .unwrap_or_default();
+                if let Some(dev) = record["device"].as_str() {
+                    let _ = std::process::Command::new("losetup")
+                        .args(["-d", dev])
+                        .output();
+                }
+            }
+        }
+    }
+}
+
+struct Csi {
+    rt: tokio::runtime::Runtime,
+    ctl: ControllerClient<Channel>,
+    node: NodeClient<Channel>,
+}
+
+impl Csi {
+    fn create(&mut self, name: &str, block: bool) {
+        let req = CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(CapacityRange {
+                required_bytes: SIZE,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![cap(block)],
+            parameters: HashMap::from([("numberOfReplicas".into(), "1".into())]),
+            ..Default::default()
+        };
+        self.rt.block_on(self.ctl.create_volume(req)).unwrap();
+    }
+
+    fn publish(&mut self, name: &str, block: bool) -> HashMap<String, String> {
+        let req = ControllerPublishVolumeRequest {
+            volume_id: name.into(),
+            node_id: "node-1".into(),
+            volume_capability: Some(cap(block)),
+            ..Default::default()
+        };
+        self.rt
+            .block_on(self.ctl.controller_publish_volume(req))
+            .unwrap()
+            .into_inner()
+            .publish_context
+    }
+
+    fn unpublish(&mut self, name: &str) {
+        let req = ControllerUnpublishVolumeRequest {
+            volume_id: name.into(),
+            node_id: "node-1".into(),
+            ..Default::default()
+        };
+        self.rt
+            .block_on(self.ctl.controller_unpublish_volume(req))
+            .unwrap();
+    }
+
+    fn stage(
+        &mut self,
+        name: &str,
+        staging: &Path,
+        block: bool,
+        context: &HashMap<String, String>,
+    ) -> Result<(), tonic::Status> {
+        let req = NodeStageVolumeRequest {
+            volume_id: name.into(),
+            publish_context: context.clone(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap(block)),
+            ..Default::default()
+        };
+        self.rt.block_on(self.node.node_stage_volume(req)).map(drop)
+    }
+
+    fn unstage(&mut self, name: &str, staging: &Path) {
+        let req = NodeUnstageVolumeRequest {
+            volume_id: name.into(),
+            staging_target_path: staging.display().to_string(),
+        };
+        self.rt
+            .block_on(self.node.node_unstage_volume(req))
+            .unwrap();
+    }
+
+    fn node_publish(
+        &mut self,
+        name: &str,
+        staging: &Path,
+        target: &Path,
+        block: bool,
+    ) -> Result<(), tonic::Status> {
+        let req = NodePublishVolumeRequest {
+            volume_id: name.into(),
+            staging_target_path: staging.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(cap(block)),
+            ..Default::default()
+        };
+        self.rt
+            .block_on(self.node.node_publish_volume(req))
+            .map(drop)
+    }
+
+    fn node_unpublish(&mut self, name: &str, target: &Path) {
+        let req = NodeUnpublishVolumeRequest {
+            volume_id: name.into(),
+            target_path: target.display().to_string(),
+        };
+        self.rt
+            .block_on(self.node.node_unpublish_volume(req))
+            .unwrap();
+    }
+}
+
+fn cluster(dir: &Path) -> (ControllerProc, NodeProc, Csi) {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (CI runs as root)"
+    );
+    let (ctl, n) = controller_with_one_node(dir);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (ctl_client, node_client) = {
+        let _in = rt.enter();
+        (
+            ControllerClient::new(ballast::grpc::unix_channel(&ctl.socket).unwrap()),
+            NodeClient::new(ballast::grpc::unix_channel(&n.socket).unwrap()),
+        )
+    };
+    let csi = Csi {
+        ctl: ctl_client,
+        node: node_client,
+        rt,
+    };
+    (ctl, n, csi)
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| ((i * 131 + usize::from(seed) * 7) % 251) as u8)
+        .collect()
+}
+
+#[test]
+fn a_mount_volume_is_staged_published_written_and_keeps_its_files_through_a_second_publish() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_ctl, _n, mut csi) = cluster(dir.path());
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
+    let _cleanup = Cleanup {
+        paths: vec![target.clone(), staging.clone()],
+        staged: dir.path().join("node-1/state/staged"),
+    };
+    let info = csi
+        .rt
+        .block_on(csi.node.node_get_info(NodeGetInfoRequest {}))
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.node_id, "node-1");
+
+    csi.create("fsvol", false);
+    // Not published at this node yet: staging is refused.
+    let refused = csi
+        .stage("fsvol", &staging, false, &HashMap::new())
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    let context = csi.publish("fsvol", false);
+    assert!(context.contains_key("frontendEndpoint"), "{context:?}");
+    // Publishing before staging is refused.
+    let refused = csi
+        .node_publish("fsvol", &staging, &target, false)
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    csi.stage("fsvol", &staging, false, &context).unwrap();
+    csi.stage("fsvol", &staging, false, &context).unwrap();
+    csi.node_publish("fsvol", &staging, &target, false).unwrap();
+    csi.node_publish("fsvol", &staging, &target, false).unwrap();
+
+    let files: Vec<(PathBuf, Vec<u8>)> = (0..4u8)
+        .map(|i| {
+            (
+                target.join(format!("file-{i}")),
+                pattern((1 << 20) + usize::from(i) * 4099, i),
+            )
+        })
+        .collect();
+    for (p, data) in &files {
+        std::fs::write(p, data).unwrap();
+    }
+    std::process::Command::new("sync").status().unwrap();
+    let stats = csi
+        .rt
+        .block_on(csi.node.node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: "fsvol".into(),
+            volume_path: target.display().to_string(),
+            ..Default::default()
+        }))
+        .unwrap()
+        .into_inner();
+    let bytes = stats
+        .usage
+        .iter()
+        .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
+        .unwrap();
+    assert!(bytes.total > 0 && bytes.total <= SIZE, "{bytes:?}");
+    assert!(bytes.used >= 4 << 20, "{bytes:?}");
+    let missing = csi
+        .rt
+        .block_on(csi.node.node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: "fsvol".into(),
+            volume_path: dir.path().join("nowhere").display().to_string(),
+            ..Default::default()
+        }))
+        .unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound);
+
+    // The engine is not stopped under a staged volume.
+    let refused = csi
+        .rt
+        .block_on(
+            csi.ctl
+                .controller_unpublish_volume(ControllerUnpublishVolumeRequest {
+                    volume_id: "fsvol".into(),
+                    node_id: "node-1".into(),
+                    ..Default::default()
+                }),
+        )
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    assert!(std::fs::read(&files[0].0).unwrap() == files[0].1);
+
+    // Everything down, twice (idempotent), then up again.
+    for _ in 0..2 {
+        csi.node_unpublish("fsvol", &target);
+        csi.unstage("fsvol", &staging);
+    }
+    assert!(!target.exists());
+    csi.unpublish("fsvol");
+    let context = csi.publish("fsvol", false);
+    csi.stage("fsvol", &staging, false, &context).unwrap();
+    csi.node_publish("fsvol", &staging, &target, false).unwrap();
+    for (p, data) in &files {
+        assert!(
+            std::fs::read(p).unwrap() == *data,
+            "{} differs",
+            p.display()
+        );
+    }
+    csi.node_unpublish("fsvol", &target);
+    csi.unstage("fsvol", &staging);
+    csi.unpublish("fsvol");
+    csi.rt
+        .block_on(csi.ctl.delete_volume(DeleteVolumeRequest {
+            volume_id: "fsvol".into(),
+            ..Default::default()
+        }))
+        .unwrap();
+}
+
+#[test]
+fn a_block_volume_is_published_as_a_device_file_that_reads_back_what_was_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_ctl, _n, mut csi) = cluster(dir.path());
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/dev"));
+    let _cleanup = Cleanup {
+        paths: vec![target.clone()],
+        staged: dir.path().join("node-1/state/staged"),
+    };
+    csi.create("blkvol", true);
+    let context = csi.publish("blkvol", true);
+    csi.stage("blkvol", &staging, true, &context).unwrap();
+    // Staged as a block device, it cannot be published as a filesystem.
+    let wrong = csi
+        .node_publish("blkvol", &staging, &target, false)
+        .unwrap_err();
+    assert_eq!(wrong.code(), Code::InvalidArgument, "{wrong}");
+    csi.node_publish("blkvol", &staging, &target, true).unwrap();
+    let data = pattern(3 << 20, 9);
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut dev = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&target)
+            .unwrap();
+        dev.seek(SeekFrom::Start(1 << 20)).unwrap();
+        dev.write_all(&data).unwrap();
+        dev.sync_all().unwrap();
+        assert_eq!(dev.seek(SeekFrom::End(0)).unwrap(), SIZE as u64);
+    }
+    let mut back = vec![0u8; data.len()];
+    {
+        use std::os::unix::fs::FileExt;
+        std::fs::File::open(&target)
+            .unwrap()
+            .read_exact_at(&mut back, 1 << 20)
+            .unwrap();
+    }
+    assert!(back == data, "the device read back differs");
+    csi.node_unpublish("blkvol", &target);
+    csi.unstage("blkvol", &staging);
+    csi.unpublish("blkvol");
+    // The bytes are in the volume, not in a page cache: read them through
+    // the NBD endpoint of a fresh engine.
+    let context = csi.publish("blkvol", true);
+    let endpoint = context["frontendEndpoint"].clone();
+    let image = dir.path().join("image.raw");
+    let out = std::process::Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw", &endpoint])
+        .arg(&image)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all = std::fs::read(&image).unwrap();
+    assert!(all[1 << 20..(1 << 20) + data.len()] == data[..]);
+    csi.unpublish("blkvol");
+}

@@ -1,0 +1,512 @@
+//! The CSI Node service. A volume published at this node has its engine
+//! running here (ControllerPublishVolume started it). NodeStageVolume asks
+//! the engine to export the volume as a file (FUSE), attaches a loop device
+//! to it (one that stays attached if the node plugin restarts), and for a
+//! mount volume makes the filesystem when the device holds none and mounts
+//! it at the staging path. NodePublishVolume bind-mounts the staging path,
+//! or for a block volume the device, at the target path. Unpublish and
+//! unstage undo it in reverse order. Every call is idempotent, and a call
+//! on a volume that another call is busy with is ABORTED.
+//!
+//! What was staged is recorded in `<state-dir>/staged/<volume>.json` (the
+//! device and the staging path), so unstage works after a restart.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use ballast::csi_caps::check_capability;
+use ballast::model::FsType;
+use ballast::proto::csi::v1::node_server::Node;
+use ballast::proto::csi::v1::node_service_capability::{self, rpc::Type as RpcType};
+use ballast::proto::csi::v1::volume_capability::AccessType;
+use ballast::proto::csi::v1::{
+    NodeExpandVolumeRequest, NodeExpandVolumeResponse, NodeGetCapabilitiesRequest,
+    NodeGetCapabilitiesResponse, NodeGetInfoRequest, NodeGetInfoResponse,
+    NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, NodePublishVolumeRequest,
+    NodePublishVolumeResponse, NodeServiceCapability, NodeStageVolumeRequest,
+    NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
+    NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeCapability, VolumeUsage,
+    volume_usage,
+};
+use tonic::{Request, Response, Status};
+
+use crate::context::NodeContext;
+use crate::error::Error;
+use crate::frontend::blockdev::{LoopDevice, is_mountpoint};
+
+pub struct NodeService {
+    ctx: Arc<NodeContext>,
+    /// `<state-dir>/staged`.
+    records: PathBuf,
+    /// Volumes a call is working on.
+    busy: Arc<Mutex<HashSet<String>>>,
+}
+
+/// What NodeStageVolume did, for publish and unstage.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Staged {
+    device: PathBuf,
+    staging: PathBuf,
+    block: bool,
+}
+
+/// Held while a call works on a volume.
+struct Busy {
+    set: Arc<Mutex<HashSet<String>>>,
+    volume: String,
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.set.lock() {
+            s.remove(&self.volume);
+        }
+    }
+}
+
+fn required(value: &str, field: &str) -> Result<(), Error> {
+    if value.is_empty() {
+        return Err(Error::Invalid {
+            field: field.into(),
+            message: "is required".into(),
+        });
+    }
+    Ok(())
+}
+
+fn capability(cap: Option<&VolumeCapability>) -> Result<&VolumeCapability, Error> {
+    let invalid = |message: String| Error::Invalid {
+        field: "volume_capability".into(),
+        message,
+    };
+    let cap = cap.ok_or_else(|| invalid("is required".into()))?;
+    check_capability(cap).map_err(invalid)?;
+    Ok(cap)
+}
+
+/// Runs a command; its stderr is the error.
+fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<(), Error> {
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| Error::Internal(format!("{cmd}: {e}")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(Error::Internal(format!(
+            "{cmd} {}: {}",
+            args.iter()
+                .map(|a| a.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// The filesystem on `device`, if it holds one.
+fn filesystem_on(device: &Path) -> Result<Option<String>, Error> {
+    let out = std::process::Command::new("blkid")
+        .args(["-p", "-o", "value", "-s", "TYPE"])
+        .arg(device)
+        .output()
+        .map_err(|e| Error::Internal(format!("blkid: {e}")))?;
+    match out.status.code() {
+        Some(0) => Ok(Some(
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        )),
+        // 2: nothing found.
+        Some(2) => Ok(None),
+        _ => Err(Error::Internal(format!(
+            "blkid {}: {}",
+            device.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
+fn os(s: &str) -> &std::ffi::OsStr {
+    std::ffi::OsStr::new(s)
+}
+
+impl NodeService {
+    pub fn new(ctx: Arc<NodeContext>, state_dir: &Path) -> Self {
+        NodeService {
+            ctx,
+            records: state_dir.join("staged"),
+            busy: Arc::default(),
+        }
+    }
+
+    fn hold(&self, volume: &str) -> Result<Busy, Error> {
+        let mut set = self
+            .busy
+            .lock()
+            .map_err(|_| Error::Internal("poisoned".into()))?;
+        if !set.insert(volume.to_string()) {
+            return Err(Error::Busy(format!(
+                "another call is working on volume {volume}"
+            )));
+        }
+        Ok(Busy {
+            set: self.busy.clone(),
+            volume: volume.to_string(),
+        })
+    }
+
+    fn record_path(&self, volume: &str) -> PathBuf {
+        self.records.join(format!("{volume}.json"))
+    }
+
+    fn staged(&self, volume: &str) -> Option<Staged> {
+        let text = std::fs::read_to_string(self.record_path(volume)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    fn record(&self, volume: &str, s: &Staged) -> Result<(), Error> {
+        std::fs::create_dir_all(&self.records)
+            .map_err(|e| Error::disk(&self.records, e.to_string()))?;
+        let path = self.record_path(volume);
+        let tmp = path.with_extension("tmp");
+        let body = serde_json::to_vec(s).map_err(|e| Error::Internal(e.to_string()))?;
+        std::fs::write(&tmp, body)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| Error::disk(&path, e.to_string()))
+    }
+
+    /// Undoes a stage as far as it got; every step tolerates what is
+    /// already undone.
+    async fn teardown(&self, volume: &str, staging: &Path) -> Result<(), Error> {
+        if is_mountpoint(staging) {
+            run("umount", &[staging.as_os_str()])?;
+        }
+        if let Some(s) = self.staged(volume)
+            && let Err(e) = LoopDevice::detach_path(&s.device)
+            // ENXIO: already detached.
+            && e.raw_os_error() != Some(libc::ENXIO)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(Error::Internal(format!(
+                "detaching {}: {e}",
+                s.device.display()
+            )));
+        }
+        self.ctx.engines.unexport(volume).await?;
+        let _ = std::fs::remove_file(self.record_path(volume));
+        Ok(())
+    }
+
+    async fn stage(&self, req: NodeStageVolumeRequest) -> Result<(), Error> {
+        required(&req.volume_id, "volume_id")?;
+        required(&req.staging_target_path, "staging_target_path")?;
+        let cap = capability(req.volume_capability.as_ref())?;
+        let volume = req.volume_id.as_str();
+        let staging = PathBuf::from(&req.staging_target_path);
+        let block = matches!(cap.access_type, Some(AccessType::Block(_)));
+        let _busy = self.hold(volume)?;
+        if let Some(s) = self.staged(volume) {
+            if s.staging != staging || s.block != block {
+                return Err(Error::AlreadyExists(format!(
+                    "volume {volume} is staged at {} as {}",
+                    s.staging.display(),
+                    if s.block {
+                        "a block device"
+                    } else {
+                        "a filesystem"
+                    }
+                )));
+            }
+            if block || is_mountpoint(&staging) {
+                return Ok(());
+            }
+        }
+        let file = self.ctx.engines.export(volume).await?;
+        let device = tokio::task::spawn_blocking(move || LoopDevice::attach_to_stay(&file))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?
+            .map_err(|e| Error::Internal(format!("loop device: {e}")))?
+            .path
+            .clone();
+        self.record(
+            volume,
+            &Staged {
+                device: device.clone(),
+                staging: staging.clone(),
+                block,
+            },
+        )?;
+        let mounted = if block {
+            std::fs::create_dir_all(&staging).map_err(|e| Error::disk(&staging, e.to_string()))
+        } else {
+            self.make_and_mount(&req, cap, &device, &staging)
+        };
+        if let Err(e) = mounted {
+            let _ = self.teardown(volume, &staging).await;
+            return Err(e);
+        }
+        tracing::info!(volume, device = %device.display(), staging = %staging.display(), block, "volume staged");
+        Ok(())
+    }
+
+    /// Makes the filesystem when the device holds none, and mounts it.
+    fn make_and_mount(
+        &self,
+        req: &NodeStageVolumeRequest,
+        cap: &VolumeCapability,
+        device: &Path,
+        staging: &Path,
+    ) -> Result<(), Error> {
+        let Some(AccessType::Mount(m)) = &cap.access_type else {
+            return Ok(());
+        };
+        let wanted = if !m.fs_type.is_empty() {
+            m.fs_type.as_str()
+        } else {
+            req.volume_context
+                .get("fsType")
+                .map_or(FsType::Ext4.as_str(), String::as_str)
+        };
+        let fs: FsType = wanted.parse().map_err(|e: String| Error::Invalid {
+            field: "fs_type".into(),
+            message: e,
+        })?;
+        match filesystem_on(device)? {
+            None => {
+                let force = match fs {
+                    FsType::Ext4 => "-F",
+                    FsType::Xfs => "-f",
+                };
+                let extra = req
+                    .volume_context
+                    .get("mkfsParams")
+                    .cloned()
+                    .unwrap_or_default();
+                let mut args: Vec<&std::ffi::OsStr> = vec![os(force)];
+                args.extend(extra.split_whitespace().map(os));
+                args.push(device.as_os_str());
+                run(&format!("mkfs.{}", fs.as_str()), &args)?;
+            }
+            Some(found) if found != fs.as_str() => {
+                return Err(Error::Refused(format!(
+                    "the volume holds a {found} filesystem, not {fs}; it is not reformatted"
+                )));
+            }
+            Some(_) => {}
+        }
+        std::fs::create_dir_all(staging).map_err(|e| Error::disk(staging, e.to_string()))?;
+        let mut args = vec![os("-t"), os(fs.as_str())];
+        let flags = m.mount_flags.join(",");
+        if !flags.is_empty() {
+            args.extend([os("-o"), os(&flags)]);
+        }
+        args.extend([device.as_os_str(), staging.as_os_str()]);
+        run("mount", &args)
+    }
+
+    async fn unstage(&self, req: NodeUnstageVolumeRequest) -> Result<(), Error> {
+        required(&req.volume_id, "volume_id")?;
+        required(&req.staging_target_path, "staging_target_path")?;
+        let _busy = self.hold(&req.volume_id)?;
+        self.teardown(&req.volume_id, Path::new(&req.staging_target_path))
+            .await?;
+        tracing::info!(volume = %req.volume_id, "volume unstaged");
+        Ok(())
+    }
+
+    fn publish(&self, req: NodePublishVolumeRequest) -> Result<(), Error> {
+        required(&req.volume_id, "volume_id")?;
+        required(&req.staging_target_path, "staging_target_path")?;
+        required(&req.target_path, "target_path")?;
+        let cap = capability(req.volume_capability.as_ref())?;
+        let _busy = self.hold(&req.volume_id)?;
+        let s = self.staged(&req.volume_id).ok_or_else(|| {
+            Error::Refused(format!(
+                "volume {} is not staged on this node (NodeStageVolume first)",
+                req.volume_id
+            ))
+        })?;
+        let block = matches!(cap.access_type, Some(AccessType::Block(_)));
+        if block != s.block {
+            return Err(Error::Invalid {
+                field: "volume_capability".into(),
+                message: "its access type is not the one the volume was staged with".into(),
+            });
+        }
+        let target = PathBuf::from(&req.target_path);
+        if is_mountpoint(&target) {
+            return Ok(());
+        }
+        let source = if block {
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| Error::disk(parent, e.to_string()))?;
+            }
+            std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&target)
+                .map_err(|e| Error::disk(&target, e.to_string()))?;
+            s.device
+        } else {
+            std::fs::create_dir_all(&target).map_err(|e| Error::disk(&target, e.to_string()))?;
+            PathBuf::from(&req.staging_target_path)
+        };
+        run(
+            "mount",
+            &[os("--bind"), source.as_os_str(), target.as_os_str()],
+        )?;
+        if req.readonly {
+            run(
+                "mount",
+                &[os("-o"), os("remount,bind,ro"), target.as_os_str()],
+            )?;
+        }
+        tracing::info!(volume = %req.volume_id, target = %target.display(), "volume published");
+        Ok(())
+    }
+
+    fn unpublish(&self, req: NodeUnpublishVolumeRequest) -> Result<(), Error> {
+        required(&req.volume_id, "volume_id")?;
+        required(&req.target_path, "target_path")?;
+        let _busy = self.hold(&req.volume_id)?;
+        let target = Path::new(&req.target_path);
+        if is_mountpoint(target) {
+            run("umount", &[target.as_os_str()])?;
+        }
+        let removed = match std::fs::symlink_metadata(target) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir(target),
+            Ok(_) => std::fs::remove_file(target),
+            Err(_) => Ok(()),
+        };
+        removed.map_err(|e| Error::disk(target, e.to_string()))
+    }
+
+    fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse, Error> {
+        required(&req.volume_id, "volume_id")?;
+        required(&req.volume_path, "volume_path")?;
+        let path = Path::new(&req.volume_path);
+        let meta = std::fs::metadata(path)
+            .map_err(|_| Error::NotFound(format!("{} does not exist", path.display())))?;
+        let usage = if meta.is_dir() {
+            let st =
+                nix::sys::statvfs::statvfs(path).map_err(|e| Error::disk(path, e.to_string()))?;
+            let unit = st.fragment_size();
+            let (total, free, avail) = (
+                st.blocks() * unit,
+                st.blocks_free() * unit,
+                st.blocks_available() * unit,
+            );
+            vec![
+                VolumeUsage {
+                    available: avail as i64,
+                    total: total as i64,
+                    used: total.saturating_sub(free) as i64,
+                    unit: volume_usage::Unit::Bytes as i32,
+                },
+                VolumeUsage {
+                    available: st.files_available() as i64,
+                    total: st.files() as i64,
+                    used: st.files().saturating_sub(st.files_free()) as i64,
+                    unit: volume_usage::Unit::Inodes as i32,
+                },
+            ]
+        } else {
+            use std::io::Seek;
+            let size = std::fs::File::open(path)
+                .and_then(|mut f| f.seek(std::io::SeekFrom::End(0)))
+                .map_err(|e| Error::disk(path, e.to_string()))?;
+            vec![VolumeUsage {
+                total: size as i64,
+                unit: volume_usage::Unit::Bytes as i32,
+                ..Default::default()
+            }]
+        };
+        Ok(NodeGetVolumeStatsResponse {
+            usage,
+            volume_condition: None,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl Node for NodeService {
+    #[tracing::instrument(skip_all, fields(rpc = "NodeStageVolume", volume = %request.get_ref().volume_id))]
+    async fn node_stage_volume(
+        &self,
+        request: Request<NodeStageVolumeRequest>,
+    ) -> Result<Response<NodeStageVolumeResponse>, Status> {
+        self.stage(request.into_inner()).await?;
+        Ok(Response::new(NodeStageVolumeResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeUnstageVolume", volume = %request.get_ref().volume_id))]
+    async fn node_unstage_volume(
+        &self,
+        request: Request<NodeUnstageVolumeRequest>,
+    ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
+        self.unstage(request.into_inner()).await?;
+        Ok(Response::new(NodeUnstageVolumeResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodePublishVolume", volume = %request.get_ref().volume_id))]
+    async fn node_publish_volume(
+        &self,
+        request: Request<NodePublishVolumeRequest>,
+    ) -> Result<Response<NodePublishVolumeResponse>, Status> {
+        self.publish(request.into_inner())?;
+        Ok(Response::new(NodePublishVolumeResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeUnpublishVolume", volume = %request.get_ref().volume_id))]
+    async fn node_unpublish_volume(
+        &self,
+        request: Request<NodeUnpublishVolumeRequest>,
+    ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
+        self.unpublish(request.into_inner())?;
+        Ok(Response::new(NodeUnpublishVolumeResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGetVolumeStats", volume = %request.get_ref().volume_id))]
+    async fn node_get_volume_stats(
+        &self,
+        request: Request<NodeGetVolumeStatsRequest>,
+    ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
+        Ok(Response::new(self.stats(request.into_inner())?))
+    }
+
+    async fn node_expand_volume(
+        &self,
+        _request: Request<NodeExpandVolumeRequest>,
+    ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
+        Err(Status::unimplemented("volume expansion is not offered yet"))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGetCapabilities"))]
+    async fn node_get_capabilities(
+        &self,
+        _request: Request<NodeGetCapabilitiesRequest>,
+    ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
+        let capabilities = [RpcType::StageUnstageVolume, RpcType::GetVolumeStats]
+            .into_iter()
+            .map(|t| NodeServiceCapability {
+                r#type: Some(node_service_capability::Type::Rpc(
+                    node_service_capability::Rpc { r#type: t as i32 },
+                )),
+            })
+            .collect();
+        Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGetInfo", node = %self.ctx.node_id))]
+    async fn node_get_info(
+        &self,
+        _request: Request<NodeGetInfoRequest>,
+    ) -> Result<Response<NodeGetInfoResponse>, Status> {
+        Ok(Response::new(NodeGetInfoResponse {
+            node_id: self.ctx.node_id.clone(),
+            max_volumes_per_node: 0,
+            accessible_topology: None,
+        }))
+    }
+}

@@ -1,0 +1,35 @@
+//! What Ballast can serve of a CSI volume capability, checked the same way
+//! by the controller (CreateVolume, publish, validation) and the node
+//! plugin (stage, publish).
+
+use crate::proto::csi::v1::VolumeCapability;
+use crate::proto::csi::v1::volume_capability::AccessType;
+use crate::proto::csi::v1::volume_capability::access_mode::Mode;
+
+/// Whether Ballast can serve a capability: single-node access (block or
+/// mount with ext4/xfs). A reason when it cannot.
+pub fn check_capability(cap: &VolumeCapability) -> Result<(), String> {
+    let mode = cap
+        .access_mode
+        .as_ref()
+        .map(|m| Mode::try_from(m.mode).unwrap_or(Mode::Unknown))
+        .unwrap_or(Mode::Unknown);
+    match mode {
+        Mode::SingleNodeWriter | Mode::SingleNodeReaderOnly | Mode::SingleNodeSingleWriter => {}
+        Mode::Unknown => return Err("access_mode is missing or unknown".into()),
+        other => {
+            return Err(format!(
+                "access mode {} is not supported",
+                other.as_str_name()
+            ));
+        }
+    }
+    match &cap.access_type {
+        Some(AccessType::Block(_)) => Ok(()),
+        Some(AccessType::Mount(m)) => match m.fs_type.as_str() {
+            "" | "ext4" | "xfs" => Ok(()),
+            other => Err(format!("fs_type {other:?} is not supported (ext4, xfs)")),
+        },
+        None => Err("access_type (block or mount) is missing".into()),
+    }
+}
