@@ -43,12 +43,19 @@ impl IdentityService {
                 plugin_capability::Service { r#type: t as i32 },
             )),
         };
+        // A volume is reachable from every node (its replicas are reached
+        // over the network), so no accessibility constraints; volumes grow
+        // while unpublished.
+        let offline_expansion = PluginCapability {
+            r#type: Some(plugin_capability::Type::VolumeExpansion(
+                plugin_capability::VolumeExpansion {
+                    r#type: plugin_capability::volume_expansion::Type::Offline as i32,
+                },
+            )),
+        };
         match self.role {
-            Role::Controller => vec![
-                service(Type::ControllerService),
-                service(Type::VolumeAccessibilityConstraints),
-            ],
-            Role::Node => vec![service(Type::VolumeAccessibilityConstraints)],
+            Role::Controller => vec![service(Type::ControllerService), offline_expansion],
+            Role::Node => vec![offline_expansion],
         }
     }
 }

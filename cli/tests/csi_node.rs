@@ -42,10 +42,13 @@ fn cap(block: bool) -> VolumeCapability {
     }
 }
 
-/// Unmounts and detaches whatever the test left, however it ended.
+/// Unmounts and detaches whatever the test left, however it ended: the
+/// pod's and staging mounts, the loop devices, then the engines (which
+/// outlive the node process by design) and their FUSE exports.
 struct Cleanup {
     paths: Vec<PathBuf>,
-    staged: PathBuf,
+    /// `<state-dir>`.
+    state: PathBuf,
 }
 
 impl Drop for Cleanup {
@@ -56,7 +59,7 @@ impl Drop for Cleanup {
                 .arg(p)
                 .output();
         }
-        if let Ok(entries) = std::fs::read_dir(&self.staged) {
+        if let Ok(entries) = std::fs::read_dir(self.state.join("staged")) {
             for e in entries.flatten() {
                 let record: serde_json::Value = std::fs::read_to_string(e.path())
                     .ok()
@@ -67,6 +70,34 @@ impl Drop for Cleanup {
                         .args(["-d", dev])
                         .output();
                 }
+            }
+        }
+        let frontends = self.state.join("frontends");
+        for e in std::fs::read_dir(&frontends)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let path = e.path();
+            match path.extension().and_then(|x| x.to_str()) {
+                Some("pid") => {
+                    let pid = std::fs::read_to_string(&path)
+                        .ok()
+                        .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()));
+                    if let Some(pid) = pid {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+                Some("fuse") => {
+                    let _ = std::process::Command::new("umount")
+                        .arg("-l")
+                        .arg(&path)
+                        .output();
+                }
+                _ => {}
             }
         }
     }
@@ -213,7 +244,7 @@ fn a_mount_volume_is_staged_published_written_and_keeps_its_files_through_a_seco
     let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
     let _cleanup = Cleanup {
         paths: vec![target.clone(), staging.clone()],
-        staged: dir.path().join("node-1/state/staged"),
+        state: dir.path().join("node-1/state"),
     };
     let info = csi
         .rt
@@ -328,7 +359,7 @@ fn a_block_volume_is_published_as_a_device_file_that_reads_back_what_was_written
     let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/dev"));
     let _cleanup = Cleanup {
         paths: vec![target.clone()],
-        staged: dir.path().join("node-1/state/staged"),
+        state: dir.path().join("node-1/state"),
     };
     csi.create("blkvol", true);
     let context = csi.publish("blkvol", true);
@@ -381,4 +412,103 @@ fn a_block_volume_is_published_as_a_device_file_that_reads_back_what_was_written
     let all = std::fs::read(&image).unwrap();
     assert!(all[1 << 20..(1 << 20) + data.len()] == data[..]);
     csi.unpublish("blkvol");
+}
+
+#[test]
+fn an_unpublished_volume_grows_and_its_filesystem_follows_at_the_next_stage() {
+    use ballast::proto::csi::v1::{ControllerExpandVolumeRequest, NodeExpandVolumeRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, _n, mut csi) = cluster(dir.path());
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
+    let _cleanup = Cleanup {
+        paths: vec![target.clone(), staging.clone()],
+        state: dir.path().join("node-1/state"),
+    };
+    let expand = |csi: &mut Csi, bytes: i64| {
+        csi.rt.block_on(
+            csi.ctl
+                .controller_expand_volume(ControllerExpandVolumeRequest {
+                    volume_id: "growvol".into(),
+                    capacity_range: Some(CapacityRange {
+                        required_bytes: bytes,
+                        limit_bytes: 0,
+                    }),
+                    volume_capability: Some(cap(false)),
+                    ..Default::default()
+                }),
+        )
+    };
+    let total = |csi: &mut Csi| {
+        let stats = csi
+            .rt
+            .block_on(csi.node.node_get_volume_stats(NodeGetVolumeStatsRequest {
+                volume_id: "growvol".into(),
+                volume_path: target.display().to_string(),
+                ..Default::default()
+            }))
+            .unwrap()
+            .into_inner();
+        stats
+            .usage
+            .iter()
+            .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
+            .unwrap()
+            .total
+    };
+    csi.create("growvol", false);
+    let context = csi.publish("growvol", false);
+    csi.stage("growvol", &staging, false, &context).unwrap();
+    csi.node_publish("growvol", &staging, &target, false)
+        .unwrap();
+    let data = pattern(5 << 20, 3);
+    std::fs::write(target.join("data"), &data).unwrap();
+    let before = total(&mut csi);
+    // Published, it does not grow (offline expansion).
+    let busy = expand(&mut csi, 2 * SIZE).unwrap_err();
+    assert_eq!(busy.code(), Code::FailedPrecondition, "{busy}");
+    csi.node_unpublish("growvol", &target);
+    csi.unstage("growvol", &staging);
+    csi.unpublish("growvol");
+
+    let grown = expand(&mut csi, 2 * SIZE).unwrap().into_inner();
+    assert_eq!(grown.capacity_bytes, 2 * SIZE);
+    assert!(grown.node_expansion_required);
+    // Again: the same answer. Smaller: refused.
+    assert_eq!(
+        expand(&mut csi, 2 * SIZE)
+            .unwrap()
+            .into_inner()
+            .capacity_bytes,
+        2 * SIZE
+    );
+    let shrink = expand(&mut csi, SIZE).unwrap_err();
+    assert_eq!(shrink.code(), Code::OutOfRange, "{shrink}");
+    let volume = get_json(&format!("{}/v1/volumes/growvol", ctl.api)).unwrap();
+    assert_eq!(volume["spec"]["size"], 2 * SIZE, "{volume}");
+
+    let context = csi.publish("growvol", false);
+    csi.stage("growvol", &staging, false, &context).unwrap();
+    let answer = csi
+        .rt
+        .block_on(csi.node.node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: "growvol".into(),
+            volume_path: staging.display().to_string(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap(false)),
+            ..Default::default()
+        }))
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.capacity_bytes, 2 * SIZE);
+    csi.node_publish("growvol", &staging, &target, false)
+        .unwrap();
+    let after = total(&mut csi);
+    assert!(
+        after > before + SIZE / 2,
+        "the filesystem did not grow: {before} -> {after}"
+    );
+    assert!(std::fs::read(target.join("data")).unwrap() == data);
+    csi.node_unpublish("growvol", &target);
+    csi.unstage("growvol", &staging);
+    csi.unpublish("growvol");
 }

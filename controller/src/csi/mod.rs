@@ -4,9 +4,10 @@
 //! ControllerUnpublishVolume (which start and stop the volume's engine on
 //! the node), ListVolumes with the nodes each volume is published at,
 //! GetCapacity, ValidateVolumeCapabilities and ControllerGetCapabilities
+//! and ControllerExpandVolume (offline: the volume unpublished)
 //! (`volumes`; StorageClass parameters in `params`). Not advertised, so
-//! UNIMPLEMENTED as the spec allows: snapshots, expansion, clones,
-//! ControllerGetVolume and ControllerModifyVolume.
+//! UNIMPLEMENTED as the spec allows: snapshots, clones, ControllerGetVolume
+//! and ControllerModifyVolume.
 
 pub mod params;
 pub mod volumes;
@@ -22,6 +23,7 @@ use ballast::proto::csi::v1::controller_server::{Controller, ControllerServer};
 use ballast::proto::csi::v1::controller_service_capability::{self, rpc::Type as RpcType};
 use ballast::proto::csi::v1::identity_server::IdentityServer;
 use ballast::proto::csi::v1::{
+    ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
     ControllerPublishVolumeRequest, ControllerPublishVolumeResponse, ControllerServiceCapability,
     ControllerUnpublishVolumeRequest, ControllerUnpublishVolumeResponse, CreateVolumeRequest,
@@ -57,6 +59,7 @@ impl Controller for ControllerService {
             RpcType::ListVolumes,
             RpcType::GetCapacity,
             RpcType::ListVolumesPublishedNodes,
+            RpcType::ExpandVolume,
         ]
         .into_iter()
         .map(|t| ControllerServiceCapability {
@@ -113,6 +116,15 @@ impl Controller for ControllerService {
             &self.ctx,
             request.into_inner(),
         )?))
+    }
+
+    async fn controller_expand_volume(
+        &self,
+        request: Request<ControllerExpandVolumeRequest>,
+    ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
+        Ok(Response::new(
+            volumes::expand(&self.ctx, request.into_inner()).await?,
+        ))
     }
 
     async fn get_capacity(

@@ -12,7 +12,8 @@ use ballast::model::{AccessMode, FsType, Node, Volume};
 use ballast::proto::csi::v1::volume_capability::AccessType;
 use ballast::proto::csi::v1::volume_capability::access_mode::Mode;
 use ballast::proto::csi::v1::{
-    self as csi, CapacityRange, ControllerPublishVolumeRequest, ControllerPublishVolumeResponse,
+    self as csi, CapacityRange, ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
+    ControllerPublishVolumeRequest, ControllerPublishVolumeResponse,
     ControllerUnpublishVolumeRequest, CreateVolumeRequest, DeleteVolumeRequest, GetCapacityRequest,
     GetCapacityResponse, ListVolumesRequest, ListVolumesResponse, VolumeCapability,
     list_volumes_response,
@@ -294,6 +295,43 @@ pub async fn unpublish(
         Some(n) if !req.node_id.is_empty() && *n != req.node_id => Ok(()),
         Some(_) => crate::executor::detach(ctx, &req.volume_id).await.map(drop),
     }
+}
+
+/// Grows an unpublished volume (OFFLINE expansion); a mount volume's
+/// filesystem grows at its next stage (NodeExpandVolume).
+#[tracing::instrument(skip_all, fields(rpc = "ControllerExpandVolume", volume = %req.volume_id))]
+pub async fn expand(
+    ctx: &Arc<Context>,
+    req: ControllerExpandVolumeRequest,
+) -> Result<ControllerExpandVolumeResponse, Error> {
+    if req.volume_id.is_empty() {
+        return Err(Error::invalid("volume_id", "is required"));
+    }
+    let range = req
+        .capacity_range
+        .as_ref()
+        .ok_or_else(|| Error::invalid("capacity_range", "is required"))?;
+    if range.required_bytes <= 0 && range.limit_bytes <= 0 {
+        return Err(Error::invalid(
+            "capacity_range",
+            "required_bytes or limit_bytes is required",
+        ));
+    }
+    if let Some(c) = &req.volume_capability {
+        check_capability(c).map_err(|m| Error::invalid("volume_capability", m))?;
+    }
+    let size = size_for(Some(range))?;
+    let volume = crate::executor::expand(ctx, &req.volume_id, size).await?;
+    let block = matches!(
+        req.volume_capability
+            .as_ref()
+            .and_then(|c| c.access_type.as_ref()),
+        Some(AccessType::Block(_))
+    );
+    Ok(ControllerExpandVolumeResponse {
+        capacity_bytes: i64::try_from(volume.spec.size).unwrap_or(i64::MAX),
+        node_expansion_required: !block,
+    })
 }
 
 #[tracing::instrument(skip_all, fields(rpc = "ListVolumes"))]

@@ -21,7 +21,7 @@ use crate::error::Error;
 
 pub use actions::{carry_out, delete_replica};
 pub use reconcile::run_reconcile;
-pub use volume::{attach, create, delete, detach};
+pub use volume::{attach, create, delete, detach, expand};
 
 /// A client of a node's agent.
 pub fn agent(node: &Node) -> Result<NodeAgentClient<Channel>, Error> {
@@ -46,6 +46,10 @@ pub fn agent_error(node: &str, s: tonic::Status) -> Error {
         tonic::Code::InvalidArgument => Error::invalid("node", msg),
         tonic::Code::AlreadyExists | tonic::Code::Aborted => Error::Conflict(msg),
         tonic::Code::FailedPrecondition => Error::Unprocessable(msg),
+        tonic::Code::NotFound => Error::NotFound {
+            kind: "object".into(),
+            name: msg,
+        },
         tonic::Code::Unavailable => Error::Unavailable(msg),
         _ => Error::Internal(msg),
     }

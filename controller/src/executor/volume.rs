@@ -4,7 +4,8 @@ use ballast::model::{
     DesiredState, Kind, Node, Replica, ReplicaSpec, ReplicaStatus, Robustness, Volume, VolumeState,
 };
 use ballast::proto::agent::v1::{
-    CreateReplicaRequest, DeleteReplicaRequest, StartEngineRequest, StopEngineRequest,
+    CreateReplicaRequest, DeleteReplicaRequest, GrowReplicaRequest, StartEngineRequest,
+    StopEngineRequest,
 };
 use ballast::store::StoreExt;
 
@@ -281,5 +282,73 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
         "VolumeDetached",
         format!("detached from {node_id}"),
     );
+    Ok(volume)
+}
+
+/// Grows a detached volume to `size` bytes: the new size is recorded
+/// first, then every replica grows on its node. A replica that cannot be
+/// reached fails the call, which may be repeated (growing is idempotent);
+/// meanwhile a replica left smaller is refused by the engine and rebuilt.
+#[tracing::instrument(skip_all, fields(volume = %name, size))]
+pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume, Error> {
+    let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
+    let volume: Volume = ctx.store.fetch(name)?;
+    if let Some(node) = &volume.status.attached_node {
+        return Err(Error::Unprocessable(format!(
+            "volume {name:?} is attached to {node}; it grows detached"
+        )));
+    }
+    if size < volume.spec.size {
+        return Err(Error::OutOfRange {
+            field: "size".into(),
+            message: format!(
+                "{size} is below the volume's {} bytes; volumes never shrink",
+                volume.spec.size
+            ),
+        });
+    }
+    let from = volume.spec.size;
+    let volume = ctx.store.modify::<Volume, Error>(name, |v| {
+        let changed = v.spec.size != size;
+        v.spec.size = size;
+        Ok(changed)
+    })?;
+    for r in ctx
+        .store
+        .list::<Replica>()?
+        .into_iter()
+        .filter(|r| r.spec.volume == name)
+    {
+        let node: Node = ctx.store.fetch(&r.spec.node_id)?;
+        let mut c = agent(&node)?;
+        let grown = with_timeout(
+            &node.id,
+            c.grow_replica(GrowReplicaRequest {
+                name: r.name.clone(),
+                size,
+            }),
+        )
+        .await;
+        match grown {
+            Ok(_) => {}
+            // Its data is gone: it is replaced like any lost replica.
+            Err(Error::NotFound { .. }) => {
+                tracing::warn!(replica = %r.name, "no data to grow on its node");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if from != size {
+        ctx.event(
+            Kind::Volume,
+            name,
+            "VolumeExpanded",
+            format!(
+                "from {} to {}",
+                ballast::quantity::format_size(from),
+                ballast::quantity::format_size(size)
+            ),
+        );
+    }
     Ok(volume)
 }

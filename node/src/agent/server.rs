@@ -4,10 +4,10 @@ use ballast::proto::agent::v1::node_agent_server::NodeAgent;
 use ballast::proto::agent::v1::{
     AddEngineReplicaRequest, AddEngineReplicaResponse, CreateReplicaRequest, CreateReplicaResponse,
     DeleteReplicaRequest, DeleteReplicaResponse, GetNodeStatusRequest, GetNodeStatusResponse,
-    ListEnginesRequest, ListEnginesResponse, ListReplicasRequest, ListReplicasResponse,
-    RebuildReplicaRequest, RebuildReplicaResponse, RemoveEngineReplicaRequest,
-    RemoveEngineReplicaResponse, ReplicaStatus, StartEngineRequest, StartEngineResponse,
-    StopEngineRequest, StopEngineResponse,
+    GrowReplicaRequest, GrowReplicaResponse, ListEnginesRequest, ListEnginesResponse,
+    ListReplicasRequest, ListReplicasResponse, RebuildReplicaRequest, RebuildReplicaResponse,
+    RemoveEngineReplicaRequest, RemoveEngineReplicaResponse, ReplicaStatus, StartEngineRequest,
+    StartEngineResponse, StopEngineRequest, StopEngineResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -234,6 +234,46 @@ impl NodeAgent for NodeAgentService {
             .ok_or_else(|| Error::Internal("this node serves no replicas".into()))?;
         let done = super::rebuild::offline(&server, &req.name, &req.source).await?;
         Ok(Response::new(done))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, replica = %request.get_ref().name, size = request.get_ref().size))]
+    async fn grow_replica(
+        &self,
+        request: Request<GrowReplicaRequest>,
+    ) -> Result<Response<GrowReplicaResponse>, Status> {
+        let req = request.into_inner();
+        ballast::model::validate_name(&req.name).map_err(|m| Error::Invalid {
+            field: "name".into(),
+            message: m,
+        })?;
+        let server = self
+            .ctx
+            .replicas
+            .clone()
+            .ok_or_else(|| Error::Internal("this node serves no replicas".into()))?;
+        if server.is_lent(&req.name) {
+            return Err(Error::Busy(format!(
+                "replica {} is in use by its volume's engine; grow it detached",
+                req.name
+            ))
+            .into());
+        }
+        let replica = server.find(&req.name).map_err(Error::NotFound)?;
+        tokio::task::spawn_blocking(move || {
+            let mut r = replica
+                .write()
+                .map_err(|_| Error::Internal("replica lock poisoned".into()))?;
+            r.grow(req.size).map_err(|e| match e {
+                crate::replica::ReplicaError::Invalid(m) => Error::Invalid {
+                    field: "size".into(),
+                    message: m,
+                },
+                e => Error::Internal(e.to_string()),
+            })
+        })
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))??;
+        Ok(Response::new(GrowReplicaResponse {}))
     }
 
     async fn list_engines(

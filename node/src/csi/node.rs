@@ -5,8 +5,10 @@
 //! mount volume makes the filesystem when the device holds none and mounts
 //! it at the staging path. NodePublishVolume bind-mounts the staging path,
 //! or for a block volume the device, at the target path. Unpublish and
-//! unstage undo it in reverse order. Every call is idempotent, and a call
-//! on a volume that another call is busy with is ABORTED.
+//! unstage undo it in reverse order. NodeExpandVolume grows a staged
+//! filesystem to its device after an (offline) expansion. Every call is
+//! idempotent, and a call on a volume that another call is busy with is
+//! ABORTED.
 //!
 //! What was staged is recorded in `<state-dir>/staged/<volume>.json` (the
 //! device and the staging path), so unstage works after a restart.
@@ -124,6 +126,37 @@ fn filesystem_on(device: &Path) -> Result<Option<String>, Error> {
             String::from_utf8_lossy(&out.stderr).trim()
         ))),
     }
+}
+
+/// The size of the ext4 filesystem on `device`, from its superblock.
+fn ext4_bytes(device: &Path) -> Result<u64, Error> {
+    let out = std::process::Command::new("dumpe2fs")
+        .arg("-h")
+        .arg(device)
+        .output()
+        .map_err(|e| Error::Internal(format!("dumpe2fs: {e}")))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    match (field("Block count:"), field("Block size:")) {
+        (Some(n), Some(b)) => Ok(n * b),
+        _ => Err(Error::Internal(format!(
+            "dumpe2fs {}: no block count in {}",
+            device.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))),
+    }
+}
+
+/// The size of a device (or file) in bytes.
+fn device_size(path: &Path) -> Result<u64, Error> {
+    use std::io::Seek;
+    std::fs::File::open(path)
+        .and_then(|mut f| f.seek(std::io::SeekFrom::End(0)))
+        .map_err(|e| Error::disk(path, e.to_string()))
 }
 
 fn os(s: &str) -> &std::ffi::OsStr {
@@ -292,6 +325,25 @@ impl NodeService {
                     "the volume holds a {found} filesystem, not {fs}; it is not reformatted"
                 )));
             }
+            // The volume grew while unpublished: the filesystem follows,
+            // checked first, before it is mounted.
+            Some(_) if fs == FsType::Ext4 && ext4_bytes(device)? < device_size(device)? => {
+                let check = std::process::Command::new("e2fsck")
+                    .args(["-f", "-p"])
+                    .arg(device)
+                    .output()
+                    .map_err(|e| Error::Internal(format!("e2fsck: {e}")))?;
+                // 0: clean; 1: errors corrected.
+                if !matches!(check.status.code(), Some(0 | 1)) {
+                    return Err(Error::Internal(format!(
+                        "e2fsck {}: {}",
+                        device.display(),
+                        String::from_utf8_lossy(&check.stdout).trim()
+                    )));
+                }
+                run("resize2fs", &[device.as_os_str()])?;
+                tracing::info!(device = %device.display(), "filesystem grown to its device");
+            }
             Some(_) => {}
         }
         std::fs::create_dir_all(staging).map_err(|e| Error::disk(staging, e.to_string()))?;
@@ -382,6 +434,39 @@ impl NodeService {
         removed.map_err(|e| Error::disk(target, e.to_string()))
     }
 
+    /// Grows a staged volume's filesystem to its device (which has the
+    /// volume's new size since the engine restarted with it).
+    fn expand(&self, req: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse, Error> {
+        required(&req.volume_id, "volume_id")?;
+        required(&req.volume_path, "volume_path")?;
+        let _busy = self.hold(&req.volume_id)?;
+        let s = self.staged(&req.volume_id).ok_or_else(|| {
+            Error::NotFound(format!(
+                "volume {} is not staged on this node",
+                req.volume_id
+            ))
+        })?;
+        let size = device_size(&s.device)?;
+        if !s.block {
+            match filesystem_on(&s.device)?.as_deref() {
+                // Stage already grew it (offline) when it could.
+                Some("ext4") if ext4_bytes(&s.device)? >= size => {}
+                Some("ext4") => run("resize2fs", &[s.device.as_os_str()])?,
+                Some("xfs") => run("xfs_growfs", &[s.staging.as_os_str()])?,
+                other => {
+                    return Err(Error::Refused(format!(
+                        "cannot grow a {} filesystem",
+                        other.unwrap_or("missing")
+                    )));
+                }
+            }
+            tracing::info!(volume = %req.volume_id, size, "filesystem grown");
+        }
+        Ok(NodeExpandVolumeResponse {
+            capacity_bytes: i64::try_from(size).unwrap_or(i64::MAX),
+        })
+    }
+
     fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse, Error> {
         required(&req.volume_id, "volume_id")?;
         required(&req.volume_path, "volume_path")?;
@@ -412,10 +497,7 @@ impl NodeService {
                 },
             ]
         } else {
-            use std::io::Seek;
-            let size = std::fs::File::open(path)
-                .and_then(|mut f| f.seek(std::io::SeekFrom::End(0)))
-                .map_err(|e| Error::disk(path, e.to_string()))?;
+            let size = device_size(path)?;
             vec![VolumeUsage {
                 total: size as i64,
                 unit: volume_usage::Unit::Bytes as i32,
@@ -475,11 +557,12 @@ impl Node for NodeService {
         Ok(Response::new(self.stats(request.into_inner())?))
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "NodeExpandVolume", volume = %request.get_ref().volume_id))]
     async fn node_expand_volume(
         &self,
-        _request: Request<NodeExpandVolumeRequest>,
+        request: Request<NodeExpandVolumeRequest>,
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
-        Err(Status::unimplemented("volume expansion is not offered yet"))
+        Ok(Response::new(self.expand(request.into_inner())?))
     }
 
     #[tracing::instrument(skip_all, fields(rpc = "NodeGetCapabilities"))]
@@ -487,14 +570,18 @@ impl Node for NodeService {
         &self,
         _request: Request<NodeGetCapabilitiesRequest>,
     ) -> Result<Response<NodeGetCapabilitiesResponse>, Status> {
-        let capabilities = [RpcType::StageUnstageVolume, RpcType::GetVolumeStats]
-            .into_iter()
-            .map(|t| NodeServiceCapability {
-                r#type: Some(node_service_capability::Type::Rpc(
-                    node_service_capability::Rpc { r#type: t as i32 },
-                )),
-            })
-            .collect();
+        let capabilities = [
+            RpcType::StageUnstageVolume,
+            RpcType::GetVolumeStats,
+            RpcType::ExpandVolume,
+        ]
+        .into_iter()
+        .map(|t| NodeServiceCapability {
+            r#type: Some(node_service_capability::Type::Rpc(
+                node_service_capability::Rpc { r#type: t as i32 },
+            )),
+        })
+        .collect();
         Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
     }
 

@@ -515,10 +515,16 @@ impl Replica {
                 self.meta.size
             )));
         }
-        let head = self.head();
-        head.file
-            .set_len(size)
-            .map_err(|e| ReplicaError::io(&head.path, e))?;
+        if size == self.meta.size {
+            return Ok(());
+        }
+        // Every layer file is as large as the volume: the frozen ones grow
+        // by a hole, which leaves their data and checksums as they are.
+        for l in &self.layers {
+            l.file
+                .set_len(size)
+                .map_err(|e| ReplicaError::io(&l.path, e))?;
+        }
         let mut meta = self.meta.clone();
         meta.size = size;
         meta.revision = self.revision;
