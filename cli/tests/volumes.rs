@@ -178,3 +178,72 @@ fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
     assert_eq!(list["items"], json!([]));
     drop(again);
 }
+
+#[test]
+fn a_detached_volume_grows_with_ballastctl_and_keeps_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, _n) = controller_with_one_node(dir.path());
+    let api = &ctl.api;
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes"),
+        Some(json!({"name": "grow", "size": "64Mi", "numberOfReplicas": 1})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let attach = || {
+        let (s, v) = call(
+            "POST",
+            &format!("{api}/v1/volumes/grow/attach"),
+            Some(json!({"nodeId": "node-1"})),
+        );
+        assert_eq!(s, 200, "{v}");
+        v["status"]["frontendEndpoint"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let endpoint = attach();
+    let (ok, out) = qemu_io(&endpoint, &["write -P 0x3c 60M 4M", "flush"]);
+    assert!(ok, "{out}");
+    // Attached, it does not grow.
+    let (ok, _, err) = ballastctl(api, &["volume", "expand", "grow", "--size", "128Mi"]);
+    assert!(!ok && err.contains("attached"), "{err}");
+    let (s, v) = call("POST", &format!("{api}/v1/volumes/grow/detach"), None);
+    assert_eq!(s, 200, "{v}");
+    let (ok, out, err) = ballastctl(api, &["volume", "expand", "grow", "--size", "128Mi"]);
+    assert!(ok, "{out}{err}");
+    // Smaller, or not a multiple of 4 KiB: refused, naming the size.
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes/grow/expand"),
+        Some(json!({"size": "64Mi"})),
+    );
+    assert_eq!((s, v["code"].as_str()), (400, Some("out_of_range")), "{v}");
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes/grow/expand"),
+        Some(json!({"size": 134_217_729u64})),
+    );
+    assert_eq!(s, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().starts_with("size"), "{v}");
+    let endpoint = attach();
+    let info = std::process::Command::new("qemu-img")
+        .args(["info", "--output=json", &endpoint])
+        .output()
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
+    assert_eq!(info["virtual-size"], 128u64 << 20, "{info}");
+    // The old data, and zeros in the new part, which takes writes.
+    let (ok, out) = qemu_io(
+        &endpoint,
+        &[
+            "read -P 0x3c 60M 4M",
+            "read -P 0 64M 64M",
+            "write -P 0x7e 120M 8M",
+            "read -P 0x7e 120M 8M",
+        ],
+    );
+    assert!(ok, "{out}");
+    let (s, v) = call("POST", &format!("{api}/v1/volumes/grow/detach"), None);
+    assert_eq!(s, 200, "{v}");
+}

@@ -111,6 +111,13 @@ pub enum VolumeCmd {
     Detach {
         name: String,
     },
+    /// Grow a detached volume (every replica grows; volumes never shrink).
+    Expand {
+        name: String,
+        /// The new size, e.g. 2Gi.
+        #[arg(long)]
+        size: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -459,6 +466,18 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
             VolumeCmd::Detach { name } => {
                 let v = c
                     .call(Method::POST, &format!("/v1/volumes/{name}/detach"), None)
+                    .await?;
+                show(&v, &VOLUME_HEADER, volume_rows, false);
+            }
+            VolumeCmd::Expand { name, size } => {
+                let bytes =
+                    parse_size(&size).map_err(|e| CtlError::Usage(format!("--size: {e}")))?;
+                let v = c
+                    .call(
+                        Method::POST,
+                        &format!("/v1/volumes/{name}/expand"),
+                        Some(json!({"size": bytes})),
+                    )
                     .await?;
                 show(&v, &VOLUME_HEADER, volume_rows, false);
             }

@@ -61,6 +61,11 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
         "Stop the volume's engine",
     ),
     (
+        "post",
+        "/v1/volumes/{name}/expand",
+        "Grow a detached volume to {size}: every replica grows on its node",
+    ),
+    (
         "get",
         "/v1/replicas",
         "List replicas, optionally ?volume=NAME&node=ID",
@@ -116,6 +121,10 @@ pub fn router(ctx: Arc<Context>) -> Router {
         .route(
             "/v1/volumes/{name}/detach",
             axum::routing::post(volumes::detach),
+        )
+        .route(
+            "/v1/volumes/{name}/expand",
+            axum::routing::post(volumes::expand),
         )
         .route("/v1/replicas", get(objects::list_replicas))
         .route(

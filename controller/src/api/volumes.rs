@@ -83,6 +83,34 @@ pub async fn detach(
     Ok(Json(crate::executor::detach(&ctx, &name).await?))
 }
 
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ExpandVolume {
+    #[serde(with = "ballast::quantity::serde_size")]
+    size: u64,
+}
+
+/// Grows a detached volume; 422 while attached, 400 for a size that is
+/// smaller or not a multiple of 4 KiB.
+#[tracing::instrument(skip_all, fields(volume = %name))]
+pub async fn expand(
+    State(ctx): State<Arc<Context>>,
+    Path(name): Path<String>,
+    Body(req): Body<ExpandVolume>,
+) -> Result<Json<Volume>, Error> {
+    if req.size == 0 || !req.size.is_multiple_of(volumes::SIZE_ALIGN) {
+        return Err(Error::invalid(
+            "size",
+            format!(
+                "{} is not a positive multiple of {} bytes",
+                req.size,
+                volumes::SIZE_ALIGN
+            ),
+        ));
+    }
+    Ok(Json(crate::executor::expand(&ctx, &name, req.size).await?))
+}
+
 #[tracing::instrument(skip_all, fields(volume = %name))]
 pub async fn patch(
     State(ctx): State<Arc<Context>>,
