@@ -4,10 +4,10 @@
 //! ControllerUnpublishVolume (which start and stop the volume's engine on
 //! the node), ListVolumes with the nodes each volume is published at,
 //! GetCapacity, ValidateVolumeCapabilities and ControllerGetCapabilities
-//! and ControllerExpandVolume (offline: the volume unpublished)
-//! (`volumes`; StorageClass parameters in `params`). Not advertised, so
-//! UNIMPLEMENTED as the spec allows: snapshots, clones, ControllerGetVolume
-//! and ControllerModifyVolume.
+//! ControllerExpandVolume (offline: the volume unpublished), and
+//! ControllerGetVolume with the volume's condition (`volumes`; StorageClass
+//! parameters in `params`). Not advertised, so UNIMPLEMENTED as the spec
+//! allows: snapshots, clones and ControllerModifyVolume.
 
 pub mod params;
 pub mod volumes;
@@ -25,12 +25,12 @@ use ballast::proto::csi::v1::identity_server::IdentityServer;
 use ballast::proto::csi::v1::{
     ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
-    ControllerPublishVolumeRequest, ControllerPublishVolumeResponse, ControllerServiceCapability,
-    ControllerUnpublishVolumeRequest, ControllerUnpublishVolumeResponse, CreateVolumeRequest,
-    CreateVolumeResponse, DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest,
-    GetCapacityResponse, ListVolumesRequest, ListVolumesResponse,
-    ValidateVolumeCapabilitiesRequest, ValidateVolumeCapabilitiesResponse,
-    validate_volume_capabilities_response::Confirmed,
+    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerPublishVolumeRequest,
+    ControllerPublishVolumeResponse, ControllerServiceCapability, ControllerUnpublishVolumeRequest,
+    ControllerUnpublishVolumeResponse, CreateVolumeRequest, CreateVolumeResponse,
+    DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse,
+    ListVolumesRequest, ListVolumesResponse, ValidateVolumeCapabilitiesRequest,
+    ValidateVolumeCapabilitiesResponse, validate_volume_capabilities_response::Confirmed,
 };
 use ballast::store::StoreExt;
 use tonic::transport::Server;
@@ -60,6 +60,8 @@ impl Controller for ControllerService {
             RpcType::GetCapacity,
             RpcType::ListVolumesPublishedNodes,
             RpcType::ExpandVolume,
+            RpcType::GetVolume,
+            RpcType::VolumeCondition,
         ]
         .into_iter()
         .map(|t| ControllerServiceCapability {
@@ -125,6 +127,16 @@ impl Controller for ControllerService {
         Ok(Response::new(
             volumes::expand(&self.ctx, request.into_inner()).await?,
         ))
+    }
+
+    async fn controller_get_volume(
+        &self,
+        request: Request<ControllerGetVolumeRequest>,
+    ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
+        Ok(Response::new(volumes::get(
+            &self.ctx,
+            request.into_inner(),
+        )?))
     }
 
     async fn get_capacity(

@@ -8,14 +8,15 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ballast::model::{AccessMode, FsType, Node, Volume};
+use ballast::model::{AccessMode, FsType, Node, Robustness, Volume};
 use ballast::proto::csi::v1::volume_capability::AccessType;
 use ballast::proto::csi::v1::volume_capability::access_mode::Mode;
 use ballast::proto::csi::v1::{
     self as csi, CapacityRange, ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
-    ControllerPublishVolumeRequest, ControllerPublishVolumeResponse,
-    ControllerUnpublishVolumeRequest, CreateVolumeRequest, DeleteVolumeRequest, GetCapacityRequest,
-    GetCapacityResponse, ListVolumesRequest, ListVolumesResponse, VolumeCapability,
+    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerPublishVolumeRequest,
+    ControllerPublishVolumeResponse, ControllerUnpublishVolumeRequest, CreateVolumeRequest,
+    DeleteVolumeRequest, GetCapacityRequest, GetCapacityResponse, ListVolumesRequest,
+    ListVolumesResponse, VolumeCapability, VolumeCondition, controller_get_volume_response,
     list_volumes_response,
 };
 use ballast::store::StoreExt;
@@ -334,6 +335,42 @@ pub async fn expand(
     })
 }
 
+/// The volume's health as CSI reports it: abnormal when degraded or
+/// faulted (from the engine's replica modes).
+fn condition(v: &Volume) -> VolumeCondition {
+    let r = v.status.robustness;
+    let message = match r {
+        Robustness::Healthy => "healthy: every replica is rw".to_string(),
+        Robustness::Degraded => {
+            "degraded: some replicas failed or are rebuilding; I/O goes on".to_string()
+        }
+        Robustness::Faulted => "faulted: no usable replica".to_string(),
+        Robustness::Unknown => "not published: no engine reports on it".to_string(),
+    };
+    VolumeCondition {
+        abnormal: matches!(r, Robustness::Degraded | Robustness::Faulted),
+        message,
+    }
+}
+
+#[tracing::instrument(skip_all, fields(rpc = "ControllerGetVolume", volume = %req.volume_id))]
+pub fn get(
+    ctx: &Context,
+    req: ControllerGetVolumeRequest,
+) -> Result<ControllerGetVolumeResponse, Error> {
+    if req.volume_id.is_empty() {
+        return Err(Error::invalid("volume_id", "is required"));
+    }
+    let v: Volume = ctx.store.fetch(&req.volume_id)?;
+    Ok(ControllerGetVolumeResponse {
+        volume: Some(csi_volume(&v)),
+        status: Some(controller_get_volume_response::VolumeStatus {
+            published_node_ids: v.status.attached_node.iter().cloned().collect(),
+            volume_condition: Some(condition(&v)),
+        }),
+    })
+}
+
 #[tracing::instrument(skip_all, fields(rpc = "ListVolumes"))]
 pub fn list(ctx: &Context, req: ListVolumesRequest) -> Result<ListVolumesResponse, Error> {
     if req.max_entries < 0 {
@@ -369,7 +406,7 @@ pub fn list(ctx: &Context, req: ListVolumesRequest) -> Result<ListVolumesRespons
                 volume: Some(csi_volume(v)),
                 status: Some(list_volumes_response::VolumeStatus {
                     published_node_ids: v.status.attached_node.iter().cloned().collect(),
-                    volume_condition: None,
+                    volume_condition: Some(condition(v)),
                 }),
             })
             .collect(),
@@ -425,6 +462,30 @@ mod tests {
             required_bytes: required,
             limit_bytes: limit,
         })
+    }
+
+    #[test]
+    fn a_degraded_or_faulted_volume_is_abnormal() {
+        let mut v = Volume {
+            name: "v".into(),
+            resource_version: 0,
+            spec: ballast::model::VolumeSpec::new(4096, 1),
+            status: Default::default(),
+        };
+        for (r, abnormal) in [
+            (Robustness::Healthy, false),
+            (Robustness::Degraded, true),
+            (Robustness::Faulted, true),
+            (Robustness::Unknown, false),
+        ] {
+            v.status.robustness = r;
+            let c = condition(&v);
+            assert_eq!(c.abnormal, abnormal, "{r}");
+            assert!(c.message.starts_with(match r {
+                Robustness::Unknown => "not published",
+                other => other.as_str(),
+            }));
+        }
     }
 
     #[test]

@@ -7,8 +7,9 @@ use std::collections::HashMap;
 
 use ballast::proto::csi::v1::controller_client::ControllerClient;
 use ballast::proto::csi::v1::{
-    CapacityRange, ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest,
-    CreateVolumeRequest, DeleteVolumeRequest, GetCapacityRequest, ListVolumesRequest,
+    CapacityRange, ControllerGetVolumeRequest, ControllerPublishVolumeRequest,
+    ControllerUnpublishVolumeRequest, CreateVolumeRequest, DeleteVolumeRequest, GetCapacityRequest,
+    ListVolumesRequest,
 };
 use tonic::Code;
 use tonic::transport::Channel;
@@ -121,8 +122,31 @@ async fn create_is_idempotent(ch: &Channel, prefix: &str) -> CheckResult {
         Code::AlreadyExists,
         "CreateVolume of the same name with a larger size",
     )?;
+    let got = c
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: a.volume_id.clone(),
+        })
+        .await
+        .map_err(|s| format!("ControllerGetVolume: {s}"))?
+        .into_inner();
+    ensure(got.volume.as_ref() == Some(&a), || {
+        format!(
+            "ControllerGetVolume answers {:?}, CreateVolume {a:?}",
+            got.volume
+        )
+    })?;
+    let condition = got.status.and_then(|s| s.volume_condition);
+    ensure(condition.is_some_and(|c| !c.abnormal), || {
+        "a new volume has no condition, or an abnormal one".into()
+    })?;
     delete(ch, &a.volume_id).await?;
     delete(ch, &a.volume_id).await?;
+    let r = c
+        .controller_get_volume(ControllerGetVolumeRequest {
+            volume_id: a.volume_id.clone(),
+        })
+        .await;
+    expect_code(r, Code::NotFound, "ControllerGetVolume of a deleted volume")?;
     let r = c
         .delete_volume(DeleteVolumeRequest {
             volume_id: String::new(),
@@ -310,7 +334,7 @@ pub async fn controller_checks(ch: &Channel, exp: &Expectations) -> Vec<Outcome>
             failure: create_validates_its_request(ch).await.err(),
         },
         Outcome {
-            name: "controller: CreateVolume and DeleteVolume are idempotent; a different request of the same name is ALREADY_EXISTS",
+            name: "controller: CreateVolume and DeleteVolume are idempotent; a different request of the same name is ALREADY_EXISTS; ControllerGetVolume",
             failure: create_is_idempotent(ch, &prefix).await.err(),
         },
         Outcome {
