@@ -83,6 +83,11 @@ pub struct NodeArgs {
     /// Sockets and frontends of attached volumes.
     #[arg(long, env = "BALLAST_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Start writing a replica's new data to its disk after this many
+    /// bytes written to it (e.g. 8Mi), so that a flush waits only for the
+    /// rest; 0 leaves it to the kernel.
+    #[arg(long, env = "BALLAST_WRITEBACK_EVERY", default_value = "8Mi", value_parser = parse_size)]
+    pub writeback_every: u64,
 }
 
 impl From<NodeArgs> for NodeConfig {
@@ -97,6 +102,7 @@ impl From<NodeArgs> for NodeConfig {
             agent_listen: a.agent_listen,
             replica_listen: a.replica_listen,
             state_dir: a.state_dir,
+            writeback_every: a.writeback_every,
         }
     }
 }
@@ -148,6 +154,10 @@ pub struct EngineArgs {
     /// whose reads and writes of it then go straight to its files.
     #[arg(long, env = "BALLAST_LOCAL_DIR", requires = "local")]
     pub local_dir: Option<PathBuf>,
+    /// Start writing the lent replica's new data to its disk after this
+    /// many bytes written to it; 0 leaves it to the kernel.
+    #[arg(long, env = "BALLAST_WRITEBACK_EVERY", default_value = "8Mi", value_parser = parse_size)]
+    pub writeback_every: u64,
     /// Where to write the engine's status (JSON) every second.
     #[arg(long, env = "BALLAST_STATUS_FILE")]
     pub status_file: Option<PathBuf>,

@@ -15,7 +15,7 @@ pub async fn run(a: EngineArgs) -> Result<(), String> {
             .await
             .map_err(|e| e.to_string())?;
     if let Some(dir) = a.local_dir.clone()
-        && let Err(e) = engine.lend_local(dir).await
+        && let Err(e) = engine.lend_local(dir, a.writeback_every).await
     {
         tracing::warn!(error = %e, "the local replica was not lent; its I/O goes through its server");
     }

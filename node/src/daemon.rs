@@ -27,6 +27,9 @@ pub struct NodeConfig {
     pub agent_listen: SocketAddr,
     pub replica_listen: SocketAddr,
     pub state_dir: Option<PathBuf>,
+    /// Start a replica head's writeback after this many bytes written (0:
+    /// left to the kernel).
+    pub writeback_every: u64,
 }
 
 /// Runs the node plugin until a shutdown signal.
@@ -64,8 +67,10 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
             addr: config.replica_listen.to_string(),
             source,
         })?;
-    let replica_server =
-        crate::replica::server::ReplicaServer::new(disks.iter().map(|d| d.path.clone()).collect());
+    let replica_server = crate::replica::server::ReplicaServer::with_writeback(
+        disks.iter().map(|d| d.path.clone()).collect(),
+        config.writeback_every,
+    );
     let registered = Arc::new(AtomicBool::new(false));
     let disk_paths = disks.iter().map(|d| d.path.clone()).collect();
     let ctx = Arc::new(NodeContext {
@@ -78,7 +83,12 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
         csi_endpoint: format!("unix://{}", socket.display()),
         registered: registered.clone(),
         replicas: Some(replica_server.clone()),
-        engines: crate::agent::engines::Engines::new(&state_dir, exe, disk_paths),
+        engines: crate::agent::engines::Engines::new(
+            &state_dir,
+            exe,
+            disk_paths,
+            config.writeback_every,
+        ),
     });
     ctx.engines.adopt().await;
     let replica_task = tokio::spawn(replica_server.serve(replica_listener));

@@ -6,7 +6,7 @@ use ballast::model::ReplicaMode;
 use ballast_node::engine::{Engine, ReplicaAddr};
 use ballast_node::replica::client::ReplicaClient;
 use ballast_node::replica::server::{ReplicaServer, replica_dir};
-use ballast_node::replica::{BLOCK, Replica};
+use ballast_node::replica::{BLOCK, Replica, WRITEBACK_EVERY};
 use tokio::net::TcpListener;
 
 async fn replica_server(disk: &std::path::Path, name: &str, size: u64) -> ReplicaAddr {
@@ -81,7 +81,7 @@ async fn overlapping_writes(lend: bool) {
         .unwrap();
     if lend {
         engine
-            .lend_local(replica_dir(dirs[0].path(), "v-r0"))
+            .lend_local(replica_dir(dirs[0].path(), "v-r0"), WRITEBACK_EVERY)
             .await
             .unwrap();
     }
@@ -124,7 +124,7 @@ async fn a_lent_local_replica_matches_a_model_through_writes_trims_and_snapshots
         .await
         .unwrap();
     engine
-        .lend_local(replica_dir(d.path(), "v-r0"))
+        .lend_local(replica_dir(d.path(), "v-r0"), WRITEBACK_EVERY)
         .await
         .unwrap();
     let through_server = ReplicaClient::connect(&a.addr, &a.name).await.unwrap();
@@ -255,7 +255,10 @@ async fn a_lent_replica_is_lent_again_after_its_server_restarts_and_fails_with_i
     let engine = Engine::start("v", size, &[a.clone(), b], Some("v-r0".into()))
         .await
         .unwrap();
-    engine.lend_local(dir0.clone()).await.unwrap();
+    engine
+        .lend_local(dir0.clone(), WRITEBACK_EVERY)
+        .await
+        .unwrap();
     assert!(n0.server.is_lent("v-r0"));
     let block = |i: u8| vec![i; BLOCK as usize];
     engine.write(0, &block(1), false).await.unwrap();

@@ -29,6 +29,8 @@ pub struct Engines {
     exe: PathBuf,
     /// This node's disks, where a local replica's files are.
     disks: Vec<PathBuf>,
+    /// Passed to each engine (`--writeback-every`).
+    writeback_every: u64,
     running: Mutex<BTreeMap<String, Running>>,
 }
 
@@ -52,11 +54,12 @@ fn alive(pid: i32) -> bool {
 
 impl Engines {
     /// `state_dir/frontends` holds the sockets; `exe` is the ballast binary.
-    pub fn new(state_dir: &Path, exe: PathBuf, disks: Vec<PathBuf>) -> Self {
+    pub fn new(state_dir: &Path, exe: PathBuf, disks: Vec<PathBuf>, writeback_every: u64) -> Self {
         Engines {
             dir: state_dir.join("frontends"),
             exe,
             disks,
+            writeback_every,
             running: Mutex::new(BTreeMap::new()),
         }
     }
@@ -177,7 +180,9 @@ impl Engines {
             .arg("--status-file")
             .arg(self.status_file(&spec.volume))
             .arg("--control-socket")
-            .arg(self.control(&spec.volume));
+            .arg(self.control(&spec.volume))
+            .arg("--writeback-every")
+            .arg(self.writeback_every.to_string());
         for r in &spec.replicas {
             cmd.args(["--replica", r]);
         }

@@ -52,6 +52,7 @@ impl Lent {
         dir: &Path,
         size: u64,
         revision: u64,
+        writeback_every: u64,
     ) -> Result<Arc<Lent>, ClientError> {
         lease.lend().await?;
         let failed = |message: String| ClientError::Failed {
@@ -76,7 +77,10 @@ impl Lent {
             }
         });
         let replica = match checked {
-            Ok(r) => r,
+            Ok(mut r) => {
+                r.set_writeback_every(writeback_every);
+                r
+            }
             Err(e) => {
                 let _ = lease.give_back().await;
                 return Err(e);

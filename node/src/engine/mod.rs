@@ -440,10 +440,16 @@ impl Engine {
     }
 
     /// Borrows the local replica from its server (see `lent`): from then on
-    /// its I/O goes straight to its files in `dir`. When the server does
-    /// not lend it, it stays reached through the server.
+    /// its I/O goes straight to its files in `dir`, whose head's writeback
+    /// starts every `writeback_every` bytes written (0: left to the
+    /// kernel). When the server does not lend it, it stays reached through
+    /// the server.
     #[tracing::instrument(skip_all, fields(volume = %self.volume, dir = %dir.display()))]
-    pub async fn lend_local(self: &Arc<Self>, dir: std::path::PathBuf) -> Result<(), EngineError> {
+    pub async fn lend_local(
+        self: &Arc<Self>,
+        dir: std::path::PathBuf,
+        writeback_every: u64,
+    ) -> Result<(), EngineError> {
         let Some(local) = self.local.clone() else {
             return Ok(());
         };
@@ -459,7 +465,7 @@ impl Engine {
             return Ok(());
         };
         let revision = self.revision.load(Ordering::SeqCst);
-        let lent = lent::Lent::borrow(c, &local, &dir, self.size, revision)
+        let lent = lent::Lent::borrow(c, &local, &dir, self.size, revision, writeback_every)
             .await
             .map_err(|e| EngineError::of_replica(&local, e))?;
         let engine = Arc::downgrade(self);

@@ -30,9 +30,9 @@ pub use meta::{META_FILE, Meta};
 
 /// The unit of allocation and of the allocation maps.
 pub const BLOCK: u64 = 4096;
-/// After this many bytes written to a head, its writeback is started (see
-/// `Replica::start_writeback`).
-const WRITEBACK_EVERY: u64 = 8 << 20;
+/// By default, after this many bytes written to a head its writeback is
+/// started (see `Replica::start_writeback`; a node's `--writeback-every`).
+pub const WRITEBACK_EVERY: u64 = 8 << 20;
 const REVISION_FILE: &str = "revision";
 
 /// Errors of the replica format.
@@ -92,6 +92,8 @@ pub struct Replica {
     broken: Option<String>,
     /// Bytes written to the head since its writeback was last started.
     unstarted: u64,
+    /// Start writeback after this many bytes; 0 leaves it to the kernel.
+    writeback_every: u64,
     /// The thread that starts writeback, made on first use; it ends with
     /// the replica.
     writeback: Option<std::sync::mpsc::SyncSender<File>>,
@@ -206,6 +208,7 @@ impl Replica {
         Ok(Replica {
             broken: None,
             unstarted: 0,
+            writeback_every: WRITEBACK_EVERY,
             writeback: None,
             dir: dir.to_path_buf(),
             revision: stored.max(meta.revision),
@@ -301,6 +304,12 @@ impl Replica {
         &self.layers[self.layers.len() - 1]
     }
 
+    /// Starts the head's writeback after every `bytes` written (0: never,
+    /// the kernel decides).
+    pub fn set_writeback_every(&mut self, bytes: u64) {
+        self.writeback_every = bytes;
+    }
+
     /// Starts (without waiting for it) the writeback of the head's dirty
     /// pages, so that they go to the disk while writes go on rather than
     /// all at the next flush.
@@ -379,7 +388,7 @@ impl Replica {
             .map_err(|e| ReplicaError::io(&head.path, e))?;
         self.layers[head_idx].map.set_range(first, last, true);
         self.unstarted += data.len() as u64;
-        if self.unstarted >= WRITEBACK_EVERY {
+        if self.writeback_every > 0 && self.unstarted >= self.writeback_every {
             self.unstarted = 0;
             self.start_writeback();
         }

@@ -80,6 +80,8 @@ pub struct ReplicaServer {
     /// both are needed.
     lent: Mutex<HashMap<String, Loan>>,
     next_loan: std::sync::atomic::AtomicU64,
+    /// The replicas' writeback mark (see `Replica::set_writeback_every`).
+    writeback_every: u64,
 }
 
 /// A loan as the borrowing connection holds it; dropping it ends it.
@@ -121,7 +123,14 @@ fn valid_name(name: &str) -> bool {
 
 impl ReplicaServer {
     pub fn new(disks: Vec<PathBuf>) -> Arc<Self> {
+        Self::with_writeback(disks, super::WRITEBACK_EVERY)
+    }
+
+    /// Like `new`, starting each head's writeback after `writeback_every`
+    /// bytes written (0: left to the kernel).
+    pub fn with_writeback(disks: Vec<PathBuf>, writeback_every: u64) -> Arc<Self> {
         Arc::new(ReplicaServer {
+            writeback_every,
             disks,
             open: Mutex::new(HashMap::new()),
             fills: Mutex::new(HashMap::new()),
@@ -217,7 +226,9 @@ impl ReplicaServer {
             .map(|d| replica_dir(d, name))
             .find(|d| d.join(META_FILE).exists())
             .ok_or_else(|| format!("no replica {name} on this node"))?;
-        let r = Arc::new(RwLock::new(Replica::open(&dir).map_err(|e| e.to_string())?));
+        let mut opened = Replica::open(&dir).map_err(|e| e.to_string())?;
+        opened.set_writeback_every(self.writeback_every);
+        let r = Arc::new(RwLock::new(opened));
         if !lent {
             open.insert(name.to_string(), r.clone());
         }

@@ -270,3 +270,23 @@ fn writeback_of_the_head_starts_every_few_mebibytes_written() {
         dirty_pages(&head)
     );
 }
+
+#[test]
+fn with_the_mark_at_zero_writeback_is_left_to_the_kernel() {
+    let d = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(d.path(), 64 << 20).unwrap();
+    r.set_writeback_every(0);
+    let head = File::open(d.path().join(r.chain().last().unwrap())).unwrap();
+    let chunk = vec![0x5au8; 1 << 20];
+    let written = 2 * WRITEBACK_EVERY / (1 << 20);
+    for i in 0..written {
+        r.write(i << 20, &chunk, None).unwrap();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let pages = (written << 20) / BLOCK;
+    assert!(
+        dirty_pages(&head) >= pages * 9 / 10,
+        "{} of {pages} pages dirty",
+        dirty_pages(&head)
+    );
+}
