@@ -10,6 +10,7 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use ballast::proto::csi::v1::controller_client::ControllerClient;
 use ballast::proto::csi::v1::node_client::NodeClient;
@@ -511,4 +512,85 @@ fn an_unpublished_volume_grows_and_its_filesystem_follows_at_the_next_stage() {
     csi.node_unpublish("growvol", &target);
     csi.unstage("growvol", &staging);
     csi.unpublish("growvol");
+}
+
+#[test]
+fn a_mounted_volume_keeps_working_while_the_node_plugin_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, mut n, mut csi) = cluster(dir.path());
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
+    let _cleanup = Cleanup {
+        paths: vec![target.clone(), staging.clone()],
+        state: dir.path().join("node-1/state"),
+    };
+    csi.create("keep", false);
+    let context = csi.publish("keep", false);
+    csi.stage("keep", &staging, false, &context).unwrap();
+    csi.node_publish("keep", &staging, &target, false).unwrap();
+    let files: Vec<(PathBuf, Vec<u8>)> = (0..3u8)
+        .map(|i| {
+            (
+                target.join(format!("f{i}")),
+                pattern((2 << 20) + usize::from(i), i),
+            )
+        })
+        .collect();
+    let write = |i: usize| {
+        std::fs::write(&files[i].0, &files[i].1).unwrap();
+        std::process::Command::new("sync").status().unwrap();
+    };
+    write(0);
+    // The node plugin dies: the engine (its own process), the FUSE export
+    // and the loop device stay, and so does the mount.
+    n.proc.signal(nix::sys::signal::Signal::SIGKILL);
+    n.proc.wait_exit(Duration::from_secs(5)).unwrap();
+    write(1);
+    let restarted = chrono::Utc::now();
+    // (The old handle is forgotten, not dropped: its drop kills its process
+    // group, where the engine runs; the test's cleanup stops the engine.)
+    let old = std::mem::replace(
+        &mut n.proc,
+        Proc::spawn(&n.args, dir.path().join("node-1.restarted.log")),
+    );
+    std::mem::forget(old);
+    wait_for(Duration::from_secs(30), "node-1 back", || {
+        node(&ctl.api, "node-1").filter(|v| node_up_since(v, restarted))
+    });
+    // The engine asks its new server for its replica again.
+    wait_for(Duration::from_secs(20), "the replica lent again", || {
+        n.proc
+            .log_text()
+            .contains("replica lent to its engine")
+            .then_some(())
+    });
+    write(2);
+    for (p, data) in &files {
+        assert!(
+            std::fs::read(p).unwrap() == *data,
+            "{} differs",
+            p.display()
+        );
+    }
+    // A new connection to the new plugin's socket, as a CO makes.
+    csi.node = {
+        let _in = csi.rt.enter();
+        NodeClient::new(ballast::grpc::unix_channel(&n.socket).unwrap())
+    };
+    // The restarted plugin tears down what its predecessor set up.
+    csi.node_unpublish("keep", &target);
+    csi.unstage("keep", &staging);
+    csi.unpublish("keep");
+    let context = csi.publish("keep", false);
+    csi.stage("keep", &staging, false, &context).unwrap();
+    csi.node_publish("keep", &staging, &target, false).unwrap();
+    for (p, data) in &files {
+        assert!(
+            std::fs::read(p).unwrap() == *data,
+            "{} differs after a new stage",
+            p.display()
+        );
+    }
+    csi.node_unpublish("keep", &target);
+    csi.unstage("keep", &staging);
+    csi.unpublish("keep");
 }

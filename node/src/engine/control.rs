@@ -138,7 +138,16 @@ pub async fn serve(engine: Arc<Engine>, path: &Path) -> std::io::Result<()> {
     let listener = UnixListener::bind(path)?;
     let export: Export = Arc::default();
     loop {
-        let (stream, _) = listener.accept().await?;
+        // A failed accept (a peer gone before it was accepted, no file
+        // descriptor free for a moment) must not end the control socket.
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                tracing::warn!(error = %e, "control socket accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
         let (engine, export) = (engine.clone(), export.clone());
         tokio::spawn(async move {
             let (rd, mut wr) = stream.into_split();
