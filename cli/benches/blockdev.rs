@@ -1,0 +1,115 @@
+//! The block device a pod gets against its peer, in one run, on one disk:
+//! `fio` (libaio, direct I/O, queue depth 16) on
+//!
+//! - Ballast: a loop device on the engine's FUSE export (what
+//!   NodeStageVolume sets up), the engine with one replica on its own node
+//!   (lent to it);
+//! - peer: a loop device (direct I/O) on a raw file of the same disk.
+//!
+//! 4k random and 64k sequential, write then read; prints each figure and
+//! the ratio. Needs root, FUSE and fio. Run:
+//! `cargo bench -p ballast-cli --bench blockdev`.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ballast_node::frontend::blockdev::LoopDevice;
+use common::{Kill, SIZE, engine, node_with_replica};
+
+/// fio on `dev`; returns operations per second.
+fn fio(dev: &Path, rw: &str, bs: &str) -> f64 {
+    let out = Command::new("fio")
+        .args([
+            "--name=bench",
+            "--ioengine=libaio",
+            "--direct=1",
+            "--iodepth=16",
+            "--runtime=4",
+            "--time_based",
+            "--size=512M",
+            "--output-format=json",
+        ])
+        .arg(format!("--filename={}", dev.display()))
+        .arg(format!("--rw={rw}"))
+        .arg(format!("--bs={bs}"))
+        .output()
+        .expect("fio is installed");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fio's JSON");
+    let job = &v["jobs"][0];
+    let side = if rw.contains("write") {
+        "write"
+    } else {
+        "read"
+    };
+    job[side]["iops"].as_f64().expect("fio reports iops")
+}
+
+fn main() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this benchmark needs root (loop devices, FUSE)"
+    );
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+
+    let raw = dir.path().join("peer.img");
+    std::fs::File::create(&raw).unwrap().set_len(SIZE).unwrap();
+    let peer = LoopDevice::attach(&raw).unwrap();
+
+    let (_node, r1) = node_with_replica(dir.path(), 1, "bd");
+    let fuse = dir.path().join("fuse");
+    let fuse_arg = fuse.display().to_string();
+    let (mut eng, _socket) = engine(
+        dir.path(),
+        "bd",
+        std::slice::from_ref(&r1),
+        1,
+        &["--fuse-dir", &fuse_arg],
+    );
+    let file = fuse.join(ballast_node::frontend::blockdev::FILE_NAME);
+    let end = Instant::now() + Duration::from_secs(30);
+    while !file.exists() {
+        assert!(Instant::now() < end, "the FUSE export never appeared");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let ours = LoopDevice::attach(&file).unwrap();
+
+    println!("fio, libaio, direct, QD16, operations per second (median of 3)");
+    for (rw, bs) in [
+        ("randwrite", "4k"),
+        ("randread", "4k"),
+        ("write", "64k"),
+        ("read", "64k"),
+    ] {
+        let median = |dev: &Path| {
+            let mut v: Vec<f64> = (0..3).map(|_| fio(dev, rw, bs)).collect();
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[1]
+        };
+        let p = median(&peer.path);
+        let b = median(&ours.path);
+        println!(
+            "{bs:>3} {rw:<9}  loop on a raw file {p:>8.0}  ballast block device, 1 replica {b:>8.0} ({:.2}x)",
+            b / p
+        );
+    }
+
+    // Teardown in order: the loop devices, then the engine (which
+    // unmounts its export on SIGTERM), then the rest.
+    drop(ours);
+    drop(peer);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(eng.0.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = eng.0.wait();
+    let _ = Command::new("umount").arg("-l").arg(&fuse).output();
+    drop::<Kill>(eng);
+}

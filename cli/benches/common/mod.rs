@@ -1,0 +1,104 @@
+//! What the benchmarks share: node and engine processes on one disk.
+#![allow(dead_code)] // each bench uses its own part
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BALLAST: &str = env!("CARGO_BIN_EXE_ballast");
+pub const SIZE: u64 = 1 << 30;
+
+pub struct Kill(pub Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn wait_for(path: &Path) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        assert!(Instant::now() < end, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn quiet(cmd: &mut Command) -> &mut Command {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+}
+
+/// A node process holding one replica of `volume`; returns NAME@ADDR.
+pub fn node_with_replica(dir: &Path, i: usize, volume: &str) -> (Kill, String) {
+    let disk = dir.join(format!("node-{i}/disk"));
+    std::fs::create_dir_all(&disk).unwrap();
+    let name = format!("{volume}-r{i}");
+    ballast_node::replica::Replica::create(
+        &ballast_node::replica::server::replica_dir(&disk, &name),
+        SIZE,
+    )
+    .unwrap();
+    let replica_port = free_port();
+    let child = quiet(
+        Command::new(BALLAST)
+            .args(["node", "--node-id", &format!("bench-{i}")])
+            .arg("--disk")
+            .arg(&disk)
+            .args([
+                "--controller",
+                "http://127.0.0.1:1",
+                "--csi-endpoint",
+                &format!("unix://{}", dir.join(format!("node-{i}.sock")).display()),
+                "--agent-listen",
+                &format!("127.0.0.1:{}", free_port()),
+                "--replica-listen",
+                &format!("127.0.0.1:{replica_port}"),
+            ]),
+    )
+    .spawn()
+    .unwrap();
+    wait_for(&dir.join(format!("node-{i}.sock")));
+    (Kill(child), format!("{name}@127.0.0.1:{replica_port}"))
+}
+
+/// The engine of `volume`, on the node of its first replica (`local_node`).
+pub fn engine(
+    dir: &Path,
+    volume: &str,
+    replicas: &[String],
+    local_node: usize,
+    extra: &[&str],
+) -> (Kill, PathBuf) {
+    let socket = dir.join(format!("{volume}.sock"));
+    let mut c = Command::new(BALLAST);
+    c.args(["engine", "--volume", volume, "--size", "1Gi"])
+        .arg("--socket")
+        .arg(&socket);
+    for r in replicas {
+        c.args(["--replica", r]);
+    }
+    // The first replica is on the engine's node, as attach arranges it: its
+    // reads go straight to its files.
+    let local = replicas[0].split('@').next().unwrap();
+    c.args(["--local", local]);
+    c.arg("--local-dir")
+        .arg(ballast_node::replica::server::replica_dir(
+            &dir.join(format!("node-{local_node}/disk")),
+            local,
+        ));
+    c.args(extra);
+    let child = quiet(&mut c).spawn().unwrap();
+    wait_for(&socket);
+    (Kill(child), socket)
+}
