@@ -1,5 +1,4 @@
 //! What the benchmarks share: node and engine processes on one disk.
-#![allow(dead_code)] // each bench uses its own part
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
