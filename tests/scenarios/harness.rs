@@ -15,6 +15,9 @@ pub use crate::common::*;
 pub const SIZE: u64 = 64 << 20;
 
 /// Fields drop in this order: processes first, then mounts, then files.
+/// How long a node may take to start and report ready.
+const NODE_START: Duration = Duration::from_secs(90);
+
 pub struct Cluster {
     pub nodes: Vec<NodeProc>,
     /// Kept for its lifetime: the controller process stops with it.
@@ -121,7 +124,9 @@ impl Cluster {
             .collect();
         let api = ctl.api.clone();
         for n in &nodes {
-            wait_for(Duration::from_secs(30), "node ready", || {
+            // Generous: with two scenarios and the rest of the suite on
+            // two cores, a node's first heartbeat can take a while.
+            wait_for(NODE_START, "node ready", || {
                 node(&api, &n.id).filter(node_is_up)
             });
         }
@@ -294,7 +299,7 @@ impl Cluster {
         let log = self.dir.path().join(format!("{}.log", n.id));
         n.proc = Proc::spawn(&n.args, log);
         let (api, id) = (self.api.clone(), n.id.clone());
-        wait_for(Duration::from_secs(30), "node back", || {
+        wait_for(NODE_START, "node back", || {
             node(&api, &id).filter(|v| node_up_since(v, since))
         });
     }

@@ -232,7 +232,8 @@ pub fn start_node(dir: &Path, id: &str, controller_agent: &str) -> NodeProc {
 pub fn controller_with_one_node(dir: &Path) -> (ControllerProc, NodeProc) {
     let ctl = start_controller(dir, "30s");
     let n = start_node(dir, "node-1", &format!("http://{}", ctl.agent));
-    wait_for(Duration::from_secs(30), "node-1 ready", || {
+    // Generous: the whole suite shares two cores.
+    wait_for(Duration::from_secs(90), "node-1 ready", || {
         node(&ctl.api, "node-1").filter(node_is_up)
     });
     let (code, body) = call(

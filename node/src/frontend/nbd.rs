@@ -224,7 +224,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         return Ok(());
     }
     let (rd, wr) = tokio::io::split(stream);
-    let mut rd = tokio::io::BufReader::with_capacity(IO_BUFFER, rd);
+    let mut rd = crate::bufio::FrameReader::new(rd, IO_BUFFER);
     // Unbounded: what waits is bounded by the requests in flight, and a
     // write's answer is sent from the task that read the replicas' answers,
     // which must not wait.
@@ -277,7 +277,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                     let _ = tx.send(simple_reply(EINVAL, handle, Vec::new()));
                     break Err(invalid("write too large"));
                 }
-                let data = crate::bufio::read_payload(&mut rd, len as usize).await?;
+                let data = rd.payload(len as usize).await?;
                 if !in_range {
                     let _ = tx.send(simple_reply(ENOSPC, handle, Vec::new()));
                     continue;
@@ -287,7 +287,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 engine
                     .write_then(
                         offset,
-                        bytes::Bytes::from(data),
+                        data,
                         fua,
                         Box::new(move |r| {
                             let _ = tx.send(done_reply(r, handle));

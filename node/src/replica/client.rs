@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
@@ -135,7 +135,7 @@ impl ReplicaClient {
                 .map_err(|e| closed(e.to_string()))?;
         let _ = stream.set_nodelay(true);
         let (rd, wr) = stream.into_split();
-        let mut rd = tokio::io::BufReader::with_capacity(super::server::IO_BUFFER, rd);
+        let mut rd = crate::bufio::FrameReader::new(rd, super::server::IO_BUFFER);
         let (outbox, mut frames) = mpsc::unbounded_channel::<Frame>();
         let pending: Pending = Arc::default();
         let closed = Arc::new(Ended::default());
@@ -171,8 +171,8 @@ impl ReplicaClient {
                     Ok(r) => r,
                     Err(e) => break e.to_string(),
                 };
-                let body = match crate::bufio::read_payload(&mut rd, resp.len as usize).await {
-                    Ok(b) => b,
+                let body = match rd.payload(resp.len as usize).await {
+                    Ok(b) => b.to_vec(),
                     Err(e) => break e.to_string(),
                 };
                 let waiter = p.lock().ok().and_then(|mut m| m.remove(&resp.id));

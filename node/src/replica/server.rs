@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -351,7 +351,7 @@ impl ReplicaServer {
 
     async fn connection(self: Arc<Self>, stream: TcpStream) -> std::io::Result<()> {
         let (rd, wr) = stream.into_split();
-        let mut rd = tokio::io::BufReader::with_capacity(IO_BUFFER, rd);
+        let mut rd = crate::bufio::FrameReader::new(rd, IO_BUFFER);
         let (tx, mut rx) = mpsc::channel::<(Response, Vec<u8>)>(256);
         // The socket's write half is shared: the writer task sends the
         // replies of reads and queued mutations; this task sends the replies
@@ -390,7 +390,7 @@ impl ReplicaServer {
         // no mutation queued is applied right here, without a thread hop (a
         // write into the page cache is short); one that must sync, or that
         // would overtake a queued one, goes to the mutator thread.
-        let (mtx, mut mrx) = mpsc::channel::<(Shared, Request, Vec<u8>)>(256);
+        let (mtx, mut mrx) = mpsc::channel::<(Shared, Request, bytes::Bytes)>(256);
         let mtx_reply = tx.clone();
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let done = queued.clone();
@@ -405,7 +405,7 @@ impl ReplicaServer {
         });
         let result = loop {
             // Before waiting for more bytes, send what was answered.
-            if rd.buffer().len() < REQUEST_HEADER {
+            if rd.buffered() < REQUEST_HEADER {
                 send_answered(&wr, &mut answered).await?;
             }
             let mut head = [0u8; REQUEST_HEADER];
@@ -439,10 +439,10 @@ impl ReplicaServer {
                     break Ok(());
                 }
             };
-            if rd.buffer().len() < req.payload_len() {
+            if rd.buffered() < req.payload_len() {
                 send_answered(&wr, &mut answered).await?;
             }
-            let payload = crate::bufio::read_payload(&mut rd, req.payload_len()).await?;
+            let payload = rd.payload(req.payload_len()).await?;
             if req.op == Op::Open {
                 let name = String::from_utf8_lossy(&payload).into_owned();
                 let reply = match self.find(&name) {
@@ -630,7 +630,7 @@ fn code_of(e: &ReplicaError) -> u32 {
 }
 
 /// Runs one request against the replica.
-fn execute(replica: &RwLock<Replica>, req: &Request, payload: Vec<u8>) -> (Response, Vec<u8>) {
+fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> (Response, Vec<u8>) {
     let ok = |body: Vec<u8>| {
         (
             Response {
