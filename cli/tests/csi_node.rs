@@ -300,6 +300,12 @@ fn a_mount_volume_is_staged_published_written_and_keeps_its_files_through_a_seco
         .unwrap();
     assert!(bytes.total > 0 && bytes.total <= SIZE, "{bytes:?}");
     assert!(bytes.used >= 4 << 20, "{bytes:?}");
+    let condition = stats.volume_condition.unwrap();
+    assert!(!condition.abnormal, "{condition:?}");
+    assert!(
+        condition.message.starts_with("1 replicas rw"),
+        "{condition:?}"
+    );
     let missing = csi
         .rt
         .block_on(csi.node.node_get_volume_stats(NodeGetVolumeStatsRequest {

@@ -28,8 +28,8 @@ use ballast::proto::csi::v1::{
     NodeGetVolumeStatsRequest, NodeGetVolumeStatsResponse, NodePublishVolumeRequest,
     NodePublishVolumeResponse, NodeServiceCapability, NodeStageVolumeRequest,
     NodeStageVolumeResponse, NodeUnpublishVolumeRequest, NodeUnpublishVolumeResponse,
-    NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeCapability, VolumeUsage,
-    volume_usage,
+    NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeCapability, VolumeCondition,
+    VolumeUsage, volume_usage,
 };
 use tonic::{Request, Response, Status};
 
@@ -467,6 +467,24 @@ impl NodeService {
         })
     }
 
+    /// The volume's condition as its engine on this node sees it: abnormal
+    /// when a replica failed or none is rw.
+    async fn condition(&self, volume: &str) -> VolumeCondition {
+        let engines = self.ctx.engines.list().await;
+        let Some(e) = engines.iter().find(|e| e.volume == volume && e.running) else {
+            return VolumeCondition {
+                abnormal: true,
+                message: "no engine of the volume runs on this node".into(),
+            };
+        };
+        let count = |mode: &str| e.replicas.iter().filter(|r| r.mode == mode).count();
+        let (rw, wo, err) = (count("rw"), count("wo"), count("err"));
+        VolumeCondition {
+            abnormal: rw == 0 || err > 0,
+            message: format!("{rw} replicas rw, {wo} rebuilding, {err} failed"),
+        }
+    }
+
     fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse, Error> {
         required(&req.volume_id, "volume_id")?;
         required(&req.volume_path, "volume_path")?;
@@ -554,7 +572,11 @@ impl Node for NodeService {
         &self,
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
-        Ok(Response::new(self.stats(request.into_inner())?))
+        let req = request.into_inner();
+        let volume = req.volume_id.clone();
+        let mut stats = self.stats(req)?;
+        stats.volume_condition = Some(self.condition(&volume).await);
+        Ok(Response::new(stats))
     }
 
     #[tracing::instrument(skip_all, fields(rpc = "NodeExpandVolume", volume = %request.get_ref().volume_id))]
@@ -574,6 +596,7 @@ impl Node for NodeService {
             RpcType::StageUnstageVolume,
             RpcType::GetVolumeStats,
             RpcType::ExpandVolume,
+            RpcType::VolumeCondition,
         ]
         .into_iter()
         .map(|t| NodeServiceCapability {
