@@ -203,6 +203,46 @@ impl Filesystem for Export {
             Err(_) => reply.error(Errno::EIO),
         }
     }
+
+    /// Discards and zeroes (what the loop device sends for a block
+    /// device's discard and write-zeroes): both trim the range, which then
+    /// reads as zeros and gives its space back. Plain allocation inside the
+    /// volume has nothing to do (it is thin and its size is fixed).
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        if offset
+            .checked_add(length)
+            .is_none_or(|end| end > self.engine.size)
+        {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let (punch, zero) = (libc::FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_ZERO_RANGE);
+        let known = libc::FALLOC_FL_KEEP_SIZE | punch | zero;
+        if mode & !known != 0 {
+            reply.error(Errno::EOPNOTSUPP);
+            return;
+        }
+        if mode & (punch | zero) == 0 {
+            reply.ok();
+            return;
+        }
+        match self.rt.block_on(self.engine.trim(offset, length)) {
+            Ok(()) => reply.ok(),
+            Err(e) => {
+                tracing::warn!(error = %e, offset, length, "discard failed");
+                reply.error(Errno::EIO);
+            }
+        }
+    }
 }
 
 /// A mounted FUSE export; unmounted on drop.
