@@ -102,6 +102,8 @@ impl Cluster {
                 .unwrap()
                 .display()
                 .to_string(),
+            "--status-file".into(),
+            self.status_file(volume).display().to_string(),
         ];
         for r in replicas {
             args.push("--replica".into());
@@ -112,6 +114,27 @@ impl Cluster {
             socket.exists().then_some(())
         });
         (p, socket)
+    }
+
+    /// Where the engine of `volume` writes its replicas' modes.
+    fn status_file(&self, volume: &str) -> PathBuf {
+        self.dir.path().join(format!("engine-{volume}.status.json"))
+    }
+
+    /// The modes of `volume`'s replicas as its engine reports them.
+    fn modes(&self, volume: &str) -> Vec<String> {
+        let status: serde_json::Value = std::fs::read(self.status_file(volume))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        status["replicas"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|r| r["mode"].as_str().unwrap_or_default().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     fn replica_head(&self, node: usize, volume: &str) -> PathBuf {
@@ -224,6 +247,14 @@ fn a_killed_replica_node_degrades_the_volume_and_writes_go_on() {
         ],
     );
     assert!(ok, "{out}");
+    // The volume is degraded: the engine dropped the lost replica to err
+    // and kept the other two rw.
+    wait_for(Duration::from_secs(10), "the lost replica err", || {
+        let modes = c.modes("v2");
+        (modes.iter().filter(|m| *m == "err").count() == 1
+            && modes.iter().filter(|m| *m == "rw").count() == 2)
+            .then_some(())
+    });
     // The survivors agree with each other.
     let cmp = Command::new("qemu-img")
         .args(["compare", "-f", "raw", "-F", "raw"])
