@@ -283,7 +283,12 @@ fn a_mount_volume_is_staged_published_written_and_keeps_its_files_through_a_seco
     for (p, data) in &files {
         std::fs::write(p, data).unwrap();
     }
-    std::process::Command::new("sync").status().unwrap();
+    // This filesystem only (syncfs), not every one on the machine.
+    std::process::Command::new("sync")
+        .arg("-f")
+        .arg(&target)
+        .status()
+        .unwrap();
     let stats = csi
         .rt
         .block_on(csi.node.node_get_volume_stats(NodeGetVolumeStatsRequest {
@@ -562,7 +567,12 @@ fn a_mounted_volume_keeps_working_while_the_node_plugin_restarts() {
         .collect();
     let write = |i: usize| {
         std::fs::write(&files[i].0, &files[i].1).unwrap();
-        std::process::Command::new("sync").status().unwrap();
+        // This filesystem only (syncfs), not every one on the machine.
+        std::process::Command::new("sync")
+            .arg("-f")
+            .arg(&target)
+            .status()
+            .unwrap();
     };
     write(0);
     // The node plugin dies: the engine (its own process), the FUSE export

@@ -52,7 +52,7 @@ async fn read_given_back(a: &ReplicaAddr, offset: u64, len: u32) -> Vec<u8> {
     let c = ReplicaClient::connect(&a.addr, &a.name).await.unwrap();
     for _ in 0..100 {
         match c.read(offset, len).await {
-            Ok(b) => return b,
+            Ok(b) => return b.to_vec(),
             Err(e) => assert!(e.to_string().contains("lent"), "{e}"),
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

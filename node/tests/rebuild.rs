@@ -57,7 +57,7 @@ async fn wait_rw(engine: &Engine, name: &str) -> MemberStatus {
 
 async fn image(at: &ReplicaAddr) -> Vec<u8> {
     let c = ReplicaClient::connect(&at.addr, &at.name).await.unwrap();
-    c.read(0, SIZE as u32).await.unwrap()
+    c.read(0, SIZE as u32).await.unwrap().to_vec()
 }
 
 async fn layers(at: &ReplicaAddr) -> Vec<(String, Option<String>)> {

@@ -88,7 +88,7 @@ async fn errors_come_back_as_replies_and_the_connection_lives_on() {
         "{e}"
     );
     c.write(0, b"still works", 1, true).await.unwrap();
-    assert_eq!(&c.read(0, 11).await.unwrap(), b"still works");
+    assert_eq!(&c.read(0, 11).await.unwrap()[..], b"still works");
 }
 
 async fn raw(addr: &str, bytes: &[u8]) -> Vec<u8> {

@@ -428,7 +428,7 @@ impl Engine {
         }
     }
 
-    pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, EngineError> {
+    pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, EngineError> {
         self.check(offset, u64::from(len))?;
         let _io = self.io.read().await;
         self.read_now(offset, len).await
@@ -482,7 +482,7 @@ impl Engine {
     }
 
     /// Reads with I/O already held (shared or exclusive).
-    async fn read_now(&self, offset: u64, len: u32) -> Result<Vec<u8>, EngineError> {
+    async fn read_now(&self, offset: u64, len: u32) -> Result<Bytes, EngineError> {
         let mut last = String::from("no rw replica");
         for (name, link) in self.rw_links().await {
             let c = match link {
@@ -491,7 +491,7 @@ impl Engine {
                 Link::Lent(l) => match l.read(offset, len) {
                     Ok(b) => {
                         self.direct_reads.fetch_add(1, Ordering::Relaxed);
-                        return Ok(b);
+                        return Ok(Bytes::from(b));
                     }
                     Err(e) => {
                         last = e.to_string();
@@ -501,23 +501,27 @@ impl Engine {
                 },
                 Link::Remote(c) => c,
             };
-            let mut out = Vec::with_capacity(len as usize);
-            let mut pos = 0u32;
-            let result = loop {
-                if pos >= len {
-                    break Ok(());
+            // One chunk (the usual case) is returned as it came off the
+            // socket; larger reads are put together.
+            let result = if len <= MAX_DATA {
+                c.read(offset, len).await
+            } else {
+                let mut out = bytes::BytesMut::with_capacity(len as usize);
+                let mut pos = 0u32;
+                loop {
+                    if pos >= len {
+                        break Ok(out.freeze());
+                    }
+                    let n = (len - pos).min(MAX_DATA);
+                    match c.read(offset + u64::from(pos), n).await {
+                        Ok(b) => out.extend_from_slice(&b),
+                        Err(e) => break Err(e),
+                    }
+                    pos += n;
                 }
-                let n = (len - pos).min(MAX_DATA);
-                match c.read(offset + u64::from(pos), n).await {
-                    // One chunk (the usual case) is returned as it came.
-                    Ok(b) if n == len => out = b,
-                    Ok(b) => out.extend_from_slice(&b),
-                    Err(e) => break Err(e),
-                }
-                pos += n;
             };
             match result {
-                Ok(()) => return Ok(out),
+                Ok(out) => return Ok(out),
                 Err(e) => {
                     last = e.to_string();
                     self.fail(&name, &e).await;

@@ -201,14 +201,18 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// A simple reply: its header, and the data that follows it (kept apart so
 /// that the data is not copied to sit behind the header).
-type Reply = ([u8; 16], Vec<u8>);
+type Reply = ([u8; 16], bytes::Bytes);
 
 /// The reply to a command that returns no data.
 fn done_reply(r: Result<(), EngineError>, handle: u64) -> Reply {
-    simple_reply(r.err().map(|e| errno(&e)).unwrap_or(0), handle, Vec::new())
+    simple_reply(
+        r.err().map(|e| errno(&e)).unwrap_or(0),
+        handle,
+        bytes::Bytes::new(),
+    )
 }
 
-fn simple_reply(error: u32, handle: u64, data: Vec<u8>) -> Reply {
+fn simple_reply(error: u32, handle: u64, data: bytes::Bytes) -> Reply {
     let mut h = [0u8; 16];
     h[..4].copy_from_slice(&SIMPLE_REPLY_MAGIC.to_be_bytes());
     h[4..8].copy_from_slice(&error.to_be_bytes());
@@ -274,12 +278,12 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             CMD_WRITE => {
                 if len > MAX_REQUEST {
                     // Its payload cannot be skipped safely: end the connection.
-                    let _ = tx.send(simple_reply(EINVAL, handle, Vec::new()));
+                    let _ = tx.send(simple_reply(EINVAL, handle, bytes::Bytes::new()));
                     break Err(invalid("write too large"));
                 }
                 let data = rd.payload(len as usize).await?;
                 if !in_range {
-                    let _ = tx.send(simple_reply(ENOSPC, handle, Vec::new()));
+                    let _ = tx.send(simple_reply(ENOSPC, handle, bytes::Bytes::new()));
                     continue;
                 }
                 // With FUA each replica syncs the write before answering.
@@ -297,14 +301,14 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             }
             CMD_READ => {
                 if len > MAX_REQUEST || !in_range {
-                    let _ = tx.send(simple_reply(EINVAL, handle, Vec::new()));
+                    let _ = tx.send(simple_reply(EINVAL, handle, bytes::Bytes::new()));
                     continue;
                 }
                 let (e, tx) = (engine.clone(), tx.clone());
                 inflight.spawn(async move {
                     let reply = match e.read(offset, len).await {
                         Ok(data) => simple_reply(0, handle, data),
-                        Err(x) => simple_reply(errno(&x), handle, Vec::new()),
+                        Err(x) => simple_reply(errno(&x), handle, bytes::Bytes::new()),
                     };
                     let _ = tx.send(reply);
                 });
@@ -318,7 +322,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             }
             CMD_TRIM | CMD_WRITE_ZEROES => {
                 if !in_range {
-                    let _ = tx.send(simple_reply(EINVAL, handle, Vec::new()));
+                    let _ = tx.send(simple_reply(EINVAL, handle, bytes::Bytes::new()));
                     continue;
                 }
                 let (e, tx) = (engine.clone(), tx.clone());
@@ -333,7 +337,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 });
             }
             _ => {
-                let _ = tx.send(simple_reply(EINVAL, handle, Vec::new()));
+                let _ = tx.send(simple_reply(EINVAL, handle, bytes::Bytes::new()));
             }
         }
         while inflight.try_join_next().is_some() {}

@@ -26,12 +26,12 @@ pub enum ClientError {
 /// What to do with a reply: wake a waiting task, or run a callback right
 /// where the reply was read (no task hand-off).
 pub enum Waiter {
-    Task(oneshot::Sender<Result<Vec<u8>, ClientError>>),
-    Callback(Box<dyn FnOnce(Result<Vec<u8>, ClientError>) + Send>),
+    Task(oneshot::Sender<Result<bytes::Bytes, ClientError>>),
+    Callback(Box<dyn FnOnce(Result<bytes::Bytes, ClientError>) + Send>),
 }
 
 impl Waiter {
-    fn finish(self, r: Result<Vec<u8>, ClientError>) {
+    fn finish(self, r: Result<bytes::Bytes, ClientError>) {
         match self {
             Waiter::Task(tx) => {
                 let _ = tx.send(r);
@@ -172,7 +172,7 @@ impl ReplicaClient {
                     Err(e) => break e.to_string(),
                 };
                 let body = match rd.payload(resp.len as usize).await {
-                    Ok(b) => b.to_vec(),
+                    Ok(b) => b,
                     Err(e) => break e.to_string(),
                 };
                 let waiter = p.lock().ok().and_then(|mut m| m.remove(&resp.id));
@@ -244,7 +244,7 @@ impl ReplicaClient {
         revision: u64,
         flags: u8,
         payload: &[u8],
-    ) -> Result<Vec<u8>, ClientError> {
+    ) -> Result<bytes::Bytes, ClientError> {
         self.submit(
             op,
             offset,
@@ -267,8 +267,10 @@ impl ReplicaClient {
         revision: u64,
         flags: u8,
         payload: bytes::Bytes,
-    ) -> Result<impl std::future::Future<Output = Result<Vec<u8>, ClientError>> + use<>, ClientError>
-    {
+    ) -> Result<
+        impl std::future::Future<Output = Result<bytes::Bytes, ClientError>> + use<>,
+        ClientError,
+    > {
         let (tx, rx) = oneshot::channel();
         self.send(op, offset, len, revision, flags, payload, Waiter::Task(tx))?;
         let addr = self.addr.clone();
@@ -326,7 +328,8 @@ impl ReplicaClient {
         Ok(())
     }
 
-    pub async fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, ClientError> {
+    /// `len` bytes at `offset`, as they came off the socket (uncopied).
+    pub async fn read(&self, offset: u64, len: u32) -> Result<bytes::Bytes, ClientError> {
         self.call(Op::Read, offset, len, 0, 0, &[]).await
     }
 
