@@ -207,6 +207,39 @@ impl Csi {
     }
 }
 
+impl Csi {
+    /// ControllerPublish, NodeStage, NodePublish: the volume in the pod.
+    fn up(&mut self, name: &str, staging: &Path, target: &Path, block: bool) {
+        let context = self.publish(name, block);
+        self.stage(name, staging, block, &context).unwrap();
+        self.node_publish(name, staging, target, block).unwrap();
+    }
+
+    /// NodeUnpublish, NodeUnstage, ControllerUnpublish.
+    fn down(&mut self, name: &str, staging: &Path, target: &Path) {
+        self.node_unpublish(name, target);
+        self.unstage(name, staging);
+        self.unpublish(name);
+    }
+
+    /// A new connection to a node plugin's socket, as a CO makes.
+    fn connect_node(&mut self, socket: &Path) {
+        let _in = self.rt.enter();
+        self.node = NodeClient::new(ballast::grpc::unix_channel(socket).unwrap());
+    }
+}
+
+/// Every file reads back as written.
+fn assert_files(files: &[(PathBuf, Vec<u8>)]) {
+    for (p, data) in files {
+        assert!(
+            std::fs::read(p).unwrap() == *data,
+            "{} differs",
+            p.display()
+        );
+    }
+}
+
 fn cluster(dir: &Path) -> (ControllerProc, NodeProc, Csi) {
     assert!(
         nix::unistd::geteuid().is_root(),
@@ -343,19 +376,9 @@ fn a_mount_volume_is_staged_published_written_and_keeps_its_files_through_a_seco
     }
     assert!(!target.exists());
     csi.unpublish("fsvol");
-    let context = csi.publish("fsvol", false);
-    csi.stage("fsvol", &staging, false, &context).unwrap();
-    csi.node_publish("fsvol", &staging, &target, false).unwrap();
-    for (p, data) in &files {
-        assert!(
-            std::fs::read(p).unwrap() == *data,
-            "{} differs",
-            p.display()
-        );
-    }
-    csi.node_unpublish("fsvol", &target);
-    csi.unstage("fsvol", &staging);
-    csi.unpublish("fsvol");
+    csi.up("fsvol", &staging, &target, false);
+    assert_files(&files);
+    csi.down("fsvol", &staging, &target);
     csi.rt
         .block_on(csi.ctl.delete_volume(DeleteVolumeRequest {
             volume_id: "fsvol".into(),
@@ -422,9 +445,7 @@ fn a_block_volume_is_published_as_a_device_file_that_reads_back_what_was_written
     );
     let mut expected = data.clone();
     expected[1 << 20..2 << 20].fill(0);
-    csi.node_unpublish("blkvol", &target);
-    csi.unstage("blkvol", &staging);
-    csi.unpublish("blkvol");
+    csi.down("blkvol", &staging, &target);
     // The bytes are in the volume, not in a page cache: read them through
     // the NBD endpoint of a fresh engine.
     let context = csi.publish("blkvol", true);
@@ -497,9 +518,7 @@ fn an_unpublished_volume_grows_and_its_filesystem_follows_at_the_next_stage() {
     // Published, it does not grow (offline expansion).
     let busy = expand(&mut csi, 2 * SIZE).unwrap_err();
     assert_eq!(busy.code(), Code::FailedPrecondition, "{busy}");
-    csi.node_unpublish("growvol", &target);
-    csi.unstage("growvol", &staging);
-    csi.unpublish("growvol");
+    csi.down("growvol", &staging, &target);
 
     let grown = expand(&mut csi, 2 * SIZE).unwrap().into_inner();
     assert_eq!(grown.capacity_bytes, 2 * SIZE);
@@ -539,9 +558,7 @@ fn an_unpublished_volume_grows_and_its_filesystem_follows_at_the_next_stage() {
         "the filesystem did not grow: {before} -> {after}"
     );
     assert!(std::fs::read(target.join("data")).unwrap() == data);
-    csi.node_unpublish("growvol", &target);
-    csi.unstage("growvol", &staging);
-    csi.unpublish("growvol");
+    csi.down("growvol", &staging, &target);
 }
 
 #[test]
@@ -554,9 +571,7 @@ fn a_mounted_volume_keeps_working_while_the_node_plugin_restarts() {
         state: dir.path().join("node-1/state"),
     };
     csi.create("keep", false);
-    let context = csi.publish("keep", false);
-    csi.stage("keep", &staging, false, &context).unwrap();
-    csi.node_publish("keep", &staging, &target, false).unwrap();
+    csi.up("keep", &staging, &target, false);
     let files: Vec<(PathBuf, Vec<u8>)> = (0..3u8)
         .map(|i| {
             (
@@ -599,33 +614,12 @@ fn a_mounted_volume_keeps_working_while_the_node_plugin_restarts() {
             .then_some(())
     });
     write(2);
-    for (p, data) in &files {
-        assert!(
-            std::fs::read(p).unwrap() == *data,
-            "{} differs",
-            p.display()
-        );
-    }
+    assert_files(&files);
     // A new connection to the new plugin's socket, as a CO makes.
-    csi.node = {
-        let _in = csi.rt.enter();
-        NodeClient::new(ballast::grpc::unix_channel(&n.socket).unwrap())
-    };
+    csi.connect_node(&n.socket);
     // The restarted plugin tears down what its predecessor set up.
-    csi.node_unpublish("keep", &target);
-    csi.unstage("keep", &staging);
-    csi.unpublish("keep");
-    let context = csi.publish("keep", false);
-    csi.stage("keep", &staging, false, &context).unwrap();
-    csi.node_publish("keep", &staging, &target, false).unwrap();
-    for (p, data) in &files {
-        assert!(
-            std::fs::read(p).unwrap() == *data,
-            "{} differs after a new stage",
-            p.display()
-        );
-    }
-    csi.node_unpublish("keep", &target);
-    csi.unstage("keep", &staging);
-    csi.unpublish("keep");
+    csi.down("keep", &staging, &target);
+    csi.up("keep", &staging, &target, false);
+    assert_files(&files);
+    csi.down("keep", &staging, &target);
 }

@@ -98,16 +98,6 @@ pub async fn expand(
     Path(name): Path<String>,
     Body(req): Body<ExpandVolume>,
 ) -> Result<Json<Volume>, Error> {
-    if req.size == 0 || !req.size.is_multiple_of(volumes::SIZE_ALIGN) {
-        return Err(Error::invalid(
-            "size",
-            format!(
-                "{} is not a positive multiple of {} bytes",
-                req.size,
-                volumes::SIZE_ALIGN
-            ),
-        ));
-    }
     Ok(Json(crate::executor::expand(&ctx, &name, req.size).await?))
 }
 

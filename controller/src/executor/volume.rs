@@ -293,6 +293,9 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
 pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume, Error> {
     let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
     let volume: Volume = ctx.store.fetch(name)?;
+    let mut grown = volume.spec.clone();
+    grown.size = size;
+    crate::volumes::validate_spec(&grown)?;
     if let Some(node) = &volume.status.attached_node {
         return Err(Error::Unprocessable(format!(
             "volume {name:?} is attached to {node}; it grows detached"

@@ -87,12 +87,17 @@ fn capability(cap: Option<&VolumeCapability>) -> Result<&VolumeCapability, Error
     Ok(cap)
 }
 
-/// Runs a command; its stderr is the error.
-fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<(), Error> {
-    let out = std::process::Command::new(cmd)
+/// Runs a command to its end; its output, whatever its exit status.
+fn output(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<std::process::Output, Error> {
+    std::process::Command::new(cmd)
         .args(args)
         .output()
-        .map_err(|e| Error::Internal(format!("{cmd}: {e}")))?;
+        .map_err(|e| Error::Internal(format!("{cmd}: {e}")))
+}
+
+/// Runs a command that must succeed; its stderr is the error.
+fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<(), Error> {
+    let out = output(cmd, args)?;
     if out.status.success() {
         Ok(())
     } else {
@@ -109,11 +114,8 @@ fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<(), Error> {
 
 /// The filesystem on `device`, if it holds one.
 fn filesystem_on(device: &Path) -> Result<Option<String>, Error> {
-    let out = std::process::Command::new("blkid")
-        .args(["-p", "-o", "value", "-s", "TYPE"])
-        .arg(device)
-        .output()
-        .map_err(|e| Error::Internal(format!("blkid: {e}")))?;
+    let args = ["-p", "-o", "value", "-s", "TYPE"].map(os);
+    let out = output("blkid", &[&args[..], &[device.as_os_str()]].concat())?;
     match out.status.code() {
         Some(0) => Ok(Some(
             String::from_utf8_lossy(&out.stdout).trim().to_string(),
@@ -130,11 +132,7 @@ fn filesystem_on(device: &Path) -> Result<Option<String>, Error> {
 
 /// The size of the ext4 filesystem on `device`, from its superblock.
 fn ext4_bytes(device: &Path) -> Result<u64, Error> {
-    let out = std::process::Command::new("dumpe2fs")
-        .arg("-h")
-        .arg(device)
-        .output()
-        .map_err(|e| Error::Internal(format!("dumpe2fs: {e}")))?;
+    let out = output("dumpe2fs", &[os("-h"), device.as_os_str()])?;
     let text = String::from_utf8_lossy(&out.stdout);
     let field = |name: &str| {
         text.lines()
@@ -328,11 +326,7 @@ impl NodeService {
             // The volume grew while unpublished: the filesystem follows,
             // checked first, before it is mounted.
             Some(_) if fs == FsType::Ext4 && ext4_bytes(device)? < device_size(device)? => {
-                let check = std::process::Command::new("e2fsck")
-                    .args(["-f", "-p"])
-                    .arg(device)
-                    .output()
-                    .map_err(|e| Error::Internal(format!("e2fsck: {e}")))?;
+                let check = output("e2fsck", &[os("-f"), os("-p"), device.as_os_str()])?;
                 // 0: clean; 1: errors corrected.
                 if !matches!(check.status.code(), Some(0 | 1)) {
                     return Err(Error::Internal(format!(

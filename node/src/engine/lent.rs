@@ -98,13 +98,9 @@ impl Lent {
     }
 
     fn error(&self, e: ReplicaError) -> ClientError {
-        let status = match e {
-            ReplicaError::OutOfRange { .. } | ReplicaError::Invalid(_) => status::INVALID,
-            _ => status::IO,
-        };
         ClientError::Failed {
             addr: self.dir.display().to_string(),
-            status,
+            status: e.status(),
             message: e.to_string(),
         }
     }

@@ -58,6 +58,14 @@ impl ReplicaError {
             source,
         }
     }
+
+    /// The replica protocol's status for this error.
+    pub fn status(&self) -> u32 {
+        match self {
+            ReplicaError::OutOfRange { .. } | ReplicaError::Invalid(_) => protocol::status::INVALID,
+            _ => protocol::status::IO,
+        }
+    }
 }
 
 /// One layer: its file and the blocks it holds.

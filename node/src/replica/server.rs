@@ -622,13 +622,6 @@ fn error(id: u64, code: u32, message: &str) -> (Response, Vec<u8>) {
     )
 }
 
-fn code_of(e: &ReplicaError) -> u32 {
-    match e {
-        ReplicaError::OutOfRange { .. } | ReplicaError::Invalid(_) => status::INVALID,
-        _ => status::IO,
-    }
-}
-
 /// Runs one request against the replica.
 fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> (Response, Vec<u8>) {
     let ok = |body: Vec<u8>| {
@@ -641,7 +634,7 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> (
             body,
         )
     };
-    let fail = |e: ReplicaError| error(req.id, code_of(&e), &e.to_string());
+    let fail = |e: ReplicaError| error(req.id, e.status(), &e.to_string());
     let poisoned = || error(req.id, status::IO, "replica lock poisoned");
     match req.op {
         Op::Read => {
