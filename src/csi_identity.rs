@@ -1,9 +1,10 @@
 //! The CSI Identity service, served by both daemons on their sockets.
 //!
-//! The controller reports the controller service and topology
-//! constraints; the node plugin only topology constraints. Probe answers
-//! `ready = false` until the daemon says it finished initialising (for the
-//! node plugin: registered with the controller).
+//! Both sockets report the same plugin capabilities, as the spec requires
+//! of every instance of a plugin whatever RPCs it serves: a CO that asks
+//! the node socket must learn that the plugin has a controller service.
+//! Probe answers `ready = false` until the daemon says it finished
+//! initialising (for the node plugin: registered with the controller).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +17,7 @@ use crate::proto::csi::v1::{
     identity_server::Identity, plugin_capability,
 };
 
-/// Which daemon serves Identity; decides the capabilities reported.
+/// Which daemon serves Identity (GetPluginInfo's manifest says it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
     Controller,
@@ -36,7 +37,7 @@ impl IdentityService {
         IdentityService { role, ready }
     }
 
-    fn capabilities(&self) -> Vec<PluginCapability> {
+    fn capabilities() -> Vec<PluginCapability> {
         use plugin_capability::service::Type;
         let service = |t: Type| PluginCapability {
             r#type: Some(plugin_capability::Type::Service(
@@ -53,10 +54,7 @@ impl IdentityService {
                 },
             )),
         };
-        match self.role {
-            Role::Controller => vec![service(Type::ControllerService), offline_expansion],
-            Role::Node => vec![offline_expansion],
-        }
+        vec![service(Type::ControllerService), offline_expansion]
     }
 }
 
@@ -88,7 +86,7 @@ impl Identity for IdentityService {
         _request: Request<GetPluginCapabilitiesRequest>,
     ) -> Result<Response<GetPluginCapabilitiesResponse>, Status> {
         Ok(Response::new(GetPluginCapabilitiesResponse {
-            capabilities: self.capabilities(),
+            capabilities: Self::capabilities(),
         }))
     }
 
@@ -100,5 +98,32 @@ impl Identity for IdentityService {
         Ok(Response::new(ProbeResponse {
             ready: Some(self.ready.load(Ordering::SeqCst)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn every_socket_reports_the_same_capabilities_with_the_controller_service() {
+        let ask = |role| async move {
+            IdentityService::new(role, Arc::new(AtomicBool::new(true)))
+                .get_plugin_capabilities(Request::new(GetPluginCapabilitiesRequest {}))
+                .await
+                .unwrap()
+                .into_inner()
+                .capabilities
+        };
+        let (controller, node) = (ask(Role::Controller).await, ask(Role::Node).await);
+        assert_eq!(controller, node);
+        let controller_service = PluginCapability {
+            r#type: Some(plugin_capability::Type::Service(
+                plugin_capability::Service {
+                    r#type: plugin_capability::service::Type::ControllerService as i32,
+                },
+            )),
+        };
+        assert!(node.contains(&controller_service), "{node:?}");
     }
 }

@@ -35,6 +35,9 @@ pub struct CreateVolume {
     pub fs_type: Option<FsType>,
     pub frontend: Option<Frontend>,
     pub mkfs_params: Option<String>,
+    /// The CO's name, for a volume created through CSI (not a REST field).
+    #[serde(skip)]
+    pub csi_name: Option<String>,
 }
 
 /// `PATCH /v1/volumes/{name}`.
@@ -136,6 +139,7 @@ pub fn build(req: CreateVolume, settings: &Settings) -> Result<Volume, Error> {
     if let Some(v) = req.mkfs_params {
         spec.mkfs_params = v;
     }
+    spec.csi_name = req.csi_name;
     validate_spec(&spec)?;
     Ok(Volume {
         name: req.name,

@@ -45,6 +45,11 @@ pub struct VolumeSpec {
     /// Extra mkfs arguments for a mount volume's filesystem.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub mkfs_params: String,
+    /// The name a CO gave in CSI CreateVolume (any string of 1 to 128
+    /// bytes), for a volume created through CSI. A repeated CreateVolume
+    /// is matched by it; the volume's own name is the id the CO gets back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csi_name: Option<String>,
 }
 
 fn default_auto_balance() -> VolumeAutoBalance {
@@ -81,6 +86,7 @@ impl VolumeSpec {
             fs_type: default_fs_type(),
             frontend: default_frontend(),
             mkfs_params: String::new(),
+            csi_name: None,
         }
     }
 }

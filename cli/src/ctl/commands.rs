@@ -231,12 +231,22 @@ fn volume_rows(list: &[Value]) -> Vec<Vec<String>> {
                 s(&v["status"]["state"]),
                 s(&v["status"]["robustness"]),
                 s(&v["status"]["attachedNode"]),
+                s(&v["spec"]["csiName"]),
             ]
         })
         .collect()
 }
 
-const VOLUME_HEADER: [&str; 6] = ["NAME", "SIZE", "REPLICAS", "STATE", "ROBUSTNESS", "NODE"];
+/// CSI NAME: the CO's name of a volume created through CSI (NAME is its id).
+const VOLUME_HEADER: [&str; 7] = [
+    "NAME",
+    "SIZE",
+    "REPLICAS",
+    "STATE",
+    "ROBUSTNESS",
+    "NODE",
+    "CSI NAME",
+];
 
 fn node_rows(list: &[Value]) -> Vec<Vec<String>> {
     list.iter()

@@ -3,7 +3,8 @@
 //! GetCapacity. Each validates its request, translates it to the volume
 //! lifecycle the REST API also uses (`crate::executor`), and answers with
 //! the codes the CSI spec prescribes; every one is idempotent. The volume
-//! id is the volume's name.
+//! id is the volume's name, derived from the CO's name by `volume_id_for`
+//! and kept with the CO's name on the record (`spec.csiName`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -33,6 +34,41 @@ pub const DEFAULT_SIZE: u64 = 1 << 30;
 /// The key of ControllerPublishVolume's answer that carries the engine's
 /// NBD endpoint, for NodeStageVolume.
 pub const ENDPOINT_KEY: &str = "frontendEndpoint";
+
+/// Longest name CreateVolume accepts: the CSI spec's limit on the strings
+/// a CO sends.
+pub const MAX_CSI_NAME: usize = 128;
+
+/// The volume id for a CO's CreateVolume name, which may be any string.
+/// A name that is already a valid volume name is its own id (Kubernetes
+/// sends `pvc-<uuid>`). Any other becomes the lower-cased letters and
+/// digits of its start, runs of other characters as one '-', then '-' and
+/// 16 hex digits of the name's hash: readable in `kubectl get`, and the
+/// same id for the same name every time.
+pub fn volume_id_for(name: &str) -> String {
+    if ballast::model::validate_name(name).is_ok() && name.len() <= crate::volumes::MAX_NAME {
+        return name.to_string();
+    }
+    let hash = blake3::hash(name.as_bytes()).to_hex();
+    let mut readable = String::new();
+    for c in name.chars() {
+        let c = c.to_ascii_lowercase();
+        if c.is_ascii_lowercase() || c.is_ascii_digit() {
+            readable.push(c);
+        } else if !readable.is_empty() && !readable.ends_with('-') {
+            readable.push('-');
+        }
+        // Room for '-' and the hash within the longest volume name.
+        if readable.len() >= crate::volumes::MAX_NAME - 17 {
+            break;
+        }
+    }
+    let readable = readable.trim_end_matches('-');
+    match readable {
+        "" => format!("vol-{}", &hash[..16]),
+        r => format!("{r}-{}", &hash[..16]),
+    }
+}
 
 /// The size to create for `range`: the required bytes rounded up to 4 KiB
 /// (1 GiB when none is required), within the limit.
@@ -163,6 +199,15 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
     if req.name.is_empty() {
         return Err(Error::invalid("name", "is required"));
     }
+    if req.name.len() > MAX_CSI_NAME {
+        return Err(Error::invalid(
+            "name",
+            format!(
+                "is {} bytes long; at most {MAX_CSI_NAME} are accepted",
+                req.name.len()
+            ),
+        ));
+    }
     check_capabilities(&req.volume_capabilities)?;
     if req.volume_content_source.is_some() {
         return Err(Error::invalid(
@@ -172,9 +217,10 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
     }
     let params = StorageClassParams::try_from(&req.parameters)?;
     let range = req.capacity_range.as_ref();
+    let id = volume_id_for(&req.name);
     let wanted = crate::volumes::build(
         CreateVolume {
-            name: req.name.clone(),
+            name: id.clone(),
             size: size_for(range)?,
             number_of_replicas: params.number_of_replicas,
             data_locality: params.data_locality,
@@ -186,10 +232,19 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
             fs_type: Some(fs_type_of(&params, &req.volume_capabilities)?),
             frontend: None,
             mkfs_params: params.mkfs_params.clone(),
+            csi_name: Some(req.name.clone()),
         },
         &ctx.settings()?,
     )?;
     let existing = |v: Volume| {
+        // A volume made outside CSI has no CO name: its name stands for it.
+        let owner = v.spec.csi_name.as_deref().unwrap_or(&v.name);
+        if owner != req.name {
+            return Err(Error::AlreadyExists(format!(
+                "volume id {:?} already belongs to the CO name {owner:?}",
+                v.name
+            )));
+        }
         compatible(&v, range, &wanted)
             .map(|()| csi_volume(&v))
             .map_err(|why| {
@@ -199,13 +254,13 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
                 ))
             })
     };
-    if let Some(v) = ctx.store.get::<Volume>(&req.name)? {
+    if let Some(v) = ctx.store.get::<Volume>(&id)? {
         return existing(v);
     }
     match crate::executor::create(ctx, wanted.clone()).await {
         Ok(v) => Ok(csi_volume(&v)),
         // Created meanwhile by a call like this one.
-        Err(Error::AlreadyExists(m)) => match ctx.store.get::<Volume>(&req.name)? {
+        Err(Error::AlreadyExists(m)) => match ctx.store.get::<Volume>(&id)? {
             Some(v) => existing(v),
             None => Err(Error::AlreadyExists(m)),
         },
@@ -486,6 +541,32 @@ mod tests {
                 other => other.as_str(),
             }));
         }
+    }
+
+    #[test]
+    fn any_co_name_maps_to_a_stable_valid_volume_id() {
+        // Kubernetes' names are their own ids.
+        assert_eq!(volume_id_for("pvc-0a1b2c"), "pvc-0a1b2c");
+        let long = format!("PVC-Upper_Case.with.dots-{}", "x".repeat(128 - 25));
+        assert_eq!(long.len(), 128);
+        for name in [
+            long.as_str(),
+            "Upper",
+            "sanity-Node-Stage-1F2E",
+            "-_.",
+            "ünïcødé name",
+            &"a".repeat(54),
+        ] {
+            let id = volume_id_for(name);
+            ballast::model::validate_name(&id).unwrap_or_else(|e| panic!("{name:?}: {e}"));
+            assert!(id.len() <= crate::volumes::MAX_NAME, "{id}");
+            assert_eq!(volume_id_for(name), id, "stable");
+        }
+        assert!(volume_id_for(&long).starts_with("pvc-upper-case-with-dots-xx"));
+        assert_eq!(volume_id_for("-_.").len(), "vol-".len() + 16);
+        // Names that differ only in case or punctuation get different ids.
+        assert_ne!(volume_id_for("Data.1"), volume_id_for("data-1"));
+        assert_ne!(volume_id_for("Data.1"), volume_id_for("data_1"));
     }
 
     #[test]
