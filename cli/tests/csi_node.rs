@@ -43,67 +43,6 @@ fn cap(block: bool) -> VolumeCapability {
     }
 }
 
-/// Unmounts and detaches whatever the test left, however it ended: the
-/// pod's and staging mounts, the loop devices, then the engines (which
-/// outlive the node process by design) and their FUSE exports.
-struct Cleanup {
-    paths: Vec<PathBuf>,
-    /// `<state-dir>`.
-    state: PathBuf,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for p in &self.paths {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(p)
-                .output();
-        }
-        if let Ok(entries) = std::fs::read_dir(self.state.join("staged")) {
-            for e in entries.flatten() {
-                let record: serde_json::Value = std::fs::read_to_string(e.path())
-                    .ok()
-                    .and_then(|t| serde_json::from_str(&t).ok())
-                    .unwrap_or_default();
-                if let Some(dev) = record["device"].as_str() {
-                    let _ = std::process::Command::new("losetup")
-                        .args(["-d", dev])
-                        .output();
-                }
-            }
-        }
-        let frontends = self.state.join("frontends");
-        for e in std::fs::read_dir(&frontends)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let path = e.path();
-            match path.extension().and_then(|x| x.to_str()) {
-                Some("pid") => {
-                    let pid = std::fs::read_to_string(&path)
-                        .ok()
-                        .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()));
-                    if let Some(pid) = pid {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(pid),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
-                    }
-                }
-                Some("fuse") => {
-                    let _ = std::process::Command::new("umount")
-                        .arg("-l")
-                        .arg(&path)
-                        .output();
-                }
-                _ => {}
-            }
-        }
-    }
-}
-
 struct Csi {
     rt: tokio::runtime::Runtime,
     ctl: ControllerClient<Channel>,
@@ -276,10 +215,7 @@ fn a_mount_volume_is_staged_published_written_and_keeps_its_files_through_a_seco
     let dir = tempfile::tempdir().unwrap();
     let (_ctl, _n, mut csi) = cluster(dir.path());
     let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
-    let _cleanup = Cleanup {
-        paths: vec![target.clone(), staging.clone()],
-        state: dir.path().join("node-1/state"),
-    };
+    let _cleanup = Teardown(dir.path().to_path_buf());
     let info = csi
         .rt
         .block_on(csi.node.node_get_info(NodeGetInfoRequest {}))
@@ -392,10 +328,7 @@ fn a_block_volume_is_published_as_a_device_file_that_reads_back_what_was_written
     let dir = tempfile::tempdir().unwrap();
     let (_ctl, _n, mut csi) = cluster(dir.path());
     let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/dev"));
-    let _cleanup = Cleanup {
-        paths: vec![target.clone()],
-        state: dir.path().join("node-1/state"),
-    };
+    let _cleanup = Teardown(dir.path().to_path_buf());
     csi.create("blkvol", true);
     let context = csi.publish("blkvol", true);
     csi.stage("blkvol", &staging, true, &context).unwrap();
@@ -472,10 +405,7 @@ fn an_unpublished_volume_grows_and_its_filesystem_follows_at_the_next_stage() {
     let dir = tempfile::tempdir().unwrap();
     let (ctl, _n, mut csi) = cluster(dir.path());
     let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
-    let _cleanup = Cleanup {
-        paths: vec![target.clone(), staging.clone()],
-        state: dir.path().join("node-1/state"),
-    };
+    let _cleanup = Teardown(dir.path().to_path_buf());
     let expand = |csi: &mut Csi, bytes: i64| {
         csi.rt.block_on(
             csi.ctl
@@ -566,10 +496,7 @@ fn a_mounted_volume_keeps_working_while_the_node_plugin_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let (ctl, mut n, mut csi) = cluster(dir.path());
     let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
-    let _cleanup = Cleanup {
-        paths: vec![target.clone(), staging.clone()],
-        state: dir.path().join("node-1/state"),
-    };
+    let _cleanup = Teardown(dir.path().to_path_buf());
     csi.create("keep", false);
     csi.up("keep", &staging, &target, false);
     let files: Vec<(PathBuf, Vec<u8>)> = (0..3u8)

@@ -4,88 +4,18 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use common::*;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 
-/// An API port whose followers (+1, +10..+15) are free too.
-fn local_api_port() -> u16 {
-    for _ in 0..50 {
-        let p = free_addr().port();
-        if p > 60000 {
-            continue;
-        }
-        let all: Vec<u16> = [0, 1, 10, 11, 12, 13, 14, 15]
-            .iter()
-            .map(|d| p + d)
-            .collect();
-        if all
-            .iter()
-            .all(|q| TcpListener::bind(("127.0.0.1", *q)).is_ok())
-        {
-            return p;
-        }
-    }
-    panic!("no free port range");
-}
+#[test]
+fn local_cluster_has_three_ready_nodes_and_keeps_its_state_across_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = local_api_port();
+    let api = format!("http://127.0.0.1:{port}");
 
-struct Local {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-impl Drop for Local {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_local(dir: &std::path::Path, port: u16) -> Local {
-    let mut child = Command::new(BALLAST)
-        .args([
-            "local",
-            "--nodes",
-            "3",
-            "--zones",
-            "3",
-            "--node-down-timeout",
-            "3s",
-            "--dir",
-        ])
-        .arg(dir)
-        .args(["--api-listen", &format!("127.0.0.1:{port}")])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let local = Local { child, lines };
-    let mut seen = Vec::new();
-    wait_for(
-        Duration::from_secs(60),
-        "`ballast local` to say it is up",
-        || {
-            while let Ok(l) = local.lines.try_recv() {
-                seen.push(l);
-            }
-            seen.iter()
-                .any(|l| l.contains("Press Ctrl-C to stop"))
-                .then_some(())
-        },
-    );
-    let text = seen.join("\n");
+    let local = start_local(dir.path(), port);
+    let text = local.seen.join("\n");
     for needle in [
         "REST API",
         "controller CSI",
@@ -99,24 +29,6 @@ fn start_local(dir: &std::path::Path, port: u16) -> Local {
             "endpoint listing lacks {needle}:\n{text}"
         );
     }
-    local
-}
-
-fn stop_with_ctrl_c(mut local: Local) {
-    kill(Pid::from_raw(local.child.id() as i32), Signal::SIGINT).unwrap();
-    let status = wait_for(Duration::from_secs(30), "`ballast local` to stop", || {
-        local.child.try_wait().unwrap()
-    });
-    assert!(status.success(), "exit status {status}");
-}
-
-#[test]
-fn local_cluster_has_three_ready_nodes_and_keeps_its_state_across_runs() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = local_api_port();
-    let api = format!("http://127.0.0.1:{port}");
-
-    let local = start_local(dir.path(), port);
     let (ok, out, err) = ballastctl(&api, &["node", "list"]);
     assert!(ok, "{err}");
     let rows: Vec<&str> = out.lines().skip(1).collect();

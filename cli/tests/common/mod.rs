@@ -3,6 +3,7 @@
 //! disks. Every process is killed in Drop, even when a test fails.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -340,4 +341,196 @@ pub fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
         let text = resp.text().await.unwrap();
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
     })
+}
+
+/// An API port for `ballast local` whose followers (+1 for the agent,
+/// +10..+15 for three nodes) are free too.
+pub fn local_api_port() -> u16 {
+    for _ in 0..50 {
+        let p = free_addr().port();
+        if p > 60000 {
+            continue;
+        }
+        let all: Vec<u16> = [0, 1, 10, 11, 12, 13, 14, 15]
+            .iter()
+            .map(|d| p + d)
+            .collect();
+        if all
+            .iter()
+            .all(|q| TcpListener::bind(("127.0.0.1", *q)).is_ok())
+        {
+            return p;
+        }
+    }
+    panic!("no free port range");
+}
+
+/// A running `ballast local`, with the lines it printed; killed on drop
+/// (its children stop with it).
+pub struct Local {
+    pub child: Child,
+    pub lines: std::sync::mpsc::Receiver<String>,
+    /// Every line read so far.
+    pub seen: Vec<String>,
+}
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `ballast local` with three nodes in three zones on `dir`, and
+/// waits until it says it is up.
+pub fn start_local(dir: &Path, port: u16) -> Local {
+    let mut child = Command::new(BALLAST)
+        .args([
+            "local",
+            "--nodes",
+            "3",
+            "--zones",
+            "3",
+            "--node-down-timeout",
+            "3s",
+            "--dir",
+        ])
+        .arg(dir)
+        .args(["--api-listen", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut local = Local {
+        child,
+        lines,
+        seen: Vec::new(),
+    };
+    wait_for(
+        Duration::from_secs(60),
+        "`ballast local` to say it is up",
+        || {
+            while let Ok(l) = local.lines.try_recv() {
+                local.seen.push(l);
+            }
+            local
+                .seen
+                .iter()
+                .any(|l| l.contains("Press Ctrl-C to stop"))
+                .then_some(())
+        },
+    );
+    local
+}
+
+/// Stops `ballast local` as a user does, and asserts a clean exit.
+pub fn stop_with_ctrl_c(mut local: Local) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(local.child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = wait_for(Duration::from_secs(30), "`ballast local` to stop", || {
+        local.child.try_wait().unwrap()
+    });
+    assert!(status.success(), "exit status {status}");
+}
+
+/// On drop, takes down whatever a test left under a directory, however it
+/// ended: filesystems and bind mounts, then loop devices backed by files
+/// there, then FUSE exports, then the engine processes whose pid files
+/// are there (engines outlive their node process by design).
+pub struct Teardown(pub PathBuf);
+
+impl Drop for Teardown {
+    fn drop(&mut self) {
+        teardown_under(&self.0);
+    }
+}
+
+fn run_quietly(cmd: &str, args: &[&str]) -> String {
+    Command::new(cmd)
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
+/// (mount point, filesystem type) of every mount under `dir`, deepest first.
+fn mounts_under(dir: &Path) -> Vec<(String, String)> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut found: Vec<(String, String)> = info
+        .lines()
+        .filter_map(|l| {
+            let point = l.split(' ').nth(4)?;
+            let fstype = l.split(" - ").nth(1)?.split(' ').next()?;
+            Path::new(point)
+                .starts_with(dir)
+                .then(|| (point.to_string(), fstype.to_string()))
+        })
+        .collect();
+    found.sort_by_key(|(p, _)| std::cmp::Reverse(p.len()));
+    found
+}
+
+pub fn teardown_under(dir: &Path) {
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    let mounts = mounts_under(&dir);
+    let is_fuse = |t: &str| t == "fuse" || t.starts_with("fuse.");
+    for (point, _) in mounts.iter().filter(|(_, t)| !is_fuse(t)) {
+        run_quietly("umount", &["-l", point]);
+    }
+    // `/dev/loop3: []: (/path/to/file)`
+    for line in run_quietly("losetup", &["-a"]).lines() {
+        if let (Some(dev), Some(file)) = (
+            line.split(':').next(),
+            line.rsplit_once('(').map(|(_, f)| f.trim_end_matches(')')),
+        ) && Path::new(file).starts_with(&dir)
+        {
+            run_quietly("losetup", &["-d", dev]);
+        }
+    }
+    for (point, _) in mounts.iter().filter(|(_, t)| is_fuse(t)) {
+        run_quietly("umount", &["-l", point]);
+    }
+    kill_engines_under(&dir);
+}
+
+/// SIGKILLs the processes named by `frontends/*.pid` files under `dir`.
+fn kill_engines_under(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            let pid_file = path.extension().is_some_and(|x| x == "pid")
+                && path
+                    .parent()
+                    .and_then(|p| p.file_name())
+                    .is_some_and(|n| n == "frontends");
+            let pid = pid_file
+                .then(|| std::fs::read_to_string(&path).ok())
+                .flatten()
+                .and_then(|t| t.lines().next().and_then(|l| l.trim().parse().ok()));
+            if let Some(pid) = pid {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        } else if !mounts_under(&path)
+            .iter()
+            .any(|(p, _)| Path::new(p) == path)
+        {
+            kill_engines_under(&path);
+        }
+    }
 }
