@@ -162,3 +162,33 @@ fn a_stale_socket_file_is_replaced_at_start() {
     });
     assert_eq!(info.unwrap().into_inner().name, "ballast.csi.dev");
 }
+
+#[test]
+fn ballastctl_ends_quietly_when_its_reader_goes_away() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ctl = start_controller(dir.path(), "30s");
+    for args in [&["setting", "list"][..], &["-o", "json", "setting", "list"]] {
+        let mut child = Command::new(BALLASTCTL)
+            .arg("--api")
+            .arg(&ctl.api)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The reader is gone before anything is printed: `| head -0`.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.is_empty(), "{args:?}: it said {err:?}");
+        assert_eq!(
+            out.status.signal(),
+            Some(nix::libc::SIGPIPE),
+            "{args:?}: ended by the broken pipe, as a filter does: {}",
+            out.status
+        );
+    }
+}
