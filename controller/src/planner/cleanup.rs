@@ -50,14 +50,18 @@ pub fn stale(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
     }
 }
 
-/// The replica data locality keeps: the first rw replica on the attached
-/// node that is staying (an evicted local replica is not kept).
+/// The replica data locality keeps: an rw replica on the attached node
+/// that is staying (an evicted local replica is not kept). Of several, one
+/// off a pressured disk: disk pressure moves a replica to another disk of
+/// the same node, and the copy, not the source, is the one to keep (else
+/// the move is undone and made again for ever).
 fn pinned<'a>(pass: &Pass, vs: &VolumeState<'a>) -> Option<&'a ReplicaView> {
     let node = vs.local_node()?;
     vs.rw
         .iter()
         .copied()
-        .find(|r| r.node == node && !pass.evicting.contains(&r.name))
+        .filter(|r| r.node == node && !pass.evicting.contains(&r.name))
+        .min_by_key(|r| (disk_pressure::pressured_for(pass, vs, r), r.name.as_str()))
 }
 
 type Key = (

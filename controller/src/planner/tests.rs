@@ -437,3 +437,33 @@ fn cleanup_does_not_undo_a_balance_move_because_the_target_looks_full_with_it() 
         "deleted {gone:?}, not one of n1's"
     );
 }
+
+#[test]
+fn cleanup_keeps_the_local_copy_that_disk_pressure_made_not_its_pressured_source() {
+    // v (best-effort locality, attached to n1) had its local replica r1 on
+    // n1/d1, which is 70% used; disk pressure copied it to n1/d2. With 3 rw
+    // replicas for 2, the source on the pressured disk goes, not the copy
+    // (deleting the copy would make pressure copy it again, for ever).
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 30)
+        .disk("d2", 100, 60)
+        .node("n2", "z2")
+        .disk("d1", 100, 60)
+        .volume("v", 1, 2)
+        .with(|v| {
+            v.data_locality = Some(ballast::model::DataLocality::BestEffort);
+            v.attached_node = Some("n1".into());
+            v.auto_balance = VolumeAutoBalance::BestEffort;
+        })
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .replica("r2", "n2", "d1", ReplicaMode::Rw)
+        .replica("r3", "n1", "d2", ReplicaMode::Rw)
+        .build();
+    let s = settings(&[
+        ("replica-soft-anti-affinity", "true"),
+        ("replica-auto-balance-disk-pressure-percentage", "68"),
+        ("storage-minimal-available-percentage", "10"),
+    ]);
+    assert_eq!(deletes(&plan(&view, &s, t0())), ["r1"]);
+}
