@@ -3,8 +3,8 @@
 //! replicas is the planner's, in a later release.)
 
 use ballast::model::{
-    AccessMode, DataLocality, Frontend, FsType, Volume, VolumeAutoBalance, VolumeSpec,
-    VolumeStatus, validate_name,
+    AccessMode, DataLocality, Frontend, FsType, MAX_VOLUME_SIZE, Volume, VolumeAutoBalance,
+    VolumeSpec, VolumeStatus, validate_name,
 };
 use ballast::settings::Settings;
 use serde::Deserialize;
@@ -61,6 +61,16 @@ pub fn validate_spec(spec: &VolumeSpec) -> Result<(), Error> {
                 spec.size
             ),
         ));
+    }
+    if spec.size > MAX_VOLUME_SIZE {
+        return Err(Error::OutOfRange {
+            field: "size".into(),
+            message: format!(
+                "{} is past the largest volume the replica format holds, {} ({MAX_VOLUME_SIZE} bytes)",
+                spec.size,
+                ballast::quantity::format_size(MAX_VOLUME_SIZE)
+            ),
+        });
     }
     if !(1..=MAX_REPLICAS).contains(&spec.number_of_replicas) {
         return Err(Error::invalid(

@@ -16,7 +16,9 @@ pub use event::Event;
 pub use node::{DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus};
 pub use replica::{RebuildProgress, Replica, ReplicaSpec, ReplicaStatus};
 pub use setting::Setting;
-pub use volume::{Condition, DEFAULT_STALE_REPLICA_TIMEOUT, Volume, VolumeSpec, VolumeStatus};
+pub use volume::{
+    Condition, DEFAULT_STALE_REPLICA_TIMEOUT, MAX_VOLUME_SIZE, Volume, VolumeSpec, VolumeStatus,
+};
 
 /// The kinds of object the store holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -5,6 +5,10 @@ use super::{
     AccessMode, DataLocality, Frontend, FsType, Robustness, VolumeAutoBalance, VolumeState,
 };
 
+/// The largest volume: 16 TiB, the largest file ext4 makes with 4 KiB
+/// blocks (every layer of a replica is a file of the volume's size).
+pub const MAX_VOLUME_SIZE: u64 = 16 << 40;
+
 /// A replicated block volume.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

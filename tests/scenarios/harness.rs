@@ -20,8 +20,8 @@ const NODE_START: Duration = Duration::from_secs(90);
 
 pub struct Cluster {
     pub nodes: Vec<NodeProc>,
-    /// Kept for its lifetime: the controller process stops with it.
-    pub _ctl: ControllerProc,
+    /// The controller; its process stops with the cluster.
+    pub ctl: ControllerProc,
     pub _mounts: Vec<LoopFs>,
     pub api: String,
     pub dir: tempfile::TempDir,
@@ -132,7 +132,7 @@ impl Cluster {
         }
         let c = Cluster {
             nodes,
-            _ctl: ctl,
+            ctl,
             _mounts: mounts,
             api,
             dir,

@@ -9,6 +9,7 @@ mod harness;
 
 mod disk_loss;
 mod orphans;
+mod safety;
 mod seed000_auto_balance;
 mod seed001_disk_pressure;
 mod seed002_eviction_drain;

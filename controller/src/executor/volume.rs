@@ -285,10 +285,12 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
     Ok(volume)
 }
 
-/// Grows a detached volume to `size` bytes: the new size is recorded
-/// first, then every replica grows on its node. A replica that cannot be
-/// reached fails the call, which may be repeated (growing is idempotent);
-/// meanwhile a replica left smaller is refused by the engine and rebuilt.
+/// Grows a detached volume to `size` bytes, in two phases. First the
+/// growth is checked against every replica's disk by the capacity rules of
+/// placement (422 `no_room` with the reasons); then every replica grows on
+/// its node; only then is the new size recorded. When a replica cannot
+/// grow, the ones that did are taken back to the old size, and the volume
+/// is left exactly as it was.
 #[tracing::instrument(skip_all, fields(volume = %name, size))]
 pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume, Error> {
     let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
@@ -301,57 +303,84 @@ pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume,
             "volume {name:?} is attached to {node}; it grows detached"
         )));
     }
-    if size < volume.spec.size {
+    let from = volume.spec.size;
+    if size < from {
         return Err(Error::OutOfRange {
             field: "size".into(),
-            message: format!(
-                "{size} is below the volume's {} bytes; volumes never shrink",
-                volume.spec.size
-            ),
+            message: format!("{size} is below the volume's {from} bytes; volumes never shrink"),
         });
     }
-    let from = volume.spec.size;
-    let volume = ctx.store.modify::<Volume, Error>(name, |v| {
-        let changed = v.spec.size != size;
-        v.spec.size = size;
-        Ok(changed)
+    if size == from {
+        return Ok(volume);
+    }
+    let view = observe::cluster_view(ctx.store.as_ref())?;
+    planner::growth::check(
+        &view,
+        &ctx.settings()?,
+        chrono::Utc::now(),
+        &observe::volume_view(&volume),
+        size,
+    )
+    .map_err(|reasons| {
+        Error::NoRoom(format!(
+            "cannot grow {name} from {} to {}: {}",
+            ballast::quantity::format_size(from),
+            ballast::quantity::format_size(size),
+            reasons.join("; ")
+        ))
     })?;
-    for r in ctx
+    let replicas: Vec<Replica> = ctx
         .store
         .list::<Replica>()?
         .into_iter()
         .filter(|r| r.spec.volume == name)
-    {
-        let node: Node = ctx.store.fetch(&r.spec.node_id)?;
-        let mut c = agent(&node)?;
-        let grown = with_timeout(
-            &node.id,
-            c.grow_replica(GrowReplicaRequest {
-                name: r.name.clone(),
-                size,
-            }),
-        )
-        .await;
-        match grown {
-            Ok(_) => {}
+        .collect();
+    let mut done: Vec<&Replica> = Vec::new();
+    for r in &replicas {
+        match grow_on_node(ctx, r, size).await {
+            Ok(()) => done.push(r),
             // Its data is gone: it is replaced like any lost replica.
             Err(Error::NotFound { .. }) => {
                 tracing::warn!(replica = %r.name, "no data to grow on its node");
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                for g in done {
+                    if let Err(undo) = grow_on_node(ctx, g, from).await {
+                        tracing::error!(replica = %g.name, error = %undo, "cannot take a grown replica back to the volume's size; the engine will refuse it and it will be rebuilt");
+                    }
+                }
+                return Err(e);
+            }
         }
     }
-    if from != size {
-        ctx.event(
-            Kind::Volume,
-            name,
-            "VolumeExpanded",
-            format!(
-                "from {} to {}",
-                ballast::quantity::format_size(from),
-                ballast::quantity::format_size(size)
-            ),
-        );
-    }
+    let volume = ctx.store.modify::<Volume, Error>(name, |v| {
+        v.spec.size = size;
+        Ok(true)
+    })?;
+    ctx.event(
+        Kind::Volume,
+        name,
+        "VolumeExpanded",
+        format!(
+            "from {} to {}",
+            ballast::quantity::format_size(from),
+            ballast::quantity::format_size(size)
+        ),
+    );
     Ok(volume)
+}
+
+/// Sets one replica's size on its node (a smaller size undoes a growth).
+async fn grow_on_node(ctx: &Context, r: &Replica, size: u64) -> Result<(), Error> {
+    let node: Node = ctx.store.fetch(&r.spec.node_id)?;
+    let mut c = agent(&node)?;
+    with_timeout(
+        &node.id,
+        c.grow_replica(GrowReplicaRequest {
+            name: r.name.clone(),
+            size,
+        }),
+    )
+    .await
+    .map(drop)
 }

@@ -5,7 +5,8 @@
 //!
 //! One file per rule of BEHAVIOR.md: `schedule` (where a new replica goes),
 //! `replenish` and `reuse`, `balance` (zones and nodes), `disk_pressure`,
-//! `locality`, `eviction`, `drain`, `cleanup`. `pass` holds what one pass
+//! `locality`, `eviction`, `drain`, `cleanup`; `growth` checks an
+//! expansion against the same capacity rules as placement. `pass` holds what one pass
 //! decided so far (in-pass capacity, rebuild limits), and `volume_state`
 //! sorts a volume's replicas.
 //!
@@ -20,6 +21,7 @@ pub mod cleanup;
 pub mod disk_pressure;
 pub mod drain;
 pub mod eviction;
+pub mod growth;
 pub mod locality;
 pub mod pass;
 pub mod replenish;

@@ -109,7 +109,6 @@ pub fn disk_refusal(
     volume: &VolumeView,
     below_used: Option<u64>,
 ) -> Option<String> {
-    let s = pass.settings;
     let at = format!("{}/{}", node.id, disk.id);
     if !disk.ready {
         return Some(format!("{at}: disk not ready"));
@@ -126,10 +125,34 @@ pub fn disk_refusal(
             volume.disk_selector
         ));
     }
+    if let Some(why) = capacity_refusal(pass, node, disk, volume.size) {
+        return Some(why);
+    }
+    if let Some(pct) = below_used {
+        let after = used_after(pass, &node.id, disk, volume.size);
+        if after >= pct {
+            return Some(format!(
+                "{at}: would be {after}% used after the move, pressure threshold {pct}%"
+            ));
+        }
+    }
+    None
+}
+
+/// Why a disk cannot take `size` more bytes by the capacity rules: what is
+/// scheduled there within the over-provisioning limit, and enough free
+/// space left after it (`storage-minimal-available-percentage`).
+pub fn capacity_refusal(
+    pass: &Pass,
+    node: &NodeView,
+    disk: &DiskView,
+    size: u64,
+) -> Option<String> {
+    let s = pass.settings;
+    let at = format!("{}/{}", node.id, disk.id);
     if disk.maximum == 0 {
         return Some(format!("{at}: size unknown"));
     }
-    let size = volume.size;
     let scheduled = pass.scheduled(&node.id, &disk.id);
     let limit = (disk.maximum.saturating_sub(disk.reserved) as u128
         * s.over_provisioning_percentage() as u128
@@ -164,14 +187,6 @@ pub fn disk_refusal(
             ));
         }
         Some(_) => {}
-    }
-    if let Some(pct) = below_used {
-        let after = used_after(pass, &node.id, disk, size);
-        if after >= pct {
-            return Some(format!(
-                "{at}: would be {after}% used after the move, pressure threshold {pct}%"
-            ));
-        }
     }
     None
 }

@@ -467,3 +467,34 @@ fn cleanup_keeps_the_local_copy_that_disk_pressure_made_not_its_pressured_source
     ]);
     assert_eq!(deletes(&plan(&view, &s, t0())), ["r1"]);
 }
+
+#[test]
+fn growth_is_checked_on_every_replica_disk_with_the_placement_rules() {
+    // v (10 GiB, 2 replicas) on n1/d1 (100 GiB, 40 free) and n2/d1 (100
+    // GiB, 90 free). Growing to 30 GiB takes 20 more on each: n1/d1 would
+    // keep 20 of 100 free, under the 25% minimum.
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 40)
+        .node("n2", "z2")
+        .disk("d1", 100, 90)
+        .volume("v", 10, 2)
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .replica("r2", "n2", "d1", ReplicaMode::Rw)
+        .build();
+    let s = settings(&[("storage-minimal-available-percentage", "25")]);
+    let v = view.volumes[0].clone();
+    let reasons = growth::check(&view, &s, t0(), &v, 30 * GIB).unwrap_err();
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert!(
+        reasons[0].starts_with("replica r1: n1/d1: 20% free after placement, minimum 25%"),
+        "{reasons:?}"
+    );
+    assert_eq!(growth::check(&view, &s, t0(), &v, 20 * GIB), Ok(()));
+    // Two replicas on one disk grow there together: 2 x 10 more of 40 free.
+    let mut two = view.clone();
+    two.replicas[1].node = "n1".into();
+    let reasons = growth::check(&two, &s, t0(), &v, 20 * GIB).unwrap_err();
+    assert_eq!(reasons.len(), 1, "{reasons:?}");
+    assert!(reasons[0].starts_with("replica r2: n1/d1"), "{reasons:?}");
+}

@@ -263,7 +263,13 @@ impl NodeAgent for NodeAgentService {
             let mut r = replica
                 .write()
                 .map_err(|_| Error::Internal("replica lock poisoned".into()))?;
-            r.grow(req.size).map_err(|e| match e {
+            // Smaller: the controller undoes a growth that failed elsewhere.
+            let resized = if req.size < r.size() {
+                r.shrink_unused(req.size)
+            } else {
+                r.grow(req.size)
+            };
+            resized.map_err(|e| match e {
                 crate::replica::ReplicaError::Invalid(m) => Error::Invalid {
                     field: "size".into(),
                     message: m,

@@ -25,9 +25,28 @@ impl Bitmap {
     /// Grows (never shrinks) to `len` blocks; new blocks are absent.
     pub fn grow(&mut self, len: u64) {
         if len > self.len {
-            self.words.resize(len.div_ceil(64) as usize, 0);
-            self.len = len;
+            self.resize(len);
         }
+    }
+
+    /// Grows or cuts the map to `len` bits; bits past a cut are gone.
+    pub fn resize(&mut self, len: u64) {
+        self.words.resize(len.div_ceil(64) as usize, 0);
+        if len % 64 != 0
+            && let Some(last) = self.words.last_mut()
+        {
+            *last &= (1u64 << (len % 64)) - 1;
+        }
+        self.len = len;
+    }
+
+    /// Whether any bit at or past `i` is set.
+    pub fn any_from(&self, i: u64) -> bool {
+        if i >= self.len {
+            return false;
+        }
+        let (w, b) = ((i / 64) as usize, i % 64);
+        self.words[w] >> b != 0 || self.words[w + 1..].iter().any(|&x| x != 0)
     }
 
     pub fn get(&self, i: u64) -> bool {

@@ -30,6 +30,9 @@ pub use meta::{META_FILE, Meta};
 
 /// The unit of allocation and of the allocation maps.
 pub const BLOCK: u64 = 4096;
+/// The largest volume the format holds (16 TiB: each layer is a file of
+/// the volume's size, and ext4 makes none larger with 4 KiB blocks).
+pub const MAX_SIZE: u64 = ballast::model::MAX_VOLUME_SIZE;
 /// By default, after this many bytes written to a head its writeback is
 /// started (see `Replica::start_writeback`; a node's `--writeback-every`).
 pub const WRITEBACK_EVERY: u64 = 8 << 20;
@@ -147,9 +150,9 @@ impl Replica {
 
     /// Like `create`, recording the volume the replica belongs to.
     pub fn create_for(dir: &Path, volume: &str, size: u64) -> Result<Replica, ReplicaError> {
-        if size == 0 || !size.is_multiple_of(BLOCK) {
+        if size == 0 || !size.is_multiple_of(BLOCK) || size > MAX_SIZE {
             return Err(ReplicaError::Invalid(format!(
-                "size {size} is not a positive multiple of {BLOCK}"
+                "size {size} is not a positive multiple of {BLOCK} of at most {MAX_SIZE}"
             )));
         }
         if dir.join(META_FILE).exists() {
@@ -526,17 +529,48 @@ impl Replica {
 
     /// Grows the volume to `size` bytes (never shrinks).
     pub fn grow(&mut self, size: u64) -> Result<(), ReplicaError> {
-        if !size.is_multiple_of(BLOCK) || size < self.meta.size {
+        if size < self.meta.size {
             return Err(ReplicaError::Invalid(format!(
-                "new size {size} must be a multiple of {BLOCK} and at least {}",
+                "new size {size} is below the replica's {}; it never shrinks",
                 self.meta.size
+            )));
+        }
+        self.resize(size)
+    }
+
+    /// Undoes a growth that was never used: back to `size` bytes, refused
+    /// when any layer holds a block at or past `size` (data written there
+    /// is never thrown away).
+    pub fn shrink_unused(&mut self, size: u64) -> Result<(), ReplicaError> {
+        if size > self.meta.size {
+            return Err(ReplicaError::Invalid(format!(
+                "{size} is above the replica's {}: nothing to undo",
+                self.meta.size
+            )));
+        }
+        let from = size / BLOCK;
+        if let Some(l) = self.layers.iter().find(|l| l.map.any_from(from)) {
+            return Err(ReplicaError::Invalid(format!(
+                "layer {} holds data past {size} bytes: the growth was used",
+                l.name
+            )));
+        }
+        self.resize(size)
+    }
+
+    /// Sets every layer file and the recorded size to `size` bytes.
+    fn resize(&mut self, size: u64) -> Result<(), ReplicaError> {
+        if !size.is_multiple_of(BLOCK) || size == 0 || size > MAX_SIZE {
+            return Err(ReplicaError::Invalid(format!(
+                "size {size} must be a positive multiple of {BLOCK}, at most {MAX_SIZE}"
             )));
         }
         if size == self.meta.size {
             return Ok(());
         }
-        // Every layer file is as large as the volume: the frozen ones grow
-        // by a hole, which leaves their data and checksums as they are.
+        // Every layer file is as large as the volume: frozen ones grow (or
+        // go back) by a hole, which leaves their data and checksums as
+        // they are.
         for l in &self.layers {
             l.file
                 .set_len(size)
@@ -548,7 +582,7 @@ impl Replica {
         meta.write(&self.dir)?;
         self.meta = meta;
         for l in &mut self.layers {
-            l.map.grow(size / BLOCK);
+            l.map.resize(size / BLOCK);
         }
         Ok(())
     }

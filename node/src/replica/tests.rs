@@ -297,3 +297,35 @@ fn with_the_mark_at_zero_writeback_is_left_to_the_kernel() {
     assert!(r.writeback.is_some());
     assert_eq!(r.unstarted, 0);
 }
+
+#[test]
+fn an_unused_growth_is_undone_but_a_used_one_never_is() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("r");
+    let mut r = Replica::create(&dir, 16 * BLOCK).unwrap();
+    r.write(0, &[3u8; 4096], None).unwrap();
+    r.snapshot().unwrap();
+    r.grow(64 * BLOCK).unwrap();
+    // Nothing was written past the old size: back to it, every layer too.
+    r.shrink_unused(16 * BLOCK).unwrap();
+    assert_eq!(r.size(), 16 * BLOCK);
+    for l in r.chain() {
+        assert_eq!(std::fs::metadata(dir.join(l)).unwrap().len(), 16 * BLOCK);
+    }
+    let mut buf = [0u8; 4096];
+    r.read(0, &mut buf).unwrap();
+    assert_eq!(buf, [3u8; 4096]);
+    r.verify().unwrap();
+    drop(r);
+    let mut r = Replica::open(&dir).unwrap();
+    assert_eq!(r.size(), 16 * BLOCK, "the undo is recorded");
+    // A block written past the old size: the growth was used.
+    r.grow(64 * BLOCK).unwrap();
+    r.write(40 * BLOCK, &[9u8; 4096], None).unwrap();
+    let e = r.shrink_unused(16 * BLOCK).unwrap_err();
+    assert!(e.to_string().contains("holds data past"), "{e}");
+    assert_eq!(r.size(), 64 * BLOCK);
+    r.read(40 * BLOCK, &mut buf).unwrap();
+    assert_eq!(buf, [9u8; 4096]);
+    assert!(r.grow(MAX_SIZE + BLOCK).is_err(), "past the format's limit");
+}
