@@ -32,7 +32,7 @@ impl Bitmap {
     /// Grows or cuts the map to `len` bits; bits past a cut are gone.
     pub fn resize(&mut self, len: u64) {
         self.words.resize(len.div_ceil(64) as usize, 0);
-        if len % 64 != 0
+        if !len.is_multiple_of(64)
             && let Some(last) = self.words.last_mut()
         {
             *last &= (1u64 << (len % 64)) - 1;
