@@ -168,6 +168,21 @@ pub struct EngineArgs {
     /// for a loop device (the kernel block device NodeStage mounts).
     #[arg(long, env = "BALLAST_FUSE_DIR")]
     pub fuse_dir: Option<PathBuf>,
+    /// The controller's agent endpoint, where the engine records which
+    /// replicas hold the latest acknowledged data before it acknowledges a
+    /// write that depends on it. The node plugin always passes it; without
+    /// it (an engine run by hand on its own) nothing is recorded.
+    #[arg(long, env = "BALLAST_CONTROLLER", requires = "node_id")]
+    pub controller: Option<String>,
+    /// The node the engine runs on (with --controller).
+    #[arg(long, env = "BALLAST_NODE_ID")]
+    pub node_id: Option<String>,
+    /// The generation of the replica set the store records.
+    #[arg(long, env = "BALLAST_GENERATION", default_value_t = 0)]
+    pub generation: u64,
+    /// A replica the store records as holding the latest data (repeat).
+    #[arg(long = "current")]
+    pub current: Vec<String>,
 }
 
 /// `ballast`'s command line.

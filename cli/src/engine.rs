@@ -3,17 +3,63 @@
 
 use crate::args::EngineArgs;
 
-pub async fn run(a: EngineArgs) -> Result<(), String> {
+/// Why the engine process ended; the node agent reads its exit status.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineExit {
+    /// None of the replicas it was given could be opened.
+    #[error("{0}")]
+    NoReplica(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl EngineExit {
+    pub fn code(&self) -> u8 {
+        match self {
+            EngineExit::NoReplica(_) => ballast_node::engine::EXIT_NO_REPLICA,
+            EngineExit::Failed(_) => 1,
+        }
+    }
+}
+
+impl From<String> for EngineExit {
+    fn from(s: String) -> Self {
+        EngineExit::Failed(s)
+    }
+}
+
+pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
     if a.size == 0 || !a.size.is_multiple_of(4096) {
-        return Err(format!(
+        return Err(EngineExit::Failed(format!(
             "--size {} is not a positive multiple of 4096",
             a.size
-        ));
+        )));
     }
-    let engine =
-        ballast_node::engine::Engine::start(&a.volume, a.size, &a.replicas, a.local.clone())
-            .await
-            .map_err(|e| e.to_string())?;
+    use ballast_node::engine::freshness::ControllerRecorder;
+    use ballast_node::engine::{Engine, Recorder, ReplicaSet};
+    let recorder: Option<std::sync::Arc<dyn Recorder>> = match (&a.controller, &a.node_id) {
+        (Some(controller), Some(node)) => Some(std::sync::Arc::new(ControllerRecorder::new(
+            controller, &a.volume, node,
+        )?)),
+        _ => None,
+    };
+    let recorded = ReplicaSet {
+        generation: a.generation,
+        replicas: a.current.iter().cloned().collect(),
+    };
+    let engine = Engine::start(
+        &a.volume,
+        a.size,
+        &a.replicas,
+        a.local.clone(),
+        recorded,
+        recorder,
+    )
+    .await
+    .map_err(|e| match e {
+        ballast_node::engine::EngineError::NoReplica(_) => EngineExit::NoReplica(e.to_string()),
+        e => EngineExit::Failed(e.to_string()),
+    })?;
     if let Some(dir) = a.local_dir.clone()
         && let Err(e) = engine.lend_local(dir, a.writeback_every).await
     {
@@ -72,5 +118,5 @@ pub async fn run(a: EngineArgs) -> Result<(), String> {
     if let Some(path) = &a.control_socket {
         let _ = std::fs::remove_file(path);
     }
-    served
+    Ok(served?)
 }

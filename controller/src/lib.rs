@@ -1,8 +1,8 @@
 //! The Ballast controller: the store of record, the REST API, the CSI
 //! controller socket, the registry of nodes (registration, heartbeats,
 //! liveness), the pure planner (`planner`, and `sim` to run it on a model),
-//! and the executor with the control loop that carries its plans out
-//! (`executor`).
+//! the executor with the control loop that carries its plans out
+//! (`executor`), and the record of which replicas may serve (`freshness`).
 //!
 //! It never touches a disk and never imports the node crate: nodes are
 //! reached only through the agent protocol in the core crate.
@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod error;
 pub mod events;
 pub mod executor;
+pub mod freshness;
 pub mod nodes;
 pub mod observe;
 pub mod planner;

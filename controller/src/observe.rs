@@ -1,7 +1,7 @@
 //! Observing: the planner's view of the cluster, built from the store.
 //! (The reconcile loop plans on it; `GET /v1/plan` shows the plan.)
 
-use ballast::model::{Node, Replica, Volume};
+use ballast::model::{Node, Replica, ReplicaMode, Volume};
 use ballast::store::{Store, StoreExt};
 
 use crate::error::Error;
@@ -74,12 +74,30 @@ pub fn replica_view(r: &Replica) -> ReplicaView {
     }
 }
 
-/// The whole view, sorted as the planner expects.
+/// The whole view, sorted as the planner expects. A replica outside its
+/// volume's record of who holds the latest data is failed, whatever its
+/// last report said: it must be rebuilt, never copied from.
 pub fn cluster_view(store: &dyn Store) -> Result<ClusterView, Error> {
     // The store lists by name, which is the order the planner wants.
     let nodes = store.list::<Node>()?.iter().map(node_view).collect();
-    let volumes = store.list::<Volume>()?.iter().map(volume_view).collect();
-    let replicas = store.list::<Replica>()?.iter().map(replica_view).collect();
+    let volumes: Vec<Volume> = store.list()?;
+    let replicas = store
+        .list::<Replica>()?
+        .iter()
+        .map(|r| {
+            let mut view = replica_view(r);
+            let stale = volumes
+                .iter()
+                .find(|v| v.name == r.spec.volume)
+                .is_some_and(|v| !crate::freshness::is_current(v, &r.name));
+            if stale && view.mode == Some(ReplicaMode::Rw) {
+                view.mode = Some(ReplicaMode::Err);
+                view.failed_at = view.failed_at.or(view.healthy_at);
+            }
+            view
+        })
+        .collect();
+    let volumes = volumes.iter().map(volume_view).collect();
     Ok(ClusterView {
         nodes,
         volumes,

@@ -88,6 +88,10 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
             exe,
             disk_paths,
             config.writeback_every,
+            crate::agent::engines::RecordAt {
+                controller: config.controller.clone(),
+                node_id: config.node_id.clone(),
+            },
         ),
     });
     ctx.engines.adopt().await;

@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ballast_node::engine::{Engine, ReplicaAddr};
+use ballast_node::engine::{Engine, ReplicaAddr, ReplicaSet};
 use ballast_node::frontend::blockdev::{self, LoopDevice};
 use ballast_node::replica::Replica;
 use ballast_node::replica::server::{ReplicaServer, replica_dir};
@@ -66,6 +66,8 @@ fn fuse_and_loop_make_a_block_device_that_carries_an_ext4_filesystem() {
                 name: "bd-r1".into(),
                 addr,
             }],
+            None,
+            ReplicaSet::default(),
             None,
         )
         .await

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use ballast::model::ReplicaMode;
-use ballast_node::engine::{Engine, ReplicaAddr};
+use ballast_node::engine::{Engine, ReplicaAddr, ReplicaSet};
 use ballast_node::replica::client::ReplicaClient;
 use ballast_node::replica::server::{ReplicaServer, replica_dir};
 use ballast_node::replica::{BLOCK, Replica, WRITEBACK_EVERY};
@@ -32,9 +32,16 @@ async fn after_an_unclean_stop_only_the_replicas_with_the_highest_revision_are_r
     cb.write(0, &[1u8; 512], 1, false).await.unwrap();
     ca.write(0, &[2u8; 512], 2, false).await.unwrap();
     ca.write(512, &[3u8; 512], 3, true).await.unwrap();
-    let engine = Engine::start("v", 64 * BLOCK, &[a.clone(), b.clone()], None)
-        .await
-        .unwrap();
+    let engine = Engine::start(
+        "v",
+        64 * BLOCK,
+        &[a.clone(), b.clone()],
+        None,
+        ReplicaSet::default(),
+        None,
+    )
+    .await
+    .unwrap();
     let status = engine.status().await;
     assert_eq!(status[0].mode, ReplicaMode::Rw);
     assert_eq!(status[1].mode, ReplicaMode::Err);
@@ -76,9 +83,16 @@ async fn overlapping_writes(lend: bool) {
     for (i, d) in dirs.iter().enumerate() {
         addrs.push(replica_server(d.path(), &format!("v-r{i}"), 64 * BLOCK).await);
     }
-    let engine = Engine::start("v", 64 * BLOCK, &addrs, Some("v-r0".into()))
-        .await
-        .unwrap();
+    let engine = Engine::start(
+        "v",
+        64 * BLOCK,
+        &addrs,
+        Some("v-r0".into()),
+        ReplicaSet::default(),
+        None,
+    )
+    .await
+    .unwrap();
     if lend {
         engine
             .lend_local(replica_dir(dirs[0].path(), "v-r0"), WRITEBACK_EVERY)
@@ -120,9 +134,16 @@ async fn a_lent_local_replica_matches_a_model_through_writes_trims_and_snapshots
     let d = tempfile::tempdir().unwrap();
     let size = 256 * BLOCK;
     let a = replica_server(d.path(), "v-r0", size).await;
-    let engine = Engine::start("v", size, std::slice::from_ref(&a), Some("v-r0".into()))
-        .await
-        .unwrap();
+    let engine = Engine::start(
+        "v",
+        size,
+        std::slice::from_ref(&a),
+        Some("v-r0".into()),
+        ReplicaSet::default(),
+        None,
+    )
+    .await
+    .unwrap();
     engine
         .lend_local(replica_dir(d.path(), "v-r0"), WRITEBACK_EVERY)
         .await
@@ -252,9 +273,16 @@ async fn a_lent_replica_is_lent_again_after_its_server_restarts_and_fails_with_i
         addr: n0.addr.clone(),
     };
     let b = replica_server(d1.path(), "v-r1", size).await;
-    let engine = Engine::start("v", size, &[a.clone(), b], Some("v-r0".into()))
-        .await
-        .unwrap();
+    let engine = Engine::start(
+        "v",
+        size,
+        &[a.clone(), b],
+        Some("v-r0".into()),
+        ReplicaSet::default(),
+        None,
+    )
+    .await
+    .unwrap();
     engine
         .lend_local(dir0.clone(), WRITEBACK_EVERY)
         .await
@@ -299,4 +327,132 @@ async fn a_lent_replica_is_lent_again_after_its_server_restarts_and_fails_with_i
     let mut got = vec![0u8; 3 * BLOCK as usize];
     files.read(0, &mut got).unwrap();
     assert!(got == [block(1), block(2), block(3)].concat());
+}
+
+/// A recorder that holds every record until the test lets it go, and
+/// answers with the next generation (or refuses, as a store whose
+/// generation moved on does).
+struct HeldRecorder {
+    calls: std::sync::Mutex<Vec<(u64, Vec<String>)>>,
+    entered: tokio::sync::Notify,
+    release: tokio::sync::Semaphore,
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+#[tonic::async_trait]
+impl ballast_node::engine::Recorder for HeldRecorder {
+    async fn record(
+        &self,
+        generation: u64,
+        replicas: &[String],
+        _reason: &str,
+    ) -> Result<u64, ballast_node::engine::RecordError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((generation, replicas.to_vec()));
+        self.entered.notify_one();
+        self.release.acquire().await.unwrap().forget();
+        if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(ballast_node::engine::RecordError::Refused(
+                "the store is at another generation".into(),
+            ))
+        } else {
+            Ok(generation + 1)
+        }
+    }
+}
+
+impl Default for HeldRecorder {
+    fn default() -> Self {
+        HeldRecorder {
+            calls: Default::default(),
+            entered: Default::default(),
+            release: tokio::sync::Semaphore::new(0),
+            refuse: Default::default(),
+        }
+    }
+}
+
+fn recorded(generation: u64, names: &[&str]) -> ReplicaSet {
+    ReplicaSet {
+        generation,
+        replicas: names.iter().map(|n| n.to_string()).collect(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_a_dropped_replica_lacks_is_acknowledged_only_once_the_drop_is_recorded() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = replica_server(d1.path(), "v-r1", 64 * BLOCK).await;
+    Replica::create(&replica_dir(d2.path(), "v-r2"), 64 * BLOCK).unwrap();
+    let server_b = ReplicaServer::new(vec![d2.path().to_path_buf()]);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let b = ReplicaAddr {
+        name: "v-r2".into(),
+        addr: listener.local_addr().unwrap().to_string(),
+    };
+    tokio::spawn(server_b.clone().serve(listener));
+    let recorder = Arc::new(HeldRecorder::default());
+    let engine = Engine::start(
+        "v",
+        64 * BLOCK,
+        &[a.clone(), b],
+        None,
+        recorded(5, &["v-r1", "v-r2"]),
+        Some(recorder.clone()),
+    )
+    .await
+    .unwrap();
+    // Both replicas have it: acknowledged with no record to make.
+    engine.write(0, &[1u8; 4096], false).await.unwrap();
+    assert!(recorder.calls.lock().unwrap().is_empty());
+
+    // r2's disk fails: the next write reaches r1 only.
+    server_b.fail_disk(d2.path(), "disk pulled");
+    let e = engine.clone();
+    let write = tokio::spawn(async move { e.write(4096, &[2u8; 4096], true).await });
+    recorder.entered.notified().await;
+    assert_eq!(
+        recorder.calls.lock().unwrap().clone(),
+        [(5, vec!["v-r1".to_string()])],
+        "the set without r2 is recorded against generation 5"
+    );
+    // The record is held: the write must not be acknowledged yet.
+    tokio::task::yield_now().await;
+    assert!(!write.is_finished(), "acknowledged before the record");
+    recorder.release.add_permits(1);
+    write.await.unwrap().unwrap();
+    assert_eq!(engine.record(), (recorded(6, &["v-r1"]), None));
+    assert_eq!(engine.read(4096, 4096).await.unwrap(), vec![2u8; 4096]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_record_is_refused_is_fenced_and_fails_io() {
+    let (d1, _d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = replica_server(d1.path(), "v-r1", 64 * BLOCK).await;
+    let recorder = Arc::new(HeldRecorder::default());
+    recorder
+        .refuse
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    recorder.release.add_permits(1);
+    // The store says r1 and r2 hold the data; only r1 is given (r2's node
+    // is down), so the engine must record {r1} before acknowledging.
+    let engine = Engine::start(
+        "v",
+        64 * BLOCK,
+        std::slice::from_ref(&a),
+        None,
+        recorded(3, &["v-r1", "v-r2"]),
+        Some(recorder.clone()),
+    )
+    .await
+    .unwrap();
+    let err = engine.write(0, &[7u8; 4096], true).await.unwrap_err();
+    assert!(err.to_string().contains("fenced"), "{err}");
+    assert!(engine.record().1.is_some(), "fenced");
+    assert!(
+        engine.read(0, 4096).await.is_err(),
+        "a fenced engine serves nothing"
+    );
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ballast::model::ReplicaMode;
-use ballast_node::engine::{Engine, MemberStatus, ReplicaAddr};
+use ballast_node::engine::{Engine, MemberStatus, ReplicaAddr, ReplicaSet};
 use ballast_node::replica::Replica;
 use ballast_node::replica::client::ReplicaClient;
 use ballast_node::replica::server::{JoinSpec, ReplicaServer, replica_dir};
@@ -76,9 +76,16 @@ async fn a_rebuild_under_concurrent_writes_ends_with_all_replicas_identical_laye
     let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
     let r0 = replica(d1.path(), "v-r0", &s1);
     let r1 = replica(d2.path(), "v-r1", &s2);
-    let engine = Engine::start("v", SIZE, std::slice::from_ref(&r0), None)
-        .await
-        .unwrap();
+    let engine = Engine::start(
+        "v",
+        SIZE,
+        std::slice::from_ref(&r0),
+        None,
+        ReplicaSet::default(),
+        None,
+    )
+    .await
+    .unwrap();
     // Data before the rebuild: the first 8 MiB, with holes every other MiB.
     for mib in (0..8u64).step_by(2) {
         engine
@@ -163,9 +170,16 @@ async fn a_rebuild_on_the_same_node_copies_locally_and_keeps_the_holes() {
     let s = server(&[d1.path(), d2.path()]).await;
     let r0 = replica(d1.path(), "v-r0", &s);
     let r1 = replica(d2.path(), "v-r1", &s);
-    let engine = Engine::start("v", SIZE, std::slice::from_ref(&r0), Some("v-r0".into()))
-        .await
-        .unwrap();
+    let engine = Engine::start(
+        "v",
+        SIZE,
+        std::slice::from_ref(&r0),
+        Some("v-r0".into()),
+        ReplicaSet::default(),
+        None,
+    )
+    .await
+    .unwrap();
     for k in 0..16u64 {
         let at = k * (1 << 20) + (k % 3) * 8192;
         engine

@@ -108,6 +108,16 @@ pub struct VolumeStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frontend_endpoint: Option<String>,
+    /// The generation of the replica set: it changes whenever the set of
+    /// replicas holding the latest acknowledged data does (0: never
+    /// recorded, a volume from before the record existed).
+    #[serde(default)]
+    pub generation: u64,
+    /// The replicas that hold every acknowledged write. An engine is started
+    /// with these only; the engine records a change here before it
+    /// acknowledges a write that a replica it dropped lacks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub current_replicas: Vec<String>,
 }
 
 impl Default for VolumeStatus {
@@ -119,6 +129,8 @@ impl Default for VolumeStatus {
             last_degraded_at: None,
             conditions: Vec::new(),
             frontend_endpoint: None,
+            generation: 0,
+            current_replicas: Vec::new(),
         }
     }
 }

@@ -1,12 +1,12 @@
 //! Data safety: the failing sequences of issue 10, each on real processes
-//! with data written before and checked by checksum after. An expansion
-//! that cannot happen changes nothing.
+//! with data written before and checked by checksum after. A replica that
+//! missed acknowledged writes never serves them (salvage is the operator's
+//! explicit choice); an expansion that cannot happen changes nothing.
 
 use std::time::Duration;
 
-use ballast::proto::csi::v1::CapacityRange;
-use ballast::proto::csi::v1::ControllerExpandVolumeRequest;
 use ballast::proto::csi::v1::controller_client::ControllerClient;
+use ballast::proto::csi::v1::{CapacityRange, ControllerExpandVolumeRequest};
 use serde_json::json;
 
 use crate::harness::*;
@@ -119,4 +119,153 @@ fn an_expansion_that_cannot_happen_leaves_the_volume_exactly_as_it_was() {
     for r in c.replicas("v") {
         assert_eq!(replica_size(&c, &r), 2 * SIZE);
     }
+}
+
+/// A two-replica volume on node-2 and node-3, attached at node-1 (which
+/// takes no replica), with data `a` written while both were up.
+fn two_replicas_on_nodes_2_and_3(c: &Cluster) -> (String, Data) {
+    c.patch_node("node-1", json!({"allowScheduling": false}));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let mut holders = c.holders("v");
+    holders.sort();
+    assert_eq!(holders, ["node-2", "node-3"]);
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 11);
+    (endpoint, a)
+}
+
+/// Node-3 dies; data `b` is written and acknowledged by node-2 alone; the
+/// volume is detached; node-2 dies and node-3 comes back.
+fn only_the_stale_replica_left(c: &mut Cluster, endpoint: &str) -> Data {
+    c.kill_node(2);
+    let b = write_data(c.dir.path(), endpoint, 12);
+    wait_for(Duration::from_secs(30), "node-3 seen down", || {
+        (c.node("node-3")["status"]["ready"] == false).then_some(())
+    });
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    c.kill_node(1);
+    c.restart_node(2);
+    wait_for(Duration::from_secs(30), "node-2 seen down", || {
+        (c.node("node-2")["status"]["ready"] == false).then_some(())
+    });
+    b
+}
+
+fn replica_of(c: &Cluster, node: &str) -> String {
+    c.replica_on("v", node).unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn a_replica_that_missed_acknowledged_writes_never_serves_them() {
+    let mut c = Cluster::start(3, 1);
+    let (endpoint, _a) = two_replicas_on_nodes_2_and_3(&c);
+    let b = only_the_stale_replica_left(&mut c, &endpoint);
+    let (fresh, stale) = (replica_of(&c, "node-2"), replica_of(&c, "node-3"));
+    let v = c.volume("v");
+    assert_eq!(v["status"]["currentReplicas"], json!([fresh]), "{v}");
+
+    // Only the stale replica is reachable: the attach is refused, naming
+    // the replica and the node that hold the latest data.
+    let (s, v) = call(
+        "POST",
+        &c.url("/v1/volumes/v/attach"),
+        Some(json!({"nodeId": "node-1"})),
+    );
+    assert_eq!(s, 422, "{v}");
+    let why = v["error"].as_str().unwrap();
+    assert!(why.contains(&fresh) && why.contains("node-2"), "{why}");
+    assert!(!why.contains(&stale), "{why}");
+    assert_eq!(c.volume("v")["status"]["robustness"], "faulted");
+    assert_eq!(c.volume("v")["status"]["state"], "detached");
+    // CSI publish says the same.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let status = rt
+        .block_on(async {
+            use ballast::proto::csi::v1::ControllerPublishVolumeRequest;
+            use ballast::proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume};
+            let ch = ballast::grpc::unix_channel(&c.ctl.socket).unwrap();
+            ControllerClient::new(ch)
+                .controller_publish_volume(ControllerPublishVolumeRequest {
+                    volume_id: "v".into(),
+                    node_id: "node-1".into(),
+                    volume_capability: Some(ballast::proto::csi::v1::VolumeCapability {
+                        access_type: Some(AccessType::Block(BlockVolume {})),
+                        access_mode: Some(AccessMode { mode: 1 }),
+                    }),
+                    ..Default::default()
+                })
+                .await
+        })
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains(&fresh), "{status:?}");
+
+    // Node-2 is back: the attach serves the acknowledged data, and the
+    // stale replica is rebuilt from the fresh one, never the reverse.
+    c.restart_node(1);
+    let endpoint = c.attach("v", "node-1");
+    verify_data(c.dir.path(), &endpoint, &b);
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let rebuilt: Vec<serde_json::Value> = c
+        .events(&format!("replica/{stale}"))
+        .into_iter()
+        .filter(|e| e["reason"] == "ReplicaRebuilt")
+        .collect();
+    assert!(
+        rebuilt
+            .last()
+            .is_some_and(|e| e["message"].as_str().unwrap().contains(&fresh)),
+        "{rebuilt:?}"
+    );
+    verify_replicas(&c, "v", &b);
+    // A detach and attach again changes nothing.
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let endpoint = c.attach("v", "node-1");
+    verify_data(c.dir.path(), &endpoint, &b);
+    verify_replicas(&c, "v", &b);
+}
+
+#[test]
+fn salvage_accepts_the_stale_replica_only_when_asked_and_says_what_is_lost() {
+    let mut c = Cluster::start(3, 1);
+    let (endpoint, a) = two_replicas_on_nodes_2_and_3(&c);
+    // While the replica with the latest data is reachable, no salvage.
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let stale = replica_of(&c, "node-3");
+    let (s, v) = call(
+        "POST",
+        &c.url("/v1/volumes/v/salvage"),
+        Some(json!({"replica": stale})),
+    );
+    assert_eq!(s, 422, "{v}");
+    let endpoint = {
+        let _ = endpoint;
+        c.attach("v", "node-1")
+    };
+    let b = only_the_stale_replica_left(&mut c, &endpoint);
+    let fresh = replica_of(&c, "node-2");
+    assert_ne!(a.sum, b.sum);
+    let (ok, out, err) = ballastctl(&c.api, &["volume", "salvage", "v", "--replica", &stale]);
+    assert!(ok, "{out}{err}");
+    assert!(err.contains("lost"), "{err}");
+    let salvaged = c.events("volume/v");
+    let event = salvaged
+        .iter()
+        .find(|e| e["reason"] == "VolumeSalvaged")
+        .expect("a VolumeSalvaged event");
+    assert!(
+        event["message"].as_str().unwrap().contains(&fresh),
+        "it names what is given up: {event}"
+    );
+    assert_eq!(c.volume("v")["status"]["currentReplicas"], json!([stale]));
+    // The operator accepted it: the volume serves the older data.
+    let endpoint = c.attach("v", "node-1");
+    verify_data(c.dir.path(), &endpoint, &a);
 }

@@ -47,22 +47,29 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async {
+    // The exit status, with the message for stderr.
+    let result: Result<(), (u8, String)> = runtime.block_on(async {
+        let failed = |e: String| (1, e);
         match cli.command {
             Command::Controller(a) => ballast_controller::run(a.into())
                 .await
-                .map_err(|e| e.to_string()),
-            Command::Node(a) => ballast_node::run(a.into()).await.map_err(|e| e.to_string()),
-            Command::Local(a) => ballast_cli::local::run(a).await,
+                .map_err(|e| failed(e.to_string())),
+            Command::Node(a) => ballast_node::run(a.into())
+                .await
+                .map_err(|e| failed(e.to_string())),
+            Command::Local(a) => ballast_cli::local::run(a).await.map_err(failed),
             Command::Sim { .. } => Ok(()),
-            Command::Engine(a) => ballast_cli::engine::run(a).await,
+            // The node agent reads the engine's exit status.
+            Command::Engine(a) => ballast_cli::engine::run(a)
+                .await
+                .map_err(|e| (e.code(), e.to_string())),
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        Err((code, e)) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(code)
         }
     }
 }

@@ -118,6 +118,18 @@ pub enum VolumeCmd {
         #[arg(long)]
         size: String,
     },
+    /// Accept data loss: make REPLICA the only one holding the detached
+    /// volume's data, when no replica with its latest data can be reached.
+    /// What only the others held is lost. Recorded as an event.
+    Salvage {
+        name: String,
+        #[arg(long)]
+        replica: String,
+        /// Even when a replica that holds the latest data seems reachable
+        /// (its data may be gone).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -489,6 +501,25 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                         Some(json!({"size": bytes})),
                     )
                     .await?;
+                show(&v, &VOLUME_HEADER, volume_rows, false);
+            }
+            VolumeCmd::Salvage {
+                name,
+                replica,
+                force,
+            } => {
+                let v = c
+                    .call(
+                        Method::POST,
+                        &format!("/v1/volumes/{name}/salvage"),
+                        Some(json!({"replica": replica, "force": force})),
+                    )
+                    .await?;
+                if !json_out {
+                    eprintln!(
+                        "{name} salvaged from {replica}: writes only other replicas held are lost"
+                    );
+                }
                 show(&v, &VOLUME_HEADER, volume_rows, false);
             }
         },

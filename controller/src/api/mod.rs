@@ -66,6 +66,11 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
         "Grow a detached volume to {size}: every replica grows on its node",
     ),
     (
+        "post",
+        "/v1/volumes/{name}/salvage",
+        "Accept data loss: make {replica} the only replica holding the detached volume's data (force: even if a current one looks reachable)",
+    ),
+    (
         "get",
         "/v1/replicas",
         "List replicas, optionally ?volume=NAME&node=ID",
@@ -121,6 +126,10 @@ pub fn router(ctx: Arc<Context>) -> Router {
         .route(
             "/v1/volumes/{name}/detach",
             axum::routing::post(volumes::detach),
+        )
+        .route(
+            "/v1/volumes/{name}/salvage",
+            axum::routing::post(volumes::salvage),
         )
         .route(
             "/v1/volumes/{name}/expand",

@@ -101,6 +101,33 @@ pub async fn expand(
     Ok(Json(crate::executor::expand(&ctx, &name, req.size).await?))
 }
 
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SalvageVolume {
+    replica: String,
+    #[serde(default)]
+    force: bool,
+}
+
+/// Makes one replica the volume's data, knowingly losing what only the
+/// others held; 422 while a replica with the latest data is reachable.
+#[tracing::instrument(skip_all, fields(volume = %name))]
+pub async fn salvage(
+    State(ctx): State<Arc<Context>>,
+    Path(name): Path<String>,
+    Body(req): Body<SalvageVolume>,
+) -> Result<Json<Volume>, Error> {
+    let _guard = ctx
+        .lock_volume_waiting(&name, std::time::Duration::from_secs(30))
+        .await?;
+    Ok(Json(crate::freshness::salvage(
+        &ctx,
+        &name,
+        &req.replica,
+        req.force,
+    )?))
+}
+
 #[tracing::instrument(skip_all, fields(volume = %name))]
 pub async fn patch(
     State(ctx): State<Arc<Context>>,

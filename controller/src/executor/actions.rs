@@ -199,12 +199,19 @@ async fn build_replica(
         }
     };
     if !has_data {
+        // Empty like every other replica of the volume: as current as they.
+        crate::freshness::add_current(
+            ctx,
+            volume,
+            &name,
+            "a new replica of a volume with no data yet",
+        )?;
         return Ok(());
     }
     let at = format!("{name}@{}", target.status.replica_endpoint);
     let filled = match &vol.status.attached_node {
         Some(attached) => add_to_engine(ctx, volume, attached, &at, copy_from).await,
-        None => rebuild_offline(ctx, &replicas, &name, &target, copy_from).await,
+        None => rebuild_offline(ctx, &vol, &replicas, &name, &target, copy_from).await,
     };
     if let Err(e) = &filled {
         mark_failed(ctx, &name, e, reuse.is_some());
@@ -236,17 +243,19 @@ async fn add_to_engine(
 }
 
 /// A detached volume has no engine: the target's node copies from a
-/// healthy replica (one on its own node first, for a local copy).
+/// replica that holds the latest data (one on its own node first, for a
+/// local copy), and the target joins the record of those that do.
 async fn rebuild_offline(
     ctx: &Context,
+    vol: &Volume,
     replicas: &[Replica],
     name: &str,
     target: &Node,
     copy_from: Option<&str>,
 ) -> Result<(), Error> {
-    let mut sources: Vec<&Replica> = replicas
-        .iter()
-        .filter(|r| r.name != name && r.status.mode == Some(ReplicaMode::Rw))
+    let mut sources: Vec<&Replica> = crate::freshness::current(vol, replicas)
+        .into_iter()
+        .filter(|r| r.name != name)
         .collect();
     sources.sort_by_key(|r| {
         (
@@ -261,7 +270,11 @@ async fn rebuild_offline(
                 .ok()
                 .map(|n| format!("{}@{}", r.name, n.status.replica_endpoint))
         })
-        .ok_or_else(|| Error::Unprocessable(format!("no healthy replica to copy {name} from")))?;
+        .ok_or_else(|| {
+            Error::Unprocessable(format!(
+                "no replica that holds the latest data is reachable to copy {name} from"
+            ))
+        })?;
     let mut c = agent(target)?;
     let done = with_timeout(
         &target.id,
@@ -290,7 +303,12 @@ async fn rebuild_offline(
             done.kept_bytes, done.copied_bytes, done.copy_path
         ),
     );
-    Ok(())
+    crate::freshness::add_current(
+        ctx,
+        &vol.name,
+        name,
+        &format!("{name} rebuilt from {source}"),
+    )
 }
 
 /// Deletes a replica at a user's request (`DELETE /v1/replicas/{name}`):
@@ -318,6 +336,17 @@ async fn remove_replica(
         return Ok(());
     };
     let vol: Option<Volume> = ctx.store.get(volume)?;
+    // Detached, the record says who holds the data (attached, the engine
+    // refuses to lose its last rw replica).
+    if let Some(v) = &vol
+        && v.status.attached_node.is_none()
+        && v.status.generation > 0
+        && v.status.current_replicas == [replica.to_string()]
+    {
+        return Err(Error::Unprocessable(format!(
+            "replica {replica} is the last that holds the latest data of {volume}"
+        )));
+    }
     if let Some(attached) = vol.and_then(|v| v.status.attached_node)
         && let Ok(node) = ready_node(ctx, &attached)
     {
@@ -358,5 +387,6 @@ async fn remove_replica(
     }
     ctx.store.delete::<Replica>(replica, None)?;
     ctx.event(Kind::Replica, replica, "ReplicaDeleted", why.to_string());
-    Ok(())
+    // A detached volume's record loses it (an engine keeps its own).
+    crate::freshness::remove_current(ctx, volume, replica)
 }

@@ -37,10 +37,17 @@ impl Backoff {
         self.failures.get(key).is_none_or(|(_, at)| *at <= now)
     }
 
-    fn failed(&mut self, key: &str, now: Instant) -> Duration {
+    /// Records a failure; the delay grows with each one, except for a node
+    /// that could not be reached: the planner plans on a node only while it
+    /// is ready, so the action is retried soon, and at once when it is back.
+    fn failed(&mut self, key: &str, now: Instant, unreachable: bool) -> Duration {
         let e = self.failures.entry(key.to_string()).or_insert((0, now));
         e.0 += 1;
-        let delay = BACKOFF_MIN.saturating_mul(1 << e.0.min(8)).min(BACKOFF_MAX);
+        let delay = if unreachable {
+            BACKOFF_MIN
+        } else {
+            BACKOFF_MIN.saturating_mul(1 << e.0.min(8)).min(BACKOFF_MAX)
+        };
         e.1 = now + delay;
         delay
     }
@@ -105,7 +112,8 @@ fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<u
                 // Another call holds the volume: try on the next pass.
                 Err(Error::Conflict(_)) => {}
                 Err(e) => {
-                    let delay = b.failed(&k, Instant::now());
+                    let unreachable = matches!(e, Error::Unavailable(_));
+                    let delay = b.failed(&k, Instant::now(), unreachable);
                     tracing::warn!(error = %e, retry_in = ?delay, "action failed");
                     if let Some(v) = volume_of(&action) {
                         ctx.event(

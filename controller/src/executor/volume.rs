@@ -118,6 +118,7 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
     }
     volume = ctx.store.modify::<Volume, Error>(&volume.name, |v| {
         v.status.state = VolumeState::Detached;
+        crate::freshness::initial(v, &made);
         Ok(true)
     })?;
     ctx.event(
@@ -198,43 +199,59 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
     if !node.status.ready {
         return Err(Error::Unprocessable(format!("node {node_id} is not ready")));
     }
-    let nodes: Vec<Node> = ctx.store.list()?;
+    // Only replicas that hold the latest acknowledged data may serve.
+    let serving = crate::freshness::serving(ctx, &volume)?;
     let replicas: Vec<Replica> = ctx
         .store
         .list::<Replica>()?
         .into_iter()
         .filter(|r| r.spec.volume == name)
         .collect();
-    let mut specs = Vec::new();
-    for r in &replicas {
-        if let Some(n) = nodes.iter().find(|n| {
-            n.id == r.spec.node_id && n.status.ready && !n.status.replica_endpoint.is_empty()
-        }) {
-            specs.push(format!("{}@{}", r.name, n.status.replica_endpoint));
-        }
-    }
-    if specs.is_empty() {
-        return Err(Error::Unprocessable(format!(
-            "no replica of {name} is on a ready node"
-        )));
-    }
     let local = replicas
         .iter()
-        .find(|r| r.spec.node_id == node_id)
+        .find(|r| r.spec.node_id == node_id && serving.current.contains(&r.name))
         .map(|r| r.name.clone())
         .unwrap_or_default();
+    // Intent first: the engine records its replica set as the engine of
+    // this node, which the store must already say.
+    ctx.store.modify::<Volume, Error>(name, |v| {
+        v.status.attached_node = Some(node_id.to_string());
+        v.status.state = VolumeState::Attaching;
+        Ok(true)
+    })?;
+    let holders = serving.holders.join(", ");
     let mut c = agent(&node)?;
     let started = with_timeout(
         node_id,
         c.start_engine(StartEngineRequest {
             volume: name.to_string(),
             size: volume.spec.size,
-            replicas: specs,
+            replicas: serving.replicas,
             local,
+            generation: serving.generation,
+            current: serving.current,
         }),
     )
-    .await?
-    .into_inner();
+    .await;
+    let started = match started {
+        Ok(s) => s.into_inner(),
+        Err(e) => {
+            ctx.store.modify::<Volume, Error>(name, |v| {
+                v.status.attached_node = None;
+                v.status.state = VolumeState::Detached;
+                Ok(true)
+            })?;
+            // The engine could open none of the replicas with the data.
+            return Err(match e {
+                Error::Unprocessable(m) => crate::freshness::fault(
+                    ctx,
+                    name,
+                    format!("{m}; the latest data is on {holders}"),
+                ),
+                e => e,
+            });
+        }
+    };
     let endpoint = started.engine.map(|e| e.endpoint).unwrap_or_default();
     let volume = ctx.store.modify::<Volume, Error>(name, |v| {
         v.status.attached_node = Some(node_id.to_string());

@@ -2,8 +2,8 @@ use std::sync::Arc;
 
 use ballast::model::{DiskSpec, DiskStatus, Kind, Node, NodeSpec, NodeStatus};
 use ballast::proto::agent::v1::{
-    HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
-    controlplane_server::Controlplane,
+    HeartbeatRequest, HeartbeatResponse, RecordReplicaSetRequest, RecordReplicaSetResponse,
+    RegisterRequest, RegisterResponse, controlplane_server::Controlplane,
 };
 use ballast::store::{StoreError, StoreExt};
 use tonic::{Request, Response, Status};
@@ -212,6 +212,23 @@ impl Controlplane for ControlplaneService {
             }
         }
         Ok(Response::new(HeartbeatResponse { known: true }))
+    }
+
+    #[tracing::instrument(skip_all, fields(volume = %request.get_ref().volume, node = %request.get_ref().node_id))]
+    async fn record_replica_set(
+        &self,
+        request: Request<RecordReplicaSetRequest>,
+    ) -> Result<Response<RecordReplicaSetResponse>, Status> {
+        let req = request.into_inner();
+        let generation = crate::freshness::record(
+            &self.ctx,
+            &req.volume,
+            &req.node_id,
+            req.generation,
+            &req.replicas,
+            &req.reason,
+        )?;
+        Ok(Response::new(RecordReplicaSetResponse { generation }))
     }
 }
 

@@ -24,6 +24,14 @@ struct Running {
     spec: StartEngineRequest,
 }
 
+/// Where an engine records its volume's replica set: the controller's
+/// agent endpoint, as this node.
+#[derive(Clone, Debug)]
+pub struct RecordAt {
+    pub controller: String,
+    pub node_id: String,
+}
+
 pub struct Engines {
     dir: PathBuf,
     exe: PathBuf,
@@ -31,6 +39,7 @@ pub struct Engines {
     disks: Vec<PathBuf>,
     /// Passed to each engine (`--writeback-every`).
     writeback_every: u64,
+    record_at: RecordAt,
     running: Mutex<BTreeMap<String, Running>>,
 }
 
@@ -54,12 +63,19 @@ fn alive(pid: i32) -> bool {
 
 impl Engines {
     /// `state_dir/frontends` holds the sockets; `exe` is the ballast binary.
-    pub fn new(state_dir: &Path, exe: PathBuf, disks: Vec<PathBuf>, writeback_every: u64) -> Self {
+    pub fn new(
+        state_dir: &Path,
+        exe: PathBuf,
+        disks: Vec<PathBuf>,
+        writeback_every: u64,
+        record_at: RecordAt,
+    ) -> Self {
         Engines {
             dir: state_dir.join("frontends"),
             exe,
             disks,
             writeback_every,
+            record_at,
             running: Mutex::new(BTreeMap::new()),
         }
     }
@@ -113,18 +129,22 @@ impl Engines {
             };
             if alive(pid) && self.socket(volume).exists() {
                 tracing::info!(volume, pid, "re-adopted a running engine");
-                let spec = StartEngineRequest {
-                    volume: volume.to_string(),
-                    size: spec["size"].as_u64().unwrap_or(0),
-                    replicas: spec["replicas"]
-                        .as_array()
+                let strings = |v: &serde_json::Value| -> Vec<String> {
+                    v.as_array()
                         .map(|a| {
                             a.iter()
                                 .filter_map(|r| r.as_str().map(str::to_string))
                                 .collect()
                         })
-                        .unwrap_or_default(),
+                        .unwrap_or_default()
+                };
+                let spec = StartEngineRequest {
+                    volume: volume.to_string(),
+                    size: spec["size"].as_u64().unwrap_or(0),
+                    replicas: strings(&spec["replicas"]),
                     local: spec["local"].as_str().unwrap_or_default().to_string(),
+                    generation: spec["generation"].as_u64().unwrap_or(0),
+                    current: strings(&spec["current"]),
                 };
                 running.insert(volume.to_string(), Running { pid, spec });
             }
@@ -182,9 +202,15 @@ impl Engines {
             .arg("--control-socket")
             .arg(self.control(&spec.volume))
             .arg("--writeback-every")
-            .arg(self.writeback_every.to_string());
+            .arg(self.writeback_every.to_string())
+            .args(["--controller", &self.record_at.controller])
+            .args(["--node-id", &self.record_at.node_id])
+            .args(["--generation", &spec.generation.to_string()]);
         for r in &spec.replicas {
             cmd.args(["--replica", r]);
+        }
+        for r in &spec.current {
+            cmd.args(["--current", r]);
         }
         if !spec.local.is_empty() {
             cmd.args(["--local", &spec.local]);
@@ -215,10 +241,13 @@ impl Engines {
                     .find(|l| !l.trim().is_empty())
                     .unwrap_or_default()
                     .to_string();
-                return Err(Error::Internal(format!(
-                    "the engine of {} exited ({status}): {last}",
-                    spec.volume
-                )));
+                let message = format!("the engine of {} exited ({status}): {last}", spec.volume);
+                let no_replica = status.code() == Some(i32::from(crate::engine::EXIT_NO_REPLICA));
+                return Err(if no_replica {
+                    Error::Refused(message)
+                } else {
+                    Error::Internal(message)
+                });
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
@@ -242,8 +271,13 @@ impl Engines {
 
     /// Writes the pid file: the pid and the engine's replicas.
     fn record(&self, pid: i32, spec: &StartEngineRequest) {
-        let record =
-            serde_json::json!({"size": spec.size, "replicas": spec.replicas, "local": spec.local});
+        let record = serde_json::json!({
+            "size": spec.size,
+            "replicas": spec.replicas,
+            "local": spec.local,
+            "generation": spec.generation,
+            "current": spec.current,
+        });
         let _ = std::fs::write(self.pid_file(&spec.volume), format!("{pid}\n{record}\n"));
     }
 

@@ -21,10 +21,15 @@ pub async fn offline(
             message: format!("{source:?}: expected NAME@HOST:PORT"),
         })?;
     let target = server.find(name).map_err(Error::NotFound)?;
+    // A source that cannot be reached may come back: Unavailable, which
+    // the controller does not count as a failed reuse.
+    let remote = |e: crate::replica::client::ClientError| match e {
+        crate::replica::client::ClientError::Closed { .. } => Error::Unavailable(e.to_string()),
+        e => Error::Internal(e.to_string()),
+    };
     let src = ReplicaClient::connect(src_addr, src_name)
         .await
-        .map_err(|e| Error::Internal(e.to_string()))?;
-    let remote = |e: crate::replica::client::ClientError| Error::Internal(e.to_string());
+        .map_err(remote)?;
     src.snapshot().await.map_err(remote)?;
     let info = src.info().await.map_err(remote)?;
     let layers = src.layers().await.map_err(remote)?;

@@ -8,8 +8,11 @@
 //! replicas apply overlapping writes alike. A snapshot pauses I/O (`io`),
 //! snapshots every replica at the same point, and resumes.
 //!
-//! On start after an unclean stop, only the replicas with the highest
-//! revision counter become `rw`; the others are `err`. A replica joins a
+//! It is started with the replicas the store records as holding the
+//! latest acknowledged data only; of those, after an unclean stop, only the
+//! ones with the highest revision counter become `rw`, the others `err`.
+//! Every change of its `rw` set is recorded in the store before a write
+//! that depends on it is acknowledged (`freshness`). A replica joins a
 //! running volume through a rebuild (`rebuild`); the node agent asks for it
 //! on the control socket (`control`). The replica on the engine's own node
 //! is lent to it by its server, and its I/O goes straight to its files
@@ -27,8 +30,15 @@ use crate::replica::client::{ClientError, ReplicaClient, Waiter};
 use crate::replica::protocol::{FLAG_FUA, FLAG_ZEROES, MAX_DATA, Op};
 
 pub mod control;
+pub mod freshness;
 mod lent;
 mod rebuild;
+
+pub use freshness::{RecordError, Recorder, ReplicaSet};
+
+/// The exit status of an engine process that could open none of its
+/// replicas (the node agent answers FAILED_PRECONDITION for it).
+pub const EXIT_NO_REPLICA: u8 = 3;
 
 /// Errors of the engine, as NBD reports them.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +59,10 @@ pub enum EngineError {
     /// Valid, but refused as things stand.
     #[error("replica {replica}: {message}")]
     Refused { replica: String, message: String },
+    /// The write reached the replicas but cannot be acknowledged: the
+    /// replica set it depends on is not recorded (or this engine is fenced).
+    #[error("{0}")]
+    NotRecorded(String),
 }
 
 impl EngineError {
@@ -113,6 +127,9 @@ struct Member {
     mode: ReplicaMode,
     error: Option<String>,
     rebuild: Option<RebuildStatus>,
+    /// A `wo` replica whose rebuild is done: it turns `rw` once the store's
+    /// record includes it.
+    caught_up: bool,
 }
 
 /// The last rebuild of a replica: what it kept, what it copied and how.
@@ -163,6 +180,17 @@ pub struct Engine {
     direct_reads: AtomicU64,
     /// The replicas writes go to, while the members stay as they are.
     writers: std::sync::Mutex<Option<Arc<Writers>>>,
+    /// The store's record of the replicas holding the latest data.
+    freshness: freshness::Freshness,
+    /// Wakes the task that keeps the record (a permit is kept if it is busy).
+    set_changed: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // The record keeper holds only a weak reference: let it see the end.
+        self.set_changed.notify_one();
+    }
 }
 
 /// Name, link, and whether its answer counts (rw, not wo).
@@ -180,7 +208,7 @@ struct FanIn {
 struct FanInState {
     remaining: usize,
     /// rw replicas that have the write.
-    ok: usize,
+    acked: Vec<String>,
     failed: Vec<(String, ClientError)>,
     done: Option<WriteDone>,
     /// I/O stays held until every replica answered (a snapshot waits).
@@ -195,7 +223,8 @@ impl FanIn {
                 return;
             };
             match r {
-                Ok(()) => s.ok += usize::from(rw),
+                Ok(()) if rw => s.acked.push(name),
+                Ok(()) => {}
                 Err(e) => s.failed.push((name, e)),
             }
             s.remaining = s.remaining.saturating_sub(1);
@@ -203,38 +232,49 @@ impl FanIn {
                 return;
             }
             (
-                s.ok,
+                std::mem::take(&mut s.acked),
                 std::mem::take(&mut s.failed),
                 s.done.take(),
                 s.guard.take(),
             )
         };
-        let (ok, failed, done, guard) = finished;
+        let (acked, failed, done, guard) = finished;
         let Some(done) = done else {
             return;
         };
-        let outcome = move |last: String| {
-            if ok == 0 {
-                Err(EngineError::NoReplica(last))
-            } else {
-                Ok(())
-            }
-        };
-        if failed.is_empty() {
-            drop(guard);
-            return done(outcome(String::new()));
+        if acked.is_empty() {
+            let last = failed
+                .last()
+                .map(|(_, e)| e.to_string())
+                .unwrap_or_default();
+            let engine = self.engine.clone();
+            tokio::spawn(async move {
+                for (name, e) in &failed {
+                    engine.fail(name, e).await;
+                }
+                drop(guard);
+                done(Err(EngineError::NoReplica(last)));
+            });
+            return;
         }
-        // A replica failed: drop it from the volume (which takes the
-        // members' lock) before answering.
+        if failed.is_empty() {
+            let names: Vec<&str> = acked.iter().map(String::as_str).collect();
+            if self.engine.freshness.covers(&names) {
+                drop(guard);
+                return done(Ok(()));
+            }
+        }
+        // A replica failed (it is dropped from the volume, which takes the
+        // members' lock), or the record lags: the write is acknowledged once
+        // the store's replica set holds only replicas that have it.
         let engine = self.engine.clone();
         tokio::spawn(async move {
-            let mut last = String::new();
             for (name, e) in &failed {
-                last = e.to_string();
                 engine.fail(name, e).await;
             }
+            let outcome = engine.covered(&acked).await;
             drop(guard);
-            done(outcome(last));
+            done(outcome);
         });
     }
 
@@ -252,12 +292,18 @@ impl FanIn {
 
 impl Engine {
     /// Connects to every replica, checks their sizes, and makes `rw` the
-    /// ones with the highest revision.
+    /// ones with the highest revision. `recorded` is the replica set as the
+    /// store has it; with a `recorder`, the engine records the set it runs
+    /// with (and every change of it) before it acknowledges a write that a
+    /// recorded replica lacks. Without one (an engine a test drives in
+    /// process), nothing is recorded.
     pub async fn start(
         volume: &str,
         size: u64,
         replicas: &[ReplicaAddr],
         local: Option<String>,
+        recorded: ReplicaSet,
+        recorder: Option<Arc<dyn Recorder>>,
     ) -> Result<Arc<Engine>, EngineError> {
         if replicas.is_empty() {
             return Err(EngineError::Start("at least one replica is needed".into()));
@@ -280,6 +326,7 @@ impl Engine {
                         mode: ReplicaMode::Err,
                         error: Some("its rebuild did not finish".into()),
                         rebuild: None,
+                        caught_up: false,
                     });
                 }
                 Ok((c, info)) if info["size"].as_u64() == Some(size) => {
@@ -290,6 +337,7 @@ impl Engine {
                         mode: ReplicaMode::Rw,
                         error: None,
                         rebuild: None,
+                        caught_up: false,
                     });
                 }
                 Ok((_, info)) => {
@@ -300,6 +348,7 @@ impl Engine {
                         mode: ReplicaMode::Err,
                         error: Some(format!("size {} is not the volume's {size}", info["size"])),
                         rebuild: None,
+                        caught_up: false,
                     });
                 }
                 Err(e) => {
@@ -310,6 +359,7 @@ impl Engine {
                         mode: ReplicaMode::Err,
                         error: Some(e.to_string()),
                         rebuild: None,
+                        caught_up: false,
                     });
                 }
             }
@@ -336,8 +386,15 @@ impl Engine {
                 m.link = None;
             }
         }
-        tracing::info!(volume, size, revision = best, "engine started");
-        Ok(Arc::new(Engine {
+        tracing::info!(
+            volume,
+            size,
+            revision = best,
+            generation = recorded.generation,
+            "engine started"
+        );
+        let keeps_record = recorder.is_some();
+        let engine = Arc::new(Engine {
             volume: volume.to_string(),
             size,
             members: Mutex::new(members),
@@ -349,7 +406,81 @@ impl Engine {
             changed: tokio::sync::Notify::new(),
             direct_reads: AtomicU64::new(0),
             writers: std::sync::Mutex::new(None),
-        }))
+            freshness: freshness::Freshness::new(recorded, recorder),
+            set_changed: Arc::new(tokio::sync::Notify::new()),
+        });
+        if keeps_record {
+            // The set it opened may already differ from the record.
+            engine.set_changed.notify_one();
+            tokio::spawn(Engine::keep_record(
+                Arc::downgrade(&engine),
+                engine.set_changed.clone(),
+            ));
+        }
+        Ok(engine)
+    }
+
+    /// Records every change of the rw set, one at a time, for as long as
+    /// the engine lives; the only caller of the record. A rebuilt replica
+    /// turns rw once the record includes it.
+    async fn keep_record(engine: std::sync::Weak<Engine>, wake: Arc<tokio::sync::Notify>) {
+        loop {
+            wake.notified().await;
+            let Some(e) = engine.upgrade() else {
+                return;
+            };
+            let (wanted, reason) = e.wanted_set().await;
+            if e.freshness.record(&wanted, &reason).await {
+                e.promote_caught_up(&wanted).await;
+            }
+        }
+    }
+
+    /// Turns rw the caught-up replicas that the record now includes.
+    async fn promote_caught_up(&self, recorded: &std::collections::BTreeSet<String>) {
+        let mut m = self.members.lock().await;
+        let mut changed = false;
+        for x in m.iter_mut() {
+            if x.mode == ReplicaMode::Wo && x.caught_up && recorded.contains(&x.at.name) {
+                x.mode = ReplicaMode::Rw;
+                x.caught_up = false;
+                tracing::info!(volume = %self.volume, replica = %x.at.name, "rebuilt replica recorded; it is rw");
+                changed = true;
+            }
+        }
+        if changed {
+            self.members_changed();
+        }
+    }
+
+    /// The replicas that hold every acknowledged write now (rw, and rebuilt
+    /// ones waiting for the record), and how they differ from the record.
+    async fn wanted_set(&self) -> (std::collections::BTreeSet<String>, String) {
+        let recorded = self.freshness.recorded().replicas;
+        let m = self.members.lock().await;
+        let wanted: std::collections::BTreeSet<String> = m
+            .iter()
+            .filter(|x| x.mode == ReplicaMode::Rw || (x.mode == ReplicaMode::Wo && x.caught_up))
+            .map(|x| x.at.name.clone())
+            .collect();
+        let mut why = Vec::new();
+        for gone in recorded.difference(&wanted) {
+            let error = m
+                .iter()
+                .find(|x| &x.at.name == gone)
+                .and_then(|x| x.error.clone())
+                .unwrap_or_else(|| "taken out of the volume".into());
+            why.push(format!("{gone} dropped: {error}"));
+        }
+        for new in wanted.difference(&recorded) {
+            why.push(format!("{new} holds the latest data"));
+        }
+        (wanted, why.join("; "))
+    }
+
+    /// The replica set as recorded, and why the engine is fenced if it is.
+    pub fn record(&self) -> (ReplicaSet, Option<String>) {
+        (self.freshness.recorded(), self.freshness.fenced())
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), EngineError> {
@@ -412,6 +543,7 @@ impl Engine {
             *cache = None;
         }
         self.changed.notify_waiters();
+        self.set_changed.notify_one();
     }
 
     async fn fail(&self, name: &str, why: &ClientError) {
@@ -424,12 +556,17 @@ impl Engine {
             x.mode = ReplicaMode::Err;
             x.error = Some(why.to_string());
             x.link = None;
+            x.caught_up = false;
             self.members_changed();
         }
     }
 
     pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, EngineError> {
         self.check(offset, u64::from(len))?;
+        // A fenced engine is stale: another one may be writing elsewhere.
+        if let Some(why) = self.freshness.fenced() {
+            return Err(EngineError::NotRecorded(format!("engine fenced: {why}")));
+        }
         let _io = self.io.read().await;
         self.read_now(offset, len).await
     }
@@ -548,7 +685,8 @@ impl Engine {
         }
         let mut waits = Vec::new();
         let mut failed = Vec::new();
-        let mut ok = 0;
+        // rw replicas that have the mutation.
+        let mut acked: Vec<String> = Vec::new();
         // Lent replicas to flush once the order lock is let go.
         let mut flushes = Vec::new();
         {
@@ -584,20 +722,23 @@ impl Engine {
                 let sync = op == Op::Flush || flags & FLAG_FUA != 0;
                 match done {
                     Ok(()) if sync => flushes.push((name.clone(), l.clone(), *rw)),
-                    Ok(()) => ok += usize::from(*rw),
+                    Ok(()) if *rw => acked.push(name.clone()),
+                    Ok(()) => {}
                     Err(e) => failed.push((name.clone(), e)),
                 }
             }
         }
         for (name, l, rw) in flushes {
             match l.flush().await {
-                Ok(()) => ok += usize::from(rw),
+                Ok(()) if rw => acked.push(name),
+                Ok(()) => {}
                 Err(e) => failed.push((name, e)),
             }
         }
         for (name, w, rw) in waits {
             match w.await {
-                Ok(_) => ok += usize::from(rw),
+                Ok(_) if rw => acked.push(name),
+                Ok(_) => {}
                 Err(e) => failed.push((name, e)),
             }
         }
@@ -606,11 +747,23 @@ impl Engine {
             last = e.to_string();
             self.fail(name, e).await;
         }
-        if ok == 0 {
-            Err(EngineError::NoReplica(last))
-        } else {
-            Ok(())
+        if acked.is_empty() {
+            return Err(EngineError::NoReplica(last));
         }
+        self.covered(&acked).await
+    }
+
+    /// Ok once a mutation that the rw replicas `acked` have may be
+    /// acknowledged: the store's replica set holds none that lacks it.
+    async fn covered(&self, acked: &[String]) -> Result<(), EngineError> {
+        let names: Vec<&str> = acked.iter().map(String::as_str).collect();
+        if self.freshness.covers(&names) {
+            return Ok(());
+        }
+        self.freshness
+            .wait_covered(acked)
+            .await
+            .map_err(EngineError::NotRecorded)
     }
 
     async fn mutate(
@@ -725,7 +878,7 @@ impl Engine {
             engine: self.clone(),
             state: std::sync::Mutex::new(FanInState {
                 remaining: clients.len(),
-                ok: 0,
+                acked: Vec::new(),
                 failed: Vec::new(),
                 done: Some(done),
                 guard: Some(guard),

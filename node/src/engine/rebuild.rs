@@ -108,6 +108,7 @@ impl Engine {
                 mode: ReplicaMode::Wo,
                 error: None,
                 rebuild: Some(status),
+                caught_up: false,
             });
             self.members_changed();
             (format!("{src_name}@{src_addr}"), report)
@@ -130,13 +131,19 @@ impl Engine {
                     .iter_mut()
                     .find(|x| x.at.name == name && x.mode == ReplicaMode::Wo)
                 {
-                    x.mode = ReplicaMode::Rw;
+                    // It holds every write now; it turns rw once the store
+                    // records it among the replicas that do.
+                    if self.freshness.keeps_record() {
+                        x.caught_up = true;
+                    } else {
+                        x.mode = ReplicaMode::Rw;
+                    }
                     if let Some(r) = x.rebuild.as_mut() {
                         r.copied_bytes = report["bytes"].as_u64().unwrap_or(0);
                         r.path = report["path"].as_str().unwrap_or_default().to_string();
                         r.done = true;
                     }
-                    tracing::info!(volume = %self.volume, replica = name, report = %report, "rebuild done; replica is rw");
+                    tracing::info!(volume = %self.volume, replica = name, report = %report, "rebuild done");
                     self.members_changed();
                 }
             }
