@@ -33,6 +33,8 @@ const START_DEADLINE: Duration = Duration::from_secs(60);
 struct Proc {
     name: String,
     child: Child,
+    /// What it was started with, to start it again.
+    args: Vec<String>,
 }
 
 /// The ports of the cluster, all derived from the API port.
@@ -107,6 +109,7 @@ fn spawn(dir: &Path, name: &str, args: &[String]) -> Result<Proc, String> {
     Ok(Proc {
         name: name.to_string(),
         child,
+        args: args.to_vec(),
     })
 }
 
@@ -302,7 +305,7 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
 
     let outcome = tokio::select! {
         _ = ballast::grpc::shutdown_signal() => Ok(()),
-        r = watch_children(&mut procs) => r,
+        r = watch_children(&dir, &mut procs) => r,
     };
     println!("Stopping...");
     stop_all(&mut procs).await;
@@ -310,22 +313,46 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
     outcome
 }
 
-/// Resolves with an error when the controller exits; a node that exits is
-/// reported and left down (the controller marks it not ready).
-async fn watch_children(procs: &mut [Proc]) -> Result<(), String> {
+/// How often the controller may die within [`RESTART_WINDOW`] before
+/// `ballast local` gives up and stops the cluster.
+const RESTART_LIMIT: usize = 5;
+const RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+/// Watches the children. A controller that exits is started again: the
+/// nodes and the engines of attached volumes keep running (a node marks
+/// nothing down on its own, and the engines serve I/O without the
+/// controller). Resolves with an error only when the controller keeps
+/// dying. A node that exits is reported and left down (the controller
+/// marks it not ready).
+async fn watch_children(dir: &Path, procs: &mut [Proc]) -> Result<(), String> {
     let mut reported = vec![false; procs.len()];
+    let mut restarts: Vec<Instant> = Vec::new();
     loop {
         for (i, p) in procs.iter_mut().enumerate() {
             if reported[i] {
                 continue;
             }
-            if let Ok(Some(status)) = p.child.try_wait() {
+            let Ok(Some(status)) = p.child.try_wait() else {
+                continue;
+            };
+            eprintln!("{} exited ({status})", p.name);
+            if p.name != "controller" {
                 reported[i] = true;
-                eprintln!("{} exited ({status})", p.name);
-                if p.name == "controller" {
-                    return Err(format!("the controller exited ({status})"));
-                }
+                continue;
             }
+            restarts.retain(|t| t.elapsed() < RESTART_WINDOW);
+            if restarts.len() >= RESTART_LIMIT {
+                return Err(format!(
+                    "the controller exited {} times in {}s ({status})",
+                    restarts.len() + 1,
+                    RESTART_WINDOW.as_secs()
+                ));
+            }
+            restarts.push(Instant::now());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let again = spawn(dir, &p.name, &p.args)?;
+            eprintln!("controller started again; nodes and engines kept running");
+            *p = again;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

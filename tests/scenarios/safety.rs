@@ -269,3 +269,136 @@ fn salvage_accepts_the_stale_replica_only_when_asked_and_says_what_is_lost() {
     let endpoint = c.attach("v", "node-1");
     verify_data(c.dir.path(), &endpoint, &a);
 }
+
+/// The pid of a volume's engine on a node, from its pid file.
+fn engine_pid(state: &std::path::Path, volume: &str) -> Option<i32> {
+    std::fs::read_to_string(state.join("frontends").join(format!("{volume}.pid")))
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+fn kill_pid(pid: i32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+#[test]
+fn a_killed_engine_is_started_again_and_io_resumes_at_the_same_endpoint() {
+    let c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 3, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 21);
+    let state = c.path("node-1").join("state");
+    let old = engine_pid(&state, "v").unwrap();
+    kill_pid(old);
+    // Noticed and started again within seconds, with the gap recorded.
+    wait_for(Duration::from_secs(30), "the engine started again", || {
+        let reasons = c.event_reasons("volume/v");
+        (reasons.contains(&"EngineDown".to_string())
+            && reasons.contains(&"EngineRestarted".to_string()))
+        .then_some(())
+    });
+    let new = engine_pid(&state, "v").unwrap();
+    assert_ne!(new, old);
+    let v = c.volume("v");
+    assert_eq!(v["status"]["frontendEndpoint"], endpoint.as_str(), "{v}");
+    assert_eq!(v["status"]["state"], "attached");
+    verify_data(c.dir.path(), &endpoint, &a);
+    let b = write_data(c.dir.path(), &endpoint, 22);
+    wait_for(Duration::from_secs(30), "healthy again", || {
+        (c.volume("v")["status"]["robustness"] == "healthy").then_some(())
+    });
+    verify_data(c.dir.path(), &endpoint, &b);
+    verify_replicas(&c, "v", &b);
+
+    // Attach on the node of a dead engine starts it again rather than
+    // answering with a dead endpoint: what it answers serves at once.
+    kill_pid(new);
+    let endpoint = c.attach("v", "node-1");
+    let (ok, out) = qemu_io(&endpoint, &["read -v 0 4096"]);
+    assert!(ok, "{out}");
+    verify_data(c.dir.path(), &endpoint, &b);
+}
+
+/// The pid of the `ballast controller` child of `ballast local` (`parent`).
+fn controller_child(parent: u32) -> Option<i32> {
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid ...
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        if ppid == Some(parent) && cmd.split(|b| *b == 0).nth(1) == Some(b"controller") {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn ballast_local_keeps_engines_through_a_controller_crash_and_starts_them_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster");
+    let port = local_api_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let local = start_local(&cluster, port);
+    let (ok, _, err) = ballastctl(
+        &api,
+        &["setting", "set", "storage-minimal-available-percentage", "0"],
+    );
+    assert!(ok, "{err}");
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes"),
+        Some(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes/v/attach"),
+        Some(json!({"nodeId": "node-1"})),
+    );
+    assert_eq!(s, 200, "{v}");
+    let endpoint = v["status"]["frontendEndpoint"].as_str().unwrap().to_string();
+    let a = write_data(dir.path(), &endpoint, 31);
+    let engine = engine_pid(&cluster.join("node-1/state"), "v").unwrap();
+
+    // The controller dies: the engine goes on serving, and the controller
+    // is started again.
+    let ctl = controller_child(local.child.id()).expect("the controller process");
+    kill_pid(ctl);
+    verify_data(dir.path(), &endpoint, &a);
+    wait_for(Duration::from_secs(30), "a new controller", || {
+        controller_child(local.child.id())
+            .filter(|p| *p != ctl)
+            .and_then(|_| get_json(&format!("{api}/healthz")))
+    });
+    assert_eq!(engine_pid(&cluster.join("node-1/state"), "v"), Some(engine));
+    let b = write_data(dir.path(), &endpoint, 32);
+    let v = get_json(&format!("{api}/v1/volumes/v")).unwrap();
+    assert_eq!(v["status"]["state"], "attached", "{v}");
+
+    // A clean stop takes the engines down with the cluster; started again,
+    // the volume's engine is started again, with its data.
+    stop_with_ctrl_c(local);
+    let _local = start_local(&cluster, port);
+    wait_for(Duration::from_secs(60), "the engine started again", || {
+        let reasons = event_reasons(&api, "volume/v");
+        reasons
+            .contains(&"EngineRestarted".to_string())
+            .then_some(())
+    });
+    verify_data(dir.path(), &endpoint, &b);
+}

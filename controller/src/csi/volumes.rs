@@ -321,7 +321,9 @@ pub async fn publish(
             .collect(),
     };
     match &volume.status.attached_node {
-        Some(n) if *n == req.node_id => return Ok(answer(&volume)),
+        // Published there already: attach again checks its engine (and
+        // starts it again if it died) rather than answering a dead endpoint.
+        Some(n) if *n == req.node_id => {}
         Some(n) => {
             return Err(Error::Unprocessable(format!(
                 "volume {:?} is published at node {n}; it can be published at one node at a time",

@@ -21,7 +21,7 @@ use crate::error::Error;
 
 pub use actions::{carry_out, delete_replica};
 pub use reconcile::run_reconcile;
-pub use volume::{attach, create, delete, detach, expand};
+pub use volume::{attach, create, delete, detach, expand, restart_engine};
 
 /// A client of a node's agent.
 pub fn agent(node: &Node) -> Result<NodeAgentClient<Channel>, Error> {

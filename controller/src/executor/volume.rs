@@ -179,19 +179,21 @@ pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
 }
 
 /// Starts the volume's engine on `node_id` and records its endpoint.
+/// Attached there already: the engine is started again if it is not
+/// running and healthy (a dead engine is never answered as attached).
 #[tracing::instrument(skip_all, fields(volume = %name, node = %node_id))]
 pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Volume, Error> {
     let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
     let volume: Volume = ctx.store.fetch(name)?;
-    match &volume.status.attached_node {
-        Some(n) if n == node_id => return Ok(volume),
+    let again = match &volume.status.attached_node {
+        Some(n) if n == node_id => true,
         Some(n) => {
             return Err(Error::Conflict(format!(
                 "volume {name:?} is attached to {n}; detach it first"
             )));
         }
-        None => {}
-    }
+        None => false,
+    };
     let node: Node = ctx
         .store
         .get(node_id)?
@@ -199,32 +201,70 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
     if !node.status.ready {
         return Err(Error::Unprocessable(format!("node {node_id} is not ready")));
     }
-    // Only replicas that hold the latest acknowledged data may serve.
-    let serving = crate::freshness::serving(ctx, &volume)?;
-    let replicas: Vec<Replica> = ctx
+    if !again {
+        // Intent first: the engine records its replica set as the engine
+        // of this node, which the store must already say.
+        ctx.store.modify::<Volume, Error>(name, |v| {
+            v.status.attached_node = Some(node_id.to_string());
+            v.status.state = VolumeState::Attaching;
+            Ok(true)
+        })?;
+    }
+    let endpoint = match start_engine(ctx, &volume, &node).await {
+        Ok(e) => e,
+        Err(e) => {
+            if !again {
+                ctx.store.modify::<Volume, Error>(name, |v| {
+                    v.status.attached_node = None;
+                    v.status.state = VolumeState::Detached;
+                    Ok(true)
+                })?;
+            }
+            return Err(e);
+        }
+    };
+    let volume = ctx.store.modify::<Volume, Error>(name, |v| {
+        let changed = v.status.frontend_endpoint.as_deref() != Some(endpoint.as_str())
+            || v.status.state != VolumeState::Attached;
+        v.status.attached_node = Some(node_id.to_string());
+        v.status.frontend_endpoint = Some(endpoint.clone());
+        v.status.state = VolumeState::Attached;
+        Ok(changed)
+    })?;
+    if !again {
+        ctx.event(
+            Kind::Volume,
+            name,
+            "VolumeAttached",
+            format!("attached to {node_id}: {endpoint}"),
+        );
+    }
+    Ok(volume)
+}
+
+/// Starts the engine of `volume` on `node` with the replicas that hold its
+/// latest data (the node agent keeps one already running and healthy);
+/// returns its endpoint. When it can open none of them, the volume is
+/// faulted and the error says where the latest data is.
+async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Result<String, Error> {
+    let serving = crate::freshness::serving(ctx, volume)?;
+    let local = ctx
         .store
         .list::<Replica>()?
         .into_iter()
-        .filter(|r| r.spec.volume == name)
-        .collect();
-    let local = replicas
-        .iter()
-        .find(|r| r.spec.node_id == node_id && serving.current.contains(&r.name))
-        .map(|r| r.name.clone())
+        .find(|r| {
+            r.spec.volume == volume.name
+                && r.spec.node_id == node.id
+                && serving.current.contains(&r.name)
+        })
+        .map(|r| r.name)
         .unwrap_or_default();
-    // Intent first: the engine records its replica set as the engine of
-    // this node, which the store must already say.
-    ctx.store.modify::<Volume, Error>(name, |v| {
-        v.status.attached_node = Some(node_id.to_string());
-        v.status.state = VolumeState::Attaching;
-        Ok(true)
-    })?;
     let holders = serving.holders.join(", ");
-    let mut c = agent(&node)?;
+    let mut c = agent(node)?;
     let started = with_timeout(
-        node_id,
+        &node.id,
         c.start_engine(StartEngineRequest {
-            volume: name.to_string(),
+            volume: volume.name.clone(),
             size: volume.spec.size,
             replicas: serving.replicas,
             local,
@@ -233,39 +273,61 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
         }),
     )
     .await;
-    let started = match started {
-        Ok(s) => s.into_inner(),
-        Err(e) => {
-            ctx.store.modify::<Volume, Error>(name, |v| {
-                v.status.attached_node = None;
-                v.status.state = VolumeState::Detached;
-                Ok(true)
-            })?;
-            // The engine could open none of the replicas with the data.
-            return Err(match e {
-                Error::Unprocessable(m) => crate::freshness::fault(
-                    ctx,
-                    name,
-                    format!("{m}; the latest data is on {holders}"),
-                ),
-                e => e,
-            });
-        }
-    };
-    let endpoint = started.engine.map(|e| e.endpoint).unwrap_or_default();
-    let volume = ctx.store.modify::<Volume, Error>(name, |v| {
-        v.status.attached_node = Some(node_id.to_string());
-        v.status.frontend_endpoint = Some(endpoint.clone());
-        v.status.state = VolumeState::Attached;
-        Ok(true)
-    })?;
+    match started {
+        Ok(s) => Ok(s
+            .into_inner()
+            .engine
+            .map(|e| e.endpoint)
+            .unwrap_or_default()),
+        // The engine could open none of the replicas with the data.
+        Err(Error::Unprocessable(m)) => Err(crate::freshness::fault(
+            ctx,
+            &volume.name,
+            format!("{m}; the latest data is on {holders}"),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// The engine of an attached volume is dead or hung on its node (a
+/// heartbeat said so): the volume is faulted while it has none, and the
+/// engine is started again with the current replicas. A volume busy with
+/// another call is left to the next heartbeat.
+#[tracing::instrument(skip_all, fields(volume = %name, node = %node_id))]
+pub async fn restart_engine(
+    ctx: &Arc<Context>,
+    name: &str,
+    node_id: &str,
+    problem: &str,
+) -> Result<(), Error> {
+    let _guard = ctx.lock_volume(name)?;
+    let volume: Volume = ctx.store.fetch(name)?;
+    if volume.status.attached_node.as_deref() != Some(node_id)
+        || volume.status.state != VolumeState::Attached
+    {
+        return Ok(()); // detached or moved meanwhile
+    }
+    if volume.status.robustness != Robustness::Faulted {
+        ctx.store.modify::<Volume, Error>(name, |v| {
+            v.status.robustness = Robustness::Faulted;
+            Ok(true)
+        })?;
+    }
     ctx.event(
         Kind::Volume,
         name,
-        "VolumeAttached",
-        format!("attached to {node_id}: {endpoint}"),
+        "EngineDown",
+        format!("its engine on {node_id} is not running: {problem}; starting it again"),
     );
-    Ok(volume)
+    let node: Node = ctx.store.fetch(node_id)?;
+    let endpoint = start_engine(ctx, &volume, &node).await?;
+    ctx.event(
+        Kind::Volume,
+        name,
+        "EngineRestarted",
+        format!("on {node_id}: {endpoint}"),
+    );
+    Ok(())
 }
 
 /// Stops the volume's engine.

@@ -206,11 +206,12 @@ impl Controlplane for ControlplaneService {
             }
         }
         delete_orphans(ctx, &req.node_id, &req.replicas);
-        for engine in &req.engines {
+        for engine in req.engines.iter().filter(|e| e.running) {
             if let Err(e) = record_engine(ctx, &req.node_id, engine) {
                 tracing::warn!(volume = %engine.volume, error = %e, "cannot record engine status");
             }
         }
+        restart_dead_engines(ctx, &req.node_id, &req.engines);
         Ok(Response::new(HeartbeatResponse { known: true }))
     }
 
@@ -229,6 +230,38 @@ impl Controlplane for ControlplaneService {
             &req.reason,
         )?;
         Ok(Response::new(RecordReplicaSetResponse { generation }))
+    }
+}
+
+/// Every volume attached at `node` whose engine the node does not report
+/// running and healthy gets it started again (in the background; the
+/// volume's guard keeps one start at a time).
+fn restart_dead_engines(
+    ctx: &Arc<Context>,
+    node: &str,
+    engines: &[ballast::proto::agent::v1::EngineStatus],
+) {
+    use ballast::model::{Volume, VolumeState};
+    let Ok(volumes) = ctx.store.list::<Volume>() else {
+        return;
+    };
+    for v in volumes.into_iter().filter(|v| {
+        v.status.attached_node.as_deref() == Some(node) && v.status.state == VolumeState::Attached
+    }) {
+        let problem = match engines.iter().find(|e| e.volume == v.name) {
+            Some(e) if e.running => continue,
+            Some(e) => e.problem.clone(),
+            None => "the node runs no engine for it".to_string(),
+        };
+        if ctx.volume_busy(&v.name) {
+            continue;
+        }
+        let (ctx, node) = (ctx.clone(), node.to_string());
+        tokio::spawn(async move {
+            if let Err(e) = crate::executor::restart_engine(&ctx, &v.name, &node, &problem).await {
+                tracing::warn!(volume = %v.name, error = %e, "cannot restart the engine");
+            }
+        });
     }
 }
 

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ballast::proto::agent::v1::{EngineReplica, EngineStatus, StartEngineRequest};
@@ -41,6 +42,9 @@ pub struct Engines {
     writeback_every: u64,
     record_at: RecordAt,
     running: Mutex<BTreeMap<String, Running>>,
+    /// Woken when an engine this process started exits, so that the next
+    /// heartbeat reports it at once.
+    exited: Arc<tokio::sync::Notify>,
 }
 
 /// The node's error for what an engine answered on its control socket.
@@ -56,6 +60,9 @@ fn control_error(e: ControlError) -> Error {
         FailureKind::Failed => Error::Internal(e.message),
     }
 }
+
+/// How long an engine may take to answer a health check.
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
 
 fn alive(pid: i32) -> bool {
     kill(Pid::from_raw(pid), None).is_ok()
@@ -77,6 +84,30 @@ impl Engines {
             writeback_every,
             record_at,
             running: Mutex::new(BTreeMap::new()),
+            exited: Arc::default(),
+        }
+    }
+
+    /// Notified when an engine this process started exits.
+    pub fn exited(&self) -> Arc<tokio::sync::Notify> {
+        self.exited.clone()
+    }
+
+    /// Why the engine of `volume` (pid `pid`) is not healthy, if it is not:
+    /// its process is gone, or it does not answer on its control socket.
+    async fn problem(&self, volume: &str, pid: i32) -> Option<String> {
+        if !alive(pid) {
+            return Some(format!("its process {pid} exited"));
+        }
+        let socket = self.control(volume);
+        let ping = control::call(&socket, &ControlRequest::Ping);
+        match tokio::time::timeout(HEALTH_TIMEOUT, ping).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("its control socket fails: {}", e.message)),
+            Err(_) => Some(format!(
+                "its control socket did not answer in {}s",
+                HEALTH_TIMEOUT.as_secs()
+            )),
         }
     }
 
@@ -152,7 +183,8 @@ impl Engines {
     }
 
     /// Starts the engine of a volume, or returns the one already running
-    /// with the same replicas.
+    /// and healthy (its replicas are managed through add and remove). A
+    /// dead engine is started again; a hung one is killed first.
     #[tracing::instrument(skip_all, fields(volume = %spec.volume))]
     pub async fn start(&self, spec: StartEngineRequest) -> Result<EngineStatus, Error> {
         let invalid = |field: &str, m: String| Error::Invalid {
@@ -164,18 +196,26 @@ impl Engines {
             return Err(invalid("replicas", "at least one replica is needed".into()));
         }
         let mut running = self.running.lock().await;
-        if let Some(r) = running.get(&spec.volume) {
-            if alive(r.pid) {
-                if r.spec.replicas == spec.replicas && r.spec.size == spec.size {
-                    return Ok(self.status(&spec.volume, true));
+        if let Some(r) = running.get(&spec.volume).cloned() {
+            match self.problem(&spec.volume, r.pid).await {
+                None if r.spec.size == spec.size => {
+                    return Ok(self.status(&spec.volume, true, ""));
                 }
-                return Err(invalid(
-                    "replicas",
-                    format!(
-                        "an engine of {} already runs with other replicas",
-                        spec.volume
-                    ),
-                ));
+                None => {
+                    return Err(invalid(
+                        "size",
+                        format!(
+                            "an engine of {} already runs at size {}",
+                            spec.volume, r.spec.size
+                        ),
+                    ));
+                }
+                Some(why) => {
+                    tracing::warn!(pid = r.pid, problem = %why, "replacing the volume's engine");
+                    if alive(r.pid) {
+                        let _ = kill(Pid::from_raw(r.pid), Signal::SIGKILL);
+                    }
+                }
             }
             running.remove(&spec.volume);
         }
@@ -258,15 +298,18 @@ impl Engines {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        // The engine outlives this process; reap it in the background.
+        // The engine outlives this process; reap it in the background, and
+        // have its exit reported at once.
+        let exited = self.exited.clone();
         std::thread::spawn(move || {
             let _ = child.wait();
+            exited.notify_one();
         });
         self.record(pid, &spec);
         tracing::info!(pid, "engine started");
         let volume = spec.volume.clone();
         running.insert(volume.clone(), Running { pid, spec });
-        Ok(self.status(&volume, true))
+        Ok(self.status(&volume, true, ""))
     }
 
     /// Writes the pid file: the pid and the engine's replicas.
@@ -408,7 +451,7 @@ impl Engines {
         Ok(())
     }
 
-    fn status(&self, volume: &str, running: bool) -> EngineStatus {
+    fn status(&self, volume: &str, running: bool, problem: &str) -> EngineStatus {
         let file: serde_json::Value = std::fs::read(self.status_file(volume))
             .ok()
             .and_then(|b| serde_json::from_slice(&b).ok())
@@ -441,15 +484,27 @@ impl Engines {
             endpoint: self.endpoint(volume),
             running,
             replicas,
+            problem: problem.to_string(),
         }
     }
 
-    /// Every engine this node runs, with its replicas' modes.
+    /// Every engine this node started (or re-adopted) and has not been
+    /// told to stop, with its health and its replicas' modes: a dead or
+    /// hung one is listed with its problem, for the controller to restart.
     pub async fn list(&self) -> Vec<EngineStatus> {
-        let running = self.running.lock().await;
-        running
-            .iter()
-            .map(|(v, r)| self.status(v, alive(r.pid)))
-            .collect()
+        let entries: Vec<(String, i32)> = {
+            let running = self.running.lock().await;
+            running.iter().map(|(v, r)| (v.clone(), r.pid)).collect()
+        };
+        let mut out = Vec::new();
+        for (volume, pid) in entries {
+            let problem = self.problem(&volume, pid).await;
+            out.push(self.status(
+                &volume,
+                problem.is_none(),
+                problem.as_deref().unwrap_or_default(),
+            ));
+        }
+        out
     }
 }

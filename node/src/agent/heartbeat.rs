@@ -51,6 +51,7 @@ async fn register(ctx: &NodeContext, client: &mut ControlplaneClient<Channel>) -
 /// same pace (the controller marks the node down, not us).
 pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Channel) {
     let mut client = ControlplaneClient::new(channel);
+    let exited = ctx.engines.exited();
     let mut interval = register(&ctx, &mut client).await;
     loop {
         // The first heartbeat goes right after registering, so the
@@ -83,6 +84,10 @@ pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Channel) {
                 tracing::warn!(code = ?status.code(), message = status.message(), "heartbeat failed");
             }
         }
-        tokio::time::sleep(interval).await;
+        // The next beat at the interval, or at once when an engine exits.
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = exited.notified() => {}
+        }
     }
 }

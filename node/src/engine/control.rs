@@ -4,7 +4,8 @@
 //! request per line, one JSON answer per line:
 //! `{"op":"add","replica":"NAME@HOST:PORT","source":"NAME"}`,
 //! `{"op":"remove","replica":"NAME"}`, `{"op":"export","dir":"/path"}` (the
-//! file is `<dir>/volume`) or `{"op":"unexport"}`; the answer is
+//! file is `<dir>/volume`), `{"op":"unexport"}` or `{"op":"ping"}` (the node
+//! agent's health check); the answer is
 //! `{"ok":true}` or
 //! `{"kind":"busy|unreachable|refused|invalid|failed","error":"..."}`.
 
@@ -31,6 +32,7 @@ pub enum ControlRequest {
         dir: std::path::PathBuf,
     },
     Unexport,
+    Ping,
 }
 
 /// The volume's FUSE export, while there is one.
@@ -91,6 +93,7 @@ async fn handle(engine: &Arc<Engine>, export: &Export, line: &str) -> Result<(),
             Ok(engine.add_replica(at, source).await?)
         }
         ControlRequest::Remove { replica } => Ok(engine.remove_replica(&replica).await?),
+        ControlRequest::Ping => Ok(()),
         ControlRequest::Export { dir } => {
             let (engine, export) = (engine.clone(), export.clone());
             let rt = tokio::runtime::Handle::current();
