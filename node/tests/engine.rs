@@ -21,7 +21,7 @@ async fn replica_server(disk: &std::path::Path, name: &str, size: u64) -> Replic
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn after_an_unclean_stop_only_the_replicas_with_the_highest_revision_are_rw() {
+async fn after_an_unclean_stop_a_replica_behind_takes_only_the_writes_it_missed() {
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = replica_server(d1.path(), "v-r1", 64 * BLOCK).await;
     let b = replica_server(d2.path(), "v-r2", 64 * BLOCK).await;
@@ -32,6 +32,7 @@ async fn after_an_unclean_stop_only_the_replicas_with_the_highest_revision_are_r
     cb.write(0, &[1u8; 512], 1, false).await.unwrap();
     ca.write(0, &[2u8; 512], 2, false).await.unwrap();
     ca.write(512, &[3u8; 512], 3, true).await.unwrap();
+    drop((ca, cb));
     let engine = Engine::start(
         "v",
         64 * BLOCK,
@@ -44,13 +45,45 @@ async fn after_an_unclean_stop_only_the_replicas_with_the_highest_revision_are_r
     .unwrap();
     let status = engine.status().await;
     assert_eq!(status[0].mode, ReplicaMode::Rw);
+    assert_eq!(status[1].mode, ReplicaMode::Rw, "{status:?}");
+    let caught = status[1].rebuild.clone().unwrap();
+    // The two writes it missed, 512 bytes each, and nothing else.
+    assert_eq!(
+        (caught.path.as_str(), caught.copied_bytes),
+        ("catch-up", 1024),
+        "{caught:?}"
+    );
+    // Both replicas now hold the same data, read straight from each.
+    for at in [&a, &b] {
+        let c = ReplicaClient::connect(&at.addr, &at.name).await.unwrap();
+        assert_eq!(&c.read(0, 512).await.unwrap()[..], &[2u8; 512][..]);
+        assert_eq!(&c.read(512, 512).await.unwrap()[..], &[3u8; 512][..]);
+        assert_eq!(c.info().await.unwrap()["revision"], 3);
+    }
+    drop(engine);
+
+    // A replica so far behind that the log has wrapped is rebuilt instead.
+    let c1 = ReplicaClient::connect(&a.addr, &a.name).await.unwrap();
+    let first = 4;
+    let last = first + ballast_node::replica::LOG_ENTRIES + 10;
+    for r in first..=last {
+        c1.write(4096, &[r as u8; 512], r, false).await.unwrap();
+    }
+    drop(c1);
+    let engine = Engine::start("v", 64 * BLOCK, &[a, b], None, ReplicaSet::default(), None)
+        .await
+        .unwrap();
+    let status = engine.status().await;
     assert_eq!(status[1].mode, ReplicaMode::Err);
     assert!(
-        status[1].error.as_deref().unwrap().contains("behind"),
+        status[1]
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("cannot catch up"),
         "{status:?}"
     );
-    // Reads come from the up-to-date replica.
-    assert_eq!(engine.read(0, 512).await.unwrap(), vec![2u8; 512]);
+    assert_eq!(engine.read(4096, 512).await.unwrap(), vec![last as u8; 512]);
 }
 
 /// Reads a replica through its server once its loan to an engine has

@@ -356,7 +356,12 @@ fn ballast_local_keeps_engines_through_a_controller_crash_and_starts_them_after_
     let local = start_local(&cluster, port);
     let (ok, _, err) = ballastctl(
         &api,
-        &["setting", "set", "storage-minimal-available-percentage", "0"],
+        &[
+            "setting",
+            "set",
+            "storage-minimal-available-percentage",
+            "0",
+        ],
     );
     assert!(ok, "{err}");
     let (s, v) = call(
@@ -371,7 +376,10 @@ fn ballast_local_keeps_engines_through_a_controller_crash_and_starts_them_after_
         Some(json!({"nodeId": "node-1"})),
     );
     assert_eq!(s, 200, "{v}");
-    let endpoint = v["status"]["frontendEndpoint"].as_str().unwrap().to_string();
+    let endpoint = v["status"]["frontendEndpoint"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let a = write_data(dir.path(), &endpoint, 31);
     let engine = engine_pid(&cluster.join("node-1/state"), "v").unwrap();
 
@@ -401,4 +409,106 @@ fn ballast_local_keeps_engines_through_a_controller_crash_and_starts_them_after_
             .then_some(())
     });
     verify_data(dir.path(), &endpoint, &b);
+}
+
+/// The checksum of each rw replica's whole content, read from its files.
+fn replica_sums(c: &Cluster, volume: &str) -> Vec<(String, String)> {
+    c.replicas(volume)
+        .into_iter()
+        .filter(|r| r["status"]["mode"] == "rw")
+        .map(|r| {
+            let name = r["name"].as_str().unwrap().to_string();
+            let dir = c
+                .path(r["spec"]["nodeId"].as_str().unwrap())
+                .join(r["spec"]["diskId"].as_str().unwrap())
+                .join("replicas")
+                .join(&name);
+            let replica = ballast_node::replica::Replica::open(&dir).unwrap();
+            let mut buf = vec![0u8; replica.size() as usize];
+            replica.read(0, &mut buf).unwrap();
+            (name, blake3::hash(&buf).to_hex().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn an_engine_killed_mid_write_comes_back_with_equal_replicas_and_no_full_copy() {
+    let c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 3, Duration::from_secs(60));
+    write_data(c.dir.path(), &endpoint, 41);
+    let rebuilds_before = c.all_events("ReplicaRebuilt").len();
+    // Random 4 KiB writes, 16 in flight, for longer than the test lasts.
+    let mut load = std::process::Command::new("qemu-img")
+        .args([
+            "bench",
+            "-w",
+            "-f",
+            "raw",
+            "-t",
+            "none",
+            "-c",
+            "100000000",
+            "-d",
+            "16",
+            "-s",
+            "4096",
+            "-S",
+            "12288",
+        ])
+        .arg(&endpoint)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let state = c.path("node-1").join("state");
+    let engine = engine_pid(&state, "v").unwrap();
+    // Writes are going on: the replicas' revisions move.
+    let revision = || {
+        c.replicas("v")
+            .first()
+            .map(|r| {
+                let dir = c
+                    .path(r["spec"]["nodeId"].as_str().unwrap())
+                    .join(r["spec"]["diskId"].as_str().unwrap())
+                    .join("replicas")
+                    .join(r["name"].as_str().unwrap());
+                let bytes = std::fs::read(dir.join("revision")).unwrap();
+                u64::from_le_bytes(bytes[..8].try_into().unwrap())
+            })
+            .unwrap()
+    };
+    let start = revision();
+    wait_for(Duration::from_secs(30), "writes in flight", || {
+        (revision() > start + 1000).then_some(())
+    });
+    kill_pid(engine);
+    let _ = load.kill();
+    let _ = load.wait();
+    wait_for(Duration::from_secs(30), "the engine started again", || {
+        c.event_reasons("volume/v")
+            .contains(&"EngineRestarted".to_string())
+            .then_some(())
+    });
+    wait_for(Duration::from_secs(30), "healthy again", || {
+        (c.volume("v")["status"]["robustness"] == "healthy").then_some(())
+    });
+    // No replica was rebuilt: the writes in flight were caught up.
+    assert_eq!(
+        c.all_events("ReplicaRebuilt").len(),
+        rebuilds_before,
+        "{:?}",
+        c.all_events("ReplicaRebuilt")
+    );
+    let log = std::fs::read_to_string(state.join("frontends/v.log")).unwrap();
+    assert!(!log.contains("cannot catch up"), "{log}");
+    // Every replica holds the same data, and so does the volume.
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let sums = replica_sums(&c, "v");
+    assert_eq!(sums.len(), 3, "{sums:?}");
+    assert!(
+        sums.iter().all(|(_, s)| *s == sums[0].1),
+        "replicas differ: {sums:?}"
+    );
 }

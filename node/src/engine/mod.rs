@@ -29,6 +29,7 @@ use crate::replica::BLOCK;
 use crate::replica::client::{ClientError, ReplicaClient, Waiter};
 use crate::replica::protocol::{FLAG_FUA, FLAG_ZEROES, MAX_DATA, Op};
 
+mod catch_up;
 pub mod control;
 pub mod freshness;
 mod lent;
@@ -379,11 +380,45 @@ impl Engine {
                         .join("; "),
                 )
             })?;
-        for (m, r) in members.iter_mut().zip(&revisions) {
-            if m.mode == ReplicaMode::Rw && *r < best {
-                m.mode = ReplicaMode::Err;
-                m.error = Some(format!("revision {r} is behind {best}: it missed writes"));
-                m.link = None;
+        // After an unclean stop the replicas may differ in the writes that
+        // were in flight: the others take those ranges from one at the
+        // highest revision, or are rebuilt when their write logs cannot say.
+        let source = members
+            .iter()
+            .zip(&revisions)
+            .position(|(m, r)| m.mode == ReplicaMode::Rw && *r == best);
+        let src = source.and_then(|i| match &members[i].link {
+            Some(Link::Remote(c)) => Some((members[i].at.name.clone(), c.clone())),
+            _ => None,
+        });
+        for (i, (m, r)) in members.iter_mut().zip(&revisions).enumerate() {
+            let (Some((src_name, src)), Some(Link::Remote(dst))) = (&src, &m.link) else {
+                continue;
+            };
+            if Some(i) == source || m.mode != ReplicaMode::Rw {
+                continue;
+            }
+            match catch_up::catch_up(src, dst, *r, best).await {
+                Ok(copied) => {
+                    if copied > 0 || *r < best {
+                        tracing::info!(volume, replica = %m.at.name, source = %src_name, from = r, to = best, copied, "caught up after an unclean stop");
+                        m.rebuild = Some(RebuildStatus {
+                            source: src_name.clone(),
+                            kept_bytes: 0,
+                            copied_bytes: copied,
+                            path: "catch-up".into(),
+                            done: true,
+                        });
+                    }
+                }
+                Err(why) => {
+                    tracing::warn!(volume, replica = %m.at.name, error = %why, "cannot catch up; the replica is rebuilt");
+                    m.mode = ReplicaMode::Err;
+                    m.error = Some(format!(
+                        "revision {r} may differ from {best} and it cannot catch up: {why}"
+                    ));
+                    m.link = None;
+                }
             }
         }
         tracing::info!(

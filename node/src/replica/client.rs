@@ -383,6 +383,16 @@ impl ReplicaClient {
         let body = self.call(Op::Layers, 0, 0, 0, 0, &[]).await?;
         self.json(&body)
     }
+
+    /// The writes after revision `since` in the replica's write log, or
+    /// None when the log does not reach back that far.
+    pub async fn writes_since(
+        &self,
+        since: u64,
+    ) -> Result<Option<Vec<super::LogEntry>>, ClientError> {
+        let body = self.call(Op::WriteLog, since, 0, 0, 0, &[]).await?;
+        self.json(&body)
+    }
 }
 
 impl ReplicaClient {

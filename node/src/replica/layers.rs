@@ -114,6 +114,8 @@ impl Replica {
         }
         self.revision = revision;
         self.revision_file.store(revision);
+        // Its old history is not the volume's: the write log starts anew.
+        self.revision_file.clear_log();
         self.reload()?;
         Ok(report)
     }

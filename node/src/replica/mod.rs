@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 pub use bitmap::Bitmap;
 pub use layers::{JoinReport, LayerSpec};
 pub use meta::{META_FILE, Meta};
+pub use revision::{LOG_ENTRIES, LogEntry, LogOp};
 
 /// The unit of allocation and of the allocation maps.
 pub const BLOCK: u64 = 4096;
@@ -352,11 +353,31 @@ impl Replica {
         }
     }
 
+    /// Every write after revision `since` that the write log holds, in
+    /// order, intents whose write may not have ended included; None when
+    /// the log does not reach back that far (see `revision::since`).
+    pub fn writes_since(&self, since: u64) -> Option<Vec<LogEntry>> {
+        self.revision_file.since(since)
+    }
+
     /// Records the revision of the latest write (not synced until flush).
     fn bump(&mut self, revision: Option<u64>) -> Result<(), ReplicaError> {
         self.revision = revision.unwrap_or(self.revision + 1).max(self.revision);
         self.revision_file.store(self.revision);
         Ok(())
+    }
+
+    /// The revision a mutation gets: the engine's, or the next one.
+    fn next_revision(&self, revision: Option<u64>) -> u64 {
+        revision.unwrap_or(self.revision + 1)
+    }
+
+    /// Records a mutation's intent in the write log before its data is
+    /// written (see `revision`): only one that moves the revision on.
+    fn log_intent(&mut self, revision: u64, op: LogOp, offset: u64, len: u64) {
+        if revision > self.revision {
+            self.revision_file.log(revision, op, offset, len);
+        }
     }
 
     /// Writes `data` at `offset` into the head. A partial block not yet in
@@ -367,6 +388,15 @@ impl Replica {
         data: &[u8],
         revision: Option<u64>,
     ) -> Result<(), ReplicaError> {
+        self.check(offset, data.len() as u64)?;
+        let rev = self.next_revision(revision);
+        self.log_intent(rev, LogOp::Write, offset, data.len() as u64);
+        self.write_data(offset, data)?;
+        self.bump(Some(rev))
+    }
+
+    /// The write itself, with no revision of its own.
+    fn write_data(&mut self, offset: u64, data: &[u8]) -> Result<(), ReplicaError> {
         self.check(offset, data.len() as u64)?;
         let end = offset + data.len() as u64;
         let first = offset / BLOCK;
@@ -403,7 +433,7 @@ impl Replica {
             self.unstarted = 0;
             self.start_writeback();
         }
-        self.bump(revision)
+        Ok(())
     }
 
     /// Discards a range: whole blocks that no lower layer holds become
@@ -428,6 +458,8 @@ impl Replica {
         zeroes: bool,
     ) -> Result<(), ReplicaError> {
         self.check(offset, len)?;
+        let rev = self.next_revision(revision);
+        self.log_intent(rev, LogOp::Trim, offset, len);
         let end = offset + len;
         let head_idx = self.layers.len() - 1;
         let mut pos = offset;
@@ -455,11 +487,11 @@ impl Replica {
                 }
             } else {
                 let zeros = vec![0u8; (chunk_end - pos) as usize];
-                self.write(pos, &zeros, Some(self.revision))?;
+                self.write_data(pos, &zeros)?;
             }
             pos = chunk_end;
         }
-        self.bump(revision)
+        self.bump(Some(rev))
     }
 
     /// Makes every write so far durable.

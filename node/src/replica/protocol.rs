@@ -57,6 +57,10 @@ pub enum Op {
     /// read and mutation of it until the loan ends (FLAG_RETURN, or the
     /// connection closes).
     Lend = 13,
+    /// The writes after revision `offset` that the replica's write log
+    /// holds, oldest first: JSON `[{revision, op, offset, len}]`, or `null`
+    /// when the log does not reach back that far.
+    WriteLog = 14,
 }
 
 impl Op {
@@ -75,6 +79,7 @@ impl Op {
             11 => Op::LayerExtents,
             12 => Op::LayerRead,
             13 => Op::Lend,
+            14 => Op::WriteLog,
             _ => return None,
         })
     }
@@ -162,7 +167,13 @@ impl Request {
                     "{op:?} payload length {len} not in 1..={MAX_CONTROL}"
                 )));
             }
-            Op::Flush | Op::Info | Op::Snapshot | Op::Layers | Op::LayerExtents | Op::Lend
+            Op::Flush
+            | Op::Info
+            | Op::Snapshot
+            | Op::Layers
+            | Op::LayerExtents
+            | Op::Lend
+            | Op::WriteLog
                 if len != 0 =>
             {
                 return Err(refuse(format!("{op:?} carries no length, got {len}")));

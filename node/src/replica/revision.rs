@@ -1,8 +1,17 @@
-//! The live revision counter of a replica: 8 bytes in the file `revision`,
-//! mapped into memory, so that recording each write's revision is a store
-//! rather than a system call. The mapping is shared, so the value is in the
-//! page cache like the data it counts (it survives the process), and it is
-//! made durable with the data at each flush.
+//! The live revision counter of a replica, and its write log: the file
+//! `revision`, mapped into memory, so that recording each write is a store
+//! rather than a system call. The mapping is shared, so what it holds is in
+//! the page cache like the data it describes (it survives the process), and
+//! it is made durable with the data at each flush.
+//!
+//! Layout: bytes 0..8 the revision of the last write; from byte
+//! [`LOG_START`], a ring of [`LOG_ENTRIES`] entries of 32 bytes — revision,
+//! offset, length (u64 each) and the op — where each write records its
+//! intent (slot `revision % LOG_ENTRIES`) before its data goes to the
+//! layer. After a crash the ring tells which ranges may differ between two
+//! replicas of one volume (`since`), so that the engine makes them equal by
+//! copying those ranges only. A file from before the ring (8 bytes) grows
+//! into one with an empty ring.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -12,10 +21,41 @@ use memmap2::MmapMut;
 
 use super::ReplicaError;
 
+/// Where the ring starts in the file.
+pub const LOG_START: usize = 64;
+/// Entries in the ring: more than the writes an engine has in flight at
+/// once, by far.
+pub const LOG_ENTRIES: u64 = 4096;
+const ENTRY: usize = 32;
+const FILE_LEN: usize = LOG_START + LOG_ENTRIES as usize * ENTRY;
+
+/// What a logged write did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogOp {
+    Write,
+    Trim,
+}
+
+/// One write intent of the ring.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LogEntry {
+    pub revision: u64,
+    pub op: LogOp,
+    pub offset: u64,
+    pub len: u64,
+}
+
 pub struct RevisionCounter {
     path: PathBuf,
     file: File,
     map: MmapMut,
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(w)
 }
 
 impl RevisionCounter {
@@ -35,12 +75,13 @@ impl RevisionCounter {
             Ok(()) => u64::from_le_bytes(buf),
             Err(_) => 0,
         };
-        if file.metadata().map_err(io)?.len() < 8 {
-            file.set_len(8).map_err(io)?;
+        if (file.metadata().map_err(io)?.len() as usize) < FILE_LEN {
+            file.set_len(FILE_LEN as u64).map_err(io)?;
         }
         // SAFETY: the file belongs to this replica's directory and is only
         // mapped and written here; nothing truncates it while it is open.
-        let map = unsafe { memmap2::MmapOptions::new().len(8).map_mut(&file) }.map_err(io)?;
+        let map =
+            unsafe { memmap2::MmapOptions::new().len(FILE_LEN).map_mut(&file) }.map_err(io)?;
         Ok((
             RevisionCounter {
                 path: path.to_path_buf(),
@@ -56,11 +97,113 @@ impl RevisionCounter {
         self.map[..8].copy_from_slice(&value.to_le_bytes());
     }
 
-    /// Makes the stored value durable.
+    /// Records the intent of write `revision` (before its data is written).
+    pub fn log(&mut self, revision: u64, op: LogOp, offset: u64, len: u64) {
+        let at = LOG_START + (revision % LOG_ENTRIES) as usize * ENTRY;
+        let e = &mut self.map[at..at + ENTRY];
+        e[8..16].copy_from_slice(&offset.to_le_bytes());
+        e[16..24].copy_from_slice(&len.to_le_bytes());
+        e[24] = match op {
+            LogOp::Write => 1,
+            LogOp::Trim => 2,
+        };
+        // The revision last: a slot is whole once it names its revision.
+        e[..8].copy_from_slice(&revision.to_le_bytes());
+    }
+
+    fn entry(&self, slot: u64) -> Option<LogEntry> {
+        let at = LOG_START + slot as usize * ENTRY;
+        let e = &self.map[at..at + ENTRY];
+        let op = match e[24] {
+            1 => LogOp::Write,
+            2 => LogOp::Trim,
+            _ => return None,
+        };
+        Some(LogEntry {
+            revision: u64_at(e, 0),
+            op,
+            offset: u64_at(e, 8),
+            len: u64_at(e, 16),
+        })
+    }
+
+    /// Every logged write after revision `since`, in order: `since + 1`,
+    /// `since + 2`, ... with none missing. None when the ring cannot say
+    /// (it wrapped past `since`, or holds a later entry after a gap).
+    pub fn since(&self, since: u64) -> Option<Vec<LogEntry>> {
+        let mut out = Vec::new();
+        let mut next = since + 1;
+        while let Some(e) = self.entry(next % LOG_ENTRIES) {
+            if e.revision != next {
+                break;
+            }
+            out.push(e);
+            next += 1;
+        }
+        let later = (0..LOG_ENTRIES)
+            .filter_map(|s| self.entry(s))
+            .any(|e| e.revision >= next);
+        (!later).then_some(out)
+    }
+
+    /// Empties the ring (a replica that joined a rebuild starts a new
+    /// history).
+    pub fn clear_log(&mut self) {
+        self.map[LOG_START..].fill(0);
+    }
+
+    /// Makes the stored value and the ring durable.
     pub fn sync(&self) -> Result<(), ReplicaError> {
         self.map
             .flush()
             .and_then(|()| self.file.sync_data())
             .map_err(|e| ReplicaError::io(&self.path, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_lists_every_write_after_a_revision_or_says_it_cannot() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("revision");
+        let (mut c, stored) = RevisionCounter::open(&path).unwrap();
+        assert_eq!(stored, 0);
+        assert_eq!(c.since(0), Some(vec![]), "nothing written yet");
+        for r in 1..=10 {
+            c.log(r, LogOp::Write, r * 4096, 4096);
+            c.store(r);
+        }
+        c.log(11, LogOp::Trim, 0, 8192); // an intent whose write never ended
+        let after7: Vec<u64> = c.since(7).unwrap().iter().map(|e| e.revision).collect();
+        assert_eq!(after7, [8, 9, 10, 11]);
+        assert_eq!(c.since(10).unwrap()[0].op, LogOp::Trim);
+        drop(c);
+        // It survives the process (it is in the file).
+        let (c, stored) = RevisionCounter::open(&path).unwrap();
+        assert_eq!(stored, 10);
+        assert_eq!(c.since(9).unwrap().len(), 2);
+        // A ring that wrapped past the asked revision cannot say.
+        let (mut c, _) = RevisionCounter::open(&path).unwrap();
+        for r in 12..=(LOG_ENTRIES + 20) {
+            c.log(r, LogOp::Write, 0, 4096);
+        }
+        assert_eq!(c.since(7), None);
+        assert_eq!(c.since(LOG_ENTRIES + 18).unwrap().len(), 2);
+        c.clear_log();
+        assert_eq!(c.since(LOG_ENTRIES + 18), Some(vec![]));
+    }
+
+    #[test]
+    fn an_old_eight_byte_counter_grows_a_ring() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("revision");
+        std::fs::write(&path, 42u64.to_le_bytes()).unwrap();
+        let (c, stored) = RevisionCounter::open(&path).unwrap();
+        assert_eq!(stored, 42);
+        assert_eq!(c.since(42), Some(vec![]));
+        assert_eq!(std::fs::metadata(&path).unwrap().len() as usize, FILE_LEN);
     }
 }

@@ -507,7 +507,7 @@ impl ReplicaServer {
                 }
                 continue;
             }
-            let fresh = matches!(req.op, Op::Info | Op::Layers);
+            let fresh = matches!(req.op, Op::Info | Op::Layers | Op::WriteLog);
             let from_files = fresh || matches!(req.op, Op::LayerExtents | Op::LayerRead);
             if !from_files && self.is_lent(&name) {
                 let why = format!("replica {name} is lent to its engine");
@@ -543,7 +543,7 @@ impl ReplicaServer {
                 });
             } else if matches!(
                 req.op,
-                Op::Read | Op::Info | Op::Layers | Op::LayerExtents | Op::LayerRead
+                Op::Read | Op::Info | Op::Layers | Op::LayerExtents | Op::LayerRead | Op::WriteLog
             ) {
                 let tx = tx.clone();
                 tokio::task::spawn_blocking(move || {
@@ -705,6 +705,12 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> (
                 return poisoned();
             };
             ok_json(req.id, &r.layers())
+        }
+        Op::WriteLog => {
+            let Ok(r) = replica.read() else {
+                return poisoned();
+            };
+            ok_json(req.id, &r.writes_since(req.offset))
         }
         Op::Join => {
             let Ok(mut r) = replica.write() else {

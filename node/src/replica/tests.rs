@@ -202,7 +202,19 @@ fn the_revision_of_the_last_write_survives_a_reopen_without_a_flush() {
     let again = Replica::open(&dir).unwrap();
     assert_eq!(again.revision(), 9);
     let bytes = std::fs::read(dir.join("revision")).unwrap();
-    assert_eq!(bytes, 9u64.to_le_bytes());
+    assert_eq!(bytes[..8], 9u64.to_le_bytes());
+    // The write log, too: after 8, the trim of 9.
+    let after = again.writes_since(8).unwrap();
+    assert_eq!(after.len(), 1);
+    assert_eq!(
+        (
+            after[0].revision,
+            after[0].op,
+            after[0].offset,
+            after[0].len
+        ),
+        (9, LogOp::Trim, 4096, 4096)
+    );
 }
 
 /// Pages of `file` that are dirty (written, writeback not started), from
