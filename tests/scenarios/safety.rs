@@ -512,3 +512,125 @@ fn an_engine_killed_mid_write_comes_back_with_equal_replicas_and_no_full_copy() 
         "replicas differ: {sums:?}"
     );
 }
+
+/// Fills the filesystem holding `dir` with files there, to the last 4 KiB
+/// block (as root, who may also use the blocks ext4 reserves).
+fn fill_disk(dir: &std::path::Path) -> std::path::PathBuf {
+    let filler = dir.join("filler");
+    std::fs::create_dir_all(&filler).unwrap();
+    let mut n = 0;
+    for chunk in [64u64 << 20, 1 << 20, 64 << 10, 4 << 10] {
+        loop {
+            let f = std::fs::File::create(filler.join(n.to_string())).unwrap();
+            n += 1;
+            let took = nix::fcntl::fallocate(
+                std::os::fd::AsFd::as_fd(&f),
+                nix::fcntl::FallocateFlags::empty(),
+                0,
+                chunk as i64,
+            );
+            if took.is_err() {
+                break;
+            }
+        }
+    }
+    nix::unistd::sync();
+    filler
+}
+
+/// No action is planned for `volume` over three resync ticks, and it keeps
+/// `n` replicas.
+fn nothing_planned_for(c: &Cluster, volume: &str, n: usize) {
+    for _ in 0..3 {
+        let plan = c.ok("GET", "/v1/plan", None);
+        let text = plan["actions"].to_string();
+        assert!(
+            !text.contains(&format!("\"{volume}\"")),
+            "planned for {volume}: {plan}"
+        );
+        assert_eq!(c.replicas(volume).len(), n);
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+#[test]
+fn a_full_disk_refuses_the_write_keeps_the_data_and_the_volume_comes_back_when_freed() {
+    let c = Cluster::start_with(1, 1, Some(256 << 20));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 1, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 51);
+    let filler = fill_disk(&c.path("node-1").join("disk-1"));
+    // 61M..63M holds none of `a`'s extents.
+    let (ok, out) = qemu_io(&endpoint, &["write -P 0x5a 61M 2M"]);
+    assert!(!ok, "{out}");
+    assert!(out.contains("No space left on device"), "{out}");
+    // What was acknowledged before reads back; nothing failed or moved.
+    let (ok, out) = qemu_io(&endpoint, &["read 0 60M"]);
+    assert!(ok, "{out}");
+    let v = c.volume("v");
+    assert_eq!(v["status"]["robustness"], "healthy", "{v}");
+    assert_eq!(c.replicas("v")[0]["status"]["mode"], "rw");
+    nothing_planned_for(&c, "v", 1);
+    // Space is freed: writes go on.
+    std::fs::remove_dir_all(&filler).unwrap();
+    let (ok, out) = qemu_io(
+        &endpoint,
+        &[
+            "write -P 0x5a 61M 2M",
+            "read -P 0x5a 61M 2M",
+            "write -z 61M 2M",
+            "flush",
+        ],
+    );
+    assert!(ok, "{out}");
+    verify_data(c.dir.path(), &endpoint, &a);
+    verify_replicas(&c, "v", &a);
+}
+
+#[test]
+fn a_full_disk_fails_only_the_replica_on_it() {
+    let c = Cluster::start_with(2, 1, Some(256 << 20));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 52);
+    let full = c.replica_on("v", "node-2").unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let filler = fill_disk(&c.path("node-2").join("disk-1"));
+    // Into space no data held: the writer sees success, node-1's replica
+    // has it.
+    let (ok, out) = qemu_io(&endpoint, &["write -P 0x33 61M 2M", "flush"]);
+    assert!(ok, "{out}");
+    wait_for(
+        Duration::from_secs(30),
+        "the full disk's replica failed",
+        || {
+            let reps = c.replicas("v");
+            let r = reps.iter().find(|r| r["name"] == full.as_str())?;
+            (r["status"]["mode"] == "err" && c.volume("v")["status"]["robustness"] == "degraded")
+                .then_some(())
+        },
+    );
+    assert_eq!(
+        c.volume("v")["status"]["currentReplicas"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    let (ok, out) = qemu_io(&endpoint, &["read -P 0x33 61M 2M"]);
+    assert!(ok, "{out}");
+    // Space freed: it is reused and the volume is whole again.
+    std::fs::remove_dir_all(&filler).unwrap();
+    c.wait_settled("v", 2, Duration::from_secs(120));
+    let (ok, out) = qemu_io(
+        &endpoint,
+        &["read -P 0x33 61M 2M", "write -z 61M 2M", "flush"],
+    );
+    assert!(ok, "{out}");
+    verify_data(c.dir.path(), &endpoint, &a);
+    verify_replicas(&c, "v", &a);
+}

@@ -44,6 +44,11 @@ pub fn reusable(pass: &Pass, vs: &VolumeState, r: &ReplicaView) -> Result<(), St
             r.name, r.node, r.disk
         ));
     }
+    // A full disk (what failed the replica, often) takes no rebuild until
+    // space is freed; the volume waits for it like for a node coming back.
+    if disk.available == 0 {
+        return Err(format!("{}: disk {}/{} is full", r.name, r.node, r.disk));
+    }
     let v = vs.volume;
     if !v.node_selector.iter().all(|t| node.tags.contains(t))
         || !v.disk_selector.iter().all(|t| disk.tags.contains(t))

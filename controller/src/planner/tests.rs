@@ -498,3 +498,25 @@ fn growth_is_checked_on_every_replica_disk_with_the_placement_rules() {
     assert_eq!(reasons.len(), 1, "{reasons:?}");
     assert!(reasons[0].starts_with("replica r2: n1/d1"), "{reasons:?}");
 }
+
+#[test]
+fn a_failed_replica_on_a_full_disk_waits_for_space_before_reuse() {
+    let mut view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 50)
+        .node("n2", "z2")
+        .disk("d1", 100, 0)
+        .volume("v", 1, 2)
+        .with(|v| v.last_degraded_at = Some(t0()))
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .replica("r2", "n2", "d1", ReplicaMode::Err)
+        .build();
+    let s = settings(&[("storage-minimal-available-percentage", "0")]);
+    let p = plan(&view, &s, t0());
+    assert!(creates(&p).is_empty(), "{p:?}");
+    assert!(p.waits.iter().any(|w| w.what.contains("is full")), "{p:?}");
+    // Space is back: reused in place.
+    view.nodes[1].disks[0].available = 10 * GIB;
+    let p = plan(&view, &s, t0());
+    assert_eq!(creates(&p), [("v".into(), "n2".into(), "d1".into())]);
+}

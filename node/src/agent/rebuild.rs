@@ -21,10 +21,12 @@ pub async fn offline(
             message: format!("{source:?}: expected NAME@HOST:PORT"),
         })?;
     let target = server.find(name).map_err(Error::NotFound)?;
-    // A source that cannot be reached may come back: Unavailable, which
-    // the controller does not count as a failed reuse.
+    // A source that cannot be reached may come back, and a full disk may
+    // be freed: Unavailable, which the controller does not count as a
+    // failed reuse.
     let remote = |e: crate::replica::client::ClientError| match e {
         crate::replica::client::ClientError::Closed { .. } => Error::Unavailable(e.to_string()),
+        e if e.is_no_space() => Error::Unavailable(e.to_string()),
         e => Error::Internal(e.to_string()),
     };
     let src = ReplicaClient::connect(src_addr, src_name)

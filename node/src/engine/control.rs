@@ -74,7 +74,8 @@ impl From<EngineError> for ControlError {
     fn from(e: EngineError) -> Self {
         let kind = match e {
             EngineError::Busy(_) => FailureKind::Busy,
-            EngineError::Unreachable { .. } => FailureKind::Unreachable,
+            // Both may pass: a node comes back, space is freed.
+            EngineError::Unreachable { .. } | EngineError::NoSpace(_) => FailureKind::Unreachable,
             EngineError::Refused { .. } => FailureKind::Refused,
             _ => FailureKind::Failed,
         };

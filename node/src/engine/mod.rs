@@ -64,6 +64,9 @@ pub enum EngineError {
     /// replica set it depends on is not recorded (or this engine is fenced).
     #[error("{0}")]
     NotRecorded(String),
+    /// No rw replica had room for the write; they all keep what they held.
+    #[error("no space left for the write: {0}")]
+    NoSpace(String),
 }
 
 impl EngineError {
@@ -72,6 +75,7 @@ impl EngineError {
         let (replica, message) = (replica.to_string(), e.to_string());
         match e {
             ClientError::Closed { .. } => EngineError::Unreachable { replica, message },
+            e if e.is_no_space() => EngineError::NoSpace(format!("replica {replica}: {message}")),
             ClientError::Failed { .. } => EngineError::Replica { replica, message },
         }
     }
@@ -210,7 +214,8 @@ struct FanInState {
     remaining: usize,
     /// rw replicas that have the write.
     acked: Vec<String>,
-    failed: Vec<(String, ClientError)>,
+    /// Replicas that failed it, and whether each is rw.
+    failed: Vec<(String, ClientError, bool)>,
     done: Option<WriteDone>,
     /// I/O stays held until every replica answered (a snapshot waits).
     guard: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
@@ -226,7 +231,7 @@ impl FanIn {
             match r {
                 Ok(()) if rw => s.acked.push(name),
                 Ok(()) => {}
-                Err(e) => s.failed.push((name, e)),
+                Err(e) => s.failed.push((name, e, rw)),
             }
             s.remaining = s.remaining.saturating_sub(1);
             if s.remaining > 0 {
@@ -243,21 +248,6 @@ impl FanIn {
         let Some(done) = done else {
             return;
         };
-        if acked.is_empty() {
-            let last = failed
-                .last()
-                .map(|(_, e)| e.to_string())
-                .unwrap_or_default();
-            let engine = self.engine.clone();
-            tokio::spawn(async move {
-                for (name, e) in &failed {
-                    engine.fail(name, e).await;
-                }
-                drop(guard);
-                done(Err(EngineError::NoReplica(last)));
-            });
-            return;
-        }
         if failed.is_empty() {
             let names: Vec<&str> = acked.iter().map(String::as_str).collect();
             if self.engine.freshness.covers(&names) {
@@ -270,10 +260,7 @@ impl FanIn {
         // the store's replica set holds only replicas that have it.
         let engine = self.engine.clone();
         tokio::spawn(async move {
-            for (name, e) in &failed {
-                engine.fail(name, e).await;
-            }
-            let outcome = engine.covered(&acked).await;
+            let outcome = engine.conclude(acked, failed).await;
             drop(guard);
             done(outcome);
         });
@@ -739,7 +726,7 @@ impl Engine {
                 if let Link::Remote(c) = link {
                     match c.submit(op, offset, len, revision, flags, data.clone()) {
                         Ok(w) => waits.push((name.clone(), w, *rw)),
-                        Err(e) => failed.push((name.clone(), e)),
+                        Err(e) => failed.push((name.clone(), e, *rw)),
                     }
                 }
             }
@@ -759,7 +746,7 @@ impl Engine {
                     Ok(()) if sync => flushes.push((name.clone(), l.clone(), *rw)),
                     Ok(()) if *rw => acked.push(name.clone()),
                     Ok(()) => {}
-                    Err(e) => failed.push((name.clone(), e)),
+                    Err(e) => failed.push((name.clone(), e, *rw)),
                 }
             }
         }
@@ -767,20 +754,46 @@ impl Engine {
             match l.flush().await {
                 Ok(()) if rw => acked.push(name),
                 Ok(()) => {}
-                Err(e) => failed.push((name, e)),
+                Err(e) => failed.push((name, e, rw)),
             }
         }
         for (name, w, rw) in waits {
             match w.await {
                 Ok(_) if rw => acked.push(name),
                 Ok(_) => {}
-                Err(e) => failed.push((name, e)),
+                Err(e) => failed.push((name, e, rw)),
             }
         }
+        self.conclude(acked, failed).await
+    }
+
+    /// The outcome of a mutation that the rw replicas `acked` have and the
+    /// replicas `failed` (name, error, whether rw) do not. A replica that
+    /// lacks a write that others have is dropped. When no rw replica has
+    /// it and every rw failure was a full disk, none is dropped — each
+    /// still holds every acknowledged write — and the writer gets ENOSPC.
+    async fn conclude(
+        &self,
+        acked: Vec<String>,
+        failed: Vec<(String, ClientError, bool)>,
+    ) -> Result<(), EngineError> {
+        let full_disk = acked.is_empty()
+            && failed.iter().any(|(_, _, rw)| *rw)
+            && failed
+                .iter()
+                .filter(|(_, _, rw)| *rw)
+                .all(|(_, e, _)| e.is_no_space());
         let mut last = String::new();
-        for (name, e) in &failed {
+        for (name, e, rw) in &failed {
             last = e.to_string();
+            if full_disk && *rw {
+                tracing::warn!(volume = %self.volume, replica = %name, error = %e, "no space for a write; the replica keeps what it holds");
+                continue;
+            }
             self.fail(name, e).await;
+        }
+        if full_disk {
+            return Err(EngineError::NoSpace(last));
         }
         if acked.is_empty() {
             return Err(EngineError::NoReplica(last));

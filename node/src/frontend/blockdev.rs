@@ -174,7 +174,7 @@ impl Filesystem for Export {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => {
                 tracing::warn!(error = %e, offset, "write failed");
-                reply.error(Errno::EIO);
+                reply.error(errno(&e));
             }
         }
     }
@@ -242,6 +242,14 @@ impl Filesystem for Export {
                 reply.error(Errno::EIO);
             }
         }
+    }
+}
+
+/// The error the kernel gets for a failed engine call.
+fn errno(e: &crate::engine::EngineError) -> Errno {
+    match e {
+        crate::engine::EngineError::NoSpace(_) => Errno::ENOSPC,
+        _ => Errno::EIO,
     }
 }
 

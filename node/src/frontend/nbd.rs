@@ -69,6 +69,7 @@ const MAX_OPTION: u32 = 4096;
 fn errno(e: &EngineError) -> u32 {
     match e {
         EngineError::OutOfRange { .. } => EINVAL,
+        EngineError::NoSpace(_) => ENOSPC,
         _ => EIO,
     }
 }

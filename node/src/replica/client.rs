@@ -23,6 +23,20 @@ pub enum ClientError {
     },
 }
 
+impl ClientError {
+    /// The replica's disk is full: it holds what it held, the write did
+    /// not fit.
+    pub fn is_no_space(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Failed {
+                status: super::protocol::status::NO_SPACE,
+                ..
+            }
+        )
+    }
+}
+
 /// What to do with a reply: wake a waiting task, or run a callback right
 /// where the reply was read (no task hand-off).
 pub enum Waiter {

@@ -67,6 +67,9 @@ impl ReplicaError {
     pub fn status(&self) -> u32 {
         match self {
             ReplicaError::OutOfRange { .. } | ReplicaError::Invalid(_) => protocol::status::INVALID,
+            ReplicaError::Io { source, .. } if source.raw_os_error() == Some(nix::libc::ENOSPC) => {
+                protocol::status::NO_SPACE
+            }
             _ => protocol::status::IO,
         }
     }
