@@ -86,6 +86,8 @@ pub const CONCURRENT_REBUILD_PER_NODE_LIMIT: &str = "concurrent-replica-rebuild-
 pub const OVER_PROVISIONING_PERCENTAGE: &str = "storage-over-provisioning-percentage";
 pub const MINIMAL_AVAILABLE_PERCENTAGE: &str = "storage-minimal-available-percentage";
 pub const DISABLE_SCHEDULING_ON_CORDONED_NODE: &str = "disable-scheduling-on-cordoned-node";
+pub const SCRUB_INTERVAL: &str = "replica-scrub-interval";
+pub const SCRUB_RATE: &str = "replica-scrub-rate";
 
 /// Every setting, in the order BEHAVIOR.md lists them.
 pub const DEFINITIONS: &[SettingDef] = &[
@@ -187,6 +189,21 @@ pub const DEFINITIONS: &[SettingDef] = &[
         default: "true",
         description: "Whether cordoned nodes take no new replicas.",
         kind: SettingKind::Bool,
+    },
+    SettingDef {
+        name: SCRUB_INTERVAL,
+        default: "168",
+        description: "Hours between two scrubs of a replica (every block of its frozen layers checked against its checksums; a corrupt replica is failed and rebuilt); 0 turns the scrub off.",
+        kind: SettingKind::Int { min: 0, max: None },
+    },
+    SettingDef {
+        name: SCRUB_RATE,
+        default: "64",
+        description: "MiB per second a scrub reads on a node (one replica at a time per node).",
+        kind: SettingKind::Int {
+            min: 1,
+            max: Some(10240),
+        },
     },
 ];
 
@@ -325,6 +342,14 @@ impl Settings {
     }
     pub fn over_provisioning_percentage(&self) -> u64 {
         self.int(OVER_PROVISIONING_PERCENTAGE).max(0) as u64
+    }
+    /// Hours between two scrubs of a replica; 0: no scrub.
+    pub fn scrub_interval_hours(&self) -> u64 {
+        self.int(SCRUB_INTERVAL).max(0) as u64
+    }
+    /// Bytes per second a scrub reads.
+    pub fn scrub_rate_bytes(&self) -> u64 {
+        (self.int(SCRUB_RATE).clamp(1, 10240) as u64) << 20
     }
     pub fn minimal_available_percentage(&self) -> u32 {
         self.int(MINIMAL_AVAILABLE_PERCENTAGE).clamp(0, 100) as u32

@@ -110,6 +110,10 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
         ctx.clone(),
         config.resync_interval,
     ));
+    let scrub = tokio::spawn(crate::executor::run_scrub(
+        ctx.clone(),
+        config.resync_interval,
+    ));
 
     tracing::info!(
         store = ?config.store,
@@ -128,6 +132,7 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     ballast::grpc::shutdown_signal().await;
     let _ = stop_tx.send(true);
     liveness.abort();
+    scrub.abort();
     reconcile.abort();
     let (c, a, h) = tokio::join!(csi, agent_task, api_task);
     let _ = std::fs::remove_file(&socket);

@@ -28,6 +28,9 @@ pub enum Error {
     /// A node or a replica could not be reached: it may come back.
     #[error("{0}")]
     Unavailable(String),
+    /// A replica's data failed its checksums (a rebuild's source).
+    #[error("{0}")]
+    DataLoss(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -71,6 +74,7 @@ impl From<Error> for tonic::Status {
             Error::NoRoom(_) => tonic::Status::resource_exhausted(msg),
             Error::OutOfRange { .. } => tonic::Status::out_of_range(msg),
             Error::Unavailable(_) => tonic::Status::unavailable(msg),
+            Error::DataLoss(_) => tonic::Status::data_loss(msg),
             Error::Internal(_) => tonic::Status::internal(msg),
         }
     }

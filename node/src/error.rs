@@ -21,6 +21,9 @@ pub enum Error {
     /// Something this node needs could not be reached.
     #[error("{0}")]
     Unavailable(String),
+    /// A rebuild's source holds data that failed its checksums.
+    #[error("{0}")]
+    SourceCorrupt(String),
     /// A failure of this node (its files, its processes).
     #[error("{0}")]
     Internal(String),
@@ -46,6 +49,7 @@ impl From<Error> for tonic::Status {
             Error::NotFound(_) => tonic::Status::not_found(msg),
             Error::Unavailable(_) => tonic::Status::unavailable(msg),
             Error::Refused(_) => tonic::Status::failed_precondition(msg),
+            Error::SourceCorrupt(_) => tonic::Status::data_loss(msg),
             Error::Internal(_) => tonic::Status::internal(msg),
         }
     }

@@ -479,3 +479,87 @@ async fn a_fill_reports_its_progress_while_it_runs() {
         "progress stays after the fill"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_whose_frozen_layer_is_corrupt_is_failed_and_never_copied() {
+    let (d1, d2, d3) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let (s1, s2, s3) = (
+        server(&[d1.path()]).await,
+        server(&[d2.path()]).await,
+        server(&[d3.path()]).await,
+    );
+    let r0 = replica(d1.path(), "v-r0", &s1);
+    let r1 = replica(d2.path(), "v-r1", &s2);
+    let r2 = replica(d3.path(), "v-r2", &s3);
+    let engine = Engine::start(
+        "v",
+        SIZE,
+        std::slice::from_ref(&r0),
+        None,
+        ReplicaSet::default(),
+        None,
+    )
+    .await
+    .unwrap();
+    engine
+        .write(0, &pattern(0, 1 << 20, 1), true)
+        .await
+        .unwrap();
+    // r1 joins: the data is frozen into a layer of r0 and copied to r1.
+    engine.add_replica(r1.clone(), None).await.unwrap();
+    wait_rw(&engine, "v-r1").await;
+    // r0's frozen layer goes bad on its disk.
+    let frozen = layers(&r0)
+        .await
+        .into_iter()
+        .find(|(_, sum)| sum.is_some())
+        .unwrap()
+        .0;
+    let file = replica_dir(d1.path(), "v-r0").join(&frozen);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        f.write_all_at(&[0xeeu8; 4096], 8192).unwrap();
+    }
+    // r2 joins, asking for r0 as its source: the copy finds the corrupt
+    // block, r0 (the source) is failed as well as the unfinished r2, and
+    // nothing corrupt reached r2.
+    engine
+        .add_replica(r2.clone(), Some("v-r0".into()))
+        .await
+        .unwrap();
+    let mut status = engine.status().await;
+    for _ in 0..600 {
+        status = engine.status().await;
+        if status.iter().filter(|m| m.mode == ReplicaMode::Err).count() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mode = |n: &str| status.iter().find(|m| m.name == n).unwrap().mode;
+    assert_eq!(
+        (mode("v-r0"), mode("v-r1"), mode("v-r2")),
+        (ReplicaMode::Err, ReplicaMode::Rw, ReplicaMode::Err),
+        "{status:?}"
+    );
+    let why = status[0].error.clone().unwrap_or_default();
+    assert!(why.contains("corrupt") || why.contains("checksum"), "{why}");
+    // The volume reads the right data, from r1; r0's layer is marked.
+    assert_eq!(
+        engine.read(0, 1 << 20).await.unwrap().to_vec(),
+        pattern(0, 1 << 20, 1)
+    );
+    assert!(
+        Replica::open(&replica_dir(d1.path(), "v-r0"))
+            .unwrap()
+            .is_corrupt(&frozen)
+    );
+    // Asked again without a wish, r2 is rebuilt from the sound replica.
+    engine.add_replica(r2.clone(), None).await.unwrap();
+    wait_rw(&engine, "v-r2").await;
+    assert_eq!(image(&r2).await, image(&r1).await);
+}

@@ -44,6 +44,9 @@ pub struct ReplicaStatus {
     pub running: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rebuild_progress: Option<RebuildProgress>,
+    /// When the scrub last checked its frozen layers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrubbed_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

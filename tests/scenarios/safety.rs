@@ -634,3 +634,167 @@ fn a_full_disk_fails_only_the_replica_on_it() {
     verify_data(c.dir.path(), &endpoint, &a);
     verify_replicas(&c, "v", &a);
 }
+
+fn replica_dir_of(c: &Cluster, r: &serde_json::Value) -> std::path::PathBuf {
+    c.path(r["spec"]["nodeId"].as_str().unwrap())
+        .join(r["spec"]["diskId"].as_str().unwrap())
+        .join("replicas")
+        .join(r["name"].as_str().unwrap())
+}
+
+/// Flips 4 KiB of a layer file in place, as a bad disk would: in the page
+/// cache every reader of the file shares.
+fn flip_block(file: &std::path::Path, offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .unwrap();
+    let mut b = vec![0u8; 4096];
+    f.read_exact_at(&mut b, offset).unwrap();
+    for x in b.iter_mut() {
+        *x = !*x;
+    }
+    f.write_all_at(&b, offset).unwrap();
+}
+
+/// The layers of a replica as its files hold them (head last).
+fn layers_of(dir: &std::path::Path) -> Vec<ballast_node::replica::LayerInfo> {
+    ballast_node::replica::Replica::open_view(dir)
+        .unwrap()
+        .layers()
+}
+
+/// Where write_data(seed) put its first extent.
+fn first_extent(seed: u64) -> u64 {
+    (seed % 3) << 20
+}
+
+#[test]
+fn a_corrupt_block_in_a_head_is_served_from_another_replica_and_never_spread() {
+    let c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 3, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 61);
+    // Node-1's replica (the local one, read first) goes bad under its data.
+    let local = c.replica_on("v", "node-1").unwrap();
+    let dir = replica_dir_of(&c, &local);
+    let head = layers_of(&dir).last().unwrap().name.clone();
+    flip_block(&dir.join(&head), first_extent(61));
+    // Every read still returns the written data, from another replica.
+    verify_data(c.dir.path(), &endpoint, &a);
+    let name = local["name"].as_str().unwrap().to_string();
+    let changed: Vec<String> = c
+        .events("volume/v")
+        .iter()
+        .filter(|e| e["reason"] == "ReplicaSetChanged")
+        .map(|e| e["message"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        changed
+            .iter()
+            .any(|m| m.contains(&format!("{name} dropped")) && m.contains("checksum")),
+        "{changed:?}"
+    );
+    // It is rebuilt from a good replica, and the bad block spread nowhere.
+    c.wait_settled("v", 3, Duration::from_secs(120));
+    verify_data(c.dir.path(), &endpoint, &a);
+    verify_replicas(&c, "v", &a);
+}
+
+#[test]
+fn a_corrupt_frozen_layer_is_never_a_rebuild_source_and_the_volume_heals() {
+    let c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let mut holders = c.holders("v");
+    holders.sort();
+    let endpoint = c.attach("v", &holders[0]);
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 62);
+    // A third replica: its rebuild freezes the data into a layer everywhere.
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 3})),
+    );
+    c.wait_settled("v", 3, Duration::from_secs(120));
+    // The local replica's frozen layer goes bad.
+    let local = c.replica_on("v", &holders[0]).unwrap();
+    let dir = replica_dir_of(&c, &local);
+    let frozen = layers_of(&dir)
+        .into_iter()
+        .rfind(|l| l.checksum.is_some() && l.allocated > 0)
+        .unwrap();
+    flip_block(&dir.join(&frozen.name), first_extent(62));
+    // Another rebuild: a replica is replaced. Whatever source is tried,
+    // the corrupt layer is never copied, and the volume heals.
+    let other = c
+        .replicas("v")
+        .into_iter()
+        .find(|r| r["spec"]["nodeId"] != holders[0].as_str())
+        .unwrap();
+    c.ok(
+        "DELETE",
+        &format!("/v1/replicas/{}", other["name"].as_str().unwrap()),
+        None,
+    );
+    verify_data(c.dir.path(), &endpoint, &a);
+    c.wait_settled("v", 3, Duration::from_secs(180));
+    verify_data(c.dir.path(), &endpoint, &a);
+    verify_replicas(&c, "v", &a);
+    // No rebuild failed over and over: the corrupt source was found once.
+    let failed = c.all_events("RebuildFailed").len();
+    assert!(
+        failed <= 2,
+        "{failed} failed rebuilds: {:?}",
+        c.all_events("RebuildFailed")
+    );
+}
+
+#[test]
+fn a_scrub_finds_a_corrupt_frozen_layer_nobody_read_and_the_replica_is_rebuilt() {
+    let c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 63);
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 3})),
+    );
+    c.wait_settled("v", 3, Duration::from_secs(120));
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    // Each replica was scrubbed once when it was new; all sound so far.
+    let victim = c.replicas("v")[0].clone();
+    let name = victim["name"].as_str().unwrap().to_string();
+    let (ok, out, err) = ballastctl(&c.api, &["replica", "scrub", &name]);
+    assert!(ok && out.contains("sound"), "{out}{err}");
+    let dir = replica_dir_of(&c, &victim);
+    let frozen = layers_of(&dir)
+        .into_iter()
+        .rfind(|l| l.checksum.is_some() && l.allocated > 0)
+        .unwrap();
+    flip_block(&dir.join(&frozen.name), first_extent(63));
+    let (ok, out, err) = ballastctl(&c.api, &["replica", "scrub", &name]);
+    assert!(ok && out.contains("corrupt"), "{out}{err}");
+    assert!(
+        c.event_reasons(&format!("replica/{name}"))
+            .contains(&"ReplicaCorrupt".to_string())
+    );
+    let v = c.volume("v");
+    assert!(
+        !v["status"]["currentReplicas"]
+            .as_array()
+            .unwrap()
+            .contains(&json!(name)),
+        "{v}"
+    );
+    // Rebuilt (offline) from a good replica: every replica holds the data.
+    c.wait_settled("v", 3, Duration::from_secs(180));
+    verify_replicas(&c, "v", &a);
+    let endpoint = c.attach("v", "node-1");
+    verify_data(c.dir.path(), &endpoint, &a);
+}

@@ -143,6 +143,11 @@ pub enum ReplicaCmd {
     Delete {
         name: String,
     },
+    /// Check every block of the replica's frozen layers against its
+    /// checksums now; a corrupt replica is failed and rebuilt.
+    Scrub {
+        name: String,
+    },
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -557,6 +562,18 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
                 c.call(Method::DELETE, &format!("/v1/replicas/{name}"), None)
                     .await?;
                 println!("replica {name} deleted");
+            }
+            ReplicaCmd::Scrub { name } => {
+                let v = c
+                    .call(Method::POST, &format!("/v1/replicas/{name}/scrub"), None)
+                    .await?;
+                if json_out {
+                    print_json(&v);
+                } else if v["sound"] == true {
+                    println!("replica {name}: every block checked, sound");
+                } else {
+                    println!("replica {name}: corrupt; it is failed and will be rebuilt");
+                }
             }
         },
         Command::Node(cmd) => {

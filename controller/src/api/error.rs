@@ -19,6 +19,7 @@ impl IntoResponse for Error {
             Error::OutOfRange { .. } => (StatusCode::BAD_REQUEST, "out_of_range"),
             Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+            Error::DataLoss(_) => (StatusCode::INTERNAL_SERVER_ERROR, "data_loss"),
         };
         if status.is_server_error() {
             tracing::error!(error = %self, "request failed");

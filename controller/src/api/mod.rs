@@ -80,6 +80,11 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
         "/v1/replicas/{name}",
         "Delete a replica: out of its engine, its data, its record",
     ),
+    (
+        "post",
+        "/v1/replicas/{name}/scrub",
+        "Check every block of the replica's frozen layers against its checksums now; a corrupt replica is failed and rebuilt",
+    ),
     ("get", "/v1/nodes", "List nodes"),
     ("get", "/v1/nodes/{id}", "Get a node"),
     (
@@ -136,6 +141,10 @@ pub fn router(ctx: Arc<Context>) -> Router {
             axum::routing::post(volumes::expand),
         )
         .route("/v1/replicas", get(objects::list_replicas))
+        .route(
+            "/v1/replicas/{name}/scrub",
+            axum::routing::post(objects::scrub_replica),
+        )
         .route(
             "/v1/replicas/{name}",
             axum::routing::delete(objects::delete_replica),

@@ -44,6 +44,16 @@ pub async fn delete_replica(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// Scrubs a replica now: `{"sound": bool}` (a corrupt one is failed).
+#[tracing::instrument(skip_all, fields(replica = %name))]
+pub async fn scrub_replica(
+    State(ctx): State<Arc<Context>>,
+    Path(name): Path<String>,
+) -> Result<Json<serde_json::Value>, Error> {
+    let sound = crate::executor::scrub_now(&ctx, &name).await?;
+    Ok(Json(json!({ "replica": name, "sound": sound })))
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventFilter {

@@ -283,8 +283,18 @@ async fn rebuild_offline(
             source: source.clone(),
         }),
     )
-    .await?
-    .into_inner();
+    .await;
+    let done = match done {
+        Ok(d) => d.into_inner(),
+        Err(Error::DataLoss(why)) => {
+            // The source's data failed its checksums: it is the replica at
+            // fault; it leaves the record and is rebuilt in turn.
+            let source_name = source.split('@').next().unwrap_or_default();
+            fail_corrupt(ctx, &vol.name, source_name, &why).await?;
+            return Err(Error::DataLoss(why));
+        }
+        Err(e) => return Err(e),
+    };
     let now = chrono::Utc::now();
     ctx.store.modify::<Replica, Error>(name, |r| {
         r.status.mode = Some(ReplicaMode::Rw);
@@ -309,6 +319,42 @@ async fn rebuild_offline(
         name,
         &format!("{name} rebuilt from {source}"),
     )
+}
+
+/// Fails a replica whose data was found corrupt (by a rebuild that read
+/// it, or by the scrub), so that the planner rebuilds it from a good one —
+/// its corrupt layers are marked on its node and never kept. An attached
+/// volume's engine drops it (and records that); a detached volume's record
+/// loses it. The last replica holding the volume's data is never dropped:
+/// the record keeps naming where the data is, corrupt or not.
+pub(crate) async fn fail_corrupt(
+    ctx: &Context,
+    volume: &str,
+    replica: &str,
+    why: &str,
+) -> Result<(), Error> {
+    ctx.event(Kind::Replica, replica, "ReplicaCorrupt", why.to_string());
+    let vol: Volume = ctx.store.fetch(volume)?;
+    if let Some(attached) = &vol.status.attached_node {
+        let node = ready_node(ctx, attached)?;
+        let mut c = agent(&node)?;
+        with_timeout(
+            attached,
+            c.remove_engine_replica(RemoveEngineReplicaRequest {
+                volume: volume.to_string(),
+                replica: replica.to_string(),
+            }),
+        )
+        .await?;
+    }
+    let now = chrono::Utc::now();
+    ctx.store.modify::<Replica, Error>(replica, |r| {
+        r.status.mode = Some(ReplicaMode::Err);
+        r.status.running = false;
+        r.spec.failed_at = Some(now);
+        Ok(true)
+    })?;
+    crate::freshness::remove_current(ctx, volume, replica)
 }
 
 /// Deletes a replica at a user's request (`DELETE /v1/replicas/{name}`):

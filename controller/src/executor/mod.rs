@@ -5,10 +5,12 @@
 //!
 //! `volume` carries out the volume lifecycle (create, attach, detach,
 //! delete); `actions` carries out each planner action; `reconcile` is the
-//! loop that observes, plans and acts on every change and resync tick.
+//! loop that observes, plans and acts on every change and resync tick;
+//! `scrub` has every replica's frozen layers checked on its node.
 
 mod actions;
 mod reconcile;
+mod scrub;
 mod volume;
 
 use std::time::Duration;
@@ -21,6 +23,7 @@ use crate::error::Error;
 
 pub use actions::{carry_out, delete_replica};
 pub use reconcile::run_reconcile;
+pub use scrub::{run_scrub, scrub_now};
 pub use volume::{attach, create, delete, detach, expand, restart_engine};
 
 /// A client of a node's agent.
@@ -51,6 +54,7 @@ pub fn agent_error(node: &str, s: tonic::Status) -> Error {
             name: msg,
         },
         tonic::Code::Unavailable => Error::Unavailable(msg),
+        tonic::Code::DataLoss => Error::DataLoss(msg),
         _ => Error::Internal(msg),
     }
 }

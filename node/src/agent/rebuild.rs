@@ -47,7 +47,11 @@ pub async fn offline(
     .await
     .map_err(|e| Error::Internal(e.to_string()))?
     .map_err(Error::Internal)?;
-    let filled = server.fill(name, source).await.map_err(Error::Internal)?;
+    let filled = server.fill(name, source).await.map_err(|e| match e {
+        // The source's data is corrupt: the controller fails the source.
+        crate::sync::SyncError::SourceCorrupt(m) => Error::SourceCorrupt(m),
+        e => Error::Internal(e.to_string()),
+    })?;
     Ok(RebuildReplicaResponse {
         kept_bytes: report.kept_bytes,
         copied_bytes: filled.bytes,

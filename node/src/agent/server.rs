@@ -6,8 +6,9 @@ use ballast::proto::agent::v1::{
     DeleteReplicaRequest, DeleteReplicaResponse, GetNodeStatusRequest, GetNodeStatusResponse,
     GrowReplicaRequest, GrowReplicaResponse, ListEnginesRequest, ListEnginesResponse,
     ListReplicasRequest, ListReplicasResponse, RebuildReplicaRequest, RebuildReplicaResponse,
-    RemoveEngineReplicaRequest, RemoveEngineReplicaResponse, ReplicaStatus, StartEngineRequest,
-    StartEngineResponse, StopEngineRequest, StopEngineResponse,
+    RemoveEngineReplicaRequest, RemoveEngineReplicaResponse, ReplicaStatus, ScrubReplicaRequest,
+    ScrubReplicaResponse, StartEngineRequest, StartEngineResponse, StopEngineRequest,
+    StopEngineResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -280,6 +281,36 @@ impl NodeAgent for NodeAgentService {
         .await
         .map_err(|e| Error::Internal(e.to_string()))??;
         Ok(Response::new(GrowReplicaResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, replica = %request.get_ref().name))]
+    async fn scrub_replica(
+        &self,
+        request: Request<ScrubReplicaRequest>,
+    ) -> Result<Response<ScrubReplicaResponse>, Status> {
+        let req = request.into_inner();
+        let server = self
+            .ctx
+            .replicas
+            .clone()
+            .ok_or_else(|| Error::Internal("this node serves no replicas".into()))?;
+        let answer = match server.scrub(&req.name, req.bytes_per_second).await {
+            Ok(bytes) => ScrubReplicaResponse {
+                bytes,
+                corrupt: false,
+                message: String::new(),
+            },
+            Err(e) if e.status() == crate::replica::protocol::status::CORRUPT => {
+                ScrubReplicaResponse {
+                    bytes: 0,
+                    corrupt: true,
+                    message: e.to_string(),
+                }
+            }
+            Err(crate::replica::ReplicaError::Invalid(m)) => return Err(Error::NotFound(m).into()),
+            Err(e) => return Err(Error::Internal(e.to_string()).into()),
+        };
+        Ok(Response::new(answer))
     }
 
     async fn list_engines(

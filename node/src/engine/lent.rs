@@ -112,7 +112,10 @@ impl Lent {
     pub fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, ClientError> {
         let r = self.replica.read().map_err(|_| self.poisoned())?;
         let mut buf = vec![0u8; len as usize];
-        r.read(offset, &mut buf).map_err(|e| self.error(e))?;
+        r.read(offset, &mut buf).map_err(|e| {
+            r.note_corruption(&e);
+            self.error(e)
+        })?;
         Ok(buf)
     }
 

@@ -71,17 +71,7 @@ impl Engine {
         let (src, kept) = {
             let _pause = self.io.write().await;
             self.snapshot_now().await?;
-            let rw = self.rw_links().await;
-            let (src_name, src_client) = source
-                .as_ref()
-                .and_then(|s| rw.iter().find(|(n, _)| n == s))
-                .or_else(|| rw.first())
-                .cloned()
-                .ok_or_else(|| EngineError::NoReplica("no rw replica to copy from".into()))?;
-            let layers = src_client
-                .layers()
-                .await
-                .map_err(|e| EngineError::of_replica(&src_name, e))?;
+            let (src_name, layers) = self.pick_source(source.as_deref()).await?;
             let spec = JoinSpec::following(&layers, self.revision.load(Ordering::SeqCst))
                 .map_err(|e| replica_err(&src_name, e))?;
             let report = client
@@ -115,15 +105,69 @@ impl Engine {
         };
         tracing::info!(source = %src, kept = kept.kept.len(), pending = kept.pending.len(), "replica joined; filling its layers");
         let engine = self.clone();
+        let src_name = src.split('@').next().unwrap_or_default().to_string();
         tokio::spawn(async move {
             let _guard = guard;
             let filled = client.fill(&src).await;
-            engine.finish_rebuild(&at.name, filled).await;
+            engine.finish_rebuild(&at.name, &src_name, filled).await;
         });
         Ok(())
     }
 
-    async fn finish_rebuild(&self, name: &str, filled: Result<serde_json::Value, ClientError>) {
+    /// The replica to rebuild from: of the rw replicas, one whose frozen
+    /// layers (names and checksums) agree with most others' — `wanted` when
+    /// it does (the controller asks for one on the target's node, for a
+    /// local copy), else the first by name. Its layers are verified block
+    /// by block as they are copied.
+    async fn pick_source(
+        &self,
+        wanted: Option<&str>,
+    ) -> Result<(String, Vec<crate::replica::LayerInfo>), EngineError> {
+        let mut candidates = Vec::new();
+        for (name, link) in self.rw_links().await {
+            match link.layers().await {
+                Ok(layers) => candidates.push((name, link, layers)),
+                Err(e) => self.fail(&name, &e).await,
+            }
+        }
+        let frozen = |layers: &[crate::replica::LayerInfo]| -> Vec<(String, Option<String>)> {
+            layers
+                .iter()
+                .filter(|l| l.checksum.is_some())
+                .map(|l| (l.name.clone(), l.checksum.clone()))
+                .collect()
+        };
+        let agreeing = |layers: &[crate::replica::LayerInfo]| {
+            let mine = frozen(layers);
+            candidates
+                .iter()
+                .filter(|(_, _, o)| frozen(o) == mine)
+                .count()
+        };
+        let best = candidates
+            .iter()
+            .map(|(_, _, l)| agreeing(l))
+            .max()
+            .ok_or_else(|| EngineError::NoReplica("no rw replica to copy from".into()))?;
+        let mut majority: Vec<(String, Vec<crate::replica::LayerInfo>)> = candidates
+            .iter()
+            .filter(|(_, _, l)| agreeing(l) == best)
+            .map(|(n, _, l)| (n.clone(), l.clone()))
+            .collect();
+        majority.sort_by(|a, b| a.0.cmp(&b.0));
+        let i = majority
+            .iter()
+            .position(|(n, _)| Some(n.as_str()) == wanted)
+            .unwrap_or(0);
+        Ok(majority.swap_remove(i))
+    }
+
+    async fn finish_rebuild(
+        &self,
+        name: &str,
+        source: &str,
+        filled: Result<serde_json::Value, ClientError>,
+    ) {
         match filled {
             Ok(report) => {
                 let mut m = self.members.lock().await;
@@ -147,7 +191,15 @@ impl Engine {
                     self.members_changed();
                 }
             }
-            Err(e) => self.fail(name, &e).await,
+            Err(e) => {
+                // The source's data failed its checksums: the source is
+                // the replica at fault, and goes too.
+                if e.is_corrupt() {
+                    tracing::error!(volume = %self.volume, source, error = %e, "the rebuild's source is corrupt");
+                    self.fail(source, &e).await;
+                }
+                self.fail(name, &e).await
+            }
         }
     }
 

@@ -24,6 +24,17 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// Data failed its checksum at the replica (for a FILL: at the source).
+    pub fn is_corrupt(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Failed {
+                status: super::protocol::status::CORRUPT,
+                ..
+            }
+        )
+    }
+
     /// The replica's disk is full: it holds what it held, the write did
     /// not fit.
     pub fn is_no_space(&self) -> bool {

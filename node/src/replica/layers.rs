@@ -77,7 +77,8 @@ impl Replica {
         for (want, have) in frozen.iter().zip(&self.layers) {
             let ours = self.meta.frozen.get(&have.name);
             let complete = !self.meta.pending.contains(&have.name);
-            if have.name != want.name || ours != Some(&want.checksum) || !complete {
+            let corrupt = self.is_corrupt(&have.name);
+            if have.name != want.name || ours != Some(&want.checksum) || !complete || corrupt {
                 break;
             }
             report.kept.push(want.name.clone());
@@ -104,38 +105,39 @@ impl Replica {
         meta.write(&self.dir)?;
         self.meta = meta;
         let keep: Vec<String> = report.kept.clone();
+        // A layer marked corrupt is never kept: it is filled again, sound.
+        self.clear_corrupt_marks()?;
         for l in &self.layers {
             if !keep.contains(&l.name) {
                 let _ = std::fs::remove_file(&l.path);
+                let _ = std::fs::remove_file(super::sums::path_of(&l.path));
             }
         }
         for name in report.pending.iter().map(String::as_str).chain([head]) {
-            empty_layer(&self.dir.join(name), self.meta.size)?;
+            let path = self.dir.join(name);
+            empty_layer(&path, self.meta.size)?;
+            // A filled layer's checksums are taken as it completes.
+            let _ = std::fs::remove_file(super::sums::path_of(&path));
         }
         self.revision = revision;
         self.revision_file.store(revision);
-        // Its old history is not the volume's: the write log starts anew.
+        // Its old history is not the volume's: the write log starts anew,
+        // from a state that is whole.
         self.revision_file.clear_log();
+        self.revision_file.mark_flushed(revision);
         self.reload()?;
         Ok(report)
     }
 
-    /// Re-reads every layer's file and allocation.
+    /// Re-reads every layer's file, allocation and checksums.
     fn reload(&mut self) -> Result<(), ReplicaError> {
         let blocks = self.meta.size / BLOCK;
-        let mut layers = Vec::new();
-        for name in &self.meta.chain {
-            let path = self.dir.join(name);
-            let file = open_rw(&path)?;
-            let map = allocation(&file, blocks).map_err(|e| ReplicaError::io(&path, e))?;
-            layers.push(Layer {
-                name: name.clone(),
-                path,
-                file,
-                map,
-            });
-        }
-        self.layers = layers;
+        self.layers = self
+            .meta
+            .chain
+            .iter()
+            .map(|name| Layer::open(&self.dir, name, blocks, self.meta.block_sums))
+            .collect::<Result<_, _>>()?;
         Ok(())
     }
 
@@ -181,13 +183,41 @@ impl Replica {
             .collect())
     }
 
-    /// Reads raw bytes of one layer (holes read as zeros).
+    /// Reads raw bytes of one layer (holes read as zeros). The blocks it
+    /// holds are checked against its checksums: a rebuild never copies a
+    /// corrupt block.
     pub fn read_layer(&self, name: &str, offset: u64, buf: &mut [u8]) -> Result<(), ReplicaError> {
         self.check(offset, buf.len() as u64)?;
-        let l = &self.layers[self.layer_at(name)?];
+        let i = self.layer_at(name)?;
+        let l = &self.layers[i];
         l.file
             .read_exact_at(buf, offset)
-            .map_err(|e| ReplicaError::io(&l.path, e))
+            .map_err(|e| ReplicaError::io(&l.path, e))?;
+        if self.meta.pending.contains(name) {
+            return Ok(());
+        }
+        if self.is_corrupt(name) {
+            return Err(ReplicaError::Corrupt(format!(
+                "layer {name} was found corrupt"
+            )));
+        }
+        let end = offset + buf.len() as u64;
+        let (first, last) = (offset / BLOCK, end.div_ceil(BLOCK));
+        for b in (first..last).filter(|b| l.map.get(*b)) {
+            let (bs, be) = ((b * BLOCK).max(offset), ((b + 1) * BLOCK).min(end));
+            if bs == b * BLOCK && be == (b + 1) * BLOCK {
+                let at = (bs - offset) as usize;
+                if let Some(s) = &l.sums
+                    && s.check(b, &buf[at..at + BLOCK as usize]).is_err()
+                {
+                    return Err(l.corrupt(b));
+                }
+            } else {
+                let mut block = vec![0u8; BLOCK as usize];
+                l.read_checked(b, &mut block)?;
+            }
+        }
+        Ok(())
     }
 
     fn pending_at(&self, name: &str) -> Result<usize, ReplicaError> {
@@ -232,6 +262,10 @@ impl Replica {
             .and_then(|()| l.file.set_len(self.meta.size))
             .map_err(|e| ReplicaError::io(&l.path, e))?;
         l.map = Bitmap::new(self.meta.size / BLOCK);
+        if let Some(s) = &mut l.sums {
+            s.resize(0)?;
+            s.resize(self.meta.size / BLOCK)?;
+        }
         Ok(())
     }
 
@@ -255,12 +289,16 @@ impl Replica {
         l.file
             .sync_all()
             .map_err(|e| ReplicaError::io(&l.path, e))?;
-        let got = self.checksum(i)?;
+        // The layer's block checksums are taken in the same read.
+        let got = self.checksum_taking_sums(i)?;
         let want = self.meta.frozen.get(name).cloned().unwrap_or_default();
         if got != want {
             return Err(ReplicaError::Corrupt(format!(
                 "layer {name} arrived with checksum {got}, the source's is {want}"
             )));
+        }
+        if let Some(s) = &self.layers[i].sums {
+            s.sync()?;
         }
         let mut meta = self.meta.clone();
         meta.pending.remove(name);

@@ -32,6 +32,11 @@ pub struct Meta {
     /// `frozen` are what they must reach).
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub pending: std::collections::BTreeSet<String>,
+    /// Each layer keeps the checksum of every block it holds (`sums`) and
+    /// every read is verified against it. False for a replica made before
+    /// they existed: nothing to verify against, until it is rebuilt.
+    #[serde(default)]
+    pub block_sums: bool,
 }
 
 impl Meta {

@@ -3,10 +3,12 @@
 //! A replica is a directory `<disk>/replicas/<volume>-<replicaId>/` with a
 //! chain of sparse layer files — immutable snapshots and one writable head
 //! — plus `meta.json` (size, chain, revision, checksums of frozen layers)
-//! and `revision` (the live revision counter). A block is read from the
-//! newest layer that holds it; a write goes to the head. Which blocks a
-//! layer holds is its allocation, read at open from its extents
-//! (SEEK_DATA/SEEK_HOLE): a hole means "not in this layer".
+//! and `revision` (the live revision counter and the write log). A block is
+//! read from the newest layer that holds it; a write goes to the head.
+//! Which blocks a layer holds is its allocation, read at open from its
+//! extents (SEEK_DATA/SEEK_HOLE): a hole means "not in this layer". Each
+//! layer keeps the checksum of every block it holds (`sums`), and every
+//! read is verified against it: a corrupt block is an error, never data.
 //!
 //! This module owns the files of one replica and nothing else: no network,
 //! no engine, no placement.
@@ -18,6 +20,7 @@ mod meta;
 pub mod protocol;
 mod revision;
 pub mod server;
+mod sums;
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd};
@@ -38,6 +41,7 @@ pub const MAX_SIZE: u64 = ballast::model::MAX_VOLUME_SIZE;
 /// started (see `Replica::start_writeback`; a node's `--writeback-every`).
 pub const WRITEBACK_EVERY: u64 = 8 << 20;
 const REVISION_FILE: &str = "revision";
+const CORRUPT_FILE: &str = "corrupt-layers";
 
 /// Errors of the replica format.
 #[derive(Debug, thiserror::Error)]
@@ -49,6 +53,16 @@ pub enum ReplicaError {
     },
     #[error("replica is corrupt: {0}")]
     Corrupt(String),
+    /// A frozen layer does not match its recorded checksum.
+    #[error("replica is corrupt: layer {layer}: {message}")]
+    CorruptLayer { layer: String, message: String },
+    /// A block of a layer does not match its checksum.
+    #[error("replica is corrupt: block {block} (byte {}) of layer {layer} in {} does not match its checksum", block * BLOCK, dir.display())]
+    CorruptBlock {
+        dir: PathBuf,
+        layer: String,
+        block: u64,
+    },
     #[error("range {offset}+{len} is outside the volume of {size} bytes")]
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("{0}")]
@@ -67,6 +81,9 @@ impl ReplicaError {
     pub fn status(&self) -> u32 {
         match self {
             ReplicaError::OutOfRange { .. } | ReplicaError::Invalid(_) => protocol::status::INVALID,
+            ReplicaError::Corrupt(_)
+            | ReplicaError::CorruptLayer { .. }
+            | ReplicaError::CorruptBlock { .. } => protocol::status::CORRUPT,
             ReplicaError::Io { source, .. } if source.raw_os_error() == Some(nix::libc::ENOSPC) => {
                 protocol::status::NO_SPACE
             }
@@ -75,12 +92,76 @@ impl ReplicaError {
     }
 }
 
-/// One layer: its file and the blocks it holds.
+/// One layer: its file, the blocks it holds, and their checksums.
 struct Layer {
     name: String,
     path: PathBuf,
     file: File,
     map: Bitmap,
+    /// None for a replica made before per-block checksums.
+    sums: Option<sums::BlockSums>,
+}
+
+impl Layer {
+    /// Opens layer `name` of a replica in `dir`, of `blocks` blocks.
+    fn open(dir: &Path, name: &str, blocks: u64, with_sums: bool) -> Result<Layer, ReplicaError> {
+        let path = dir.join(name);
+        let file = open_rw(&path)?;
+        let map = allocation(&file, blocks).map_err(|e| ReplicaError::io(&path, e))?;
+        let sums = if with_sums {
+            Some(sums::BlockSums::open(&sums::path_of(&path), blocks)?)
+        } else {
+            None
+        };
+        Ok(Layer {
+            name: name.to_string(),
+            path,
+            file,
+            map,
+            sums,
+        })
+    }
+
+    /// Reads whole blocks at block `first` and checks them against the
+    /// layer's checksums.
+    fn read_checked(&self, first: u64, buf: &mut [u8]) -> Result<(), ReplicaError> {
+        self.file
+            .read_exact_at(buf, first * BLOCK)
+            .map_err(|e| ReplicaError::io(&self.path, e))?;
+        if let Some(s) = &self.sums
+            && let Err(b) = s.check(first, buf)
+        {
+            return Err(self.corrupt(b));
+        }
+        Ok(())
+    }
+
+    fn corrupt(&self, block: u64) -> ReplicaError {
+        ReplicaError::CorruptBlock {
+            dir: self
+                .path
+                .parent()
+                .map(Path::to_path_buf)
+                .unwrap_or_default(),
+            layer: self.name.clone(),
+            block,
+        }
+    }
+
+    /// Records the checksums of blocks `first..last` as the file holds them.
+    fn sum_from_file(&mut self, first: u64, last: u64) -> Result<(), ReplicaError> {
+        let Some(s) = &mut self.sums else {
+            return Ok(());
+        };
+        let mut block = vec![0u8; BLOCK as usize];
+        for b in first..last {
+            self.file
+                .read_exact_at(&mut block, b * BLOCK)
+                .map_err(|e| ReplicaError::io(&self.path, e))?;
+            s.set(b, sums::of(&block));
+        }
+        Ok(())
+    }
 }
 
 /// A layer as `layers` (and the LAYERS reply) reports it.
@@ -112,6 +193,9 @@ pub struct Replica {
     /// The thread that starts writeback, made on first use; it ends with
     /// the replica.
     writeback: Option<std::sync::mpsc::SyncSender<File>>,
+    /// Frozen layers found corrupt (the file `corrupt-layers`, one name per
+    /// line, only ever added to): never served, never kept by a rebuild.
+    corrupt: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 fn layer_name(n: usize) -> String {
@@ -135,6 +219,65 @@ pub fn allocation(file: &File, blocks: u64) -> Result<Bitmap, std::io::Error> {
         pos = hole;
     }
     Ok(map)
+}
+
+/// The blake3 checksum of a layer's contents (its allocated blocks, each
+/// run with its index), handing `each` every chunk of whole blocks read.
+fn layer_checksum(
+    l: &Layer,
+    mut each: impl FnMut(u64, &[u8]) -> Result<(), ReplicaError>,
+) -> Result<String, ReplicaError> {
+    let mut h = blake3::Hasher::new();
+    let mut buf = vec![0u8; (BLOCK * 256) as usize];
+    for (s, e) in l.map.runs() {
+        let mut b = s;
+        while b < e {
+            let n = (e - b).min(256);
+            let chunk = &mut buf[..(n * BLOCK) as usize];
+            l.file
+                .read_exact_at(chunk, b * BLOCK)
+                .map_err(|er| ReplicaError::io(&l.path, er))?;
+            each(b, chunk)?;
+            h.update(&b.to_le_bytes());
+            h.update(&n.to_le_bytes());
+            h.update(chunk);
+            b += n;
+        }
+    }
+    Ok(h.finalize().to_hex().to_string())
+}
+
+/// Records in the replica at `dir` that its frozen layer `name` is corrupt
+/// (see `Replica::mark_corrupt`), for whoever opens it next.
+pub fn mark_corrupt_in(dir: &Path, name: &str) -> Result<(), ReplicaError> {
+    use std::io::Write;
+    let path = dir.join(CORRUPT_FILE);
+    if std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l == name)
+    {
+        return Ok(());
+    }
+    tracing::error!(dir = %dir.display(), layer = name, "layer found corrupt; it is never served or kept again");
+    let mut f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(|e| ReplicaError::io(&path, e))?;
+    writeln!(f, "{name}")
+        .and_then(|()| f.sync_all())
+        .map_err(|e| ReplicaError::io(&path, e))
+}
+
+/// The frozen layer a corruption error names, if it names one.
+pub fn corrupt_layer(e: &ReplicaError) -> Option<&str> {
+    match e {
+        ReplicaError::CorruptBlock { layer, .. } | ReplicaError::CorruptLayer { layer, .. } => {
+            Some(layer)
+        }
+        _ => None,
+    }
 }
 
 fn open_rw(path: &Path) -> Result<File, ReplicaError> {
@@ -180,6 +323,7 @@ impl Replica {
             frozen: Default::default(),
             revision: 0,
             pending: Default::default(),
+            block_sums: true,
         };
         let rev = dir.join(REVISION_FILE);
         std::fs::write(&rev, 0u64.to_le_bytes()).map_err(|e| ReplicaError::io(&rev, e))?;
@@ -187,8 +331,19 @@ impl Replica {
         Replica::open(dir)
     }
 
-    /// Opens a replica, building each layer's allocation from its extents.
+    /// Opens a replica as its owner (its server, or the engine it is lent
+    /// to), building each layer's allocation from its extents; after an
+    /// unclean stop the head's checksums of unflushed writes are taken
+    /// again (`repair_head_sums`).
     pub fn open(dir: &Path) -> Result<Replica, ReplicaError> {
+        let mut r = Replica::open_view(dir)?;
+        r.repair_head_sums()?;
+        Ok(r)
+    }
+
+    /// Opens a replica to look at it while another holds it (a lent
+    /// replica's INFO and LAYERS): it writes nothing.
+    pub fn open_view(dir: &Path) -> Result<Replica, ReplicaError> {
         let meta = Meta::read(dir)?;
         // Allocation is read from extents: the filesystem's blocks must not
         // be larger than ours, or unwritten blocks would look written.
@@ -210,17 +365,16 @@ impl Replica {
             if may_be_missing && !path.exists() {
                 layers::empty_layer(&path, meta.size)?;
             }
-            let file = open_rw(&path)?;
-            let map = allocation(&file, blocks).map_err(|e| ReplicaError::io(&path, e))?;
-            layers.push(Layer {
-                name: name.clone(),
-                path,
-                file,
-                map,
-            });
+            layers.push(Layer::open(dir, name, blocks, meta.block_sums)?);
         }
         let (revision_file, stored) = revision::RevisionCounter::open(&dir.join(REVISION_FILE))?;
+        let corrupt = std::fs::read_to_string(dir.join(CORRUPT_FILE))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect();
         Ok(Replica {
+            corrupt: std::sync::Mutex::new(corrupt),
             broken: None,
             unstarted: 0,
             writeback_every: WRITEBACK_EVERY,
@@ -231,6 +385,49 @@ impl Replica {
             layers,
             revision_file,
         })
+    }
+
+    /// After an unclean stop (writes since the last flush), the head's
+    /// checksums of the blocks those writes touched may not match their
+    /// data (one reached the page cache, the other not): they are taken
+    /// again from the data, for the ranges the write log names, or for the
+    /// whole head when the log does not reach back to the last flush.
+    fn repair_head_sums(&mut self) -> Result<(), ReplicaError> {
+        let flushed = self.revision_file.flushed();
+        if !self.meta.block_sums || !self.meta.pending.is_empty() {
+            return Ok(());
+        }
+        let writes = self.revision_file.since(flushed).unwrap_or_default();
+        let covered =
+            writes.first().map(|e| e.revision) == Some(flushed + 1) || self.revision <= flushed;
+        let head = self.layers.len() - 1;
+        let runs: Vec<(u64, u64)> = if covered {
+            writes
+                .iter()
+                .map(|e| (e.offset / BLOCK, (e.offset + e.len).div_ceil(BLOCK)))
+                .collect()
+        } else {
+            self.layers[head].map.runs()
+        };
+        if runs.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(dir = %self.dir.display(), ranges = runs.len(), whole_head = !covered, "taking the head's block checksums again after an unclean stop");
+        let blocks = self.meta.size / BLOCK;
+        for (first, last) in runs {
+            let last = last.min(blocks);
+            let held: Vec<u64> = (first..last)
+                .filter(|b| self.layers[head].map.get(*b))
+                .collect();
+            for b in held {
+                self.layers[head].sum_from_file(b, b + 1)?;
+            }
+        }
+        if let Some(s) = &self.layers[head].sums {
+            s.sync()?;
+        }
+        self.revision_file.mark_flushed(self.revision);
+        self.revision_file.sync()
     }
 
     pub fn dir(&self) -> &Path {
@@ -287,7 +484,8 @@ impl Replica {
             .find(|&i| self.layers[i].map.get(b))
     }
 
-    /// Reads `buf.len()` bytes at `offset`.
+    /// Reads `buf.len()` bytes at `offset`; every block taken from a layer
+    /// is checked against that layer's checksums.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ReplicaError> {
         self.check(offset, buf.len() as u64)?;
         let end = offset + buf.len() as u64;
@@ -302,16 +500,40 @@ impl Replica {
             }
             let out = &mut buf[(pos - offset) as usize..(run_end - offset) as usize];
             match holder {
-                Some(i) => {
-                    let l = &self.layers[i];
-                    l.file
-                        .read_exact_at(out, pos)
-                        .map_err(|e| ReplicaError::io(&l.path, e))?;
-                }
+                Some(i) => self.read_layer_run(i, pos, out)?,
                 None => out.fill(0),
             }
             pos = run_end;
         }
+        Ok(())
+    }
+
+    /// Reads `out.len()` bytes at `pos` from layer `i`, checked: whole
+    /// blocks go straight into `out`, a partial one through a block buffer.
+    fn read_layer_run(&self, i: usize, pos: u64, out: &mut [u8]) -> Result<(), ReplicaError> {
+        let l = &self.layers[i];
+        let checked = l.sums.is_some() && !self.meta.pending.contains(&l.name);
+        if !checked {
+            return l
+                .file
+                .read_exact_at(out, pos)
+                .map_err(|e| ReplicaError::io(&l.path, e));
+        }
+        if self.is_corrupt(&l.name) {
+            return Err(ReplicaError::Corrupt(format!(
+                "layer {} was found corrupt",
+                l.name
+            )));
+        }
+        let end = pos + out.len() as u64;
+        if pos.is_multiple_of(BLOCK) && end.is_multiple_of(BLOCK) {
+            return l.read_checked(pos / BLOCK, out);
+        }
+        let (first, last) = (pos / BLOCK, end.div_ceil(BLOCK));
+        let mut whole = vec![0u8; ((last - first) * BLOCK) as usize];
+        l.read_checked(first, &mut whole)?;
+        let at = (pos - first * BLOCK) as usize;
+        out.copy_from_slice(&whole[at..at + out.len()]);
         Ok(())
     }
 
@@ -367,6 +589,38 @@ impl Replica {
     fn bump(&mut self, revision: Option<u64>) -> Result<(), ReplicaError> {
         self.revision = revision.unwrap_or(self.revision + 1).max(self.revision);
         self.revision_file.store(self.revision);
+        Ok(())
+    }
+
+    /// Records the head's checksums of the blocks a write of `data` at
+    /// `offset` touched: from the data for whole blocks, from the file for
+    /// the partial ones at its ends.
+    fn sum_written(&mut self, offset: u64, data: &[u8]) -> Result<(), ReplicaError> {
+        let head_idx = self.layers.len() - 1;
+        let head = &mut self.layers[head_idx];
+        if head.sums.is_none() {
+            return Ok(());
+        }
+        let end = offset + data.len() as u64;
+        let (first, last) = (offset / BLOCK, end.div_ceil(BLOCK));
+        let (whole_first, whole_last) = (offset.div_ceil(BLOCK), end / BLOCK);
+        if whole_first < whole_last {
+            let at = (whole_first * BLOCK - offset) as usize;
+            let whole = &data[at..at + ((whole_last - whole_first) * BLOCK) as usize];
+            if let Some(s) = &mut head.sums {
+                s.set_all(whole_first, whole);
+            }
+        }
+        // The partial blocks at either end: their whole content is in the
+        // file now.
+        let partial_first = !offset.is_multiple_of(BLOCK) || end < (first + 1) * BLOCK;
+        let partial_last = !end.is_multiple_of(BLOCK) && last - 1 != first;
+        if partial_first {
+            head.sum_from_file(first, first + 1)?;
+        }
+        if partial_last {
+            head.sum_from_file(last - 1, last)?;
+        }
         Ok(())
     }
 
@@ -431,6 +685,7 @@ impl Replica {
             .write_all_at(data, offset)
             .map_err(|e| ReplicaError::io(&head.path, e))?;
         self.layers[head_idx].map.set_range(first, last, true);
+        self.sum_written(offset, data)?;
         self.unstarted += data.len() as u64;
         if self.writeback_every > 0 && self.unstarted >= self.writeback_every {
             self.unstarted = 0;
@@ -497,37 +752,44 @@ impl Replica {
         self.bump(Some(rev))
     }
 
-    /// Makes every write so far durable.
+    /// Makes every write so far durable, with its blocks' checksums.
     pub fn flush(&self) -> Result<(), ReplicaError> {
         self.check(0, 0)?;
+        let revision = self.revision;
         let head = self.head();
         head.file
             .sync_data()
             .map_err(|e| ReplicaError::io(&head.path, e))?;
+        if let Some(s) = &head.sums {
+            s.sync()?;
+        }
+        self.revision_file.mark_flushed(revision);
         self.revision_file.sync()
     }
 
     /// The checksum of a layer's contents: its allocated blocks, each with
-    /// its index.
+    /// its index. Each block is checked against the layer's block
+    /// checksums on the way.
     fn checksum(&self, i: usize) -> Result<String, ReplicaError> {
         let l = &self.layers[i];
-        let mut h = blake3::Hasher::new();
-        let mut buf = vec![0u8; (BLOCK * 256) as usize];
-        for (s, e) in l.map.runs() {
-            let mut b = s;
-            while b < e {
-                let n = (e - b).min(256);
-                let chunk = &mut buf[..(n * BLOCK) as usize];
-                l.file
-                    .read_exact_at(chunk, b * BLOCK)
-                    .map_err(|er| ReplicaError::io(&l.path, er))?;
-                h.update(&b.to_le_bytes());
-                h.update(&n.to_le_bytes());
-                h.update(chunk);
-                b += n;
+        layer_checksum(l, |b, chunk| match &l.sums {
+            Some(sums) => sums.check(b, chunk).map_err(|bad| l.corrupt(bad)),
+            None => Ok(()),
+        })
+    }
+
+    /// Like `checksum`, recording each block's checksum as it is read
+    /// instead (a layer just filled by a rebuild).
+    fn checksum_taking_sums(&mut self, i: usize) -> Result<String, ReplicaError> {
+        let mut sums = self.layers[i].sums.take();
+        let got = layer_checksum(&self.layers[i], |b, chunk| {
+            if let Some(s) = &mut sums {
+                s.set_all(b, chunk);
             }
-        }
-        Ok(h.finalize().to_hex().to_string())
+            Ok(())
+        });
+        self.layers[i].sums = sums;
+        got
     }
 
     /// Freezes the head (with its checksum) and starts a new, empty head.
@@ -553,12 +815,13 @@ impl Replica {
         meta.revision = self.revision;
         meta.write(&self.dir)?;
         self.meta = meta;
-        self.layers.push(Layer {
-            name,
-            path: path.clone(),
-            file: open_rw(&path)?,
-            map: Bitmap::new(self.meta.size / BLOCK),
-        });
+        let _ = std::fs::remove_file(sums::path_of(&path));
+        self.layers.push(Layer::open(
+            &self.dir,
+            &name,
+            self.meta.size / BLOCK,
+            self.meta.block_sums,
+        )?);
         Ok(frozen)
     }
 
@@ -618,6 +881,116 @@ impl Replica {
         self.meta = meta;
         for l in &mut self.layers {
             l.map.resize(size / BLOCK);
+            if let Some(s) = &mut l.sums {
+                s.resize(size / BLOCK)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether layer `name` was found corrupt.
+    pub fn is_corrupt(&self, name: &str) -> bool {
+        self.corrupt.lock().is_ok_and(|c| c.contains(name))
+    }
+
+    /// Scrubs the replica in `dir` from its files, whoever holds it: every
+    /// complete frozen layer, each block against its checksum and the whole
+    /// against the recorded checksum. `pace` is told the bytes of each
+    /// chunk read (and may sleep). Reads only: the head (which a running
+    /// engine may be writing) is left out; its blocks are checked as they
+    /// are read. Returns the bytes checked.
+    pub fn scrub(dir: &Path, mut pace: impl FnMut(u64)) -> Result<u64, ReplicaError> {
+        let meta = Meta::read(dir)?;
+        let blocks = meta.size / BLOCK;
+        let corrupt = std::fs::read_to_string(dir.join(CORRUPT_FILE)).unwrap_or_default();
+        let mut checked = 0;
+        for name in &meta.chain {
+            let Some(want) = meta.frozen.get(name) else {
+                continue;
+            };
+            if meta.pending.contains(name) || corrupt.lines().any(|l| l == name) {
+                continue;
+            }
+            let l = Layer::open(dir, name, blocks, meta.block_sums)?;
+            let got = layer_checksum(&l, |b, chunk| {
+                pace(chunk.len() as u64);
+                if let Some(sums) = &l.sums {
+                    sums.check(b, chunk).map_err(|bad| l.corrupt(bad))?;
+                }
+                checked += chunk.len() as u64;
+                Ok(())
+            })?;
+            if &got != want {
+                return Err(ReplicaError::CorruptLayer {
+                    layer: name.clone(),
+                    message: format!("checksum {got}, recorded {want}"),
+                });
+            }
+        }
+        Ok(checked)
+    }
+
+    /// Records that a frozen layer is corrupt: from now on it is never
+    /// served, and a rebuild never keeps it. (The head needs no mark: a
+    /// rebuild never keeps a head.) Kept in its own file, so that whoever
+    /// holds the replica — its server, or the engine it is lent to — may
+    /// record it without touching `meta.json`.
+    pub fn mark_corrupt(&self, name: &str) -> Result<(), ReplicaError> {
+        if !self.meta.frozen.contains_key(name) || self.is_corrupt(name) {
+            return Ok(());
+        }
+        mark_corrupt_in(&self.dir, name)?;
+        if let Ok(mut c) = self.corrupt.lock() {
+            c.insert(name.to_string());
+        }
+        Ok(())
+    }
+
+    /// Forgets every corrupt mark (a join, which keeps no marked layer).
+    fn clear_corrupt_marks(&mut self) -> Result<(), ReplicaError> {
+        let path = self.dir.join(CORRUPT_FILE);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(ReplicaError::io(&path, e)),
+        }
+        if let Ok(mut c) = self.corrupt.lock() {
+            c.clear();
+        }
+        Ok(())
+    }
+
+    /// Marks the layer a corruption error names, when it is a frozen one.
+    pub fn note_corruption(&self, e: &ReplicaError) {
+        if let Some(layer) = corrupt_layer(e)
+            && let Err(err) = self.mark_corrupt(layer)
+        {
+            tracing::warn!(error = %err, "cannot record a corrupt layer");
+        }
+    }
+
+    /// Verifies one complete frozen layer: every block against its
+    /// checksum, and the whole against the layer's recorded checksum.
+    pub fn verify_layer(&self, name: &str) -> Result<(), ReplicaError> {
+        let i = self
+            .layers
+            .iter()
+            .position(|l| l.name == name)
+            .ok_or_else(|| ReplicaError::Invalid(format!("no layer {name:?}")))?;
+        if self.is_corrupt(name) {
+            return Err(ReplicaError::Corrupt(format!(
+                "layer {name} was found corrupt"
+            )));
+        }
+        let Some(want) = self.meta.frozen.get(name) else {
+            return Ok(()); // the head: its blocks are checked as they are read
+        };
+        let got = self.checksum(i)?;
+        if &got != want {
+            return Err(ReplicaError::CorruptLayer {
+                layer: name.to_string(),
+                message: format!("checksum {got}, recorded {want}"),
+            });
         }
         Ok(())
     }
@@ -635,21 +1008,13 @@ impl Replica {
             .collect()
     }
 
-    /// Verifies every frozen layer against its recorded checksum.
+    /// Verifies every complete frozen layer (see `verify_layer`).
     pub fn verify(&self) -> Result<(), ReplicaError> {
-        for (i, l) in self.layers.iter().enumerate() {
-            if self.meta.pending.contains(&l.name) {
+        for l in &self.layers {
+            if self.meta.pending.contains(&l.name) || !self.meta.frozen.contains_key(&l.name) {
                 continue;
             }
-            if let Some(want) = self.meta.frozen.get(&l.name) {
-                let got = self.checksum(i)?;
-                if &got != want {
-                    return Err(ReplicaError::Corrupt(format!(
-                        "layer {} checksum {got}, recorded {want}",
-                        l.name
-                    )));
-                }
-            }
+            self.verify_layer(&l.name)?;
         }
         Ok(())
     }

@@ -98,6 +98,8 @@ pub mod status {
     pub const BUSY: u32 = 16;
     /// Its disk is full: the write did not fit (what it held before stays).
     pub const NO_SPACE: u32 = 28;
+    /// Data read does not match its checksum (of a FILL: the source's).
+    pub const CORRUPT: u32 = 74;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,9 @@
 //! the page cache like the data it describes (it survives the process), and
 //! it is made durable with the data at each flush.
 //!
-//! Layout: bytes 0..8 the revision of the last write; from byte
+//! Layout: bytes 0..8 the revision of the last write; 8..16 the revision
+//! of the last flush (when they differ at open, the replica was not closed
+//! cleanly: the writes in between may be half done); from byte
 //! [`LOG_START`], a ring of [`LOG_ENTRIES`] entries of 32 bytes — revision,
 //! offset, length (u64 each) and the op — where each write records its
 //! intent (slot `revision % LOG_ENTRIES`) before its data goes to the
@@ -16,6 +18,8 @@
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use memmap2::MmapMut;
 
@@ -95,6 +99,27 @@ impl RevisionCounter {
     /// Records `value` (durable at the next `sync`).
     pub fn store(&mut self, value: u64) {
         self.map[..8].copy_from_slice(&value.to_le_bytes());
+    }
+
+    /// The flush mark, bytes 8..16 of the mapping: an atomic, so that
+    /// flushes (which share the replica) may set it together.
+    fn flush_mark(&self) -> &AtomicU64 {
+        // SAFETY: the mapping is page aligned and at least LOG_START bytes
+        // long, so bytes 8..16 are an aligned u64 that lives as long as
+        // `self`; it is only ever accessed through this atomic.
+        unsafe { &*(self.map.as_ptr().add(8) as *const AtomicU64) }
+    }
+
+    /// The revision of the last flush.
+    pub fn flushed(&self) -> u64 {
+        u64::from_le(self.flush_mark().load(Ordering::Acquire))
+    }
+
+    /// Records that every write up to `revision` is durable (made durable
+    /// itself by the `sync` that follows); never moves back.
+    pub fn mark_flushed(&self, revision: u64) {
+        self.flush_mark()
+            .fetch_max(revision.to_le(), Ordering::AcqRel);
     }
 
     /// Records the intent of write `revision` (before its data is written).

@@ -27,7 +27,7 @@ use super::protocol::{
     FLAG_FUA, FLAG_RETURN, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER, Request, Response, status,
 };
 use super::{LayerInfo, LayerSpec, META_FILE, Replica, ReplicaError};
-use crate::sync::{FillReport, Progress};
+use crate::sync::{FillReport, Progress, SyncError};
 
 /// What a JOIN carries.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -226,13 +226,66 @@ impl ReplicaServer {
             .map(|d| replica_dir(d, name))
             .find(|d| d.join(META_FILE).exists())
             .ok_or_else(|| format!("no replica {name} on this node"))?;
-        let mut opened = Replica::open(&dir).map_err(|e| e.to_string())?;
+        // Lent, the engine owns its files: a view writes nothing to them.
+        let opened = if lent {
+            Replica::open_view(&dir)
+        } else {
+            Replica::open(&dir)
+        };
+        let mut opened = opened.map_err(|e| e.to_string())?;
         opened.set_writeback_every(self.writeback_every);
         let r = Arc::new(RwLock::new(opened));
         if !lent {
             open.insert(name.to_string(), r.clone());
         }
         Ok(r)
+    }
+
+    /// The directory of replica `name` on this node's disks.
+    pub fn dir_of(&self, name: &str) -> Result<PathBuf, String> {
+        if !valid_name(name) {
+            return Err(format!("{name:?} is not a replica name"));
+        }
+        self.disks
+            .iter()
+            .map(|d| replica_dir(d, name))
+            .find(|d| d.join(META_FILE).exists())
+            .ok_or_else(|| format!("no replica {name} on this node"))
+    }
+
+    /// Scrubs replica `name` (see `Replica::scrub`) at most
+    /// `bytes_per_second`; a corrupt layer is marked, for the server's open
+    /// replica too. Returns the bytes checked, or what is corrupt.
+    pub async fn scrub(&self, name: &str, bytes_per_second: u64) -> Result<u64, ReplicaError> {
+        let dir = self.dir_of(name).map_err(ReplicaError::Invalid)?;
+        let rate = bytes_per_second.max(1 << 20);
+        let at = dir.clone();
+        let scrubbed = tokio::task::spawn_blocking(move || {
+            let start = std::time::Instant::now();
+            let mut read = 0u64;
+            Replica::scrub(&at, |n| {
+                read += n;
+                let due = std::time::Duration::from_secs_f64(read as f64 / rate as f64);
+                if let Some(ahead) = due.checked_sub(start.elapsed()) {
+                    std::thread::sleep(ahead);
+                }
+            })
+        })
+        .await
+        .map_err(|e| ReplicaError::Invalid(e.to_string()))?;
+        if let Err(e) = &scrubbed
+            && let Some(layer) = super::corrupt_layer(e)
+        {
+            match self.open.lock().ok().and_then(|o| o.get(name).cloned()) {
+                Some(r) => {
+                    if let Ok(r) = r.read() {
+                        r.note_corruption(e);
+                    }
+                }
+                None => super::mark_corrupt_in(&dir, layer)?,
+            }
+        }
+        scrubbed
     }
 
     /// Bytes done and total of the fill of `name`, while one runs.
@@ -247,17 +300,24 @@ impl ReplicaServer {
 
     /// Fills the pending layers of `target` from `source` (`NAME@ADDR`),
     /// one fill per replica at a time.
-    pub async fn fill(&self, target: &str, source: &str) -> Result<FillReport, String> {
+    pub async fn fill(&self, target: &str, source: &str) -> Result<FillReport, SyncError> {
         let (src_name, src_addr) = source
             .split_once('@')
             .filter(|(n, a)| !n.is_empty() && !a.is_empty())
-            .ok_or_else(|| format!("fill source {source:?}: expected NAME@HOST:PORT"))?;
-        let replica = self.find(target)?;
+            .ok_or_else(|| {
+                SyncError::Source(format!("fill source {source:?}: expected NAME@HOST:PORT"))
+            })?;
+        let replica = self.find(target).map_err(SyncError::Source)?;
         let progress = Arc::new(Progress::default());
         {
-            let mut fills = self.fills.lock().map_err(|_| "registry poisoned")?;
+            let mut fills = self
+                .fills
+                .lock()
+                .map_err(|_| SyncError::Source("registry poisoned".into()))?;
             if fills.contains_key(target) {
-                return Err(format!("{target} is already being filled"));
+                return Err(SyncError::Source(format!(
+                    "{target} is already being filled"
+                )));
             }
             fills.insert(target.to_string(), progress.clone());
         }
@@ -265,7 +325,7 @@ impl ReplicaServer {
         if let Ok(mut fills) = self.fills.lock() {
             fills.remove(target);
         }
-        done.map_err(|e| e.to_string())
+        done
     }
 
     /// Fails every open replica under `disk`, and refuses to open more
@@ -537,7 +597,10 @@ impl ReplicaServer {
                     let source = String::from_utf8_lossy(&payload).into_owned();
                     let reply = match server.fill(&name, &source).await {
                         Ok(report) => ok_json(req.id, &report),
-                        Err(e) => error(req.id, status::IO, &e),
+                        Err(e @ SyncError::SourceCorrupt(_)) => {
+                            error(req.id, status::CORRUPT, &e.to_string())
+                        }
+                        Err(e) => error(req.id, status::IO, &e.to_string()),
                     };
                     let _ = tx.send(reply).await;
                 });
@@ -644,7 +707,10 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> (
             let mut buf = vec![0u8; req.len as usize];
             match r.read(req.offset, &mut buf) {
                 Ok(()) => ok(buf),
-                Err(e) => fail(e),
+                Err(e) => {
+                    r.note_corruption(&e);
+                    fail(e)
+                }
             }
         }
         Op::Write | Op::Trim => {
@@ -742,7 +808,10 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> (
             let mut buf = vec![0u8; req.len as usize];
             match r.read_layer(&layer, req.offset, &mut buf) {
                 Ok(()) => ok(buf),
-                Err(e) => fail(e),
+                Err(e) => {
+                    r.note_corruption(&e);
+                    fail(e)
+                }
             }
         }
         Op::Open | Op::Fill | Op::Lend => {

@@ -341,3 +341,128 @@ fn an_unused_growth_is_undone_but_a_used_one_never_is() {
     assert_eq!(buf, [9u8; 4096]);
     assert!(r.grow(MAX_SIZE + BLOCK).is_err(), "past the format's limit");
 }
+
+/// Flips a byte of a layer file, as a bad disk would, behind the
+/// replica's back.
+fn flip(path: &std::path::Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    let mut b = [0u8; 1];
+    f.read_exact_at(&mut b, at).unwrap();
+    b[0] ^= 0xff;
+    f.write_all_at(&b, at).unwrap();
+}
+
+#[test]
+fn a_flipped_byte_in_the_head_or_a_frozen_layer_is_never_read_back() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("r");
+    let mut r = Replica::create(&dir, 64 * BLOCK).unwrap();
+    r.write(0, &[1u8; 4 * BLOCK as usize], None).unwrap();
+    // A partial write in the middle of a block: its checksum covers it all.
+    r.write(10 * BLOCK + 100, &[2u8; 200], None).unwrap();
+    r.flush().unwrap();
+    let frozen = r.snapshot().unwrap();
+    r.write(20 * BLOCK, &[3u8; 2 * BLOCK as usize], None)
+        .unwrap();
+    r.flush().unwrap();
+    let head = r.chain().last().unwrap().clone();
+    let mut buf = vec![0u8; 2 * BLOCK as usize];
+    r.read(0, &mut buf).unwrap();
+    r.read(10 * BLOCK + 150, &mut buf[..10]).unwrap();
+    assert_eq!(&buf[..10], &[2u8; 10]);
+    r.verify().unwrap();
+    drop(r);
+
+    flip(&dir.join(&frozen), 2 * BLOCK + 7);
+    flip(&dir.join(&head), 21 * BLOCK + 4000);
+    let r = Replica::open(&dir).unwrap();
+    // The frozen layer's block 2: whole, partial, and within a larger read.
+    for (offset, len) in [(2 * BLOCK, BLOCK), (2 * BLOCK + 5, 10), (0, 4 * BLOCK)] {
+        let mut buf = vec![0u8; len as usize];
+        let e = r.read(offset, &mut buf).unwrap_err();
+        assert!(
+            matches!(&e, ReplicaError::CorruptBlock { layer, block: 2, .. } if *layer == frozen),
+            "{e}"
+        );
+    }
+    // Its good blocks still read.
+    let mut buf = vec![0u8; BLOCK as usize];
+    r.read(BLOCK, &mut buf).unwrap();
+    assert_eq!(buf, vec![1u8; BLOCK as usize]);
+    // The head's block 21.
+    let e = r.read(21 * BLOCK, &mut buf).unwrap_err();
+    assert!(e.to_string().contains("block 21"), "{e}");
+    r.read(20 * BLOCK, &mut buf).unwrap();
+    // A rebuild's read of the frozen layer refuses the bad block too.
+    let mut buf = vec![0u8; 4 * BLOCK as usize];
+    let e = r.read_layer(&frozen, 0, &mut buf).unwrap_err();
+    assert!(matches!(e, ReplicaError::CorruptBlock { .. }), "{e}");
+    // And the whole-layer check and the scrub find it.
+    let e = r.verify().unwrap_err();
+    assert!(e.to_string().contains(&frozen), "{e}");
+    let mut paced = 0;
+    let e = Replica::scrub(&dir, |n| paced += n).unwrap_err();
+    assert!(e.to_string().contains(&frozen), "{e}");
+    assert!(paced > 0);
+    // Once marked, the layer is refused as a whole, and a rebuild does not
+    // keep it.
+    r.note_corruption(&e);
+    assert!(r.is_corrupt(&frozen));
+    drop(r);
+    let r = Replica::open(&dir).unwrap();
+    assert!(r.is_corrupt(&frozen), "the mark survives");
+    let mut buf = vec![0u8; BLOCK as usize];
+    assert!(
+        r.read(0, &mut buf).is_err(),
+        "a good block of a corrupt layer"
+    );
+}
+
+#[test]
+fn a_scrub_of_a_sound_replica_checks_every_frozen_block() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("r");
+    let mut r = Replica::create(&dir, 64 * BLOCK).unwrap();
+    r.write(0, &[1u8; 3 * BLOCK as usize], None).unwrap();
+    r.snapshot().unwrap();
+    r.write(BLOCK, &[2u8; 2 * BLOCK as usize], None).unwrap();
+    r.snapshot().unwrap();
+    r.write(9 * BLOCK, &[3u8; BLOCK as usize], None).unwrap();
+    assert_eq!(
+        Replica::scrub(&dir, |_| {}).unwrap(),
+        5 * BLOCK,
+        "the head is left out"
+    );
+}
+
+#[test]
+fn after_an_unclean_stop_the_checksums_of_unflushed_writes_are_taken_again() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("r");
+    let mut r = Replica::create(&dir, 64 * BLOCK).unwrap();
+    r.write(0, &[5u8; BLOCK as usize], None).unwrap();
+    r.flush().unwrap();
+    // Not flushed: as if the stop came between the data reaching the file
+    // and its checksum (here: the data changes behind the checksum).
+    r.write(8 * BLOCK, &[6u8; BLOCK as usize], None).unwrap();
+    let head = r.chain().last().unwrap().clone();
+    drop(r);
+    flip(&dir.join(&head), 8 * BLOCK + 1);
+    let r = Replica::open(&dir).unwrap();
+    let mut buf = vec![0u8; BLOCK as usize];
+    r.read(8 * BLOCK, &mut buf).unwrap();
+    assert_eq!(buf[1], !6u8, "taken from the data as it is");
+    // A flushed block changed behind its checksum is corrupt.
+    drop(r);
+    flip(&dir.join(&head), 7);
+    let r = Replica::open(&dir).unwrap();
+    assert!(matches!(
+        r.read(0, &mut buf),
+        Err(ReplicaError::CorruptBlock { block: 0, .. })
+    ));
+}

@@ -36,6 +36,10 @@ pub enum SyncError {
     Client(#[from] ClientError),
     #[error("{0}")]
     Source(String),
+    /// The source's own data failed its checksums: it must not be copied
+    /// (and the source, not the target, is the replica at fault).
+    #[error("the source is corrupt: {0}")]
+    SourceCorrupt(String),
 }
 
 /// Bytes done and to do of a running fill.
@@ -118,6 +122,12 @@ pub async fn fill(
             let copied = blocking(move || {
                 let (src_path, map, size) = {
                     let s = src.read().map_err(|_| lock_err())?;
+                    // Verified before use: a copy by reflink or
+                    // copy_file_range never reads what it copies.
+                    if let Err(e) = s.verify_layer(&name) {
+                        s.note_corruption(&e);
+                        return Err(SyncError::SourceCorrupt(e.to_string()));
+                    }
                     (s.layer_path(&name)?, s.layer_map(&name)?, s.size())
                 };
                 let dst_path = dst.read().map_err(|_| lock_err())?.layer_path(&name)?;
@@ -135,6 +145,7 @@ pub async fn fill(
                     progress.done.fetch_add(layer.allocated, Ordering::SeqCst);
                     remaining = rest;
                 }
+                Err(e @ SyncError::SourceCorrupt(_)) => return Err(e),
                 Err(e) => {
                     tracing::warn!(layer = %layer.name, error = %e, "local copy failed; cleaning the target and copying over the network");
                     let (dst, name) = (target.clone(), layer.name.clone());

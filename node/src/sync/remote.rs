@@ -51,7 +51,13 @@ pub async fn pull_layer(
         let Some((at, wait)) = in_flight.pop_front() else {
             break;
         };
-        let data = wait.await?;
+        let data = wait.await.map_err(|e| {
+            if e.is_corrupt() {
+                SyncError::SourceCorrupt(format!("layer {name}: {e}"))
+            } else {
+                SyncError::from(e)
+            }
+        })?;
         let n = data.len() as u64;
         let (t, layer) = (target.clone(), name.to_string());
         blocking(move || {

@@ -1,0 +1,126 @@
+//! The scrub: every replica's frozen layers are read back on its node and
+//! checked against their checksums, once per `replica-scrub-interval`, one
+//! replica per node at a time, at `replica-scrub-rate`. A replica found
+//! corrupt is failed (`actions::fail_corrupt`), so that the planner
+//! rebuilds it from a good one. `scrub_now` runs one on request.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ballast::model::{Kind, Node, Replica, ReplicaMode};
+use ballast::proto::agent::v1::ScrubReplicaRequest;
+use ballast::store::StoreExt;
+
+use super::agent;
+use crate::context::Context;
+use crate::error::Error;
+
+/// Runs the periodic scrub until the task is dropped, looking every `tick`.
+pub async fn run_scrub(ctx: Arc<Context>, tick: Duration) {
+    let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
+    loop {
+        tokio::time::sleep(tick).await;
+        if let Err(e) = start_due(&ctx, &busy) {
+            tracing::warn!(error = %e, "scrub pass failed");
+        }
+    }
+}
+
+/// Starts, on each ready node not scrubbing already, the scrub of its
+/// replica scrubbed longest ago, when that is over the interval.
+fn start_due(ctx: &Arc<Context>, busy: &Arc<Mutex<HashSet<String>>>) -> Result<(), Error> {
+    let settings = ctx.settings()?;
+    let hours = settings.scrub_interval_hours();
+    if hours == 0 {
+        return Ok(());
+    }
+    let due_before = chrono::Utc::now() - chrono::Duration::hours(hours as i64);
+    let replicas: Vec<Replica> = ctx.store.list()?;
+    for node in ctx
+        .store
+        .list::<Node>()?
+        .into_iter()
+        .filter(|n| n.status.ready)
+    {
+        if busy.lock().map(|b| b.contains(&node.id)).unwrap_or(true) {
+            continue;
+        }
+        let next = replicas
+            .iter()
+            .filter(|r| r.spec.node_id == node.id && r.status.mode == Some(ReplicaMode::Rw))
+            .filter(|r| r.status.scrubbed_at.is_none_or(|t| t < due_before))
+            .min_by_key(|r| r.status.scrubbed_at);
+        let Some(r) = next else {
+            continue;
+        };
+        if let Ok(mut b) = busy.lock() {
+            b.insert(node.id.clone());
+        }
+        let (ctx, busy, name, rate) = (
+            ctx.clone(),
+            busy.clone(),
+            r.name.clone(),
+            settings.scrub_rate_bytes(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = scrub(&ctx, &name, rate).await {
+                tracing::warn!(replica = %name, error = %e, "scrub failed");
+            }
+            if let Ok(mut b) = busy.lock() {
+                b.remove(&node.id);
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Scrubs `name` now (at the setting's rate): Ok(true) when it is sound.
+#[tracing::instrument(skip_all, fields(replica = %name))]
+pub async fn scrub_now(ctx: &Arc<Context>, name: &str) -> Result<bool, Error> {
+    let rate = ctx.settings()?.scrub_rate_bytes();
+    scrub(ctx, name, rate).await
+}
+
+async fn scrub(ctx: &Arc<Context>, name: &str, rate: u64) -> Result<bool, Error> {
+    let r: Replica = ctx.store.fetch(name)?;
+    let node: Node = ctx.store.fetch(&r.spec.node_id)?;
+    let mut c = agent(&node)?;
+    // As long as reading the whole volume at the rate takes, and a minute.
+    let size = ctx
+        .store
+        .get::<ballast::model::Volume>(&r.spec.volume)?
+        .map_or(0, |v| v.spec.size);
+    let limit = Duration::from_secs(60 + 2 * size / rate.max(1));
+    let answer = tokio::time::timeout(
+        limit,
+        c.scrub_replica(ScrubReplicaRequest {
+            name: name.to_string(),
+            bytes_per_second: rate,
+        }),
+    )
+    .await
+    .map_err(|_| Error::Unavailable(format!("node {}: scrub of {name} timed out", node.id)))?
+    .map_err(|s| super::agent_error(&node.id, s))?
+    .into_inner();
+    let now = chrono::Utc::now();
+    ctx.store.modify::<Replica, Error>(name, |r| {
+        r.status.scrubbed_at = Some(now);
+        Ok(true)
+    })?;
+    if answer.corrupt {
+        super::actions::fail_corrupt(ctx, &r.spec.volume, name, &answer.message).await?;
+        return Ok(false);
+    }
+    tracing::info!(bytes = answer.bytes, "replica scrubbed: sound");
+    ctx.event(
+        Kind::Replica,
+        name,
+        "ReplicaScrubbed",
+        format!(
+            "{} checked, sound",
+            ballast::quantity::format_size(answer.bytes)
+        ),
+    );
+    Ok(true)
+}

@@ -1,0 +1,125 @@
+//! Per-block checksums of a layer: the CRC32C of each 4 KiB block the
+//! layer holds, 4 bytes per block, in the sidecar file `<layer>.sums`
+//! (sparse: only the entries of written blocks take space). Mapped into
+//! memory, so that a write records its blocks' checksums with stores, and
+//! made durable with the data at each flush. Every read verifies the blocks
+//! it takes from a layer against its table; a block whose data no longer
+//! matches is corrupt, and is never served.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+use memmap2::MmapMut;
+
+use super::{BLOCK, ReplicaError};
+
+/// The sidecar of layer file `layer` (e.g. `layer-000003.img`).
+pub fn path_of(layer: &Path) -> PathBuf {
+    layer.with_extension("sums")
+}
+
+/// The checksum of one block's bytes.
+pub fn of(block: &[u8]) -> u32 {
+    crc32c::crc32c(block)
+}
+
+pub struct BlockSums {
+    path: PathBuf,
+    file: File,
+    /// None while the layer holds no block (an empty mapping is not allowed).
+    map: Option<MmapMut>,
+    blocks: u64,
+}
+
+impl BlockSums {
+    /// Opens (or creates) the table for a layer of `blocks` blocks.
+    pub fn open(path: &Path, blocks: u64) -> Result<BlockSums, ReplicaError> {
+        let io = |e| ReplicaError::io(path, e);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(io)?;
+        let mut sums = BlockSums {
+            path: path.to_path_buf(),
+            file,
+            map: None,
+            blocks: 0,
+        };
+        sums.resize(blocks)?;
+        Ok(sums)
+    }
+
+    /// Grows or shrinks the table to `blocks` entries.
+    pub fn resize(&mut self, blocks: u64) -> Result<(), ReplicaError> {
+        let io = |e| ReplicaError::io(&self.path, e);
+        self.map = None;
+        self.file.set_len(blocks * 4).map_err(io)?;
+        if blocks > 0 {
+            // SAFETY: the file belongs to this replica's directory; only this
+            // table maps and writes it, and it is resized only here, with
+            // the old mapping dropped first.
+            let map = unsafe {
+                memmap2::MmapOptions::new()
+                    .len((blocks * 4) as usize)
+                    .map_mut(&self.file)
+            }
+            .map_err(io)?;
+            self.map = Some(map);
+        }
+        self.blocks = blocks;
+        Ok(())
+    }
+
+    /// The recorded checksum of block `b`.
+    pub fn get(&self, b: u64) -> u32 {
+        match &self.map {
+            Some(m) if b < self.blocks => {
+                let at = (b * 4) as usize;
+                u32::from_le_bytes([m[at], m[at + 1], m[at + 2], m[at + 3]])
+            }
+            _ => 0,
+        }
+    }
+
+    /// Records the checksum of block `b`.
+    pub fn set(&mut self, b: u64, sum: u32) {
+        if let Some(m) = &mut self.map
+            && b < self.blocks
+        {
+            let at = (b * 4) as usize;
+            m[at..at + 4].copy_from_slice(&sum.to_le_bytes());
+        }
+    }
+
+    /// Records the checksums of the whole blocks in `data`, which starts at
+    /// block `first`.
+    pub fn set_all(&mut self, first: u64, data: &[u8]) {
+        for (i, block) in data.chunks(BLOCK as usize).enumerate() {
+            self.set(first + i as u64, of(block));
+        }
+    }
+
+    /// Checks whole blocks `data` (starting at block `first`) against the
+    /// table; the first block that differs.
+    pub fn check(&self, first: u64, data: &[u8]) -> Result<(), u64> {
+        for (i, block) in data.chunks(BLOCK as usize).enumerate() {
+            let b = first + i as u64;
+            if of(block) != self.get(b) {
+                return Err(b);
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the table durable.
+    pub fn sync(&self) -> Result<(), ReplicaError> {
+        let io = |e| ReplicaError::io(&self.path, e);
+        if let Some(m) = &self.map {
+            m.flush().map_err(io)?;
+        }
+        self.file.sync_data().map_err(io)
+    }
+}
