@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ballast_node::frontend::blockdev::LoopDevice;
-use common::{Kill, SIZE, engine, node_with_replica};
+use common::{Kill, SIZE, engine, node_with};
 
 /// fio on `dev`; returns operations per second.
 fn fio(dev: &Path, rw: &str, bs: &str) -> f64 {
@@ -63,7 +63,7 @@ fn main() {
     std::fs::File::create(&raw).unwrap().set_len(SIZE).unwrap();
     let peer = LoopDevice::attach(&raw).unwrap();
 
-    let (_node, r1) = node_with_replica(dir.path(), 1, "bd");
+    let (_node, r1) = node_with(dir.path(), 1, "bd", true);
     let fuse = dir.path().join("fuse");
     let fuse_arg = fuse.display().to_string();
     let (mut eng, _socket) = engine(

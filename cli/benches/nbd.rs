@@ -24,7 +24,7 @@ use std::time::Instant;
 
 mod common;
 
-use common::{Kill, SIZE, engine, node_with_replica, quiet, wait_for};
+use common::{Kill, SIZE, engine, node_with, quiet, wait_for};
 
 /// Operations per second: over the whole run of `qemu-img` (its closing
 /// flush included), and over its I/O phase alone (what it prints as "Run
@@ -123,14 +123,14 @@ fn main() {
         .unzip();
     let peers3: Vec<&str> = peers3.iter().map(String::as_str).collect();
 
-    let (_n1, r1) = node_with_replica(dir.path(), 1, "one");
+    let (_n1, r1) = node_with(dir.path(), 1, "one", true);
     let (_e1, one_sock) = engine(dir.path(), "one", std::slice::from_ref(&r1), 1, &[]);
     let one = format!("nbd+unix:///one?socket={}", one_sock.display());
 
     let mut three_replicas = Vec::new();
     let mut keep = Vec::new();
     for i in 2..=4 {
-        let (k, r) = node_with_replica(dir.path(), i, "three");
+        let (k, r) = node_with(dir.path(), i, "three", true);
         keep.push(k);
         three_replicas.push(r);
     }

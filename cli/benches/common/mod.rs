@@ -39,15 +39,18 @@ pub fn quiet(cmd: &mut Command) -> &mut Command {
 }
 
 /// A node process holding one replica of `volume`; returns NAME@ADDR.
-pub fn node_with_replica(dir: &Path, i: usize, volume: &str) -> (Kill, String) {
+/// Without `block_sums`, the replica is in the format from before
+/// per-block checksums.
+pub fn node_with(dir: &Path, i: usize, volume: &str, block_sums: bool) -> (Kill, String) {
     let disk = dir.join(format!("node-{i}/disk"));
     std::fs::create_dir_all(&disk).unwrap();
     let name = format!("{volume}-r{i}");
-    ballast_node::replica::Replica::create(
-        &ballast_node::replica::server::replica_dir(&disk, &name),
-        SIZE,
-    )
-    .unwrap();
+    let at = ballast_node::replica::server::replica_dir(&disk, &name);
+    if block_sums {
+        ballast_node::replica::Replica::create(&at, SIZE).unwrap();
+    } else {
+        ballast_node::replica::Replica::create_without_block_sums(&at, SIZE).unwrap();
+    }
     let replica_port = free_port();
     let child = quiet(
         Command::new(BALLAST)

@@ -196,6 +196,8 @@ pub struct Replica {
     /// Frozen layers found corrupt (the file `corrupt-layers`, one name per
     /// line, only ever added to): never served, never kept by a rebuild.
     corrupt: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Whether `corrupt` holds any layer: reads look at it without a lock.
+    any_corrupt: std::sync::atomic::AtomicBool,
 }
 
 fn layer_name(n: usize) -> String {
@@ -297,6 +299,21 @@ impl Replica {
 
     /// Like `create`, recording the volume the replica belongs to.
     pub fn create_for(dir: &Path, volume: &str, size: u64) -> Result<Replica, ReplicaError> {
+        Replica::create_with(dir, volume, size, true)
+    }
+
+    /// Like `create`, in the format from before per-block checksums: no
+    /// block is checked. Only for measuring what the checksums cost.
+    pub fn create_without_block_sums(dir: &Path, size: u64) -> Result<Replica, ReplicaError> {
+        Replica::create_with(dir, "", size, false)
+    }
+
+    fn create_with(
+        dir: &Path,
+        volume: &str,
+        size: u64,
+        block_sums: bool,
+    ) -> Result<Replica, ReplicaError> {
         if size == 0 || !size.is_multiple_of(BLOCK) || size > MAX_SIZE {
             return Err(ReplicaError::Invalid(format!(
                 "size {size} is not a positive multiple of {BLOCK} of at most {MAX_SIZE}"
@@ -323,7 +340,7 @@ impl Replica {
             frozen: Default::default(),
             revision: 0,
             pending: Default::default(),
-            block_sums: true,
+            block_sums,
         };
         let rev = dir.join(REVISION_FILE);
         std::fs::write(&rev, 0u64.to_le_bytes()).map_err(|e| ReplicaError::io(&rev, e))?;
@@ -373,7 +390,9 @@ impl Replica {
             .lines()
             .map(str::to_string)
             .collect();
+        let corrupt: std::collections::BTreeSet<String> = corrupt;
         Ok(Replica {
+            any_corrupt: std::sync::atomic::AtomicBool::new(!corrupt.is_empty()),
             corrupt: std::sync::Mutex::new(corrupt),
             broken: None,
             unstarted: 0,
@@ -890,7 +909,8 @@ impl Replica {
 
     /// Whether layer `name` was found corrupt.
     pub fn is_corrupt(&self, name: &str) -> bool {
-        self.corrupt.lock().is_ok_and(|c| c.contains(name))
+        self.any_corrupt.load(std::sync::atomic::Ordering::Acquire)
+            && self.corrupt.lock().is_ok_and(|c| c.contains(name))
     }
 
     /// Scrubs the replica in `dir` from its files, whoever holds it: every
@@ -943,6 +963,8 @@ impl Replica {
         if let Ok(mut c) = self.corrupt.lock() {
             c.insert(name.to_string());
         }
+        self.any_corrupt
+            .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
@@ -957,6 +979,8 @@ impl Replica {
         if let Ok(mut c) = self.corrupt.lock() {
             c.clear();
         }
+        self.any_corrupt
+            .store(false, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
