@@ -122,6 +122,30 @@ pub struct ControllerProc {
     pub agent: SocketAddr,
     pub socket: PathBuf,
     pub store: PathBuf,
+    /// What it was started with, to start it again.
+    pub args: Vec<String>,
+}
+
+impl ControllerProc {
+    /// Starts the controller again (after a crash) with the same flags,
+    /// and waits until its API answers.
+    pub fn restart(&mut self) {
+        let log = self.proc.log.clone();
+        self.proc = Proc::spawn(&self.args, log);
+        wait_api(&self.api, &self.proc);
+    }
+}
+
+fn wait_api(api: &str, proc: &Proc) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while get_json(&format!("{api}/healthz")).is_none() {
+        assert!(
+            Instant::now() < end,
+            "the controller's API did not answer in 30s; its log:\n{}",
+            proc.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 pub fn controller_args(
@@ -164,21 +188,14 @@ pub fn start_controller_with(
     args.extend(extra.iter().map(|a| a.to_string()));
     let proc = Proc::spawn(&args, dir.join("controller.log"));
     let api = format!("http://{api}");
-    let end = Instant::now() + Duration::from_secs(30);
-    while get_json(&format!("{api}/healthz")).is_none() {
-        assert!(
-            Instant::now() < end,
-            "the controller's API did not answer in 30s; its log:\n{}",
-            proc.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_api(&api, &proc);
     ControllerProc {
         proc,
         api,
         agent,
         socket,
         store,
+        args,
     }
 }
 

@@ -1,0 +1,203 @@
+//! The fault suite: schedules of crashes, full disks and flipped blocks
+//! applied to a real cluster while a writer writes through NBD. Every
+//! acknowledged write must read back, or the volume must refuse to serve
+//! and say which replica holds the latest data; never stale data. The
+//! fixed schedules are the sequences that once lost data; the random ones
+//! are seeded (`BALLAST_FAULT_SEED`, `BALLAST_FAULT_SCHEDULES`) so a failure
+//! is replayed by its seed.
+
+#[path = "../../cli/tests/common/mod.rs"]
+mod common;
+#[allow(dead_code)] // shared with the scenario suite, which uses all of it
+#[path = "../scenarios/harness.rs"]
+mod harness;
+mod schedule;
+mod writer;
+
+use schedule::{Fault::*, Rng, Schedule, random, run};
+
+fn fixed(name: &str, replicas: usize, faults: Vec<schedule::Fault>) {
+    let s = Schedule {
+        name: name.into(),
+        replicas,
+        faults,
+    };
+    match run(&s) {
+        Ok(o) => eprintln!(
+            "{name}: {} writes acknowledged ({} flushed), {} checks refused with a reason",
+            o.acknowledged,
+            o.flushed,
+            o.refused.len()
+        ),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn engine_killed_twice_while_writing() {
+    fixed(
+        "engine-killed-twice",
+        3,
+        vec![
+            Pause(800),
+            KillEngine,
+            Pause(1500),
+            KillEngine,
+            Pause(1500),
+            Check,
+            Pause(500),
+        ],
+    );
+}
+
+#[test]
+fn replica_node_killed_and_restarted_while_writing() {
+    fixed(
+        "node-killed-restarted",
+        3,
+        vec![
+            Pause(800),
+            KillNode(2),
+            Pause(1500),
+            Check,
+            RestartNode(2),
+            Pause(1500),
+        ],
+    );
+}
+
+#[test]
+fn two_replica_nodes_down_and_back_in_reverse_order() {
+    fixed(
+        "two-down-reverse",
+        3,
+        vec![
+            Pause(800),
+            KillNode(1),
+            Pause(800),
+            KillNode(2),
+            Pause(800),
+            RestartNode(2),
+            RestartNode(1),
+            Pause(1500),
+        ],
+    );
+}
+
+#[test]
+fn the_replica_with_the_latest_data_down_last_refuses_then_serves() {
+    // Two replicas (node-2, node-3), the volume on node-1. node-3 goes
+    // down and only node-2 takes writes; then node-2 goes down too. With
+    // only node-3 (stale) back, the volume must refuse and name node-2's
+    // replica; with node-2 back, every write reads back.
+    fixed(
+        "latest-down-last",
+        2,
+        vec![
+            Pause(800),
+            KillNode(2),
+            Pause(1500),
+            Check,
+            KillNode(1),
+            Pause(500),
+            RestartNode(2),
+            Check,
+        ],
+    );
+}
+
+#[test]
+fn controller_killed_while_writing() {
+    fixed(
+        "controller-killed",
+        3,
+        vec![
+            Pause(800),
+            KillController,
+            Pause(1500),
+            KillEngine,
+            Pause(800),
+            RestartController,
+            Pause(1500),
+            Check,
+        ],
+    );
+}
+
+#[test]
+fn a_replica_disk_full_then_freed() {
+    fixed(
+        "disk-full",
+        3,
+        vec![
+            Pause(800),
+            FillDisk(2),
+            Pause(1500),
+            Check,
+            FreeDisk(2),
+            Pause(1500),
+        ],
+    );
+}
+
+#[test]
+fn a_corrupt_head_block_is_never_served() {
+    fixed(
+        "corrupt-head",
+        3,
+        vec![Pause(1200), CorruptHead(0), Pause(500), Check, Pause(500)],
+    );
+}
+
+#[test]
+fn engine_killed_while_a_replica_node_is_down() {
+    fixed(
+        "engine-killed-node-down",
+        3,
+        vec![
+            Pause(800),
+            KillNode(1),
+            Pause(800),
+            KillEngine,
+            Pause(1500),
+            Check,
+            RestartNode(1),
+            Pause(800),
+        ],
+    );
+}
+
+#[test]
+fn random_schedules() {
+    let seed: u64 = std::env::var("BALLAST_FAULT_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let count: u64 = std::env::var("BALLAST_FAULT_SCHEDULES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let mut rng = Rng::new(seed);
+    let mut failures = Vec::new();
+    for i in 0..count {
+        let s = random(&mut rng, i);
+        match run(&s) {
+            Ok(o) => eprintln!(
+                "{} (seed {seed}): {} acknowledged, {} refused with a reason",
+                s.name,
+                o.acknowledged,
+                o.refused.len()
+            ),
+            Err(e) => {
+                eprintln!("FAILED {} (seed {seed}): {e}", s.name);
+                failures.push(e);
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {count} random schedules (seed {seed}) broke:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

@@ -1,0 +1,400 @@
+//! Fault schedules and their runner. A schedule is a list of faults applied
+//! to a real cluster (controller and three node processes, each on its own
+//! 256 MiB ext4 disk) while the writer writes to a volume attached at
+//! node-1. At each `Check`, and once at the end with every node and the
+//! controller back and every disk freed, one of two things must hold:
+//! every acknowledged write reads back, or the attach is refused with the
+//! reason (which replica, on which node, holds the latest data). Never
+//! stale data, never a lost acknowledged write.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::harness::*;
+use crate::writer::{Ack, SLOT, Writer, unreadable};
+
+/// Writes to the volume between faults: batches of this many.
+const BATCH: u64 = 8;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL the volume's engine (on node-1).
+    KillEngine,
+    /// SIGKILL node process `i` (0 is node-1).
+    KillNode(usize),
+    RestartNode(usize),
+    KillController,
+    RestartController,
+    /// Fill node `i`'s disk to the last block; `FreeDisk` gives it back.
+    FillDisk(usize),
+    FreeDisk(usize),
+    /// Flip an acknowledged block in node `i`'s replica's head.
+    CorruptHead(usize),
+    /// Let the writer go on for this many milliseconds.
+    Pause(u64),
+    /// Every acknowledged write reads back now, or the attach is refused
+    /// with a reason.
+    Check,
+}
+
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    pub name: String,
+    /// 3: a replica on every node; 2: on node-2 and node-3 (node-1, where
+    /// the volume is attached, holds none).
+    pub replicas: usize,
+    pub faults: Vec<Fault>,
+}
+
+/// What a schedule ended with.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub acknowledged: usize,
+    pub flushed: usize,
+    /// Checks refused with a reason (the reasons).
+    pub refused: Vec<String>,
+}
+
+struct Run {
+    c: Cluster,
+    endpoint: String,
+    acks: Vec<Ack>,
+    writer: Option<Writer>,
+    next_slot: u64,
+    down: Vec<bool>,
+    controller_down: bool,
+    fillers: Vec<Option<std::path::PathBuf>>,
+    outcome: Outcome,
+}
+
+/// Slots of the 64 MiB volume the writer may use.
+const SLOTS: u64 = SIZE / SLOT;
+
+impl Run {
+    fn start_writer(&mut self) {
+        let slots = SLOTS.saturating_sub(self.next_slot);
+        self.writer = Some(Writer::start(&self.endpoint, self.next_slot, slots, BATCH));
+    }
+
+    fn stop_writer(&mut self) {
+        if let Some(w) = self.writer.take() {
+            let acks = w.finish();
+            self.acks.extend(acks);
+        }
+        // Slots of failed batches are never used again.
+        self.next_slot = self.next_slot.max(
+            self.acks
+                .iter()
+                .map(|a| a.offset / SLOT + BATCH)
+                .max()
+                .unwrap_or(0),
+        ) + BATCH;
+    }
+
+    fn engine_pid(&self) -> Option<i32> {
+        std::fs::read_to_string(self.c.path("node-1").join("state/frontends/v.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    fn apply(&mut self, f: &Fault) -> Result<(), String> {
+        match f {
+            Fault::KillEngine => {
+                if let Some(pid) = self.engine_pid() {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+            Fault::KillNode(i) => {
+                self.c.kill_node(*i);
+                self.down[*i] = true;
+            }
+            Fault::RestartNode(i) => {
+                self.c.restart_node(*i);
+                self.down[*i] = false;
+            }
+            Fault::KillController => {
+                self.c.ctl.proc.signal(nix::sys::signal::Signal::SIGKILL);
+                self.c.ctl.proc.wait_exit(Duration::from_secs(10));
+                self.controller_down = true;
+            }
+            Fault::RestartController => {
+                self.c.ctl.restart();
+                self.controller_down = false;
+            }
+            Fault::FillDisk(i) => {
+                let disk = self.c.path(&format!("node-{}", i + 1)).join("disk-1");
+                self.fillers[*i] = Some(fill_disk(&disk));
+            }
+            Fault::FreeDisk(i) => {
+                if let Some(f) = self.fillers[*i].take() {
+                    std::fs::remove_dir_all(f).map_err(|e| e.to_string())?;
+                }
+            }
+            Fault::CorruptHead(i) => self.corrupt_head(*i)?,
+            Fault::Pause(ms) => std::thread::sleep(Duration::from_millis(*ms)),
+            Fault::Check => {
+                self.stop_writer();
+                self.check()?;
+                self.start_writer();
+            }
+        }
+        Ok(())
+    }
+
+    /// Flips a block of an acknowledged write in node `i`'s replica head.
+    fn corrupt_head(&mut self, i: usize) -> Result<(), String> {
+        let node = format!("node-{}", i + 1);
+        let Some(r) = self.c.replica_on("v", &node) else {
+            return Ok(());
+        };
+        let dir = self
+            .c
+            .path(&node)
+            .join(r["spec"]["diskId"].as_str().unwrap_or("disk-1"))
+            .join("replicas")
+            .join(r["name"].as_str().unwrap_or_default());
+        let Ok(replica) = ballast_node::replica::Replica::open_view(&dir) else {
+            return Ok(());
+        };
+        let head = replica.chain().last().cloned().unwrap_or_default();
+        let acked = self
+            .writer
+            .as_ref()
+            .and_then(|w| w.acks.lock().ok().and_then(|a| a.first().copied()))
+            .or_else(|| self.acks.first().copied());
+        if let Some(a) = acked {
+            flip_block(&dir.join(head), a.offset);
+        }
+        Ok(())
+    }
+
+    /// Detaches, attaches again at node-1 (a new engine, from the replicas
+    /// the store records as current) and reads every acknowledged write
+    /// back; a refusal must say why.
+    fn check(&mut self) -> Result<(), String> {
+        let mut last = String::new();
+        for _ in 0..60 {
+            let (s, v) = call("POST", &self.c.url("/v1/volumes/v/detach"), None);
+            if s == 200 {
+                break;
+            }
+            last = v.to_string();
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        for _ in 0..60 {
+            let (s, v) = call(
+                "POST",
+                &self.c.url("/v1/volumes/v/attach"),
+                Some(json!({"nodeId": "node-1"})),
+            );
+            match s {
+                200 => {
+                    let endpoint = v["status"]["frontendEndpoint"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string();
+                    let bad = unreadable(&endpoint, &self.acks)?;
+                    if bad.is_empty() {
+                        return Ok(());
+                    }
+                    return Err(format!(
+                        "{} of {} acknowledged writes do not read back (offsets {:?})",
+                        bad.len(),
+                        self.acks.len(),
+                        &bad[..bad.len().min(8)]
+                    ));
+                }
+                422 => {
+                    let why = v["error"].as_str().unwrap_or_default().to_string();
+                    if why.contains("holds") || why.contains("latest data") {
+                        self.outcome.refused.push(why);
+                        return Ok(());
+                    }
+                    last = why;
+                }
+                // Busy with a step of the control loop, or a node not
+                // ready yet: try again.
+                _ => last = v.to_string(),
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        Err(format!("the volume neither served nor said why: {last}"))
+    }
+
+    /// Everything back: nodes, controller, disks.
+    fn restore(&mut self) -> Result<(), String> {
+        if self.controller_down {
+            self.apply(&Fault::RestartController)?;
+        }
+        for i in 0..self.down.len() {
+            if self.down[i] {
+                self.apply(&Fault::RestartNode(i))?;
+            }
+        }
+        for i in 0..self.fillers.len() {
+            self.apply(&Fault::FreeDisk(i))?;
+        }
+        Ok(())
+    }
+}
+
+/// Fills the filesystem holding `dir` to the last block, with files there.
+pub fn fill_disk(dir: &std::path::Path) -> std::path::PathBuf {
+    let filler = dir.join("filler");
+    std::fs::create_dir_all(&filler).unwrap();
+    let mut n = 0;
+    for chunk in [64u64 << 20, 1 << 20, 64 << 10, 4 << 10] {
+        loop {
+            let f = std::fs::File::create(filler.join(n.to_string())).unwrap();
+            n += 1;
+            let took = nix::fcntl::fallocate(
+                std::os::fd::AsFd::as_fd(&f),
+                nix::fcntl::FallocateFlags::empty(),
+                0,
+                chunk as i64,
+            );
+            if took.is_err() {
+                break;
+            }
+        }
+    }
+    nix::unistd::sync();
+    filler
+}
+
+/// Inverts 4 KiB of a file in place, as a bad disk would.
+pub fn flip_block(file: &std::path::Path, offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let Ok(f) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+    else {
+        return;
+    };
+    let mut b = vec![0u8; 4096];
+    if f.read_exact_at(&mut b, offset).is_ok() {
+        for x in b.iter_mut() {
+            *x = !*x;
+        }
+        let _ = f.write_all_at(&b, offset);
+    }
+}
+
+/// Runs a schedule; Err says what broke (with the schedule).
+pub fn run(s: &Schedule) -> Result<Outcome, String> {
+    let c = Cluster::start_with(3, 1, Some(256 << 20));
+    if s.replicas < 3 {
+        c.patch_node("node-1", json!({"allowScheduling": false}));
+    }
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": s.replicas}));
+    // No replacement replica while a node is only briefly down.
+    c.set("replica-replenishment-wait-interval", json!(3600));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", s.replicas, Duration::from_secs(90));
+    let mut run = Run {
+        c,
+        endpoint,
+        acks: Vec::new(),
+        writer: None,
+        next_slot: 0,
+        down: vec![false; 3],
+        controller_down: false,
+        fillers: vec![None, None, None],
+        outcome: Outcome::default(),
+    };
+    run.start_writer();
+    let context = |e: String| format!("schedule {:?}: {e}", s);
+    for f in &s.faults {
+        run.apply(f).map_err(context)?;
+    }
+    run.stop_writer();
+    run.restore().map_err(context)?;
+    // Everything is back: the volume must serve, with every write.
+    let refused_before = run.outcome.refused.len();
+    run.check().map_err(context)?;
+    if run.outcome.refused.len() > refused_before {
+        return Err(context(format!(
+            "with every node back, the attach was refused: {:?}",
+            run.outcome.refused.last()
+        )));
+    }
+    run.outcome.acknowledged = run.acks.len();
+    run.outcome.flushed = run.acks.iter().filter(|a| a.flushed).count();
+    if run.acks.is_empty() {
+        return Err(context("no write was acknowledged at all".into()));
+    }
+    Ok(run.outcome)
+}
+
+/// A small seeded generator (xorshift64*), for random schedules.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
+    }
+}
+
+/// A random schedule of 3 to 7 faults that makes sense in order (a node is
+/// restarted only when down, a disk freed only when full).
+pub fn random(rng: &mut Rng, index: u64) -> Schedule {
+    let replicas = 2 + rng.below(2) as usize;
+    let (mut down, mut full, mut ctl_down) = ([false; 3], [false; 3], false);
+    let mut faults = vec![Fault::Pause(300)];
+    for _ in 0..3 + rng.below(5) {
+        let i = rng.below(3) as usize;
+        let f = match rng.below(8) {
+            0 => Fault::KillEngine,
+            1 | 2 if !down[i] && i != 0 => {
+                down[i] = true;
+                Fault::KillNode(i)
+            }
+            1 | 2 if down[i] => {
+                down[i] = false;
+                Fault::RestartNode(i)
+            }
+            3 if !ctl_down => {
+                ctl_down = true;
+                Fault::KillController
+            }
+            3 => {
+                ctl_down = false;
+                Fault::RestartController
+            }
+            4 if !full[i] => {
+                full[i] = true;
+                Fault::FillDisk(i)
+            }
+            4 => {
+                full[i] = false;
+                Fault::FreeDisk(i)
+            }
+            5 => Fault::CorruptHead(i),
+            6 if !ctl_down => Fault::Check,
+            _ => Fault::Pause(500 + rng.below(1500)),
+        };
+        faults.push(f);
+        faults.push(Fault::Pause(300 + rng.below(1200)));
+    }
+    Schedule {
+        name: format!("random-{index}"),
+        replicas,
+        faults,
+    }
+}

@@ -1,0 +1,143 @@
+//! The writer of the fault suite: writes 64 KiB at a time through the
+//! volume's NBD endpoint with `qemu-io`, each write to a slot no write used
+//! before and with a pattern of its own, and records every write that
+//! qemu-io reports done — the acknowledged ones. A failed batch (the engine
+//! gone, the volume refusing) burns its slots; nothing is ever written
+//! twice, so what an acknowledged slot must hold is known exactly.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Bytes per write and per slot.
+pub const SLOT: u64 = 64 << 10;
+
+/// An acknowledged write.
+#[derive(Clone, Copy, Debug)]
+pub struct Ack {
+    pub offset: u64,
+    pub pattern: u8,
+    /// A flush that covers it was acknowledged too.
+    pub flushed: bool,
+}
+
+fn pattern_of(slot: u64) -> u8 {
+    (slot % 251) as u8 + 1
+}
+
+/// Runs batches of writes against `endpoint` until stopped.
+pub struct Writer {
+    pub acks: Arc<Mutex<Vec<Ack>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Starts writing to slots from `first_slot` on, `slots` at most, in
+    /// batches of `batch` writes and a flush.
+    pub fn start(endpoint: &str, first_slot: u64, slots: u64, batch: u64) -> Writer {
+        let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (a, s, endpoint) = (acks.clone(), stop.clone(), endpoint.to_string());
+        let thread = std::thread::spawn(move || {
+            let mut slot = first_slot;
+            while !s.load(Ordering::SeqCst) && slot + batch <= first_slot + slots {
+                let done = write_batch(&endpoint, slot, batch);
+                a.lock().unwrap().extend(done);
+                slot += batch;
+                // A batch that failed at once (no engine yet) waits a little.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        Writer {
+            acks,
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops after the batch in flight and returns every acknowledged write.
+    pub fn finish(mut self) -> Vec<Ack> {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        self.acks.lock().unwrap().clone()
+    }
+}
+
+/// One qemu-io run: `batch` writes from `slot`, then a flush. Returns the
+/// writes it reported done (flushed when the flush was reported too).
+fn write_batch(endpoint: &str, slot: u64, batch: u64) -> Vec<Ack> {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw"]);
+    for s in slot..slot + batch {
+        c.args([
+            "-c",
+            &format!("write -P {} {} {SLOT}", pattern_of(s), s * SLOT),
+        ]);
+    }
+    c.args(["-c", "flush", "-c", "write -P 255 0 0"]);
+    let Ok(out) = c.arg(endpoint).output() else {
+        return Vec::new();
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut acks: Vec<Ack> = text
+        .lines()
+        .filter_map(|l| {
+            // "wrote 65536/65536 bytes at offset 1048576"
+            let rest = l.strip_prefix(&format!("wrote {SLOT}/{SLOT} bytes at offset "))?;
+            let offset: u64 = rest.trim().parse().ok()?;
+            (offset >= slot * SLOT && offset < (slot + batch) * SLOT).then_some(Ack {
+                offset,
+                pattern: pattern_of(offset / SLOT),
+                flushed: false,
+            })
+        })
+        .collect();
+    // qemu-io goes on after a failed command: the flush counts when it did
+    // not fail and the command after it was reached.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let flush_failed = text.contains("flush failed") || stderr.contains("flush failed");
+    if !flush_failed && text.contains("wrote 0/0 bytes at offset 0") {
+        for a in &mut acks {
+            a.flushed = true;
+        }
+    }
+    acks
+}
+
+/// Reads every acknowledged write back through `endpoint`; the ones that
+/// do not hold their pattern (empty: all read back).
+pub fn unreadable(endpoint: &str, acks: &[Ack]) -> Result<Vec<u64>, String> {
+    let mut bad = Vec::new();
+    for chunk in acks.chunks(64) {
+        let mut c = Command::new("qemu-io");
+        c.args(["-f", "raw"]);
+        for a in chunk {
+            c.args(["-c", &format!("read -P {} {} {SLOT}", a.pattern, a.offset)]);
+        }
+        let out = c
+            .arg(endpoint)
+            .output()
+            .map_err(|e| format!("qemu-io: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        if !out.status.success() && !text.contains("read ") {
+            return Err(format!("qemu-io could not read: {text}"));
+        }
+        // Each read prints "read N/N bytes at offset X" when done, after a
+        // "Pattern verification failed at offset X" line when it differs.
+        let lines: Vec<&str> = text.lines().collect();
+        for a in chunk {
+            let done = format!("read {SLOT}/{SLOT} bytes at offset {}", a.offset);
+            let failed = format!("Pattern verification failed at offset {}, ", a.offset);
+            if !lines.iter().any(|l| l.trim() == done) || lines.iter().any(|l| l.contains(&failed))
+            {
+                bad.push(a.offset);
+            }
+        }
+    }
+    Ok(bad)
+}
