@@ -168,6 +168,11 @@ pub struct EngineArgs {
     /// for a loop device (the kernel block device NodeStage mounts).
     #[arg(long, env = "BALLAST_FUSE_DIR")]
     pub fuse_dir: Option<PathBuf>,
+    /// Take over the FUSE connection of the filesystem already mounted at
+    /// --fuse-dir, open as this descriptor (the node agent passes the one
+    /// an engine that died served), instead of mounting a new one.
+    #[arg(long, requires = "fuse_dir")]
+    pub fuse_fd: Option<i32>,
     /// The controller's agent endpoint, where the engine records which
     /// replicas hold the latest acknowledged data before it acknowledges a
     /// write that depends on it. The node plugin always passes it; without

@@ -85,29 +85,43 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
             }
         });
     }
-    let _control = match a.control_socket.clone() {
-        Some(path) => {
-            let e = engine.clone();
-            Some(tokio::spawn(async move {
-                if let Err(err) = ballast_node::engine::control::serve(e, &path).await {
-                    tracing::error!(socket = %path.display(), error = %err, "control socket failed");
-                }
-            }))
-        }
-        None => None,
-    };
-    let _fuse = match &a.fuse_dir {
-        Some(dir) => {
+    // The block device: one an engine that died served, taken over, or a
+    // new one.
+    let exported = match (&a.fuse_dir, a.fuse_fd) {
+        (Some(dir), fd) => {
             if let Err(e) = ballast_node::frontend::blockdev::set_io_flusher() {
                 tracing::warn!(error = %e, "cannot mark the engine an I/O flusher");
             }
             let rt = tokio::runtime::Handle::current();
-            let m = ballast_node::frontend::blockdev::mount(engine.clone(), rt, dir)
-                .map_err(|e| format!("FUSE mount at {}: {e}", dir.display()))?;
+            let m = match fd {
+                Some(fd) => {
+                    // SAFETY: the node agent opened this descriptor for this
+                    // process alone; nothing else here owns it.
+                    let fd = unsafe {
+                        <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
+                    };
+                    ballast_node::frontend::blockdev::resume(engine.clone(), rt, dir, fd)
+                }
+                None => ballast_node::frontend::blockdev::mount(engine.clone(), rt, dir),
+            }
+            .map_err(|e| format!("FUSE at {}: {e}", dir.display()))?;
             tracing::info!(file = %m.file().display(), "serving the block-device file");
             Some(m)
         }
-        None => None,
+        (None, _) => None,
+    };
+    // With a control socket the export is the control socket's to end.
+    let (_control, _fuse) = match a.control_socket.clone() {
+        Some(path) => {
+            let e = engine.clone();
+            let task = tokio::spawn(async move {
+                if let Err(err) = ballast_node::engine::control::serve(e, &path, exported).await {
+                    tracing::error!(socket = %path.display(), error = %err, "control socket failed");
+                }
+            });
+            (Some(task), None)
+        }
+        None => (None, exported),
     };
     let socket = a.socket.clone();
     let served = tokio::select! {

@@ -550,3 +550,90 @@ fn a_mounted_volume_keeps_working_while_the_node_plugin_restarts() {
     assert_files(&files);
     csi.down("keep", &staging, &target);
 }
+
+#[test]
+fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_an_error() {
+    use std::io::Write;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, _n, mut csi) = cluster(dir.path());
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    csi.create("crashvol", false);
+    csi.up("crashvol", &staging, &target, false);
+    let before = (target.join("before"), pattern(4 << 20, 5));
+    std::fs::write(&before.0, &before.1).unwrap();
+    nix::unistd::sync();
+    // A writer goes on through the filesystem: 256 KiB and an fsync at a
+    // time, each chunk a pattern of its own, failing on any error.
+    let (stop, chunks) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let writer = {
+        let (stop, chunks, path) = (stop.clone(), chunks.clone(), target.join("during"));
+        std::thread::spawn(move || -> Result<(), String> {
+            let mut f = std::fs::File::create(&path).map_err(|e| e.to_string())?;
+            let mut i = 0usize;
+            while !stop.load(Ordering::SeqCst) && i < 160 {
+                f.write_all(&pattern(256 << 10, (i % 250) as u8))
+                    .and_then(|()| f.sync_data())
+                    .map_err(|e| format!("chunk {i}: {e}"))?;
+                i += 1;
+                chunks.store(i, Ordering::SeqCst);
+            }
+            Ok(())
+        })
+    };
+    wait_for(Duration::from_secs(30), "the writer under way", || {
+        (chunks.load(Ordering::SeqCst) >= 4).then_some(())
+    });
+    let pid_file = dir.path().join("node-1/state/frontends/crashvol.pid");
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let at_kill = chunks.load(Ordering::SeqCst);
+    // The controller starts the engine again; the writer, blocked
+    // meanwhile, goes on through the same loop device and filesystem.
+    wait_for(Duration::from_secs(60), "the writer past the crash", || {
+        (chunks.load(Ordering::SeqCst) >= at_kill + 8).then_some(())
+    });
+    let new_pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_ne!(new_pid, pid, "the engine was not replaced");
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap().unwrap();
+    let written = chunks.load(Ordering::SeqCst);
+    let during: Vec<u8> = (0..written)
+        .flat_map(|i| pattern(256 << 10, (i % 250) as u8))
+        .collect();
+    let files = [before, (target.join("during"), during)];
+    assert_files(&files);
+    let events =
+        get_json(&format!("{}/v1/events?object=volume/crashvol", ctl.api)).unwrap_or_default();
+    assert!(
+        events.to_string().contains("EngineRestarted"),
+        "no EngineRestarted event: {events}"
+    );
+    // Unstaged and staged again (a fresh engine, a fresh mount), every
+    // byte is in the volume.
+    csi.down("crashvol", &staging, &target);
+    csi.up("crashvol", &staging, &target, false);
+    assert_files(&files);
+    csi.down("crashvol", &staging, &target);
+}

@@ -7,6 +7,7 @@
 //! `<volume>.pid`, `<volume>.status.json` (written by the engine).
 
 use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +24,11 @@ use crate::error::Error;
 struct Running {
     pid: i32,
     spec: StartEngineRequest,
+    /// The FUSE connection of the volume's block device, while exported:
+    /// kept here so that it outlives the engine, and an engine started
+    /// after a crash takes it over (the loop device and the filesystem on
+    /// it never see the gap). Dropped when the volume is unexported.
+    fuse: Option<Arc<OwnedFd>>,
 }
 
 /// Where an engine records its volume's replica set: the controller's
@@ -177,7 +183,23 @@ impl Engines {
                     generation: spec["generation"].as_u64().unwrap_or(0),
                     current: strings(&spec["current"]),
                 };
-                running.insert(volume.to_string(), Running { pid, spec });
+                let fuse = self.device_of(volume).await;
+                running.insert(volume.to_string(), Running { pid, spec, fuse });
+            }
+        }
+    }
+
+    /// The FUSE connection of an exported engine (none when it is not
+    /// exported, or cannot say).
+    async fn device_of(&self, volume: &str) -> Option<Arc<OwnedFd>> {
+        if !crate::frontend::blockdev::is_mountpoint(&self.export_dir(volume)) {
+            return None;
+        }
+        match control::device(&self.control(volume)).await {
+            Ok(fd) => Some(Arc::new(fd)),
+            Err(e) => {
+                tracing::warn!(volume, error = %e.message, "the engine did not hand over its block device's connection");
+                None
             }
         }
     }
@@ -196,6 +218,7 @@ impl Engines {
             return Err(invalid("replicas", "at least one replica is needed".into()));
         }
         let mut running = self.running.lock().await;
+        let mut takeover = None;
         if let Some(r) = running.get(&spec.volume).cloned() {
             match self.problem(&spec.volume, r.pid).await {
                 None if r.spec.size == spec.size => {
@@ -215,6 +238,10 @@ impl Engines {
                     if alive(r.pid) {
                         let _ = kill(Pid::from_raw(r.pid), Signal::SIGKILL);
                     }
+                    // Its block device goes on with the new engine.
+                    takeover = r.fuse.filter(|_| r.spec.size == spec.size).filter(|_| {
+                        crate::frontend::blockdev::is_mountpoint(&self.export_dir(&spec.volume))
+                    });
                 }
             }
             running.remove(&spec.volume);
@@ -264,6 +291,12 @@ impl Engines {
                 cmd.arg("--local-dir").arg(dir);
             }
         }
+        if let Some(fd) = &takeover {
+            pass_fd(&mut cmd, fd.as_raw_fd(), TAKEOVER_FD);
+            cmd.args(["--fuse-fd", &TAKEOVER_FD.to_string()])
+                .arg("--fuse-dir")
+                .arg(self.export_dir(&spec.volume));
+        }
         let mut child = cmd
             .stdin(std::process::Stdio::null())
             .stdout(out)
@@ -306,9 +339,20 @@ impl Engines {
             exited.notify_one();
         });
         self.record(pid, &spec);
-        tracing::info!(pid, "engine started");
+        tracing::info!(
+            pid,
+            took_over_block_device = takeover.is_some(),
+            "engine started"
+        );
         let volume = spec.volume.clone();
-        running.insert(volume.clone(), Running { pid, spec });
+        running.insert(
+            volume.clone(),
+            Running {
+                pid,
+                spec,
+                fuse: takeover,
+            },
+        );
         Ok(self.status(&volume, true, ""))
     }
 
@@ -390,7 +434,7 @@ impl Engines {
     /// same file.
     #[tracing::instrument(skip_all, fields(volume = %volume))]
     pub async fn export(&self, volume: &str) -> Result<PathBuf, Error> {
-        let running = self.running.lock().await;
+        let mut running = self.running.lock().await;
         if !running.get(volume).is_some_and(|r| alive(r.pid)) {
             return Err(Error::Refused(format!(
                 "volume {volume} is not published at this node: no engine of it runs here"
@@ -401,19 +445,40 @@ impl Engines {
         control::call(&self.control(volume), &req)
             .await
             .map_err(control_error)?;
+        let fuse = self.device_of(volume).await;
+        if let Some(r) = running.get_mut(volume) {
+            r.fuse = fuse;
+        }
         Ok(dir.join(crate::frontend::blockdev::FILE_NAME))
     }
 
     /// Ends the export of `volume` (nothing to do without an engine).
     #[tracing::instrument(skip_all, fields(volume = %volume))]
     pub async fn unexport(&self, volume: &str) -> Result<(), Error> {
-        let running = self.running.lock().await;
+        let mut running = self.running.lock().await;
         if !running.get(volume).is_some_and(|r| alive(r.pid)) {
+            // No engine serves it: end the connection it left.
+            if let Some(r) = running.get_mut(volume) {
+                r.fuse = None;
+            }
+            self.drop_stale_export(volume);
             return Ok(());
         }
         control::call(&self.control(volume), &ControlRequest::Unexport)
             .await
-            .map_err(control_error)
+            .map_err(control_error)?;
+        if let Some(r) = running.get_mut(volume) {
+            r.fuse = None;
+        }
+        Ok(())
+    }
+
+    /// Unmounts (lazily) the export a dead engine left behind.
+    fn drop_stale_export(&self, volume: &str) {
+        let dir = self.export_dir(volume);
+        if crate::frontend::blockdev::is_mountpoint(&dir) {
+            let _ = nix::mount::umount2(&dir, nix::mount::MntFlags::MNT_DETACH);
+        }
     }
 
     /// Stops the engine of a volume (nothing to do when none runs).
@@ -440,6 +505,7 @@ impl Engines {
                 let _ = kill(pid, Signal::SIGKILL);
             }
         }
+        self.drop_stale_export(volume);
         for f in [
             self.socket(volume),
             self.control(volume),
@@ -506,5 +572,29 @@ impl Engines {
             ));
         }
         out
+    }
+}
+
+/// The descriptor number a restarted engine finds its block device's
+/// connection at (`--fuse-fd`).
+const TAKEOVER_FD: i32 = 3;
+
+/// Has the child started by `cmd` find `fd` at `at`.
+fn pass_fd(cmd: &mut std::process::Command, fd: i32, at: i32) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec this calls only dup2 and fcntl, which
+    // are async-signal-safe, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == at {
+                let flags = libc::fcntl(at, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(at, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(fd, at) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }

@@ -4,11 +4,15 @@
 //! request per line, one JSON answer per line:
 //! `{"op":"add","replica":"NAME@HOST:PORT","source":"NAME"}`,
 //! `{"op":"remove","replica":"NAME"}`, `{"op":"export","dir":"/path"}` (the
-//! file is `<dir>/volume`), `{"op":"unexport"}` or `{"op":"ping"}` (the node
-//! agent's health check); the answer is
+//! file is `<dir>/volume`), `{"op":"unexport"}`, `{"op":"device"}` (the
+//! export's FUSE connection, passed as a file descriptor with the answer,
+//! which the node agent keeps so that an engine started after a crash
+//! takes it over) or `{"op":"ping"}` (the node agent's health check); the
+//! answer is
 //! `{"ok":true}` or
 //! `{"kind":"busy|unreachable|refused|invalid|failed","error":"..."}`.
 
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -32,6 +36,7 @@ pub enum ControlRequest {
         dir: std::path::PathBuf,
     },
     Unexport,
+    Device,
     Ping,
 }
 
@@ -83,7 +88,13 @@ impl From<EngineError> for ControlError {
     }
 }
 
-async fn handle(engine: &Arc<Engine>, export: &Export, line: &str) -> Result<(), ControlError> {
+/// Answers one request; a `device` request's answer carries the export's
+/// FUSE connection.
+async fn handle(
+    engine: &Arc<Engine>,
+    export: &Export,
+    line: &str,
+) -> Result<Option<OwnedFd>, ControlError> {
     let invalid = |m: String| ControlError::new(FailureKind::Invalid, m);
     let failed = |m: String| ControlError::new(FailureKind::Failed, m);
     let req: ControlRequest =
@@ -91,17 +102,32 @@ async fn handle(engine: &Arc<Engine>, export: &Export, line: &str) -> Result<(),
     match req {
         ControlRequest::Add { replica, source } => {
             let at: ReplicaAddr = replica.parse().map_err(invalid)?;
-            Ok(engine.add_replica(at, source).await?)
+            engine.add_replica(at, source).await?;
+            Ok(None)
         }
-        ControlRequest::Remove { replica } => Ok(engine.remove_replica(&replica).await?),
-        ControlRequest::Ping => Ok(()),
+        ControlRequest::Remove { replica } => {
+            engine.remove_replica(&replica).await?;
+            Ok(None)
+        }
+        ControlRequest::Ping => Ok(None),
+        ControlRequest::Device => {
+            let current = export.lock().map_err(|_| failed("poisoned".into()))?;
+            let m = current
+                .as_ref()
+                .ok_or_else(|| invalid("the volume is not exported".into()))?;
+            let fd = m
+                .device()
+                .try_clone_to_owned()
+                .map_err(|e| failed(format!("dup of the FUSE device: {e}")))?;
+            Ok(Some(fd))
+        }
         ControlRequest::Export { dir } => {
             let (engine, export) = (engine.clone(), export.clone());
             let rt = tokio::runtime::Handle::current();
             tokio::task::spawn_blocking(move || {
                 let mut current = export.lock().map_err(|_| failed("poisoned".into()))?;
                 match current.as_ref() {
-                    Some(m) if m.dir == dir => return Ok(()),
+                    Some(m) if m.dir == dir => return Ok(None),
                     Some(m) => {
                         return Err(invalid(format!("already exported at {}", m.dir.display())));
                     }
@@ -114,7 +140,7 @@ async fn handle(engine: &Arc<Engine>, export: &Export, line: &str) -> Result<(),
                     .map_err(|e| failed(format!("FUSE mount at {}: {e}", dir.display())))?;
                 tracing::info!(file = %m.file().display(), "serving the block-device file");
                 *current = Some(m);
-                Ok(())
+                Ok(None)
             })
             .await
             .map_err(|e| failed(e.to_string()))?
@@ -124,11 +150,12 @@ async fn handle(engine: &Arc<Engine>, export: &Export, line: &str) -> Result<(),
             tokio::task::spawn_blocking(move || {
                 let mut current = export.lock().map_err(|_| failed("poisoned".into()))?;
                 let Some(m) = current.take() else {
-                    return Ok(());
+                    return Ok(None);
                 };
                 let dir = m.dir.clone();
                 m.unmount()
-                    .map_err(|e| failed(format!("FUSE unmount of {}: {e}", dir.display())))
+                    .map_err(|e| failed(format!("FUSE unmount of {}: {e}", dir.display())))?;
+                Ok(None)
             })
             .await
             .map_err(|e| failed(e.to_string()))?
@@ -136,11 +163,16 @@ async fn handle(engine: &Arc<Engine>, export: &Export, line: &str) -> Result<(),
     }
 }
 
-/// Serves the control socket until the task is dropped.
-pub async fn serve(engine: Arc<Engine>, path: &Path) -> std::io::Result<()> {
+/// Serves the control socket until the task is dropped. `exported` is an
+/// export the engine already serves (one it took over after a crash).
+pub async fn serve(
+    engine: Arc<Engine>,
+    path: &Path,
+    exported: Option<crate::frontend::blockdev::FuseMount>,
+) -> std::io::Result<()> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
-    let export: Export = Arc::default();
+    let export: Export = Arc::new(std::sync::Mutex::new(exported));
     loop {
         // A failed accept (a peer gone before it was accepted, no file
         // descriptor free for a moment) must not end the control socket.
@@ -157,10 +189,20 @@ pub async fn serve(engine: Arc<Engine>, path: &Path) -> std::io::Result<()> {
             let (rd, mut wr) = stream.into_split();
             let mut lines = BufReader::new(rd).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let answer = match handle(&engine, &export, &line).await {
-                    Ok(()) => serde_json::json!({"ok": true}),
-                    Err(e) => serde_json::to_value(&e).unwrap_or_default(),
+                let (answer, fd) = match handle(&engine, &export, &line).await {
+                    Ok(fd) => (serde_json::json!({"ok": true}), fd),
+                    Err(e) => (serde_json::to_value(&e).unwrap_or_default(), None),
                 };
+                if let Some(fd) = fd {
+                    let line = format!("{answer}\n");
+                    if send_with_fd(wr.as_ref(), line.as_bytes(), &fd)
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    continue;
+                }
                 if wr
                     .write_all(format!("{answer}\n").as_bytes())
                     .await
@@ -194,4 +236,76 @@ pub async fn call(path: &Path, req: &ControlRequest) -> Result<(), ControlError>
         return Err(e);
     }
     Ok(())
+}
+
+/// Writes `bytes` with `fd` attached (SCM_RIGHTS).
+async fn send_with_fd(sock: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> std::io::Result<()> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    let fds = [fd.as_raw_fd()];
+    loop {
+        sock.writable().await?;
+        let sent = sock.try_io(tokio::io::Interest::WRITABLE, || {
+            sendmsg::<()>(
+                sock.as_raw_fd(),
+                &[std::io::IoSlice::new(bytes)],
+                &[ControlMessage::ScmRights(&fds)],
+                MsgFlags::empty(),
+                None,
+            )
+            .map_err(std::io::Error::from)
+        });
+        match sent {
+            Ok(n) if n == bytes.len() => return Ok(()),
+            Ok(_) => return Err(std::io::Error::other("short write on the control socket")),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Asks the engine behind `path` for its export's FUSE connection.
+pub async fn device(path: &Path) -> Result<OwnedFd, ControlError> {
+    let path = path.to_path_buf();
+    let failed = |m: String| ControlError::new(FailureKind::Failed, m);
+    tokio::task::spawn_blocking(move || {
+        use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+        use std::io::Write;
+        let mut s = std::os::unix::net::UnixStream::connect(&path)
+            .map_err(|e| failed(format!("{}: {e}", path.display())))?;
+        s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .map_err(|e| failed(e.to_string()))?;
+        let line =
+            serde_json::to_string(&ControlRequest::Device).map_err(|e| failed(e.to_string()))?;
+        s.write_all(format!("{line}\n").as_bytes())
+            .map_err(|e| failed(e.to_string()))?;
+        let mut buf = vec![0u8; 4096];
+        let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+        let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+        let msg = recvmsg::<()>(
+            s.as_fd().as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_CMSG_CLOEXEC,
+        )
+        .map_err(|e| failed(format!("reading the answer: {e}")))?;
+        let mut fd = None;
+        for c in msg.cmsgs().map_err(|e| failed(e.to_string()))? {
+            if let ControlMessageOwned::ScmRights(fds) = c {
+                for raw in fds {
+                    // SAFETY: the kernel just gave this process the
+                    // descriptor; nothing else owns it.
+                    let owned = unsafe { OwnedFd::from_raw_fd(raw) };
+                    fd.get_or_insert(owned);
+                }
+            }
+        }
+        let n = msg.bytes;
+        let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if let Ok(e) = serde_json::from_str::<ControlError>(answer.trim()) {
+            return Err(e);
+        }
+        fd.ok_or_else(|| failed("the engine sent no descriptor".into()))
+    })
+    .await
+    .map_err(|e| failed(e.to_string()))?
 }

@@ -3,4 +3,5 @@
 //! device (a FUSE file with a loop device on it).
 
 pub mod blockdev;
+pub mod fuse;
 pub mod nbd;

@@ -1,0 +1,565 @@
+//! The FUSE connection behind the block device: a filesystem with one
+//! file, `volume`, whose reads and writes go to the engine. It speaks the
+//! kernel's FUSE protocol itself (only what one fixed file needs), because
+//! the connection must outlive the engine: the node agent keeps a copy of
+//! the `/dev/fuse` descriptor, and an engine started after a crash takes it
+//! over (`resume`), asks the kernel to send again what the dead one had
+//! read but not answered (FUSE_NOTIFY_RESEND), and goes on serving. The
+//! loop device on the file, and the filesystem on it, never notice.
+//!
+//! It owns the connection and its serving threads; it knows nothing of
+//! loop devices (blockdev.rs) or of the control socket.
+
+use std::fs::File;
+use std::io::{IoSlice, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use crate::engine::{Engine, EngineError};
+
+/// The one file of the filesystem.
+pub const FILE_NAME: &str = "volume";
+const ROOT_INO: u64 = 1;
+const FILE_INO: u64 = 2;
+/// Serving threads: the loop device's queue depth is capped by them.
+const THREADS: usize = 8;
+/// Largest write the kernel sends (256 pages); reads are as large.
+const MAX_WRITE: u32 = 1 << 20;
+const MAX_PAGES: u16 = (MAX_WRITE / 4096) as u16;
+/// Requests the kernel keeps in flight in the background (async direct
+/// I/O from the loop device), and where it starts to hold back.
+const MAX_BACKGROUND: u16 = 16;
+const CONGESTION: u16 = 12;
+/// Attributes and entries are valid this long (seconds).
+const TTL: u64 = 1;
+
+// Opcodes (linux/fuse.h).
+const LOOKUP: u32 = 1;
+const FORGET: u32 = 2;
+const GETATTR: u32 = 3;
+const OPEN: u32 = 14;
+const READ: u32 = 15;
+const WRITE: u32 = 16;
+const STATFS: u32 = 17;
+const RELEASE: u32 = 18;
+const FSYNC: u32 = 20;
+const FLUSH: u32 = 25;
+const INIT: u32 = 26;
+const OPENDIR: u32 = 27;
+const READDIR: u32 = 28;
+const RELEASEDIR: u32 = 29;
+const FSYNCDIR: u32 = 30;
+const ACCESS: u32 = 34;
+const INTERRUPT: u32 = 36;
+const DESTROY: u32 = 38;
+const BATCH_FORGET: u32 = 42;
+const FALLOCATE: u32 = 43;
+
+// INIT flags.
+const ASYNC_READ: u64 = 1 << 0;
+const BIG_WRITES: u64 = 1 << 5;
+const ASYNC_DIO: u64 = 1 << 15;
+const FLAG_MAX_PAGES: u64 = 1 << 22;
+const INIT_EXT: u64 = 1 << 30;
+const HAS_RESEND: u64 = 1 << 39;
+const FOPEN_DIRECT_IO: u32 = 1 << 0;
+/// `fuse_notify_code`: move every request read but not answered back to
+/// the queue.
+const NOTIFY_RESEND: i32 = 7;
+
+const IN_HEADER: usize = 40;
+const OUT_HEADER: usize = 16;
+
+/// A mounted filesystem and its serving threads. Dropping it unmounts
+/// (which ends the connection, even where the node agent holds a copy).
+pub struct FuseMount {
+    pub dir: PathBuf,
+    dev: Arc<File>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl FuseMount {
+    /// The file to attach a loop device to.
+    pub fn file(&self) -> PathBuf {
+        self.dir.join(FILE_NAME)
+    }
+
+    /// The connection, for the node agent to keep across an engine crash.
+    pub fn device(&self) -> BorrowedFd<'_> {
+        self.dev.as_fd()
+    }
+
+    /// Unmounts now, saying why it could not (EBUSY while a loop device is
+    /// still attached to the file).
+    pub fn unmount(mut self) -> std::io::Result<()> {
+        nix::mount::umount(&self.dir).map_err(std::io::Error::from)?;
+        self.join();
+        Ok(())
+    }
+
+    fn join(&mut self) {
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for FuseMount {
+    fn drop(&mut self) {
+        if !self.threads.is_empty() {
+            let _ = nix::mount::umount2(&self.dir, nix::mount::MntFlags::MNT_DETACH);
+            self.join();
+        }
+    }
+}
+
+/// Mounts a new filesystem for `engine` at `dir` and serves it. `rt` runs
+/// the engine's I/O.
+pub fn mount(
+    engine: Arc<Engine>,
+    rt: tokio::runtime::Handle,
+    dir: &Path,
+) -> std::io::Result<FuseMount> {
+    std::fs::create_dir_all(dir)?;
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    // SAFETY: getuid and getgid cannot fail and touch no memory.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let data = format!(
+        "fd={},rootmode=40000,user_id={uid},group_id={gid},allow_other,default_permissions",
+        dev.as_raw_fd()
+    );
+    nix::mount::mount(
+        Some(format!("ballast:{}", engine.volume).as_str()),
+        dir,
+        Some("fuse.ballast"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .map_err(|e| std::io::Error::other(format!("mount: {e}")))?;
+    let dev = Arc::new(dev);
+    let server = Server {
+        engine,
+        rt,
+        dev: dev.clone(),
+        uid,
+        gid,
+    };
+    // The kernel's first request is INIT; nothing else comes before it.
+    let mut buf = vec![0u8; buffer_size()];
+    loop {
+        let n = match (&*dev).read(&mut buf) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+                return Err(e);
+            }
+        };
+        let Some(h) = Header::parse(&buf[..n]) else {
+            continue;
+        };
+        if h.opcode == INIT {
+            server.init(&h, &buf[IN_HEADER..n]);
+            break;
+        }
+        server.reply_error(h.unique, libc::EIO);
+    }
+    Ok(start(server, dir))
+}
+
+/// Takes over the connection of an engine that died (`dev`, kept by the
+/// node agent) for the filesystem mounted at `dir`, and serves it: the
+/// requests the dead engine had read are sent again.
+pub fn resume(
+    engine: Arc<Engine>,
+    rt: tokio::runtime::Handle,
+    dir: &Path,
+    dev: OwnedFd,
+) -> std::io::Result<FuseMount> {
+    let dev = Arc::new(File::from(dev));
+    // SAFETY: getuid and getgid cannot fail and touch no memory.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let server = Server {
+        engine,
+        rt,
+        dev: dev.clone(),
+        uid,
+        gid,
+    };
+    let mount = start(server, dir);
+    let notify = out_header(OUT_HEADER, NOTIFY_RESEND, 0);
+    match (&*dev).write(&notify) {
+        Ok(_) => {
+            tracing::info!(dir = %dir.display(), "took over the block device; requests in flight sent again")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the kernel cannot send again the requests in flight (FUSE_NOTIFY_RESEND); they wait until the volume is unstaged");
+        }
+    }
+    Ok(mount)
+}
+
+fn buffer_size() -> usize {
+    MAX_WRITE as usize + 4096
+}
+
+fn start(server: Server, dir: &Path) -> FuseMount {
+    let server = Arc::new(server);
+    let threads = (0..THREADS)
+        .filter_map(|i| {
+            let s = server.clone();
+            std::thread::Builder::new()
+                .name(format!("fuse-{i}"))
+                .spawn(move || s.serve())
+                .ok()
+        })
+        .collect();
+    FuseMount {
+        dir: dir.to_path_buf(),
+        dev: server.dev.clone(),
+        threads,
+    }
+}
+
+/// `fuse_in_header`.
+struct Header {
+    opcode: u32,
+    unique: u64,
+    nodeid: u64,
+}
+
+impl Header {
+    fn parse(b: &[u8]) -> Option<Header> {
+        Some(Header {
+            opcode: u32_at(b, 4)?,
+            unique: u64_at(b, 8)?,
+            nodeid: u64_at(b, 16)?,
+        })
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_ne_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+fn out_header(len: usize, error: i32, unique: u64) -> Vec<u8> {
+    let mut h = Vec::with_capacity(OUT_HEADER);
+    h.extend_from_slice(&(len as u32).to_ne_bytes());
+    h.extend_from_slice(&error.to_ne_bytes());
+    h.extend_from_slice(&unique.to_ne_bytes());
+    h
+}
+
+/// Appends native-endian integers to a reply body.
+#[derive(Default)]
+struct Body(Vec<u8>);
+
+impl Body {
+    fn u64(mut self, v: u64) -> Self {
+        self.0.extend_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn u32(mut self, v: u32) -> Self {
+        self.0.extend_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn u16(mut self, v: u16) -> Self {
+        self.0.extend_from_slice(&v.to_ne_bytes());
+        self
+    }
+    fn zeros(mut self, n: usize) -> Self {
+        self.0.resize(self.0.len() + n, 0);
+        self
+    }
+}
+
+struct Server {
+    engine: Arc<Engine>,
+    rt: tokio::runtime::Handle,
+    dev: Arc<File>,
+    uid: u32,
+    gid: u32,
+}
+
+impl Server {
+    /// One thread's loop: read a request, answer it, until the filesystem
+    /// is unmounted.
+    fn serve(&self) {
+        let mut buf = vec![0u8; buffer_size()];
+        loop {
+            let n = match (&*self.dev).read(&mut buf) {
+                Ok(n) => n,
+                Err(e) => match e.raw_os_error() {
+                    // Interrupted, or the request was taken back.
+                    Some(libc::EINTR) | Some(libc::EAGAIN) | Some(libc::ENOENT) => continue,
+                    // Unmounted.
+                    Some(libc::ENODEV) => return,
+                    _ => {
+                        tracing::error!(error = %e, "reading the FUSE device failed");
+                        return;
+                    }
+                },
+            };
+            let Some(h) = Header::parse(&buf[..n]) else {
+                continue;
+            };
+            if h.opcode == DESTROY {
+                self.reply(h.unique, &[]);
+                return;
+            }
+            self.dispatch(&h, &buf[IN_HEADER.min(n)..n]);
+        }
+    }
+
+    fn reply(&self, unique: u64, body: &[u8]) {
+        let h = out_header(OUT_HEADER + body.len(), 0, unique);
+        // The request may have been interrupted meanwhile (ENOENT): fine.
+        let _ = (&*self.dev).write_vectored(&[IoSlice::new(&h), IoSlice::new(body)]);
+    }
+
+    fn reply_error(&self, unique: u64, errno: i32) {
+        let _ = (&*self.dev).write(&out_header(OUT_HEADER, -errno, unique));
+    }
+
+    fn init(&self, h: &Header, b: &[u8]) {
+        let (Some(major), Some(minor), Some(flags)) = (u32_at(b, 0), u32_at(b, 4), u32_at(b, 12))
+        else {
+            return self.reply_error(h.unique, libc::EINVAL);
+        };
+        if major != 7 {
+            return self.reply_error(h.unique, libc::EPROTO);
+        }
+        let mut kernel = u64::from(flags);
+        if kernel & INIT_EXT != 0 {
+            kernel |= u64::from(u32_at(b, 16).unwrap_or(0)) << 32;
+        }
+        if kernel & HAS_RESEND == 0 {
+            tracing::warn!(
+                "this kernel cannot send requests again (no FUSE_NOTIFY_RESEND): if the engine \
+                 dies, I/O in flight through the block device fails"
+            );
+        }
+        let max_readahead = u32_at(b, 8).unwrap_or(0);
+        let flags = (ASYNC_READ | BIG_WRITES | ASYNC_DIO | FLAG_MAX_PAGES | INIT_EXT) & kernel;
+        let body = Body::default()
+            .u32(7)
+            .u32(minor.min(41))
+            .u32(max_readahead)
+            .u32(flags as u32)
+            .u16(MAX_BACKGROUND)
+            .u16(CONGESTION)
+            .u32(MAX_WRITE)
+            .u32(1) // time granularity, ns
+            .u16(MAX_PAGES)
+            .u16(0)
+            .u32((flags >> 32) as u32)
+            .u32(0) // max_stack_depth
+            .zeros(6 * 4);
+        self.reply(h.unique, &body.0);
+    }
+
+    /// `fuse_attr`.
+    fn attr(&self, ino: u64) -> Body {
+        let (mode, size, nlink) = if ino == FILE_INO {
+            (libc::S_IFREG | 0o600, self.engine.size, 1)
+        } else {
+            (libc::S_IFDIR | 0o755, 0, 2)
+        };
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        Body::default()
+            .u64(ino)
+            .u64(size)
+            .u64(size / 512)
+            .u64(now)
+            .u64(now)
+            .u64(now)
+            .zeros(12)
+            .u32(mode)
+            .u32(nlink)
+            .u32(self.uid)
+            .u32(self.gid)
+            .u32(0) // rdev
+            .u32(4096) // blksize
+            .u32(0) // flags
+    }
+
+    fn dispatch(&self, h: &Header, b: &[u8]) {
+        let known = h.nodeid == ROOT_INO || h.nodeid == FILE_INO;
+        match h.opcode {
+            FORGET | BATCH_FORGET | INTERRUPT => {}
+            LOOKUP => {
+                let name = b.split(|c| *c == 0).next().unwrap_or_default();
+                if h.nodeid != ROOT_INO || name != FILE_NAME.as_bytes() {
+                    return self.reply_error(h.unique, libc::ENOENT);
+                }
+                let mut entry = Body::default()
+                    .u64(FILE_INO)
+                    .u64(0) // generation
+                    .u64(TTL)
+                    .u64(TTL)
+                    .u32(0)
+                    .u32(0);
+                entry.0.extend_from_slice(&self.attr(FILE_INO).0);
+                self.reply(h.unique, &entry.0);
+            }
+            GETATTR if known => {
+                let mut out = Body::default().u64(TTL).u32(0).u32(0);
+                out.0.extend_from_slice(&self.attr(h.nodeid).0);
+                self.reply(h.unique, &out.0);
+            }
+            OPEN if h.nodeid == FILE_INO => {
+                // No page cache: every I/O reaches the engine.
+                let out = Body::default().u64(0).u32(FOPEN_DIRECT_IO).u32(0);
+                self.reply(h.unique, &out.0);
+            }
+            OPEN => self.reply_error(h.unique, libc::EISDIR),
+            OPENDIR if h.nodeid == ROOT_INO => {
+                self.reply(h.unique, &Body::default().u64(0).u32(0).u32(0).0);
+            }
+            OPENDIR => self.reply_error(h.unique, libc::ENOTDIR),
+            READDIR => self.readdir(h, b),
+            RELEASE | RELEASEDIR | FLUSH | FSYNCDIR | ACCESS => self.reply(h.unique, &[]),
+            STATFS => {
+                let out = Body::default()
+                    .zeros(5 * 8)
+                    .u32(4096) // bsize
+                    .u32(255) // namelen
+                    .u32(4096) // frsize
+                    .zeros(4 + 6 * 4);
+                self.reply(h.unique, &out.0);
+            }
+            READ => self.read(h, b),
+            WRITE => self.write(h, b),
+            FSYNC => match self.rt.block_on(self.engine.flush()) {
+                Ok(()) => self.reply(h.unique, &[]),
+                Err(_) => self.reply_error(h.unique, libc::EIO),
+            },
+            FALLOCATE => self.fallocate(h, b),
+            GETATTR => self.reply_error(h.unique, libc::ENOENT),
+            _ => self.reply_error(h.unique, libc::ENOSYS),
+        }
+    }
+
+    fn readdir(&self, h: &Header, b: &[u8]) {
+        if h.nodeid != ROOT_INO {
+            return self.reply_error(h.unique, libc::ENOTDIR);
+        }
+        let (Some(offset), Some(size)) = (u64_at(b, 8), u32_at(b, 16)) else {
+            return self.reply_error(h.unique, libc::EINVAL);
+        };
+        let entries: [(u64, u32, &str); 3] = [
+            (ROOT_INO, libc::DT_DIR.into(), "."),
+            (ROOT_INO, libc::DT_DIR.into(), ".."),
+            (FILE_INO, libc::DT_REG.into(), FILE_NAME),
+        ];
+        let mut out = Vec::new();
+        for (i, (ino, kind, name)) in entries.iter().enumerate().skip(offset as usize) {
+            // `fuse_dirent`, padded to 8 bytes.
+            let len = (24 + name.len()).next_multiple_of(8);
+            if out.len() + len > size as usize {
+                break;
+            }
+            let mut d = Body::default()
+                .u64(*ino)
+                .u64(i as u64 + 1)
+                .u32(name.len() as u32)
+                .u32(*kind);
+            d.0.extend_from_slice(name.as_bytes());
+            d.0.resize(len, 0);
+            out.extend_from_slice(&d.0);
+        }
+        self.reply(h.unique, &out);
+    }
+
+    fn read(&self, h: &Header, b: &[u8]) {
+        let (Some(offset), Some(size)) = (u64_at(b, 8), u32_at(b, 16)) else {
+            return self.reply_error(h.unique, libc::EINVAL);
+        };
+        let len = u64::from(size).min(self.engine.size.saturating_sub(offset)) as u32;
+        if len == 0 {
+            return self.reply(h.unique, &[]);
+        }
+        match self.rt.block_on(self.engine.read(offset, len)) {
+            Ok(data) => self.reply(h.unique, &data),
+            Err(e) => {
+                tracing::warn!(error = %e, offset, len, "read failed");
+                self.reply_error(h.unique, libc::EIO);
+            }
+        }
+    }
+
+    fn write(&self, h: &Header, b: &[u8]) {
+        const WRITE_IN: usize = 40;
+        let (Some(offset), Some(size)) = (u64_at(b, 8), u32_at(b, 16)) else {
+            return self.reply_error(h.unique, libc::EINVAL);
+        };
+        let Some(data) = b.get(WRITE_IN..WRITE_IN + size as usize) else {
+            return self.reply_error(h.unique, libc::EINVAL);
+        };
+        if offset
+            .checked_add(data.len() as u64)
+            .is_none_or(|end| end > self.engine.size)
+        {
+            return self.reply_error(h.unique, libc::ENOSPC);
+        }
+        match self.rt.block_on(self.engine.write(offset, data, false)) {
+            Ok(()) => self.reply(h.unique, &Body::default().u32(size).u32(0).0),
+            Err(e) => {
+                tracing::warn!(error = %e, offset, "write failed");
+                self.reply_error(h.unique, errno(&e));
+            }
+        }
+    }
+
+    /// Discards and zeroes (what the loop device sends for a block
+    /// device's discard and write-zeroes): both trim the range, which then
+    /// reads as zeros and gives its space back. Plain allocation inside the
+    /// volume has nothing to do (it is thin and its size is fixed).
+    fn fallocate(&self, h: &Header, b: &[u8]) {
+        let (Some(offset), Some(length), Some(mode)) = (u64_at(b, 8), u64_at(b, 16), u32_at(b, 24))
+        else {
+            return self.reply_error(h.unique, libc::EINVAL);
+        };
+        if offset
+            .checked_add(length)
+            .is_none_or(|end| end > self.engine.size)
+        {
+            return self.reply_error(h.unique, libc::EINVAL);
+        }
+        let mode = mode as i32;
+        let (punch, zero) = (libc::FALLOC_FL_PUNCH_HOLE, libc::FALLOC_FL_ZERO_RANGE);
+        if mode & !(libc::FALLOC_FL_KEEP_SIZE | punch | zero) != 0 {
+            return self.reply_error(h.unique, libc::EOPNOTSUPP);
+        }
+        if mode & (punch | zero) == 0 {
+            return self.reply(h.unique, &[]);
+        }
+        match self.rt.block_on(self.engine.trim(offset, length)) {
+            Ok(()) => self.reply(h.unique, &[]),
+            Err(e) => {
+                tracing::warn!(error = %e, offset, length, "discard failed");
+                self.reply_error(h.unique, libc::EIO);
+            }
+        }
+    }
+}
+
+/// The error the kernel gets for a failed engine call.
+fn errno(e: &EngineError) -> i32 {
+    match e {
+        EngineError::NoSpace(_) => libc::ENOSPC,
+        _ => libc::EIO,
+    }
+}
