@@ -489,3 +489,54 @@ async fn an_engine_whose_record_is_refused_is_fenced_and_fails_io() {
         "a fenced engine serves nothing"
     );
 }
+
+/// Flips every byte of the 4 KiB block at `offset` in a replica's head file.
+fn flip_head_block(dir: &std::path::Path, offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap();
+    let head = meta["chain"].as_array().unwrap().last().unwrap();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join(head.as_str().unwrap()))
+        .unwrap();
+    let mut b = vec![0u8; BLOCK as usize];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b.iter_mut().for_each(|x| *x = !*x);
+    f.write_all_at(&b, offset).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_corrupt_in_every_replica_fails_its_read_only_and_the_last_replica_keeps_serving() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = replica_server(d1.path(), "v-r1", 64 * BLOCK).await;
+    let b = replica_server(d2.path(), "v-r2", 64 * BLOCK).await;
+    let engine = Engine::start(
+        "v",
+        64 * BLOCK,
+        &[a.clone(), b.clone()],
+        None,
+        ReplicaSet::default(),
+        None,
+    )
+    .await
+    .unwrap();
+    engine.write(0, &[7u8; 8192], false).await.unwrap();
+    engine.flush().await.unwrap();
+    for (d, at) in [(&d1, &a), (&d2, &b)] {
+        flip_head_block(&replica_dir(d.path(), &at.name), 0);
+    }
+    // The first replica is dropped for its bad block, the second has the
+    // same block bad and is the last: the read fails, never with data.
+    let e = engine.read(0, 4096).await.unwrap_err();
+    assert!(e.to_string().contains("no other replica"), "{e}");
+    let status = engine.status().await;
+    assert_eq!(status[0].mode, ReplicaMode::Err, "{status:?}");
+    assert_eq!(status[1].mode, ReplicaMode::Rw, "{status:?}");
+    // The rest of the volume is served by the replica that is left, and a
+    // write over the bad block mends it.
+    assert_eq!(engine.read(4096, 4096).await.unwrap(), vec![7u8; 4096]);
+    engine.write(0, &[9u8; 4096], false).await.unwrap();
+    assert_eq!(engine.read(0, 4096).await.unwrap(), vec![9u8; 4096]);
+}

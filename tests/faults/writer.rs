@@ -108,10 +108,19 @@ fn write_batch(endpoint: &str, slot: u64, batch: u64) -> Vec<Ack> {
     acks
 }
 
-/// Reads every acknowledged write back through `endpoint`; the ones that
-/// do not hold their pattern (empty: all read back).
-pub fn unreadable(endpoint: &str, acks: &[Ack]) -> Result<Vec<u64>, String> {
-    let mut bad = Vec::new();
+/// What a read-back found wrong.
+#[derive(Debug, Default)]
+pub struct Unread {
+    /// Read, but not the bytes written: stale or corrupt data was served.
+    pub wrong: Vec<u64>,
+    /// The read failed (an I/O error, never data).
+    pub failed: Vec<u64>,
+}
+
+/// Reads every acknowledged write back through `endpoint`, and sorts the
+/// ones that do not hold their pattern by how they went wrong.
+pub fn unreadable(endpoint: &str, acks: &[Ack]) -> Result<Unread, String> {
+    let mut bad = Unread::default();
     for chunk in acks.chunks(64) {
         let mut c = Command::new("qemu-io");
         c.args(["-f", "raw"]);
@@ -132,10 +141,11 @@ pub fn unreadable(endpoint: &str, acks: &[Ack]) -> Result<Vec<u64>, String> {
         let lines: Vec<&str> = text.lines().collect();
         for a in chunk {
             let done = format!("read {SLOT}/{SLOT} bytes at offset {}", a.offset);
-            let failed = format!("Pattern verification failed at offset {}, ", a.offset);
-            if !lines.iter().any(|l| l.trim() == done) || lines.iter().any(|l| l.contains(&failed))
-            {
-                bad.push(a.offset);
+            let differs = format!("Pattern verification failed at offset {}, ", a.offset);
+            if lines.iter().any(|l| l.contains(&differs)) {
+                bad.wrong.push(a.offset);
+            } else if !lines.iter().any(|l| l.trim() == done) {
+                bad.failed.push(a.offset);
             }
         }
     }

@@ -67,6 +67,10 @@ pub enum EngineError {
     /// No rw replica had room for the write; they all keep what they held.
     #[error("no space left for the write: {0}")]
     NoSpace(String),
+    /// A block failed its checksum in every replica that could serve it;
+    /// the rest of the volume still serves.
+    #[error("replica {replica}: {message} (no other replica holds the block)")]
+    Corrupt { replica: String, message: String },
 }
 
 impl EngineError {
@@ -640,10 +644,30 @@ impl Engine {
         Ok(())
     }
 
+    /// A read from `name` failed with `e`. The replica is dropped, unless
+    /// the block is corrupt there and no replica after it can serve it:
+    /// then one bad block fails this read only, and the last replica that
+    /// holds the rest of the volume keeps serving it.
+    async fn read_failed(&self, name: &str, e: &ClientError, others: bool) -> Option<EngineError> {
+        if e.is_corrupt() && !others {
+            tracing::error!(volume = %self.volume, replica = name, error = %e,
+                "a block is corrupt in the last replica that holds it; the read fails");
+            return Some(EngineError::Corrupt {
+                replica: name.to_string(),
+                message: e.to_string(),
+            });
+        }
+        self.fail(name, e).await;
+        None
+    }
+
     /// Reads with I/O already held (shared or exclusive).
     async fn read_now(&self, offset: u64, len: u32) -> Result<Bytes, EngineError> {
         let mut last = String::from("no rw replica");
-        for (name, link) in self.rw_links().await {
+        let links = self.rw_links().await;
+        let count = links.len();
+        for (i, (name, link)) in links.into_iter().enumerate() {
+            let others = i + 1 < count;
             let c = match link {
                 // Inline, without a thread hop: a read of the local disk,
                 // mostly from the page cache, is short.
@@ -654,7 +678,9 @@ impl Engine {
                     }
                     Err(e) => {
                         last = e.to_string();
-                        self.fail(&name, &e).await;
+                        if let Some(e) = self.read_failed(&name, &e, others).await {
+                            return Err(e);
+                        }
                         continue;
                     }
                 },
@@ -683,7 +709,9 @@ impl Engine {
                 Ok(out) => return Ok(out),
                 Err(e) => {
                     last = e.to_string();
-                    self.fail(&name, &e).await;
+                    if let Some(e) = self.read_failed(&name, &e, others).await {
+                        return Err(e);
+                    }
                 }
             }
         }
@@ -1037,6 +1065,15 @@ impl Engine {
         for (name, c) in self.rw_links().await {
             match c.snapshot().await {
                 Ok(n) => names.push(n),
+                // Freezing a head checks its blocks. The last rw replica
+                // is kept with a bad block (it serves the rest); what
+                // needed the snapshot (a rebuild) fails instead.
+                Err(e) if e.is_corrupt() && self.others_rw(&name).await == 0 => {
+                    return Err(EngineError::Corrupt {
+                        replica: name,
+                        message: e.to_string(),
+                    });
+                }
                 Err(e) => self.fail(&name, &e).await,
             }
         }

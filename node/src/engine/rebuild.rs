@@ -193,14 +193,27 @@ impl Engine {
             }
             Err(e) => {
                 // The source's data failed its checksums: the source is
-                // the replica at fault, and goes too.
+                // the replica at fault, and goes too, unless it is the last
+                // rw one: then it keeps serving what is sound (a bad block
+                // fails its reads only) and the volume stays degraded.
                 if e.is_corrupt() {
-                    tracing::error!(volume = %self.volume, source, error = %e, "the rebuild's source is corrupt");
-                    self.fail(source, &e).await;
+                    if self.others_rw(source).await > 0 {
+                        tracing::error!(volume = %self.volume, source, error = %e, "the rebuild's source is corrupt");
+                        self.fail(source, &e).await;
+                    } else {
+                        tracing::error!(volume = %self.volume, source, error = %e,
+                            "the rebuild's source is corrupt and no other replica holds the block; it keeps serving the rest");
+                    }
                 }
                 self.fail(name, &e).await
             }
         }
+    }
+
+    /// How many rw replicas there are besides `name`.
+    pub(super) async fn others_rw(&self, name: &str) -> usize {
+        let m = self.members.lock().await;
+        others_rw(&m, name)
     }
 
     /// Takes a replica out of the volume (before its data is deleted).
@@ -208,10 +221,7 @@ impl Engine {
     pub async fn remove_replica(&self, name: &str) -> Result<(), EngineError> {
         let _pause = self.io.write().await;
         let mut m = self.members.lock().await;
-        let others_rw = m
-            .iter()
-            .filter(|x| x.at.name != name && x.mode == ReplicaMode::Rw)
-            .count();
+        let others_rw = others_rw(&m, name);
         let is_rw = m
             .iter()
             .any(|x| x.at.name == name && x.mode == ReplicaMode::Rw);
@@ -233,4 +243,11 @@ impl Engine {
         self.members_changed();
         Ok(())
     }
+}
+
+fn others_rw(members: &[Member], name: &str) -> usize {
+    members
+        .iter()
+        .filter(|x| x.at.name != name && x.mode == ReplicaMode::Rw)
+        .count()
 }
