@@ -115,7 +115,7 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
         Some(path) => {
             let e = engine.clone();
             let task = tokio::spawn(async move {
-                if let Err(err) = ballast_node::engine::control::serve(e, &path, exported).await {
+                if let Err(err) = ballast_node::frontend::control::serve(e, &path, exported).await {
                     tracing::error!(socket = %path.display(), error = %err, "control socket failed");
                 }
             });

@@ -15,10 +15,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ballast_node::replica::client::ReplicaClient;
-use ballast_node::replica::server::{JoinSpec, ReplicaServer, replica_dir};
+use ballast_node::replica::replica_dir;
 use ballast_node::replica::{BLOCK, Replica, allocation};
+use ballast_node::server::ReplicaServer;
 use ballast_node::sync::local::copy_layer;
+use ballast_node::wire::JoinSpec;
+use ballast_node::wire::client::ReplicaClient;
 
 const SIZE: u64 = 8 << 30;
 /// 800 extents of 1 MiB, spread over the 8 GiB.

@@ -19,9 +19,9 @@ pub struct NodeContext {
     /// Set once the controller accepted our registration; Probe reports it.
     pub registered: Arc<AtomicBool>,
     /// Serves this node's replicas over the replica data protocol.
-    pub replicas: Option<Arc<crate::replica::server::ReplicaServer>>,
+    pub replicas: Option<Arc<crate::server::ReplicaServer>>,
     /// The engine processes of volumes attached here.
-    pub engines: crate::agent::engines::Engines,
+    pub engines: crate::engines::Engines,
 }
 
 impl NodeContext {

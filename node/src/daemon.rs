@@ -67,10 +67,11 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
             addr: config.replica_listen.to_string(),
             source,
         })?;
-    let replica_server = crate::replica::server::ReplicaServer::with_writeback(
-        disks.iter().map(|d| d.path.clone()).collect(),
-        config.writeback_every,
-    );
+    let replica_server =
+        crate::server::ReplicaServer::serving(crate::replica::Replicas::with_writeback(
+            disks.iter().map(|d| d.path.clone()).collect(),
+            config.writeback_every,
+        ));
     let registered = Arc::new(AtomicBool::new(false));
     let disk_paths = disks.iter().map(|d| d.path.clone()).collect();
     let ctx = Arc::new(NodeContext {
@@ -83,12 +84,12 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
         csi_endpoint: format!("unix://{}", socket.display()),
         registered: registered.clone(),
         replicas: Some(replica_server.clone()),
-        engines: crate::agent::engines::Engines::new(
+        engines: crate::engines::Engines::new(
             &state_dir,
             exe,
             disk_paths,
             config.writeback_every,
-            crate::agent::engines::RecordAt {
+            crate::engines::RecordAt {
                 controller: config.controller.clone(),
                 node_id: config.node_id.clone(),
             },

@@ -9,7 +9,8 @@ use std::process::Command;
 use ballast_node::engine::{Engine, ReplicaAddr, ReplicaSet};
 use ballast_node::frontend::blockdev::{self, LoopDevice};
 use ballast_node::replica::Replica;
-use ballast_node::replica::server::{ReplicaServer, replica_dir};
+use ballast_node::replica::replica_dir;
+use ballast_node::server::ReplicaServer;
 
 fn run(cmd: &str, args: &[&str]) {
     let out = Command::new(cmd)

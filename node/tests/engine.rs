@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use ballast::model::ReplicaMode;
 use ballast_node::engine::{Engine, ReplicaAddr, ReplicaSet};
-use ballast_node::replica::client::ReplicaClient;
-use ballast_node::replica::server::{ReplicaServer, replica_dir};
+use ballast_node::replica::replica_dir;
 use ballast_node::replica::{BLOCK, Replica, WRITEBACK_EVERY};
+use ballast_node::server::ReplicaServer;
+use ballast_node::wire::client::ReplicaClient;
 use tokio::net::TcpListener;
 
 async fn replica_server(disk: &std::path::Path, name: &str, size: u64) -> ReplicaAddr {
@@ -320,7 +321,7 @@ async fn a_lent_replica_is_lent_again_after_its_server_restarts_and_fails_with_i
         .lend_local(dir0.clone(), WRITEBACK_EVERY)
         .await
         .unwrap();
-    assert!(n0.server.is_lent("v-r0"));
+    assert!(n0.server.replicas().is_lent("v-r0"));
     let block = |i: u8| vec![i; BLOCK as usize];
     engine.write(0, &block(1), false).await.unwrap();
     // The node plugin restarts: the loan's connection drops, and I/O goes
@@ -330,12 +331,15 @@ async fn a_lent_replica_is_lent_again_after_its_server_restarts_and_fails_with_i
     assert_eq!(mode_of(&engine, "v-r0").await, ReplicaMode::Rw);
     let n0 = NodeProcess::start(d0.path(), &a.addr).await;
     for _ in 0..100 {
-        if n0.server.is_lent("v-r0") {
+        if n0.server.replicas().is_lent("v-r0") {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert!(n0.server.is_lent("v-r0"), "lent again to the engine");
+    assert!(
+        n0.server.replicas().is_lent("v-r0"),
+        "lent again to the engine"
+    );
     engine.write(2 * BLOCK, &block(3), false).await.unwrap();
     assert_eq!(mode_of(&engine, "v-r0").await, ReplicaMode::Rw);
     assert_eq!(engine.direct_reads(), 0);
@@ -343,7 +347,7 @@ async fn a_lent_replica_is_lent_again_after_its_server_restarts_and_fails_with_i
     assert_eq!(engine.direct_reads(), 1, "read from the lent replica");
     // Its disk is lost: the loan ends, asking again is refused, and the
     // engine drops the replica while I/O goes on.
-    n0.server.fail_disk(d0.path(), "test");
+    n0.server.replicas().fail_disk(d0.path(), "test");
     for _ in 0..100 {
         if mode_of(&engine, "v-r0").await == ReplicaMode::Err {
             break;
@@ -442,7 +446,7 @@ async fn a_write_a_dropped_replica_lacks_is_acknowledged_only_once_the_drop_is_r
     assert!(recorder.calls.lock().unwrap().is_empty());
 
     // r2's disk fails: the next write reaches r1 only.
-    server_b.fail_disk(d2.path(), "disk pulled");
+    server_b.replicas().fail_disk(d2.path(), "disk pulled");
     let e = engine.clone();
     let write = tokio::spawn(async move { e.write(4096, &[2u8; 4096], true).await });
     recorder.entered.notified().await;

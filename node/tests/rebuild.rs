@@ -11,8 +11,10 @@ use std::time::Duration;
 use ballast::model::ReplicaMode;
 use ballast_node::engine::{Engine, MemberStatus, ReplicaAddr, ReplicaSet};
 use ballast_node::replica::Replica;
-use ballast_node::replica::client::ReplicaClient;
-use ballast_node::replica::server::{JoinSpec, ReplicaServer, replica_dir};
+use ballast_node::replica::replica_dir;
+use ballast_node::server::ReplicaServer;
+use ballast_node::wire::JoinSpec;
+use ballast_node::wire::client::ReplicaClient;
 use tokio::net::TcpListener;
 
 const SIZE: u64 = 16 << 20;

@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
-use ballast_node::replica::client::{ClientError, ReplicaClient};
-use ballast_node::replica::protocol::{Op, RESPONSE_HEADER, Request, Response, status};
-use ballast_node::replica::server::{ReplicaServer, replica_dir};
+use ballast_node::replica::replica_dir;
 use ballast_node::replica::{BLOCK, Replica};
+use ballast_node::server::ReplicaServer;
+use ballast_node::wire::client::{ClientError, ReplicaClient};
+use ballast_node::wire::protocol::{Op, RESPONSE_HEADER, Request, Response, status};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -185,7 +186,7 @@ async fn calls_after_the_connection_dies_fail_at_once_and_never_hang() {
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.unwrap();
-        let mut head = [0u8; ballast_node::replica::protocol::REQUEST_HEADER];
+        let mut head = [0u8; ballast_node::wire::protocol::REQUEST_HEADER];
         s.read_exact(&mut head).await.unwrap();
         let req = Request::decode(&head).unwrap();
         let mut name = vec![0u8; req.len as usize];
@@ -216,8 +217,9 @@ async fn calls_after_the_connection_dies_fail_at_once_and_never_hang() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_disk_fails_its_replicas_until_it_is_restored() {
     use ballast_node::replica::Replica;
-    use ballast_node::replica::client::ReplicaClient;
-    use ballast_node::replica::server::{ReplicaServer, replica_dir};
+    use ballast_node::replica::replica_dir;
+    use ballast_node::server::ReplicaServer;
+    use ballast_node::wire::client::ReplicaClient;
     let d = tempfile::tempdir().unwrap();
     Replica::create(&replica_dir(d.path(), "v-r1"), 1 << 20).unwrap();
     let server = ReplicaServer::new(vec![d.path().to_path_buf()]);
@@ -226,11 +228,13 @@ async fn a_failed_disk_fails_its_replicas_until_it_is_restored() {
     tokio::spawn(server.clone().serve(l));
     let c = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
     c.write(0, &[7u8; 4096], 1, false).await.unwrap();
-    server.fail_disk(d.path(), "ballast-disk.json is missing");
+    server
+        .replicas()
+        .fail_disk(d.path(), "ballast-disk.json is missing");
     let err = c.write(0, &[8u8; 4096], 2, false).await.unwrap_err();
     assert!(err.to_string().contains("not ready"), "{err}");
     assert!(ReplicaClient::connect(&addr, "v-r1").await.is_err());
-    server.restore_disk(d.path());
+    server.replicas().restore_disk(d.path());
     let again = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
     assert_eq!(again.read(0, 4096).await.unwrap(), vec![7u8; 4096]);
 }
@@ -254,7 +258,7 @@ async fn a_lent_replica_serves_no_data_and_takes_no_mutation_until_given_back() 
     let engine = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
     engine.write(0, &[7u8; 4096], 1, false).await.unwrap();
     engine.lend().await.unwrap();
-    assert!(server.is_lent("v-r1"));
+    assert!(server.replicas().is_lent("v-r1"));
     // Lending again on the same connection is a no-op; on another, refused.
     engine.lend().await.unwrap();
     let other = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
@@ -271,14 +275,14 @@ async fn a_lent_replica_serves_no_data_and_takes_no_mutation_until_given_back() 
     assert_eq!(other.info().await.unwrap()["size"], 64 * BLOCK);
     assert_eq!(other.layers().await.unwrap().len(), 1);
     engine.give_back().await.unwrap();
-    assert!(!server.is_lent("v-r1"));
+    assert!(!server.replicas().is_lent("v-r1"));
     assert_eq!(other.read(0, 4096).await.unwrap(), vec![7u8; 4096]);
     other.write(0, &[8u8; 4096], 2, false).await.unwrap();
     // The end of the borrowing connection ends a loan too.
     other.lend().await.unwrap();
     drop(other);
     eventually("the loan ends with its connection", || {
-        !server.is_lent("v-r1")
+        !server.replicas().is_lent("v-r1")
     })
     .await;
     assert_eq!(engine.read(0, 4096).await.unwrap(), vec![8u8; 4096]);
@@ -291,8 +295,8 @@ async fn a_lost_disk_ends_the_loan_and_closes_the_borrowing_connection() {
     let (addr, server) = serve(disk.path()).await;
     let engine = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
     engine.lend().await.unwrap();
-    server.fail_disk(disk.path(), "test");
-    assert!(!server.is_lent("v-r1"));
+    server.replicas().fail_disk(disk.path(), "test");
+    assert!(!server.replicas().is_lent("v-r1"));
     tokio::time::timeout(std::time::Duration::from_secs(5), engine.closed())
         .await
         .expect("the borrowing connection is closed");

@@ -45,7 +45,7 @@ pub fn node_with(dir: &Path, i: usize, volume: &str, block_sums: bool) -> (Kill,
     let disk = dir.join(format!("node-{i}/disk"));
     std::fs::create_dir_all(&disk).unwrap();
     let name = format!("{volume}-r{i}");
-    let at = ballast_node::replica::server::replica_dir(&disk, &name);
+    let at = ballast_node::replica::replica_dir(&disk, &name);
     if block_sums {
         ballast_node::replica::Replica::create(&at, SIZE).unwrap();
     } else {
@@ -94,11 +94,10 @@ pub fn engine(
     // reads go straight to its files.
     let local = replicas[0].split('@').next().unwrap();
     c.args(["--local", local]);
-    c.arg("--local-dir")
-        .arg(ballast_node::replica::server::replica_dir(
-            &dir.join(format!("node-{local_node}/disk")),
-            local,
-        ));
+    c.arg("--local-dir").arg(ballast_node::replica::replica_dir(
+        &dir.join(format!("node-{local_node}/disk")),
+        local,
+    ));
     c.args(extra);
     let child = quiet(&mut c).spawn().unwrap();
     wait_for(&socket);

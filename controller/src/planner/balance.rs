@@ -76,7 +76,7 @@ pub fn moves(pass: &Pass, vs: &VolumeState, layout: &[&str], freed: &[&str]) -> 
     if zone_count.len() == layout.len() && zone_count.len() >= wanted {
         return Vec::new();
     }
-    let cached = pass.eligible(vs.volume, disk_pressure::threshold(pass, vs));
+    let cached = super::schedule::eligible(pass, vs.volume, disk_pressure::threshold(pass, vs));
     let mut eligible = Eligible {
         nodes: cached.nodes.clone(),
         zones: cached.zones.clone(),

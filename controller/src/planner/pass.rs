@@ -42,7 +42,7 @@ pub struct Pass<'a> {
     pub evicting: BTreeSet<String>,
     /// Nodes that could take a replica, per (node selector, disk selector,
     /// size), as at the start of the pass.
-    eligible: RefCell<HashMap<VolumeKind, Rc<Eligible>>>,
+    pub(super) eligible: RefCell<HashMap<VolumeKind, Rc<Eligible>>>,
 }
 
 /// Nodes that could take a replica of a kind of volume, and their zones.
@@ -172,37 +172,6 @@ impl<'a> Pass<'a> {
     pub fn rebuild_slot(&self, node: &str) -> bool {
         self.rebuilds.get(node).copied().unwrap_or(0)
             < self.settings.concurrent_rebuild_per_node_limit()
-    }
-
-    /// Nodes that could take a replica of `volume` (node checks and one disk
-    /// that fits), computed once per kind of volume per pass.
-    pub fn eligible(&self, volume: &VolumeView, below_used: Option<u64>) -> Rc<Eligible> {
-        let key = (
-            volume.node_selector.clone(),
-            volume.disk_selector.clone(),
-            volume.size,
-            below_used,
-        );
-        if let Some(e) = self.eligible.borrow().get(&key) {
-            return e.clone();
-        }
-        let mut e = Eligible::default();
-        for node in &self.view.nodes {
-            if super::schedule::node_refusal(self, node, volume).is_some() {
-                continue;
-            }
-            if node
-                .disks
-                .iter()
-                .any(|d| super::schedule::disk_refusal(self, node, d, volume, below_used).is_none())
-            {
-                e.nodes.push(node.id.clone());
-                e.zones.insert(node.zone.clone());
-            }
-        }
-        let e = Rc::new(e);
-        self.eligible.borrow_mut().insert(key, e.clone());
-        e
     }
 
     pub fn rebuilds_on(&self, node: &str) -> u32 {

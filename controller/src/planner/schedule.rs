@@ -9,7 +9,9 @@
 //! within a node a disk with no replica, then (disk soft) any disk. Among
 //! equals the placement leaving the most free share wins; then names.
 
-use super::pass::Pass;
+use std::rc::Rc;
+
+use super::pass::{Eligible, Pass};
 use super::view::{DiskView, NodeView, ReplicaView, VolumeView};
 
 /// Where a replica goes.
@@ -303,4 +305,35 @@ pub fn choose(pass: &Pass, req: &Request) -> Result<Placement, Vec<String>> {
             Err(reasons)
         }
     }
+}
+
+/// Nodes that could take a replica of `volume` (node checks and one disk
+/// that fits), computed once per kind of volume per pass (cached in it).
+pub fn eligible(pass: &Pass, volume: &VolumeView, below_used: Option<u64>) -> Rc<Eligible> {
+    let key = (
+        volume.node_selector.clone(),
+        volume.disk_selector.clone(),
+        volume.size,
+        below_used,
+    );
+    if let Some(e) = pass.eligible.borrow().get(&key) {
+        return e.clone();
+    }
+    let mut e = Eligible::default();
+    for node in &pass.view.nodes {
+        if node_refusal(pass, node, volume).is_some() {
+            continue;
+        }
+        if node
+            .disks
+            .iter()
+            .any(|d| disk_refusal(pass, node, d, volume, below_used).is_none())
+        {
+            e.nodes.push(node.id.clone());
+            e.zones.insert(node.zone.clone());
+        }
+    }
+    let e = Rc::new(e);
+    pass.eligible.borrow_mut().insert(key, e.clone());
+    e
 }

@@ -62,9 +62,9 @@ pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Channel) {
         if let Some(server) = &ctx.replicas {
             for (d, st) in ctx.disks.iter().zip(&disks) {
                 if st.ready {
-                    server.restore_disk(&d.path);
+                    server.replicas().restore_disk(&d.path);
                 } else {
-                    server.fail_disk(&d.path, &st.message);
+                    server.replicas().fail_disk(&d.path, &st.message);
                 }
             }
         }

@@ -1,7 +1,6 @@
 //! The node agent: the client that registers with the controller and
 //! heartbeats, and the `NodeAgent` gRPC server the controller calls.
 
-pub mod engines;
 mod heartbeat;
 mod rebuild;
 mod server;

@@ -5,8 +5,9 @@
 use ballast::proto::agent::v1::RebuildReplicaResponse;
 
 use crate::error::Error;
-use crate::replica::client::ReplicaClient;
-use crate::replica::server::{JoinSpec, ReplicaServer};
+use crate::server::ReplicaServer;
+use crate::wire::JoinSpec;
+use crate::wire::client::ReplicaClient;
 
 pub async fn offline(
     server: &ReplicaServer,
@@ -20,12 +21,12 @@ pub async fn offline(
             field: "source".into(),
             message: format!("{source:?}: expected NAME@HOST:PORT"),
         })?;
-    let target = server.find(name).map_err(Error::NotFound)?;
+    let target = server.replicas().find(name).map_err(Error::NotFound)?;
     // A source that cannot be reached may come back, and a full disk may
     // be freed: Unavailable, which the controller does not count as a
     // failed reuse.
-    let remote = |e: crate::replica::client::ClientError| match e {
-        crate::replica::client::ClientError::Closed { .. } => Error::Unavailable(e.to_string()),
+    let remote = |e: crate::wire::client::ClientError| match e {
+        crate::wire::client::ClientError::Closed { .. } => Error::Unavailable(e.to_string()),
         e if e.is_no_space() => Error::Unavailable(e.to_string()),
         e => Error::Internal(e.to_string()),
     };

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::context::NodeContext;
 use crate::error::Error;
-use crate::replica::server::replica_dir;
+use crate::replica::replica_dir;
 use crate::replica::{META_FILE, Meta, Replica};
 
 /// The gRPC service the controller calls on this node.
@@ -145,7 +145,7 @@ impl NodeAgent for NodeAgentService {
             message: m,
         })?;
         if let Some(server) = &self.ctx.replicas
-            && server.is_lent(&name)
+            && server.replicas().is_lent(&name)
         {
             return Err(Error::Busy(format!(
                 "replica {name} is in use by its volume's engine; remove it from the engine first"
@@ -156,7 +156,7 @@ impl NodeAgent for NodeAgentService {
             let dir = replica_dir(&d.path, &name);
             if dir.join(META_FILE).exists() {
                 if let Some(server) = &self.ctx.replicas {
-                    server.close(&name);
+                    server.replicas().close(&name);
                 }
                 std::fs::remove_dir_all(&dir)
                     .map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
@@ -252,14 +252,14 @@ impl NodeAgent for NodeAgentService {
             .replicas
             .clone()
             .ok_or_else(|| Error::Internal("this node serves no replicas".into()))?;
-        if server.is_lent(&req.name) {
+        if server.replicas().is_lent(&req.name) {
             return Err(Error::Busy(format!(
                 "replica {} is in use by its volume's engine; grow it detached",
                 req.name
             ))
             .into());
         }
-        let replica = server.find(&req.name).map_err(Error::NotFound)?;
+        let replica = server.replicas().find(&req.name).map_err(Error::NotFound)?;
         tokio::task::spawn_blocking(move || {
             let mut r = replica
                 .write()
@@ -294,13 +294,20 @@ impl NodeAgent for NodeAgentService {
             .replicas
             .clone()
             .ok_or_else(|| Error::Internal("this node serves no replicas".into()))?;
-        let answer = match server.scrub(&req.name, req.bytes_per_second).await {
+        let answer = match server
+            .replicas()
+            .scrub(&req.name, req.bytes_per_second)
+            .await
+        {
             Ok(bytes) => ScrubReplicaResponse {
                 bytes,
                 corrupt: false,
                 message: String::new(),
             },
-            Err(e) if e.status() == crate::replica::protocol::status::CORRUPT => {
+            Err(e)
+                if crate::wire::protocol::status_of(&e)
+                    == crate::wire::protocol::status::CORRUPT =>
+            {
                 ScrubReplicaResponse {
                     bytes: 0,
                     corrupt: true,

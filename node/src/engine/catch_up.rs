@@ -10,9 +10,9 @@
 
 use std::collections::BTreeMap;
 
-use crate::replica::client::ReplicaClient;
-use crate::replica::protocol::MAX_DATA;
 use crate::replica::{LogEntry, LogOp};
+use crate::wire::client::ReplicaClient;
+use crate::wire::protocol::MAX_DATA;
 
 /// Makes `dst` (at revision `dst_rev`) hold what `src` (at `src_rev`, the
 /// highest) holds, by copying the ranges either logged after `dst_rev`.

@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
-use crate::replica::client::ClientError;
-use crate::replica::client::ReplicaClient;
-use crate::replica::protocol::status;
 use crate::replica::{LayerInfo, Replica, ReplicaError};
+use crate::wire::client::ClientError;
+use crate::wire::client::ReplicaClient;
+use crate::wire::protocol::status;
 
 pub struct Lent {
     name: String,
@@ -100,7 +100,7 @@ impl Lent {
     fn error(&self, e: ReplicaError) -> ClientError {
         ClientError::Failed {
             addr: self.dir.display().to_string(),
-            status: e.status(),
+            status: crate::wire::protocol::status_of(&e),
             message: e.to_string(),
         }
     }

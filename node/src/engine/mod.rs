@@ -26,11 +26,10 @@ use bytes::Bytes;
 use tokio::sync::{Mutex, RwLock};
 
 use crate::replica::BLOCK;
-use crate::replica::client::{ClientError, ReplicaClient, Waiter};
-use crate::replica::protocol::{FLAG_FUA, FLAG_ZEROES, MAX_DATA, Op};
+use crate::wire::client::{ClientError, ReplicaClient, Waiter};
+use crate::wire::protocol::{FLAG_FUA, FLAG_ZEROES, MAX_DATA, Op};
 
 mod catch_up;
-pub mod control;
 pub mod freshness;
 mod lent;
 mod rebuild;

@@ -11,8 +11,8 @@ use std::sync::atomic::Ordering;
 use ballast::model::ReplicaMode;
 
 use super::{Engine, EngineError, Link, Member, RebuildStatus, ReplicaAddr};
-use crate::replica::client::{ClientError, ReplicaClient};
-use crate::replica::server::JoinSpec;
+use crate::wire::JoinSpec;
+use crate::wire::client::{ClientError, ReplicaClient};
 
 fn replica_err(replica: &str, e: impl std::fmt::Display) -> EngineError {
     EngineError::Replica {

@@ -14,13 +14,11 @@
 //! no engine, no placement.
 
 mod bitmap;
-pub mod client;
 mod layers;
 mod meta;
-pub mod protocol;
 mod revision;
-pub mod server;
 mod sums;
+mod table;
 
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd};
@@ -31,6 +29,7 @@ pub use bitmap::Bitmap;
 pub use layers::{JoinReport, LayerSpec};
 pub use meta::{META_FILE, Meta};
 pub use revision::{LOG_ENTRIES, LogEntry, LogOp};
+pub use table::{LoanGuard, Replicas, Shared, replica_dir};
 
 /// The unit of allocation and of the allocation maps.
 pub const BLOCK: u64 = 4096;
@@ -74,20 +73,6 @@ impl ReplicaError {
         ReplicaError::Io {
             path: path.to_path_buf(),
             source,
-        }
-    }
-
-    /// The replica protocol's status for this error.
-    pub fn status(&self) -> u32 {
-        match self {
-            ReplicaError::OutOfRange { .. } | ReplicaError::Invalid(_) => protocol::status::INVALID,
-            ReplicaError::Corrupt(_)
-            | ReplicaError::CorruptLayer { .. }
-            | ReplicaError::CorruptBlock { .. } => protocol::status::CORRUPT,
-            ReplicaError::Io { source, .. } if source.raw_os_error() == Some(nix::libc::ENOSPC) => {
-                protocol::status::NO_SPACE
-            }
-            _ => protocol::status::IO,
         }
     }
 }

@@ -15,9 +15,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::replica::ReplicaError;
-use crate::replica::client::{ClientError, ReplicaClient};
-use crate::replica::server::{ReplicaServer, Shared};
+use crate::replica::{ReplicaError, Replicas, Shared};
+use crate::wire::client::{ClientError, ReplicaClient};
 
 pub use local::CopyPath;
 
@@ -72,11 +71,65 @@ fn lock_err() -> SyncError {
     SyncError::Source("replica lock poisoned".into())
 }
 
+/// The fills running on this node, by target replica: one at a time per
+/// replica, with its progress.
+#[derive(Default)]
+pub struct Fills {
+    running: std::sync::Mutex<std::collections::HashMap<String, Arc<Progress>>>,
+}
+
+impl Fills {
+    /// Bytes done and total of the fill of `name`, while one runs.
+    pub fn progress(&self, name: &str) -> Option<(u64, u64)> {
+        let running = self.running.lock().ok()?;
+        let p = running.get(name)?;
+        Some((
+            p.done.load(Ordering::SeqCst),
+            p.total.load(Ordering::SeqCst),
+        ))
+    }
+
+    /// Fills the pending layers of `target` from `source` (`NAME@ADDR`),
+    /// one fill per replica at a time.
+    pub async fn run(
+        &self,
+        replicas: &Replicas,
+        target: &str,
+        source: &str,
+    ) -> Result<FillReport, SyncError> {
+        let (src_name, src_addr) = source
+            .split_once('@')
+            .filter(|(n, a)| !n.is_empty() && !a.is_empty())
+            .ok_or_else(|| {
+                SyncError::Source(format!("fill source {source:?}: expected NAME@HOST:PORT"))
+            })?;
+        let replica = replicas.find(target).map_err(SyncError::Source)?;
+        let progress = Arc::new(Progress::default());
+        {
+            let mut running = self
+                .running
+                .lock()
+                .map_err(|_| SyncError::Source("registry poisoned".into()))?;
+            if running.contains_key(target) {
+                return Err(SyncError::Source(format!(
+                    "{target} is already being filled"
+                )));
+            }
+            running.insert(target.to_string(), progress.clone());
+        }
+        let done = fill(replicas, target, replica, src_name, src_addr, progress).await;
+        if let Ok(mut running) = self.running.lock() {
+            running.remove(target);
+        }
+        done
+    }
+}
+
 /// Fills every pending layer of `target` from the replica `source_name`
 /// served at `source_addr`.
 #[tracing::instrument(skip_all, fields(replica = %target_name, source = %source_name))]
-pub async fn fill(
-    server: &ReplicaServer,
+async fn fill(
+    replicas: &Replicas,
     target_name: &str,
     target: Shared,
     source_name: &str,
@@ -109,9 +162,9 @@ pub async fn fill(
         bytes: 0,
         layers: pending.clone(),
     };
-    // The source is on this node when this server can open it.
+    // The source is on this node when the table can open it.
     let local_source = if source_name != target_name {
-        server.find(source_name).ok()
+        replicas.find(source_name).ok()
     } else {
         None
     };

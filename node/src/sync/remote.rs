@@ -6,9 +6,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::replica::client::ReplicaClient;
-use crate::replica::protocol::Op;
-use crate::replica::server::Shared;
+use crate::replica::Shared;
+use crate::wire::client::ReplicaClient;
+use crate::wire::protocol::Op;
 
 use super::{Progress, SyncError, blocking, lock_err};
 

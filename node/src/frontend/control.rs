@@ -19,7 +19,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 
-use super::{Engine, EngineError, ReplicaAddr};
+use crate::engine::{Engine, EngineError, ReplicaAddr};
 
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "op", rename_all = "lowercase")]
@@ -41,7 +41,7 @@ pub enum ControlRequest {
 }
 
 /// The volume's FUSE export, while there is one.
-type Export = Arc<std::sync::Mutex<Option<crate::frontend::blockdev::FuseMount>>>;
+type Export = Arc<std::sync::Mutex<Option<super::blockdev::FuseMount>>>;
 
 /// Why a control request failed, for the node agent to answer with the
 /// right code.
@@ -133,10 +133,10 @@ async fn handle(
                     }
                     None => {}
                 }
-                if let Err(e) = crate::frontend::blockdev::set_io_flusher() {
+                if let Err(e) = super::blockdev::set_io_flusher() {
                     tracing::warn!(error = %e, "cannot mark the engine an I/O flusher");
                 }
-                let m = crate::frontend::blockdev::mount(engine, rt, &dir)
+                let m = super::blockdev::mount(engine, rt, &dir)
                     .map_err(|e| failed(format!("FUSE mount at {}: {e}", dir.display())))?;
                 tracing::info!(file = %m.file().display(), "serving the block-device file");
                 *current = Some(m);
@@ -168,7 +168,7 @@ async fn handle(
 pub async fn serve(
     engine: Arc<Engine>,
     path: &Path,
-    exported: Option<crate::frontend::blockdev::FuseMount>,
+    exported: Option<super::blockdev::FuseMount>,
 ) -> std::io::Result<()> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;

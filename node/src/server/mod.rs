@@ -1,391 +1,73 @@
-//! The replica server: serves the replicas on this node's disks over the
-//! replica data protocol. A connection first OPENs a replica by name. Its
-//! reads run in parallel on blocking threads; its mutations apply one at a
-//! time in arrival order (plain writes on the connection's own task, those
-//! that sync on a thread of their own); replies go back as they finish. A
-//! FILL (a rebuild's copy, see `crate::sync`) runs beside the rest. It also
-//! keeps the registry of open replicas, fails those of a lost disk, and
-//! reports the progress of fills.
+//! The replica server: serves the replicas of this node's table
+//! (`crate::replica::Replicas`) over the replica data protocol
+//! (`crate::wire`). A connection first OPENs a replica by name. Its reads
+//! run in parallel on blocking threads; its mutations apply one at a time
+//! in arrival order (plain writes on the connection's own task, those that
+//! sync on a thread of their own); replies go back as they finish. A FILL
+//! (a rebuild's copy, `crate::sync`) runs beside the rest.
 //!
 //! A replica on the engine's own node is lent to it (LEND): the engine then
 //! reads and writes the files itself, and the server refuses every other
 //! read and mutation of that replica until the loan ends. What it still
 //! serves of it (INFO, LAYERS, and the frozen layers a rebuild copies) it
 //! reads from the files afresh. The loan ends when the engine gives the
-//! replica back or its connection closes, and the server ends it when the
+//! replica back or its connection closes, and the table ends it when the
 //! replica's disk is lost.
+//!
+//! It is the top of the data plane's layers (replica, wire, sync, server):
+//! nothing below imports it.
 
-use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use super::protocol::{
+use crate::replica::{LoanGuard, Replica, ReplicaError, Replicas, Shared};
+use crate::sync::{Fills, SyncError};
+use crate::wire::protocol::{
     FLAG_FUA, FLAG_RETURN, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER, Request, Response, status,
+    status_of,
 };
-use super::{LayerInfo, LayerSpec, META_FILE, Replica, ReplicaError};
-use crate::sync::{FillReport, Progress, SyncError};
+use crate::wire::{IO_BUFFER, JoinSpec};
 
-/// What a JOIN carries.
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
-pub struct JoinSpec {
-    pub frozen: Vec<LayerSpec>,
-    pub head: String,
-    pub revision: u64,
-}
-
-impl JoinSpec {
-    /// The join that follows the source's chain: its frozen layers, and a new
-    /// head named as the source's.
-    pub fn following(layers: &[LayerInfo], revision: u64) -> Result<JoinSpec, String> {
-        let (head, frozen) = layers.split_last().ok_or("the source has no layers")?;
-        let frozen = frozen
-            .iter()
-            .map(|l| {
-                Ok(LayerSpec {
-                    name: l.name.clone(),
-                    checksum: l
-                        .checksum
-                        .clone()
-                        .ok_or_else(|| format!("layer {} has no checksum", l.name))?,
-                })
-            })
-            .collect::<Result<Vec<_>, String>>()?;
-        Ok(JoinSpec {
-            frozen,
-            head: head.name.clone(),
-            revision,
-        })
-    }
-}
-
-/// An open replica, shared by the connections that use it.
-pub type Shared = Arc<RwLock<Replica>>;
-
-/// Socket buffers: large enough for a 64 KiB request or reply and its header.
-pub const IO_BUFFER: usize = 256 * 1024;
-
-/// Serves every replica found under `<disk>/replicas/` of its disks.
+/// Serves the replicas of its table over the replica data protocol.
 pub struct ReplicaServer {
-    disks: Vec<PathBuf>,
-    open: Mutex<HashMap<String, Shared>>,
-    /// Fills under way, by target replica.
-    fills: Mutex<HashMap<String, Arc<Progress>>>,
-    /// Disks found not ready: their replicas fail.
-    failed_disks: Mutex<std::collections::HashSet<PathBuf>>,
-    /// Replicas lent to their engine, by name. Locked after `open` when
-    /// both are needed.
-    lent: Mutex<HashMap<String, Loan>>,
-    next_loan: std::sync::atomic::AtomicU64,
-    /// The replicas' writeback mark (see `Replica::set_writeback_every`).
-    writeback_every: u64,
-}
-
-/// A loan as the borrowing connection holds it; dropping it ends it.
-struct Held {
-    server: Arc<ReplicaServer>,
-    name: String,
-    id: u64,
-    revoke: Arc<tokio::sync::Notify>,
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.server.give_back(&self.name, self.id);
-    }
-}
-
-/// A replica lent to an engine.
-struct Loan {
-    id: u64,
-    dir: PathBuf,
-    /// Woken when the server ends the loan (the disk was lost): the
-    /// engine's connection is closed.
-    revoke: Arc<tokio::sync::Notify>,
-}
-
-/// Where a replica named `name` lives on `disk`.
-pub fn replica_dir(disk: &std::path::Path, name: &str) -> PathBuf {
-    disk.join("replicas").join(name)
-}
-
-fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 255
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
-        && !name.starts_with('.')
+    replicas: Arc<Replicas>,
+    fills: Fills,
 }
 
 impl ReplicaServer {
-    pub fn new(disks: Vec<PathBuf>) -> Arc<Self> {
-        Self::with_writeback(disks, super::WRITEBACK_EVERY)
+    pub fn new(disks: Vec<std::path::PathBuf>) -> Arc<Self> {
+        Self::serving(Replicas::new(disks))
     }
 
-    /// Like `new`, starting each head's writeback after `writeback_every`
-    /// bytes written (0: left to the kernel).
-    pub fn with_writeback(disks: Vec<PathBuf>, writeback_every: u64) -> Arc<Self> {
+    /// Serves the replicas of `replicas`.
+    pub fn serving(replicas: Arc<Replicas>) -> Arc<Self> {
         Arc::new(ReplicaServer {
-            writeback_every,
-            disks,
-            open: Mutex::new(HashMap::new()),
-            fills: Mutex::new(HashMap::new()),
-            failed_disks: Mutex::new(Default::default()),
-            lent: Mutex::new(HashMap::new()),
-            next_loan: std::sync::atomic::AtomicU64::new(1),
+            replicas,
+            fills: Fills::default(),
         })
     }
 
-    /// Whether `name` is lent to its engine.
-    pub fn is_lent(&self, name: &str) -> bool {
-        self.lent
-            .lock()
-            .map(|l| l.contains_key(name))
-            .unwrap_or(true)
+    /// The table of the replicas it serves.
+    pub fn replicas(&self) -> &Arc<Replicas> {
+        &self.replicas
     }
 
-    /// Lends `name` to an engine; returns the loan's number and what ends
-    /// it early. The server's own copy of the replica is dropped: it is
-    /// opened afresh from the files once the loan ends.
-    fn lend(&self, name: &str) -> Result<(u64, Arc<tokio::sync::Notify>), String> {
-        let replica = self.find(name)?;
-        let dir = replica
-            .read()
-            .map_err(|_| "replica lock poisoned".to_string())?
-            .dir()
-            .to_path_buf();
-        let mut open = self
-            .open
-            .lock()
-            .map_err(|_| "registry poisoned".to_string())?;
-        let mut lent = self
-            .lent
-            .lock()
-            .map_err(|_| "registry poisoned".to_string())?;
-        if lent.contains_key(name) {
-            return Err(format!("replica {name} is already lent to an engine"));
-        }
-        let id = self
-            .next_loan
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let revoke = Arc::new(tokio::sync::Notify::new());
-        lent.insert(
-            name.to_string(),
-            Loan {
-                id,
-                dir,
-                revoke: revoke.clone(),
-            },
-        );
-        open.remove(name);
-        tracing::info!(replica = name, loan = id, "replica lent to its engine");
-        Ok((id, revoke))
-    }
-
-    /// Ends loan `id` of `name` (if it is still the current one).
-    fn give_back(&self, name: &str, id: u64) {
-        if let Ok(mut lent) = self.lent.lock()
-            && lent.get(name).is_some_and(|l| l.id == id)
-        {
-            lent.remove(name);
-            tracing::info!(replica = name, loan = id, "replica given back");
-        }
-    }
-
-    /// The open replica called `name`, opening it on first use.
-    pub fn find(&self, name: &str) -> Result<Shared, String> {
-        if !valid_name(name) {
-            return Err(format!("{name:?} is not a replica name"));
-        }
-        let mut open = self
-            .open
-            .lock()
-            .map_err(|_| "registry poisoned".to_string())?;
-        if let Some(r) = open.get(name) {
-            if let Some(why) = r.read().ok().and_then(|r| r.broken().map(str::to_string)) {
-                return Err(why);
-            }
-            return Ok(r.clone());
-        }
-        // A lent replica changes under the server: it is opened afresh for
-        // each use and never kept.
-        let lent = self.is_lent(name);
-        let failed = self
-            .failed_disks
-            .lock()
-            .map_err(|_| "registry poisoned".to_string())?
-            .clone();
-        let dir = self
-            .disks
-            .iter()
-            .filter(|d| !failed.contains(*d))
-            .map(|d| replica_dir(d, name))
-            .find(|d| d.join(META_FILE).exists())
-            .ok_or_else(|| format!("no replica {name} on this node"))?;
-        // Lent, the engine owns its files: a view writes nothing to them.
-        let opened = if lent {
-            Replica::open_view(&dir)
-        } else {
-            Replica::open(&dir)
-        };
-        let mut opened = opened.map_err(|e| e.to_string())?;
-        opened.set_writeback_every(self.writeback_every);
-        let r = Arc::new(RwLock::new(opened));
-        if !lent {
-            open.insert(name.to_string(), r.clone());
-        }
-        Ok(r)
-    }
-
-    /// The directory of replica `name` on this node's disks.
-    pub fn dir_of(&self, name: &str) -> Result<PathBuf, String> {
-        if !valid_name(name) {
-            return Err(format!("{name:?} is not a replica name"));
-        }
-        self.disks
-            .iter()
-            .map(|d| replica_dir(d, name))
-            .find(|d| d.join(META_FILE).exists())
-            .ok_or_else(|| format!("no replica {name} on this node"))
-    }
-
-    /// Scrubs replica `name` (see `Replica::scrub`) at most
-    /// `bytes_per_second`; a corrupt layer is marked, for the server's open
-    /// replica too. Returns the bytes checked, or what is corrupt.
-    pub async fn scrub(&self, name: &str, bytes_per_second: u64) -> Result<u64, ReplicaError> {
-        let dir = self.dir_of(name).map_err(ReplicaError::Invalid)?;
-        let rate = bytes_per_second.max(1 << 20);
-        let at = dir.clone();
-        let scrubbed = tokio::task::spawn_blocking(move || {
-            let start = std::time::Instant::now();
-            let mut read = 0u64;
-            Replica::scrub(&at, |n| {
-                read += n;
-                let due = std::time::Duration::from_secs_f64(read as f64 / rate as f64);
-                if let Some(ahead) = due.checked_sub(start.elapsed()) {
-                    std::thread::sleep(ahead);
-                }
-            })
-        })
-        .await
-        .map_err(|e| ReplicaError::Invalid(e.to_string()))?;
-        if let Err(e) = &scrubbed
-            && let Some(layer) = super::corrupt_layer(e)
-        {
-            match self.open.lock().ok().and_then(|o| o.get(name).cloned()) {
-                Some(r) => {
-                    if let Ok(r) = r.read() {
-                        r.note_corruption(e);
-                    }
-                }
-                None => super::mark_corrupt_in(&dir, layer)?,
-            }
-        }
-        scrubbed
+    /// The fills running here (a FILL request's, or the agent's for an
+    /// offline rebuild).
+    pub async fn fill(
+        &self,
+        target: &str,
+        source: &str,
+    ) -> Result<crate::sync::FillReport, SyncError> {
+        self.fills.run(&self.replicas, target, source).await
     }
 
     /// Bytes done and total of the fill of `name`, while one runs.
     pub fn fill_progress(&self, name: &str) -> Option<(u64, u64)> {
-        let fills = self.fills.lock().ok()?;
-        let p = fills.get(name)?;
-        Some((
-            p.done.load(std::sync::atomic::Ordering::SeqCst),
-            p.total.load(std::sync::atomic::Ordering::SeqCst),
-        ))
-    }
-
-    /// Fills the pending layers of `target` from `source` (`NAME@ADDR`),
-    /// one fill per replica at a time.
-    pub async fn fill(&self, target: &str, source: &str) -> Result<FillReport, SyncError> {
-        let (src_name, src_addr) = source
-            .split_once('@')
-            .filter(|(n, a)| !n.is_empty() && !a.is_empty())
-            .ok_or_else(|| {
-                SyncError::Source(format!("fill source {source:?}: expected NAME@HOST:PORT"))
-            })?;
-        let replica = self.find(target).map_err(SyncError::Source)?;
-        let progress = Arc::new(Progress::default());
-        {
-            let mut fills = self
-                .fills
-                .lock()
-                .map_err(|_| SyncError::Source("registry poisoned".into()))?;
-            if fills.contains_key(target) {
-                return Err(SyncError::Source(format!(
-                    "{target} is already being filled"
-                )));
-            }
-            fills.insert(target.to_string(), progress.clone());
-        }
-        let done = crate::sync::fill(self, target, replica, src_name, src_addr, progress).await;
-        if let Ok(mut fills) = self.fills.lock() {
-            fills.remove(target);
-        }
-        done
-    }
-
-    /// Fails every open replica under `disk`, and refuses to open more
-    /// there: the disk is gone or is not the one it was.
-    pub fn fail_disk(&self, disk: &std::path::Path, why: &str) {
-        if let Ok(mut failed) = self.failed_disks.lock()
-            && !failed.insert(disk.to_path_buf())
-        {
-            return;
-        }
-        let Ok(open) = self.open.lock() else {
-            return;
-        };
-        if let Ok(mut lent) = self.lent.lock() {
-            lent.retain(|name, loan| {
-                let keep = !loan.dir.starts_with(disk);
-                if !keep {
-                    tracing::warn!(replica = %name, disk = %disk.display(), why, "disk lost; ending the replica's loan to its engine");
-                    loan.revoke.notify_one();
-                }
-                keep
-            });
-        }
-        for (name, r) in open.iter() {
-            if let Ok(mut r) = r.write()
-                && r.dir().starts_with(disk)
-            {
-                tracing::warn!(replica = %name, disk = %disk.display(), why, "disk lost; failing the replica");
-                r.break_off(format!("disk {} is not ready: {why}", disk.display()));
-            }
-        }
-    }
-
-    /// A disk found ready again: replicas there open afresh from their
-    /// files on next use (the failed ones stay closed, and an engine that
-    /// dropped them rebuilds them as reused replicas).
-    pub fn restore_disk(&self, disk: &std::path::Path) {
-        let was_failed = self
-            .failed_disks
-            .lock()
-            .map(|mut f| f.remove(disk))
-            .unwrap_or(false);
-        if !was_failed {
-            return;
-        }
-        tracing::info!(disk = %disk.display(), "disk ready again");
-        if let Ok(mut open) = self.open.lock() {
-            open.retain(|_, r| {
-                r.read()
-                    .map(|r| !r.dir().starts_with(disk))
-                    .unwrap_or(false)
-            });
-        }
-    }
-
-    /// Forgets an open replica (after it was deleted).
-    pub fn close(&self, name: &str) {
-        if let Ok(mut open) = self.open.lock() {
-            open.remove(name);
-        }
+        self.fills.progress(name)
     }
 
     /// Accepts connections until the listener fails or the task is dropped.
@@ -443,7 +125,7 @@ impl ReplicaServer {
         let mut bound: Option<(String, Shared)> = None;
         // The loan this connection's engine holds (ended when dropped,
         // however the connection ends).
-        let mut loan: Option<Held> = None;
+        let mut loan: Option<LoanGuard> = None;
         // Mutations run one at a time, in the order they arrived, so that
         // every replica applies an engine's writes in the engine's order.
         // Reads run in parallel. A plain write or trim (no FUA) that finds
@@ -505,7 +187,7 @@ impl ReplicaServer {
             let payload = rd.payload(req.payload_len()).await?;
             if req.op == Op::Open {
                 let name = String::from_utf8_lossy(&payload).into_owned();
-                let reply = match self.find(&name) {
+                let reply = match self.replicas.find(&name) {
                     Ok(r) => {
                         bound = Some((name, r));
                         (
@@ -547,14 +229,9 @@ impl ReplicaServer {
                 } else if queued.load(std::sync::atomic::Ordering::SeqCst) > 0 {
                     error(req.id, status::BUSY, "mutations are still in flight")
                 } else {
-                    match self.lend(&name) {
-                        Ok((id, revoke)) => {
-                            loan = Some(Held {
-                                server: self.clone(),
-                                name: name.clone(),
-                                id,
-                                revoke,
-                            });
+                    match self.replicas.lend(&name) {
+                        Ok(guard) => {
+                            loan = Some(guard);
                             (ok_empty(req.id), Vec::new())
                         }
                         Err(e) => error(req.id, status::BUSY, &e),
@@ -569,7 +246,7 @@ impl ReplicaServer {
             }
             let fresh = matches!(req.op, Op::Info | Op::Layers | Op::WriteLog);
             let from_files = fresh || matches!(req.op, Op::LayerExtents | Op::LayerRead);
-            if !from_files && self.is_lent(&name) {
+            if !from_files && self.replicas.is_lent(&name) {
                 let why = format!("replica {name} is lent to its engine");
                 if tx.send(error(req.id, status::BUSY, &why)).await.is_err() {
                     break Ok(());
@@ -577,8 +254,8 @@ impl ReplicaServer {
                 continue;
             }
             // What is lent is read from its files as they are now.
-            let replica = if fresh && self.is_lent(&name) {
-                match self.find(&name) {
+            let replica = if fresh && self.replicas.is_lent(&name) {
+                match self.replicas.find(&name) {
                     Ok(r) => r,
                     Err(e) => {
                         if tx.send(error(req.id, status::NOT_FOUND, &e)).await.is_err() {
@@ -697,7 +374,7 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> (
             body,
         )
     };
-    let fail = |e: ReplicaError| error(req.id, e.status(), &e.to_string());
+    let fail = |e: ReplicaError| error(req.id, status_of(&e), &e.to_string());
     let poisoned = || error(req.id, status::IO, "replica lock poisoned");
     match req.op {
         Op::Read => {

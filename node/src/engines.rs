@@ -1,4 +1,5 @@
-//! The engine processes of the volumes attached to this node. Each engine
+//! The engine processes of the volumes attached to this node (the node
+//! context holds them; the agent and the CSI service ask them). Each engine
 //! runs as `ballast engine` in its own process, so that restarting the node
 //! plugin never interrupts a volume; the node plugin re-adopts running
 //! engines (by their pid files) when it starts.
@@ -17,8 +18,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::Mutex;
 
-use crate::engine::control::{self, ControlError, ControlRequest, FailureKind};
 use crate::error::Error;
+use crate::frontend::control::{self, ControlError, ControlRequest, FailureKind};
 
 #[derive(Clone, Debug)]
 struct Running {
@@ -285,7 +286,7 @@ impl Engines {
             if let Some(dir) = self
                 .disks
                 .iter()
-                .map(|d| crate::replica::server::replica_dir(d, &spec.local))
+                .map(|d| crate::replica::replica_dir(d, &spec.local))
                 .find(|d| d.join(crate::replica::META_FILE).exists())
             {
                 cmd.arg("--local-dir").arg(dir);

@@ -160,7 +160,7 @@ impl ReplicaClient {
                 .map_err(|e| closed(e.to_string()))?;
         let _ = stream.set_nodelay(true);
         let (rd, wr) = stream.into_split();
-        let mut rd = crate::bufio::FrameReader::new(rd, super::server::IO_BUFFER);
+        let mut rd = crate::bufio::FrameReader::new(rd, super::IO_BUFFER);
         let (outbox, mut frames) = mpsc::unbounded_channel::<Frame>();
         let pending: Pending = Arc::default();
         let closed = Arc::new(Ended::default());
@@ -404,7 +404,7 @@ impl ReplicaClient {
     }
 
     /// Every layer, oldest first.
-    pub async fn layers(&self) -> Result<Vec<super::LayerInfo>, ClientError> {
+    pub async fn layers(&self) -> Result<Vec<crate::replica::LayerInfo>, ClientError> {
         let body = self.call(Op::Layers, 0, 0, 0, 0, &[]).await?;
         self.json(&body)
     }
@@ -414,7 +414,7 @@ impl ReplicaClient {
     pub async fn writes_since(
         &self,
         since: u64,
-    ) -> Result<Option<Vec<super::LogEntry>>, ClientError> {
+    ) -> Result<Option<Vec<crate::replica::LogEntry>>, ClientError> {
         let body = self.call(Op::WriteLog, since, 0, 0, 0, &[]).await?;
         self.json(&body)
     }
@@ -432,8 +432,8 @@ impl ReplicaClient {
     /// Joins a rebuild (see `Replica::join`).
     pub async fn join(
         &self,
-        spec: &super::server::JoinSpec,
-    ) -> Result<super::JoinReport, ClientError> {
+        spec: &super::JoinSpec,
+    ) -> Result<crate::replica::JoinReport, ClientError> {
         let payload = serde_json::to_vec(spec).map_err(|e| ClientError::Failed {
             addr: self.addr.clone(),
             status: status::INVALID,

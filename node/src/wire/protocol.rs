@@ -243,6 +243,21 @@ impl Response {
     }
 }
 
+/// The protocol's status for a replica's error: the one mapping.
+pub fn status_of(e: &crate::replica::ReplicaError) -> u32 {
+    use crate::replica::ReplicaError;
+    match e {
+        ReplicaError::OutOfRange { .. } | ReplicaError::Invalid(_) => status::INVALID,
+        ReplicaError::Corrupt(_)
+        | ReplicaError::CorruptLayer { .. }
+        | ReplicaError::CorruptBlock { .. } => status::CORRUPT,
+        ReplicaError::Io { source, .. } if source.raw_os_error() == Some(nix::libc::ENOSPC) => {
+            status::NO_SPACE
+        }
+        _ => status::IO,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;

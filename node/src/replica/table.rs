@@ -1,0 +1,298 @@
+//! The table of this node's replicas: which replica lives on which disk,
+//! each opened once and shared by whoever uses it, lent to the engine on
+//! its node, failed with a lost disk. It owns names and files, and knows
+//! nothing of sockets: the server and sync use it, never the other way.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::{META_FILE, Replica, ReplicaError};
+
+/// An open replica, shared by the connections that use it.
+pub type Shared = Arc<RwLock<Replica>>;
+
+/// Every replica found under `<disk>/replicas/` of the node's disks.
+pub struct Replicas {
+    disks: Vec<PathBuf>,
+    open: Mutex<HashMap<String, Shared>>,
+    /// Disks found not ready: their replicas fail.
+    failed_disks: Mutex<std::collections::HashSet<PathBuf>>,
+    /// Replicas lent to their engine, by name. Locked after `open` when
+    /// both are needed.
+    lent: Mutex<HashMap<String, Loan>>,
+    next_loan: std::sync::atomic::AtomicU64,
+    /// The replicas' writeback mark (see `Replica::set_writeback_every`).
+    writeback_every: u64,
+}
+
+/// A loan as the borrower holds it; dropping it ends it.
+pub struct LoanGuard {
+    table: Arc<Replicas>,
+    name: String,
+    id: u64,
+    /// Woken when the table ends the loan (the disk was lost).
+    pub revoke: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for LoanGuard {
+    fn drop(&mut self) {
+        self.table.give_back(&self.name, self.id);
+    }
+}
+
+/// A replica lent to an engine.
+struct Loan {
+    id: u64,
+    dir: PathBuf,
+    /// Woken when the server ends the loan (the disk was lost): the
+    /// engine's connection is closed.
+    revoke: Arc<tokio::sync::Notify>,
+}
+
+/// Where a replica named `name` lives on `disk`.
+pub fn replica_dir(disk: &std::path::Path, name: &str) -> PathBuf {
+    disk.join("replicas").join(name)
+}
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && !name.starts_with('.')
+}
+
+impl Replicas {
+    pub fn new(disks: Vec<PathBuf>) -> Arc<Self> {
+        Self::with_writeback(disks, super::WRITEBACK_EVERY)
+    }
+
+    /// Like `new`, starting each head's writeback after `writeback_every`
+    /// bytes written (0: left to the kernel).
+    pub fn with_writeback(disks: Vec<PathBuf>, writeback_every: u64) -> Arc<Self> {
+        Arc::new(Replicas {
+            writeback_every,
+            disks,
+            open: Mutex::new(HashMap::new()),
+            failed_disks: Mutex::new(Default::default()),
+            lent: Mutex::new(HashMap::new()),
+            next_loan: std::sync::atomic::AtomicU64::new(1),
+        })
+    }
+
+    /// Whether `name` is lent to its engine.
+    pub fn is_lent(&self, name: &str) -> bool {
+        self.lent
+            .lock()
+            .map(|l| l.contains_key(name))
+            .unwrap_or(true)
+    }
+
+    /// Lends `name` to an engine; the loan lasts as long as the guard
+    /// returned, whose `revoke` is woken when the table ends it early.
+    /// The table's own copy of the replica is dropped: it is opened
+    /// afresh from the files once the loan ends.
+    pub fn lend(self: &Arc<Self>, name: &str) -> Result<LoanGuard, String> {
+        let replica = self.find(name)?;
+        let dir = replica
+            .read()
+            .map_err(|_| "replica lock poisoned".to_string())?
+            .dir()
+            .to_path_buf();
+        let mut open = self
+            .open
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?;
+        let mut lent = self
+            .lent
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?;
+        if lent.contains_key(name) {
+            return Err(format!("replica {name} is already lent to an engine"));
+        }
+        let id = self
+            .next_loan
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let revoke = Arc::new(tokio::sync::Notify::new());
+        lent.insert(
+            name.to_string(),
+            Loan {
+                id,
+                dir,
+                revoke: revoke.clone(),
+            },
+        );
+        open.remove(name);
+        tracing::info!(replica = name, loan = id, "replica lent to its engine");
+        Ok(LoanGuard {
+            table: self.clone(),
+            name: name.to_string(),
+            id,
+            revoke,
+        })
+    }
+
+    /// Ends loan `id` of `name` (if it is still the current one).
+    fn give_back(&self, name: &str, id: u64) {
+        if let Ok(mut lent) = self.lent.lock()
+            && lent.get(name).is_some_and(|l| l.id == id)
+        {
+            lent.remove(name);
+            tracing::info!(replica = name, loan = id, "replica given back");
+        }
+    }
+
+    /// The open replica called `name`, opening it on first use.
+    pub fn find(&self, name: &str) -> Result<Shared, String> {
+        if !valid_name(name) {
+            return Err(format!("{name:?} is not a replica name"));
+        }
+        let mut open = self
+            .open
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?;
+        if let Some(r) = open.get(name) {
+            if let Some(why) = r.read().ok().and_then(|r| r.broken().map(str::to_string)) {
+                return Err(why);
+            }
+            return Ok(r.clone());
+        }
+        // A lent replica changes under the server: it is opened afresh for
+        // each use and never kept.
+        let lent = self.is_lent(name);
+        let failed = self
+            .failed_disks
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?
+            .clone();
+        let dir = self
+            .disks
+            .iter()
+            .filter(|d| !failed.contains(*d))
+            .map(|d| replica_dir(d, name))
+            .find(|d| d.join(META_FILE).exists())
+            .ok_or_else(|| format!("no replica {name} on this node"))?;
+        // Lent, the engine owns its files: a view writes nothing to them.
+        let opened = if lent {
+            Replica::open_view(&dir)
+        } else {
+            Replica::open(&dir)
+        };
+        let mut opened = opened.map_err(|e| e.to_string())?;
+        opened.set_writeback_every(self.writeback_every);
+        let r = Arc::new(RwLock::new(opened));
+        if !lent {
+            open.insert(name.to_string(), r.clone());
+        }
+        Ok(r)
+    }
+
+    /// The directory of replica `name` on this node's disks.
+    pub fn dir_of(&self, name: &str) -> Result<PathBuf, String> {
+        if !valid_name(name) {
+            return Err(format!("{name:?} is not a replica name"));
+        }
+        self.disks
+            .iter()
+            .map(|d| replica_dir(d, name))
+            .find(|d| d.join(META_FILE).exists())
+            .ok_or_else(|| format!("no replica {name} on this node"))
+    }
+
+    /// Scrubs replica `name` (see `Replica::scrub`) at most
+    /// `bytes_per_second`; a corrupt layer is marked, for the server's open
+    /// replica too. Returns the bytes checked, or what is corrupt.
+    pub async fn scrub(&self, name: &str, bytes_per_second: u64) -> Result<u64, ReplicaError> {
+        let dir = self.dir_of(name).map_err(ReplicaError::Invalid)?;
+        let rate = bytes_per_second.max(1 << 20);
+        let at = dir.clone();
+        let scrubbed = tokio::task::spawn_blocking(move || {
+            let start = std::time::Instant::now();
+            let mut read = 0u64;
+            Replica::scrub(&at, |n| {
+                read += n;
+                let due = std::time::Duration::from_secs_f64(read as f64 / rate as f64);
+                if let Some(ahead) = due.checked_sub(start.elapsed()) {
+                    std::thread::sleep(ahead);
+                }
+            })
+        })
+        .await
+        .map_err(|e| ReplicaError::Invalid(e.to_string()))?;
+        if let Err(e) = &scrubbed
+            && let Some(layer) = super::corrupt_layer(e)
+        {
+            match self.open.lock().ok().and_then(|o| o.get(name).cloned()) {
+                Some(r) => {
+                    if let Ok(r) = r.read() {
+                        r.note_corruption(e);
+                    }
+                }
+                None => super::mark_corrupt_in(&dir, layer)?,
+            }
+        }
+        scrubbed
+    }
+
+    /// Fails every open replica under `disk`, and refuses to open more
+    /// there: the disk is gone or is not the one it was.
+    pub fn fail_disk(&self, disk: &std::path::Path, why: &str) {
+        if let Ok(mut failed) = self.failed_disks.lock()
+            && !failed.insert(disk.to_path_buf())
+        {
+            return;
+        }
+        let Ok(open) = self.open.lock() else {
+            return;
+        };
+        if let Ok(mut lent) = self.lent.lock() {
+            lent.retain(|name, loan| {
+                let keep = !loan.dir.starts_with(disk);
+                if !keep {
+                    tracing::warn!(replica = %name, disk = %disk.display(), why, "disk lost; ending the replica's loan to its engine");
+                    loan.revoke.notify_one();
+                }
+                keep
+            });
+        }
+        for (name, r) in open.iter() {
+            if let Ok(mut r) = r.write()
+                && r.dir().starts_with(disk)
+            {
+                tracing::warn!(replica = %name, disk = %disk.display(), why, "disk lost; failing the replica");
+                r.break_off(format!("disk {} is not ready: {why}", disk.display()));
+            }
+        }
+    }
+
+    /// A disk found ready again: replicas there open afresh from their
+    /// files on next use (the failed ones stay closed, and an engine that
+    /// dropped them rebuilds them as reused replicas).
+    pub fn restore_disk(&self, disk: &std::path::Path) {
+        let was_failed = self
+            .failed_disks
+            .lock()
+            .map(|mut f| f.remove(disk))
+            .unwrap_or(false);
+        if !was_failed {
+            return;
+        }
+        tracing::info!(disk = %disk.display(), "disk ready again");
+        if let Ok(mut open) = self.open.lock() {
+            open.retain(|_, r| {
+                r.read()
+                    .map(|r| !r.dir().starts_with(disk))
+                    .unwrap_or(false)
+            });
+        }
+    }
+
+    /// Forgets an open replica (after it was deleted).
+    pub fn close(&self, name: &str) {
+        if let Ok(mut open) = self.open.lock() {
+            open.remove(name);
+        }
+    }
+}

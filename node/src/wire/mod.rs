@@ -1,0 +1,45 @@
+//! The wire: the replica data protocol (`protocol`) and its client
+//! (`client`), and the messages both sides share. It sits on the replica
+//! format (it carries its layers and write log) and under sync, the
+//! server and the engine; it opens no replica itself.
+
+pub mod client;
+pub mod protocol;
+
+use crate::replica::{LayerInfo, LayerSpec};
+
+/// What a JOIN carries.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct JoinSpec {
+    pub frozen: Vec<LayerSpec>,
+    pub head: String,
+    pub revision: u64,
+}
+
+impl JoinSpec {
+    /// The join that follows the source's chain: its frozen layers, and a new
+    /// head named as the source's.
+    pub fn following(layers: &[LayerInfo], revision: u64) -> Result<JoinSpec, String> {
+        let (head, frozen) = layers.split_last().ok_or("the source has no layers")?;
+        let frozen = frozen
+            .iter()
+            .map(|l| {
+                Ok(LayerSpec {
+                    name: l.name.clone(),
+                    checksum: l
+                        .checksum
+                        .clone()
+                        .ok_or_else(|| format!("layer {} has no checksum", l.name))?,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(JoinSpec {
+            frozen,
+            head: head.name.clone(),
+            revision,
+        })
+    }
+}
+
+/// Socket buffers: large enough for a 64 KiB request or reply and its header.
+pub const IO_BUFFER: usize = 256 * 1024;
