@@ -9,6 +9,7 @@ pub mod csi_caps;
 pub mod csi_identity;
 pub mod error;
 pub mod grpc;
+pub mod guard;
 pub mod logging;
 pub mod model;
 pub mod proto;

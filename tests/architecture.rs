@@ -171,7 +171,12 @@ fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
 }
 
 /// File-level and top-level-module edges of one crate.
-fn graphs(src: &Path) -> (BTreeMap<String, BTreeSet<String>>, BTreeMap<String, BTreeSet<String>>) {
+fn graphs(
+    src: &Path,
+) -> (
+    BTreeMap<String, BTreeSet<String>>,
+    BTreeMap<String, BTreeSet<String>>,
+) {
     let mods = modules(src);
     let mut files: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut tops: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();

@@ -1,10 +1,11 @@
 //! What every RPC, request handler and background task of the controller
 //! gets: the store, the timing configuration and the liveness table.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ballast::guard::{KeyGuard, KeyedGuards};
 use ballast::model::Setting;
 use ballast::settings::Settings;
 use ballast::store::{Store, StoreExt};
@@ -25,22 +26,11 @@ pub struct Context {
     pub started: Instant,
     pub events: Recorder,
     /// Volumes with a call in progress.
-    busy: Arc<Mutex<HashSet<String>>>,
+    busy: KeyedGuards,
 }
 
 /// Held while a call works on a volume; released on drop.
-pub struct VolumeGuard {
-    name: String,
-    busy: Arc<Mutex<HashSet<String>>>,
-}
-
-impl Drop for VolumeGuard {
-    fn drop(&mut self) {
-        if let Ok(mut b) = self.busy.lock() {
-            b.remove(&self.name);
-        }
-    }
-}
+pub type VolumeGuard = KeyGuard;
 
 impl Context {
     pub fn new(store: Arc<dyn Store>, node_down_timeout: Duration) -> Arc<Self> {
@@ -54,7 +44,7 @@ impl Context {
             last_seen: Mutex::new(HashMap::new()),
             started: Instant::now(),
             events: Recorder::default(),
-            busy: Arc::default(),
+            busy: KeyedGuards::default(),
         })
     }
 
@@ -80,19 +70,7 @@ impl Context {
 
     /// Takes the volume for one call, or says it is busy (409).
     pub fn lock_volume(&self, name: &str) -> Result<VolumeGuard, Error> {
-        let mut b = self
-            .busy
-            .lock()
-            .map_err(|_| Error::Internal("lock poisoned".into()))?;
-        if !b.insert(name.to_string()) {
-            return Err(Error::Conflict(format!(
-                "volume {name:?} is busy with another call; retry"
-            )));
-        }
-        Ok(VolumeGuard {
-            name: name.to_string(),
-            busy: self.busy.clone(),
-        })
+        self.busy.try_take(name).ok_or_else(|| busy(name))
     }
 
     /// Takes the volume for a user's call, waiting up to `patience` for a
@@ -102,20 +80,15 @@ impl Context {
         name: &str,
         patience: Duration,
     ) -> Result<VolumeGuard, Error> {
-        let end = Instant::now() + patience;
-        loop {
-            match self.lock_volume(name) {
-                Err(Error::Conflict(_)) if Instant::now() < end => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                other => return other,
-            }
-        }
+        self.busy
+            .take_within(name, patience)
+            .await
+            .ok_or_else(|| busy(name))
     }
 
     /// Whether a call holds the volume now.
     pub fn volume_busy(&self, name: &str) -> bool {
-        self.busy.lock().map(|b| b.contains(name)).unwrap_or(true)
+        self.busy.is_held(name)
     }
 
     pub fn saw_node(&self, id: &str) {
@@ -134,4 +107,8 @@ impl Context {
             .unwrap_or(self.started);
         seen.elapsed()
     }
+}
+
+fn busy(name: &str) -> Error {
+    Error::Conflict(format!("volume {name:?} is busy with another call; retry"))
 }

@@ -13,11 +13,11 @@
 //! What was staged is recorded in `<state-dir>/staged/<volume>.json` (the
 //! device and the staging path), so unstage works after a restart.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ballast::csi_caps::check_capability;
+use ballast::guard::{KeyGuard, KeyedGuards};
 use ballast::model::FsType;
 use ballast::proto::csi::v1::node_server::Node;
 use ballast::proto::csi::v1::node_service_capability::{self, rpc::Type as RpcType};
@@ -42,7 +42,7 @@ pub struct NodeService {
     /// `<state-dir>/staged`.
     records: PathBuf,
     /// Volumes a call is working on.
-    busy: Arc<Mutex<HashSet<String>>>,
+    busy: KeyedGuards,
 }
 
 /// What NodeStageVolume did, for publish and unstage.
@@ -51,20 +51,6 @@ struct Staged {
     device: PathBuf,
     staging: PathBuf,
     block: bool,
-}
-
-/// Held while a call works on a volume.
-struct Busy {
-    set: Arc<Mutex<HashSet<String>>>,
-    volume: String,
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        if let Ok(mut s) = self.set.lock() {
-            s.remove(&self.volume);
-        }
-    }
 }
 
 fn required(value: &str, field: &str) -> Result<(), Error> {
@@ -166,24 +152,15 @@ impl NodeService {
         NodeService {
             ctx,
             records: state_dir.join("staged"),
-            busy: Arc::default(),
+            busy: KeyedGuards::default(),
         }
     }
 
-    fn hold(&self, volume: &str) -> Result<Busy, Error> {
-        let mut set = self
-            .busy
-            .lock()
-            .map_err(|_| Error::Internal("poisoned".into()))?;
-        if !set.insert(volume.to_string()) {
-            return Err(Error::Busy(format!(
-                "another call is working on volume {volume}"
-            )));
-        }
-        Ok(Busy {
-            set: self.busy.clone(),
-            volume: volume.to_string(),
-        })
+    /// Takes the volume for this call; another call on it: ABORTED.
+    fn hold(&self, volume: &str) -> Result<KeyGuard, Error> {
+        self.busy
+            .try_take(volume)
+            .ok_or_else(|| Error::Busy(format!("another call is working on volume {volume}")))
     }
 
     fn record_path(&self, volume: &str) -> PathBuf {
