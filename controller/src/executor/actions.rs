@@ -6,16 +6,13 @@
 
 use std::sync::Arc;
 
-use ballast::model::{
-    DesiredState, Kind, Node, Replica, ReplicaMode, ReplicaSpec, ReplicaStatus, Volume,
-};
+use ballast::model::{Kind, Node, Replica, ReplicaMode, Volume};
 use ballast::proto::agent::v1::{
-    AddEngineReplicaRequest, CreateReplicaRequest, DeleteReplicaRequest, RebuildReplicaRequest,
-    RemoveEngineReplicaRequest,
+    AddEngineReplicaRequest, RebuildReplicaRequest, RemoveEngineReplicaRequest,
 };
 use ballast::store::StoreExt;
 
-use super::{agent, replica_name, with_timeout};
+use super::{agent, replica, with_timeout};
 use crate::context::Context;
 use crate::error::Error;
 use crate::planner::{Action, ActionKind};
@@ -153,49 +150,9 @@ async fn build_replica(
             name.to_string()
         }
         None => {
-            let name = replica_name(volume);
-            let record = Replica {
-                name: name.clone(),
-                resource_version: 0,
-                spec: ReplicaSpec {
-                    volume: volume.to_string(),
-                    node_id: node.to_string(),
-                    disk_id: disk.to_string(),
-                    data_directory: format!("replicas/{name}"),
-                    desired_state: DesiredState::Running,
-                    eviction_requested: false,
-                    rebuild_retry_count: 0,
-                    failed_at: None,
-                    healthy_at: None,
-                },
-                status: ReplicaStatus {
-                    mode,
-                    ..Default::default()
-                },
-            };
-            ctx.store.create(&record)?;
-            let mut c = agent(&target)?;
-            let created = with_timeout(
-                node,
-                c.create_replica(CreateReplicaRequest {
-                    name: name.clone(),
-                    volume: volume.to_string(),
-                    disk_id: disk.to_string(),
-                    size: vol.spec.size,
-                }),
-            )
-            .await;
-            if let Err(e) = created {
-                let _ = ctx.store.delete::<Replica>(&name, None);
-                return Err(e);
-            }
-            ctx.event(
-                Kind::Replica,
-                &name,
-                "ReplicaCreated",
-                format!("on {node}/{disk}"),
-            );
-            name
+            replica::make(ctx, volume, vol.spec.size, &target, disk, mode)
+                .await?
+                .name
         }
     };
     if !has_data {
@@ -407,17 +364,7 @@ async fn remove_replica(
         .await?;
     }
     let deleted = match ready_node(ctx, &rep.spec.node_id) {
-        Ok(node) => {
-            let mut c = agent(&node)?;
-            with_timeout(
-                &node.id,
-                c.delete_replica(DeleteReplicaRequest {
-                    name: replica.to_string(),
-                }),
-            )
-            .await
-            .map(drop)
-        }
+        Ok(node) => replica::delete_on_node(&node, replica).await,
         Err(e) => Err(e),
     };
     match deleted {

@@ -4,12 +4,14 @@
 //! a step fails. It decides nothing: placement comes from the planner.
 //!
 //! `volume` carries out the volume lifecycle (create, attach, detach,
-//! delete); `actions` carries out each planner action; `reconcile` is the
+//! delete); `actions` carries out each planner action; `replica` is the
+//! one way a replica is made (and unmade when that fails); `reconcile` is the
 //! loop that observes, plans and acts on every change and resync tick;
 //! `scrub` has every replica's frozen layers checked on its node.
 
 mod actions;
 mod reconcile;
+mod replica;
 mod scrub;
 mod volume;
 

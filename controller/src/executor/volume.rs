@@ -1,15 +1,10 @@
 use std::sync::Arc;
 
-use ballast::model::{
-    DesiredState, Kind, Node, Replica, ReplicaSpec, ReplicaStatus, Robustness, Volume, VolumeState,
-};
-use ballast::proto::agent::v1::{
-    CreateReplicaRequest, DeleteReplicaRequest, GrowReplicaRequest, StartEngineRequest,
-    StopEngineRequest,
-};
+use ballast::model::{Kind, Node, Replica, Robustness, Volume, VolumeState};
+use ballast::proto::agent::v1::{GrowReplicaRequest, StartEngineRequest, StopEngineRequest};
 use ballast::store::StoreExt;
 
-use super::{agent, replica_name, with_timeout};
+use super::{agent, replica, with_timeout};
 
 /// How long a user's call waits for the control loop to finish a step on
 /// the volume before it answers busy.
@@ -17,19 +12,6 @@ const PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 use crate::context::Context;
 use crate::error::Error;
 use crate::{observe, planner};
-
-async fn delete_on_node(ctx: &Context, r: &Replica) -> Result<(), Error> {
-    let node: Node = ctx.store.fetch(&r.spec.node_id)?;
-    let mut c = agent(&node)?;
-    with_timeout(
-        &node.id,
-        c.delete_replica(DeleteReplicaRequest {
-            name: r.name.clone(),
-        }),
-    )
-    .await?;
-    Ok(())
-}
 
 /// Places a new volume's replicas with the planner, records them, and
 /// creates them on their nodes. Nothing is left behind when a step fails.
@@ -62,56 +44,24 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
     let mut made: Vec<Replica> = Vec::new();
     let mut failure = None;
     for p in placements {
-        let name = replica_name(&volume.name);
-        let record = Replica {
-            name: name.clone(),
-            resource_version: 0,
-            spec: ReplicaSpec {
-                volume: volume.name.clone(),
-                node_id: p.node.clone(),
-                disk_id: p.disk.clone(),
-                data_directory: format!("replicas/{name}"),
-                desired_state: DesiredState::Running,
-                eviction_requested: false,
-                rebuild_retry_count: 0,
-                failed_at: None,
-                healthy_at: None,
-            },
-            status: ReplicaStatus::default(),
+        let made_one = match ctx.store.fetch::<Node>(&p.node) {
+            Ok(node) => {
+                replica::make(ctx, &volume.name, volume.spec.size, &node, &p.disk, None).await
+            }
+            Err(e) => Err(e.into()),
         };
-        // Intent first: the record exists before the replica does.
-        let record = match ctx.store.create(&record) {
-            Ok(r) => r,
+        match made_one {
+            Ok(r) => made.push(r),
             Err(e) => {
-                failure = Some(e.into());
+                failure = Some(e);
                 break;
             }
-        };
-        made.push(record.clone());
-        let created = async {
-            let node: Node = ctx.store.fetch(&p.node)?;
-            let mut c = agent(&node)?;
-            with_timeout(
-                &node.id,
-                c.create_replica(CreateReplicaRequest {
-                    name: name.clone(),
-                    volume: volume.name.clone(),
-                    disk_id: p.disk.clone(),
-                    size: volume.spec.size,
-                }),
-            )
-            .await
-        }
-        .await;
-        if let Err(e) = created {
-            failure = Some(e);
-            break;
         }
     }
+    // The rollback rule of `replica::make`, for the volume as a whole.
     if let Some(e) = failure {
         for r in &made {
-            let _ = delete_on_node(ctx, r).await;
-            let _ = ctx.store.delete::<Replica>(&r.name, None);
+            replica::discard(ctx, r).await;
         }
         let _ = ctx.store.delete::<Volume>(&volume.name, None);
         return Err(e);
@@ -157,7 +107,11 @@ pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
         .into_iter()
         .filter(|r| r.spec.volume == name)
     {
-        match delete_on_node(ctx, &r).await {
+        let deleted = match ctx.store.fetch::<Node>(&r.spec.node_id) {
+            Ok(node) => replica::delete_on_node(&node, &r.name).await,
+            Err(e) => Err(e.into()),
+        };
+        match deleted {
             Ok(()) => ctx.store.delete::<Replica>(&r.name, None)?,
             Err(e) => failed.push(format!("{}: {e}", r.name)),
         }
