@@ -1,7 +1,10 @@
 //! What every RPC, request handler and background task of the controller
-//! gets: the store, the timing configuration and the liveness table.
+//! gets: the store, the timing configuration, the liveness table, the
+//! per-volume guards, the node agents, and the clock and the names of new
+//! replicas (real ones in the daemon, a model's in the simulator).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -9,7 +12,9 @@ use ballast::guard::{KeyGuard, KeyedGuards};
 use ballast::model::Setting;
 use ballast::settings::Settings;
 use ballast::store::{Store, StoreExt};
+use chrono::{DateTime, Utc};
 
+use crate::agents::{Agents, GrpcAgents};
 use crate::error::Error;
 use crate::events::Recorder;
 
@@ -27,6 +32,25 @@ pub struct Context {
     pub events: Recorder,
     /// Volumes with a call in progress.
     busy: KeyedGuards,
+    /// The node agents the executor calls.
+    pub agents: Arc<dyn Agents>,
+    clock: Clock,
+    names: Names,
+}
+
+/// Where "now" comes from.
+pub enum Clock {
+    System,
+    /// A model's time, moved on by its owner.
+    Manual(Mutex<DateTime<Utc>>),
+}
+
+/// How new replicas are named: `<volume>-r<id>`.
+enum Names {
+    /// 8 random hex digits.
+    Random,
+    /// 1, 2, 3, ...: a model's names, the same on every run.
+    Sequential(AtomicU64),
 }
 
 /// Held while a call works on a volume; released on drop.
@@ -45,7 +69,53 @@ impl Context {
             started: Instant::now(),
             events: Recorder::default(),
             busy: KeyedGuards::default(),
+            agents: Arc::new(GrpcAgents),
+            clock: Clock::System,
+            names: Names::Random,
         })
+    }
+
+    /// A context over a model: its store, its agents, its clock starting
+    /// at `now`, and replicas named in sequence.
+    pub fn model(store: Arc<dyn Store>, agents: Arc<dyn Agents>, now: DateTime<Utc>) -> Arc<Self> {
+        Arc::new(Context {
+            store,
+            node_down_timeout: Duration::from_secs(30),
+            heartbeat_interval: Duration::from_secs(5),
+            last_seen: Mutex::new(HashMap::new()),
+            started: Instant::now(),
+            events: Recorder::default(),
+            busy: KeyedGuards::default(),
+            agents,
+            clock: Clock::Manual(Mutex::new(now)),
+            names: Names::Sequential(AtomicU64::new(0)),
+        })
+    }
+
+    /// Now, by this context's clock.
+    pub fn now(&self) -> DateTime<Utc> {
+        match &self.clock {
+            Clock::System => Utc::now(),
+            Clock::Manual(t) => *t.lock().unwrap_or_else(|p| p.into_inner()),
+        }
+    }
+
+    /// Moves a model's clock on (the system clock moves by itself).
+    pub fn advance(&self, by: chrono::Duration) {
+        if let Clock::Manual(t) = &self.clock {
+            *t.lock().unwrap_or_else(|p| p.into_inner()) += by;
+        }
+    }
+
+    /// A new replica's name: `<volume>-r<id>`.
+    pub fn replica_name(&self, volume: &str) -> String {
+        match &self.names {
+            Names::Random => {
+                let id = uuid::Uuid::new_v4().simple().to_string();
+                format!("{volume}-r{}", &id[..8])
+            }
+            Names::Sequential(n) => format!("{volume}-r{}", n.fetch_add(1, Ordering::Relaxed) + 1),
+        }
     }
 
     /// The effective settings: defaults overlaid with what the store holds.
@@ -65,7 +135,13 @@ impl Context {
         message: impl Into<String>,
     ) {
         self.events
-            .record(self.store.as_ref(), kind, name, reason, message);
+            .record(self.store.as_ref(), self.now(), kind, name, reason, message);
+    }
+
+    /// Records an event on `object` (`KIND/NAME`).
+    pub fn event_on(&self, object: &str, reason: &str, message: impl Into<String>) {
+        self.events
+            .record_on(self.store.as_ref(), self.now(), object, reason, message);
     }
 
     /// Takes the volume for one call, or says it is busy (409).

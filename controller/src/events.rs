@@ -20,6 +20,7 @@ impl Recorder {
     pub fn record(
         &self,
         store: &dyn Store,
+        now: chrono::DateTime<chrono::Utc>,
         kind: Kind,
         name: &str,
         reason: &str,
@@ -27,6 +28,7 @@ impl Recorder {
     ) {
         self.record_on(
             store,
+            now,
             &format!("{}/{name}", kind.singular()),
             reason,
             message,
@@ -37,11 +39,11 @@ impl Recorder {
     pub fn record_on(
         &self,
         store: &dyn Store,
+        now: chrono::DateTime<chrono::Utc>,
         object: &str,
         reason: &str,
         message: impl Into<String>,
     ) {
-        let now = chrono::Utc::now();
         let message = message.into();
         let object = object.to_string();
         tracing::info!(%object, reason, %message, "event");

@@ -87,7 +87,7 @@ pub fn record(
         // counts from here), unless it already was.
         let dropped = v.status.current_replicas.iter().any(|r| !set.contains(r));
         if dropped && v.status.robustness == Robustness::Healthy {
-            v.status.last_degraded_at = Some(chrono::Utc::now());
+            v.status.last_degraded_at = Some(ctx.now());
         }
         v.status.generation += 1;
         v.status.current_replicas = set.clone();
@@ -121,7 +121,7 @@ pub fn record(
 /// Replicas that left the record hold older data: failed, from now on,
 /// whatever their last report said.
 fn mark_left(ctx: &Context, before: &[String], after: &[String]) {
-    let now = chrono::Utc::now();
+    let now = ctx.now();
     for name in before.iter().filter(|n| !after.contains(n)) {
         let _ = ctx.store.modify::<Replica, Error>(name, |r| {
             if r.status.mode != Some(ReplicaMode::Rw) {

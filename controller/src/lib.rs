@@ -7,6 +7,7 @@
 //! It never touches a disk and never imports the node crate: nodes are
 //! reached only through the agent protocol in the core crate.
 
+pub mod agents;
 pub mod api;
 pub mod context;
 pub mod csi;

@@ -1,5 +1,6 @@
-//! Observing: the planner's view of the cluster, built from the store.
-//! (The reconcile loop plans on it; `GET /v1/plan` shows the plan.)
+//! Observing: the planner's view of the cluster, built from the records
+//! (the store's, or the simulator's model). The reconcile loop plans on
+//! it; `GET /v1/plan` shows the plan; the simulator plans on it too.
 
 use ballast::model::{Node, Replica, ReplicaMode, Volume};
 use ballast::store::{Store, StoreExt};
@@ -46,8 +47,8 @@ pub fn volume_view(v: &Volume) -> VolumeView {
     VolumeView {
         name: v.name.clone(),
         size: v.spec.size,
-        // The data plane reports real usage; until it does, assume full.
-        actual_size: v.spec.size,
+        // Until the data plane reports real usage, assume full.
+        actual_size: v.status.actual_size.unwrap_or(v.spec.size),
         number_of_replicas: v.spec.number_of_replicas,
         data_locality: v.spec.data_locality,
         auto_balance: v.spec.replica_auto_balance,
@@ -74,15 +75,23 @@ pub fn replica_view(r: &Replica) -> ReplicaView {
     }
 }
 
-/// The whole view, sorted as the planner expects. A replica outside its
-/// volume's record of who holds the latest data is failed, whatever its
-/// last report said: it must be rebuilt, never copied from.
+/// The whole view, from the store, sorted as the planner expects.
 pub fn cluster_view(store: &dyn Store) -> Result<ClusterView, Error> {
     // The store lists by name, which is the order the planner wants.
-    let nodes = store.list::<Node>()?.iter().map(node_view).collect();
-    let volumes: Vec<Volume> = store.list()?;
-    let replicas = store
-        .list::<Replica>()?
+    Ok(view_of(
+        &store.list::<Node>()?,
+        &store.list::<Volume>()?,
+        &store.list::<Replica>()?,
+    ))
+}
+
+/// The view of these records (each list sorted by name): the one way the
+/// planner's view is built, for the controller (from its store) and for
+/// the simulator (from its model). A replica outside its volume's record
+/// of who holds the latest data is failed, whatever its last report said:
+/// it must be rebuilt, never copied from.
+pub fn view_of(nodes: &[Node], volumes: &[Volume], replicas: &[Replica]) -> ClusterView {
+    let replicas = replicas
         .iter()
         .map(|r| {
             let mut view = replica_view(r);
@@ -97,10 +106,9 @@ pub fn cluster_view(store: &dyn Store) -> Result<ClusterView, Error> {
             view
         })
         .collect();
-    let volumes = volumes.iter().map(volume_view).collect();
-    Ok(ClusterView {
-        nodes,
-        volumes,
+    ClusterView {
+        nodes: nodes.iter().map(node_view).collect(),
+        volumes: volumes.iter().map(volume_view).collect(),
         replicas,
-    })
+    }
 }

@@ -130,7 +130,7 @@ fn seed001_never_two_replicas_to_one_disk_at_once() {
             .sim
             .replicas
             .values()
-            .filter(|r| r.disk == "d2" && r.mode == Some(ballast::model::ReplicaMode::Wo))
+            .filter(|r| r.disk() == "d2" && r.mode() == Some(ballast::model::ReplicaMode::Wo))
             .count();
         assert!(
             into_d2 <= 1,

@@ -41,14 +41,14 @@ fn replica_on<'a>(
     run.sim
         .replicas
         .values()
-        .find(|r| r.volume == volume && r.node == node)
+        .find(|r| r.volume() == volume && r.node() == node)
 }
 
 fn rw_count(run: &Run, volume: &str) -> usize {
     run.sim
         .replicas
         .values()
-        .filter(|r| r.volume == volume && r.is_rw())
+        .filter(|r| r.volume() == volume && r.is_rw())
         .count()
 }
 
@@ -74,7 +74,7 @@ fn seed002_block_for_eviction_moves_every_replica_off_a_cordoned_node_without_de
     ));
     let r = run.settle();
     assert_eq!(count_on(&r, "v1", "node-1"), 1);
-    let evicted = replica_on(&run, "v1", "node-1").unwrap().name.clone();
+    let evicted = replica_on(&run, "v1", "node-1").unwrap().name().to_string();
 
     run.step("node: {id: node-1, cordoned: true}");
     let mut saw_evicting = false;
@@ -85,10 +85,10 @@ fn seed002_block_for_eviction_moves_every_replica_off_a_cordoned_node_without_de
         );
         let n1 = &run.sim.nodes[0];
         if let Some(r) = run.sim.replicas.get(&evicted) {
-            assert!(r.eviction_requested);
-            assert!(n1.auto_evicting, "autoEvicting while replicas leave");
+            assert!(r.eviction_requested());
+            assert!(n1.status.auto_evicting, "autoEvicting while replicas leave");
             assert!(
-                n1.drain_blocked,
+                n1.status.drain_blocked,
                 "drain waits while the node holds a replica"
             );
             saw_evicting = true;
@@ -112,7 +112,7 @@ fn seed002_block_for_eviction_moves_every_replica_off_a_cordoned_node_without_de
     run.step("node: {id: node-1, cordoned: false}");
     let r = run.sim.settle(0);
     assert!(!r.nodes["node-1"].auto_evicting);
-    assert!(run.sim.replicas.values().all(|r| !r.eviction_requested));
+    assert!(run.sim.replicas.values().all(|r| !r.eviction_requested()));
     assert_eq!(
         per_node(&r, "v1"),
         [0, 1, 1, 1],
@@ -141,8 +141,14 @@ fn seed002_block_for_eviction_if_contains_last_replica_evicts_only_last_replicas
     run.step("node: {id: node-4, allowScheduling: true}");
     assert_eq!(count_on(&r, "one", "node-1"), 1);
     assert_eq!(count_on(&r, "three", "node-1"), 1);
-    let single = replica_on(&run, "one", "node-1").unwrap().name.clone();
-    let of_three = replica_on(&run, "three", "node-1").unwrap().name.clone();
+    let single = replica_on(&run, "one", "node-1")
+        .unwrap()
+        .name()
+        .to_string();
+    let of_three = replica_on(&run, "three", "node-1")
+        .unwrap()
+        .name()
+        .to_string();
 
     run.step("node: {id: node-1, cordoned: true}");
     let mut saw = false;
@@ -152,12 +158,12 @@ fn seed002_block_for_eviction_if_contains_last_replica_evicts_only_last_replicas
             "the single-replica volume never degrades"
         );
         if let Some(r) = run.sim.replicas.get(&single) {
-            assert!(r.eviction_requested);
-            assert!(run.sim.nodes[0].auto_evicting);
+            assert!(r.eviction_requested());
+            assert!(run.sim.nodes[0].status.auto_evicting);
             saw = true;
         }
         assert!(
-            !run.sim.replicas[&of_three].eviction_requested,
+            !run.sim.replicas[&of_three].eviction_requested(),
             "the replica with healthy peers elsewhere stays"
         );
     });
@@ -174,7 +180,7 @@ fn seed002_block_for_eviction_if_contains_last_replica_evicts_only_last_replicas
     run.step("node: {id: node-1, cordoned: false}");
     let r = run.sim.settle(0);
     assert!(!r.nodes["node-1"].auto_evicting);
-    assert!(run.sim.replicas.values().all(|r| !r.eviction_requested));
+    assert!(run.sim.replicas.values().all(|r| !r.eviction_requested()));
     assert_eq!(
         r.replicas["three"].values().sum::<usize>(),
         3,
@@ -199,13 +205,13 @@ fn seed002_block_for_eviction_that_cannot_place_blocks_the_drain_until_uncordon(
     .replace("  - {id: node-4, disks: [{id: d1, size: 100Gi}]}\n", "");
     let mut run = start(&text);
     run.settle();
-    let replica = replica_on(&run, "v1", "node-1").unwrap().name.clone();
+    let replica = replica_on(&run, "v1", "node-1").unwrap().name().to_string();
     run.step("node: {id: node-1, cordoned: true}");
     let r = run.sim.settle(0);
     assert!(r.settled);
     assert!(r.nodes["node-1"].auto_evicting);
     assert!(r.nodes["node-1"].drain_blocked, "the drain never completes");
-    assert!(run.sim.replicas[&replica].eviction_requested);
+    assert!(run.sim.replicas[&replica].eviction_requested());
     assert!(
         r.blocked
             .iter()
@@ -220,7 +226,7 @@ fn seed002_block_for_eviction_that_cannot_place_blocks_the_drain_until_uncordon(
     let r = run.sim.settle(0);
     assert_eq!(per_node(&r, "v1"), [1, 1, 1], "healthy");
     assert!(!r.nodes["node-1"].auto_evicting);
-    assert!(!run.sim.replicas[&replica].eviction_requested);
+    assert!(!run.sim.replicas[&replica].eviction_requested());
     assert_eq!(
         events(&run, "EvictionAutomatic"),
         [format!("replica/{replica}")]
@@ -245,7 +251,7 @@ fn drain_blocked_after_cordon(policy: &str, stop_replica: bool) -> bool {
     run.step("node: {id: node-1, cordoned: true}");
     // One plan is enough to read the drain status.
     run.sim.tick();
-    run.sim.nodes[0].drain_blocked
+    run.sim.nodes[0].status.drain_blocked
 }
 
 #[test]
@@ -297,15 +303,20 @@ fn seed002_a_replica_that_never_held_data_never_blocks_a_drain() {
     run.step("addVolume: {name: v1, size: 1Gi, numberOfReplicas: 1, attachedNode: node-1}");
     run.sim.tick();
     let r = run.sim.replicas.values().next().unwrap().clone();
-    assert_eq!(r.mode, Some(ReplicaMode::Wo));
-    assert!(r.healthy_at.is_none());
-    run.step(&format!("node: {{id: {}, cordoned: true}}", r.node));
+    assert_eq!(r.mode(), Some(ReplicaMode::Wo));
+    assert!(r.record.spec.healthy_at.is_none());
+    run.step(&format!("node: {{id: {}, cordoned: true}}", r.node()));
     run.sim.tick();
-    let node = run.sim.nodes.iter().find(|n| n.spec.id == r.node).unwrap();
+    let node = run
+        .sim
+        .nodes
+        .iter()
+        .find(|n| n.spec.id == r.node())
+        .unwrap();
     assert!(
-        !node.drain_blocked,
+        !node.status.drain_blocked,
         "an empty replica does not block: {:?}",
-        node.drain_blocked_reason
+        node.status.drain_blocked_reason
     );
 }
 

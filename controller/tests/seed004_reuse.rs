@@ -88,9 +88,12 @@ fn seed004_a_node_back_within_the_wait_interval_gets_its_replica_reused() {
         .sim
         .replicas
         .values()
-        .find(|r| r.node == "node-3")
+        .find(|r| r.node() == "node-3")
         .unwrap();
-    assert_eq!(v.retry, 0, "a replica reaching rw resets its retry count");
+    assert_eq!(
+        v.record.spec.rebuild_retry_count, 0,
+        "a replica reaching rw resets its retry count"
+    );
     run.hold(10);
 }
 

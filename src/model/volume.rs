@@ -118,6 +118,10 @@ pub struct VolumeStatus {
     /// acknowledges a write that a replica it dropped lacks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub current_replicas: Vec<String>,
+    /// Bytes the data takes in each replica, when known (else the size
+    /// counts).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actual_size: Option<u64>,
 }
 
 impl Default for VolumeStatus {
@@ -131,6 +135,7 @@ impl Default for VolumeStatus {
             frontend_endpoint: None,
             generation: 0,
             current_replicas: Vec::new(),
+            actual_size: None,
         }
     }
 }

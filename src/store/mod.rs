@@ -3,8 +3,9 @@
 //! Every object carries a resource version; a write that names a stale
 //! version fails with [`StoreError::Conflict`] and the caller re-reads and
 //! retries. Every committed change is announced to subscribers. Backends:
-//! [`RedbStore`] (embedded, the default); the Kubernetes backend comes later
-//! and must pass the same [`contract`] suite.
+//! [`RedbStore`] (embedded, the default) and [`MemoryStore`] (the
+//! simulator's); the Kubernetes backend comes later and must pass the same
+//! [`contract`] suite.
 
 use serde_json::Value;
 use tokio::sync::broadcast;
@@ -13,8 +14,10 @@ use crate::model::{Kind, Object};
 
 #[cfg(any(test, feature = "contract-tests"))]
 pub mod contract;
+mod memory;
 mod redb_store;
 
+pub use memory::MemoryStore;
 pub use redb_store::RedbStore;
 
 /// Errors of the store layer.

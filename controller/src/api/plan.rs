@@ -32,7 +32,7 @@ pub async fn get(
             name: v.clone(),
         });
     }
-    let now = chrono::Utc::now();
+    let now = ctx.now();
     let plan = planner::plan(&view, &ctx.settings()?, now);
     let volume_of = |kind: &ActionKind| -> Option<String> {
         match kind {

@@ -7,12 +7,9 @@
 use std::sync::Arc;
 
 use ballast::model::{Kind, Node, Replica, ReplicaMode, Volume};
-use ballast::proto::agent::v1::{
-    AddEngineReplicaRequest, RebuildReplicaRequest, RemoveEngineReplicaRequest,
-};
 use ballast::store::StoreExt;
 
-use super::{agent, replica, with_timeout};
+use super::{effects, replica};
 use crate::context::Context;
 use crate::error::Error;
 use crate::planner::{Action, ActionKind};
@@ -46,11 +43,8 @@ pub async fn carry_out(ctx: &Arc<Context>, action: &Action) -> Result<(), Error>
             remove_replica(ctx, volume, replica, &action.reason).await
         }
         ActionKind::SetReplicaEviction { replica, requested } => {
-            ctx.store.modify::<Replica, Error>(replica, |r| {
-                let changed = r.spec.eviction_requested != *requested;
-                r.spec.eviction_requested = *requested;
-                Ok(changed)
-            })?;
+            ctx.store
+                .modify::<Replica, Error>(replica, |r| Ok(effects::set_eviction(r, *requested)))?;
             Ok(())
         }
         ActionKind::SetNodeStatus {
@@ -60,14 +54,12 @@ pub async fn carry_out(ctx: &Arc<Context>, action: &Action) -> Result<(), Error>
             drain_blocked_reason,
         } => {
             ctx.store.modify::<Node, Error>(node, |n| {
-                let s = &mut n.status;
-                let changed = s.auto_evicting != *auto_evicting
-                    || s.drain_blocked != *drain_blocked
-                    || s.drain_blocked_reason != *drain_blocked_reason;
-                s.auto_evicting = *auto_evicting;
-                s.drain_blocked = *drain_blocked;
-                s.drain_blocked_reason = drain_blocked_reason.clone();
-                Ok(changed)
+                Ok(effects::set_node_status(
+                    &mut n.status,
+                    *auto_evicting,
+                    *drain_blocked,
+                    drain_blocked_reason,
+                ))
             })?;
             Ok(())
         }
@@ -76,8 +68,13 @@ pub async fn carry_out(ctx: &Arc<Context>, action: &Action) -> Result<(), Error>
             reason,
             message,
         } => {
-            ctx.events
-                .record_on(ctx.store.as_ref(), object, reason, message.clone());
+            ctx.events.record_on(
+                ctx.store.as_ref(),
+                ctx.now(),
+                object,
+                reason,
+                message.clone(),
+            );
             Ok(())
         }
     }
@@ -92,18 +89,12 @@ fn ready_node(ctx: &Context, id: &str) -> Result<Node, Error> {
 }
 
 fn mark_failed(ctx: &Context, name: &str, why: &Error, reused: bool) {
-    let now = chrono::Utc::now();
+    let now = ctx.now();
     // A rebuild that failed because a node could not be reached does not
     // count as a reuse attempt.
     let uncounted = reused && matches!(why, Error::Unavailable(_));
     let marked = ctx.store.modify::<Replica, Error>(name, |r| {
-        if uncounted {
-            r.spec.rebuild_retry_count = r.spec.rebuild_retry_count.saturating_sub(1);
-        }
-        r.status.mode = Some(ReplicaMode::Err);
-        r.status.running = false;
-        r.status.rebuild_progress = None;
-        r.spec.failed_at = Some(now);
+        effects::failed(r, now, uncounted);
         Ok(true)
     });
     if marked.is_ok() {
@@ -141,10 +132,7 @@ async fn build_replica(
     let name = match reuse {
         Some(name) => {
             ctx.store.modify::<Replica, Error>(name, |r| {
-                r.spec.failed_at = None;
-                r.spec.rebuild_retry_count += 1;
-                r.status.mode = mode;
-                r.status.running = false;
+                effects::reuse(r, mode);
                 Ok(true)
             })?;
             name.to_string()
@@ -186,17 +174,9 @@ async fn add_to_engine(
     copy_from: Option<&str>,
 ) -> Result<(), Error> {
     let engine_node = ready_node(ctx, attached)?;
-    let mut c = agent(&engine_node)?;
-    with_timeout(
-        attached,
-        c.add_engine_replica(AddEngineReplicaRequest {
-            volume: volume.to_string(),
-            replica: at.to_string(),
-            source: copy_from.unwrap_or_default().to_string(),
-        }),
-    )
-    .await?;
-    Ok(())
+    ctx.agents
+        .add_engine_replica(&engine_node, volume, at, copy_from.unwrap_or_default())
+        .await
 }
 
 /// A detached volume has no engine: the target's node copies from a
@@ -232,17 +212,9 @@ async fn rebuild_offline(
                 "no replica that holds the latest data is reachable to copy {name} from"
             ))
         })?;
-    let mut c = agent(target)?;
-    let done = with_timeout(
-        &target.id,
-        c.rebuild_replica(RebuildReplicaRequest {
-            name: name.to_string(),
-            source: source.clone(),
-        }),
-    )
-    .await;
+    let done = ctx.agents.rebuild_replica(target, name, &source).await;
     let done = match done {
-        Ok(d) => d.into_inner(),
+        Ok(d) => d,
         Err(Error::DataLoss(why)) => {
             // The source's data failed its checksums: it is the replica at
             // fault; it leaves the record and is rebuilt in turn.
@@ -252,13 +224,9 @@ async fn rebuild_offline(
         }
         Err(e) => return Err(e),
     };
-    let now = chrono::Utc::now();
+    let now = ctx.now();
     ctx.store.modify::<Replica, Error>(name, |r| {
-        r.status.mode = Some(ReplicaMode::Rw);
-        r.status.rebuild_progress = None;
-        r.spec.healthy_at = Some(now);
-        r.spec.failed_at = None;
-        r.spec.rebuild_retry_count = 0;
+        effects::rebuilt(r, now);
         Ok(true)
     })?;
     ctx.event(
@@ -294,17 +262,11 @@ pub(crate) async fn fail_corrupt(
     let vol: Volume = ctx.store.fetch(volume)?;
     if let Some(attached) = &vol.status.attached_node {
         let node = ready_node(ctx, attached)?;
-        let mut c = agent(&node)?;
-        with_timeout(
-            attached,
-            c.remove_engine_replica(RemoveEngineReplicaRequest {
-                volume: volume.to_string(),
-                replica: replica.to_string(),
-            }),
-        )
-        .await?;
+        ctx.agents
+            .remove_engine_replica(&node, volume, replica)
+            .await?;
     }
-    let now = chrono::Utc::now();
+    let now = ctx.now();
     ctx.store.modify::<Replica, Error>(replica, |r| {
         r.status.mode = Some(ReplicaMode::Err);
         r.status.running = false;
@@ -353,18 +315,12 @@ async fn remove_replica(
     if let Some(attached) = vol.and_then(|v| v.status.attached_node)
         && let Ok(node) = ready_node(ctx, &attached)
     {
-        let mut c = agent(&node)?;
-        with_timeout(
-            &attached,
-            c.remove_engine_replica(RemoveEngineReplicaRequest {
-                volume: volume.to_string(),
-                replica: replica.to_string(),
-            }),
-        )
-        .await?;
+        ctx.agents
+            .remove_engine_replica(&node, volume, replica)
+            .await?;
     }
     let deleted = match ready_node(ctx, &rep.spec.node_id) {
-        Ok(node) => replica::delete_on_node(&node, replica).await,
+        Ok(node) => ctx.agents.delete_replica(&node, replica).await,
         Err(e) => Err(e),
     };
     match deleted {

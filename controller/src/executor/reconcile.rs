@@ -88,7 +88,7 @@ fn volume_of(a: &Action) -> Option<&str> {
 #[tracing::instrument(skip_all)]
 fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<usize, Error> {
     let view = observe::cluster_view(ctx.store.as_ref())?;
-    let plan = planner::plan(&view, &ctx.settings()?, chrono::Utc::now());
+    let plan = planner::plan(&view, &ctx.settings()?, ctx.now());
     let now = Instant::now();
     let mut started = 0;
     for action in plan.actions {

@@ -4,11 +4,9 @@
 //! nothing behind). Volume creation and the planner's CreateReplica both
 //! come through here.
 
-use ballast::model::{DesiredState, Kind, Node, Replica, ReplicaMode, ReplicaSpec, ReplicaStatus};
-use ballast::proto::agent::v1::{CreateReplicaRequest, DeleteReplicaRequest};
+use ballast::model::{Kind, Node, Replica, ReplicaMode};
 use ballast::store::StoreExt;
 
-use super::{agent, replica_name, with_timeout};
 use crate::context::Context;
 use crate::error::Error;
 
@@ -23,42 +21,14 @@ pub async fn make(
     disk: &str,
     mode: Option<ReplicaMode>,
 ) -> Result<Replica, Error> {
-    let name = replica_name(volume);
-    let record = Replica {
-        name: name.clone(),
-        resource_version: 0,
-        spec: ReplicaSpec {
-            volume: volume.to_string(),
-            node_id: node.id.clone(),
-            disk_id: disk.to_string(),
-            data_directory: format!("replicas/{name}"),
-            desired_state: DesiredState::Running,
-            eviction_requested: false,
-            rebuild_retry_count: 0,
-            failed_at: None,
-            healthy_at: None,
-        },
-        status: ReplicaStatus {
-            mode,
-            ..Default::default()
-        },
-    };
+    let name = ctx.replica_name(volume);
+    let record = super::effects::new_replica(&name, volume, &node.id, disk, mode);
     // Intent first: the record exists before the replica does.
     let record = ctx.store.create(&record)?;
-    let created = async {
-        let mut c = agent(node)?;
-        with_timeout(
-            &node.id,
-            c.create_replica(CreateReplicaRequest {
-                name: name.clone(),
-                volume: volume.to_string(),
-                disk_id: disk.to_string(),
-                size,
-            }),
-        )
-        .await
-    }
-    .await;
+    let created = ctx
+        .agents
+        .create_replica(node, &name, volume, disk, size)
+        .await;
     if let Err(e) = created {
         discard(ctx, &record).await;
         return Err(e);
@@ -77,20 +47,7 @@ pub async fn make(
 /// holds without a record), then its record.
 pub async fn discard(ctx: &Context, r: &Replica) {
     if let Ok(node) = ctx.store.fetch::<Node>(&r.spec.node_id) {
-        let _ = delete_on_node(&node, &r.name).await;
+        let _ = ctx.agents.delete_replica(&node, &r.name).await;
     }
     let _ = ctx.store.delete::<Replica>(&r.name, None);
-}
-
-/// Deletes replica `name`'s data on `node`.
-pub async fn delete_on_node(node: &Node, name: &str) -> Result<(), Error> {
-    let mut c = agent(node)?;
-    with_timeout(
-        &node.id,
-        c.delete_replica(DeleteReplicaRequest {
-            name: name.to_string(),
-        }),
-    )
-    .await
-    .map(drop)
 }

@@ -12,7 +12,7 @@ use ballast::model::{Kind, Node, Replica, ReplicaMode};
 use ballast::proto::agent::v1::ScrubReplicaRequest;
 use ballast::store::StoreExt;
 
-use super::agent;
+use crate::agents::client as agent;
 use crate::context::Context;
 use crate::error::Error;
 
@@ -35,7 +35,7 @@ fn start_due(ctx: &Arc<Context>, busy: &Arc<Mutex<HashSet<String>>>) -> Result<(
     if hours == 0 {
         return Ok(());
     }
-    let due_before = chrono::Utc::now() - chrono::Duration::hours(hours as i64);
+    let due_before = ctx.now() - chrono::Duration::hours(hours as i64);
     let replicas: Vec<Replica> = ctx.store.list()?;
     for node in ctx
         .store
@@ -101,9 +101,9 @@ async fn scrub(ctx: &Arc<Context>, name: &str, rate: u64) -> Result<bool, Error>
     )
     .await
     .map_err(|_| Error::Unavailable(format!("node {}: scrub of {name} timed out", node.id)))?
-    .map_err(|s| super::agent_error(&node.id, s))?
+    .map_err(|s| crate::agents::agent_error(&node.id, s))?
     .into_inner();
-    let now = chrono::Utc::now();
+    let now = ctx.now();
     ctx.store.modify::<Replica, Error>(name, |r| {
         r.status.scrubbed_at = Some(now);
         Ok(true)

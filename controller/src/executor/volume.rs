@@ -4,7 +4,8 @@ use ballast::model::{Kind, Node, Replica, Robustness, Volume, VolumeState};
 use ballast::proto::agent::v1::{GrowReplicaRequest, StartEngineRequest, StopEngineRequest};
 use ballast::store::StoreExt;
 
-use super::{agent, replica, with_timeout};
+use super::replica;
+use crate::agents::{client as agent, with_timeout};
 
 /// How long a user's call waits for the control loop to finish a step on
 /// the volume before it answers busy.
@@ -28,7 +29,7 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
     let placements = planner::place_new(
         &view,
         &ctx.settings()?,
-        chrono::Utc::now(),
+        ctx.now(),
         &observe::volume_view(&volume),
     )
     .map_err(|reasons| {
@@ -108,7 +109,7 @@ pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
         .filter(|r| r.spec.volume == name)
     {
         let deleted = match ctx.store.fetch::<Node>(&r.spec.node_id) {
-            Ok(node) => replica::delete_on_node(&node, &r.name).await,
+            Ok(node) => ctx.agents.delete_replica(&node, &r.name).await,
             Err(e) => Err(e.into()),
         };
         match deleted {
@@ -350,7 +351,7 @@ pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume,
     planner::growth::check(
         &view,
         &ctx.settings()?,
-        chrono::Utc::now(),
+        ctx.now(),
         &observe::volume_view(&volume),
         size,
     )

@@ -53,8 +53,8 @@ fn disk_status(
 }
 
 /// Marks a node ready after hearing from it, with an event when it was not.
-fn mark_alive(node: &mut Node) -> bool {
-    node.status.last_heartbeat = Some(chrono::Utc::now());
+fn mark_alive(node: &mut Node, now: chrono::DateTime<chrono::Utc>) -> bool {
+    node.status.last_heartbeat = Some(now);
     let was_ready = node.status.ready;
     node.status.ready = true;
     !was_ready
@@ -100,7 +100,7 @@ impl Controlplane for ControlplaneService {
                     status: NodeStatus::default(),
                 };
                 endpoints(&mut node.status);
-                mark_alive(&mut node);
+                mark_alive(&mut node, self.ctx.now());
                 match store.create(&node) {
                     Ok(_) => true,
                     // Raced with another registration of the same node: fall
@@ -122,7 +122,7 @@ impl Controlplane for ControlplaneService {
                             spec.path = d.path.clone();
                         }
                         endpoints(&mut node.status);
-                        became_ready = mark_alive(node);
+                        became_ready = mark_alive(node, self.ctx.now());
                         Ok(true)
                     })
                     .map_err(Status::from)?;
@@ -188,7 +188,7 @@ impl Controlplane for ControlplaneService {
                         (d.id.clone(), st)
                     })
                     .collect();
-                became_ready = mark_alive(node);
+                became_ready = mark_alive(node, self.ctx.now());
                 Ok(true)
             })
             .map_err(Status::from)?;
@@ -291,8 +291,8 @@ fn delete_orphans(
         tokio::spawn(async move {
             let deleted = async {
                 let n: Node = ctx.store.fetch(&node)?;
-                let mut c = crate::executor::agent(&n)?;
-                crate::executor::with_timeout(
+                let mut c = crate::agents::client(&n)?;
+                crate::agents::with_timeout(
                     &node,
                     c.delete_replica(ballast::proto::agent::v1::DeleteReplicaRequest {
                         name: name.clone(),
@@ -352,7 +352,7 @@ fn record_engine(
     if volume.status.attached_node.as_deref() != Some(node) || e.replicas.is_empty() {
         return Ok(());
     }
-    let now = chrono::Utc::now();
+    let now = ctx.now();
     let mut rw = 0u32;
     for r in &e.replicas {
         let Ok(mode) = r.mode.parse::<ReplicaMode>() else {

@@ -3,20 +3,20 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use ballast::model::ReplicaMode;
+use ballast::model::{
+    DiskSpec, DiskStatus, Node, NodeStatus, Replica, ReplicaMode, Volume, VolumeStatus,
+};
 use ballast::settings::{self, Settings};
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
 use super::scenario::{NodeSpec, Scenario, Step, VolumeSpec};
-use crate::planner::{
-    self, ActionKind, ClusterView, DiskView, NodeView, Plan, ReplicaView, VolumeView,
-};
+use crate::executor::effects;
+use crate::planner::{self, ActionKind, ClusterView, Plan};
 
 pub struct SimNode {
     pub spec: NodeSpec,
-    pub auto_evicting: bool,
-    pub drain_blocked: bool,
-    pub drain_blocked_reason: Option<String>,
+    /// What the controller records of it (SetNodeStatus).
+    pub status: NodeStatus,
     pub rebuilds_fail: bool,
 }
 
@@ -26,23 +26,35 @@ pub struct SimVolume {
     degraded: bool,
 }
 
+/// A replica of the model: its record, as the controller's store would
+/// hold it, and how long its rebuild still takes.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimReplica {
-    pub name: String,
-    pub volume: String,
-    pub node: String,
-    pub disk: String,
-    pub mode: Option<ReplicaMode>,
+    pub record: Replica,
     pub ticks_left: u32,
-    pub retry: u32,
-    pub failed_at: Option<DateTime<Utc>>,
-    pub healthy_at: Option<DateTime<Utc>>,
-    pub eviction_requested: bool,
 }
 
 impl SimReplica {
+    pub fn name(&self) -> &str {
+        &self.record.name
+    }
+    pub fn volume(&self) -> &str {
+        &self.record.spec.volume
+    }
+    pub fn node(&self) -> &str {
+        &self.record.spec.node_id
+    }
+    pub fn disk(&self) -> &str {
+        &self.record.spec.disk_id
+    }
+    pub fn mode(&self) -> Option<ReplicaMode> {
+        self.record.status.mode
+    }
+    pub fn eviction_requested(&self) -> bool {
+        self.record.spec.eviction_requested
+    }
     pub fn is_rw(&self) -> bool {
-        self.mode == Some(ReplicaMode::Rw)
+        self.mode() == Some(ReplicaMode::Rw)
     }
 }
 
@@ -110,9 +122,7 @@ impl Sim {
         }
         self.nodes.push(SimNode {
             spec,
-            auto_evicting: false,
-            drain_blocked: false,
-            drain_blocked_reason: None,
+            status: NodeStatus::default(),
             rebuilds_fail: false,
         });
         self.nodes.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
@@ -175,88 +185,107 @@ impl Sim {
             .unwrap_or((0, 0))
     }
 
-    /// The planner's view of the model.
-    pub fn view(&self) -> ClusterView {
+    /// The model as the controller's records: each node as its heartbeat
+    /// would report it (a disk's available space is its size less the
+    /// other data on it and the replicas it holds), each volume and replica
+    /// as the store would hold them.
+    pub fn records(&self) -> (Vec<Node>, Vec<Volume>, Vec<Replica>) {
         let mut on_disk: BTreeMap<(&str, &str), u64> = BTreeMap::new();
         for r in self.replicas.values() {
-            *on_disk.entry((&r.node, &r.disk)).or_default() += self.volume_size(&r.volume).1;
+            *on_disk.entry((r.node(), r.disk())).or_default() += self.volume_size(r.volume()).1;
         }
         let nodes = self
             .nodes
             .iter()
-            .map(|n| NodeView {
-                id: n.spec.id.clone(),
-                zone: n.spec.zone.clone(),
-                tags: n.spec.tags.clone(),
-                ready: n.spec.ready,
-                allow_scheduling: n.spec.allow_scheduling,
-                eviction_requested: n.spec.eviction_requested,
-                cordoned: n.spec.cordoned,
-                auto_evicting: n.auto_evicting,
-                drain_blocked: n.drain_blocked,
-                drain_blocked_reason: n.drain_blocked_reason.clone(),
-                disks: n
+            .map(|n| {
+                let id = n.spec.id.as_str();
+                let all: Vec<(String, DiskSpec, DiskStatus)> = n
                     .spec
                     .disks
                     .iter()
                     .map(|d| {
-                        let used = d.used
-                            + on_disk
-                                .get(&(n.spec.id.as_str(), d.id.as_str()))
-                                .copied()
-                                .unwrap_or(0);
-                        DiskView {
-                            id: d.id.clone(),
-                            tags: d.tags.clone(),
-                            ready: n.spec.ready,
-                            allow_scheduling: d.allow_scheduling,
-                            eviction_requested: d.eviction_requested,
-                            maximum: d.size,
-                            available: d.size.saturating_sub(used),
-                            reserved: d.reserved,
-                        }
+                        let used = d.used + on_disk.get(&(id, d.id.as_str())).copied().unwrap_or(0);
+                        (
+                            d.id.clone(),
+                            DiskSpec {
+                                path: format!("/model/{id}/{}", d.id),
+                                tags: d.tags.clone(),
+                                allow_scheduling: d.allow_scheduling,
+                                eviction_requested: d.eviction_requested,
+                                storage_reserved: d.reserved,
+                            },
+                            DiskStatus {
+                                ready: n.spec.ready,
+                                storage_maximum: d.size,
+                                storage_available: d.size.saturating_sub(used),
+                                ..Default::default()
+                            },
+                        )
                     })
-                    .collect(),
+                    .collect();
+                Node {
+                    id: id.to_string(),
+                    resource_version: 0,
+                    spec: ballast::model::NodeSpec {
+                        zone: n.spec.zone.clone(),
+                        tags: n.spec.tags.clone(),
+                        allow_scheduling: n.spec.allow_scheduling,
+                        eviction_requested: n.spec.eviction_requested,
+                        disks: all.iter().map(|(k, s, _)| (k.clone(), s.clone())).collect(),
+                    },
+                    status: NodeStatus {
+                        ready: n.spec.ready,
+                        cordoned: n.spec.cordoned,
+                        auto_evicting: n.status.auto_evicting,
+                        drain_blocked: n.status.drain_blocked,
+                        drain_blocked_reason: n.status.drain_blocked_reason.clone(),
+                        disks: all.into_iter().map(|(k, _, st)| (k, st)).collect(),
+                        ..Default::default()
+                    },
+                }
             })
             .collect();
         let volumes = self
             .volumes
             .iter()
-            .map(|v| VolumeView {
-                name: v.spec.name.clone(),
-                size: v.spec.size,
-                actual_size: v.spec.actual_size.unwrap_or(v.spec.size),
-                number_of_replicas: v.spec.number_of_replicas,
-                data_locality: v.spec.data_locality,
-                auto_balance: v.spec.replica_auto_balance,
-                stale_replica_timeout: v.spec.stale_replica_timeout,
-                disk_selector: v.spec.disk_selector.clone(),
-                node_selector: v.spec.node_selector.clone(),
-                attached_node: v.spec.attached_node.clone(),
-                last_degraded_at: v.last_degraded_at,
+            .map(|v| {
+                let mut spec =
+                    ballast::model::VolumeSpec::new(v.spec.size, v.spec.number_of_replicas);
+                spec.data_locality = v.spec.data_locality;
+                spec.replica_auto_balance = v.spec.replica_auto_balance;
+                spec.stale_replica_timeout = v.spec.stale_replica_timeout;
+                spec.disk_selector = v.spec.disk_selector.clone();
+                spec.node_selector = v.spec.node_selector.clone();
+                Volume {
+                    name: v.spec.name.clone(),
+                    resource_version: 0,
+                    spec,
+                    status: VolumeStatus {
+                        attached_node: v.spec.attached_node.clone(),
+                        last_degraded_at: v.last_degraded_at,
+                        actual_size: v.spec.actual_size,
+                        ..Default::default()
+                    },
+                }
             })
             .collect();
         let replicas = self
             .replicas
             .values()
-            .map(|r| ReplicaView {
-                name: r.name.clone(),
-                volume: r.volume.clone(),
-                node: r.node.clone(),
-                disk: r.disk.clone(),
-                mode: r.mode,
-                running: matches!(r.mode, Some(ReplicaMode::Rw | ReplicaMode::Wo)),
-                eviction_requested: r.eviction_requested,
-                rebuild_retry_count: r.retry,
-                failed_at: r.failed_at,
-                healthy_at: r.healthy_at,
+            .map(|r| {
+                let mut record = r.record.clone();
+                record.status.running = matches!(r.mode(), Some(ReplicaMode::Rw | ReplicaMode::Wo));
+                record
             })
             .collect();
-        ClusterView {
-            nodes,
-            volumes,
-            replicas,
-        }
+        (nodes, volumes, replicas)
+    }
+
+    /// The planner's view of the model: built from its records by the
+    /// controller's own code (`observe::view_of`).
+    pub fn view(&self) -> ClusterView {
+        let (nodes, volumes, replicas) = self.records();
+        crate::observe::view_of(&nodes, &volumes, &replicas)
     }
 
     /// Plans once on the current state.
@@ -288,13 +317,12 @@ impl Sim {
                     ..
                 } => {
                     if let Some(r) = self.replicas.get_mut(name) {
-                        r.mode = Some(ReplicaMode::Wo);
+                        debug_assert_eq!(
+                            (r.volume(), r.node(), r.disk()),
+                            (&**volume, &**node, &**disk)
+                        );
+                        effects::reuse(&mut r.record, Some(ReplicaMode::Wo));
                         r.ticks_left = self.rebuild_ticks;
-                        r.retry += 1;
-                        r.failed_at = None;
-                        r.node = node.clone();
-                        r.disk = disk.clone();
-                        debug_assert_eq!(&r.volume, volume);
                         self.counters.reused += 1;
                     }
                 }
@@ -307,19 +335,13 @@ impl Sim {
                 } => {
                     self.next_id += 1;
                     let name = format!("{volume}-r{}", self.next_id);
+                    let record =
+                        effects::new_replica(&name, volume, node, disk, Some(ReplicaMode::Wo));
                     self.replicas.insert(
-                        name.clone(),
+                        name,
                         SimReplica {
-                            name,
-                            volume: volume.clone(),
-                            node: node.clone(),
-                            disk: disk.clone(),
-                            mode: Some(ReplicaMode::Wo),
+                            record,
                             ticks_left: self.rebuild_ticks,
-                            retry: 0,
-                            failed_at: None,
-                            healthy_at: None,
-                            eviction_requested: false,
                         },
                     );
                     self.counters.created += 1;
@@ -331,7 +353,7 @@ impl Sim {
                 }
                 ActionKind::SetReplicaEviction { replica, requested } => {
                     if let Some(r) = self.replicas.get_mut(replica) {
-                        r.eviction_requested = *requested;
+                        effects::set_eviction(&mut r.record, *requested);
                     }
                 }
                 ActionKind::SetNodeStatus {
@@ -341,9 +363,12 @@ impl Sim {
                     drain_blocked_reason,
                 } => {
                     if let Ok(n) = self.node_mut(node) {
-                        n.auto_evicting = *auto_evicting;
-                        n.drain_blocked = *drain_blocked;
-                        n.drain_blocked_reason = drain_blocked_reason.clone();
+                        effects::set_node_status(
+                            &mut n.status,
+                            *auto_evicting,
+                            *drain_blocked,
+                            drain_blocked_reason,
+                        );
                     }
                 }
                 ActionKind::RecordEvent {
@@ -373,23 +398,19 @@ impl Sim {
             .collect();
         let now = self.now;
         for r in self.replicas.values_mut() {
-            if r.mode != Some(ReplicaMode::Wo) {
+            if r.mode() != Some(ReplicaMode::Wo) {
                 continue;
             }
-            if down.contains(&r.node) {
-                r.mode = Some(ReplicaMode::Err);
-                r.failed_at = Some(now);
+            if down.contains(r.node()) {
+                effects::failed(&mut r.record, now, false);
                 continue;
             }
             r.ticks_left = r.ticks_left.saturating_sub(1);
             if r.ticks_left == 0 {
-                if failing.contains(&r.node) {
-                    r.mode = Some(ReplicaMode::Err);
-                    r.failed_at = Some(now);
+                if failing.contains(r.node()) {
+                    effects::failed(&mut r.record, now, false);
                 } else {
-                    r.mode = Some(ReplicaMode::Rw);
-                    r.healthy_at = Some(now);
-                    r.retry = 0;
+                    effects::rebuilt(&mut r.record, now);
                 }
             }
         }
@@ -401,10 +422,10 @@ impl Sim {
             let reps: Vec<&SimReplica> = self
                 .replicas
                 .values()
-                .filter(|r| r.volume == v.spec.name)
+                .filter(|r| r.volume() == v.spec.name)
                 .collect();
             let rw = reps.iter().filter(|r| r.is_rw()).count();
-            let had_data = reps.iter().any(|r| r.healthy_at.is_some());
+            let had_data = reps.iter().any(|r| r.record.spec.healthy_at.is_some());
             let degraded = had_data && rw < v.spec.number_of_replicas as usize;
             if degraded && !v.degraded {
                 v.last_degraded_at = Some(self.now);
@@ -417,7 +438,7 @@ impl Sim {
     pub fn pending(&self) -> bool {
         self.replicas
             .values()
-            .any(|r| r.mode == Some(ReplicaMode::Wo))
+            .any(|r| r.mode() == Some(ReplicaMode::Wo))
     }
 
     /// The placement state, for oscillation detection.
@@ -428,7 +449,11 @@ impl Sim {
             .map(|r| {
                 format!(
                     "{}@{}/{}:{:?}:{}",
-                    r.volume, r.node, r.disk, r.mode, r.eviction_requested
+                    r.volume(),
+                    r.node(),
+                    r.disk(),
+                    r.mode(),
+                    r.eviction_requested()
                 )
             })
             .collect();
@@ -440,7 +465,7 @@ impl Sim {
     pub fn healthy_per_node(&self) -> BTreeMap<String, BTreeMap<String, usize>> {
         self.per_volume(
             |s| s.nodes.iter().map(|n| n.spec.id.clone()).collect(),
-            |r| r.node.clone(),
+            |r| r.node().to_string(),
         )
     }
 
@@ -448,13 +473,16 @@ impl Sim {
     pub fn healthy_per_zone(&self) -> BTreeMap<String, BTreeMap<String, usize>> {
         self.per_volume(
             |s| s.nodes.iter().map(|n| n.spec.zone.clone()).collect(),
-            |r| self.zone_of(&r.node),
+            |r| self.zone_of(r.node()),
         )
     }
 
     /// volume -> "node/disk" -> rw replicas, disks holding some.
     pub fn healthy_per_disk(&self) -> BTreeMap<String, BTreeMap<String, usize>> {
-        self.per_volume(|_| BTreeSet::new(), |r| format!("{}/{}", r.node, r.disk))
+        self.per_volume(
+            |_| BTreeSet::new(),
+            |r| format!("{}/{}", r.node(), r.disk()),
+        )
     }
 
     fn per_volume(
@@ -471,7 +499,7 @@ impl Sim {
             );
         }
         for r in self.replicas.values().filter(|r| r.is_rw()) {
-            *out.entry(r.volume.clone())
+            *out.entry(r.volume().to_string())
                 .or_default()
                 .entry(key(r))
                 .or_default() += 1;
@@ -508,10 +536,9 @@ impl Sim {
                     n.spec.ready = ready;
                     if !ready {
                         // A node going down takes its running replicas with it.
-                        for r in self.replicas.values_mut().filter(|r| r.node == p.id) {
-                            if matches!(r.mode, Some(ReplicaMode::Rw | ReplicaMode::Wo)) {
-                                r.mode = Some(ReplicaMode::Err);
-                                r.failed_at = Some(now);
+                        for r in self.replicas.values_mut().filter(|r| r.node() == p.id) {
+                            if matches!(r.mode(), Some(ReplicaMode::Rw | ReplicaMode::Wo)) {
+                                effects::failed(&mut r.record, now, false);
                             }
                         }
                     }
@@ -544,17 +571,16 @@ impl Sim {
                 let victim = self
                     .replicas
                     .values_mut()
-                    .find(|x| x.volume == r.volume && x.node == r.node && x.is_rw())
+                    .find(|x| x.volume() == r.volume && x.node() == r.node && x.is_rw())
                     .ok_or_else(|| format!("no rw replica of {} on {}", r.volume, r.node))?;
-                victim.mode = Some(ReplicaMode::Err);
-                victim.failed_at = Some(now);
+                effects::failed(&mut victim.record, now, false);
             }
             Step::DeleteReplica(r) => {
                 let name = self
                     .replicas
                     .values()
-                    .find(|x| x.volume == r.volume && x.node == r.node)
-                    .map(|x| x.name.clone())
+                    .find(|x| x.volume() == r.volume && x.node() == r.node)
+                    .map(|x| x.name().to_string())
                     .ok_or_else(|| format!("no replica of {} on {}", r.volume, r.node))?;
                 self.replicas.remove(&name);
             }

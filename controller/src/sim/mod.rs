@@ -103,8 +103,8 @@ impl Sim {
                     (
                         n.spec.id.clone(),
                         NodeReport {
-                            auto_evicting: n.auto_evicting,
-                            drain_blocked: n.drain_blocked,
+                            auto_evicting: n.status.auto_evicting,
+                            drain_blocked: n.status.drain_blocked,
                         },
                     )
                 })

@@ -1,0 +1,227 @@
+//! How the controller reaches the node agents: a gRPC client per node,
+//! one timeout and one mapping of their answers to controller errors, and
+//! the calls the planner's actions make, behind a trait (`Agents`) so that
+//! the simulator answers them from its model of the nodes while the
+//! executor's code stays the same.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use ballast::model::Node;
+use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
+use ballast::proto::agent::v1::{
+    AddEngineReplicaRequest, CreateReplicaRequest, DeleteReplicaRequest, RebuildReplicaRequest,
+    RemoveEngineReplicaRequest,
+};
+use tonic::transport::Channel;
+
+use crate::error::Error;
+
+/// A client of a node's agent.
+pub fn client(node: &Node) -> Result<NodeAgentClient<Channel>, Error> {
+    if node.status.agent_endpoint.is_empty() {
+        return Err(Error::Unprocessable(format!(
+            "node {} has not registered an agent endpoint",
+            node.id
+        )));
+    }
+    let ch = ballast::grpc::tcp_channel(&node.status.agent_endpoint)
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(NodeAgentClient::new(ch))
+}
+
+/// How long one agent call may take.
+pub const AGENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Maps a failed agent call to a controller error naming the node.
+pub fn agent_error(node: &str, s: tonic::Status) -> Error {
+    let msg = format!("node {node}: {}", s.message());
+    match s.code() {
+        tonic::Code::InvalidArgument => Error::invalid("node", msg),
+        tonic::Code::AlreadyExists | tonic::Code::Aborted => Error::Conflict(msg),
+        tonic::Code::FailedPrecondition => Error::Unprocessable(msg),
+        tonic::Code::NotFound => Error::NotFound {
+            kind: "object".into(),
+            name: msg,
+        },
+        tonic::Code::Unavailable => Error::Unavailable(msg),
+        tonic::Code::DataLoss => Error::DataLoss(msg),
+        _ => Error::Internal(msg),
+    }
+}
+
+/// Runs one agent call with the agent timeout.
+pub async fn with_timeout<T>(
+    node: &str,
+    f: impl std::future::Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(AGENT_TIMEOUT, f).await {
+        Ok(r) => r.map_err(|s| agent_error(node, s)),
+        Err(_) => Err(Error::Internal(format!(
+            "node {node}: no answer in {}s",
+            AGENT_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// An agent call under way.
+pub type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
+
+/// What an offline rebuild did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rebuilt {
+    pub kept_bytes: u64,
+    pub copied_bytes: u64,
+    pub copy_path: String,
+}
+
+/// The node calls the planner's actions make. Each names the node whose
+/// agent is asked.
+pub trait Agents: Send + Sync {
+    /// Makes an empty replica `name` of `volume`, `size` bytes, on `disk`.
+    fn create_replica<'a>(
+        &'a self,
+        node: &'a Node,
+        name: &'a str,
+        volume: &'a str,
+        disk: &'a str,
+        size: u64,
+    ) -> Call<'a, ()>;
+    /// Deletes replica `name`'s data.
+    fn delete_replica<'a>(&'a self, node: &'a Node, name: &'a str) -> Call<'a, ()>;
+    /// Has the engine of `volume` on `node` add `replica` (`NAME@ADDR`) in
+    /// `wo` mode and rebuild it (from `source` when given).
+    fn add_engine_replica<'a>(
+        &'a self,
+        node: &'a Node,
+        volume: &'a str,
+        replica: &'a str,
+        source: &'a str,
+    ) -> Call<'a, ()>;
+    /// Has the engine of `volume` on `node` drop `replica`.
+    fn remove_engine_replica<'a>(
+        &'a self,
+        node: &'a Node,
+        volume: &'a str,
+        replica: &'a str,
+    ) -> Call<'a, ()>;
+    /// Fills replica `name` on `node` from `source` (`NAME@ADDR`), with no
+    /// engine; answers when it is done.
+    fn rebuild_replica<'a>(
+        &'a self,
+        node: &'a Node,
+        name: &'a str,
+        source: &'a str,
+    ) -> Call<'a, Rebuilt>;
+}
+
+/// The real agents, over gRPC.
+pub struct GrpcAgents;
+
+impl Agents for GrpcAgents {
+    fn create_replica<'a>(
+        &'a self,
+        node: &'a Node,
+        name: &'a str,
+        volume: &'a str,
+        disk: &'a str,
+        size: u64,
+    ) -> Call<'a, ()> {
+        Box::pin(async move {
+            let mut c = client(node)?;
+            with_timeout(
+                &node.id,
+                c.create_replica(CreateReplicaRequest {
+                    name: name.to_string(),
+                    volume: volume.to_string(),
+                    disk_id: disk.to_string(),
+                    size,
+                }),
+            )
+            .await
+            .map(drop)
+        })
+    }
+
+    fn delete_replica<'a>(&'a self, node: &'a Node, name: &'a str) -> Call<'a, ()> {
+        Box::pin(async move {
+            let mut c = client(node)?;
+            with_timeout(
+                &node.id,
+                c.delete_replica(DeleteReplicaRequest {
+                    name: name.to_string(),
+                }),
+            )
+            .await
+            .map(drop)
+        })
+    }
+
+    fn add_engine_replica<'a>(
+        &'a self,
+        node: &'a Node,
+        volume: &'a str,
+        replica: &'a str,
+        source: &'a str,
+    ) -> Call<'a, ()> {
+        Box::pin(async move {
+            let mut c = client(node)?;
+            with_timeout(
+                &node.id,
+                c.add_engine_replica(AddEngineReplicaRequest {
+                    volume: volume.to_string(),
+                    replica: replica.to_string(),
+                    source: source.to_string(),
+                }),
+            )
+            .await
+            .map(drop)
+        })
+    }
+
+    fn remove_engine_replica<'a>(
+        &'a self,
+        node: &'a Node,
+        volume: &'a str,
+        replica: &'a str,
+    ) -> Call<'a, ()> {
+        Box::pin(async move {
+            let mut c = client(node)?;
+            with_timeout(
+                &node.id,
+                c.remove_engine_replica(RemoveEngineReplicaRequest {
+                    volume: volume.to_string(),
+                    replica: replica.to_string(),
+                }),
+            )
+            .await
+            .map(drop)
+        })
+    }
+
+    fn rebuild_replica<'a>(
+        &'a self,
+        node: &'a Node,
+        name: &'a str,
+        source: &'a str,
+    ) -> Call<'a, Rebuilt> {
+        Box::pin(async move {
+            let mut c = client(node)?;
+            let done = with_timeout(
+                &node.id,
+                c.rebuild_replica(RebuildReplicaRequest {
+                    name: name.to_string(),
+                    source: source.to_string(),
+                }),
+            )
+            .await?
+            .into_inner();
+            Ok(Rebuilt {
+                kept_bytes: done.kept_bytes,
+                copied_bytes: done.copied_bytes,
+                copy_path: done.copy_path,
+            })
+        })
+    }
+}
