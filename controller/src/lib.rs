@@ -2,7 +2,8 @@
 //! controller socket, the registry of nodes (registration, heartbeats,
 //! liveness), the pure planner (`planner`, and `sim` to run it on a model),
 //! the executor with the control loop that carries its plans out
-//! (`executor`), and the record of which replicas may serve (`freshness`).
+//! (`executor`), how it reaches the node agents (`agents`), and the record
+//! of which replicas may serve (`freshness`).
 //!
 //! It never touches a disk and never imports the node crate: nodes are
 //! reached only through the agent protocol in the core crate.

@@ -1,6 +1,6 @@
 //! Volume records: building a volume from a create request and applying a
-//! patch, with every rule on the values in one place. (Placement of the
-//! replicas is the planner's, in a later release.)
+//! patch, with every rule on the values in one place. (Where the replicas
+//! go is the planner's; making them is the executor's.)
 
 use ballast::model::{
     AccessMode, DataLocality, Frontend, FsType, MAX_VOLUME_SIZE, Volume, VolumeAutoBalance,

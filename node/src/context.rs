@@ -1,4 +1,6 @@
-//! What every RPC and task of the node plugin gets.
+//! What every RPC and task of the node plugin gets: its identity, disks,
+//! the replica server (and through it the replica table), the engine
+//! processes, and whether it is registered.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;

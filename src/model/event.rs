@@ -1,3 +1,5 @@
+//! An event: what happened to an object, and why.
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 

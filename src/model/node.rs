@@ -1,3 +1,6 @@
+//! A node: its spec (zone, tags, scheduling, disks, as the operator sets
+//! them) and status (readiness, disks' usage, endpoints, as it reports).
+
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};

@@ -1,3 +1,6 @@
+//! A replica: where it lives (volume, node, disk), its history (failed
+//! and healthy times, rebuild attempts) and what its node reports.
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 

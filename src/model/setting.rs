@@ -1,3 +1,6 @@
+//! A stored setting: a name and its value (validated by the registry in
+//! `crate::settings`).
+
 use serde::{Deserialize, Serialize};
 
 /// A setting value a user set (defaults are not stored).

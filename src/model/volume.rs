@@ -1,3 +1,6 @@
+//! A volume: its spec (what the user asked for) and status (what the
+//! controller records), with their defaults and the largest size.
+
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 

@@ -1,3 +1,6 @@
+//! `ballastctl`'s REST client: one request, its errors as the API names
+//! them, and the exit codes they map to.
+
 use serde_json::Value;
 
 /// Why a command failed.

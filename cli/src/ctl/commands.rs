@@ -1,3 +1,6 @@
+//! `ballastctl`'s commands: the command line (clap), each command's call
+//! to the REST API, and how its answer is printed.
+
 use ballast::quantity::{format_size, parse_size};
 use clap::{Parser, Subcommand, ValueEnum};
 use reqwest::Method;

@@ -1,3 +1,6 @@
+//! `/v1/nodes`: list and read nodes, and change what an operator owns of
+//! them (scheduling, eviction, tags, and each disk's settings).
+
 use std::sync::Arc;
 
 use axum::Json;

@@ -1,3 +1,6 @@
+//! `/v1/settings`: every setting with its value, default and description;
+//! a change is validated by the settings registry before it is stored.
+
 use std::sync::Arc;
 
 use axum::Json;

@@ -1,3 +1,7 @@
+//! `/v1/volumes`: create, list, read, patch, attach, detach, expand,
+//! salvage and delete volumes. Validation is `crate::volumes`'; the work
+//! is the executor's.
+
 use std::sync::Arc;
 
 use axum::Json;

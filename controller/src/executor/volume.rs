@@ -1,3 +1,8 @@
+//! The volume lifecycle through the node agents: create (placed by the
+//! planner, each replica made by `replica::make`), attach (an engine
+//! started with the current replicas), detach, expand (two phases) and
+//! delete. Each takes the volume's guard.
+
 use std::sync::Arc;
 
 use ballast::model::{Kind, Node, Replica, Robustness, Volume, VolumeState};

@@ -1,3 +1,7 @@
+//! Node liveness: a node not heard from for the timeout is marked not
+//! ready (with an event), so that the planner stops placing on it and the
+//! volumes on it degrade. Only the timeout decides: no probing.
+
 use std::sync::Arc;
 use std::time::Duration;
 

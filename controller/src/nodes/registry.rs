@@ -1,3 +1,8 @@
+//! The controller side of the agent protocol: nodes register, heartbeat
+//! (readiness, disks, replicas, engines) and record their engines' replica
+//! sets; their reports become the node, disk and replica records. It
+//! trusts nothing it is told about other nodes and decides no placement.
+
 use std::sync::Arc;
 
 use ballast::model::{DiskSpec, DiskStatus, Kind, Node, NodeSpec, NodeStatus};

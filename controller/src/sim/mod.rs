@@ -1,5 +1,11 @@
 //! The simulator: runs the planner against a model cluster, tick by tick.
 //!
+//! The model is kept as the controller's own records: the view is built
+//! from them by `observe::view_of`, and actions change them through the
+//! executor's `effects`, so that a scenario runs the same code paths as
+//! the controller (test `one_path`). Where the controller calls a node,
+//! the model stands in: a rebuild takes `rebuildTicks` ticks.
+//!
 //! A tick plans on the model's view, applies every action, and advances
 //! rebuilds (a new or reused replica turns rw after `rebuildTicks` ticks)
 //! and the clock (one second). `settle` ticks until nothing is pending and

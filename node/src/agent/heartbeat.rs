@@ -1,3 +1,8 @@
+//! The node's heartbeat: every interval it reports its readiness, disks
+//! (usage, pressure), replicas and engines to the controller, at once when
+//! an engine changes; what the controller answers about disks is applied
+//! to the replica table (a lost disk fails its replicas).
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;

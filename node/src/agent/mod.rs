@@ -1,5 +1,7 @@
 //! The node agent: the client that registers with the controller and
-//! heartbeats, and the `NodeAgent` gRPC server the controller calls.
+//! heartbeats, the `NodeAgent` gRPC server the controller calls, and the
+//! offline rebuild it runs for a detached volume. Engine processes are
+//! `crate::engines`'; replicas are `crate::replica`'s.
 
 mod heartbeat;
 mod rebuild;

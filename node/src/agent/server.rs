@@ -1,3 +1,8 @@
+//! The node agent's gRPC service: what the controller asks of this node.
+//! Create, delete, grow, rebuild and scrub replicas on its disks; start,
+//! stop and change the engines of volumes attached here. It decides
+//! nothing: every call is the controller's decision.
+
 use std::sync::Arc;
 
 use ballast::proto::agent::v1::node_agent_server::NodeAgent;
