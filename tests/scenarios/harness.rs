@@ -220,6 +220,50 @@ impl Cluster {
         })
     }
 
+    /// The changes the controller would make to `volume` now (`/v1/plan`,
+    /// a dry run; events left out).
+    pub fn planned_changes(&self, volume: &str) -> Vec<Value> {
+        self.ok("GET", &format!("/v1/plan?volume={volume}"), None)["actions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|a| a["type"] != "recordEvent")
+            .collect()
+    }
+
+    /// Nothing will move for `volume`: the controller plans no change for
+    /// it, and still none on every plan over the next resync ticks (until
+    /// the plan's own clock is 3 s on, three passes of the loop), while
+    /// its replicas stay where they are. Returns where they are.
+    pub fn stays_put(&self, volume: &str) -> Vec<String> {
+        wait_for(
+            Duration::from_secs(120),
+            &format!("{volume}: no change planned"),
+            || self.planned_changes(volume).is_empty().then_some(()),
+        );
+        let holders = self.holders(volume);
+        let time = |c: &Cluster| -> chrono::DateTime<chrono::Utc> {
+            let t = c.ok("GET", &format!("/v1/plan?volume={volume}"), None)["time"].clone();
+            serde_json::from_value(t).expect("the plan's time")
+        };
+        let start = time(self);
+        while time(self) < start + chrono::Duration::seconds(3) {
+            let changes = self.planned_changes(volume);
+            assert!(
+                changes.is_empty(),
+                "{volume}: a change planned after it settled: {changes:?}"
+            );
+            assert_eq!(
+                self.holders(volume),
+                holders,
+                "{volume}'s replicas moved after it settled"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        holders
+    }
+
     pub fn events(&self, object: &str) -> Vec<Value> {
         self.ok("GET", &format!("/v1/events?object={object}"), None)["items"]
             .as_array()

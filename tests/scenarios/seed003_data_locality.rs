@@ -50,8 +50,7 @@ fn wait_local(c: &Cluster, volume: &str, node: &str, n: usize) {
 }
 
 fn unchanged(c: &Cluster, volume: &str, before: &[String]) {
-    std::thread::sleep(Duration::from_secs(5));
-    assert_eq!(c.holders(volume), before, "{volume}'s replicas moved");
+    assert_eq!(c.stays_put(volume), before, "{volume}'s replicas moved");
 }
 
 #[test]

@@ -85,7 +85,17 @@ fn a_node_back_within_the_wait_has_its_replica_reused_and_only_missing_layers_co
     // waits for it.
     let data = write_data(c.dir.path(), &endpoint, 33);
     wait_mode(&c, &reused, "vol", "err");
-    std::thread::sleep(Duration::from_secs(3));
+    // Once the node is seen down, the controller waits for it (the plan
+    // says so) and makes nothing new.
+    wait_for(SETTLE, "the node seen down", || {
+        (c.node(victim)["status"]["ready"] == false).then_some(())
+    });
+    let plan = c.ok("GET", "/v1/plan?volume=vol", None);
+    assert!(
+        plan["waits"].as_array().is_some_and(|w| !w.is_empty()),
+        "the plan does not wait for the replica: {plan}"
+    );
+    c.stays_put("vol");
     assert_eq!(
         names(&c, "vol"),
         before,
