@@ -5,6 +5,7 @@
 //! protocols (CSI and Ballast's agent protocol). It does no placement and
 //! touches no disk beyond the store file.
 
+pub mod api;
 pub mod csi_caps;
 pub mod csi_identity;
 pub mod error;

@@ -1,13 +1,17 @@
 //! `ballastctl`'s commands: the command line (clap), each command's call
 //! to the REST API, and how its answer is printed.
 
-use ballast::quantity::{format_size, parse_size};
+use ballast::api::{List, ReplicaSummary, SettingView, VolumeDetail};
+use ballast::model::{Event, Node, Replica, ReplicaMode, Volume};
+use ballast::quantity::parse_size;
+use ballast_controller::api::PlanView;
 use clap::{Parser, Subcommand, ValueEnum};
 use reqwest::Method;
+use serde::de::DeserializeOwned;
 use serde_json::{Map, Value, json};
 
 use super::client::{Client, CtlError};
-use super::table;
+use super::render::{self, Row};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -217,21 +221,44 @@ pub enum SettingCmd {
     Set { name: String, value: String },
 }
 
-fn s(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) if s.is_empty() => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+/// How answers are shown: the API's JSON as it came, or tables.
+#[derive(Clone, Copy)]
+struct Out {
+    json: bool,
+}
+
+impl Out {
+    /// One object of kind `T`.
+    fn one<T: Row + DeserializeOwned>(self, v: &Value) -> Result<(), CtlError> {
+        if self.json {
+            print_json(v);
+        } else {
+            render::table(&[typed::<T>(v)?]);
+        }
+        Ok(())
+    }
+
+    /// A list (`{"items": [...]}`) of kind `T`.
+    fn list<T: Row + DeserializeOwned>(self, v: &Value) -> Result<(), CtlError> {
+        if self.json {
+            print_json(v);
+        } else {
+            render::table(&typed::<List<T>>(v)?.items);
+        }
+        Ok(())
     }
 }
 
-fn size(v: &Value) -> String {
-    v.as_u64().map(format_size).unwrap_or_else(|| "-".into())
+/// The API's answer as the model type it is.
+fn typed<T: DeserializeOwned>(v: &Value) -> Result<T, CtlError> {
+    serde_json::from_value(v.clone()).map_err(unreadable)
 }
 
-fn items(v: &Value) -> Vec<Value> {
-    v["items"].as_array().cloned().unwrap_or_default()
+fn unreadable(e: serde_json::Error) -> CtlError {
+    CtlError::Api {
+        status: 200,
+        message: format!("the API answered with something this ballastctl cannot read: {e}"),
+    }
 }
 
 fn print_json(v: &Value) {
@@ -241,133 +268,9 @@ fn print_json(v: &Value) {
     );
 }
 
-fn volume_rows(list: &[Value]) -> Vec<Vec<String>> {
-    list.iter()
-        .map(|v| {
-            vec![
-                s(&v["name"]),
-                size(&v["spec"]["size"]),
-                s(&v["spec"]["numberOfReplicas"]),
-                s(&v["status"]["state"]),
-                s(&v["status"]["robustness"]),
-                s(&v["status"]["attachedNode"]),
-                s(&v["spec"]["csiName"]),
-            ]
-        })
-        .collect()
+fn size_arg(flag: &str, value: &str) -> Result<u64, CtlError> {
+    parse_size(value).map_err(|e| CtlError::Usage(format!("--{flag}: {e}")))
 }
-
-/// CSI NAME: the CO's name of a volume created through CSI (NAME is its id).
-const VOLUME_HEADER: [&str; 7] = [
-    "NAME",
-    "SIZE",
-    "REPLICAS",
-    "STATE",
-    "ROBUSTNESS",
-    "NODE",
-    "CSI NAME",
-];
-
-fn node_rows(list: &[Value]) -> Vec<Vec<String>> {
-    list.iter()
-        .map(|n| {
-            let disks: Vec<String> = n["status"]["disks"]
-                .as_object()
-                .map(|m| {
-                    m.iter()
-                        .map(|(id, d)| {
-                            format!(
-                                "{id}: {} free of {}",
-                                size(&d["storageAvailable"]),
-                                size(&d["storageMaximum"])
-                            )
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            vec![
-                s(&n["id"]),
-                if n["status"]["ready"] == true {
-                    "Ready"
-                } else {
-                    "NotReady"
-                }
-                .into(),
-                s(&n["spec"]["zone"]),
-                s(&n["spec"]["allowScheduling"]),
-                s(&n["status"]["cordoned"]),
-                if disks.is_empty() {
-                    "-".into()
-                } else {
-                    disks.join(", ")
-                },
-            ]
-        })
-        .collect()
-}
-
-const NODE_HEADER: [&str; 6] = ["ID", "STATUS", "ZONE", "SCHEDULABLE", "CORDONED", "DISKS"];
-
-fn print_node_detail(n: &Value) {
-    table::print(&NODE_HEADER, node_rows(std::slice::from_ref(n)));
-    println!();
-    let empty = Map::new();
-    let specs = n["spec"]["disks"].as_object().unwrap_or(&empty);
-    let rows = specs
-        .iter()
-        .map(|(id, spec)| {
-            let st = &n["status"]["disks"][id];
-            vec![
-                id.clone(),
-                s(&spec["path"]),
-                if st["ready"] == true {
-                    "Ready".into()
-                } else {
-                    format!("NotReady {}", s(&st["message"]))
-                },
-                size(&st["storageMaximum"]),
-                size(&st["storageAvailable"]),
-                size(&spec["storageReserved"]),
-                s(&spec["allowScheduling"]),
-                s(&spec["evictionRequested"]),
-                spec["tags"]
-                    .as_array()
-                    .map(|t| t.iter().map(s).collect::<Vec<_>>().join(","))
-                    .filter(|t| !t.is_empty())
-                    .unwrap_or_else(|| "-".into()),
-            ]
-        })
-        .collect();
-    table::print(
-        &[
-            "DISK",
-            "PATH",
-            "STATUS",
-            "MAXIMUM",
-            "AVAILABLE",
-            "RESERVED",
-            "SCHEDULABLE",
-            "EVICTING",
-            "TAGS",
-        ],
-        rows,
-    );
-}
-
-fn event_rows(list: &[Value]) -> Vec<Vec<String>> {
-    list.iter()
-        .map(|e| {
-            vec![
-                s(&e["time"]),
-                s(&e["object"]),
-                s(&e["reason"]),
-                s(&e["message"]),
-            ]
-        })
-        .collect()
-}
-
-const EVENT_HEADER: [&str; 4] = ["TIME", "OBJECT", "REASON", "MESSAGE"];
 
 /// Adds the optional volume fields given on the command line to `body`.
 fn volume_options(
@@ -387,423 +290,325 @@ fn volume_options(
     }
 }
 
-fn on_off_patch(field: &str, state: OnOff) -> Value {
-    json!({ field: state.yes() })
-}
-
 /// Runs one command; the caller prints the error and exits non-zero.
 pub async fn run(cli: Cli) -> Result<(), CtlError> {
     let c = Client::new(&cli.api);
-    let json_out = cli.output == Output::Json;
-    let show = |v: &Value, header: &[&str], rows: fn(&[Value]) -> Vec<Vec<String>>, many: bool| {
-        if json_out {
-            print_json(v);
-        } else if many {
-            table::print(header, rows(&items(v)));
-        } else {
-            table::print(header, rows(std::slice::from_ref(v)));
-        }
+    let out = Out {
+        json: cli.output == Output::Json,
     };
     match cli.command {
-        Command::Volume(cmd) => match cmd {
-            VolumeCmd::List => show(
-                &c.get("/v1/volumes").await?,
-                &VOLUME_HEADER,
-                volume_rows,
-                true,
-            ),
-            VolumeCmd::Get { name } => {
-                let v = c.get(&format!("/v1/volumes/{name}")).await?;
-                show(&v, &VOLUME_HEADER, volume_rows, false);
-                if !json_out {
-                    let reps = v["status"]["replicas"]
-                        .as_array()
-                        .cloned()
-                        .unwrap_or_default();
-                    if !reps.is_empty() {
-                        println!();
-                        let rows = reps
-                            .iter()
-                            .map(|r| {
-                                vec![
-                                    s(&r["name"]),
-                                    s(&r["nodeId"]),
-                                    s(&r["diskId"]),
-                                    s(&r["mode"]),
-                                    rebuild_cell(&r["rebuildProgress"]),
-                                ]
-                            })
-                            .collect();
-                        table::print(&["REPLICA", "NODE", "DISK", "MODE", "REBUILD"], rows);
-                    }
-                }
-            }
-            VolumeCmd::Create {
-                name,
-                size: sz,
-                replicas,
-                data_locality,
-                auto_balance,
-            } => {
-                let bytes = parse_size(&sz).map_err(|e| CtlError::Usage(format!("--size: {e}")))?;
-                let mut body = json!({ "name": name, "size": bytes });
-                volume_options(&mut body, replicas, data_locality, auto_balance);
-                let v = c.call(Method::POST, "/v1/volumes", Some(body)).await?;
-                show(&v, &VOLUME_HEADER, volume_rows, false);
-            }
-            VolumeCmd::Update {
-                name,
-                replicas,
-                data_locality,
-                auto_balance,
-                wait,
-            } => {
-                let mut body = json!({});
-                volume_options(&mut body, replicas, data_locality, auto_balance);
-                if body.as_object().is_some_and(Map::is_empty) {
-                    return Err(CtlError::Usage(
-                        "nothing to update: give --replicas, --data-locality or --auto-balance"
-                            .into(),
-                    ));
-                }
-                let v = c
-                    .call(Method::PATCH, &format!("/v1/volumes/{name}"), Some(body))
-                    .await?;
-                show(&v, &VOLUME_HEADER, volume_rows, false);
-                if wait {
-                    wait_replicas(&c, &name).await?;
-                }
-            }
-            VolumeCmd::Delete { name } => {
-                c.call(Method::DELETE, &format!("/v1/volumes/{name}"), None)
-                    .await?;
-                println!("volume {name} deleted");
-            }
-            VolumeCmd::Attach { name, node } => {
-                let v = c
-                    .call(
-                        Method::POST,
-                        &format!("/v1/volumes/{name}/attach"),
-                        Some(json!({"nodeId": node})),
-                    )
-                    .await?;
-                if json_out {
-                    print_json(&v);
-                } else {
-                    println!("{}", s(&v["status"]["frontendEndpoint"]));
-                }
-            }
-            VolumeCmd::Detach { name } => {
-                let v = c
-                    .call(Method::POST, &format!("/v1/volumes/{name}/detach"), None)
-                    .await?;
-                show(&v, &VOLUME_HEADER, volume_rows, false);
-            }
-            VolumeCmd::Expand { name, size } => {
-                let bytes =
-                    parse_size(&size).map_err(|e| CtlError::Usage(format!("--size: {e}")))?;
-                let v = c
-                    .call(
-                        Method::POST,
-                        &format!("/v1/volumes/{name}/expand"),
-                        Some(json!({"size": bytes})),
-                    )
-                    .await?;
-                show(&v, &VOLUME_HEADER, volume_rows, false);
-            }
-            VolumeCmd::Salvage {
-                name,
-                replica,
-                force,
-            } => {
-                let v = c
-                    .call(
-                        Method::POST,
-                        &format!("/v1/volumes/{name}/salvage"),
-                        Some(json!({"replica": replica, "force": force})),
-                    )
-                    .await?;
-                if !json_out {
-                    eprintln!(
-                        "{name} salvaged from {replica}: writes only other replicas held are lost"
-                    );
-                }
-                show(&v, &VOLUME_HEADER, volume_rows, false);
-            }
-        },
-        Command::Replica(cmd) => match cmd {
-            ReplicaCmd::List { volume, node } => {
-                let mut q = Vec::new();
-                if let Some(v) = volume {
-                    q.push(format!("volume={v}"));
-                }
-                if let Some(n) = node {
-                    q.push(format!("node={n}"));
-                }
-                let path = if q.is_empty() {
-                    "/v1/replicas".to_string()
-                } else {
-                    format!("/v1/replicas?{}", q.join("&"))
-                };
-                let v = c.get(&path).await?;
-                let rows = |list: &[Value]| -> Vec<Vec<String>> {
-                    list.iter()
-                        .map(|r| {
-                            vec![
-                                s(&r["name"]),
-                                s(&r["spec"]["volume"]),
-                                s(&r["spec"]["nodeId"]),
-                                s(&r["spec"]["diskId"]),
-                                s(&r["status"]["mode"]),
-                            ]
-                        })
-                        .collect()
-                };
-                show(&v, &["NAME", "VOLUME", "NODE", "DISK", "MODE"], rows, true);
-            }
-            ReplicaCmd::Delete { name } => {
-                c.call(Method::DELETE, &format!("/v1/replicas/{name}"), None)
-                    .await?;
-                println!("replica {name} deleted");
-            }
-            ReplicaCmd::Scrub { name } => {
-                let v = c
-                    .call(Method::POST, &format!("/v1/replicas/{name}/scrub"), None)
-                    .await?;
-                if json_out {
-                    print_json(&v);
-                } else if v["sound"] == true {
-                    println!("replica {name}: every block checked, sound");
-                } else {
-                    println!("replica {name}: corrupt; it is failed and will be rebuilt");
-                }
-            }
-        },
-        Command::Node(cmd) => {
-            let (id, body) = match cmd {
-                NodeCmd::List => {
-                    show(&c.get("/v1/nodes").await?, &NODE_HEADER, node_rows, true);
-                    return Ok(());
-                }
-                NodeCmd::Get { id } => {
-                    let v = c.get(&format!("/v1/nodes/{id}")).await?;
-                    if json_out {
-                        print_json(&v);
-                    } else {
-                        print_node_detail(&v);
-                    }
-                    return Ok(());
-                }
-                NodeCmd::Cordon { id } => (id, json!({"cordoned": true})),
-                NodeCmd::Uncordon { id } => (id, json!({"cordoned": false})),
-                NodeCmd::Schedule { id, state } => (id, on_off_patch("allowScheduling", state)),
-                NodeCmd::Evict { id, state } => (id, on_off_patch("evictionRequested", state)),
-                NodeCmd::Zone { id, zone } => (id, json!({"zone": zone})),
-                NodeCmd::Disk {
-                    id,
-                    disk,
-                    schedule,
-                    evict,
-                    reserved,
-                    tags,
-                } => {
-                    let mut body = json!({});
-                    if let Some(v) = schedule {
-                        body["allowScheduling"] = json!(v.yes());
-                    }
-                    if let Some(v) = evict {
-                        body["evictionRequested"] = json!(v.yes());
-                    }
-                    if let Some(r) = reserved {
-                        let b = parse_size(&r)
-                            .map_err(|e| CtlError::Usage(format!("--reserved: {e}")))?;
-                        body["storageReserved"] = json!(b);
-                    }
-                    if let Some(t) = tags {
-                        let list: Vec<&str> = t.split(',').filter(|x| !x.is_empty()).collect();
-                        body["tags"] = json!(list);
-                    }
-                    if body.as_object().is_some_and(Map::is_empty) {
-                        return Err(CtlError::Usage(
-                            "nothing to change: give --schedule, --evict, --reserved or --tags"
-                                .into(),
-                        ));
-                    }
-                    let v = c
-                        .call(
-                            Method::PATCH,
-                            &format!("/v1/nodes/{id}/disks/{disk}"),
-                            Some(body),
-                        )
-                        .await?;
-                    if json_out {
-                        print_json(&v);
-                    } else {
-                        print_node_detail(&v);
-                    }
-                    return Ok(());
-                }
-            };
-            let v = c
-                .call(Method::PATCH, &format!("/v1/nodes/{id}"), Some(body))
-                .await?;
-            show(&v, &NODE_HEADER, node_rows, false);
-        }
-        Command::Setting(cmd) => {
-            let rows = |list: &[Value]| -> Vec<Vec<String>> {
-                list.iter()
-                    .map(|x| vec![s(&x["name"]), s(&x["value"]), s(&x["default"])])
-                    .collect()
-            };
-            let header = ["NAME", "VALUE", "DEFAULT"];
-            match cmd {
-                SettingCmd::List => show(&c.get("/v1/settings").await?, &header, rows, true),
-                SettingCmd::Get { name } => {
-                    let v = c.get(&format!("/v1/settings/{name}")).await?;
-                    show(&v, &header, rows, false);
-                    if !json_out {
-                        println!(
-                            "\n{}\nAccepted: {}",
-                            s(&v["description"]),
-                            s(&v["accepted"])
-                        );
-                    }
-                }
-                SettingCmd::Set { name, value } => {
-                    let v = c
-                        .call(
-                            Method::PUT,
-                            &format!("/v1/settings/{name}"),
-                            Some(json!({"value": value})),
-                        )
-                        .await?;
-                    show(&v, &header, rows, false);
-                }
-            }
-        }
-        Command::Plan { volume } => {
-            let path = match &volume {
-                Some(v) => format!("/v1/plan?volume={v}"),
-                None => "/v1/plan".into(),
-            };
-            let v = c.get(&path).await?;
-            if json_out {
+        Command::Volume(cmd) => volume(&c, out, cmd).await,
+        Command::Replica(cmd) => replica(&c, out, cmd).await,
+        Command::Node(cmd) => node(&c, out, cmd).await,
+        Command::Setting(cmd) => setting(&c, out, cmd).await,
+        Command::Plan { volume } => plan(&c, out, volume).await,
+        Command::Events { object, watch } => events(&c, out, object, watch).await,
+    }
+}
+
+async fn volume(c: &Client, out: Out, cmd: VolumeCmd) -> Result<(), CtlError> {
+    let path = |name: &str, what: &str| format!("/v1/volumes/{name}{what}");
+    match cmd {
+        VolumeCmd::List => out.list::<Volume>(&c.get("/v1/volumes").await?),
+        VolumeCmd::Get { name } => {
+            let v = c.get(&path(&name, "")).await?;
+            if out.json {
                 print_json(&v);
                 return Ok(());
             }
-            let describe = |a: &Value| -> String {
-                match a["type"].as_str().unwrap_or_default() {
-                    "createReplica" => {
-                        let how = if !a["reuse"].is_null() {
-                            format!(" (reuse {})", s(&a["reuse"]))
-                        } else if !a["copyFrom"].is_null() {
-                            format!(" (local copy from {})", s(&a["copyFrom"]))
-                        } else {
-                            String::new()
-                        };
-                        format!(
-                            "create replica of {} on {}/{}{how}",
-                            s(&a["volume"]),
-                            s(&a["node"]),
-                            s(&a["disk"])
-                        )
-                    }
-                    "deleteReplica" => format!("delete replica {}", s(&a["replica"])),
-                    "setReplicaEviction" => format!(
-                        "set eviction of {} to {}",
-                        s(&a["replica"]),
-                        s(&a["requested"])
-                    ),
-                    "setNodeStatus" => format!(
-                        "node {}: autoEvicting={} drainBlocked={}",
-                        s(&a["node"]),
-                        s(&a["autoEvicting"]),
-                        s(&a["drainBlocked"])
-                    ),
-                    "recordEvent" => format!("event {} on {}", s(&a["reason"]), s(&a["object"])),
-                    other => other.to_string(),
-                }
-            };
-            let actions = v["actions"].as_array().cloned().unwrap_or_default();
-            if actions.is_empty() {
-                println!("Nothing to do.");
-            } else {
-                let rows = actions
-                    .iter()
-                    .map(|a| vec![s(&a["rule"]), describe(a), s(&a["reason"])])
-                    .collect();
-                table::print(&["RULE", "ACTION", "WHY"], rows);
+            let detail = VolumeDetail::from_json(&v).map_err(unreadable)?;
+            render::table(std::slice::from_ref(&detail.volume));
+            if !detail.replicas.is_empty() {
+                println!();
+                render::table(&detail.replicas);
             }
-            for w in v["waits"].as_array().cloned().unwrap_or_default() {
-                println!(
-                    "WAIT    volume {} until {}: {}",
-                    s(&w["volume"]),
-                    s(&w["until"]),
-                    s(&w["what"])
+            Ok(())
+        }
+        VolumeCmd::Create {
+            name,
+            size,
+            replicas,
+            data_locality,
+            auto_balance,
+        } => {
+            let mut body = json!({ "name": name, "size": size_arg("size", &size)? });
+            volume_options(&mut body, replicas, data_locality, auto_balance);
+            out.one::<Volume>(&c.call(Method::POST, "/v1/volumes", Some(body)).await?)
+        }
+        VolumeCmd::Update {
+            name,
+            replicas,
+            data_locality,
+            auto_balance,
+            wait,
+        } => {
+            let mut body = json!({});
+            volume_options(&mut body, replicas, data_locality, auto_balance);
+            if body.as_object().is_some_and(Map::is_empty) {
+                return Err(CtlError::Usage(
+                    "nothing to update: give --replicas, --data-locality or --auto-balance".into(),
+                ));
+            }
+            let v = c.call(Method::PATCH, &path(&name, ""), Some(body)).await?;
+            out.one::<Volume>(&v)?;
+            if wait {
+                wait_replicas(c, &name).await?;
+            }
+            Ok(())
+        }
+        VolumeCmd::Delete { name } => {
+            c.call(Method::DELETE, &path(&name, ""), None).await?;
+            println!("volume {name} deleted");
+            Ok(())
+        }
+        VolumeCmd::Attach { name, node } => {
+            let body = json!({"nodeId": node});
+            let v = c
+                .call(Method::POST, &path(&name, "/attach"), Some(body))
+                .await?;
+            if out.json {
+                print_json(&v);
+            } else {
+                let vol: Volume = typed(&v)?;
+                println!("{}", vol.status.frontend_endpoint.unwrap_or_default());
+            }
+            Ok(())
+        }
+        VolumeCmd::Detach { name } => {
+            out.one::<Volume>(&c.call(Method::POST, &path(&name, "/detach"), None).await?)
+        }
+        VolumeCmd::Expand { name, size } => {
+            let body = json!({"size": size_arg("size", &size)?});
+            out.one::<Volume>(
+                &c.call(Method::POST, &path(&name, "/expand"), Some(body))
+                    .await?,
+            )
+        }
+        VolumeCmd::Salvage {
+            name,
+            replica,
+            force,
+        } => {
+            let body = json!({"replica": replica, "force": force});
+            let v = c
+                .call(Method::POST, &path(&name, "/salvage"), Some(body))
+                .await?;
+            if !out.json {
+                eprintln!(
+                    "{name} salvaged from {replica}: writes only other replicas held are lost"
                 );
             }
-            for b in v["blocked"].as_array().cloned().unwrap_or_default() {
-                println!("BLOCKED {}: {}", s(&b["object"]), s(&b["reason"]));
-            }
+            out.one::<Volume>(&v)
         }
-        Command::Events { object, watch } => {
-            let path = match &object {
-                Some(o) => format!("/v1/events?object={o}"),
-                None => "/v1/events".into(),
+    }
+}
+
+async fn replica(c: &Client, out: Out, cmd: ReplicaCmd) -> Result<(), CtlError> {
+    match cmd {
+        ReplicaCmd::List { volume, node } => {
+            let q: Vec<String> = [("volume", volume), ("node", node)]
+                .into_iter()
+                .filter_map(|(k, v)| v.map(|v| format!("{k}={v}")))
+                .collect();
+            let path = if q.is_empty() {
+                "/v1/replicas".to_string()
+            } else {
+                format!("/v1/replicas?{}", q.join("&"))
             };
-            let first = c.get(&path).await?;
-            show(&first, &EVENT_HEADER, event_rows, true);
-            if watch {
-                let mut last = items(&first)
-                    .last()
-                    .map(|e| s(&e["name"]))
-                    .unwrap_or_default();
-                loop {
-                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-                    for e in items(&c.get(&path).await?) {
-                        let name = s(&e["name"]);
-                        if name > last {
-                            if json_out {
-                                println!("{e}");
-                            } else {
-                                println!(
-                                    "{}  {}  {}  {}",
-                                    s(&e["time"]),
-                                    s(&e["object"]),
-                                    s(&e["reason"]),
-                                    s(&e["message"])
-                                );
-                            }
-                            last = name;
-                        }
-                    }
-                }
-            }
+            out.list::<Replica>(&c.get(&path).await?)
         }
+        ReplicaCmd::Delete { name } => {
+            c.call(Method::DELETE, &format!("/v1/replicas/{name}"), None)
+                .await?;
+            println!("replica {name} deleted");
+            Ok(())
+        }
+        ReplicaCmd::Scrub { name } => {
+            let v = c
+                .call(Method::POST, &format!("/v1/replicas/{name}/scrub"), None)
+                .await?;
+            if out.json {
+                print_json(&v);
+            } else if v["sound"] == true {
+                println!("replica {name}: every block checked, sound");
+            } else {
+                println!("replica {name}: corrupt; it is failed and will be rebuilt");
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The body of a change to one disk; at least one change is asked for.
+fn disk_patch(
+    schedule: Option<OnOff>,
+    evict: Option<OnOff>,
+    reserved: Option<String>,
+    tags: Option<String>,
+) -> Result<Value, CtlError> {
+    let mut body = json!({});
+    if let Some(v) = schedule {
+        body["allowScheduling"] = json!(v.yes());
+    }
+    if let Some(v) = evict {
+        body["evictionRequested"] = json!(v.yes());
+    }
+    if let Some(r) = reserved {
+        body["storageReserved"] = json!(size_arg("reserved", &r)?);
+    }
+    if let Some(t) = tags {
+        let list: Vec<&str> = t.split(',').filter(|x| !x.is_empty()).collect();
+        body["tags"] = json!(list);
+    }
+    if body.as_object().is_some_and(Map::is_empty) {
+        return Err(CtlError::Usage(
+            "nothing to change: give --schedule, --evict, --reserved or --tags".into(),
+        ));
+    }
+    Ok(body)
+}
+
+/// A node with its disks.
+fn node_detail(out: Out, v: &Value) -> Result<(), CtlError> {
+    if out.json {
+        print_json(v);
+        return Ok(());
+    }
+    let n: Node = typed(v)?;
+    render::table(std::slice::from_ref(&n));
+    println!();
+    render::node_disks(&n);
+    Ok(())
+}
+
+async fn node(c: &Client, out: Out, cmd: NodeCmd) -> Result<(), CtlError> {
+    let (id, body) = match cmd {
+        NodeCmd::List => return out.list::<Node>(&c.get("/v1/nodes").await?),
+        NodeCmd::Get { id } => return node_detail(out, &c.get(&format!("/v1/nodes/{id}")).await?),
+        NodeCmd::Disk {
+            id,
+            disk,
+            schedule,
+            evict,
+            reserved,
+            tags,
+        } => {
+            let body = disk_patch(schedule, evict, reserved, tags)?;
+            let path = format!("/v1/nodes/{id}/disks/{disk}");
+            return node_detail(out, &c.call(Method::PATCH, &path, Some(body)).await?);
+        }
+        NodeCmd::Cordon { id } => (id, json!({"cordoned": true})),
+        NodeCmd::Uncordon { id } => (id, json!({"cordoned": false})),
+        NodeCmd::Schedule { id, state } => (id, json!({"allowScheduling": state.yes()})),
+        NodeCmd::Evict { id, state } => (id, json!({"evictionRequested": state.yes()})),
+        NodeCmd::Zone { id, zone } => (id, json!({"zone": zone})),
+    };
+    let v = c
+        .call(Method::PATCH, &format!("/v1/nodes/{id}"), Some(body))
+        .await?;
+    out.one::<Node>(&v)
+}
+
+async fn setting(c: &Client, out: Out, cmd: SettingCmd) -> Result<(), CtlError> {
+    match cmd {
+        SettingCmd::List => out.list::<SettingView>(&c.get("/v1/settings").await?),
+        SettingCmd::Get { name } => {
+            let v = c.get(&format!("/v1/settings/{name}")).await?;
+            out.one::<SettingView>(&v)?;
+            if !out.json {
+                let s: SettingView = typed(&v)?;
+                println!("\n{}\nAccepted: {}", s.description, s.accepted);
+            }
+            Ok(())
+        }
+        SettingCmd::Set { name, value } => {
+            let body = json!({"value": value});
+            let path = format!("/v1/settings/{name}");
+            out.one::<SettingView>(&c.call(Method::PUT, &path, Some(body)).await?)
+        }
+    }
+}
+
+async fn plan(c: &Client, out: Out, volume: Option<String>) -> Result<(), CtlError> {
+    let path = match &volume {
+        Some(v) => format!("/v1/plan?volume={v}"),
+        None => "/v1/plan".into(),
+    };
+    let v = c.get(&path).await?;
+    if out.json {
+        print_json(&v);
+        return Ok(());
+    }
+    let p: PlanView = typed(&v)?;
+    if p.actions.is_empty() {
+        println!("Nothing to do.");
+    } else {
+        render::table(&p.actions);
+    }
+    for w in &p.waits {
+        println!(
+            "WAIT    volume {} until {}: {}",
+            w.volume,
+            w.until.to_rfc3339(),
+            w.what
+        );
+    }
+    for b in &p.blocked {
+        println!("BLOCKED {}: {}", b.object, b.reason);
     }
     Ok(())
 }
 
+async fn events(c: &Client, out: Out, object: Option<String>, watch: bool) -> Result<(), CtlError> {
+    let path = match &object {
+        Some(o) => format!("/v1/events?object={o}"),
+        None => "/v1/events".into(),
+    };
+    let first = c.get(&path).await?;
+    out.list::<Event>(&first)?;
+    if !watch {
+        return Ok(());
+    }
+    let mut last = typed::<List<Event>>(&first)?
+        .items
+        .last()
+        .map(|e| e.name.clone())
+        .unwrap_or_default();
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let v = c.get(&path).await?;
+        for e in typed::<List<Event>>(&v)?.items {
+            if e.name <= last {
+                continue;
+            }
+            if out.json {
+                println!("{}", serde_json::to_string(&e).unwrap_or_default());
+            } else {
+                let c = e.cells();
+                println!("{}", c.join("  "));
+            }
+            last = e.name;
+        }
+    }
+}
+
 /// Where a volume's replicas stand: `2/3 rw; r-abc 42% (...)`, and whether
 /// every wanted replica is rw.
-fn replica_progress(v: &Value) -> (String, bool) {
-    let wanted = v["spec"]["numberOfReplicas"].as_u64().unwrap_or(0) as usize;
-    let reps = v["status"]["replicas"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let rw = reps.iter().filter(|r| r["mode"] == "rw").count();
+fn replica_progress(d: &VolumeDetail) -> (String, bool) {
+    let wanted = d.volume.spec.number_of_replicas as usize;
+    let is_rw = |r: &&ReplicaSummary| r.mode == Some(ReplicaMode::Rw);
+    let rw = d.replicas.iter().filter(is_rw).count();
     let mut line = format!("{rw}/{wanted} rw");
-    for r in reps.iter().filter(|r| r["mode"] != "rw") {
-        let cell = rebuild_cell(&r["rebuildProgress"]);
-        line.push_str(&format!(
-            "; {} on {} {}",
-            s(&r["name"]),
-            s(&r["nodeId"]),
-            if cell.is_empty() { s(&r["mode"]) } else { cell }
-        ));
+    for r in d.replicas.iter().filter(|r| !is_rw(r)) {
+        let cell = render::rebuild_cell(r.rebuild_progress.as_ref());
+        let state = if cell.is_empty() {
+            r.mode.map(|m| m.to_string()).unwrap_or_else(|| "-".into())
+        } else {
+            cell
+        };
+        line.push_str(&format!("; {} on {} {state}", r.name, r.node_id));
     }
-    (line, rw == wanted && reps.len() == wanted)
+    (line, rw == wanted && d.replicas.len() == wanted)
 }
 
 /// Polls the volume until every wanted replica is rw; on a terminal the
@@ -814,7 +619,8 @@ async fn wait_replicas(c: &Client, name: &str) -> Result<(), CtlError> {
     let mut last = String::new();
     loop {
         let v = c.get(&format!("/v1/volumes/{name}")).await?;
-        let (line, done) = replica_progress(&v);
+        let d = VolumeDetail::from_json(&v).map_err(unreadable)?;
+        let (line, done) = replica_progress(&d);
         if line != last {
             if tty {
                 eprint!("\r\x1b[K{name}: {line}");
@@ -834,46 +640,38 @@ async fn wait_replicas(c: &Client, name: &str) -> Result<(), CtlError> {
     }
 }
 
-/// `42% (1.2Gi of 2.9Gi)` while a replica is being rebuilt; empty otherwise.
-fn rebuild_cell(p: &Value) -> String {
-    match (p["done"].as_u64(), p["total"].as_u64()) {
-        (Some(done), Some(total)) if total > 0 => format!(
-            "{}% ({} of {})",
-            done.saturating_mul(100) / total,
-            ballast::quantity::format_size(done),
-            ballast::quantity::format_size(total)
-        ),
-        _ => String::new(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ballast::model::RebuildProgress;
 
     #[test]
     fn rebuild_progress_shows_percent_and_sizes_only_while_rebuilding() {
+        let p = |done, total| RebuildProgress { done, total };
         assert_eq!(
-            rebuild_cell(&json!({"done": 1 << 30, "total": 4u64 << 30})),
+            render::rebuild_cell(Some(&p(1 << 30, 4u64 << 30))),
             "25% (1Gi of 4Gi)"
         );
-        assert_eq!(rebuild_cell(&Value::Null), "");
-        assert_eq!(rebuild_cell(&json!({"done": 0, "total": 0})), "");
+        assert_eq!(render::rebuild_cell(None), "");
+        assert_eq!(render::rebuild_cell(Some(&p(0, 0))), "");
     }
 
     #[test]
     fn replica_progress_names_what_is_not_rw_yet() {
-        let v = json!({"spec": {"numberOfReplicas": 3}, "status": {"replicas": [
-            {"name": "v-r1", "nodeId": "n1", "mode": "rw"},
-            {"name": "v-r2", "nodeId": "n2", "mode": "rw"},
-            {"name": "v-r3", "nodeId": "n3", "mode": "wo", "rebuildProgress": {"done": 1, "total": 4}},
+        let v = json!({"name": "v", "spec": {"size": 1024, "numberOfReplicas": 3}, "status": {
+            "state": "detached", "robustness": "degraded", "replicas": [
+            {"name": "v-r1", "nodeId": "n1", "diskId": "d", "mode": "rw", "running": true, "rebuildProgress": null},
+            {"name": "v-r2", "nodeId": "n2", "diskId": "d", "mode": "rw", "running": true, "rebuildProgress": null},
+            {"name": "v-r3", "nodeId": "n3", "diskId": "d", "mode": "wo", "running": true, "rebuildProgress": {"done": 1, "total": 4}},
         ]}});
+        let d = VolumeDetail::from_json(&v).unwrap();
         assert_eq!(
-            replica_progress(&v),
+            replica_progress(&d),
             ("2/3 rw; v-r3 on n3 25% (1 of 4)".to_string(), false)
         );
-        let done = json!({"spec": {"numberOfReplicas": 1}, "status": {"replicas": [
-            {"name": "v-r1", "nodeId": "n1", "mode": "rw"}]}});
-        assert!(replica_progress(&done).1);
+        let done = json!({"name": "v", "spec": {"size": 1024, "numberOfReplicas": 1}, "status": {
+            "state": "detached", "robustness": "healthy", "replicas": [
+            {"name": "v-r1", "nodeId": "n1", "diskId": "d", "mode": "rw", "running": true, "rebuildProgress": null}]}});
+        assert!(replica_progress(&VolumeDetail::from_json(&done).unwrap()).1);
     }
 }

@@ -3,6 +3,7 @@
 
 mod client;
 mod commands;
+mod render;
 mod table;
 
 pub use client::{Client, CtlError};

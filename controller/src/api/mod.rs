@@ -8,6 +8,7 @@ mod meta;
 mod nodes;
 mod objects;
 mod plan;
+pub use plan::PlanView;
 mod settings;
 mod volumes;
 

@@ -5,13 +5,21 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
 
 use super::body::QueryArgs;
 use crate::context::Context;
 use crate::error::Error;
-use crate::planner::{self, ActionKind};
+use crate::planner::{self, Action, ActionKind, Blocked, Wait};
+
+/// What `GET /v1/plan` answers: the plan at `time`, for one volume or all.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct PlanView {
+    pub time: chrono::DateTime<chrono::Utc>,
+    pub actions: Vec<Action>,
+    pub waits: Vec<Wait>,
+    pub blocked: Vec<Blocked>,
+}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -22,7 +30,7 @@ pub struct PlanFilter {
 pub async fn get(
     State(ctx): State<Arc<Context>>,
     QueryArgs(f): QueryArgs<PlanFilter>,
-) -> Result<Json<Value>, Error> {
+) -> Result<Json<PlanView>, Error> {
     let view = crate::observe::cluster_view(ctx.store.as_ref())?;
     if let Some(v) = &f.volume
         && !view.volumes.iter().any(|x| &x.name == v)
@@ -51,22 +59,22 @@ pub async fn get(
         }
     };
     let keep = |v: Option<String>| f.volume.is_none() || v == f.volume;
-    let actions: Vec<_> = plan
-        .actions
-        .iter()
-        .filter(|a| keep(volume_of(&a.kind)))
-        .collect();
-    let waits: Vec<_> = plan
-        .waits
-        .iter()
-        .filter(|w| keep(Some(w.volume.clone())))
-        .collect();
-    let blocked: Vec<_> = plan
-        .blocked
-        .iter()
-        .filter(|b| keep(b.object.strip_prefix("volume/").map(str::to_string)))
-        .collect();
-    Ok(Json(
-        json!({ "time": now, "actions": actions, "waits": waits, "blocked": blocked }),
-    ))
+    Ok(Json(PlanView {
+        time: now,
+        actions: plan
+            .actions
+            .into_iter()
+            .filter(|a| keep(volume_of(&a.kind)))
+            .collect(),
+        waits: plan
+            .waits
+            .into_iter()
+            .filter(|w| keep(Some(w.volume.clone())))
+            .collect(),
+        blocked: plan
+            .blocked
+            .into_iter()
+            .filter(|b| keep(b.object.strip_prefix("volume/").map(str::to_string)))
+            .collect(),
+    }))
 }

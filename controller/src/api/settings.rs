@@ -5,24 +5,25 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
+use ballast::api::{List, SettingView};
 use ballast::model::{Kind, Setting};
 use ballast::settings::{self, DEFINITIONS, SettingDef};
 use ballast::store::{StoreError, StoreExt};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::body::Body;
 use crate::context::Context;
 use crate::error::Error;
 
-fn view(def: &SettingDef, value: &str) -> Value {
-    json!({
-        "name": def.name,
-        "value": value,
-        "default": def.default,
-        "description": def.description,
-        "accepted": def.kind.accepted(),
-    })
+fn view(def: &SettingDef, value: &str) -> SettingView {
+    SettingView {
+        name: def.name.to_string(),
+        value: value.to_string(),
+        default: def.default.to_string(),
+        description: def.description.to_string(),
+        accepted: def.kind.accepted(),
+    }
 }
 
 fn lookup(name: &str) -> Result<&'static SettingDef, Error> {
@@ -35,19 +36,19 @@ fn lookup(name: &str) -> Result<&'static SettingDef, Error> {
     })
 }
 
-pub async fn list(State(ctx): State<Arc<Context>>) -> Result<Json<Value>, Error> {
+pub async fn list(State(ctx): State<Arc<Context>>) -> Result<Json<List<SettingView>>, Error> {
     let s = ctx.settings()?;
-    let items: Vec<Value> = DEFINITIONS
+    let items = DEFINITIONS
         .iter()
         .map(|d| view(d, s.get(d.name).unwrap_or(d.default)))
         .collect();
-    Ok(Json(json!({ "items": items })))
+    Ok(Json(List { items }))
 }
 
 pub async fn get_one(
     State(ctx): State<Arc<Context>>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, Error> {
+) -> Result<Json<SettingView>, Error> {
     let def = lookup(&name)?;
     let s = ctx.settings()?;
     Ok(Json(view(def, s.get(def.name).unwrap_or(def.default))))
@@ -64,7 +65,7 @@ pub async fn put(
     State(ctx): State<Arc<Context>>,
     Path(name): Path<String>,
     Body(req): Body<PutSetting>,
-) -> Result<Json<Value>, Error> {
+) -> Result<Json<SettingView>, Error> {
     // An unknown name in a PUT is bad input (400), naming the known ones.
     let def = settings::definition(&name).map_err(|e| Error::invalid("name", e.to_string()))?;
     let raw = match &req.value {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use ballast::api::{ReplicaSummary, VolumeDetail};
 use ballast::model::{Replica, Volume};
 use ballast::store::StoreExt;
 use serde_json::{Value, json};
@@ -23,22 +24,26 @@ pub async fn list(State(ctx): State<Arc<Context>>) -> Result<Json<Value>, Error>
 
 /// The volume with `status.replicas`: a summary of its replica records.
 fn with_replicas(ctx: &Context, volume: &Volume) -> Result<Value, Error> {
-    let replicas: Vec<Value> = ctx
+    let replicas = ctx
         .store
         .list::<Replica>()?
         .into_iter()
         .filter(|r| r.spec.volume == volume.name)
-        .map(|r| {
-            json!({
-                "name": r.name, "nodeId": r.spec.node_id, "diskId": r.spec.disk_id,
-                "mode": r.status.mode, "running": r.status.running,
-                "rebuildProgress": r.status.rebuild_progress,
-            })
+        .map(|r| ReplicaSummary {
+            name: r.name,
+            node_id: r.spec.node_id,
+            disk_id: r.spec.disk_id,
+            mode: r.status.mode,
+            running: r.status.running,
+            rebuild_progress: r.status.rebuild_progress,
         })
         .collect();
-    let mut v = serde_json::to_value(volume).map_err(|e| Error::Internal(e.to_string()))?;
-    v["status"]["replicas"] = Value::Array(replicas);
-    Ok(v)
+    VolumeDetail {
+        volume: volume.clone(),
+        replicas,
+    }
+    .to_json()
+    .map_err(|e| Error::Internal(e.to_string()))
 }
 
 #[tracing::instrument(skip_all, fields(volume = %name))]

@@ -3,10 +3,10 @@
 //! a sentence a person can read.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The rule of BEHAVIOR.md an action comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Rule {
     Schedule,
@@ -21,7 +21,7 @@ pub enum Rule {
     Cleanup,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "type")]
 pub enum ActionKind {
     /// Build a replica of `volume` on `node`/`disk`. `reuse` names a failed
@@ -61,7 +61,7 @@ pub enum ActionKind {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Action {
     #[serde(flatten)]
@@ -71,7 +71,7 @@ pub struct Action {
 }
 
 /// Something the planner deliberately waits for.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Wait {
     pub volume: String,
@@ -81,7 +81,7 @@ pub struct Wait {
 }
 
 /// Something wanted that cannot be done now, and why.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Blocked {
     /// `KIND/NAME`.
@@ -90,7 +90,7 @@ pub struct Blocked {
     pub reason: String,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     pub actions: Vec<Action>,
     pub waits: Vec<Wait>,
