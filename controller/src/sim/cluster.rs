@@ -9,7 +9,7 @@ use ballast::model::{
 use ballast::settings::{self, Settings};
 use chrono::{DateTime, Duration, TimeZone, Utc};
 
-use super::scenario::{NodeSpec, Scenario, Step, VolumeSpec};
+use super::scenario::{DiskPatch, NodePatch, NodeSpec, Scenario, Step, VolumePatch, VolumeSpec};
 use crate::executor::effects;
 use crate::planner::{self, ActionKind, ClusterView, Plan};
 
@@ -509,65 +509,14 @@ impl Sim {
 
     /// Applies a step that is not `settle`.
     pub fn apply_step(&mut self, step: &Step) -> Result<(), String> {
-        let now = self.now;
         match step {
             Step::Settle(_) => {}
-            Step::Node(p) => {
-                let n = self.node_mut(&p.id)?;
-                if let Some(z) = &p.zone {
-                    n.spec.zone = z.clone();
-                }
-                if let Some(v) = p.allow_scheduling {
-                    n.spec.allow_scheduling = v;
-                }
-                if let Some(v) = p.cordoned {
-                    n.spec.cordoned = v;
-                }
-                if let Some(v) = p.eviction_requested {
-                    n.spec.eviction_requested = v;
-                }
-                if let Some(t) = &p.tags {
-                    n.spec.tags = t.clone();
-                }
-                if let Some(v) = p.rebuilds_fail {
-                    n.rebuilds_fail = v;
-                }
-                if let Some(ready) = p.ready {
-                    n.spec.ready = ready;
-                    if !ready {
-                        // A node going down takes its running replicas with it.
-                        for r in self.replicas.values_mut().filter(|r| r.node() == p.id) {
-                            if matches!(r.mode(), Some(ReplicaMode::Rw | ReplicaMode::Wo)) {
-                                effects::failed(&mut r.record, now, false);
-                            }
-                        }
-                    }
-                }
-            }
-            Step::Disk(p) => {
-                let n = self.node_mut(&p.node)?;
-                let d = n
-                    .spec
-                    .disks
-                    .iter_mut()
-                    .find(|d| d.id == p.id)
-                    .ok_or_else(|| format!("no disk {}/{}", p.node, p.id))?;
-                if let Some(v) = p.used {
-                    d.used = v;
-                }
-                if let Some(v) = p.allow_scheduling {
-                    d.allow_scheduling = v;
-                }
-                if let Some(v) = p.eviction_requested {
-                    d.eviction_requested = v;
-                }
-                if let Some(t) = &p.tags {
-                    d.tags = t.clone();
-                }
-            }
+            Step::Node(p) => self.change_node(p)?,
+            Step::Disk(p) => self.change_disk(p)?,
             Step::AddNode(spec) => self.add_node(spec.clone())?,
             Step::AddVolume(spec) => self.add_volume(spec.clone())?,
             Step::FailReplica(r) => {
+                let now = self.now;
                 let victim = self
                     .replicas
                     .values_mut()
@@ -588,34 +537,99 @@ impl Sim {
                 let v = check_setting(&s.name, &s.value.to_string())?;
                 self.settings.insert(s.name.clone(), v);
             }
-            Step::Volume(p) => {
-                if let Some(n) = p.attached_node.as_deref().filter(|n| !n.is_empty())
-                    && self.node(n).is_none()
-                {
-                    return Err(format!("attachedNode {n:?} is not a node"));
-                }
-                let v = self
-                    .volumes
-                    .iter_mut()
-                    .find(|v| v.spec.name == p.name)
-                    .ok_or_else(|| format!("no volume {:?}", p.name))?;
-                if let Some(n) = p.number_of_replicas {
-                    if !(1..=20).contains(&n) {
-                        return Err(format!("{}: numberOfReplicas must be 1 to 20", p.name));
+            Step::Volume(p) => self.change_volume(p)?,
+            Step::Advance(a) => self.now += Duration::seconds(a.seconds as i64),
+        }
+        Ok(())
+    }
+
+    /// A node changed by the operator, or going down or up. A node going
+    /// down takes its running replicas with it.
+    fn change_node(&mut self, p: &NodePatch) -> Result<(), String> {
+        let now = self.now;
+        let n = self.node_mut(&p.id)?;
+        if let Some(z) = &p.zone {
+            n.spec.zone = z.clone();
+        }
+        if let Some(v) = p.allow_scheduling {
+            n.spec.allow_scheduling = v;
+        }
+        if let Some(v) = p.cordoned {
+            n.spec.cordoned = v;
+        }
+        if let Some(v) = p.eviction_requested {
+            n.spec.eviction_requested = v;
+        }
+        if let Some(t) = &p.tags {
+            n.spec.tags = t.clone();
+        }
+        if let Some(v) = p.rebuilds_fail {
+            n.rebuilds_fail = v;
+        }
+        if let Some(ready) = p.ready {
+            n.spec.ready = ready;
+            if !ready {
+                for r in self.replicas.values_mut().filter(|r| r.node() == p.id) {
+                    if matches!(r.mode(), Some(ReplicaMode::Rw | ReplicaMode::Wo)) {
+                        effects::failed(&mut r.record, now, false);
                     }
-                    v.spec.number_of_replicas = n;
-                }
-                if let Some(b) = p.replica_auto_balance {
-                    v.spec.replica_auto_balance = b;
-                }
-                if let Some(d) = p.data_locality {
-                    v.spec.data_locality = Some(d);
-                }
-                if let Some(n) = &p.attached_node {
-                    v.spec.attached_node = (!n.is_empty()).then(|| n.clone());
                 }
             }
-            Step::Advance(a) => self.now += Duration::seconds(a.seconds as i64),
+        }
+        Ok(())
+    }
+
+    /// A disk changed by the operator, or filled by other data.
+    fn change_disk(&mut self, p: &DiskPatch) -> Result<(), String> {
+        let n = self.node_mut(&p.node)?;
+        let d = n
+            .spec
+            .disks
+            .iter_mut()
+            .find(|d| d.id == p.id)
+            .ok_or_else(|| format!("no disk {}/{}", p.node, p.id))?;
+        if let Some(v) = p.used {
+            d.used = v;
+        }
+        if let Some(v) = p.allow_scheduling {
+            d.allow_scheduling = v;
+        }
+        if let Some(v) = p.eviction_requested {
+            d.eviction_requested = v;
+        }
+        if let Some(t) = &p.tags {
+            d.tags = t.clone();
+        }
+        Ok(())
+    }
+
+    /// A volume changed by the user: replica count, balance, locality, or
+    /// attached elsewhere.
+    fn change_volume(&mut self, p: &VolumePatch) -> Result<(), String> {
+        if let Some(n) = p.attached_node.as_deref().filter(|n| !n.is_empty())
+            && self.node(n).is_none()
+        {
+            return Err(format!("attachedNode {n:?} is not a node"));
+        }
+        let v = self
+            .volumes
+            .iter_mut()
+            .find(|v| v.spec.name == p.name)
+            .ok_or_else(|| format!("no volume {:?}", p.name))?;
+        if let Some(n) = p.number_of_replicas {
+            if !(1..=20).contains(&n) {
+                return Err(format!("{}: numberOfReplicas must be 1 to 20", p.name));
+            }
+            v.spec.number_of_replicas = n;
+        }
+        if let Some(b) = p.replica_auto_balance {
+            v.spec.replica_auto_balance = b;
+        }
+        if let Some(d) = p.data_locality {
+            v.spec.data_locality = Some(d);
+        }
+        if let Some(n) = &p.attached_node {
+            v.spec.attached_node = (!n.is_empty()).then(|| n.clone());
         }
         Ok(())
     }
