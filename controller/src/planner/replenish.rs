@@ -22,43 +22,75 @@ pub fn local_source(vs: &VolumeState, node: &str) -> Option<String> {
         .map(|r| r.name.clone())
 }
 
+/// Replicas missing: because replicas are gone (these may wait for one to
+/// come back), and because replicas are leaving by eviction (never wait).
+struct Slots {
+    degraded: usize,
+    evict: usize,
+}
+
+impl Slots {
+    fn total(&self) -> usize {
+        self.degraded + self.evict
+    }
+
+    /// One slot filled, a degraded one first.
+    fn fill_one(&mut self) {
+        if self.degraded > 0 {
+            self.degraded -= 1;
+        } else {
+            self.evict = self.evict.saturating_sub(1);
+        }
+    }
+}
+
 pub fn plan(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
     let keep: Vec<&ReplicaView> = vs.keep(pass).collect();
     let wanted = vs.wanted();
     if keep.len() >= wanted {
         return;
     }
-    let name = &vs.volume.name;
-    let object = vs.object();
-    // Slots missing because replicas are gone (may wait), and slots of
-    // replicas leaving by eviction (never wait).
     let degraded = wanted.saturating_sub(vs.usable().count());
-    let mut evict_slots = wanted - keep.len() - degraded;
-    let mut degraded_slots = degraded;
-    if !vs.is_new && vs.rw.is_empty() {
-        plan.block(
-            object,
-            Rule::Replenish,
-            format!("{name} has no healthy replica to rebuild from"),
-        );
+    let mut slots = Slots {
+        degraded,
+        evict: wanted - keep.len() - degraded,
+    };
+    if blocked(pass, vs, plan) {
         return;
     }
-    if !vs.is_new && pass.settings.concurrent_rebuild_per_node_limit() == 0 {
-        plan.block(
-            object,
-            Rule::Replenish,
-            "concurrent-replica-rebuild-per-node-limit is 0: rebuilds are stopped",
-        );
-        return;
-    }
-    pass.busy.insert(name.clone());
+    pass.busy.insert(vs.volume.name.clone());
+    let not_reusable = reuse_failed(pass, vs, plan, &mut slots);
+    wait_for_a_return(pass, vs, plan, &mut slots, &not_reusable);
+    schedule_new(pass, vs, keep, plan, slots);
+}
 
-    // 1. Reuse failed replicas that can be rebuilt in place.
+/// Nothing can be rebuilt: no healthy source, or rebuilds stopped.
+fn blocked(pass: &Pass, vs: &VolumeState, plan: &mut Plan) -> bool {
+    let why = if !vs.is_new && vs.rw.is_empty() {
+        format!("{} has no healthy replica to rebuild from", vs.volume.name)
+    } else if !vs.is_new && pass.settings.concurrent_rebuild_per_node_limit() == 0 {
+        "concurrent-replica-rebuild-per-node-limit is 0: rebuilds are stopped".to_string()
+    } else {
+        return false;
+    };
+    plan.block(vs.object(), Rule::Replenish, why);
+    true
+}
+
+/// Step 1: reuse failed replicas that can be rebuilt in place, fewest
+/// attempts first. Returns why the others cannot be.
+fn reuse_failed(
+    pass: &mut Pass,
+    vs: &VolumeState,
+    plan: &mut Plan,
+    slots: &mut Slots,
+) -> Vec<String> {
+    let name = &vs.volume.name;
     let mut failed: Vec<&ReplicaView> = vs.failed.clone();
     failed.sort_by(|a, b| (a.rebuild_retry_count, &a.name).cmp(&(b.rebuild_retry_count, &b.name)));
     let mut not_reusable = Vec::new();
     for r in &failed {
-        if degraded_slots + evict_slots == 0 {
+        if slots.total() == 0 {
             break;
         }
         match reuse::reusable(pass, vs, r) {
@@ -83,47 +115,66 @@ pub fn plan(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
                         pass.settings.rebuild_max_retry()
                     ),
                 );
-                if degraded_slots > 0 {
-                    degraded_slots -= 1;
-                } else {
-                    evict_slots -= 1;
-                }
+                slots.fill_one();
             }
             Ok(()) => not_reusable.push(format!("{}: rebuild limit reached on {}", r.name, r.node)),
             Err(why) => not_reusable.push(why),
         }
     }
+    not_reusable
+}
 
-    // 2. Wait for a failed replica that may come back.
-    if degraded_slots > 0 && !vs.is_new {
-        let interval = Duration::seconds(pass.settings.replenishment_wait_interval_secs() as i64);
-        let waiting_for = vs.failed.iter().find(|r| reuse::potential(pass, r));
-        if let (Some(r), Some(since)) = (waiting_for, vs.volume.last_degraded_at) {
-            let until = since + interval;
-            if pass.now < until {
-                plan.waits.push(Wait {
-                    volume: name.clone(),
-                    rule: Rule::Replenish,
-                    what: format!(
-                        "failed replica {} may come back for reuse ({})",
-                        r.name,
-                        not_reusable.first().cloned().unwrap_or_default()
-                    ),
-                    until,
-                });
-                degraded_slots = 0;
-            }
+/// Step 2: wait, within the interval since the volume degraded, for a
+/// failed replica that may come back.
+fn wait_for_a_return(
+    pass: &Pass,
+    vs: &VolumeState,
+    plan: &mut Plan,
+    slots: &mut Slots,
+    not_reusable: &[String],
+) {
+    if slots.degraded == 0 || vs.is_new {
+        return;
+    }
+    let name = &vs.volume.name;
+    let interval = Duration::seconds(pass.settings.replenishment_wait_interval_secs() as i64);
+    let waiting_for = vs.failed.iter().find(|r| reuse::potential(pass, r));
+    if let (Some(r), Some(since)) = (waiting_for, vs.volume.last_degraded_at) {
+        let until = since + interval;
+        if pass.now < until {
+            plan.waits.push(Wait {
+                volume: name.clone(),
+                rule: Rule::Replenish,
+                what: format!(
+                    "failed replica {} may come back for reuse ({})",
+                    r.name,
+                    not_reusable.first().cloned().unwrap_or_default()
+                ),
+                until,
+            });
+            slots.degraded = 0;
         }
     }
+}
 
-    // 3. Schedule new replicas.
+/// Step 3: schedule new replicas for the slots left, each seeing the ones
+/// placed before it.
+fn schedule_new(
+    pass: &mut Pass,
+    vs: &VolumeState,
+    keep: Vec<&ReplicaView>,
+    plan: &mut Plan,
+    slots: Slots,
+) {
+    let name = &vs.volume.name;
+    let wanted = vs.wanted();
     let mut peers = Peer::of(keep);
     let only_node = match (vs.locality, vs.volume.attached_node.as_deref()) {
         (DataLocality::StrictLocal, Some(n)) => Some(n),
         _ => None,
     };
-    for slot in 0..degraded_slots + evict_slots {
-        let eviction = slot >= degraded_slots;
+    for slot in 0..slots.total() {
+        let eviction = slot >= slots.degraded;
         let mut req = Request::new(vs.volume, peers.clone());
         req.only_node = only_node;
         match schedule::choose(pass, &req) {
