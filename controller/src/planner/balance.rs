@@ -145,42 +145,80 @@ fn best_effort(
     zone_soft: bool,
     node_soft: bool,
 ) -> Vec<Target> {
-    // The local replica stays, unless it is being evicted.
-    let pinned = vs.local_node().filter(|n| {
-        vs.rw
-            .iter()
-            .any(|r| r.node == *n && !pass.evicting.contains(&r.name))
-    });
+    let b = Balancer {
+        pass,
+        // The local replica stays, unless it is being evicted.
+        pinned: vs.local_node().filter(|n| {
+            vs.rw
+                .iter()
+                .any(|r| r.node == *n && !pass.evicting.contains(&r.name))
+        }),
+        eligible: eligible.iter().map(String::as_str).collect(),
+        zone_soft,
+        node_soft,
+    };
     let mut count: BTreeMap<&str, usize> = start.clone();
     for n in eligible {
         count.entry(n.as_str()).or_default();
     }
-    let eligible_set: std::collections::BTreeSet<&str> =
-        eligible.iter().map(String::as_str).collect();
-    let zone_totals = |count: &BTreeMap<&str, usize>| {
+    for _ in 0..(vs.wanted() * vs.wanted() + 1) {
+        if !b.zone_move(&mut count) && !b.node_move(&mut count) {
+            break;
+        }
+    }
+    b.targets(&start, &count)
+}
+
+/// One best-effort balancing of a volume's replicas over nodes and zones,
+/// one replica moved at a time on a count per node.
+struct Balancer<'a> {
+    pass: &'a Pass<'a>,
+    /// The node whose (local) replica stays.
+    pinned: Option<&'a str>,
+    eligible: std::collections::BTreeSet<&'a str>,
+    zone_soft: bool,
+    node_soft: bool,
+}
+
+impl<'a> Balancer<'a> {
+    /// Replicas per zone (zones of eligible nodes, and of nodes holding
+    /// some).
+    fn zone_totals(&self, count: &BTreeMap<&'a str, usize>) -> BTreeMap<&'a str, usize> {
         let mut z: BTreeMap<&str, usize> = BTreeMap::new();
         for (n, c) in count {
-            if *c > 0 || eligible_set.contains(n) {
-                *z.entry(pass.zone_of(n)).or_default() += c;
+            if *c > 0 || self.eligible.contains(n) {
+                *z.entry(self.pass.zone_of(n)).or_default() += c;
             }
         }
         z
-    };
-    let can_give = |n: &str, c: usize| c > 0 && !(pinned == Some(n) && c <= 1);
-    let can_take = |n: &str, count: &BTreeMap<&str, usize>, zones: &BTreeMap<&str, usize>| {
-        eligible_set.contains(n)
-            && (node_soft || count.get(n).copied().unwrap_or(0) == 0)
-            && (zone_soft || zones.get(pass.zone_of(n)).copied().unwrap_or(0) == 0)
-    };
-    for _ in 0..(vs.wanted() * vs.wanted() + 1) {
-        let zones = zone_totals(&count);
-        // Zone phase.
+    }
+
+    fn can_give(&self, n: &str, c: usize) -> bool {
+        c > 0 && !(self.pinned == Some(n) && c <= 1)
+    }
+
+    fn can_take(
+        &self,
+        n: &str,
+        count: &BTreeMap<&str, usize>,
+        zones: &BTreeMap<&str, usize>,
+    ) -> bool {
+        self.eligible.contains(n)
+            && (self.node_soft || count.get(n).copied().unwrap_or(0) == 0)
+            && (self.zone_soft || zones.get(self.pass.zone_of(n)).copied().unwrap_or(0) == 0)
+    }
+
+    /// Moves one replica from the fullest zone to the emptiest when they
+    /// differ by two or more.
+    fn zone_move(&self, count: &mut BTreeMap<&'a str, usize>) -> bool {
+        let pass = self.pass;
+        let zones = self.zone_totals(count);
         let donor_zone = zones
             .iter()
             .filter(|(z, _)| {
                 count
                     .iter()
-                    .any(|(n, c)| pass.zone_of(n) == **z && can_give(n, *c))
+                    .any(|(n, c)| pass.zone_of(n) == **z && self.can_give(n, *c))
             })
             .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
             .map(|(z, c)| (*z, *c));
@@ -189,83 +227,92 @@ fn best_effort(
             .filter(|(z, _)| {
                 count
                     .keys()
-                    .any(|n| pass.zone_of(n) == **z && can_take(n, &count, &zones))
+                    .any(|n| pass.zone_of(n) == **z && self.can_take(n, count, &zones))
             })
             .min_by(|a, b| a.1.cmp(b.1).then(a.0.cmp(b.0)))
             .map(|(z, c)| (*z, *c));
-        if let (Some((dz, dc)), Some((tz, tc))) = (donor_zone, taker_zone)
-            && dc >= tc + 2
-        {
-            let donor = most_loaded(&count, |n, c| pass.zone_of(n) == dz && can_give(n, c));
-            let taker = least_loaded(&count, |n| {
-                pass.zone_of(n) == tz && can_take(n, &count, &zones)
-            });
-            if let (Some(d), Some(t)) = (donor, taker) {
-                *count.entry(d).or_default() -= 1;
-                *count.entry(t).or_default() += 1;
-                continue;
-            }
+        let (Some((dz, dc)), Some((tz, tc))) = (donor_zone, taker_zone) else {
+            return false;
+        };
+        if dc < tc + 2 {
+            return false;
         }
-        // Node phase: only moves that keep zones balanced.
-        let spread = |c: &BTreeMap<&str, usize>| {
-            let z = zone_totals(c);
+        let donor = most_loaded(count, |n, c| pass.zone_of(n) == dz && self.can_give(n, c));
+        let taker = least_loaded(count, |n| {
+            pass.zone_of(n) == tz && self.can_take(n, count, &zones)
+        });
+        let (Some(d), Some(t)) = (donor, taker) else {
+            return false;
+        };
+        *count.entry(d).or_default() -= 1;
+        *count.entry(t).or_default() += 1;
+        true
+    }
+
+    /// Moves one replica from the fullest node to a node with two fewer,
+    /// only when zones stay as balanced as they were.
+    fn node_move(&self, count: &mut BTreeMap<&'a str, usize>) -> bool {
+        let pass = self.pass;
+        let spread = |c: &BTreeMap<&'a str, usize>| {
+            let z = self.zone_totals(c);
             z.values().max().copied().unwrap_or(0) - z.values().min().copied().unwrap_or(0)
         };
-        let before = spread(&count);
-        let donor = most_loaded(&count, |n, c| can_give(n, c));
-        let mut moved = false;
-        if let Some(d) = donor {
-            let dc = count[d];
-            let mut takers: Vec<(&str, usize)> = count
-                .iter()
-                .filter(|(n, _)| can_take(n, &count, &zones))
-                .map(|(n, c)| (*n, *c))
-                .collect();
-            takers.sort_by_key(|(n, c)| (*c, pass.zone_of(n) != pass.zone_of(d), *n));
-            for (t, tc) in takers {
-                if t == d || dc < tc + 2 {
-                    continue;
-                }
-                let mut trial = count.clone();
-                *trial.entry(d).or_default() -= 1;
-                *trial.entry(t).or_default() += 1;
-                if spread(&trial) <= before.max(1) {
-                    count = trial;
-                    moved = true;
-                    break;
-                }
+        let before = spread(count);
+        let zones = self.zone_totals(count);
+        let Some(d) = most_loaded(count, |n, c| self.can_give(n, c)) else {
+            return false;
+        };
+        let dc = count[d];
+        let mut takers: Vec<(&str, usize)> = count
+            .iter()
+            .filter(|(n, _)| self.can_take(n, count, &zones))
+            .map(|(n, c)| (*n, *c))
+            .collect();
+        takers.sort_by_key(|(n, c)| (*c, pass.zone_of(n) != pass.zone_of(d), *n));
+        for (t, tc) in takers {
+            if t == d || dc < tc + 2 {
+                continue;
+            }
+            let mut trial = count.clone();
+            *trial.entry(d).or_default() -= 1;
+            *trial.entry(t).or_default() += 1;
+            if spread(&trial) <= before.max(1) {
+                *count = trial;
+                return true;
             }
         }
-        if !moved {
-            break;
-        }
+        false
     }
-    // The creates: nodes that end with more than they started with; a zone
-    // move when the node's zone gained too.
-    let start_zones = {
-        let mut z: BTreeMap<&str, usize> = BTreeMap::new();
-        for (n, c) in &start {
-            *z.entry(pass.zone_of(n)).or_default() += c;
+
+    /// The creates: nodes that end with more than they started with; a
+    /// zone move when the node's zone gained too.
+    fn targets(
+        &self,
+        start: &BTreeMap<&'a str, usize>,
+        count: &BTreeMap<&'a str, usize>,
+    ) -> Vec<Target> {
+        let mut start_zones: BTreeMap<&str, usize> = BTreeMap::new();
+        for (n, c) in start {
+            *start_zones.entry(self.pass.zone_of(n)).or_default() += c;
         }
-        z
-    };
-    let end_zones = zone_totals(&count);
-    let mut out = Vec::new();
-    for (n, c) in &count {
-        let had = start.get(n).copied().unwrap_or(0);
-        let zone = pass.zone_of(n);
-        let zone_gained =
-            end_zones.get(zone).copied().unwrap_or(0) > start_zones.get(zone).copied().unwrap_or(0);
-        let rule = if zone_gained {
-            Rule::ZoneBalance
-        } else {
-            Rule::NodeBalance
-        };
-        for _ in had..*c {
-            out.push(Target::node(rule, n));
+        let end_zones = self.zone_totals(count);
+        let mut out = Vec::new();
+        for (n, c) in count {
+            let had = start.get(n).copied().unwrap_or(0);
+            let zone = self.pass.zone_of(n);
+            let zone_gained = end_zones.get(zone).copied().unwrap_or(0)
+                > start_zones.get(zone).copied().unwrap_or(0);
+            let rule = if zone_gained {
+                Rule::ZoneBalance
+            } else {
+                Rule::NodeBalance
+            };
+            for _ in had..*c {
+                out.push(Target::node(rule, n));
+            }
         }
+        out
     }
-    out
 }
 
 fn most_loaded<'n>(
