@@ -94,214 +94,57 @@ impl ReplicaServer {
     async fn connection(self: Arc<Self>, stream: TcpStream) -> std::io::Result<()> {
         let (rd, wr) = stream.into_split();
         let mut rd = crate::bufio::FrameReader::new(rd, IO_BUFFER);
-        let (tx, mut rx) = mpsc::channel::<(Response, Vec<u8>)>(256);
+        let (tx, rx) = mpsc::channel::<Reply>(256);
         // The socket's write half is shared: the writer task sends the
         // replies of reads and queued mutations; this task sends the replies
         // of the writes it applies itself, gathered until it would wait for
         // the next request (no hand-off to another task).
-        let wr = Arc::new(tokio::sync::Mutex::new(
+        let wr: SharedWriter = Arc::new(tokio::sync::Mutex::new(
             tokio::io::BufWriter::with_capacity(IO_BUFFER, wr),
         ));
-        let writer_half = wr.clone();
-        let writer = tokio::spawn(async move {
-            // Replies queued together leave in one write.
-            while let Some(first) = rx.recv().await {
-                let mut wr = writer_half.lock().await;
-                let mut next = Some(first);
-                while let Some((resp, body)) = next {
-                    if wr.write_all(&resp.encode()).await.is_err()
-                        || wr.write_all(&body).await.is_err()
-                    {
-                        return;
-                    }
-                    next = rx.try_recv().ok();
-                }
-                if wr.flush().await.is_err() {
-                    return;
-                }
-            }
-        });
-        let mut answered: Vec<(Response, Vec<u8>)> = Vec::new();
-        let mut bound: Option<(String, Shared)> = None;
-        // The loan this connection's engine holds (ended when dropped,
-        // however the connection ends).
-        let mut loan: Option<LoanGuard> = None;
+        let writer = tokio::spawn(write_replies(rx, wr.clone()));
         // Mutations run one at a time, in the order they arrived, so that
         // every replica applies an engine's writes in the engine's order.
         // Reads run in parallel. A plain write or trim (no FUA) that finds
         // no mutation queued is applied right here, without a thread hop (a
         // write into the page cache is short); one that must sync, or that
         // would overtake a queued one, goes to the mutator thread.
-        let (mtx, mut mrx) = mpsc::channel::<(Shared, Request, bytes::Bytes)>(256);
-        let mtx_reply = tx.clone();
+        let (mtx, mrx) = mpsc::channel::<(Shared, Request, bytes::Bytes)>(256);
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let done = queued.clone();
-        let mutator = tokio::task::spawn_blocking(move || {
-            while let Some((replica, req, payload)) = mrx.blocking_recv() {
-                let reply = execute(&replica, &req, payload);
-                done.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                if mtx_reply.blocking_send(reply).is_err() {
-                    break;
-                }
-            }
-        });
+        let mutator = {
+            let (tx, done) = (tx.clone(), queued.clone());
+            tokio::task::spawn_blocking(move || apply_mutations(mrx, tx, done))
+        };
+        let mut conn = Connection {
+            server: self,
+            tx,
+            wr,
+            answered: Vec::new(),
+            bound: None,
+            loan: None,
+            mtx,
+            queued,
+        };
         let result = loop {
-            // Before waiting for more bytes, send what was answered.
-            if rd.buffered() < REQUEST_HEADER {
-                send_answered(&wr, &mut answered).await?;
-            }
-            let mut head = [0u8; REQUEST_HEADER];
-            let got = match &loan {
-                // A revoked loan closes the connection: the engine sees it
-                // and asks again, and is refused.
-                Some(held) => tokio::select! {
-                    got = rd.read_exact(&mut head) => got,
-                    () = held.revoke.notified() => break Ok(()),
-                },
-                None => rd.read_exact(&mut head).await,
+            let (req, payload) = match conn.next_request(&mut rd).await {
+                Ok(Some(r)) => r,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
             };
-            if let Err(e) = got {
-                break if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    Ok(())
-                } else {
-                    Err(e)
-                };
-            }
-            let req = match Request::decode(&head) {
-                Ok(r) => r,
-                Err(FrameError::Magic(m)) => {
-                    break Err(std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!("bad magic {m:#x}"),
-                    ));
-                }
-                Err(FrameError::Refused { id, reason }) => {
-                    // The payload's length is not to be trusted: answer, then close.
-                    let _ = tx.send(error(id, status::INVALID, &reason)).await;
-                    break Ok(());
-                }
-            };
-            if rd.buffered() < req.payload_len() {
-                send_answered(&wr, &mut answered).await?;
-            }
-            let payload = rd.payload(req.payload_len()).await?;
-            if req.op == Op::Open {
-                let name = String::from_utf8_lossy(&payload).into_owned();
-                let reply = match self.replicas.find(&name) {
-                    Ok(r) => {
-                        bound = Some((name, r));
-                        (
-                            Response {
-                                status: status::OK,
-                                id: req.id,
-                                len: 0,
-                            },
-                            Vec::new(),
-                        )
-                    }
-                    Err(e) => error(req.id, status::NOT_FOUND, &e),
-                };
-                if tx.send(reply).await.is_err() {
-                    break Ok(());
-                }
-                continue;
-            }
-            let Some((name, replica)) = bound.clone() else {
-                if tx
-                    .send(error(
-                        req.id,
-                        status::NOT_FOUND,
-                        "no replica opened on this connection",
-                    ))
-                    .await
-                    .is_err()
-                {
-                    break Ok(());
-                }
-                continue;
-            };
-            if req.op == Op::Lend {
-                let reply = if req.flags & FLAG_RETURN != 0 {
-                    loan = None;
-                    (ok_empty(req.id), Vec::new())
-                } else if loan.is_some() {
-                    (ok_empty(req.id), Vec::new())
-                } else if queued.load(std::sync::atomic::Ordering::SeqCst) > 0 {
-                    error(req.id, status::BUSY, "mutations are still in flight")
-                } else {
-                    match self.replicas.lend(&name) {
-                        Ok(guard) => {
-                            loan = Some(guard);
-                            (ok_empty(req.id), Vec::new())
-                        }
-                        Err(e) => error(req.id, status::BUSY, &e),
-                    }
-                };
-                // Replies of writes applied before it go first.
-                send_answered(&wr, &mut answered).await?;
-                if tx.send(reply).await.is_err() {
-                    break Ok(());
-                }
-                continue;
-            }
-            let fresh = matches!(req.op, Op::Info | Op::Layers | Op::WriteLog);
-            let from_files = fresh || matches!(req.op, Op::LayerExtents | Op::LayerRead);
-            if !from_files && self.replicas.is_lent(&name) {
-                let why = format!("replica {name} is lent to its engine");
-                if tx.send(error(req.id, status::BUSY, &why)).await.is_err() {
-                    break Ok(());
-                }
-                continue;
-            }
-            // What is lent is read from its files as they are now.
-            let replica = if fresh && self.replicas.is_lent(&name) {
-                match self.replicas.find(&name) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        if tx.send(error(req.id, status::NOT_FOUND, &e)).await.is_err() {
-                            break Ok(());
-                        }
-                        continue;
-                    }
-                }
-            } else {
-                replica
-            };
-            if req.op == Op::Fill {
-                // Long: it runs beside the connection's other requests.
-                let (tx, server) = (tx.clone(), self.clone());
-                tokio::spawn(async move {
-                    let source = String::from_utf8_lossy(&payload).into_owned();
-                    let reply = match server.fill(&name, &source).await {
-                        Ok(report) => ok_json(req.id, &report),
-                        Err(e @ SyncError::SourceCorrupt(_)) => {
-                            error(req.id, status::CORRUPT, &e.to_string())
-                        }
-                        Err(e) => error(req.id, status::IO, &e.to_string()),
-                    };
-                    let _ = tx.send(reply).await;
-                });
-            } else if matches!(
-                req.op,
-                Op::Read | Op::Info | Op::Layers | Op::LayerExtents | Op::LayerRead | Op::WriteLog
-            ) {
-                let tx = tx.clone();
-                tokio::task::spawn_blocking(move || {
-                    let reply = execute(&replica, &req, payload);
-                    let _ = tx.blocking_send(reply);
-                });
-            } else if matches!(req.op, Op::Write | Op::Trim)
-                && req.flags & FLAG_FUA == 0
-                && queued.load(std::sync::atomic::Ordering::SeqCst) == 0
-            {
-                answered.push(execute(&replica, &req, payload));
-            } else {
-                queued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                if mtx.send((replica, req, payload)).await.is_err() {
-                    break Ok(());
-                }
+            match conn.handle(req, payload).await {
+                Ok(Flow::Go) => {}
+                Ok(Flow::Stop) => break Ok(()),
+                Err(e) => break Err(e),
             }
         };
+        let Connection {
+            tx,
+            wr,
+            mut answered,
+            loan,
+            mtx,
+            ..
+        } = conn;
         drop(loan);
         let _ = send_answered(&wr, &mut answered).await;
         drop(mtx);
@@ -309,6 +152,243 @@ impl ReplicaServer {
         drop(tx);
         let _ = writer.await;
         result
+    }
+}
+
+/// A reply: its header and body.
+type Reply = (Response, Vec<u8>);
+type SharedWriter = Arc<tokio::sync::Mutex<tokio::io::BufWriter<tokio::net::tcp::OwnedWriteHalf>>>;
+
+/// Whether a connection goes on.
+enum Flow {
+    Go,
+    Stop,
+}
+
+/// The writer task: replies queued together leave in one write.
+async fn write_replies(mut rx: mpsc::Receiver<Reply>, wr: SharedWriter) {
+    while let Some(first) = rx.recv().await {
+        let mut wr = wr.lock().await;
+        let mut next = Some(first);
+        while let Some((resp, body)) = next {
+            if wr.write_all(&resp.encode()).await.is_err() || wr.write_all(&body).await.is_err() {
+                return;
+            }
+            next = rx.try_recv().ok();
+        }
+        if wr.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The mutator thread: queued mutations, one at a time, in order.
+fn apply_mutations(
+    mut mrx: mpsc::Receiver<(Shared, Request, bytes::Bytes)>,
+    tx: mpsc::Sender<Reply>,
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    while let Some((replica, req, payload)) = mrx.blocking_recv() {
+        let reply = execute(&replica, &req, payload);
+        queued.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        if tx.blocking_send(reply).is_err() {
+            break;
+        }
+    }
+}
+
+/// One client's connection: the replica it opened, its loan, and where
+/// its replies go.
+struct Connection {
+    server: Arc<ReplicaServer>,
+    tx: mpsc::Sender<Reply>,
+    wr: SharedWriter,
+    /// Replies of writes applied on this task, not sent yet.
+    answered: Vec<Reply>,
+    bound: Option<(String, Shared)>,
+    /// The loan this connection's engine holds (ended when dropped,
+    /// however the connection ends).
+    loan: Option<LoanGuard>,
+    mtx: mpsc::Sender<(Shared, Request, bytes::Bytes)>,
+    /// Mutations queued for the mutator thread.
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Connection {
+    /// Reads the next request and its payload; None when the connection
+    /// ends (the client left, or its loan was revoked, or it sent what
+    /// cannot be trusted).
+    async fn next_request<R: tokio::io::AsyncRead + Unpin>(
+        &mut self,
+        rd: &mut crate::bufio::FrameReader<R>,
+    ) -> std::io::Result<Option<(Request, bytes::Bytes)>> {
+        // Before waiting for more bytes, send what was answered.
+        if rd.buffered() < REQUEST_HEADER {
+            send_answered(&self.wr, &mut self.answered).await?;
+        }
+        let mut head = [0u8; REQUEST_HEADER];
+        let got = match &self.loan {
+            // A revoked loan closes the connection: the engine sees it and
+            // asks again, and is refused.
+            Some(held) => tokio::select! {
+                got = rd.read_exact(&mut head) => got,
+                () = held.revoke.notified() => return Ok(None),
+            },
+            None => rd.read_exact(&mut head).await,
+        };
+        if let Err(e) = got {
+            return if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                Ok(None)
+            } else {
+                Err(e)
+            };
+        }
+        let req = match Request::decode(&head) {
+            Ok(r) => r,
+            Err(FrameError::Magic(m)) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("bad magic {m:#x}"),
+                ));
+            }
+            Err(FrameError::Refused { id, reason }) => {
+                // The payload's length is not to be trusted: answer, then close.
+                let _ = self.tx.send(error(id, status::INVALID, &reason)).await;
+                return Ok(None);
+            }
+        };
+        if rd.buffered() < req.payload_len() {
+            send_answered(&self.wr, &mut self.answered).await?;
+        }
+        let payload = rd.payload(req.payload_len()).await?;
+        Ok(Some((req, payload)))
+    }
+
+    async fn reply(&self, r: Reply) -> Flow {
+        if self.tx.send(r).await.is_err() {
+            Flow::Stop
+        } else {
+            Flow::Go
+        }
+    }
+
+    async fn handle(&mut self, req: Request, payload: bytes::Bytes) -> std::io::Result<Flow> {
+        if req.op == Op::Open {
+            return Ok(self.open(req.id, &payload).await);
+        }
+        let Some((name, replica)) = self.bound.clone() else {
+            let e = error(
+                req.id,
+                status::NOT_FOUND,
+                "no replica opened on this connection",
+            );
+            return Ok(self.reply(e).await);
+        };
+        if req.op == Op::Lend {
+            return self.lend(&req, &name).await;
+        }
+        let replicas = &self.server.replicas;
+        let fresh = matches!(req.op, Op::Info | Op::Layers | Op::WriteLog);
+        let from_files = fresh || matches!(req.op, Op::LayerExtents | Op::LayerRead);
+        if !from_files && replicas.is_lent(&name) {
+            let why = format!("replica {name} is lent to its engine");
+            return Ok(self.reply(error(req.id, status::BUSY, &why)).await);
+        }
+        // What is lent is read from its files as they are now.
+        let replica = if fresh && replicas.is_lent(&name) {
+            match replicas.find(&name) {
+                Ok(r) => r,
+                Err(e) => return Ok(self.reply(error(req.id, status::NOT_FOUND, &e)).await),
+            }
+        } else {
+            replica
+        };
+        Ok(self.dispatch(req, payload, name, replica).await)
+    }
+
+    /// OPEN: binds the connection to a replica.
+    async fn open(&mut self, id: u64, payload: &[u8]) -> Flow {
+        let name = String::from_utf8_lossy(payload).into_owned();
+        let reply = match self.server.replicas.find(&name) {
+            Ok(r) => {
+                self.bound = Some((name, r));
+                (ok_empty(id), Vec::new())
+            }
+            Err(e) => error(id, status::NOT_FOUND, &e),
+        };
+        self.reply(reply).await
+    }
+
+    /// LEND: lends the bound replica to this connection's engine, or takes
+    /// it back.
+    async fn lend(&mut self, req: &Request, name: &str) -> std::io::Result<Flow> {
+        let reply = if req.flags & FLAG_RETURN != 0 {
+            self.loan = None;
+            (ok_empty(req.id), Vec::new())
+        } else if self.loan.is_some() {
+            (ok_empty(req.id), Vec::new())
+        } else if self.queued.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            error(req.id, status::BUSY, "mutations are still in flight")
+        } else {
+            match self.server.replicas.lend(name) {
+                Ok(guard) => {
+                    self.loan = Some(guard);
+                    (ok_empty(req.id), Vec::new())
+                }
+                Err(e) => error(req.id, status::BUSY, &e),
+            }
+        };
+        // Replies of writes applied before it go first.
+        send_answered(&self.wr, &mut self.answered).await?;
+        Ok(self.reply(reply).await)
+    }
+
+    /// Runs a request where it belongs: a fill beside the rest, reads on
+    /// blocking threads, a plain write here, other mutations in order on
+    /// the mutator thread.
+    async fn dispatch(
+        &mut self,
+        req: Request,
+        payload: bytes::Bytes,
+        name: String,
+        replica: Shared,
+    ) -> Flow {
+        if req.op == Op::Fill {
+            // Long: it runs beside the connection's other requests.
+            let (tx, server) = (self.tx.clone(), self.server.clone());
+            tokio::spawn(async move {
+                let source = String::from_utf8_lossy(&payload).into_owned();
+                let reply = match server.fill(&name, &source).await {
+                    Ok(report) => ok_json(req.id, &report),
+                    Err(e @ SyncError::SourceCorrupt(_)) => {
+                        error(req.id, status::CORRUPT, &e.to_string())
+                    }
+                    Err(e) => error(req.id, status::IO, &e.to_string()),
+                };
+                let _ = tx.send(reply).await;
+            });
+        } else if matches!(
+            req.op,
+            Op::Read | Op::Info | Op::Layers | Op::LayerExtents | Op::LayerRead | Op::WriteLog
+        ) {
+            let tx = self.tx.clone();
+            tokio::task::spawn_blocking(move || {
+                let reply = execute(&replica, &req, payload);
+                let _ = tx.blocking_send(reply);
+            });
+        } else if matches!(req.op, Op::Write | Op::Trim)
+            && req.flags & FLAG_FUA == 0
+            && self.queued.load(std::sync::atomic::Ordering::SeqCst) == 0
+        {
+            self.answered.push(execute(&replica, &req, payload));
+        } else {
+            self.queued
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.mtx.send((replica, req, payload)).await.is_err() {
+                return Flow::Stop;
+            }
+        }
+        Flow::Go
     }
 }
 
@@ -363,136 +443,106 @@ fn error(id: u64, code: u32, message: &str) -> (Response, Vec<u8>) {
 }
 
 /// Runs one request against the replica.
-fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> (Response, Vec<u8>) {
-    let ok = |body: Vec<u8>| {
-        (
+fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> Reply {
+    let poisoned = || error(req.id, status::IO, "replica lock poisoned");
+    let done = match req.op {
+        Op::Read
+        | Op::Flush
+        | Op::Info
+        | Op::Layers
+        | Op::WriteLog
+        | Op::LayerExtents
+        | Op::LayerRead => match replica.read() {
+            Ok(r) => read_op(&r, req),
+            Err(_) => return poisoned(),
+        },
+        Op::Write | Op::Trim | Op::Snapshot | Op::Join => match replica.write() {
+            Ok(mut r) => write_op(&mut r, req, &payload),
+            Err(_) => return poisoned(),
+        },
+        Op::Open | Op::Fill | Op::Lend => {
+            return error(req.id, status::INVALID, "handled by the connection");
+        }
+    };
+    match done {
+        Ok(body) => (
             Response {
                 status: status::OK,
                 id: req.id,
                 len: body.len() as u32,
             },
             body,
-        )
+        ),
+        Err(e) => error(req.id, status_of(&e), &e.to_string()),
+    }
+}
+
+fn json(value: &impl serde::Serialize) -> Result<Vec<u8>, ReplicaError> {
+    serde_json::to_vec(value).map_err(|e| ReplicaError::Invalid(e.to_string()))
+}
+
+/// What needs the replica shared: reads, flush, and what describes it. A
+/// block found corrupt is marked where the replica is kept.
+fn read_op(r: &Replica, req: &Request) -> Result<Vec<u8>, ReplicaError> {
+    let read = |layer: Option<&str>| {
+        let mut buf = vec![0u8; req.len as usize];
+        match layer {
+            None => r.read(req.offset, &mut buf),
+            Some(l) => r.read_layer(l, req.offset, &mut buf),
+        }
+        .map(|()| buf)
     };
-    let fail = |e: ReplicaError| error(req.id, status_of(&e), &e.to_string());
-    let poisoned = || error(req.id, status::IO, "replica lock poisoned");
+    let out = match req.op {
+        Op::Read => read(None),
+        Op::Flush => r.flush().map(|()| Vec::new()),
+        Op::Info => json(&serde_json::json!({
+            "size": r.size(), "chain": r.chain(), "revision": r.revision(),
+            "pending": r.pending().len()
+        })),
+        Op::Layers => json(&r.layers()),
+        Op::WriteLog => json(&r.writes_since(req.offset)),
+        Op::LayerExtents => {
+            let layer = r.layer_name_at(req.revision)?;
+            r.layer_extents(&layer).and_then(|x| json(&x))
+        }
+        Op::LayerRead => {
+            let layer = r.layer_name_at(req.revision)?;
+            read(Some(&layer))
+        }
+        _ => Err(ReplicaError::Invalid(format!("{:?} is not a read", req.op))),
+    };
+    if let Err(e) = &out {
+        r.note_corruption(e);
+    }
+    out
+}
+
+/// What changes the replica: writes, trims (made durable first under
+/// FUA), snapshots and a rebuild's join.
+fn write_op(r: &mut Replica, req: &Request, payload: &[u8]) -> Result<Vec<u8>, ReplicaError> {
     match req.op {
-        Op::Read => {
-            let Ok(r) = replica.read() else {
-                return poisoned();
-            };
-            let mut buf = vec![0u8; req.len as usize];
-            match r.read(req.offset, &mut buf) {
-                Ok(()) => ok(buf),
-                Err(e) => {
-                    r.note_corruption(&e);
-                    fail(e)
-                }
-            }
-        }
         Op::Write | Op::Trim => {
-            let Ok(mut r) = replica.write() else {
-                return poisoned();
-            };
             let rev = (req.revision != 0).then_some(req.revision);
-            let done = if req.op == Op::Write {
-                r.write(req.offset, &payload, rev)
+            if req.op == Op::Write {
+                r.write(req.offset, payload, rev)?;
             } else {
-                r.discard(
-                    req.offset,
-                    u64::from(req.len),
-                    rev,
-                    req.flags & FLAG_ZEROES != 0,
-                )
-            };
-            // FUA: make this write durable before answering.
-            let done = done.and_then(|()| {
-                if req.flags & FLAG_FUA != 0 {
-                    r.flush()
-                } else {
-                    Ok(())
-                }
-            });
-            match done {
-                Ok(()) => ok(Vec::new()),
-                Err(e) => fail(e),
+                let zeroes = req.flags & FLAG_ZEROES != 0;
+                r.discard(req.offset, u64::from(req.len), rev, zeroes)?;
             }
-        }
-        Op::Flush => {
-            let Ok(r) = replica.read() else {
-                return poisoned();
-            };
-            match r.flush() {
-                Ok(()) => ok(Vec::new()),
-                Err(e) => fail(e),
+            if req.flags & FLAG_FUA != 0 {
+                r.flush()?;
             }
+            Ok(Vec::new())
         }
-        Op::Info => {
-            let Ok(r) = replica.read() else {
-                return poisoned();
-            };
-            let info = serde_json::json!({"size": r.size(), "chain": r.chain(), "revision": r.revision(), "pending": r.pending().len()});
-            ok(info.to_string().into_bytes())
-        }
-        Op::Snapshot => {
-            let Ok(mut r) = replica.write() else {
-                return poisoned();
-            };
-            match r.snapshot() {
-                Ok(name) => ok(name.into_bytes()),
-                Err(e) => fail(e),
-            }
-        }
-        Op::Layers => {
-            let Ok(r) = replica.read() else {
-                return poisoned();
-            };
-            ok_json(req.id, &r.layers())
-        }
-        Op::WriteLog => {
-            let Ok(r) = replica.read() else {
-                return poisoned();
-            };
-            ok_json(req.id, &r.writes_since(req.offset))
-        }
+        Op::Snapshot => r.snapshot().map(String::into_bytes),
         Op::Join => {
-            let Ok(mut r) = replica.write() else {
-                return poisoned();
-            };
-            let spec: Result<JoinSpec, _> = serde_json::from_slice(&payload);
-            match spec {
-                Ok(j) => match r.join(&j.frozen, &j.head, j.revision) {
-                    Ok(report) => ok_json(req.id, &report),
-                    Err(e) => fail(e),
-                },
-                Err(e) => error(req.id, status::INVALID, &format!("join: {e}")),
-            }
+            let j: JoinSpec = serde_json::from_slice(payload)
+                .map_err(|e| ReplicaError::Invalid(format!("join: {e}")))?;
+            json(&r.join(&j.frozen, &j.head, j.revision)?)
         }
-        Op::LayerExtents | Op::LayerRead => {
-            let Ok(r) = replica.read() else {
-                return poisoned();
-            };
-            let layer = match r.layer_name_at(req.revision) {
-                Ok(l) => l,
-                Err(e) => return fail(e),
-            };
-            if req.op == Op::LayerExtents {
-                return match r.layer_extents(&layer) {
-                    Ok(x) => ok_json(req.id, &x),
-                    Err(e) => fail(e),
-                };
-            }
-            let mut buf = vec![0u8; req.len as usize];
-            match r.read_layer(&layer, req.offset, &mut buf) {
-                Ok(()) => ok(buf),
-                Err(e) => {
-                    r.note_corruption(&e);
-                    fail(e)
-                }
-            }
-        }
-        Op::Open | Op::Fill | Op::Lend => {
-            error(req.id, status::INVALID, "handled by the connection")
-        }
+        _ => Err(ReplicaError::Invalid(format!(
+            "{:?} is not a write",
+            req.op
+        ))),
     }
 }
