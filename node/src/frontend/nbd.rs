@@ -233,24 +233,8 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     // Unbounded: what waits is bounded by the requests in flight, and a
     // write's answer is sent from the task that read the replicas' answers,
     // which must not wait.
-    let (tx, mut rx) = mpsc::unbounded_channel::<Reply>();
-    let writer = tokio::spawn(async move {
-        // Replies queued together leave in one write.
-        let mut wr = tokio::io::BufWriter::with_capacity(IO_BUFFER, wr);
-        'out: while let Some(first) = rx.recv().await {
-            let mut next = Some(first);
-            while let Some((head, data)) = next {
-                if wr.write_all(&head).await.is_err() || wr.write_all(&data).await.is_err() {
-                    break 'out;
-                }
-                next = rx.try_recv().ok();
-            }
-            if wr.flush().await.is_err() {
-                break;
-            }
-        }
-        let _ = wr.shutdown().await;
-    });
+    let (tx, rx) = mpsc::unbounded_channel::<Reply>();
+    let writer = tokio::spawn(write_replies(rx, wr));
     let mut inflight = tokio::task::JoinSet::new();
     let result = loop {
         let mut h = [0u8; 28];
@@ -261,85 +245,21 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 Err(e)
             };
         }
-        let magic = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
-        if magic != REQUEST_MAGIC {
-            break Err(invalid("bad request magic"));
-        }
-        let flags = u16::from_be_bytes([h[4], h[5]]);
-        let cmd = u16::from_be_bytes([h[6], h[7]]);
-        let handle = u64::from_be_bytes(h[8..16].try_into().unwrap_or_default());
-        let offset = u64::from_be_bytes(h[16..24].try_into().unwrap_or_default());
-        let len = u32::from_be_bytes([h[24], h[25], h[26], h[27]]);
-        let in_range = offset
-            .checked_add(u64::from(len))
-            .is_some_and(|end| end <= engine.size);
-        let fua = flags & CMD_FLAG_FUA != 0;
-        match cmd {
+        let req = match Command::decode(&h, engine.size) {
+            Ok(r) => r,
+            Err(e) => break Err(e),
+        };
+        let served = match req.cmd {
             CMD_DISC => break Ok(()),
-            CMD_WRITE => {
-                if len > MAX_REQUEST {
-                    // Its payload cannot be skipped safely: end the connection.
-                    let _ = tx.send(simple_reply(EINVAL, handle, bytes::Bytes::new()));
-                    break Err(invalid("write too large"));
-                }
-                let data = rd.payload(len as usize).await?;
-                if !in_range {
-                    let _ = tx.send(simple_reply(ENOSPC, handle, bytes::Bytes::new()));
-                    continue;
-                }
-                // With FUA each replica syncs the write before answering.
-                let tx = tx.clone();
-                engine
-                    .write_then(
-                        offset,
-                        data,
-                        fua,
-                        Box::new(move |r| {
-                            let _ = tx.send(done_reply(r, handle));
-                        }),
-                    )
-                    .await;
-            }
-            CMD_READ => {
-                if len > MAX_REQUEST || !in_range {
-                    let _ = tx.send(simple_reply(EINVAL, handle, bytes::Bytes::new()));
-                    continue;
-                }
-                let (e, tx) = (engine.clone(), tx.clone());
-                inflight.spawn(async move {
-                    let reply = match e.read(offset, len).await {
-                        Ok(data) => simple_reply(0, handle, data),
-                        Err(x) => simple_reply(errno(&x), handle, bytes::Bytes::new()),
-                    };
-                    let _ = tx.send(reply);
-                });
-            }
-            CMD_FLUSH => {
-                let (e, tx) = (engine.clone(), tx.clone());
-                inflight.spawn(async move {
-                    let r = e.flush().await;
-                    let _ = tx.send(done_reply(r, handle));
-                });
-            }
-            CMD_TRIM | CMD_WRITE_ZEROES => {
-                if !in_range {
-                    let _ = tx.send(simple_reply(EINVAL, handle, bytes::Bytes::new()));
-                    continue;
-                }
-                let (e, tx) = (engine.clone(), tx.clone());
-                inflight.spawn(async move {
-                    // Trimmed ranges read as zeros, which is what WRITE_ZEROES asks.
-                    let r = e.trim(offset, u64::from(len)).await.and(if fua {
-                        e.flush().await
-                    } else {
-                        Ok(())
-                    });
-                    let _ = tx.send(done_reply(r, handle));
-                });
-            }
+            // A write's payload is read here, in order.
+            CMD_WRITE => write(&engine, &mut rd, &tx, &req).await,
             _ => {
-                let _ = tx.send(simple_reply(EINVAL, handle, bytes::Bytes::new()));
+                spawn(&engine, &tx, &mut inflight, req);
+                Ok(())
             }
+        };
+        if let Err(e) = served {
+            break Err(e);
         }
         while inflight.try_join_next().is_some() {}
     };
@@ -348,4 +268,137 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     drop(tx);
     let _ = writer.await;
     result
+}
+
+/// One transmission request's header.
+struct Command {
+    cmd: u16,
+    handle: u64,
+    offset: u64,
+    len: u32,
+    fua: bool,
+    /// Whether offset+len lies inside the volume.
+    in_range: bool,
+}
+
+impl Command {
+    fn decode(h: &[u8; 28], size: u64) -> std::io::Result<Command> {
+        let magic = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
+        if magic != REQUEST_MAGIC {
+            return Err(invalid("bad request magic"));
+        }
+        let flags = u16::from_be_bytes([h[4], h[5]]);
+        let offset = u64::from_be_bytes(h[16..24].try_into().unwrap_or_default());
+        let len = u32::from_be_bytes([h[24], h[25], h[26], h[27]]);
+        Ok(Command {
+            cmd: u16::from_be_bytes([h[6], h[7]]),
+            handle: u64::from_be_bytes(h[8..16].try_into().unwrap_or_default()),
+            offset,
+            len,
+            fua: flags & CMD_FLAG_FUA != 0,
+            in_range: offset
+                .checked_add(u64::from(len))
+                .is_some_and(|end| end <= size),
+        })
+    }
+}
+
+/// The writer task: replies queued together leave in one write.
+async fn write_replies<W: AsyncWrite + Unpin>(mut rx: mpsc::UnboundedReceiver<Reply>, wr: W) {
+    let mut wr = tokio::io::BufWriter::with_capacity(IO_BUFFER, wr);
+    'out: while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        while let Some((head, data)) = next {
+            if wr.write_all(&head).await.is_err() || wr.write_all(&data).await.is_err() {
+                break 'out;
+            }
+            next = rx.try_recv().ok();
+        }
+        if wr.flush().await.is_err() {
+            break;
+        }
+    }
+    let _ = wr.shutdown().await;
+}
+
+/// WRITE: its payload, then the engine's write, answered when the
+/// replicas have it (with FUA each replica syncs it first). A payload too
+/// large to skip ends the connection.
+async fn write<R: AsyncRead + Unpin>(
+    engine: &Arc<Engine>,
+    rd: &mut crate::bufio::FrameReader<R>,
+    tx: &mpsc::UnboundedSender<Reply>,
+    req: &Command,
+) -> std::io::Result<()> {
+    let handle = req.handle;
+    if req.len > MAX_REQUEST {
+        let _ = tx.send(simple_reply(EINVAL, handle, bytes::Bytes::new()));
+        return Err(invalid("write too large"));
+    }
+    let data = rd.payload(req.len as usize).await?;
+    if !req.in_range {
+        let _ = tx.send(simple_reply(ENOSPC, handle, bytes::Bytes::new()));
+        return Ok(());
+    }
+    let tx = tx.clone();
+    engine
+        .write_then(
+            req.offset,
+            data,
+            req.fua,
+            Box::new(move |r| {
+                let _ = tx.send(done_reply(r, handle));
+            }),
+        )
+        .await;
+    Ok(())
+}
+
+/// Every other request runs in a task of its own and answers when done.
+fn spawn(
+    engine: &Arc<Engine>,
+    tx: &mpsc::UnboundedSender<Reply>,
+    inflight: &mut tokio::task::JoinSet<()>,
+    req: Command,
+) {
+    let refuse = |errno| {
+        let _ = tx.send(simple_reply(errno, req.handle, bytes::Bytes::new()));
+    };
+    let (e, tx) = (engine.clone(), tx.clone());
+    let Command {
+        cmd,
+        handle,
+        offset,
+        len,
+        fua,
+        in_range,
+    } = req;
+    match cmd {
+        CMD_READ if len <= MAX_REQUEST && in_range => {
+            inflight.spawn(async move {
+                let reply = match e.read(offset, len).await {
+                    Ok(data) => simple_reply(0, handle, data),
+                    Err(x) => simple_reply(errno(&x), handle, bytes::Bytes::new()),
+                };
+                let _ = tx.send(reply);
+            });
+        }
+        CMD_FLUSH => {
+            inflight.spawn(async move {
+                let _ = tx.send(done_reply(e.flush().await, handle));
+            });
+        }
+        CMD_TRIM | CMD_WRITE_ZEROES if in_range => {
+            inflight.spawn(async move {
+                // Trimmed ranges read as zeros, which is what WRITE_ZEROES asks.
+                let r = e.trim(offset, u64::from(len)).await.and(if fua {
+                    e.flush().await
+                } else {
+                    Ok(())
+                });
+                let _ = tx.send(done_reply(r, handle));
+            });
+        }
+        _ => refuse(EINVAL),
+    }
 }
