@@ -175,31 +175,14 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
         mkdir(&dir.join(sub))?;
     }
     let ports = Ports::new(args.api_listen)?;
-    let controller_sock = dir.join("sockets").join("controller.sock");
     let deadline = Instant::now() + START_DEADLINE;
     let mut procs = Vec::new();
-
+    let api = format!("http://{}", ports.api);
     procs.push(spawn(
         &dir,
         "controller",
-        &[
-            "controller".into(),
-            "--store".into(),
-            format!(
-                "embedded:{}",
-                dir.join("controller").join("store.redb").display()
-            ),
-            "--csi-endpoint".into(),
-            format!("unix://{}", controller_sock.display()),
-            "--api-listen".into(),
-            ports.api.to_string(),
-            "--agent-listen".into(),
-            ports.agent.to_string(),
-            "--node-down-timeout".into(),
-            humantime::format_duration(args.node_down_timeout).to_string(),
-        ],
+        &controller_args(&dir, &ports, &args),
     )?);
-    let api = format!("http://{}", ports.api);
     if let Err(e) = wait_http(
         &mut procs,
         &format!("{api}/healthz"),
@@ -210,71 +193,32 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
     .await
     {
         stop_all(&mut procs).await;
-        return Err(format!(
-            "{e}; see {}",
-            dir.join("logs/controller.log").display()
-        ));
+        let log = dir.join("logs/controller.log");
+        return Err(format!("{e}; see {}", log.display()));
     }
-
     // A node is up once it heartbeats in this run: a restarted cluster's
     // store still says "ready" from the last one.
     let started = chrono::Utc::now();
     let mut node_socks = Vec::new();
     for i in 1..=args.nodes {
         let name = format!("node-{i}");
-        let node_dir = dir.join(&name);
-        let (agent, replica) = ports.node(i);
         let sock = dir.join("sockets").join(format!("{name}.sock"));
-        let zone = format!("zone-{}", (i - 1) % args.zones + 1);
-        let mut node_args = vec![
-            "node".to_string(),
-            "--node-id".into(),
-            name.clone(),
-            "--zone".into(),
-            zone,
-            "--controller".into(),
-            format!("http://{}", ports.agent),
-            "--csi-endpoint".into(),
-            format!("unix://{}", sock.display()),
-            "--agent-listen".into(),
-            agent.to_string(),
-            "--replica-listen".into(),
-            replica.to_string(),
-            "--state-dir".into(),
-            node_dir.join("state").display().to_string(),
-        ];
-        for j in 1..=args.disks_per_node {
-            let disk = node_dir.join(format!("disk-{j}"));
-            mkdir(&disk)?;
-            node_args.push("--disk".into());
-            node_args.push(disk.display().to_string());
-        }
+        let node_args = node_args(&dir, &ports, &args, i, &sock)?;
         procs.push(spawn(&dir, &name, &node_args)?);
         node_socks.push((name, sock));
     }
     let want = usize::from(args.nodes);
-    // Ready, on a heartbeat of this run, and every disk measured.
-    let up = |n: &serde_json::Value| {
-        n["status"]["ready"] == true
-            && n["status"]["lastHeartbeat"]
-                .as_str()
-                .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
-                .is_some_and(|t| t > started)
-            && n["status"]["disks"]
-                .as_object()
-                .is_some_and(|d| !d.is_empty() && d.values().all(|d| d["ready"] == true))
-    };
-    let all_ready = |v: &serde_json::Value| {
+    let all_up = |v: &serde_json::Value| {
         v["items"]
             .as_array()
-            .is_some_and(|items| items.iter().filter(|n| up(n)).count() >= want)
+            .is_some_and(|items| items.iter().filter(|n| node_up(n, started)).count() >= want)
     };
     if let Err(e) = wait_http(
         &mut procs,
         &format!("{api}/v1/nodes"),
         deadline,
         "the nodes",
-        all_ready,
+        all_up,
     )
     .await
     {
@@ -284,15 +228,96 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
             dir.join("logs").display()
         ));
     }
+    print_endpoints(&dir, &ports, &args, &node_socks);
+    let outcome = tokio::select! {
+        _ = ballast::grpc::shutdown_signal() => Ok(()),
+        r = watch_children(&dir, &mut procs) => r,
+    };
+    println!("Stopping...");
+    stop_all(&mut procs).await;
+    println!("Stopped. State is kept in {}.", dir.display());
+    outcome
+}
 
+fn controller_args(dir: &Path, ports: &Ports, args: &LocalArgs) -> Vec<String> {
+    let store = dir.join("controller").join("store.redb");
+    let sock = dir.join("sockets").join("controller.sock");
+    vec![
+        "controller".into(),
+        "--store".into(),
+        format!("embedded:{}", store.display()),
+        "--csi-endpoint".into(),
+        format!("unix://{}", sock.display()),
+        "--api-listen".into(),
+        ports.api.to_string(),
+        "--agent-listen".into(),
+        ports.agent.to_string(),
+        "--node-down-timeout".into(),
+        humantime::format_duration(args.node_down_timeout).to_string(),
+    ]
+}
+
+/// Node `i`'s command line; makes its disk directories.
+fn node_args(
+    dir: &Path,
+    ports: &Ports,
+    args: &LocalArgs,
+    i: u16,
+    sock: &Path,
+) -> Result<Vec<String>, String> {
+    let name = format!("node-{i}");
+    let node_dir = dir.join(&name);
+    let (agent, replica) = ports.node(i);
+    let mut out = vec![
+        "node".to_string(),
+        "--node-id".into(),
+        name,
+        "--zone".into(),
+        format!("zone-{}", (i - 1) % args.zones + 1),
+        "--controller".into(),
+        format!("http://{}", ports.agent),
+        "--csi-endpoint".into(),
+        format!("unix://{}", sock.display()),
+        "--agent-listen".into(),
+        agent.to_string(),
+        "--replica-listen".into(),
+        replica.to_string(),
+        "--state-dir".into(),
+        node_dir.join("state").display().to_string(),
+    ];
+    for j in 1..=args.disks_per_node {
+        let disk = node_dir.join(format!("disk-{j}"));
+        mkdir(&disk)?;
+        out.push("--disk".into());
+        out.push(disk.display().to_string());
+    }
+    Ok(out)
+}
+
+/// Up: ready, on a heartbeat of this run (after `started`), and every disk
+/// measured.
+fn node_up(n: &serde_json::Value, started: chrono::DateTime<chrono::Utc>) -> bool {
+    n["status"]["ready"] == true
+        && n["status"]["lastHeartbeat"]
+            .as_str()
+            .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
+            .is_some_and(|t| t > started)
+        && n["status"]["disks"]
+            .as_object()
+            .is_some_and(|d| !d.is_empty() && d.values().all(|d| d["ready"] == true))
+}
+
+fn print_endpoints(dir: &Path, ports: &Ports, args: &LocalArgs, nodes: &[(String, PathBuf)]) {
+    let api = format!("http://{}", ports.api);
     println!(
         "Ballast local cluster is up ({} node(s), {} zone(s)).",
         args.nodes, args.zones
     );
     println!("  REST API        {api}");
     println!("  agent endpoint  http://{}", ports.agent);
+    let controller_sock = dir.join("sockets").join("controller.sock");
     println!("  controller CSI  unix://{}", controller_sock.display());
-    for (name, sock) in &node_socks {
+    for (name, sock) in nodes {
         println!("  {name:<15} unix://{}", sock.display());
     }
     println!(
@@ -302,15 +327,6 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
     println!("  logs            {}", dir.join("logs").display());
     println!("Try: cargo run --bin ballastctl -- --api {api} node list");
     println!("Press Ctrl-C to stop.");
-
-    let outcome = tokio::select! {
-        _ = ballast::grpc::shutdown_signal() => Ok(()),
-        r = watch_children(&dir, &mut procs) => r,
-    };
-    println!("Stopping...");
-    stop_all(&mut procs).await;
-    println!("Stopped. State is kept in {}.", dir.display());
-    outcome
 }
 
 /// How often the controller may die within [`RESTART_WINDOW`] before
