@@ -302,58 +302,9 @@ impl Engine {
         let mut members = Vec::new();
         let mut revisions = Vec::new();
         for at in replicas {
-            let connected = async {
-                let c = ReplicaClient::connect(&at.addr, &at.name).await?;
-                let info = c.info().await?;
-                Ok::<_, ClientError>((c, info))
-            }
-            .await;
-            match connected {
-                Ok((_, info)) if info["pending"].as_u64().unwrap_or(0) > 0 => {
-                    revisions.push(0);
-                    members.push(Member {
-                        at: at.clone(),
-                        link: None,
-                        mode: ReplicaMode::Err,
-                        error: Some("its rebuild did not finish".into()),
-                        rebuild: None,
-                        caught_up: false,
-                    });
-                }
-                Ok((c, info)) if info["size"].as_u64() == Some(size) => {
-                    revisions.push(info["revision"].as_u64().unwrap_or(0));
-                    members.push(Member {
-                        at: at.clone(),
-                        link: Some(Link::Remote(Arc::new(c))),
-                        mode: ReplicaMode::Rw,
-                        error: None,
-                        rebuild: None,
-                        caught_up: false,
-                    });
-                }
-                Ok((_, info)) => {
-                    revisions.push(0);
-                    members.push(Member {
-                        at: at.clone(),
-                        link: None,
-                        mode: ReplicaMode::Err,
-                        error: Some(format!("size {} is not the volume's {size}", info["size"])),
-                        rebuild: None,
-                        caught_up: false,
-                    });
-                }
-                Err(e) => {
-                    revisions.push(0);
-                    members.push(Member {
-                        at: at.clone(),
-                        link: None,
-                        mode: ReplicaMode::Err,
-                        error: Some(e.to_string()),
-                        rebuild: None,
-                        caught_up: false,
-                    });
-                }
-            }
+            let (m, revision) = open_member(at, size).await;
+            members.push(m);
+            revisions.push(revision);
         }
         let best = members
             .iter()
@@ -370,47 +321,7 @@ impl Engine {
                         .join("; "),
                 )
             })?;
-        // After an unclean stop the replicas may differ in the writes that
-        // were in flight: the others take those ranges from one at the
-        // highest revision, or are rebuilt when their write logs cannot say.
-        let source = members
-            .iter()
-            .zip(&revisions)
-            .position(|(m, r)| m.mode == ReplicaMode::Rw && *r == best);
-        let src = source.and_then(|i| match &members[i].link {
-            Some(Link::Remote(c)) => Some((members[i].at.name.clone(), c.clone())),
-            _ => None,
-        });
-        for (i, (m, r)) in members.iter_mut().zip(&revisions).enumerate() {
-            let (Some((src_name, src)), Some(Link::Remote(dst))) = (&src, &m.link) else {
-                continue;
-            };
-            if Some(i) == source || m.mode != ReplicaMode::Rw {
-                continue;
-            }
-            match catch_up::catch_up(src, dst, *r, best).await {
-                Ok(copied) => {
-                    if copied > 0 || *r < best {
-                        tracing::info!(volume, replica = %m.at.name, source = %src_name, from = r, to = best, copied, "caught up after an unclean stop");
-                        m.rebuild = Some(RebuildStatus {
-                            source: src_name.clone(),
-                            kept_bytes: 0,
-                            copied_bytes: copied,
-                            path: "catch-up".into(),
-                            done: true,
-                        });
-                    }
-                }
-                Err(why) => {
-                    tracing::warn!(volume, replica = %m.at.name, error = %why, "cannot catch up; the replica is rebuilt");
-                    m.mode = ReplicaMode::Err;
-                    m.error = Some(format!(
-                        "revision {r} may differ from {best} and it cannot catch up: {why}"
-                    ));
-                    m.link = None;
-                }
-            }
-        }
+        catch_up_members(volume, &mut members, &revisions, best).await;
         tracing::info!(
             volume,
             size,
@@ -1096,5 +1007,94 @@ impl Engine {
                 rebuild: m.rebuild.clone(),
             })
             .collect()
+    }
+}
+
+/// Connects to a replica for a starting engine: a member in `rw` mode
+/// with its revision, or in `err` mode with why (unreachable, a rebuild
+/// not finished, another size).
+async fn open_member(at: &ReplicaAddr, size: u64) -> (Member, u64) {
+    let connected = async {
+        let c = ReplicaClient::connect(&at.addr, &at.name).await?;
+        let info = c.info().await?;
+        Ok::<_, ClientError>((c, info))
+    }
+    .await;
+    let failed = |why: String| {
+        let m = Member {
+            at: at.clone(),
+            link: None,
+            mode: ReplicaMode::Err,
+            error: Some(why),
+            rebuild: None,
+            caught_up: false,
+        };
+        (m, 0)
+    };
+    match connected {
+        Ok((_, info)) if info["pending"].as_u64().unwrap_or(0) > 0 => {
+            failed("its rebuild did not finish".into())
+        }
+        Ok((c, info)) if info["size"].as_u64() == Some(size) => {
+            let m = Member {
+                at: at.clone(),
+                link: Some(Link::Remote(Arc::new(c))),
+                mode: ReplicaMode::Rw,
+                error: None,
+                rebuild: None,
+                caught_up: false,
+            };
+            (m, info["revision"].as_u64().unwrap_or(0))
+        }
+        Ok((_, info)) => failed(format!("size {} is not the volume's {size}", info["size"])),
+        Err(e) => failed(e.to_string()),
+    }
+}
+
+/// After an unclean stop the replicas may differ in the writes that were
+/// in flight: the others take those ranges from one at the highest
+/// revision (`best`), or are failed, to be rebuilt, when their write logs
+/// cannot say.
+async fn catch_up_members(volume: &str, members: &mut [Member], revisions: &[u64], best: u64) {
+    let source = members
+        .iter()
+        .zip(revisions)
+        .position(|(m, r)| m.mode == ReplicaMode::Rw && *r == best);
+    let src = source.and_then(|i| match &members[i].link {
+        Some(Link::Remote(c)) => Some((members[i].at.name.clone(), c.clone())),
+        _ => None,
+    });
+    let Some((src_name, src)) = src else {
+        return;
+    };
+    for (i, (m, r)) in members.iter_mut().zip(revisions).enumerate() {
+        let Some(Link::Remote(dst)) = &m.link else {
+            continue;
+        };
+        if Some(i) == source || m.mode != ReplicaMode::Rw {
+            continue;
+        }
+        match catch_up::catch_up(&src, dst, *r, best).await {
+            Ok(copied) => {
+                if copied > 0 || *r < best {
+                    tracing::info!(volume, replica = %m.at.name, source = %src_name, from = r, to = best, copied, "caught up after an unclean stop");
+                    m.rebuild = Some(RebuildStatus {
+                        source: src_name.clone(),
+                        kept_bytes: 0,
+                        copied_bytes: copied,
+                        path: "catch-up".into(),
+                        done: true,
+                    });
+                }
+            }
+            Err(why) => {
+                tracing::warn!(volume, replica = %m.at.name, error = %why, "cannot catch up; the replica is rebuilt");
+                m.mode = ReplicaMode::Err;
+                m.error = Some(format!(
+                    "revision {r} may differ from {best} and it cannot catch up: {why}"
+                ));
+                m.link = None;
+            }
+        }
     }
 }
