@@ -247,6 +247,45 @@ impl Engines {
             }
             running.remove(&spec.volume);
         }
+        let socket = self.socket(&spec.volume);
+        let (mut cmd, log) = self.command(&spec, takeover.as_deref())?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| Error::Internal(format!("cannot start the engine: {e}")))?;
+        let pid = child.id() as i32;
+        wait_up(&mut child, &socket, &log, &spec.volume).await?;
+        // The engine outlives this process; reap it in the background, and
+        // have its exit reported at once.
+        let exited = self.exited.clone();
+        std::thread::spawn(move || {
+            let _ = child.wait();
+            exited.notify_one();
+        });
+        self.record(pid, &spec);
+        tracing::info!(
+            pid,
+            took_over_block_device = takeover.is_some(),
+            "engine started"
+        );
+        let volume = spec.volume.clone();
+        running.insert(
+            volume.clone(),
+            Running {
+                pid,
+                spec,
+                fuse: takeover,
+            },
+        );
+        Ok(self.status(&volume, true, ""))
+    }
+
+    /// The command line of the volume's engine, its output going to its
+    /// log (returned); a block device it takes over is passed as an fd.
+    fn command(
+        &self,
+        spec: &StartEngineRequest,
+        takeover: Option<&OwnedFd>,
+    ) -> Result<(std::process::Command, PathBuf), Error> {
         std::fs::create_dir_all(&self.dir).map_err(|e| Error::disk(&self.dir, e.to_string()))?;
         let socket = self.socket(&spec.volume);
         let _ = std::fs::remove_file(&socket);
@@ -292,69 +331,16 @@ impl Engines {
                 cmd.arg("--local-dir").arg(dir);
             }
         }
-        if let Some(fd) = &takeover {
+        if let Some(fd) = takeover {
             pass_fd(&mut cmd, fd.as_raw_fd(), TAKEOVER_FD);
             cmd.args(["--fuse-fd", &TAKEOVER_FD.to_string()])
                 .arg("--fuse-dir")
                 .arg(self.export_dir(&spec.volume));
         }
-        let mut child = cmd
-            .stdin(std::process::Stdio::null())
+        cmd.stdin(std::process::Stdio::null())
             .stdout(out)
-            .stderr(err)
-            .spawn()
-            .map_err(|e| Error::Internal(format!("cannot start the engine: {e}")))?;
-        let pid = child.id() as i32;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while !socket.exists() {
-            if let Ok(Some(status)) = child.try_wait() {
-                let tail = std::fs::read_to_string(&log).unwrap_or_default();
-                let last = tail
-                    .lines()
-                    .rev()
-                    .find(|l| !l.trim().is_empty())
-                    .unwrap_or_default()
-                    .to_string();
-                let message = format!("the engine of {} exited ({status}): {last}", spec.volume);
-                let no_replica = status.code() == Some(i32::from(crate::engine::EXIT_NO_REPLICA));
-                return Err(if no_replica {
-                    Error::Refused(message)
-                } else {
-                    Error::Internal(message)
-                });
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                return Err(Error::Internal(format!(
-                    "the engine of {} did not come up",
-                    spec.volume
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        // The engine outlives this process; reap it in the background, and
-        // have its exit reported at once.
-        let exited = self.exited.clone();
-        std::thread::spawn(move || {
-            let _ = child.wait();
-            exited.notify_one();
-        });
-        self.record(pid, &spec);
-        tracing::info!(
-            pid,
-            took_over_block_device = takeover.is_some(),
-            "engine started"
-        );
-        let volume = spec.volume.clone();
-        running.insert(
-            volume.clone(),
-            Running {
-                pid,
-                spec,
-                fuse: takeover,
-            },
-        );
-        Ok(self.status(&volume, true, ""))
+            .stderr(err);
+        Ok((cmd, log))
     }
 
     /// Writes the pid file: the pid and the engine's replicas.
@@ -598,4 +584,42 @@ fn pass_fd(cmd: &mut std::process::Command, fd: i32, at: i32) {
             Ok(())
         });
     }
+}
+
+/// Waits until a new engine serves its NBD socket; an engine that exits
+/// first is answered with the last line of its log (refused when it found
+/// no replica to serve).
+async fn wait_up(
+    child: &mut std::process::Child,
+    socket: &Path,
+    log: &Path,
+    volume: &str,
+) -> Result<(), Error> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        if let Ok(Some(status)) = child.try_wait() {
+            let tail = std::fs::read_to_string(log).unwrap_or_default();
+            let last = tail
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or_default()
+                .to_string();
+            let message = format!("the engine of {volume} exited ({status}): {last}");
+            let no_replica = status.code() == Some(i32::from(crate::engine::EXIT_NO_REPLICA));
+            return Err(if no_replica {
+                Error::Refused(message)
+            } else {
+                Error::Internal(message)
+            });
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return Err(Error::Internal(format!(
+                "the engine of {volume} did not come up"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
