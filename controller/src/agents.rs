@@ -119,6 +119,18 @@ pub trait Agents: Send + Sync {
 /// The real agents, over gRPC.
 pub struct GrpcAgents;
 
+/// One call to `node`'s agent, with the timeout; its answer's body.
+async fn ask<T, F, Fut>(node: &Node, call: F) -> Result<T, Error>
+where
+    F: FnOnce(NodeAgentClient<Channel>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let c = client(node)?;
+    with_timeout(&node.id, call(c))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
 impl Agents for GrpcAgents {
     fn create_replica<'a>(
         &'a self,
@@ -128,33 +140,27 @@ impl Agents for GrpcAgents {
         disk: &'a str,
         size: u64,
     ) -> Call<'a, ()> {
+        let req = CreateReplicaRequest {
+            name: name.to_string(),
+            volume: volume.to_string(),
+            disk_id: disk.to_string(),
+            size,
+        };
         Box::pin(async move {
-            let mut c = client(node)?;
-            with_timeout(
-                &node.id,
-                c.create_replica(CreateReplicaRequest {
-                    name: name.to_string(),
-                    volume: volume.to_string(),
-                    disk_id: disk.to_string(),
-                    size,
-                }),
-            )
-            .await
-            .map(drop)
+            ask(node, |mut c| async move { c.create_replica(req).await })
+                .await
+                .map(drop)
         })
     }
 
     fn delete_replica<'a>(&'a self, node: &'a Node, name: &'a str) -> Call<'a, ()> {
+        let req = DeleteReplicaRequest {
+            name: name.to_string(),
+        };
         Box::pin(async move {
-            let mut c = client(node)?;
-            with_timeout(
-                &node.id,
-                c.delete_replica(DeleteReplicaRequest {
-                    name: name.to_string(),
-                }),
-            )
-            .await
-            .map(drop)
+            ask(node, |mut c| async move { c.delete_replica(req).await })
+                .await
+                .map(drop)
         })
     }
 
@@ -165,18 +171,15 @@ impl Agents for GrpcAgents {
         replica: &'a str,
         source: &'a str,
     ) -> Call<'a, ()> {
+        let req = AddEngineReplicaRequest {
+            volume: volume.to_string(),
+            replica: replica.to_string(),
+            source: source.to_string(),
+        };
         Box::pin(async move {
-            let mut c = client(node)?;
-            with_timeout(
-                &node.id,
-                c.add_engine_replica(AddEngineReplicaRequest {
-                    volume: volume.to_string(),
-                    replica: replica.to_string(),
-                    source: source.to_string(),
-                }),
-            )
-            .await
-            .map(drop)
+            ask(node, |mut c| async move { c.add_engine_replica(req).await })
+                .await
+                .map(drop)
         })
     }
 
@@ -186,14 +189,14 @@ impl Agents for GrpcAgents {
         volume: &'a str,
         replica: &'a str,
     ) -> Call<'a, ()> {
+        let req = RemoveEngineReplicaRequest {
+            volume: volume.to_string(),
+            replica: replica.to_string(),
+        };
         Box::pin(async move {
-            let mut c = client(node)?;
-            with_timeout(
-                &node.id,
-                c.remove_engine_replica(RemoveEngineReplicaRequest {
-                    volume: volume.to_string(),
-                    replica: replica.to_string(),
-                }),
+            ask(
+                node,
+                |mut c| async move { c.remove_engine_replica(req).await },
             )
             .await
             .map(drop)
@@ -206,17 +209,12 @@ impl Agents for GrpcAgents {
         name: &'a str,
         source: &'a str,
     ) -> Call<'a, Rebuilt> {
+        let req = RebuildReplicaRequest {
+            name: name.to_string(),
+            source: source.to_string(),
+        };
         Box::pin(async move {
-            let mut c = client(node)?;
-            let done = with_timeout(
-                &node.id,
-                c.rebuild_replica(RebuildReplicaRequest {
-                    name: name.to_string(),
-                    source: source.to_string(),
-                }),
-            )
-            .await?
-            .into_inner();
+            let done = ask(node, |mut c| async move { c.rebuild_replica(req).await }).await?;
             Ok(Rebuilt {
                 kept_bytes: done.kept_bytes,
                 copied_bytes: done.copied_bytes,

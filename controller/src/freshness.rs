@@ -94,28 +94,40 @@ pub fn record(
         Ok(true)
     })?;
     tracing::info!(generation = v.status.generation, replicas = ?set, reason, "replica set recorded");
-    mark_left(ctx, &before, &set);
+    announce(ctx, volume, v.status.generation, &before, &set, reason);
+    Ok(v.status.generation)
+}
+
+/// A new record: the replicas that left it are failed, and an event says
+/// who holds the latest data now, who did before, and why.
+fn announce(
+    ctx: &Context,
+    volume: &str,
+    generation: u64,
+    before: &[String],
+    set: &[String],
+    reason: &str,
+) {
+    mark_left(ctx, before, set);
+    let was = if before.is_empty() {
+        "not recorded".to_string()
+    } else {
+        before.join(", ")
+    };
+    let why = if reason.is_empty() {
+        String::new()
+    } else {
+        format!("; {reason}")
+    };
     ctx.event(
         Kind::Volume,
         volume,
         "ReplicaSetChanged",
         format!(
-            "generation {}: {} hold the latest data (was {}){}",
-            v.status.generation,
-            set.join(", "),
-            if before.is_empty() {
-                "not recorded".to_string()
-            } else {
-                before.join(", ")
-            },
-            if reason.is_empty() {
-                String::new()
-            } else {
-                format!("; {reason}")
-            }
+            "generation {generation}: {} hold the latest data (was {was}){why}",
+            set.join(", ")
         ),
     );
-    Ok(v.status.generation)
 }
 
 /// Replicas that left the record hold older data: failed, from now on,
@@ -265,16 +277,7 @@ fn change(
         Ok(true)
     })?;
     if let Some((generation, set)) = changed {
-        mark_left(ctx, &before, &set);
-        ctx.event(
-            Kind::Volume,
-            volume,
-            "ReplicaSetChanged",
-            format!(
-                "generation {generation}: {} hold the latest data; {reason}",
-                set.join(", ")
-            ),
-        );
+        announce(ctx, volume, generation, &before, &set, reason);
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! A stored setting: a name and its value (validated by the registry in
-//! `crate::settings`).
+//! the settings module).
 
 use serde::{Deserialize, Serialize};
 

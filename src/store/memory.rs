@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use super::{Change, ChangeOp, Raw, Store, StoreError};
+use super::{Change, ChangeOp, Raw, Store, StoreError, check_version};
 use crate::model::Kind;
 
 /// Objects by kind and name, with their versions.
@@ -66,15 +66,6 @@ impl MemoryStore {
     }
 }
 
-fn change(kind: Kind, name: &str, op: ChangeOp, revision: u64) -> Change {
-    Change {
-        kind,
-        name: name.to_string(),
-        op,
-        revision,
-    }
-}
-
 impl Store for MemoryStore {
     fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Raw>, StoreError> {
         let s = self.state.lock().map_err(|_| poisoned())?;
@@ -110,7 +101,7 @@ impl Store for MemoryStore {
                 });
             }
             s.objects.insert(key, (next, value.clone()));
-            Ok((next, change(kind, name, ChangeOp::Created, next)))
+            Ok((next, Change::new(kind, name, ChangeOp::Created, next)))
         })
     }
 
@@ -123,35 +114,19 @@ impl Store for MemoryStore {
     ) -> Result<u64, StoreError> {
         self.write(|s, next| {
             let actual = Self::version(s, kind, name)?;
-            if actual != expected {
-                return Err(StoreError::Conflict {
-                    kind,
-                    name: name.to_string(),
-                    expected,
-                    actual,
-                });
-            }
+            check_version(kind, name, Some(expected), actual)?;
             s.objects
                 .insert((kind, name.to_string()), (next, value.clone()));
-            Ok((next, change(kind, name, ChangeOp::Updated, next)))
+            Ok((next, Change::new(kind, name, ChangeOp::Updated, next)))
         })
     }
 
     fn delete_raw(&self, kind: Kind, name: &str, expected: Option<u64>) -> Result<(), StoreError> {
         self.write(|s, next| {
             let actual = Self::version(s, kind, name)?;
-            if let Some(expected) = expected
-                && expected != actual
-            {
-                return Err(StoreError::Conflict {
-                    kind,
-                    name: name.to_string(),
-                    expected,
-                    actual,
-                });
-            }
+            check_version(kind, name, expected, actual)?;
             s.objects.remove(&(kind, name.to_string()));
-            Ok(((), change(kind, name, ChangeOp::Deleted, next)))
+            Ok(((), Change::new(kind, name, ChangeOp::Deleted, next)))
         })
     }
 

@@ -77,6 +77,36 @@ pub struct Change {
     pub revision: u64,
 }
 
+impl Change {
+    pub(crate) fn new(kind: Kind, name: &str, op: ChangeOp, revision: u64) -> Change {
+        Change {
+            kind,
+            name: name.to_string(),
+            op,
+            revision,
+        }
+    }
+}
+
+/// A write that names version `expected` of an object at version `actual`
+/// (None: no version named) goes on only when they are the same.
+pub(crate) fn check_version(
+    kind: Kind,
+    name: &str,
+    expected: Option<u64>,
+    actual: u64,
+) -> Result<(), StoreError> {
+    match expected {
+        Some(expected) if expected != actual => Err(StoreError::Conflict {
+            kind,
+            name: name.to_string(),
+            expected,
+            actual,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// A backend of the store. Methods are synchronous and short; resource
 /// versions are drawn from one store-wide, strictly increasing revision.
 pub trait Store: Send + Sync + 'static {

@@ -11,7 +11,7 @@ use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, TableDefini
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use super::{Change, ChangeOp, Raw, Store, StoreError};
+use super::{Change, ChangeOp, Raw, Store, StoreError, check_version};
 use crate::model::Kind;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -166,12 +166,7 @@ impl Store for RedbStore {
             }
             t.insert(name, pack(next, value)?.as_slice())
                 .map_err(backend)?;
-            let change = Change {
-                kind,
-                name: name.to_string(),
-                op: ChangeOp::Created,
-                revision: next,
-            };
+            let change = Change::new(kind, name, ChangeOp::Created, next);
             Ok((next, Some(change)))
         })
     }
@@ -193,22 +188,10 @@ impl Store for RedbStore {
                     });
                 }
             };
-            if actual != expected {
-                return Err(StoreError::Conflict {
-                    kind,
-                    name: name.to_string(),
-                    expected,
-                    actual,
-                });
-            }
+            check_version(kind, name, Some(expected), actual)?;
             t.insert(name, pack(next, value)?.as_slice())
                 .map_err(backend)?;
-            let change = Change {
-                kind,
-                name: name.to_string(),
-                op: ChangeOp::Updated,
-                revision: next,
-            };
+            let change = Change::new(kind, name, ChangeOp::Updated, next);
             Ok((next, Some(change)))
         })
     }
@@ -224,23 +207,9 @@ impl Store for RedbStore {
                     });
                 }
             };
-            if let Some(expected) = expected
-                && expected != actual
-            {
-                return Err(StoreError::Conflict {
-                    kind,
-                    name: name.to_string(),
-                    expected,
-                    actual,
-                });
-            }
+            check_version(kind, name, expected, actual)?;
             t.remove(name).map_err(backend)?;
-            let change = Change {
-                kind,
-                name: name.to_string(),
-                op: ChangeOp::Deleted,
-                revision: next,
-            };
+            let change = Change::new(kind, name, ChangeOp::Deleted, next);
             Ok(((), Some(change)))
         })
     }

@@ -449,3 +449,44 @@ pub fn verify_replicas(c: &Cluster, volume: &str, data: &Data) {
         std::fs::remove_file(&copy).unwrap();
     }
 }
+
+/// Fills the filesystem holding `dir` with files there, to the last 4 KiB
+/// block (as root, who may also use the blocks ext4 reserves).
+pub fn fill_disk(dir: &std::path::Path) -> std::path::PathBuf {
+    let filler = dir.join("filler");
+    std::fs::create_dir_all(&filler).unwrap();
+    let mut n = 0;
+    for chunk in [64u64 << 20, 1 << 20, 64 << 10, 4 << 10] {
+        loop {
+            let f = std::fs::File::create(filler.join(n.to_string())).unwrap();
+            n += 1;
+            let took = nix::fcntl::fallocate(
+                std::os::fd::AsFd::as_fd(&f),
+                nix::fcntl::FallocateFlags::empty(),
+                0,
+                chunk as i64,
+            );
+            if took.is_err() {
+                break;
+            }
+        }
+    }
+    nix::unistd::sync();
+    filler
+}
+
+/// Inverts 4 KiB of a file in place, as a bad disk would: in the page
+/// cache every reader of the file shares.
+pub fn flip_block(file: &std::path::Path, offset: u64) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)?;
+    let mut b = vec![0u8; 4096];
+    f.read_exact_at(&mut b, offset)?;
+    for x in b.iter_mut() {
+        *x = !*x;
+    }
+    f.write_all_at(&b, offset)
+}

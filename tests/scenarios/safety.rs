@@ -513,31 +513,6 @@ fn an_engine_killed_mid_write_comes_back_with_equal_replicas_and_no_full_copy() 
     );
 }
 
-/// Fills the filesystem holding `dir` with files there, to the last 4 KiB
-/// block (as root, who may also use the blocks ext4 reserves).
-fn fill_disk(dir: &std::path::Path) -> std::path::PathBuf {
-    let filler = dir.join("filler");
-    std::fs::create_dir_all(&filler).unwrap();
-    let mut n = 0;
-    for chunk in [64u64 << 20, 1 << 20, 64 << 10, 4 << 10] {
-        loop {
-            let f = std::fs::File::create(filler.join(n.to_string())).unwrap();
-            n += 1;
-            let took = nix::fcntl::fallocate(
-                std::os::fd::AsFd::as_fd(&f),
-                nix::fcntl::FallocateFlags::empty(),
-                0,
-                chunk as i64,
-            );
-            if took.is_err() {
-                break;
-            }
-        }
-    }
-    nix::unistd::sync();
-    filler
-}
-
 /// No action is planned for `volume` over three resync ticks, and it keeps
 /// `n` replicas.
 fn nothing_planned_for(c: &Cluster, volume: &str, n: usize) {
@@ -642,23 +617,6 @@ fn replica_dir_of(c: &Cluster, r: &serde_json::Value) -> std::path::PathBuf {
         .join(r["name"].as_str().unwrap())
 }
 
-/// Flips 4 KiB of a layer file in place, as a bad disk would: in the page
-/// cache every reader of the file shares.
-fn flip_block(file: &std::path::Path, offset: u64) {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(file)
-        .unwrap();
-    let mut b = vec![0u8; 4096];
-    f.read_exact_at(&mut b, offset).unwrap();
-    for x in b.iter_mut() {
-        *x = !*x;
-    }
-    f.write_all_at(&b, offset).unwrap();
-}
-
 /// The layers of a replica as its files hold them (head last).
 fn layers_of(dir: &std::path::Path) -> Vec<ballast_node::replica::LayerInfo> {
     ballast_node::replica::Replica::open_view(dir)
@@ -682,7 +640,7 @@ fn a_corrupt_block_in_a_head_is_served_from_another_replica_and_never_spread() {
     let local = c.replica_on("v", "node-1").unwrap();
     let dir = replica_dir_of(&c, &local);
     let head = layers_of(&dir).last().unwrap().name.clone();
-    flip_block(&dir.join(&head), first_extent(61));
+    flip_block(&dir.join(&head), first_extent(61)).unwrap();
     // Every read still returns the written data, from another replica.
     verify_data(c.dir.path(), &endpoint, &a);
     let name = local["name"].as_str().unwrap().to_string();
@@ -727,7 +685,7 @@ fn a_corrupt_frozen_layer_is_never_a_rebuild_source_and_the_volume_heals() {
         .into_iter()
         .rfind(|l| l.checksum.is_some() && l.allocated > 0)
         .unwrap();
-    flip_block(&dir.join(&frozen.name), first_extent(62));
+    flip_block(&dir.join(&frozen.name), first_extent(62)).unwrap();
     // Another rebuild: a replica is replaced. Whatever source is tried,
     // the corrupt layer is never copied, and the volume heals.
     let other = c
@@ -777,7 +735,7 @@ fn a_scrub_finds_a_corrupt_frozen_layer_nobody_read_and_the_replica_is_rebuilt()
         .into_iter()
         .rfind(|l| l.checksum.is_some() && l.allocated > 0)
         .unwrap();
-    flip_block(&dir.join(&frozen.name), first_extent(63));
+    flip_block(&dir.join(&frozen.name), first_extent(63)).unwrap();
     let (ok, out, err) = ballastctl(&c.api, &["replica", "scrub", &name]);
     assert!(ok && out.contains("corrupt"), "{out}{err}");
     assert!(

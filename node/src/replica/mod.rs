@@ -77,6 +77,18 @@ impl ReplicaError {
     }
 }
 
+/// Opens a file of the replica for reading and writing, creating it empty
+/// when it is not there.
+fn open_or_create(path: &Path) -> Result<File, ReplicaError> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| ReplicaError::io(path, e))
+}
+
 /// One layer: its file, the blocks it holds, and their checksums.
 struct Layer {
     name: String,

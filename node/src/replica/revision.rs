@@ -15,7 +15,7 @@
 //! copying those ranges only. A file from before the ring (8 bytes) grows
 //! into one with an empty ring.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -67,13 +67,7 @@ impl RevisionCounter {
     /// it holds.
     pub fn open(path: &Path) -> Result<(RevisionCounter, u64), ReplicaError> {
         let io = |e| ReplicaError::io(path, e);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(io)?;
+        let file = super::open_or_create(path)?;
         let mut buf = [0u8; 8];
         let stored = match file.read_exact_at(&mut buf, 0) {
             Ok(()) => u64::from_le_bytes(buf),

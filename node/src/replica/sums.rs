@@ -6,7 +6,7 @@
 //! it takes from a layer against its table; a block whose data no longer
 //! matches is corrupt, and is never served.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use memmap2::MmapMut;
@@ -34,14 +34,7 @@ pub struct BlockSums {
 impl BlockSums {
     /// Opens (or creates) the table for a layer of `blocks` blocks.
     pub fn open(path: &Path, blocks: u64) -> Result<BlockSums, ReplicaError> {
-        let io = |e| ReplicaError::io(path, e);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path)
-            .map_err(io)?;
+        let file = super::open_or_create(path)?;
         let mut sums = BlockSums {
             path: path.to_path_buf(),
             file,
