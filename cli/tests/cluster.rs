@@ -150,10 +150,7 @@ fn a_stale_socket_file_is_replaced_at_start() {
     drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
     assert!(sock.exists());
     let ctl = start_controller(dir.path(), "30s");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let info = rt.block_on(async {
         let ch = ballast::grpc::unix_channel(&ctl.socket).unwrap();
         ballast::proto::csi::v1::identity_client::IdentityClient::new(ch)

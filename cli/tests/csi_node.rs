@@ -18,8 +18,9 @@ use ballast::proto::csi::v1::volume_capability::{self, AccessType, access_mode::
 use ballast::proto::csi::v1::{
     CapacityRange, ControllerPublishVolumeRequest, ControllerUnpublishVolumeRequest,
     CreateVolumeRequest, DeleteVolumeRequest, NodeGetInfoRequest, NodeGetVolumeStatsRequest,
-    NodePublishVolumeRequest, NodeStageVolumeRequest, NodeUnpublishVolumeRequest,
-    NodeUnstageVolumeRequest, VolumeCapability, volume_usage,
+    NodeGetVolumeStatsResponse, NodePublishVolumeRequest, NodeStageVolumeRequest,
+    NodeUnpublishVolumeRequest, NodeUnstageVolumeRequest, VolumeCapability, VolumeUsage,
+    volume_usage,
 };
 use common::*;
 use tonic::Code;
@@ -185,10 +186,7 @@ fn cluster(dir: &Path) -> (ControllerProc, NodeProc, Csi) {
         "this test needs root (CI runs as root)"
     );
     let (ctl, n) = controller_with_one_node(dir);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let (ctl_client, node_client) = {
         let _in = rt.enter();
         (
@@ -258,20 +256,8 @@ fn a_mount_volume_is_staged_published_written_and_keeps_its_files_through_a_seco
         .arg(&target)
         .status()
         .unwrap();
-    let stats = csi
-        .rt
-        .block_on(csi.node.node_get_volume_stats(NodeGetVolumeStatsRequest {
-            volume_id: "fsvol".into(),
-            volume_path: target.display().to_string(),
-            ..Default::default()
-        }))
-        .unwrap()
-        .into_inner();
-    let bytes = stats
-        .usage
-        .iter()
-        .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
-        .unwrap();
+    let stats = volume_stats(&mut csi, "fsvol", &target);
+    let bytes = bytes_of(&stats);
     assert!(bytes.total > 0 && bytes.total <= SIZE, "{bytes:?}");
     assert!(bytes.used >= 4 << 20, "{bytes:?}");
     let condition = stats.volume_condition.unwrap();
@@ -420,23 +406,7 @@ fn an_unpublished_volume_grows_and_its_filesystem_follows_at_the_next_stage() {
                 }),
         )
     };
-    let total = |csi: &mut Csi| {
-        let stats = csi
-            .rt
-            .block_on(csi.node.node_get_volume_stats(NodeGetVolumeStatsRequest {
-                volume_id: "growvol".into(),
-                volume_path: target.display().to_string(),
-                ..Default::default()
-            }))
-            .unwrap()
-            .into_inner();
-        stats
-            .usage
-            .iter()
-            .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
-            .unwrap()
-            .total
-    };
+    let total = |csi: &mut Csi| bytes_of(&volume_stats(csi, "growvol", &target)).total;
     csi.create("growvol", false);
     let context = csi.publish("growvol", false);
     csi.stage("growvol", &staging, false, &context).unwrap();
@@ -636,4 +606,26 @@ fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_a
     csi.up("crashvol", &staging, &target, false);
     assert_files(&files);
     csi.down("crashvol", &staging, &target);
+}
+
+/// NodeGetVolumeStats of the volume published at `target`.
+fn volume_stats(csi: &mut Csi, volume: &str, target: &Path) -> NodeGetVolumeStatsResponse {
+    csi.rt
+        .block_on(csi.node.node_get_volume_stats(NodeGetVolumeStatsRequest {
+            volume_id: volume.into(),
+            volume_path: target.display().to_string(),
+            ..Default::default()
+        }))
+        .unwrap()
+        .into_inner()
+}
+
+/// What the stats count in bytes.
+fn bytes_of(stats: &NodeGetVolumeStatsResponse) -> VolumeUsage {
+    stats
+        .usage
+        .iter()
+        .find(|u| u.unit == volume_usage::Unit::Bytes as i32)
+        .cloned()
+        .unwrap()
 }

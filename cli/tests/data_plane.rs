@@ -54,10 +54,7 @@ fn cluster(n: usize) -> Cluster {
 
 impl Cluster {
     fn create_replicas(&self, volume: &str) -> Vec<String> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let mut specs = Vec::new();
         for (i, node) in self.nodes.iter().enumerate() {
             let name = format!("{volume}-r{}", i + 1);

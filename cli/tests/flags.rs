@@ -6,8 +6,12 @@ use std::process::Command;
 
 use common::*;
 
-fn run(args: &[&str]) -> (i32, String) {
-    let out = Command::new(BALLAST).args(args).output().unwrap();
+/// Runs `ballast` with the words of `line` as its arguments.
+fn run(line: &str) -> (i32, String) {
+    let out = Command::new(BALLAST)
+        .args(line.split_whitespace())
+        .output()
+        .unwrap();
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -18,34 +22,20 @@ fn run(args: &[&str]) -> (i32, String) {
 
 #[test]
 fn an_unknown_flag_exits_non_zero_and_names_it() {
-    let (code, text) = run(&[
-        "controller",
-        "--store",
-        "embedded:/tmp/x",
-        "--csi-endpoint",
-        "unix:///tmp/x.sock",
-        "--colour",
-        "red",
-    ]);
+    let (code, text) =
+        run("controller --store embedded:/tmp/x --csi-endpoint unix:///tmp/x.sock --colour red");
     assert_ne!(code, 0);
     assert!(text.contains("--colour"), "{text}");
 }
 
 #[test]
 fn a_node_without_disk_exits_non_zero_and_says_disk_is_required() {
-    let (code, text) = run(&[
-        "node",
-        "--node-id",
-        "n1",
-        "--controller",
-        "http://127.0.0.1:1",
-        "--csi-endpoint",
-        "unix:///tmp/n.sock",
-        "--agent-listen",
-        "127.0.0.1:0",
-        "--replica-listen",
-        "127.0.0.1:0",
-    ]);
+    let (code, text) = run("node \
+         --node-id n1 \
+         --controller http://127.0.0.1:1 \
+         --csi-endpoint unix:///tmp/n.sock \
+         --agent-listen 127.0.0.1:0 \
+         --replica-listen 127.0.0.1:0");
     assert_ne!(code, 0);
     assert!(text.contains("--disk"), "{text}");
 }
@@ -55,21 +45,17 @@ fn a_node_with_a_missing_disk_directory_exits_non_zero_and_names_it() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-such-disk");
     let sock = format!("unix://{}", dir.path().join("n.sock").display());
-    let (code, text) = run(&[
-        "node",
-        "--node-id",
-        "n1",
-        "--disk",
+    let (code, text) = run(&format!(
+        "node \
+         --node-id n1 \
+         --disk {} \
+         --controller http://127.0.0.1:1 \
+         --csi-endpoint {} \
+         --agent-listen 127.0.0.1:0 \
+         --replica-listen 127.0.0.1:0",
         missing.to_str().unwrap(),
-        "--controller",
-        "http://127.0.0.1:1",
-        "--csi-endpoint",
-        &sock,
-        "--agent-listen",
-        "127.0.0.1:0",
-        "--replica-listen",
-        "127.0.0.1:0",
-    ]);
+        sock
+    ));
     assert_ne!(code, 0);
     assert!(
         text.contains("no-such-disk") && text.contains("cannot open"),
@@ -81,34 +67,26 @@ fn a_node_with_a_missing_disk_directory_exits_non_zero_and_names_it() {
 fn a_bad_node_id_and_a_relative_socket_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let disk = dir.path().to_str().unwrap();
-    let (code, text) = run(&[
-        "node",
-        "--node-id",
-        "Node_1",
-        "--disk",
-        disk,
-        "--controller",
-        "http://127.0.0.1:1",
-        "--csi-endpoint",
-        "unix:///tmp/n.sock",
-        "--agent-listen",
-        "127.0.0.1:0",
-        "--replica-listen",
-        "127.0.0.1:0",
-    ]);
+    let (code, text) = run(&format!(
+        "node \
+         --node-id Node_1 \
+         --disk {} \
+         --controller http://127.0.0.1:1 \
+         --csi-endpoint unix:///tmp/n.sock \
+         --agent-listen 127.0.0.1:0 \
+         --replica-listen 127.0.0.1:0",
+        disk
+    ));
     assert_ne!(code, 0);
     assert!(text.contains("--node-id"), "{text}");
-    let (code, text) = run(&[
-        "controller",
-        "--store",
-        &format!("embedded:{disk}/s.redb"),
-        "--csi-endpoint",
-        "unix://rel.sock",
-        "--api-listen",
-        "127.0.0.1:0",
-        "--agent-listen",
-        "127.0.0.1:0",
-    ]);
+    let (code, text) = run(&format!(
+        "controller \
+         --store {} \
+         --csi-endpoint unix://rel.sock \
+         --api-listen 127.0.0.1:0 \
+         --agent-listen 127.0.0.1:0",
+        format!("embedded:{disk}/s.redb")
+    ));
     assert_ne!(code, 0);
     assert!(text.contains("unix:///absolute/path"), "{text}");
 }

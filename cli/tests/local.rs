@@ -49,16 +49,7 @@ fn local_cluster_has_three_ready_nodes_and_keeps_its_state_across_runs() {
 
     // The disks are directories on this machine's filesystem: do not let
     // its free space decide the test.
-    let (ok, _, err) = ballastctl(
-        &api,
-        &[
-            "setting",
-            "set",
-            "storage-minimal-available-percentage",
-            "0",
-        ],
-    );
-    assert!(ok, "{err}");
+    free_space_is_not_the_test(&api);
     let (ok, _, err) = ballastctl(
         &api,
         &["volume", "create", "v1", "--size", "1Gi", "--replicas", "3"],

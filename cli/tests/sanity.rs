@@ -9,10 +9,7 @@ use ballast_sanity::{Expectations, Target, controller_checks, identity_checks};
 use common::*;
 
 fn check(socket: &std::path::Path, target: Target, ready: bool) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let outcomes = rt.block_on(async {
         let ch = ballast::grpc::unix_channel(socket).unwrap();
         let exp = Expectations {
@@ -54,10 +51,7 @@ fn a_node_that_has_not_registered_probes_not_ready_and_the_checks_see_it() {
     });
     check(&n.socket, Target::Node, false);
     // The same checks, expecting ready, must fail: the check can fail.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let outcomes = rt.block_on(async {
         let ch = ballast::grpc::unix_channel(&n.socket).unwrap();
         let exp = Expectations {
@@ -79,10 +73,7 @@ fn a_node_that_has_not_registered_probes_not_ready_and_the_checks_see_it() {
 fn the_checks_fail_against_the_wrong_driver_name() {
     let dir = tempfile::tempdir().unwrap();
     let ctl = start_controller(dir.path(), "30s");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let outcomes = rt.block_on(async {
         let ch = ballast::grpc::unix_channel(&ctl.socket).unwrap();
         let exp = Expectations {
@@ -109,10 +100,7 @@ fn the_checks_fail_against_the_wrong_driver_name() {
 fn controller_checks_pass_against_a_controller_with_a_node_and_fail_against_a_node_socket() {
     let dir = tempfile::tempdir().unwrap();
     let (ctl, n) = controller_with_one_node(dir.path());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let run = |socket: &std::path::Path| {
         rt.block_on(async {
             let ch = ballast::grpc::unix_channel(socket).unwrap();
@@ -149,10 +137,7 @@ fn a_co_name_shows_beside_its_volume_id_in_rest_and_ballastctl() {
     let dir = tempfile::tempdir().unwrap();
     let (ctl, _n) = controller_with_one_node(dir.path());
     let name = "Data.Base_01";
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let id = rt.block_on(async {
         let mut c = ControllerClient::new(ballast::grpc::unix_channel(&ctl.socket).unwrap());
         c.create_volume(CreateVolumeRequest {

@@ -75,16 +75,7 @@ fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
         );
     }
 
-    let (s, v) = call(
-        "POST",
-        &format!("{api}/v1/volumes/v1/attach"),
-        Some(json!({"nodeId": "node-1"})),
-    );
-    assert_eq!(s, 200, "{v}");
-    let endpoint = v["status"]["frontendEndpoint"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let endpoint = attach(&api, "v1", "node-1");
     assert!(endpoint.starts_with("nbd+unix:///v1?socket="), "{endpoint}");
     let (s, _) = call(
         "POST",

@@ -10,6 +10,21 @@ use ballast_node::server::ReplicaServer;
 use ballast_node::wire::client::ReplicaClient;
 use tokio::net::TcpListener;
 
+/// An engine of volume "v" over `replicas` that keeps no record of its
+/// replica set (`local`: the replica on its node, lent to it).
+async fn engine_over(size: u64, replicas: &[ReplicaAddr], local: Option<&str>) -> Arc<Engine> {
+    Engine::start(
+        "v",
+        size,
+        replicas,
+        local.map(str::to_string),
+        ReplicaSet::default(),
+        None,
+    )
+    .await
+    .unwrap()
+}
+
 async fn replica_server(disk: &std::path::Path, name: &str, size: u64) -> ReplicaAddr {
     Replica::create(&replica_dir(disk, name), size).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -34,16 +49,7 @@ async fn after_an_unclean_stop_a_replica_behind_takes_only_the_writes_it_missed(
     ca.write(0, &[2u8; 512], 2, false).await.unwrap();
     ca.write(512, &[3u8; 512], 3, true).await.unwrap();
     drop((ca, cb));
-    let engine = Engine::start(
-        "v",
-        64 * BLOCK,
-        &[a.clone(), b.clone()],
-        None,
-        ReplicaSet::default(),
-        None,
-    )
-    .await
-    .unwrap();
+    let engine = engine_over(64 * BLOCK, &[a.clone(), b.clone()], None).await;
     let status = engine.status().await;
     assert_eq!(status[0].mode, ReplicaMode::Rw);
     assert_eq!(status[1].mode, ReplicaMode::Rw, "{status:?}");
@@ -71,9 +77,7 @@ async fn after_an_unclean_stop_a_replica_behind_takes_only_the_writes_it_missed(
         c1.write(4096, &[r as u8; 512], r, false).await.unwrap();
     }
     drop(c1);
-    let engine = Engine::start("v", 64 * BLOCK, &[a, b], None, ReplicaSet::default(), None)
-        .await
-        .unwrap();
+    let engine = engine_over(64 * BLOCK, &[a, b], None).await;
     let status = engine.status().await;
     assert_eq!(status[1].mode, ReplicaMode::Err);
     assert!(
@@ -117,16 +121,7 @@ async fn overlapping_writes(lend: bool) {
     for (i, d) in dirs.iter().enumerate() {
         addrs.push(replica_server(d.path(), &format!("v-r{i}"), 64 * BLOCK).await);
     }
-    let engine = Engine::start(
-        "v",
-        64 * BLOCK,
-        &addrs,
-        Some("v-r0".into()),
-        ReplicaSet::default(),
-        None,
-    )
-    .await
-    .unwrap();
+    let engine = engine_over(64 * BLOCK, &addrs, Some("v-r0")).await;
     if lend {
         engine
             .lend_local(replica_dir(dirs[0].path(), "v-r0"), WRITEBACK_EVERY)
@@ -168,16 +163,7 @@ async fn a_lent_local_replica_matches_a_model_through_writes_trims_and_snapshots
     let d = tempfile::tempdir().unwrap();
     let size = 256 * BLOCK;
     let a = replica_server(d.path(), "v-r0", size).await;
-    let engine = Engine::start(
-        "v",
-        size,
-        std::slice::from_ref(&a),
-        Some("v-r0".into()),
-        ReplicaSet::default(),
-        None,
-    )
-    .await
-    .unwrap();
+    let engine = engine_over(size, std::slice::from_ref(&a), Some("v-r0")).await;
     engine
         .lend_local(replica_dir(d.path(), "v-r0"), WRITEBACK_EVERY)
         .await
@@ -307,16 +293,7 @@ async fn a_lent_replica_is_lent_again_after_its_server_restarts_and_fails_with_i
         addr: n0.addr.clone(),
     };
     let b = replica_server(d1.path(), "v-r1", size).await;
-    let engine = Engine::start(
-        "v",
-        size,
-        &[a.clone(), b],
-        Some("v-r0".into()),
-        ReplicaSet::default(),
-        None,
-    )
-    .await
-    .unwrap();
+    let engine = engine_over(size, &[a.clone(), b], Some("v-r0")).await;
     engine
         .lend_local(dir0.clone(), WRITEBACK_EVERY)
         .await
@@ -516,16 +493,7 @@ async fn a_block_corrupt_in_every_replica_fails_its_read_only_and_the_last_repli
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let a = replica_server(d1.path(), "v-r1", 64 * BLOCK).await;
     let b = replica_server(d2.path(), "v-r2", 64 * BLOCK).await;
-    let engine = Engine::start(
-        "v",
-        64 * BLOCK,
-        &[a.clone(), b.clone()],
-        None,
-        ReplicaSet::default(),
-        None,
-    )
-    .await
-    .unwrap();
+    let engine = engine_over(64 * BLOCK, &[a.clone(), b.clone()], None).await;
     engine.write(0, &[7u8; 8192], false).await.unwrap();
     engine.flush().await.unwrap();
     for (d, at) in [(&d1, &a), (&d2, &b)] {

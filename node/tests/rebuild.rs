@@ -17,6 +17,21 @@ use ballast_node::wire::JoinSpec;
 use ballast_node::wire::client::ReplicaClient;
 use tokio::net::TcpListener;
 
+/// An engine of volume "v" over `replicas` that keeps no record of its
+/// replica set (`local`: the replica on its node, lent to it).
+async fn engine_over(size: u64, replicas: &[ReplicaAddr], local: Option<&str>) -> Arc<Engine> {
+    Engine::start(
+        "v",
+        size,
+        replicas,
+        local.map(str::to_string),
+        ReplicaSet::default(),
+        None,
+    )
+    .await
+    .unwrap()
+}
+
 const SIZE: u64 = 16 << 20;
 
 /// A replica server over `disks`; returns its address.
@@ -78,16 +93,7 @@ async fn a_rebuild_under_concurrent_writes_ends_with_all_replicas_identical_laye
     let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
     let r0 = replica(d1.path(), "v-r0", &s1);
     let r1 = replica(d2.path(), "v-r1", &s2);
-    let engine = Engine::start(
-        "v",
-        SIZE,
-        std::slice::from_ref(&r0),
-        None,
-        ReplicaSet::default(),
-        None,
-    )
-    .await
-    .unwrap();
+    let engine = engine_over(SIZE, std::slice::from_ref(&r0), None).await;
     // Data before the rebuild: the first 8 MiB, with holes every other MiB.
     for mib in (0..8u64).step_by(2) {
         engine
@@ -172,16 +178,7 @@ async fn a_rebuild_on_the_same_node_copies_locally_and_keeps_the_holes() {
     let s = server(&[d1.path(), d2.path()]).await;
     let r0 = replica(d1.path(), "v-r0", &s);
     let r1 = replica(d2.path(), "v-r1", &s);
-    let engine = Engine::start(
-        "v",
-        SIZE,
-        std::slice::from_ref(&r0),
-        Some("v-r0".into()),
-        ReplicaSet::default(),
-        None,
-    )
-    .await
-    .unwrap();
+    let engine = engine_over(SIZE, std::slice::from_ref(&r0), Some("v-r0")).await;
     for k in 0..16u64 {
         let at = k * (1 << 20) + (k % 3) * 8192;
         engine
@@ -497,16 +494,7 @@ async fn a_source_whose_frozen_layer_is_corrupt_is_failed_and_never_copied() {
     let r0 = replica(d1.path(), "v-r0", &s1);
     let r1 = replica(d2.path(), "v-r1", &s2);
     let r2 = replica(d3.path(), "v-r2", &s3);
-    let engine = Engine::start(
-        "v",
-        SIZE,
-        std::slice::from_ref(&r0),
-        None,
-        ReplicaSet::default(),
-        None,
-    )
-    .await
-    .unwrap();
+    let engine = engine_over(SIZE, std::slice::from_ref(&r0), None).await;
     engine
         .write(0, &pattern(0, 1 << 20, 1), true)
         .await

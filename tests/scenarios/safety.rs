@@ -11,6 +11,20 @@ use serde_json::json;
 
 use crate::harness::*;
 
+/// One call to the controller's CSI socket.
+fn csi<T, F, Fut>(c: &Cluster, call: F) -> Result<T, tonic::Status>
+where
+    F: FnOnce(ControllerClient<tonic::transport::Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    runtime().block_on(async {
+        let ch = ballast::grpc::unix_channel(&c.ctl.socket).unwrap();
+        call(ControllerClient::new(ch))
+            .await
+            .map(tonic::Response::into_inner)
+    })
+}
+
 /// The size a replica's files record, read from its directory.
 fn replica_size(c: &Cluster, r: &serde_json::Value) -> u64 {
     let dir = c
@@ -85,25 +99,18 @@ fn an_expansion_that_cannot_happen_leaves_the_volume_exactly_as_it_was() {
     c.ok("POST", "/v1/volumes/v/detach", None);
 
     // CSI: a size past the format's limit is OUT_OF_RANGE, not INTERNAL.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let status = rt
-        .block_on(async {
-            let ch = ballast::grpc::unix_channel(&c.ctl.socket).unwrap();
-            ControllerClient::new(ch)
-                .controller_expand_volume(ControllerExpandVolumeRequest {
-                    volume_id: "v".into(),
-                    capacity_range: Some(CapacityRange {
-                        required_bytes: i64::MAX,
-                        limit_bytes: 0,
-                    }),
-                    ..Default::default()
-                })
-                .await
-        })
-        .unwrap_err();
+    let req = ControllerExpandVolumeRequest {
+        volume_id: "v".into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: i64::MAX,
+            limit_bytes: 0,
+        }),
+        ..Default::default()
+    };
+    let status = csi(&c, |mut ctl| async move {
+        ctl.controller_expand_volume(req).await
+    })
+    .unwrap_err();
     assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
 
     // And a growth the disks hold works, with the data kept.
@@ -182,28 +189,23 @@ fn a_replica_that_missed_acknowledged_writes_never_serves_them() {
     assert_eq!(c.volume("v")["status"]["robustness"], "faulted");
     assert_eq!(c.volume("v")["status"]["state"], "detached");
     // CSI publish says the same.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let status = rt
-        .block_on(async {
-            use ballast::proto::csi::v1::ControllerPublishVolumeRequest;
-            use ballast::proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume};
-            let ch = ballast::grpc::unix_channel(&c.ctl.socket).unwrap();
-            ControllerClient::new(ch)
-                .controller_publish_volume(ControllerPublishVolumeRequest {
-                    volume_id: "v".into(),
-                    node_id: "node-1".into(),
-                    volume_capability: Some(ballast::proto::csi::v1::VolumeCapability {
-                        access_type: Some(AccessType::Block(BlockVolume {})),
-                        access_mode: Some(AccessMode { mode: 1 }),
-                    }),
-                    ..Default::default()
-                })
-                .await
-        })
-        .unwrap_err();
+    let req = {
+        use ballast::proto::csi::v1::ControllerPublishVolumeRequest;
+        use ballast::proto::csi::v1::volume_capability::{AccessMode, AccessType, BlockVolume};
+        ControllerPublishVolumeRequest {
+            volume_id: "v".into(),
+            node_id: "node-1".into(),
+            volume_capability: Some(ballast::proto::csi::v1::VolumeCapability {
+                access_type: Some(AccessType::Block(BlockVolume {})),
+                access_mode: Some(AccessMode { mode: 1 }),
+            }),
+            ..Default::default()
+        }
+    };
+    let status = csi(&c, |mut ctl| async move {
+        ctl.controller_publish_volume(req).await
+    })
+    .unwrap_err();
     assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
     assert!(status.message().contains(&fresh), "{status:?}");
 
@@ -354,32 +356,14 @@ fn ballast_local_keeps_engines_through_a_controller_crash_and_starts_them_after_
     let port = local_api_port();
     let api = format!("http://127.0.0.1:{port}");
     let local = start_local(&cluster, port);
-    let (ok, _, err) = ballastctl(
-        &api,
-        &[
-            "setting",
-            "set",
-            "storage-minimal-available-percentage",
-            "0",
-        ],
-    );
-    assert!(ok, "{err}");
+    free_space_is_not_the_test(&api);
     let (s, v) = call(
         "POST",
         &format!("{api}/v1/volumes"),
         Some(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2})),
     );
     assert_eq!(s, 201, "{v}");
-    let (s, v) = call(
-        "POST",
-        &format!("{api}/v1/volumes/v/attach"),
-        Some(json!({"nodeId": "node-1"})),
-    );
-    assert_eq!(s, 200, "{v}");
-    let endpoint = v["status"]["frontendEndpoint"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let endpoint = attach(&api, "v", "node-1");
     let a = write_data(dir.path(), &endpoint, 31);
     let engine = engine_pid(&cluster.join("node-1/state"), "v").unwrap();
 

@@ -318,6 +318,44 @@ pub fn ballastctl(api: &str, args: &[&str]) -> (bool, String, String) {
 
 /// Runs qemu-io on `target` with commands; returns (success, output).
 /// Success means exit 0 and no failed command or pattern mismatch.
+/// The disks of a local cluster are directories of this machine's
+/// filesystem: its free space must not decide a test
+/// (storage-minimal-available-percentage 0, set with ballastctl).
+pub fn free_space_is_not_the_test(api: &str) {
+    let (ok, _, err) = ballastctl(
+        api,
+        &[
+            "setting",
+            "set",
+            "storage-minimal-available-percentage",
+            "0",
+        ],
+    );
+    assert!(ok, "{err}");
+}
+
+/// Attaches `volume` at `node` through the REST API; its NBD endpoint.
+pub fn attach(api: &str, volume: &str, node: &str) -> String {
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes/{volume}/attach"),
+        Some(serde_json::json!({ "nodeId": node })),
+    );
+    assert_eq!(s, 200, "{v}");
+    v["status"]["frontendEndpoint"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// A runtime for a test's async calls.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 pub fn qemu_io(target: &str, cmds: &[&str]) -> (bool, String) {
     let mut c = Command::new("qemu-io");
     c.args(["-f", "raw"]);
