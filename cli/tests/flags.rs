@@ -81,11 +81,10 @@ fn a_bad_node_id_and_a_relative_socket_are_refused() {
     assert!(text.contains("--node-id"), "{text}");
     let (code, text) = run(&format!(
         "controller \
-         --store {} \
+         --store embedded:{disk}/s.redb \
          --csi-endpoint unix://rel.sock \
          --api-listen 127.0.0.1:0 \
-         --agent-listen 127.0.0.1:0",
-        format!("embedded:{disk}/s.redb")
+         --agent-listen 127.0.0.1:0"
     ));
     assert_ne!(code, 0);
     assert!(text.contains("unix:///absolute/path"), "{text}");
