@@ -75,7 +75,7 @@ fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
         );
     }
 
-    let endpoint = attach(&api, "v1", "node-1");
+    let endpoint = attach(api, "v1", "node-1");
     assert!(endpoint.starts_with("nbd+unix:///v1?socket="), "{endpoint}");
     let (s, _) = call(
         "POST",
