@@ -10,6 +10,7 @@
 //! the ratio. Needs root, FUSE and fio. Run:
 //! `cargo bench -p ballast-cli --bench blockdev`.
 
+#[allow(dead_code)] // shared by the benchmarks; each uses a part
 mod common;
 
 use std::path::Path;
@@ -17,32 +18,23 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ballast_node::frontend::blockdev::LoopDevice;
-use common::{Kill, SIZE, engine, node_with};
+use common::{Kill, SIZE, engine, fio_json, node_with};
 
 /// fio on `dev`; returns operations per second.
 fn fio(dev: &Path, rw: &str, bs: &str) -> f64 {
-    let out = Command::new("fio")
-        .args([
-            "--name=bench",
-            "--ioengine=libaio",
-            "--direct=1",
-            "--iodepth=16",
-            "--runtime=4",
-            "--time_based",
-            "--size=512M",
-            "--output-format=json",
-        ])
-        .arg(format!("--filename={}", dev.display()))
-        .arg(format!("--rw={rw}"))
-        .arg(format!("--bs={bs}"))
-        .output()
-        .expect("fio is installed");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("fio's JSON");
+    let mut cmd = Command::new("fio");
+    cmd.args([
+        "--name=bench",
+        "--ioengine=libaio",
+        "--direct=1",
+        "--iodepth=16",
+        "--runtime=4",
+        "--time_based",
+        "--size=512M",
+        "--output-format=json",
+    ])
+    .arg(format!("--filename={}", dev.display()));
+    let v = fio_json(&mut cmd, rw, bs);
     let job = &v["jobs"][0];
     let side = if rw.contains("write") {
         "write"

@@ -13,6 +13,7 @@
 //! `cargo bench -p ballast-cli --bench checksums`; words after `--` pick
 //! cases: `nbd` or `block`, and an fio rw such as `randread`.
 
+#[allow(dead_code)] // shared by the benchmarks; each uses a part
 mod common;
 
 use std::path::Path;
@@ -20,7 +21,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ballast_node::frontend::blockdev::LoopDevice;
-use common::{Kill, engine, node_with};
+use common::{Kill, engine, fio_json, node_with};
 
 const CASES: [(&str, &str); 4] = [
     ("randwrite", "4k"),
@@ -49,20 +50,7 @@ fn fio(target: Result<&Path, &str>, rw: &str, bs: &str) -> f64 {
             c.arg("--ioengine=nbd").arg(format!("--uri={uri}"));
         }
     }
-    let out = c
-        .arg(format!("--rw={rw}"))
-        .arg(format!("--bs={bs}"))
-        .output()
-        .expect("fio is installed");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // The nbd engine may print notices before the JSON.
-    let text = String::from_utf8_lossy(&out.stdout);
-    let json = &text[text.find('{').unwrap_or(0)..];
-    let v: serde_json::Value = serde_json::from_str(json).expect("fio's JSON");
+    let v = fio_json(&mut c, rw, bs);
     let side = if rw.contains("write") {
         "write"
     } else {
@@ -107,13 +95,8 @@ fn block_device(fuse: &Path) -> LoopDevice {
 }
 
 fn main() {
-    let picked: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let wanted = |word: &str, all: &[&str]| {
-        !picked.iter().any(|p| all.contains(&p.as_str())) || picked.iter().any(|p| p == word)
-    };
+    let picked = common::Picked::from_args();
+    let wanted = |word: &str, all: &[&str]| picked.wanted(word, all);
     let rws: Vec<&str> = CASES.iter().map(|(rw, _)| *rw).collect();
     let root = nix::unistd::geteuid().is_root();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();

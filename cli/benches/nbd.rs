@@ -22,6 +22,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
+#[allow(dead_code)] // shared by the benchmarks; each uses a part
 mod common;
 
 use common::{Kill, SIZE, engine, node_with, quiet, wait_for};
@@ -137,14 +138,9 @@ fn main() {
     let (_e3, three_sock) = engine(dir.path(), "three", &three_replicas, 2, &[]);
     let three = format!("nbd+unix:///three?socket={}", three_sock.display());
 
-    let picked: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
-    let wanted = |word: &str, all: &[&str]| {
-        !picked.iter().any(|p| all.contains(&p.as_str())) || picked.iter().any(|p| p == word)
-    };
-    if picked.iter().any(|p| p == "hold") {
+    let picked = common::Picked::from_args();
+    let wanted = |word: &str, all: &[&str]| picked.wanted(word, all);
+    if picked.has("hold") {
         println!("nbdkit file: {peer}\n1 replica: {one}\n3 replicas: {three}\nEnter ends.");
         let _ = std::io::stdin().read_line(&mut String::new());
         return;

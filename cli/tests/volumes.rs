@@ -96,24 +96,21 @@ fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
     let (s, _) = call("DELETE", &format!("{api}/v1/volumes/v1"), None);
     assert_eq!(s, 409, "an attached volume is not deleted");
 
-    let (ok, out) = qemu_io(
-        &endpoint,
-        &[
-            "write -P 0xab 0 64k",
-            "write -P 0xcd 512M 1M",
-            "write -P 0xef 1073737728 4k",
-        ],
-    );
-    assert!(ok, "{out}");
-    let (ok, out) = qemu_io(
-        &endpoint,
-        &[
-            "read -P 0xab 0 64k",
-            "read -P 0xcd 512M 1M",
-            "read -P 0xef 1073737728 4k",
-        ],
-    );
-    assert!(ok, "{out}");
+    // Each region written, then read back: pattern, offset, length.
+    let regions = [
+        ("0xab", "0", "64k"),
+        ("0xcd", "512M", "1M"),
+        ("0xef", "1073737728", "4k"),
+    ];
+    for op in ["write", "read"] {
+        let cmds: Vec<String> = regions
+            .iter()
+            .map(|(p, o, l)| format!("{op} -P {p} {o} {l}"))
+            .collect();
+        let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
+        let (ok, out) = qemu_io(&endpoint, &cmds);
+        assert!(ok, "{op}: {out}");
+    }
     wait_for(Duration::from_secs(30), "robustness healthy", || {
         call("GET", &format!("{api}/v1/volumes/v1"), None).1["status"]["robustness"]
             .as_str()

@@ -104,3 +104,14 @@ pub fn creates(plan: &Plan) -> Vec<(String, String, String, Option<String>)> {
         })
         .collect()
 }
+
+/// The settle's report says a replica is wanted that has no place.
+pub fn blocked_without_place(r: &Report) {
+    assert!(
+        r.blocked
+            .iter()
+            .any(|b| b.contains("no place for a replica")),
+        "{:?}",
+        r.blocked
+    );
+}

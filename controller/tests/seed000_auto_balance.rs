@@ -13,6 +13,16 @@ const THREE_NODES_TWO_DISABLED: &str = r#"
   - {id: node-3, allowScheduling: false, disks: [{id: d1, size: 100Gi}]}
 "#;
 
+/// The seed's steps: settle, let node-2 take replicas, settle, then
+/// node-3, settle.
+const SCHEDULING_ON_ONE_BY_ONE: &str = "steps:
+  - settle: {}
+  - node: {id: node-2, allowScheduling: true}
+  - settle: {}
+  - node: {id: node-3, allowScheduling: true}
+  - settle: {}
+";
+
 fn node_scenario(mode: &str) -> String {
     format!(
         r#"
@@ -20,13 +30,7 @@ settings: {{replica-soft-anti-affinity: "true", replica-auto-balance: {mode}}}
 nodes: {THREE_NODES_TWO_DISABLED}
 volumes:
   - {{name: v1, size: 1Gi, numberOfReplicas: 6, attachedNode: node-1}}
-steps:
-  - settle: {{}}
-  - node: {{id: node-2, allowScheduling: true}}
-  - settle: {{}}
-  - node: {{id: node-3, allowScheduling: true}}
-  - settle: {{}}
-"#
+{SCHEDULING_ON_ONE_BY_ONE}"#
     )
 }
 
@@ -110,13 +114,7 @@ nodes:
   - {{id: node-3, zone: zone-3, allowScheduling: false, disks: [{{id: d1, size: 100Gi}}]}}
 volumes:
   - {{name: v1, size: 1Gi, numberOfReplicas: 6, attachedNode: node-1, replicaAutoBalance: {mode}}}
-steps:
-  - settle: {{}}
-  - node: {{id: node-2, allowScheduling: true}}
-  - settle: {{}}
-  - node: {{id: node-3, allowScheduling: true}}
-  - settle: {{}}
-"#
+{SCHEDULING_ON_ONE_BY_ONE}"#
     )
 }
 

@@ -212,13 +212,7 @@ fn seed002_block_for_eviction_that_cannot_place_blocks_the_drain_until_uncordon(
     assert!(r.nodes["node-1"].auto_evicting);
     assert!(r.nodes["node-1"].drain_blocked, "the drain never completes");
     assert!(run.sim.replicas[&replica].eviction_requested());
-    assert!(
-        r.blocked
-            .iter()
-            .any(|b| b.contains("no place for a replica")),
-        "{:?}",
-        r.blocked
-    );
+    blocked_without_place(&r);
     assert_eq!(count_on(&r, "v1", "node-1"), 1);
     run.hold(10);
 

@@ -215,13 +215,7 @@ fn seed004_reuse_when_the_replica_data_is_messed_up() {
     run.step("advance: {seconds: 5}");
     let r = run.sim.settle(0);
     assert_eq!(r.created, 0, "a new replica is wanted but cannot be placed");
-    assert!(
-        r.blocked
-            .iter()
-            .any(|b| b.contains("no place for a replica")),
-        "{:?}",
-        r.blocked
-    );
+    blocked_without_place(&r);
     run.step("setting: {name: replica-replenishment-wait-interval, value: 100000}");
     let r = run.sim.settle(0);
     assert_eq!(r.created, 0);

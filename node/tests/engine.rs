@@ -1,5 +1,7 @@
 //! The engine over real replica servers on loopback.
 
+mod common;
+
 use std::sync::Arc;
 
 use ballast::model::ReplicaMode;
@@ -8,22 +10,8 @@ use ballast_node::replica::replica_dir;
 use ballast_node::replica::{BLOCK, Replica, WRITEBACK_EVERY};
 use ballast_node::server::ReplicaServer;
 use ballast_node::wire::client::ReplicaClient;
+use common::engine_over;
 use tokio::net::TcpListener;
-
-/// An engine of volume "v" over `replicas` that keeps no record of its
-/// replica set (`local`: the replica on its node, lent to it).
-async fn engine_over(size: u64, replicas: &[ReplicaAddr], local: Option<&str>) -> Arc<Engine> {
-    Engine::start(
-        "v",
-        size,
-        replicas,
-        local.map(str::to_string),
-        ReplicaSet::default(),
-        None,
-    )
-    .await
-    .unwrap()
-}
 
 async fn replica_server(disk: &std::path::Path, name: &str, size: u64) -> ReplicaAddr {
     Replica::create(&replica_dir(disk, name), size).unwrap();

@@ -2,6 +2,8 @@
 //! volume, receives every write from that moment, and fills its frozen
 //! layers by local copy (same node) or remote sync (another node).
 
+mod common;
+
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
@@ -9,28 +11,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ballast::model::ReplicaMode;
-use ballast_node::engine::{Engine, MemberStatus, ReplicaAddr, ReplicaSet};
+use ballast_node::engine::{Engine, MemberStatus, ReplicaAddr};
 use ballast_node::replica::Replica;
 use ballast_node::replica::replica_dir;
 use ballast_node::server::ReplicaServer;
 use ballast_node::wire::JoinSpec;
 use ballast_node::wire::client::ReplicaClient;
+use common::engine_over;
 use tokio::net::TcpListener;
-
-/// An engine of volume "v" over `replicas` that keeps no record of its
-/// replica set (`local`: the replica on its node, lent to it).
-async fn engine_over(size: u64, replicas: &[ReplicaAddr], local: Option<&str>) -> Arc<Engine> {
-    Engine::start(
-        "v",
-        size,
-        replicas,
-        local.map(str::to_string),
-        ReplicaSet::default(),
-        None,
-    )
-    .await
-    .unwrap()
-}
 
 const SIZE: u64 = 16 << 20;
 

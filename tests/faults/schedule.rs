@@ -99,13 +99,7 @@ impl Run {
     }
 
     fn engine_pid(&self) -> Option<i32> {
-        std::fs::read_to_string(self.c.path("node-1").join("state/frontends/v.pid"))
-            .ok()?
-            .lines()
-            .next()?
-            .trim()
-            .parse()
-            .ok()
+        engine_pid(&self.c.path("node-1").join("state"), "v")
     }
 
     fn apply(&mut self, f: &Fault) -> Result<(), String> {

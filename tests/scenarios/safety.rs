@@ -272,17 +272,6 @@ fn salvage_accepts_the_stale_replica_only_when_asked_and_says_what_is_lost() {
     verify_data(c.dir.path(), &endpoint, &a);
 }
 
-/// The pid of a volume's engine on a node, from its pid file.
-fn engine_pid(state: &std::path::Path, volume: &str) -> Option<i32> {
-    std::fs::read_to_string(state.join("frontends").join(format!("{volume}.pid")))
-        .ok()?
-        .lines()
-        .next()?
-        .trim()
-        .parse()
-        .ok()
-}
-
 fn kill_pid(pid: i32) {
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),

@@ -141,14 +141,7 @@ fn past_the_wait_a_new_replica_is_built() {
         .to_string();
     c.kill_node(c.node_index(&victim));
     let data = write_data(c.dir.path(), &endpoint, 34);
-    wait_for(SETTLE, "a new replica, rw", || {
-        let reps = c.replicas("vol");
-        let rw: Vec<&Value> = reps
-            .iter()
-            .filter(|r| r["status"]["mode"] == "rw")
-            .collect();
-        (rw.len() == 3 && rw.iter().all(|r| r["name"] != failed.as_str())).then_some(())
-    });
+    three_rw_without(&c, &failed);
     verify_data(c.dir.path(), &endpoint, &data);
 }
 
@@ -188,14 +181,7 @@ fn a_reuse_that_keeps_failing_gives_up_after_the_retry_limit() {
     std::fs::create_dir(dir.join(&head)).unwrap();
     c.restart_node(i);
     // One reuse attempt fails; then a new replica is built elsewhere.
-    wait_for(SETTLE, "a new replica, rw", || {
-        let reps = c.replicas("vol");
-        let rw: Vec<&Value> = reps
-            .iter()
-            .filter(|r| r["status"]["mode"] == "rw")
-            .collect();
-        (rw.len() == 3 && rw.iter().all(|r| r["name"] != name.as_str())).then_some(())
-    });
+    three_rw_without(&c, &name);
     let reasons = c.event_reasons(&format!("replica/{name}"));
     assert!(
         reasons.contains(&"RebuildFailed".to_string()),
@@ -209,4 +195,17 @@ fn a_reuse_that_keeps_failing_gives_up_after_the_retry_limit() {
         assert_eq!(r["spec"]["rebuildRetryCount"], 1, "{r}");
     }
     verify_data(c.dir.path(), &endpoint, &data);
+}
+
+/// Waits for "vol" to have three rw replicas, none of them `gone`: a new
+/// replica was built in its place.
+fn three_rw_without(c: &Cluster, gone: &str) {
+    wait_for(SETTLE, "a new replica, rw", || {
+        let reps = c.replicas("vol");
+        let rw: Vec<&Value> = reps
+            .iter()
+            .filter(|r| r["status"]["mode"] == "rw")
+            .collect();
+        (rw.len() == 3 && rw.iter().all(|r| r["name"] != gone)).then_some(())
+    });
 }

@@ -103,3 +103,45 @@ pub fn engine(
     wait_for(&socket);
     (Kill(child), socket)
 }
+
+/// The cases picked on the command line (words not starting with `--`):
+/// `wanted(word, all)` says whether to run `word`, one of `all` (every
+/// one of them when none was named).
+pub struct Picked(pub Vec<String>);
+
+impl Picked {
+    pub fn from_args() -> Picked {
+        Picked(
+            std::env::args()
+                .skip(1)
+                .filter(|a| !a.starts_with("--"))
+                .collect(),
+        )
+    }
+
+    pub fn wanted(&self, word: &str, all: &[&str]) -> bool {
+        !self.0.iter().any(|p| all.contains(&p.as_str())) || self.0.iter().any(|p| p == word)
+    }
+
+    pub fn has(&self, word: &str) -> bool {
+        self.0.iter().any(|p| p == word)
+    }
+}
+
+/// Runs fio with `cmd`'s arguments plus the case's; its JSON output
+/// (after any notices the nbd engine prints first).
+pub fn fio_json(cmd: &mut Command, rw: &str, bs: &str) -> serde_json::Value {
+    let out = cmd
+        .arg(format!("--rw={rw}"))
+        .arg(format!("--bs={bs}"))
+        .output()
+        .expect("fio is installed");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json = &text[text.find('{').unwrap_or(0)..];
+    serde_json::from_str(json).expect("fio's JSON")
+}
