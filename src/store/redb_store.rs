@@ -133,6 +133,17 @@ fn unpack(kind: Kind, name: &str, bytes: &[u8]) -> Result<Raw, StoreError> {
     })
 }
 
+/// The version `name` is stored at; NotFound when it is not there.
+fn stored_version(t: &redb::Table<&str, &[u8]>, kind: Kind, name: &str) -> Result<u64, StoreError> {
+    match t.get(name).map_err(backend)? {
+        Some(g) => version_of(kind, name, g.value()),
+        None => Err(StoreError::NotFound {
+            kind,
+            name: name.to_string(),
+        }),
+    }
+}
+
 fn version_of(kind: Kind, name: &str, bytes: &[u8]) -> Result<u64, StoreError> {
     Ok(unpack(kind, name, bytes)?.resource_version)
 }
@@ -179,15 +190,7 @@ impl Store for RedbStore {
         expected: u64,
     ) -> Result<u64, StoreError> {
         self.write(kind, |t, next| {
-            let actual = match t.get(name).map_err(backend)? {
-                Some(g) => version_of(kind, name, g.value())?,
-                None => {
-                    return Err(StoreError::NotFound {
-                        kind,
-                        name: name.to_string(),
-                    });
-                }
-            };
+            let actual = stored_version(t, kind, name)?;
             check_version(kind, name, Some(expected), actual)?;
             t.insert(name, pack(next, value)?.as_slice())
                 .map_err(backend)?;
@@ -198,15 +201,7 @@ impl Store for RedbStore {
 
     fn delete_raw(&self, kind: Kind, name: &str, expected: Option<u64>) -> Result<(), StoreError> {
         self.write(kind, |t, next| {
-            let actual = match t.get(name).map_err(backend)? {
-                Some(g) => version_of(kind, name, g.value())?,
-                None => {
-                    return Err(StoreError::NotFound {
-                        kind,
-                        name: name.to_string(),
-                    });
-                }
-            };
+            let actual = stored_version(t, kind, name)?;
             check_version(kind, name, expected, actual)?;
             t.remove(name).map_err(backend)?;
             let change = Change::new(kind, name, ChangeOp::Deleted, next);

@@ -20,10 +20,10 @@ use std::collections::BTreeMap;
 
 use ballast::model::{AutoBalance, DataLocality};
 
-use super::action::{ActionKind, Plan, Rule};
+use super::action::{Plan, Rule};
 use super::disk_pressure;
 use super::pass::{Eligible, Pass};
-use super::replenish::local_source;
+use super::replenish::new_replica;
 use super::schedule::{self, Peer, Request};
 use super::volume_state::VolumeState;
 
@@ -370,14 +370,7 @@ pub fn plan(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
                 pass.reserve(&p.node, &p.disk, vs.volume.size, true);
                 plan.act(
                     t.rule,
-                    ActionKind::CreateReplica {
-                        volume: name.clone(),
-                        node: p.node.clone(),
-                        disk: p.disk.clone(),
-                        reuse: None,
-                        copy_from: local_source(vs, &p.node),
-                        size: vs.volume.size,
-                    },
+                    new_replica(vs, &p.node, &p.disk),
                     format!(
                         "{name} is unbalanced ({} mode): adding a replica in {label} on {}/{}; a duplicate is deleted once it is rw",
                         vs.balance, p.node, p.disk

@@ -9,7 +9,7 @@
 
 use ballast::model::DataLocality;
 
-use super::action::{ActionKind, Plan, Rule};
+use super::action::{Plan, Rule};
 use super::pass::Pass;
 use super::schedule::{self, Peer, Request};
 use super::volume_state::VolumeState;
@@ -49,14 +49,8 @@ pub fn plan(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
             pass.reserve(&p.node, &p.disk, vs.volume.size, true);
             plan.act(
                 Rule::Locality,
-                ActionKind::CreateReplica {
-                    volume: name.clone(),
-                    node: p.node.clone(),
-                    disk: p.disk.clone(),
-                    reuse: None,
-                    copy_from: None,
-                    size: vs.volume.size,
-                },
+                // The node holds none: nothing to copy locally from.
+                super::replenish::new_replica(vs, &p.node, &p.disk),
                 format!(
                     "{name} is attached to {node}, which holds none of its replicas (data-locality best-effort): building one on {}/{}; one elsewhere is deleted once it is rw",
                     p.node, p.disk

@@ -14,6 +14,19 @@ use super::schedule::{self, Peer, Request};
 use super::view::ReplicaView;
 use super::volume_state::VolumeState;
 
+/// A new replica of the volume on the placement's node and disk, copied
+/// locally from a healthy replica there when there is one.
+pub fn new_replica(vs: &VolumeState, node: &str, disk: &str) -> ActionKind {
+    ActionKind::CreateReplica {
+        volume: vs.volume.name.clone(),
+        node: node.to_string(),
+        disk: disk.to_string(),
+        reuse: None,
+        copy_from: local_source(vs, node),
+        size: vs.volume.size,
+    }
+}
+
 /// A healthy replica on `node` to copy from locally, if there is one.
 pub fn local_source(vs: &VolumeState, node: &str) -> Option<String> {
     vs.rw
@@ -217,18 +230,7 @@ fn schedule_new(
                         ),
                     )
                 };
-                plan.act(
-                    rule,
-                    ActionKind::CreateReplica {
-                        volume: name.clone(),
-                        node: p.node.clone(),
-                        disk: p.disk.clone(),
-                        reuse: None,
-                        copy_from: local_source(vs, &p.node),
-                        size: vs.volume.size,
-                    },
-                    why,
-                );
+                plan.act(rule, new_replica(vs, &p.node, &p.disk), why);
                 // Later slots see this one for anti-affinity.
                 peers.push(Peer {
                     node: p.node,

@@ -141,14 +141,8 @@ pub fn mount(
         Some(data.as_str()),
     )
     .map_err(|e| std::io::Error::other(format!("mount: {e}")))?;
-    let dev = Arc::new(dev);
-    let server = Server {
-        engine,
-        rt,
-        dev: dev.clone(),
-        uid,
-        gid,
-    };
+    let server = Server::new(engine, rt, dev);
+    let dev = server.dev.clone();
     // The kernel's first request is INIT; nothing else comes before it.
     let mut buf = vec![0u8; buffer_size()];
     loop {
@@ -181,16 +175,8 @@ pub fn resume(
     dir: &Path,
     dev: OwnedFd,
 ) -> std::io::Result<FuseMount> {
-    let dev = Arc::new(File::from(dev));
-    // SAFETY: getuid and getgid cannot fail and touch no memory.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let server = Server {
-        engine,
-        rt,
-        dev: dev.clone(),
-        uid,
-        gid,
-    };
+    let server = Server::new(engine, rt, File::from(dev));
+    let dev = server.dev.clone();
     let mount = start(server, dir);
     let notify = out_header(OUT_HEADER, NOTIFY_RESEND, 0);
     match (&*dev).write(&notify) {
@@ -291,6 +277,19 @@ struct Server {
 }
 
 impl Server {
+    /// Serves `dev` (a FUSE connection) as this process's user.
+    fn new(engine: Arc<Engine>, rt: tokio::runtime::Handle, dev: File) -> Server {
+        // SAFETY: getuid and getgid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Server {
+            engine,
+            rt,
+            dev: Arc::new(dev),
+            uid,
+            gid,
+        }
+    }
+
     /// One thread's loop: read a request, answer it, until the filesystem
     /// is unmounted.
     fn serve(&self) {
