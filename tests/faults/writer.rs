@@ -67,11 +67,16 @@ impl Writer {
     }
 }
 
+/// How long one qemu-io run may take before it is killed: a write that
+/// never completes is not acknowledged (the schedule's final check says
+/// whether the volume serves again); a read-back that hangs is a failure.
+const BATCH_LIMIT: &str = "60";
+
 /// One qemu-io run: `batch` writes from `slot`, then a flush. Returns the
 /// writes it reported done (flushed when the flush was reported too).
 fn write_batch(endpoint: &str, slot: u64, batch: u64) -> Vec<Ack> {
-    let mut c = Command::new("qemu-io");
-    c.args(["-f", "raw"]);
+    let mut c = Command::new("timeout");
+    c.args(["-s", "KILL", BATCH_LIMIT, "qemu-io", "-f", "raw"]);
     for s in slot..slot + batch {
         c.args([
             "-c",
@@ -82,6 +87,9 @@ fn write_batch(endpoint: &str, slot: u64, batch: u64) -> Vec<Ack> {
     let Ok(out) = c.arg(endpoint).output() else {
         return Vec::new();
     };
+    if out.status.code() == Some(137) || out.status.code().is_none() {
+        eprintln!("a batch of writes from slot {slot} hung for {BATCH_LIMIT} s and was killed");
+    }
     let text = String::from_utf8_lossy(&out.stdout);
     let mut acks: Vec<Ack> = text
         .lines()
@@ -122,8 +130,8 @@ pub struct Unread {
 pub fn unreadable(endpoint: &str, acks: &[Ack]) -> Result<Unread, String> {
     let mut bad = Unread::default();
     for chunk in acks.chunks(64) {
-        let mut c = Command::new("qemu-io");
-        c.args(["-f", "raw"]);
+        let mut c = Command::new("timeout");
+        c.args(["-s", "KILL", BATCH_LIMIT, "qemu-io", "-f", "raw"]);
         for a in chunk {
             c.args(["-c", &format!("read -P {} {} {SLOT}", a.pattern, a.offset)]);
         }
@@ -131,6 +139,11 @@ pub fn unreadable(endpoint: &str, acks: &[Ack]) -> Result<Unread, String> {
             .arg(endpoint)
             .output()
             .map_err(|e| format!("qemu-io: {e}"))?;
+        if out.status.code() == Some(137) || out.status.code().is_none() {
+            return Err(format!(
+                "reading the acknowledged writes back hung for {BATCH_LIMIT} s"
+            ));
+        }
         let text = String::from_utf8_lossy(&out.stdout).into_owned()
             + &String::from_utf8_lossy(&out.stderr);
         if !out.status.success() && !text.contains("read ") {
