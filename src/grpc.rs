@@ -69,16 +69,34 @@ pub fn unix_channel(path: &Path) -> Result<Channel, ServeError> {
     )
 }
 
-/// A lazily connecting channel to `http://host:port`.
+/// A lazily connecting channel to `http://host:port`, or to a
+/// comma-separated list of them: then each call goes to one of those that
+/// answer (the controllers of a cluster, any of which takes every call).
 pub fn tcp_channel(url: &str) -> Result<Channel, ServeError> {
+    let endpoints = url
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(tcp_endpoint)
+        .collect::<Result<Vec<_>, _>>()?;
+    match endpoints.len() {
+        0 => Err(ServeError::Endpoint {
+            endpoint: url.to_string(),
+            reason: "no address given".into(),
+        }),
+        1 => Ok(endpoints[0].connect_lazy()),
+        _ => Ok(Channel::balance_list(endpoints.into_iter())),
+    }
+}
+
+fn tcp_endpoint(url: &str) -> Result<Endpoint, ServeError> {
     let endpoint = Endpoint::from_shared(url.to_string()).map_err(|e| ServeError::Endpoint {
         endpoint: url.to_string(),
         reason: e.to_string(),
     })?;
     Ok(endpoint
         .connect_timeout(std::time::Duration::from_secs(3))
-        .timeout(std::time::Duration::from_secs(10))
-        .connect_lazy())
+        .timeout(std::time::Duration::from_secs(10)))
 }
 
 /// Resolves when the process gets SIGTERM or SIGINT.

@@ -63,6 +63,15 @@ pub fn format_size(bytes: u64) -> String {
 }
 
 /// serde: accepts a size as an integer or as a quantity string; writes an integer.
+/// The schema of a size in a Kubernetes object: bytes as an integer, or a
+/// quantity string such as "10Gi", as serde_size reads both.
+pub fn size_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "x-kubernetes-int-or-string": true,
+        "anyOf": [{ "type": "integer", "minimum": 0 }, { "type": "string" }]
+    })
+}
+
 pub mod serde_size {
     use super::*;
 

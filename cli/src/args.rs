@@ -39,12 +39,50 @@ pub struct ControllerArgs {
     /// A node with no heartbeat for this long turns not ready.
     #[arg(long, env = "BALLAST_NODE_DOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub node_down_timeout: Duration,
+    #[command(flatten)]
+    pub kubernetes: KubeArgs,
+}
+
+/// How to reach the cluster when `--store kubernetes`.
+#[derive(Clone, Debug, Args)]
+pub struct KubeArgs {
+    /// A kubeconfig file (default: in-cluster config, else KUBECONFIG or ~/.kube/config).
+    #[arg(long, env = "BALLAST_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace of Ballast's objects.
+    #[arg(long, env = "BALLAST_NAMESPACE", default_value = "ballast-system")]
+    pub namespace: String,
+    /// Apply the CRDs and create the namespace at start (a cluster installed
+    /// from deploy/ has them already).
+    #[arg(long, env = "BALLAST_INSTALL_CRDS")]
+    pub install_crds: bool,
+    /// How long the leader's Lease lasts unrenewed; another controller
+    /// takes over after it (renewed every seventh of it).
+    #[arg(long, env = "BALLAST_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// The agent endpoint other controllers forward calls to
+    /// (default: http://<--agent-listen>; in a pod, http://$(POD_IP):9501).
+    #[arg(long, env = "BALLAST_ADVERTISE")]
+    pub advertise: Option<String>,
+}
+
+impl From<KubeArgs> for ballast_controller::daemon::KubeOptions {
+    fn from(a: KubeArgs) -> Self {
+        ballast_controller::daemon::KubeOptions {
+            kubeconfig: a.kubeconfig,
+            namespace: a.namespace,
+            install_crds: a.install_crds,
+            lease_duration: a.lease_duration,
+            advertise: a.advertise,
+        }
+    }
 }
 
 impl From<ControllerArgs> for ControllerConfig {
     fn from(a: ControllerArgs) -> Self {
         ControllerConfig {
             store: a.store,
+            kubernetes: a.kubernetes.into(),
             csi_endpoint: a.csi_endpoint,
             api_listen: a.api_listen,
             agent_listen: a.agent_listen,
@@ -127,6 +165,13 @@ pub struct LocalArgs {
     /// Passed to the controller.
     #[arg(long, env = "BALLAST_NODE_DOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub node_down_timeout: Duration,
+    /// Where the controller keeps state: `embedded` (a redb file under
+    /// --dir) or `kubernetes` (the API server of --kubeconfig; the CRDs and
+    /// the namespace are created if missing).
+    #[arg(long = "store", env = "BALLAST_LOCAL_STORE", default_value = "embedded", value_parser = ["embedded", "kubernetes"])]
+    pub store: String,
+    #[command(flatten)]
+    pub kubernetes: KubeArgs,
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -222,6 +267,9 @@ pub enum Command {
         /// The scenario (YAML).
         scenario: PathBuf,
     },
+    /// Print the CustomResourceDefinitions of ballast.csi.dev (YAML), as
+    /// deploy/crds/ holds them.
+    Crds,
 }
 
 #[cfg(test)]

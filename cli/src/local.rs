@@ -240,12 +240,21 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
 }
 
 fn controller_args(dir: &Path, ports: &Ports, args: &LocalArgs) -> Vec<String> {
-    let store = dir.join("controller").join("store.redb");
     let sock = dir.join("sockets").join("controller.sock");
-    vec![
+    let mut store = vec!["--store".to_string(), store_spec(dir, args)];
+    if args.store == "kubernetes" {
+        let k = &args.kubernetes;
+        store.extend([
+            "--namespace".into(),
+            k.namespace.clone(),
+            "--install-crds".into(),
+        ]);
+        if let Some(kubeconfig) = &k.kubeconfig {
+            store.extend(["--kubeconfig".into(), kubeconfig.display().to_string()]);
+        }
+    }
+    [
         "controller".into(),
-        "--store".into(),
-        format!("embedded:{}", store.display()),
         "--csi-endpoint".into(),
         format!("unix://{}", sock.display()),
         "--api-listen".into(),
@@ -255,6 +264,21 @@ fn controller_args(dir: &Path, ports: &Ports, args: &LocalArgs) -> Vec<String> {
         "--node-down-timeout".into(),
         humantime::format_duration(args.node_down_timeout).to_string(),
     ]
+    .into_iter()
+    .chain(store)
+    .collect()
+}
+
+/// The controller's `--store`: the redb file under `dir`, or kubernetes.
+fn store_spec(dir: &Path, args: &LocalArgs) -> String {
+    if args.store == "kubernetes" {
+        "kubernetes".into()
+    } else {
+        format!(
+            "embedded:{}",
+            dir.join("controller").join("store.redb").display()
+        )
+    }
 }
 
 /// Node `i`'s command line; makes its disk directories.
@@ -320,10 +344,17 @@ fn print_endpoints(dir: &Path, ports: &Ports, args: &LocalArgs, nodes: &[(String
     for (name, sock) in nodes {
         println!("  {name:<15} unix://{}", sock.display());
     }
-    println!(
-        "  store           {}",
-        dir.join("controller/store.redb").display()
-    );
+    if args.store == "kubernetes" {
+        println!(
+            "  store           kubernetes, namespace {} (kubectl get volumes.ballast.csi.dev -n {})",
+            args.kubernetes.namespace, args.kubernetes.namespace
+        );
+    } else {
+        println!(
+            "  store           {}",
+            dir.join("controller/store.redb").display()
+        );
+    }
     println!("  logs            {}", dir.join("logs").display());
     println!("Try: cargo run --bin ballastctl -- --api {api} node list");
     println!("Press Ctrl-C to stop.");

@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use ballast::guard::{KeyGuard, KeyedGuards};
 use ballast::model::Setting;
 use ballast::settings::Settings;
-use ballast::store::{Store, StoreExt};
+use ballast::store::Store;
 use chrono::{DateTime, Utc};
+use tokio::sync::watch;
 
 use crate::agents::{Agents, GrpcAgents};
 use crate::error::Error;
@@ -36,6 +37,27 @@ pub struct Context {
     pub agents: Arc<dyn Agents>,
     clock: Clock,
     names: Names,
+    /// Who leads: always this process on the embedded store; elected by a
+    /// Lease on Kubernetes.
+    leadership: watch::Receiver<Leadership>,
+}
+
+/// Who leads, as this controller knows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Leadership {
+    /// This controller leads: it plans, acts and serves every call itself.
+    pub leading: bool,
+    /// The leader's identity and agent endpoint, when one is known.
+    pub holder: Option<(String, String)>,
+}
+
+/// A process that always leads (one controller on its own store).
+fn always_leading() -> watch::Receiver<Leadership> {
+    watch::channel(Leadership {
+        leading: true,
+        holder: None,
+    })
+    .1
 }
 
 /// Where "now" comes from.
@@ -72,7 +94,30 @@ impl Context {
             agents: Arc::new(GrpcAgents),
             clock: Clock::System,
             names: Names::Random,
+            leadership: always_leading(),
         })
+    }
+
+    /// A context whose controller leads only while `leadership` says so.
+    pub fn elected(
+        store: Arc<dyn Store>,
+        node_down_timeout: Duration,
+        leadership: watch::Receiver<Leadership>,
+    ) -> Arc<Self> {
+        let mut ctx = Arc::into_inner(Self::new(store, node_down_timeout))
+            .expect("a new context has one owner");
+        ctx.leadership = leadership;
+        Arc::new(ctx)
+    }
+
+    /// Who leads now.
+    pub fn leadership(&self) -> Leadership {
+        self.leadership.borrow().clone()
+    }
+
+    /// Changes of leadership, to wait on.
+    pub fn leadership_changes(&self) -> watch::Receiver<Leadership> {
+        self.leadership.clone()
     }
 
     /// A context over a model: its store, its agents, its clock starting
@@ -89,6 +134,7 @@ impl Context {
             agents,
             clock: Clock::Manual(Mutex::new(now)),
             names: Names::Sequential(AtomicU64::new(0)),
+            leadership: always_leading(),
         })
     }
 
@@ -119,15 +165,15 @@ impl Context {
     }
 
     /// The effective settings: defaults overlaid with what the store holds.
-    pub fn settings(&self) -> Result<Settings, Error> {
-        let stored: Vec<Setting> = self.store.list()?;
+    pub async fn settings(&self) -> Result<Settings, Error> {
+        let stored: Vec<Setting> = self.store.list().await?;
         Ok(Settings::from_overrides(
             stored.iter().map(|s| (s.name.as_str(), s.value.as_str())),
         ))
     }
 
     /// Records an event on `kind/name`.
-    pub fn event(
+    pub async fn event(
         &self,
         kind: ballast::model::Kind,
         name: &str,
@@ -135,13 +181,15 @@ impl Context {
         message: impl Into<String>,
     ) {
         self.events
-            .record(self.store.as_ref(), self.now(), kind, name, reason, message);
+            .record(self.store.as_ref(), self.now(), kind, name, reason, message)
+            .await;
     }
 
     /// Records an event on `object` (`KIND/NAME`).
-    pub fn event_on(&self, object: &str, reason: &str, message: impl Into<String>) {
+    pub async fn event_on(&self, object: &str, reason: &str, message: impl Into<String>) {
         self.events
-            .record_on(self.store.as_ref(), self.now(), object, reason, message);
+            .record_on(self.store.as_ref(), self.now(), object, reason, message)
+            .await;
     }
 
     /// Takes the volume for one call, or says it is busy (409).

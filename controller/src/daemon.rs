@@ -14,6 +14,7 @@ use ballast::store::{RedbStore, Store};
 use tokio::sync::watch;
 
 use crate::context::Context;
+use crate::forward::{RoutedControlplane, Router};
 use crate::nodes::{ControlplaneService, run_liveness};
 
 /// Where the controller keeps its state.
@@ -40,9 +41,27 @@ impl std::str::FromStr for StoreSpec {
     }
 }
 
+/// How the controller reaches a cluster when the store is Kubernetes.
+#[derive(Clone, Debug, Default)]
+pub struct KubeOptions {
+    /// A kubeconfig file; None: in-cluster, else the usual places.
+    pub kubeconfig: Option<PathBuf>,
+    /// The namespace of Ballast's objects.
+    pub namespace: String,
+    /// Apply the CRDs (and create the namespace) at start, for a cluster
+    /// not installed from `deploy/` (e.g. `ballast local --store kubernetes`).
+    pub install_crds: bool,
+    /// How long the leader's Lease lasts unrenewed (0: the default, 15 s).
+    pub lease_duration: Duration,
+    /// The agent endpoint the other controllers forward calls to
+    /// (default: `http://` and `--agent-listen`).
+    pub advertise: Option<String>,
+}
+
 #[derive(Clone, Debug)]
 pub struct ControllerConfig {
     pub store: StoreSpec,
+    pub kubernetes: KubeOptions,
     pub csi_endpoint: String,
     pub api_listen: SocketAddr,
     pub agent_listen: SocketAddr,
@@ -50,14 +69,106 @@ pub struct ControllerConfig {
     pub node_down_timeout: Duration,
 }
 
-fn open_store(spec: &StoreSpec) -> Result<Arc<dyn Store>, ServeError> {
-    match spec {
-        StoreSpec::Embedded(path) => Ok(Arc::new(RedbStore::open(path)?)),
-        StoreSpec::Kubernetes => Err(ServeError::Config(
-            "the kubernetes store backend is not in this release; use --store embedded:<path>"
-                .into(),
-        )),
+/// The store, and the cluster's client when the store is Kubernetes.
+async fn open_store(
+    config: &ControllerConfig,
+) -> Result<(Arc<dyn Store>, Option<kube::Client>), ServeError> {
+    match &config.store {
+        StoreSpec::Embedded(path) => Ok((Arc::new(RedbStore::open(path)?), None)),
+        StoreSpec::Kubernetes => {
+            let k = &config.kubernetes;
+            let client = crate::kubernetes::client(k.kubeconfig.as_deref())
+                .await
+                .map_err(kube_failed)?;
+            if k.install_crds {
+                crate::kubernetes::install_crds(&client)
+                    .await
+                    .map_err(kube_failed)?;
+                crate::kubernetes::ensure_namespace(&client, &k.namespace)
+                    .await
+                    .map_err(kube_failed)?;
+            }
+            let store =
+                crate::kubernetes::KubeStore::connect(client.clone(), &k.namespace, &instance())
+                    .await
+                    .map_err(kube_failed)?;
+            Ok((Arc::new(store), Some(client)))
+        }
     }
+}
+
+fn kube_failed(e: crate::kubernetes::KubeError) -> ServeError {
+    ServeError::Config(e.to_string())
+}
+
+/// The context: on Kubernetes, this controller leads only while it holds
+/// the Lease, and the election runs from now on.
+fn context(
+    config: &ControllerConfig,
+    store: Arc<dyn Store>,
+    client: Option<kube::Client>,
+) -> Arc<Context> {
+    let Some(client) = client else {
+        return Context::new(store, config.node_down_timeout);
+    };
+    let k = &config.kubernetes;
+    let mut timing = crate::kubernetes::Timing::default();
+    if !k.lease_duration.is_zero() {
+        timing = crate::kubernetes::Timing {
+            duration: k.lease_duration,
+            renew_deadline: k.lease_duration * 2 / 3,
+            retry: (k.lease_duration / 7).max(Duration::from_millis(200)),
+        };
+    }
+    let endpoint = k
+        .advertise
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", config.agent_listen));
+    let elector =
+        crate::kubernetes::Elector::new(client, &k.namespace, &instance(), &endpoint, timing);
+    let ctx = Context::elected(store, config.node_down_timeout, elector.watch());
+    tokio::spawn(elector.run());
+    ctx
+}
+
+/// Runs the leader's work (liveness, the reconcile loop, scrubs, and on
+/// Kubernetes the sync of Kubernetes Nodes' facts) once this controller
+/// leads. A leader that loses the Lease exits: what it had in
+/// flight is the new leader's, and its restart starts as a follower.
+fn lead(ctx: Arc<Context>, resync_interval: Duration, client: Option<kube::Client>) {
+    tokio::spawn(async move {
+        let mut changes = ctx.leadership_changes();
+        if changes.wait_for(|l| l.leading).await.is_err() {
+            return;
+        }
+        tracing::info!("leading: planning and acting");
+        tokio::spawn(run_liveness(ctx.clone()));
+        tokio::spawn(crate::executor::run_reconcile(ctx.clone(), resync_interval));
+        tokio::spawn(crate::executor::run_scrub(ctx.clone(), resync_interval));
+        if let Some(client) = client {
+            tokio::spawn(crate::kubernetes::nodes::run_sync(
+                ctx.clone(),
+                client,
+                resync_interval,
+            ));
+        }
+        if changes.wait_for(|l| !l.leading).await.is_ok() {
+            tracing::error!("lost the lease to another controller; exiting");
+            std::process::exit(1);
+        }
+    });
+}
+
+/// This controller's name in events: the pod's (`POD_NAME`), else the host's.
+fn instance() -> String {
+    std::env::var("POD_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+            Some(host.trim().to_string()).filter(|h| !h.is_empty())
+        })
+        .unwrap_or_else(|| "ballast-controller".into())
 }
 
 async fn bind_tcp(
@@ -80,11 +191,12 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
             "--node-down-timeout must be more than 0".into(),
         ));
     }
-    let store = open_store(&config.store)?;
-    let ctx = Context::new(store, config.node_down_timeout);
     let socket = ballast::grpc::unix_path(&config.csi_endpoint)?;
     let api = bind_tcp("REST API", config.api_listen).await?;
     let agent = bind_tcp("agent endpoint", config.agent_listen).await?;
+    let (store, client) = open_store(&config).await?;
+    let ctx = context(&config, store, client.clone());
+    let router = Router::new(ctx.clone());
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let stopped = move || {
@@ -94,26 +206,28 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
         }
     };
     let ready = Arc::new(AtomicBool::new(false));
-    let csi = crate::csi::serve(socket.clone(), ctx.clone(), ready.clone(), stopped())?;
+    let csi = crate::csi::serve(
+        socket.clone(),
+        ctx.clone(),
+        router.clone(),
+        ready.clone(),
+        stopped(),
+    )?;
+    // The agent endpoint serves the agent protocol, and the CSI Controller
+    // service for the calls other controllers forward here.
     let agent_server = tonic::transport::Server::builder()
-        .add_service(ControlplaneServer::new(ControlplaneService::new(
-            ctx.clone(),
+        .add_service(ControlplaneServer::new(RoutedControlplane::new(
+            ControlplaneService::new(ctx.clone()),
+            router.clone(),
         )))
+        .add_service(crate::csi::routed(ctx.clone(), router))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(agent),
             stopped(),
         );
     let api_server =
         axum::serve(api, crate::api::router(ctx.clone())).with_graceful_shutdown(stopped());
-    let liveness = tokio::spawn(run_liveness(ctx.clone()));
-    let reconcile = tokio::spawn(crate::executor::run_reconcile(
-        ctx.clone(),
-        config.resync_interval,
-    ));
-    let scrub = tokio::spawn(crate::executor::run_scrub(
-        ctx.clone(),
-        config.resync_interval,
-    ));
+    lead(ctx.clone(), config.resync_interval, client);
 
     tracing::info!(
         store = ?config.store,
@@ -131,9 +245,6 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     let api_task = tokio::spawn(async move { api_server.await });
     ballast::grpc::shutdown_signal().await;
     let _ = stop_tx.send(true);
-    liveness.abort();
-    scrub.abort();
-    reconcile.abort();
     let (c, a, h) = tokio::join!(csi, agent_task, api_task);
     let _ = std::fs::remove_file(&socket);
     if let Ok(Err(e)) = c {

@@ -57,6 +57,10 @@ impl From<StoreError> for Error {
             StoreError::NotFound { kind, name } => Error::not_found(kind, name),
             e @ StoreError::AlreadyExists { .. } => Error::AlreadyExists(e.to_string()),
             e @ StoreError::Conflict { .. } => Error::Conflict(e.to_string()),
+            StoreError::Invalid { kind, name, reason } => Error::Invalid {
+                field: format!("{kind} {name}"),
+                message: reason,
+            },
             e => Error::Internal(e.to_string()),
         }
     }

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use ballast::model::{Event, Kind};
-use ballast::store::{Store, StoreExt};
+use ballast::store::Store;
 
 /// Events kept; older ones are pruned as new ones come.
 const KEEP: usize = 2000;
@@ -17,7 +17,7 @@ pub struct Recorder {
 impl Recorder {
     /// Records an event on `kind/name`. Failing to record is logged, never
     /// fatal: an event is a report, not state.
-    pub fn record(
+    pub async fn record(
         &self,
         store: &dyn Store,
         now: chrono::DateTime<chrono::Utc>,
@@ -32,11 +32,12 @@ impl Recorder {
             &format!("{}/{name}", kind.singular()),
             reason,
             message,
-        );
+        )
+        .await;
     }
 
     /// Records an event on `object` (`KIND/NAME`).
-    pub fn record_on(
+    pub async fn record_on(
         &self,
         store: &dyn Store,
         now: chrono::DateTime<chrono::Utc>,
@@ -60,22 +61,22 @@ impl Recorder {
             message,
             time: now,
         };
-        if let Err(e) = store.create(&event) {
+        if let Err(e) = store.create(&event).await {
             tracing::warn!(error = %e, "cannot record event");
             return;
         }
         if seq % 100 == 99 {
-            prune(store);
+            prune(store).await;
         }
     }
 }
 
-fn prune(store: &dyn Store) {
-    let Ok(all) = store.list_raw(Kind::Event) else {
+async fn prune(store: &dyn Store) {
+    let Ok(all) = store.list_raw(Kind::Event).await else {
         return;
     };
     let excess = all.len().saturating_sub(KEEP);
     for old in all.into_iter().take(excess) {
-        let _ = store.delete_raw(Kind::Event, &old.name, None);
+        let _ = store.delete_raw(Kind::Event, &old.name, None).await;
     }
 }

@@ -20,7 +20,6 @@
 use std::sync::Arc;
 
 use ballast::model::{Kind, Node, Replica, ReplicaMode, Robustness, Volume};
-use ballast::store::StoreExt;
 
 use crate::context::Context;
 use crate::error::Error;
@@ -42,7 +41,7 @@ pub fn current<'a>(volume: &Volume, replicas: &'a [Replica]) -> Vec<&'a Replica>
 /// latest data. Refused (FAILED_PRECONDITION) when the engine's generation
 /// is not the store's or the volume is not attached at its node.
 #[tracing::instrument(skip_all, fields(volume = %volume, node = %node, generation))]
-pub fn record(
+pub async fn record(
     ctx: &Context,
     volume: &str,
     node: &str,
@@ -56,7 +55,7 @@ pub fn record(
             "a replica set that holds the data is never empty",
         ));
     }
-    let known: Vec<Replica> = ctx.store.list()?;
+    let known: Vec<Replica> = ctx.store.list().await?;
     if let Some(stranger) = replicas.iter().find(|n| {
         !known
             .iter()
@@ -70,7 +69,12 @@ pub fn record(
     let mut set: Vec<String> = replicas.to_vec();
     set.sort();
     set.dedup();
-    let before = ctx.store.fetch::<Volume>(volume)?.status.current_replicas;
+    let before = ctx
+        .store
+        .fetch::<Volume>(volume)
+        .await?
+        .status
+        .current_replicas;
     let v = ctx.store.modify::<Volume, Error>(volume, |v| {
         if v.status.attached_node.as_deref() != Some(node) {
             return Err(Error::Unprocessable(format!(
@@ -92,15 +96,15 @@ pub fn record(
         v.status.generation += 1;
         v.status.current_replicas = set.clone();
         Ok(true)
-    })?;
+    }).await?;
     tracing::info!(generation = v.status.generation, replicas = ?set, reason, "replica set recorded");
-    announce(ctx, volume, v.status.generation, &before, &set, reason);
+    announce(ctx, volume, v.status.generation, &before, &set, reason).await;
     Ok(v.status.generation)
 }
 
 /// A new record: the replicas that left it are failed, and an event says
 /// who holds the latest data now, who did before, and why.
-fn announce(
+async fn announce(
     ctx: &Context,
     volume: &str,
     generation: u64,
@@ -108,7 +112,7 @@ fn announce(
     set: &[String],
     reason: &str,
 ) {
-    mark_left(ctx, before, set);
+    mark_left(ctx, before, set).await;
     let was = if before.is_empty() {
         "not recorded".to_string()
     } else {
@@ -127,23 +131,27 @@ fn announce(
             "generation {generation}: {} hold the latest data (was {was}){why}",
             set.join(", ")
         ),
-    );
+    )
+    .await;
 }
 
 /// Replicas that left the record hold older data: failed, from now on,
 /// whatever their last report said.
-fn mark_left(ctx: &Context, before: &[String], after: &[String]) {
+async fn mark_left(ctx: &Context, before: &[String], after: &[String]) {
     let now = ctx.now();
     for name in before.iter().filter(|n| !after.contains(n)) {
-        let _ = ctx.store.modify::<Replica, Error>(name, |r| {
-            if r.status.mode != Some(ReplicaMode::Rw) {
-                return Ok(false);
-            }
-            r.status.mode = Some(ReplicaMode::Err);
-            r.status.running = false;
-            r.spec.failed_at.get_or_insert(now);
-            Ok(true)
-        });
+        let _ = ctx
+            .store
+            .modify::<Replica, Error>(name, |r| {
+                if r.status.mode != Some(ReplicaMode::Rw) {
+                    return Ok(false);
+                }
+                r.status.mode = Some(ReplicaMode::Err);
+                r.status.running = false;
+                r.spec.failed_at.get_or_insert(now);
+                Ok(true)
+            })
+            .await;
     }
 }
 
@@ -164,22 +172,26 @@ pub struct Serving {
 }
 
 /// Marks the volume faulted, records why, and returns the refusal.
-pub fn fault(ctx: &Context, volume: &str, why: String) -> Error {
-    let _ = ctx.store.modify::<Volume, Error>(volume, |v| {
-        let changed = v.status.robustness != Robustness::Faulted;
-        v.status.robustness = Robustness::Faulted;
-        Ok(changed)
-    });
-    ctx.event(Kind::Volume, volume, "VolumeFaulted", why.clone());
+pub async fn fault(ctx: &Context, volume: &str, why: String) -> Error {
+    let _ = ctx
+        .store
+        .modify::<Volume, Error>(volume, |v| {
+            let changed = v.status.robustness != Robustness::Faulted;
+            v.status.robustness = Robustness::Faulted;
+            Ok(changed)
+        })
+        .await;
+    ctx.event(Kind::Volume, volume, "VolumeFaulted", why.clone())
+        .await;
     Error::Unprocessable(why)
 }
 
 /// The replicas an engine of `volume` may serve from: the current ones on
 /// ready nodes. When there is none, the volume is marked faulted and the
 /// error names where the latest data is.
-pub fn serving(ctx: &Context, volume: &Volume) -> Result<Serving, Error> {
-    let replicas: Vec<Replica> = ctx.store.list()?;
-    let nodes: Vec<Node> = ctx.store.list()?;
+pub async fn serving(ctx: &Context, volume: &Volume) -> Result<Serving, Error> {
+    let replicas: Vec<Replica> = ctx.store.list().await?;
+    let nodes: Vec<Node> = ctx.store.list().await?;
     let current = current(volume, &replicas);
     let mut reachable = Vec::new();
     let mut away = Vec::new();
@@ -204,7 +216,7 @@ pub fn serving(ctx: &Context, volume: &Volume) -> Result<Serving, Error> {
                 away.join(", ")
             )
         };
-        return Err(fault(ctx, &name, why));
+        return Err(fault(ctx, &name, why).await);
     }
     Ok(Serving {
         replicas: reachable,
@@ -226,7 +238,12 @@ pub fn initial(volume: &mut Volume, replicas: &[Replica]) {
 
 /// Adds a replica that now holds the latest data of a detached volume
 /// (an offline rebuild from a current source finished).
-pub fn add_current(ctx: &Context, volume: &str, replica: &str, reason: &str) -> Result<(), Error> {
+pub async fn add_current(
+    ctx: &Context,
+    volume: &str,
+    replica: &str,
+    reason: &str,
+) -> Result<(), Error> {
     change(ctx, volume, reason, |set| {
         if set.iter().any(|r| r == replica) {
             return false;
@@ -234,10 +251,11 @@ pub fn add_current(ctx: &Context, volume: &str, replica: &str, reason: &str) -> 
         set.push(replica.to_string());
         true
     })
+    .await
 }
 
 /// Takes a deleted replica out of the record (never the last one).
-pub fn remove_current(ctx: &Context, volume: &str, replica: &str) -> Result<(), Error> {
+pub async fn remove_current(ctx: &Context, volume: &str, replica: &str) -> Result<(), Error> {
     change(ctx, volume, &format!("{replica} deleted"), |set| match set
         .iter()
         .position(|r| r == replica)
@@ -248,36 +266,39 @@ pub fn remove_current(ctx: &Context, volume: &str, replica: &str) -> Result<(), 
         }
         _ => false,
     })
+    .await
 }
 
-fn change(
+async fn change(
     ctx: &Context,
     volume: &str,
     reason: &str,
-    mut f: impl FnMut(&mut Vec<String>) -> bool,
+    mut f: impl FnMut(&mut Vec<String>) -> bool + Send,
 ) -> Result<(), Error> {
     let mut changed = None;
     let mut before = Vec::new();
-    ctx.store.modify::<Volume, Error>(volume, |v| {
-        if v.status.generation == 0 {
-            return Ok(false); // not recorded yet: every replica counts
-        }
-        if v.status.attached_node.is_some() {
-            return Ok(false); // its engine keeps the record
-        }
-        before = v.status.current_replicas.clone();
-        let mut set = v.status.current_replicas.clone();
-        if !f(&mut set) {
-            return Ok(false);
-        }
-        set.sort();
-        v.status.generation += 1;
-        v.status.current_replicas = set.clone();
-        changed = Some((v.status.generation, set));
-        Ok(true)
-    })?;
+    ctx.store
+        .modify::<Volume, Error>(volume, |v| {
+            if v.status.generation == 0 {
+                return Ok(false); // not recorded yet: every replica counts
+            }
+            if v.status.attached_node.is_some() {
+                return Ok(false); // its engine keeps the record
+            }
+            before = v.status.current_replicas.clone();
+            let mut set = v.status.current_replicas.clone();
+            if !f(&mut set) {
+                return Ok(false);
+            }
+            set.sort();
+            v.status.generation += 1;
+            v.status.current_replicas = set.clone();
+            changed = Some((v.status.generation, set));
+            Ok(true)
+        })
+        .await?;
     if let Some((generation, set)) = changed {
-        announce(ctx, volume, generation, &before, &set, reason);
+        announce(ctx, volume, generation, &before, &set, reason).await;
     }
     Ok(())
 }
@@ -287,26 +308,26 @@ fn change(
 /// detached volume none of whose current replicas is on a ready node;
 /// `force` salvages even when one is (its data may be gone).
 #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]
-pub fn salvage(
+pub async fn salvage(
     ctx: &Arc<Context>,
     volume: &str,
     replica: &str,
     force: bool,
 ) -> Result<Volume, Error> {
-    let v: Volume = ctx.store.fetch(volume)?;
+    let v: Volume = ctx.store.fetch(volume).await?;
     if let Some(n) = &v.status.attached_node {
         return Err(Error::Conflict(format!(
             "volume {volume} is attached to {n}; detach it first"
         )));
     }
-    let replicas: Vec<Replica> = ctx.store.list()?;
+    let replicas: Vec<Replica> = ctx.store.list().await?;
     let chosen = replicas
         .iter()
         .find(|r| r.name == replica && r.spec.volume == volume)
         .ok_or_else(|| {
             Error::invalid("replica", format!("{replica} is not a replica of {volume}"))
         })?;
-    let nodes: Vec<Node> = ctx.store.list()?;
+    let nodes: Vec<Node> = ctx.store.list().await?;
     let ready = |node: &str| nodes.iter().any(|n| n.id == node && n.status.ready);
     if let Some(r) = current(&v, &replicas)
         .into_iter()
@@ -331,19 +352,24 @@ pub fn salvage(
         .map(|r| r.name.clone())
         .collect();
     let before = v.status.current_replicas.clone();
-    let v = ctx.store.modify::<Volume, Error>(volume, |v| {
-        v.status.generation += 1;
-        v.status.current_replicas = vec![replica.to_string()];
-        v.status.robustness = Robustness::Unknown;
-        Ok(true)
-    })?;
-    mark_left(ctx, &before, &v.status.current_replicas);
+    let v = ctx
+        .store
+        .modify::<Volume, Error>(volume, |v| {
+            v.status.generation += 1;
+            v.status.current_replicas = vec![replica.to_string()];
+            v.status.robustness = Robustness::Unknown;
+            Ok(true)
+        })
+        .await?;
+    mark_left(ctx, &before, &v.status.current_replicas).await;
     // The salvaged replica holds the data from now on.
-    ctx.store.modify::<Replica, Error>(replica, |r| {
-        r.status.mode = Some(ReplicaMode::Rw);
-        r.spec.failed_at = None;
-        Ok(true)
-    })?;
+    ctx.store
+        .modify::<Replica, Error>(replica, |r| {
+            r.status.mode = Some(ReplicaMode::Rw);
+            r.spec.failed_at = None;
+            Ok(true)
+        })
+        .await?;
     let message = format!(
         "salvaged from {replica} by an operator (generation {}): writes that only {} held are lost",
         v.status.generation,
@@ -354,6 +380,7 @@ pub fn salvage(
         }
     );
     tracing::warn!(%message, "volume salvaged");
-    ctx.event(Kind::Volume, volume, "VolumeSalvaged", message);
+    ctx.event(Kind::Volume, volume, "VolumeSalvaged", message)
+        .await;
     Ok(v)
 }

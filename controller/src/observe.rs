@@ -3,7 +3,7 @@
 //! it; `GET /v1/plan` shows the plan; the simulator plans on it too.
 
 use ballast::model::{Node, Replica, ReplicaMode, Volume};
-use ballast::store::{Store, StoreExt};
+use ballast::store::Store;
 
 use crate::error::Error;
 use crate::planner::{ClusterView, DiskView, NodeView, ReplicaView, VolumeView};
@@ -76,12 +76,12 @@ pub fn replica_view(r: &Replica) -> ReplicaView {
 }
 
 /// The whole view, from the store, sorted as the planner expects.
-pub fn cluster_view(store: &dyn Store) -> Result<ClusterView, Error> {
+pub async fn cluster_view(store: &dyn Store) -> Result<ClusterView, Error> {
     // The store lists by name, which is the order the planner wants.
     Ok(view_of(
-        &store.list::<Node>()?,
-        &store.list::<Volume>()?,
-        &store.list::<Replica>()?,
+        &store.list::<Node>().await?,
+        &store.list::<Volume>().await?,
+        &store.list::<Replica>().await?,
     ))
 }
 

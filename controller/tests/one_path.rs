@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use ballast::model::{Node, Replica, Volume};
-use ballast::store::{MemoryStore, Store, StoreExt};
+use ballast::store::{MemoryStore, Store};
 use ballast_controller::agents::GrpcAgents;
 use ballast_controller::context::Context;
 use ballast_controller::executor::carry_out;
@@ -17,26 +17,26 @@ use ballast_controller::observe::cluster_view;
 use ballast_controller::planner::{self, ActionKind};
 use ballast_controller::sim::{Scenario, Sim, Step};
 
-fn store_of(sim: &Sim) -> Arc<MemoryStore> {
-    let store = Arc::new(MemoryStore::default());
+async fn store_of(sim: &Sim) -> Arc<dyn Store> {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
     let (nodes, volumes, replicas) = sim.records();
     for n in &nodes {
-        store.create(n).unwrap();
+        store.create(n).await.unwrap();
     }
     for v in &volumes {
-        store.create(v).unwrap();
+        store.create(v).await.unwrap();
     }
     for r in &replicas {
-        store.create(r).unwrap();
+        store.create(r).await.unwrap();
     }
     store
 }
 
 /// Records without their store versions, to compare with the model's.
-fn unversioned(store: &dyn Store) -> (Vec<Node>, Vec<Volume>, Vec<Replica>) {
-    let mut nodes: Vec<Node> = store.list().unwrap();
-    let mut volumes: Vec<Volume> = store.list().unwrap();
-    let mut replicas: Vec<Replica> = store.list().unwrap();
+async fn unversioned(store: &dyn Store) -> (Vec<Node>, Vec<Volume>, Vec<Replica>) {
+    let mut nodes: Vec<Node> = store.list().await.unwrap();
+    let mut volumes: Vec<Volume> = store.list().await.unwrap();
+    let mut replicas: Vec<Replica> = store.list().await.unwrap();
     nodes.iter_mut().for_each(|n| n.resource_version = 0);
     volumes.iter_mut().for_each(|v| v.resource_version = 0);
     replicas.iter_mut().for_each(|r| r.resource_version = 0);
@@ -60,8 +60,8 @@ fn same_path_through(yaml: &str) {
     let mut record_only = 0;
     for tick in 0..60 {
         sim.observe();
-        let store = store_of(&sim);
-        let view = cluster_view(store.as_ref()).unwrap();
+        let store = rt.block_on(store_of(&sim));
+        let view = rt.block_on(cluster_view(store.as_ref())).unwrap();
         assert_eq!(view, sim.view(), "tick {tick}: the views differ");
         let plan = planner::plan(&view, &sim.settings(), sim.now);
         // The executor carries out the actions that touch records only,
@@ -80,7 +80,7 @@ fn same_path_through(yaml: &str) {
         let pending = sim.pending();
         assert_eq!(sim.tick(), plan, "tick {tick}: the plans differ");
         let (nodes, _, replicas) = sim.records();
-        let (stored_nodes, _, stored_replicas) = unversioned(store.as_ref());
+        let (stored_nodes, _, stored_replicas) = rt.block_on(unversioned(store.as_ref()));
         for n in &stored_nodes {
             let model = nodes.iter().find(|m| m.id == n.id).unwrap();
             // What SetNodeStatus sets (the disks' figures are the model

@@ -13,11 +13,12 @@ mod volume;
 
 pub use enums::*;
 pub use event::Event;
-pub use node::{DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus};
-pub use replica::{RebuildProgress, Replica, ReplicaSpec, ReplicaStatus};
-pub use setting::Setting;
+pub use node::{DiskSpec, DiskStatus, Node, NodeResource, NodeSpec, NodeStatus};
+pub use replica::{RebuildProgress, Replica, ReplicaResource, ReplicaSpec, ReplicaStatus};
+pub use setting::{Setting, SettingBody, SettingResource, SettingStatus};
 pub use volume::{
-    Condition, DEFAULT_STALE_REPLICA_TIMEOUT, MAX_VOLUME_SIZE, Volume, VolumeSpec, VolumeStatus,
+    Condition, DEFAULT_STALE_REPLICA_TIMEOUT, MAX_VOLUME_SIZE, Volume, VolumeResource, VolumeSpec,
+    VolumeStatus,
 };
 
 /// The kinds of object the store holds.

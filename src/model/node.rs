@@ -4,6 +4,8 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+use kube::CustomResource;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// A node that hosts replicas on its disks.
@@ -18,7 +20,32 @@ pub struct Node {
     pub status: NodeStatus,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// In Kubernetes, the spec of a `nodes.ballast.csi.dev` object, named as
+/// the Kubernetes Node it describes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, CustomResource, JsonSchema)]
+#[allow(clippy::duplicated_attributes)] // print columns repeat their types
+#[kube(
+    group = "ballast.csi.dev",
+    version = "v1alpha1",
+    namespaced,
+    kind = "Node",
+    root = "NodeResource",
+    status = "NodeStatus",
+    shortname = "bnode",
+    printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
+    printcolumn(name = "Zone", type_ = "string", json_path = ".spec.zone"),
+    printcolumn(
+        name = "Schedulable",
+        type_ = "boolean",
+        json_path = ".spec.allowScheduling"
+    ),
+    printcolumn(name = "Disks", type_ = "integer", json_path = ".status.diskCount"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeSpec {
     #[serde(default)]
@@ -38,7 +65,7 @@ fn yes() -> bool {
     true
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DiskSpec {
     pub path: String,
@@ -50,6 +77,7 @@ pub struct DiskSpec {
     pub eviction_requested: bool,
     /// Bytes kept free for other uses; not schedulable.
     #[serde(default, with = "crate::quantity::serde_size")]
+    #[schemars(schema_with = "crate::quantity::size_schema")]
     pub storage_reserved: u64,
 }
 
@@ -65,7 +93,7 @@ impl DiskSpec {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeStatus {
     #[serde(default)]
@@ -84,6 +112,9 @@ pub struct NodeStatus {
     pub last_heartbeat: Option<DateTime<Utc>>,
     #[serde(default)]
     pub disks: BTreeMap<String, DiskStatus>,
+    /// How many disks `disks` holds (a column of `kubectl get`).
+    #[serde(default)]
+    pub disk_count: u32,
     /// Where the controller reaches this node's agent.
     #[serde(default)]
     pub agent_endpoint: String,
@@ -95,7 +126,7 @@ pub struct NodeStatus {
     pub version: String,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DiskStatus {
     #[serde(default)]

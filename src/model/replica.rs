@@ -2,6 +2,8 @@
 //! and healthy times, rebuild attempts) and what its node reports.
 
 use chrono::{DateTime, Utc};
+use kube::CustomResource;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{DesiredState, ReplicaMode};
@@ -18,7 +20,27 @@ pub struct Replica {
     pub status: ReplicaStatus,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// In Kubernetes, the spec of a `replicas.ballast.csi.dev` object.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, CustomResource, JsonSchema)]
+#[allow(clippy::duplicated_attributes)] // print columns repeat their types
+#[kube(
+    group = "ballast.csi.dev",
+    version = "v1alpha1",
+    namespaced,
+    kind = "Replica",
+    root = "ReplicaResource",
+    status = "ReplicaStatus",
+    shortname = "brep",
+    printcolumn(name = "Volume", type_ = "string", json_path = ".spec.volume"),
+    printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeId"),
+    printcolumn(name = "Disk", type_ = "string", json_path = ".spec.diskId"),
+    printcolumn(name = "Mode", type_ = "string", json_path = ".status.mode"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplicaSpec {
     pub volume: String,
@@ -37,7 +59,7 @@ pub struct ReplicaSpec {
     pub healthy_at: Option<DateTime<Utc>>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplicaStatus {
     /// None until an engine has opened the replica.
@@ -52,7 +74,7 @@ pub struct ReplicaStatus {
     pub scrubbed_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RebuildProgress {
     pub done: u64,

@@ -1,6 +1,9 @@
 //! A stored setting: a name and its value (validated by the registry in
-//! the settings module).
+//! the settings module). In Kubernetes a Setting object holds its value at
+//! the top level, as `kubectl edit setting NAME` shows it.
 
+use kube::CustomResource;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// A setting value a user set (defaults are not stored).
@@ -11,4 +14,40 @@ pub struct Setting {
     #[serde(default)]
     pub resource_version: u64,
     pub value: String,
+}
+
+/// In Kubernetes, the body of a `settings.ballast.csi.dev` object: its
+/// value, beside the metadata. The API server checks the value against the
+/// setting's accepted values (rules made by the top-level `crd` module).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, CustomResource, JsonSchema)]
+#[allow(clippy::duplicated_attributes)] // print columns repeat their types
+#[kube(
+    group = "ballast.csi.dev",
+    version = "v1alpha1",
+    namespaced,
+    kind = "Setting",
+    root = "SettingResource",
+    status = "SettingStatus",
+    shortname = "bset",
+    no_spec,
+    printcolumn(name = "Value", type_ = "string", json_path = ".value"),
+    printcolumn(name = "Refused", type_ = "string", json_path = ".status.refused"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+pub struct SettingBody {
+    #[schemars(length(max = 256))]
+    pub value: String,
+}
+
+/// What the controller says of a Setting object's value.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SettingStatus {
+    /// Why the value is not in effect (the default is used instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }

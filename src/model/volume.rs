@@ -2,6 +2,8 @@
 //! controller records), with their defaults and the largest size.
 
 use chrono::{DateTime, Utc};
+use kube::CustomResource;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{
@@ -24,11 +26,41 @@ pub struct Volume {
     pub status: VolumeStatus,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// In Kubernetes, the spec of a `volumes.ballast.csi.dev` object.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, CustomResource, JsonSchema)]
+#[allow(clippy::duplicated_attributes)] // print columns repeat their types
+#[kube(
+    group = "ballast.csi.dev",
+    version = "v1alpha1",
+    namespaced,
+    kind = "Volume",
+    root = "VolumeResource",
+    status = "VolumeStatus",
+    shortname = "bvol",
+    printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
+    printcolumn(
+        name = "Robustness",
+        type_ = "string",
+        json_path = ".status.robustness"
+    ),
+    printcolumn(name = "Size", type_ = "integer", json_path = ".spec.size"),
+    printcolumn(
+        name = "Replicas",
+        type_ = "integer",
+        json_path = ".spec.numberOfReplicas"
+    ),
+    printcolumn(name = "Node", type_ = "string", json_path = ".status.attachedNode"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeSpec {
     /// Bytes.
     #[serde(with = "crate::quantity::serde_size")]
+    #[schemars(schema_with = "crate::quantity::size_schema")]
     pub size: u64,
     pub number_of_replicas: u32,
     /// None follows the setting `default-data-locality`.
@@ -98,7 +130,7 @@ impl VolumeSpec {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeStatus {
     pub state: VolumeState,
@@ -144,7 +176,7 @@ impl Default for VolumeStatus {
 }
 
 /// A named condition with a reason a person can read.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]

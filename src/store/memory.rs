@@ -66,8 +66,9 @@ impl MemoryStore {
     }
 }
 
+#[async_trait::async_trait]
 impl Store for MemoryStore {
-    fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Raw>, StoreError> {
+    async fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Raw>, StoreError> {
         let s = self.state.lock().map_err(|_| poisoned())?;
         Ok(s.objects
             .get(&(kind, name.to_string()))
@@ -78,7 +79,7 @@ impl Store for MemoryStore {
             }))
     }
 
-    fn list_raw(&self, kind: Kind) -> Result<Vec<Raw>, StoreError> {
+    async fn list_raw(&self, kind: Kind) -> Result<Vec<Raw>, StoreError> {
         let s = self.state.lock().map_err(|_| poisoned())?;
         Ok(s.objects
             .range((kind, String::new())..)
@@ -91,7 +92,7 @@ impl Store for MemoryStore {
             .collect())
     }
 
-    fn create_raw(&self, kind: Kind, name: &str, value: &Value) -> Result<u64, StoreError> {
+    async fn create_raw(&self, kind: Kind, name: &str, value: &Value) -> Result<u64, StoreError> {
         self.write(|s, next| {
             let key = (kind, name.to_string());
             if s.objects.contains_key(&key) {
@@ -105,7 +106,7 @@ impl Store for MemoryStore {
         })
     }
 
-    fn update_raw(
+    async fn update_raw(
         &self,
         kind: Kind,
         name: &str,
@@ -121,7 +122,12 @@ impl Store for MemoryStore {
         })
     }
 
-    fn delete_raw(&self, kind: Kind, name: &str, expected: Option<u64>) -> Result<(), StoreError> {
+    async fn delete_raw(
+        &self,
+        kind: Kind,
+        name: &str,
+        expected: Option<u64>,
+    ) -> Result<(), StoreError> {
         self.write(|s, next| {
             let actual = Self::version(s, kind, name)?;
             check_version(kind, name, expected, actual)?;
@@ -143,23 +149,23 @@ mod tests {
     use super::MemoryStore;
     use crate::store::contract;
 
-    #[test]
-    fn contract_crud() {
-        contract::crud(&MemoryStore::default());
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn contract_crud() {
+        contract::crud(&MemoryStore::default()).await;
     }
 
-    #[test]
-    fn contract_conflicts() {
-        contract::conflicts(&MemoryStore::default());
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn contract_conflicts() {
+        contract::conflicts(&MemoryStore::default()).await;
     }
 
-    #[test]
-    fn contract_concurrent_writers() {
-        contract::concurrent_writers(Arc::new(MemoryStore::default()));
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn contract_concurrent_writers() {
+        contract::concurrent_writers(Arc::new(MemoryStore::default())).await;
     }
 
-    #[test]
-    fn contract_subscriptions() {
-        contract::subscriptions(&MemoryStore::default());
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn contract_subscriptions() {
+        contract::subscriptions(&MemoryStore::default()).await;
     }
 }

@@ -7,6 +7,8 @@
 //! simulator's); the Kubernetes backend comes later and must pass the same
 //! [`contract`] suite.
 
+use std::time::Duration;
+
 use serde_json::Value;
 use tokio::sync::broadcast;
 
@@ -46,6 +48,14 @@ pub enum StoreError {
         name: String,
         reason: String,
     },
+    /// The backend refused the object itself (the Kubernetes API server,
+    /// by a CRD's schema): the message names the field and what it accepts.
+    #[error("{kind} {name:?} is refused: {reason}")]
+    Invalid {
+        kind: Kind,
+        name: String,
+        reason: String,
+    },
     #[error("store backend: {0}")]
     Backend(String),
 }
@@ -78,7 +88,7 @@ pub struct Change {
 }
 
 impl Change {
-    pub(crate) fn new(kind: Kind, name: &str, op: ChangeOp, revision: u64) -> Change {
+    pub fn new(kind: Kind, name: &str, op: ChangeOp, revision: u64) -> Change {
         Change {
             kind,
             name: name.to_string(),
@@ -107,16 +117,18 @@ pub(crate) fn check_version(
     }
 }
 
-/// A backend of the store. Methods are synchronous and short; resource
-/// versions are drawn from one store-wide, strictly increasing revision.
+/// A backend of the store. Methods are async: a backend may be a network
+/// service (the Kubernetes API server). Resource versions are drawn from
+/// one store-wide, strictly increasing revision.
+#[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
-    fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Raw>, StoreError>;
+    async fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Raw>, StoreError>;
     /// Every object of a kind, ordered by name.
-    fn list_raw(&self, kind: Kind) -> Result<Vec<Raw>, StoreError>;
+    async fn list_raw(&self, kind: Kind) -> Result<Vec<Raw>, StoreError>;
     /// Creates an object; fails with AlreadyExists. Returns its version.
-    fn create_raw(&self, kind: Kind, name: &str, value: &Value) -> Result<u64, StoreError>;
+    async fn create_raw(&self, kind: Kind, name: &str, value: &Value) -> Result<u64, StoreError>;
     /// Replaces an object if its version is still `expected`.
-    fn update_raw(
+    async fn update_raw(
         &self,
         kind: Kind,
         name: &str,
@@ -124,7 +136,12 @@ pub trait Store: Send + Sync + 'static {
         expected: u64,
     ) -> Result<u64, StoreError>;
     /// Deletes an object, checking its version when `expected` is given.
-    fn delete_raw(&self, kind: Kind, name: &str, expected: Option<u64>) -> Result<(), StoreError>;
+    async fn delete_raw(
+        &self,
+        kind: Kind,
+        name: &str,
+        expected: Option<u64>,
+    ) -> Result<(), StoreError>;
     /// Changes committed from now on. A receiver that lags is told so by
     /// the channel and should re-list.
     fn subscribe(&self) -> broadcast::Receiver<Change>;
@@ -149,70 +166,85 @@ fn encode<T: Object>(obj: &T) -> Result<Value, StoreError> {
     Ok(v)
 }
 
-/// How many times [`StoreExt::modify`] re-reads after a conflict.
+/// How many times `modify` re-reads after a conflict.
 const MODIFY_ATTEMPTS: usize = 64;
 
-/// Typed access on top of any [`Store`].
-pub trait StoreExt: Store {
-    fn get<T: Object>(&self, name: &str) -> Result<Option<T>, StoreError> {
-        self.get_raw(T::KIND, name)?.map(decode).transpose()
+/// Typed access on top of any [`Store`] (inherent methods of `dyn Store`,
+/// so that their futures are plainly `Send`).
+impl dyn Store {
+    pub async fn get<T: Object>(&self, name: &str) -> Result<Option<T>, StoreError> {
+        self.get_raw(T::KIND, name).await?.map(decode).transpose()
     }
 
     /// Like `get`, but a missing object is NotFound.
-    fn fetch<T: Object>(&self, name: &str) -> Result<T, StoreError> {
-        self.get(name)?.ok_or_else(|| StoreError::NotFound {
+    pub async fn fetch<T: Object>(&self, name: &str) -> Result<T, StoreError> {
+        self.get(name).await?.ok_or_else(|| StoreError::NotFound {
             kind: T::KIND,
             name: name.to_string(),
         })
     }
 
-    fn list<T: Object>(&self) -> Result<Vec<T>, StoreError> {
-        self.list_raw(T::KIND)?.into_iter().map(decode).collect()
+    pub async fn list<T: Object>(&self) -> Result<Vec<T>, StoreError> {
+        self.list_raw(T::KIND)
+            .await?
+            .into_iter()
+            .map(decode)
+            .collect()
     }
 
     /// Creates `obj` and returns it with its version.
-    fn create<T: Object>(&self, obj: &T) -> Result<T, StoreError> {
-        let v = self.create_raw(T::KIND, obj.name(), &encode(obj)?)?;
+    pub async fn create<T: Object>(&self, obj: &T) -> Result<T, StoreError> {
+        let v = self.create_raw(T::KIND, obj.name(), &encode(obj)?).await?;
         let mut out = obj.clone();
         out.set_resource_version(v);
         Ok(out)
     }
 
     /// Writes `obj` if nobody changed it since it was read.
-    fn update<T: Object>(&self, obj: &T) -> Result<T, StoreError> {
-        let v = self.update_raw(T::KIND, obj.name(), &encode(obj)?, obj.resource_version())?;
+    pub async fn update<T: Object>(&self, obj: &T) -> Result<T, StoreError> {
+        let v = self
+            .update_raw(T::KIND, obj.name(), &encode(obj)?, obj.resource_version())
+            .await?;
         let mut out = obj.clone();
         out.set_resource_version(v);
         Ok(out)
     }
 
-    fn delete<T: Object>(&self, name: &str, expected: Option<u64>) -> Result<(), StoreError> {
-        self.delete_raw(T::KIND, name, expected)
+    pub async fn delete<T: Object>(
+        &self,
+        name: &str,
+        expected: Option<u64>,
+    ) -> Result<(), StoreError> {
+        self.delete_raw(T::KIND, name, expected).await
     }
 
     /// Read-modify-write with retries on conflict. `f` may be called
     /// several times; it returns Ok(false) to write nothing.
-    fn modify<T: Object, E: From<StoreError>>(
+    pub async fn modify<T: Object, E: From<StoreError>>(
         &self,
         name: &str,
-        mut f: impl FnMut(&mut T) -> Result<bool, E>,
+        mut f: impl FnMut(&mut T) -> Result<bool, E> + Send,
     ) -> Result<T, E> {
         let mut last = None;
+        let mut attempt: u64 = 0;
         for _ in 0..MODIFY_ATTEMPTS {
-            let mut obj: T = self.fetch(name)?;
+            let mut obj: T = self.fetch(name).await?;
             if !f(&mut obj)? {
                 return Ok(obj);
             }
-            match self.update(&obj) {
+            match self.update(&obj).await {
                 Ok(o) => return Ok(o),
                 Err(e @ StoreError::Conflict { .. }) => last = Some(e),
                 Err(e) => return Err(e.into()),
             }
+            // Let the writer that won finish (and a watch-fed backend see
+            // its write) before reading again; longer as conflicts repeat.
+            attempt += 1;
+            let pause = Duration::from_millis((attempt * attempt).min(50));
+            tokio::time::sleep(pause).await;
         }
         Err(last
             .unwrap_or_else(|| StoreError::Backend("modify gave up".into()))
             .into())
     }
 }
-
-impl<S: Store + ?Sized> StoreExt for S {}

@@ -148,15 +148,16 @@ fn version_of(kind: Kind, name: &str, bytes: &[u8]) -> Result<u64, StoreError> {
     Ok(unpack(kind, name, bytes)?.resource_version)
 }
 
+#[async_trait::async_trait]
 impl Store for RedbStore {
-    fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Raw>, StoreError> {
+    async fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Raw>, StoreError> {
         let txn = self.db.begin_read().map_err(backend)?;
         let t = txn.open_table(table(kind)).map_err(backend)?;
         let found = t.get(name).map_err(backend)?;
         found.map(|g| unpack(kind, name, g.value())).transpose()
     }
 
-    fn list_raw(&self, kind: Kind) -> Result<Vec<Raw>, StoreError> {
+    async fn list_raw(&self, kind: Kind) -> Result<Vec<Raw>, StoreError> {
         let txn = self.db.begin_read().map_err(backend)?;
         let t = txn.open_table(table(kind)).map_err(backend)?;
         let mut out = Vec::new();
@@ -167,7 +168,7 @@ impl Store for RedbStore {
         Ok(out)
     }
 
-    fn create_raw(&self, kind: Kind, name: &str, value: &Value) -> Result<u64, StoreError> {
+    async fn create_raw(&self, kind: Kind, name: &str, value: &Value) -> Result<u64, StoreError> {
         self.write(kind, |t, next| {
             if t.get(name).map_err(backend)?.is_some() {
                 return Err(StoreError::AlreadyExists {
@@ -182,7 +183,7 @@ impl Store for RedbStore {
         })
     }
 
-    fn update_raw(
+    async fn update_raw(
         &self,
         kind: Kind,
         name: &str,
@@ -199,7 +200,12 @@ impl Store for RedbStore {
         })
     }
 
-    fn delete_raw(&self, kind: Kind, name: &str, expected: Option<u64>) -> Result<(), StoreError> {
+    async fn delete_raw(
+        &self,
+        kind: Kind,
+        name: &str,
+        expected: Option<u64>,
+    ) -> Result<(), StoreError> {
         self.write(kind, |t, next| {
             let actual = stored_version(t, kind, name)?;
             check_version(kind, name, expected, actual)?;
@@ -231,32 +237,33 @@ mod tests {
         (dir, store)
     }
 
-    #[test]
-    fn contract_crud() {
-        contract::crud(&fresh().1);
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn contract_crud() {
+        contract::crud(&fresh().1).await;
     }
 
-    #[test]
-    fn contract_conflicts() {
-        contract::conflicts(&fresh().1);
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn contract_conflicts() {
+        contract::conflicts(&fresh().1).await;
     }
 
-    #[test]
-    fn contract_concurrent_writers() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn contract_concurrent_writers() {
         let (_dir, store) = fresh();
-        contract::concurrent_writers(Arc::new(store));
+        contract::concurrent_writers(Arc::new(store)).await;
     }
 
-    #[test]
-    fn contract_subscriptions() {
-        contract::subscriptions(&fresh().1);
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn contract_subscriptions() {
+        contract::subscriptions(&fresh().1).await;
     }
 
-    #[test]
-    fn contract_persists_across_reopen() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn contract_persists_across_reopen() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.redb");
-        contract::persists(|| RedbStore::open(&path).unwrap());
+        contract::persists(async || Box::new(RedbStore::open(&path).unwrap()) as Box<dyn Store>)
+            .await;
     }
 
     #[test]
@@ -281,11 +288,18 @@ mod tests {
         };
         let ready = std::env::var("BALLAST_CRASH_CHILD_READY").unwrap();
         let store = RedbStore::open(&path).unwrap();
-        contract::crash_writer_loop(&store, std::path::Path::new(&ready));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(contract::crash_writer_loop(
+            &store,
+            std::path::Path::new(&ready),
+        ));
     }
 
-    #[test]
-    fn contract_sigkill_mid_write_leaves_no_torn_object() {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn contract_sigkill_mid_write_leaves_no_torn_object() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.redb");
         for round in 0..3 {
@@ -314,7 +328,7 @@ mod tests {
             child.wait().unwrap();
 
             let store = RedbStore::open(&path).expect("reopens after SIGKILL");
-            let n = contract::verify_no_torn_objects(&store);
+            let n = contract::verify_no_torn_objects(&store).await;
             assert!(n > 0, "the child wrote records before it died");
         }
     }

@@ -8,6 +8,7 @@ mod common;
 mod harness;
 
 mod disk_loss;
+mod leader;
 mod orphans;
 mod safety;
 mod seed000_auto_balance;

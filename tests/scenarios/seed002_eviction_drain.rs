@@ -1,5 +1,7 @@
 //! Seed 002: node drain policies and automatic eviction on cordon. Cordon
-//! and uncordon go through `PATCH /v1/nodes/{id}` (`cordoned`).
+//! and uncordon go through `PATCH /v1/nodes/{id}` (`cordoned`), or, on the
+//! Kubernetes store, as `kubectl cordon` makes them: a patch of the
+//! Kubernetes Node's `spec.unschedulable`.
 
 use std::time::Duration;
 
@@ -22,7 +24,26 @@ fn robustness(c: &Cluster, volume: &str) -> String {
 
 #[test]
 fn block_for_eviction_moves_the_replica_off_a_cordoned_node_before_the_drain_completes() {
-    let c = Cluster::start(3, 1);
+    block_for_eviction(&Cluster::start(3, 1), &cordon);
+}
+
+/// The same drain on the Kubernetes store: the nodes are Kubernetes Nodes
+/// too, and the cordon is a patch of the Node.
+#[test]
+fn block_for_eviction_follows_a_kubectl_cordon_of_the_kubernetes_node() {
+    let k = crate::leader::KubeCluster::start(3);
+    // The Node's zone label is the node's zone.
+    wait_for(SETTLE, "zones from the Nodes' labels", || {
+        (1..=3)
+            .all(|i| k.c.node(&format!("node-{i}"))["spec"]["zone"] == format!("kube-zone-{i}"))
+            .then_some(())
+    });
+    block_for_eviction(&k.c, &|_: &Cluster, node: &str, on: bool| {
+        k.cordon(node, on)
+    });
+}
+
+fn block_for_eviction(c: &Cluster, cordon: &dyn Fn(&Cluster, &str, bool)) {
     c.set("node-drain-policy", json!("block-for-eviction"));
     c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 2}));
     let h = c.holders("vol");
@@ -34,12 +55,12 @@ fn block_for_eviction_moves_the_replica_off_a_cordoned_node_before_the_drain_com
         .as_str()
         .unwrap()
         .to_string();
-    cordon(&c, &drained, true);
+    cordon(c, &drained, true);
     // While the drain goes on: never degraded, autoEvicting, evictionRequested.
     let (mut saw_evicting, mut saw_requested) = (false, false);
     wait_for(SETTLE, "the drain to complete", || {
         assert_ne!(
-            robustness(&c, "vol"),
+            robustness(c, "vol"),
             "degraded",
             "the volume degraded during the drain"
         );
@@ -57,7 +78,7 @@ fn block_for_eviction_moves_the_replica_off_a_cordoned_node_before_the_drain_com
     });
     assert!(saw_evicting, "autoEvicting was never true");
     assert!(saw_requested, "evictionRequested was never true");
-    cordon(&c, &drained, false);
+    cordon(c, &drained, false);
     wait_for(SETTLE, "autoEvicting off", || {
         (c.node(&drained)["status"]["autoEvicting"] == false).then_some(())
     });
@@ -72,7 +93,7 @@ fn block_for_eviction_moves_the_replica_off_a_cordoned_node_before_the_drain_com
             .contains(&"EvictionAutomatic".to_string())
     );
     verify_data(c.dir.path(), &endpoint, &data);
-    verify_replicas(&c, "vol", &data);
+    verify_replicas(c, "vol", &data);
 }
 
 #[test]

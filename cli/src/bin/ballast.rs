@@ -39,6 +39,18 @@ fn main() -> ExitCode {
     if let Command::Sim { scenario } = &cli.command {
         return sim(scenario);
     }
+    if let Command::Crds = &cli.command {
+        return match ballast::crd::crds_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     ballast::logging::init(cli.log_format == LogFormat::Json);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
@@ -58,7 +70,7 @@ fn main() -> ExitCode {
                 .await
                 .map_err(|e| failed(e.to_string())),
             Command::Local(a) => ballast_cli::local::run(a).await.map_err(failed),
-            Command::Sim { .. } => Ok(()),
+            Command::Sim { .. } | Command::Crds => Ok(()),
             // The node agent reads the engine's exit status.
             Command::Engine(a) => ballast_cli::engine::run(a)
                 .await

@@ -28,6 +28,11 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(args: &[String], log: PathBuf) -> Proc {
+        Proc::spawn_env(args, log, &[])
+    }
+
+    /// Like `spawn`, with environment variables set.
+    pub fn spawn_env(args: &[String], log: PathBuf, env: &[(&str, &str)]) -> Proc {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -38,6 +43,7 @@ impl Proc {
         // (a node's engine processes outlive the node by design).
         let child = Command::new(BALLAST)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out.try_clone().unwrap())
             .stderr(out)
@@ -136,7 +142,7 @@ impl ControllerProc {
     }
 }
 
-fn wait_api(api: &str, proc: &Proc) {
+pub fn wait_api(api: &str, proc: &Proc) {
     let end = Instant::now() + Duration::from_secs(30);
     while get_json(&format!("{api}/healthz")).is_none() {
         assert!(

@@ -9,7 +9,6 @@ use axum::extract::State;
 use axum::http::{StatusCode, Uri, header};
 use axum::response::IntoResponse;
 use ballast::model::{Node, Replica, Volume};
-use ballast::store::StoreExt;
 use serde_json::{Value, json};
 
 use super::ROUTES;
@@ -18,14 +17,14 @@ use crate::error::Error;
 
 pub async fn healthz(State(ctx): State<Arc<Context>>) -> Result<Json<Value>, Error> {
     // A store that cannot be read is not healthy.
-    ctx.store.list_raw(ballast::model::Kind::Setting)?;
+    ctx.store.list_raw(ballast::model::Kind::Setting).await?;
     Ok(Json(json!({ "status": "ok", "version": ballast::VERSION })))
 }
 
 pub async fn metrics(State(ctx): State<Arc<Context>>) -> Result<impl IntoResponse, Error> {
-    let nodes: Vec<Node> = ctx.store.list()?;
-    let volumes: Vec<Volume> = ctx.store.list()?;
-    let replicas: Vec<Replica> = ctx.store.list()?;
+    let nodes: Vec<Node> = ctx.store.list().await?;
+    let volumes: Vec<Volume> = ctx.store.list().await?;
+    let replicas: Vec<Replica> = ctx.store.list().await?;
     let mut out = String::new();
     let ready = nodes.iter().filter(|n| n.status.ready).count();
     let _ = writeln!(

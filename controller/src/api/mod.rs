@@ -15,9 +15,11 @@ mod volumes;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::State;
 use axum::routing::{get, patch};
 
 use crate::context::Context;
+use crate::error::Error;
 
 pub use meta::openapi;
 
@@ -161,7 +163,34 @@ pub fn router(ctx: Arc<Context>) -> Router {
         .route("/v1/events", get(objects::list_events))
         .route("/v1/plan", get(plan::get))
         .fallback(meta::no_route)
+        .layer(axum::middleware::from_fn_with_state(
+            ctx.clone(),
+            leader_writes,
+        ))
         .with_state(ctx)
+}
+
+/// Only the leader changes anything: a follower (another controller on the
+/// same cluster) serves reads from its watch cache and answers a write 503,
+/// naming the leader to send it to.
+async fn leader_writes(
+    State(ctx): State<Arc<Context>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let leadership = ctx.leadership();
+    if leadership.leading || request.method() == axum::http::Method::GET {
+        return next.run(request).await;
+    }
+    let leader = match leadership.holder {
+        Some((id, endpoint)) => format!("the leader is {id} (agent endpoint {endpoint})"),
+        None => "no controller leads yet".to_string(),
+    };
+    Error::Unavailable(format!(
+        "this controller is not the leader; {leader}; send changes to the leader's REST API"
+    ))
+    .into_response()
 }
 
 #[cfg(test)]

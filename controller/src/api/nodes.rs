@@ -6,7 +6,6 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use ballast::model::{Kind, Node};
-use ballast::store::StoreExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -15,7 +14,7 @@ use crate::context::Context;
 use crate::error::Error;
 
 pub async fn list(State(ctx): State<Arc<Context>>) -> Result<Json<Value>, Error> {
-    let items: Vec<Node> = ctx.store.list()?;
+    let items: Vec<Node> = ctx.store.list().await?;
     Ok(Json(json!({ "items": items })))
 }
 
@@ -23,7 +22,7 @@ pub async fn get_one(
     State(ctx): State<Arc<Context>>,
     Path(id): Path<String>,
 ) -> Result<Json<Node>, Error> {
-    Ok(Json(ctx.store.fetch(&id)?))
+    Ok(Json(ctx.store.fetch(&id).await?))
 }
 
 #[derive(Debug, Deserialize)]
@@ -66,33 +65,37 @@ pub async fn patch(
         check_tags("tags", tags)?;
     }
     let mut notes = Vec::new();
-    let node = ctx.store.modify::<Node, Error>(&id, |n| {
-        check_version("node", &id, n.resource_version, p.resource_version)?;
-        notes.clear();
-        if let Some(v) = p.allow_scheduling {
-            n.spec.allow_scheduling = v;
-            notes.push(format!("allowScheduling={v}"));
-        }
-        if let Some(v) = p.eviction_requested {
-            n.spec.eviction_requested = v;
-            notes.push(format!("evictionRequested={v}"));
-        }
-        if let Some(z) = &p.zone {
-            n.spec.zone = z.clone();
-            notes.push(format!("zone={z}"));
-        }
-        if let Some(t) = &p.tags {
-            n.spec.tags = t.clone();
-            notes.push(format!("tags={}", t.join(",")));
-        }
-        if let Some(c) = p.cordoned {
-            n.status.cordoned = c;
-            notes.push(format!("cordoned={c}"));
-        }
-        Ok(!notes.is_empty())
-    })?;
+    let node = ctx
+        .store
+        .modify::<Node, Error>(&id, |n| {
+            check_version("node", &id, n.resource_version, p.resource_version)?;
+            notes.clear();
+            if let Some(v) = p.allow_scheduling {
+                n.spec.allow_scheduling = v;
+                notes.push(format!("allowScheduling={v}"));
+            }
+            if let Some(v) = p.eviction_requested {
+                n.spec.eviction_requested = v;
+                notes.push(format!("evictionRequested={v}"));
+            }
+            if let Some(z) = &p.zone {
+                n.spec.zone = z.clone();
+                notes.push(format!("zone={z}"));
+            }
+            if let Some(t) = &p.tags {
+                n.spec.tags = t.clone();
+                notes.push(format!("tags={}", t.join(",")));
+            }
+            if let Some(c) = p.cordoned {
+                n.status.cordoned = c;
+                notes.push(format!("cordoned={c}"));
+            }
+            Ok(!notes.is_empty())
+        })
+        .await?;
     if !notes.is_empty() {
-        ctx.event(Kind::Node, &id, "NodeUpdated", notes.join(" "));
+        ctx.event(Kind::Node, &id, "NodeUpdated", notes.join(" "))
+            .await;
     }
     Ok(Json(node))
 }
@@ -120,48 +123,52 @@ pub async fn patch_disk(
         check_tags("tags", tags)?;
     }
     let mut notes = Vec::new();
-    let node = ctx.store.modify::<Node, Error>(&id, |n| {
-        notes.clear();
-        let maximum = n.status.disks.get(&disk_id).map(|d| d.storage_maximum);
-        let disk = n
-            .spec
-            .disks
-            .get_mut(&disk_id)
-            .ok_or_else(|| Error::NotFound {
-                kind: "disk".into(),
-                name: format!("{id}/{disk_id}"),
-            })?;
-        if let Some(v) = p.allow_scheduling {
-            disk.allow_scheduling = v;
-            notes.push(format!("allowScheduling={v}"));
-        }
-        if let Some(v) = p.eviction_requested {
-            disk.eviction_requested = v;
-            notes.push(format!("evictionRequested={v}"));
-        }
-        if let Some(r) = p.storage_reserved {
-            if let Some(max) = maximum.filter(|m| *m > 0 && r > *m) {
-                return Err(Error::invalid(
-                    "storageReserved",
-                    format!("{r} bytes is more than the disk's {max} bytes"),
-                ));
+    let node = ctx
+        .store
+        .modify::<Node, Error>(&id, |n| {
+            notes.clear();
+            let maximum = n.status.disks.get(&disk_id).map(|d| d.storage_maximum);
+            let disk = n
+                .spec
+                .disks
+                .get_mut(&disk_id)
+                .ok_or_else(|| Error::NotFound {
+                    kind: "disk".into(),
+                    name: format!("{id}/{disk_id}"),
+                })?;
+            if let Some(v) = p.allow_scheduling {
+                disk.allow_scheduling = v;
+                notes.push(format!("allowScheduling={v}"));
             }
-            disk.storage_reserved = r;
-            notes.push(format!("storageReserved={r}"));
-        }
-        if let Some(t) = &p.tags {
-            disk.tags = t.clone();
-            notes.push(format!("tags={}", t.join(",")));
-        }
-        Ok(!notes.is_empty())
-    })?;
+            if let Some(v) = p.eviction_requested {
+                disk.eviction_requested = v;
+                notes.push(format!("evictionRequested={v}"));
+            }
+            if let Some(r) = p.storage_reserved {
+                if let Some(max) = maximum.filter(|m| *m > 0 && r > *m) {
+                    return Err(Error::invalid(
+                        "storageReserved",
+                        format!("{r} bytes is more than the disk's {max} bytes"),
+                    ));
+                }
+                disk.storage_reserved = r;
+                notes.push(format!("storageReserved={r}"));
+            }
+            if let Some(t) = &p.tags {
+                disk.tags = t.clone();
+                notes.push(format!("tags={}", t.join(",")));
+            }
+            Ok(!notes.is_empty())
+        })
+        .await?;
     if !notes.is_empty() {
         ctx.event(
             Kind::Node,
             &id,
             "DiskUpdated",
             format!("disk {disk_id}: {}", notes.join(" ")),
-        );
+        )
+        .await;
     }
     Ok(Json(node))
 }

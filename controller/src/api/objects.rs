@@ -6,7 +6,6 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use ballast::model::{Event, Replica};
-use ballast::store::StoreExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -27,7 +26,8 @@ pub async fn list_replicas(
 ) -> Result<Json<Value>, Error> {
     let items: Vec<Replica> = ctx
         .store
-        .list::<Replica>()?
+        .list::<Replica>()
+        .await?
         .into_iter()
         .filter(|r| f.volume.as_ref().is_none_or(|v| &r.spec.volume == v))
         .filter(|r| f.node.as_ref().is_none_or(|n| &r.spec.node_id == n))
@@ -66,7 +66,8 @@ pub async fn list_events(
 ) -> Result<Json<Value>, Error> {
     let items: Vec<Event> = ctx
         .store
-        .list::<Event>()?
+        .list::<Event>()
+        .await?
         .into_iter()
         .filter(|e| f.object.as_ref().is_none_or(|o| &e.object == o))
         .collect();

@@ -31,7 +31,7 @@ pub async fn get(
     State(ctx): State<Arc<Context>>,
     QueryArgs(f): QueryArgs<PlanFilter>,
 ) -> Result<Json<PlanView>, Error> {
-    let view = crate::observe::cluster_view(ctx.store.as_ref())?;
+    let view = crate::observe::cluster_view(ctx.store.as_ref()).await?;
     if let Some(v) = &f.volume
         && !view.volumes.iter().any(|x| &x.name == v)
     {
@@ -41,7 +41,7 @@ pub async fn get(
         });
     }
     let now = ctx.now();
-    let plan = planner::plan(&view, &ctx.settings()?, now);
+    let plan = planner::plan(&view, &ctx.settings().await?, now);
     let volume_of = |kind: &ActionKind| -> Option<String> {
         match kind {
             ActionKind::CreateReplica { volume, .. } | ActionKind::DeleteReplica { volume, .. } => {

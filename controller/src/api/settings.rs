@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use ballast::api::{List, SettingView};
 use ballast::model::{Kind, Setting};
 use ballast::settings::{self, DEFINITIONS, SettingDef};
-use ballast::store::{StoreError, StoreExt};
+use ballast::store::StoreError;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -37,7 +37,7 @@ fn lookup(name: &str) -> Result<&'static SettingDef, Error> {
 }
 
 pub async fn list(State(ctx): State<Arc<Context>>) -> Result<Json<List<SettingView>>, Error> {
-    let s = ctx.settings()?;
+    let s = ctx.settings().await?;
     let items = DEFINITIONS
         .iter()
         .map(|d| view(d, s.get(d.name).unwrap_or(d.default)))
@@ -50,7 +50,7 @@ pub async fn get_one(
     Path(name): Path<String>,
 ) -> Result<Json<SettingView>, Error> {
     let def = lookup(&name)?;
-    let s = ctx.settings()?;
+    let s = ctx.settings().await?;
     Ok(Json(view(def, s.get(def.name).unwrap_or(def.default))))
 }
 
@@ -89,14 +89,16 @@ pub async fn put(
         resource_version: 0,
         value: value.clone(),
     };
-    match ctx.store.create(&stored) {
+    match ctx.store.create(&stored).await {
         Ok(_) => {}
         Err(StoreError::AlreadyExists { .. }) => {
-            ctx.store.modify::<Setting, Error>(def.name, |s| {
-                let changed = s.value != value;
-                s.value = value.clone();
-                Ok(changed)
-            })?;
+            ctx.store
+                .modify::<Setting, Error>(def.name, |s| {
+                    let changed = s.value != value;
+                    s.value = value.clone();
+                    Ok(changed)
+                })
+                .await?;
         }
         Err(e) => return Err(e.into()),
     }
@@ -105,6 +107,7 @@ pub async fn put(
         def.name,
         "SettingChanged",
         format!("set to {value:?}"),
-    );
+    )
+    .await;
     Ok(Json(view(def, &value)))
 }

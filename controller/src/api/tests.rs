@@ -6,7 +6,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use ballast::model::{DiskSpec, Node, NodeSpec, NodeStatus, Setting};
-use ballast::store::{RedbStore, StoreExt};
+use ballast::store::RedbStore;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -46,13 +46,13 @@ impl Api {
     }
 
     /// A volume record, built as the API builds it, stored without placing it.
-    fn seed_volume(&self, body: Value) -> ballast::model::Volume {
+    async fn seed_volume(&self, body: Value) -> ballast::model::Volume {
         let req: crate::volumes::CreateVolume = serde_json::from_value(body).unwrap();
-        let v = crate::volumes::build(req, &self.ctx.settings().unwrap()).unwrap();
-        self.ctx.store.create(&v).unwrap()
+        let v = crate::volumes::build(req, &self.ctx.settings().await.unwrap()).unwrap();
+        self.ctx.store.create(&v).await.unwrap()
     }
 
-    fn seed_node(&self, id: &str) {
+    async fn seed_node(&self, id: &str) {
         let node = Node {
             id: id.into(),
             resource_version: 0,
@@ -65,7 +65,7 @@ impl Api {
             },
             status: NodeStatus::default(),
         };
-        self.ctx.store.create(&node).unwrap();
+        self.ctx.store.create(&node).await.unwrap();
     }
 }
 
@@ -83,7 +83,7 @@ async fn unknown_setting_is_400_naming_the_known_settings_and_changes_nothing() 
     assert_eq!(v["code"], "invalid_argument");
     let msg = v["error"].as_str().unwrap();
     assert!(msg.contains("default-replica-count"), "{msg}");
-    assert!(api.ctx.store.list::<Setting>().unwrap().is_empty());
+    assert!(api.ctx.store.list::<Setting>().await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -131,9 +131,9 @@ async fn settings_put_accepts_strings_booleans_and_numbers() {
     let get = |n: &str| items.iter().find(|i| i["name"] == n).unwrap()["value"].clone();
     assert_eq!(get("replica-soft-anti-affinity"), "true");
     assert_eq!(get("default-replica-count"), "2");
-    assert_eq!(api.ctx.settings().unwrap().default_replica_count(), 2);
+    assert_eq!(api.ctx.settings().await.unwrap().default_replica_count(), 2);
     // A later volume follows the new default.
-    let v = api.seed_volume(json!({"name": "v1", "size": "1Gi"}));
+    let v = api.seed_volume(json!({"name": "v1", "size": "1Gi"})).await;
     assert_eq!(v.spec.number_of_replicas, 2);
 }
 
@@ -162,7 +162,7 @@ async fn patch_of_an_unknown_node_is_404() {
 #[tokio::test]
 async fn node_patch_changes_spec_and_cordon_and_records_an_event() {
     let api = Api::new();
-    api.seed_node("node-1");
+    api.seed_node("node-1").await;
     let (s, v) = api
         .call(
             "PATCH",
@@ -187,8 +187,8 @@ async fn node_patch_changes_spec_and_cordon_and_records_an_event() {
 #[tokio::test]
 async fn node_patch_with_an_unknown_field_is_400_naming_it_and_changes_nothing() {
     let api = Api::new();
-    api.seed_node("node-1");
-    let before: Node = api.ctx.store.fetch("node-1").unwrap();
+    api.seed_node("node-1").await;
+    let before: Node = api.ctx.store.fetch("node-1").await.unwrap();
     let (s, v) = api
         .call(
             "PATCH",
@@ -213,13 +213,13 @@ async fn node_patch_with_an_unknown_field_is_400_naming_it_and_changes_nothing()
         v["error"].as_str().unwrap().starts_with("allowScheduling:"),
         "{v}"
     );
-    assert_eq!(api.ctx.store.fetch::<Node>("node-1").unwrap(), before);
+    assert_eq!(api.ctx.store.fetch::<Node>("node-1").await.unwrap(), before);
 }
 
 #[tokio::test]
 async fn disk_patch_takes_quantities_and_404s_unknown_disks() {
     let api = Api::new();
-    api.seed_node("node-1");
+    api.seed_node("node-1").await;
     let (s, v) = api
         .call(
             "PATCH",
@@ -257,7 +257,8 @@ async fn volume_records_get_patch_delete() {
     let api = Api::new();
     api.seed_volume(
         json!({"name": "v1", "size": "1Gi", "numberOfReplicas": 3, "dataLocality": "best-effort"}),
-    );
+    )
+    .await;
     let (s, _) = api
         .call(
             "POST",
@@ -306,7 +307,7 @@ async fn volume_records_get_patch_delete() {
 #[tokio::test]
 async fn creating_a_volume_that_cannot_be_placed_is_422_with_the_planners_reasons() {
     let api = Api::new();
-    seed_ready_node(&api, "node-1", "z1");
+    seed_ready_node(&api, "node-1", "z1").await;
     let (s, v) = api
         .call(
             "POST",
@@ -329,7 +330,7 @@ async fn creating_a_volume_that_cannot_be_placed_is_422_with_the_planners_reason
 #[tokio::test]
 async fn attach_to_an_unknown_node_is_400_and_unknown_volumes_404() {
     let api = Api::new();
-    api.seed_volume(json!({"name": "v1", "size": "1Gi"}));
+    api.seed_volume(json!({"name": "v1", "size": "1Gi"})).await;
     let (s, v) = api
         .call(
             "POST",
@@ -412,7 +413,7 @@ async fn replicas_and_events_filter_and_unknown_paths_are_json_404() {
 #[tokio::test]
 async fn healthz_metrics_and_openapi() {
     let api = Api::new();
-    api.seed_node("node-1");
+    api.seed_node("node-1").await;
     let (s, v) = api.call("GET", "/healthz", None).await;
     assert_eq!((s, v["status"].clone()), (StatusCode::OK, json!("ok")));
     let (s, v) = api.call("GET", "/metrics", None).await;
@@ -446,7 +447,7 @@ async fn healthz_metrics_and_openapi() {
     }
 }
 
-fn seed_ready_node(api: &Api, id: &str, zone: &str) {
+async fn seed_ready_node(api: &Api, id: &str, zone: &str) {
     let mut node = Node {
         id: id.into(),
         resource_version: 0,
@@ -469,17 +470,18 @@ fn seed_ready_node(api: &Api, id: &str, zone: &str) {
             ..Default::default()
         },
     );
-    api.ctx.store.create(&node).unwrap();
+    api.ctx.store.create(&node).await.unwrap();
 }
 
 #[tokio::test]
 async fn plan_is_a_dry_run_with_reasons() {
     let api = Api::new();
     for (id, zone) in [("node-1", "z1"), ("node-2", "z2"), ("node-3", "z3")] {
-        seed_ready_node(&api, id, zone);
+        seed_ready_node(&api, id, zone).await;
     }
-    api.seed_volume(json!({"name": "v1", "size": "1Gi"}));
-    api.seed_volume(json!({"name": "v2", "size": "1Gi", "numberOfReplicas": 4}));
+    api.seed_volume(json!({"name": "v1", "size": "1Gi"})).await;
+    api.seed_volume(json!({"name": "v2", "size": "1Gi", "numberOfReplicas": 4}))
+        .await;
     let (s, v) = api.call("GET", "/v1/plan?volume=v1", None).await;
     assert_eq!(s, StatusCode::OK, "{v}");
     let creates: Vec<&Value> = v["actions"]
@@ -515,6 +517,7 @@ async fn plan_is_a_dry_run_with_reasons() {
         api.ctx
             .store
             .list::<ballast::model::Replica>()
+            .await
             .unwrap()
             .is_empty()
     );

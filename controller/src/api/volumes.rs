@@ -9,7 +9,6 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use ballast::api::{ReplicaSummary, VolumeDetail};
 use ballast::model::{Replica, Volume};
-use ballast::store::StoreExt;
 use serde_json::{Value, json};
 
 use super::body::Body;
@@ -18,15 +17,16 @@ use crate::error::Error;
 use crate::volumes::{self, CreateVolume, PatchVolume};
 
 pub async fn list(State(ctx): State<Arc<Context>>) -> Result<Json<Value>, Error> {
-    let items: Vec<Volume> = ctx.store.list()?;
+    let items: Vec<Volume> = ctx.store.list().await?;
     Ok(Json(json!({ "items": items })))
 }
 
 /// The volume with `status.replicas`: a summary of its replica records.
-fn with_replicas(ctx: &Context, volume: &Volume) -> Result<Value, Error> {
+async fn with_replicas(ctx: &Context, volume: &Volume) -> Result<Value, Error> {
     let replicas = ctx
         .store
-        .list::<Replica>()?
+        .list::<Replica>()
+        .await?
         .into_iter()
         .filter(|r| r.spec.volume == volume.name)
         .map(|r| ReplicaSummary {
@@ -51,8 +51,8 @@ pub async fn get_one(
     State(ctx): State<Arc<Context>>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, Error> {
-    let volume: Volume = ctx.store.fetch(&name)?;
-    Ok(Json(with_replicas(&ctx, &volume)?))
+    let volume: Volume = ctx.store.fetch(&name).await?;
+    Ok(Json(with_replicas(&ctx, &volume).await?))
 }
 
 /// Places the replicas with the planner and creates them on their nodes;
@@ -62,7 +62,7 @@ pub async fn create(
     State(ctx): State<Arc<Context>>,
     Body(req): Body<CreateVolume>,
 ) -> Result<(StatusCode, Json<Volume>), Error> {
-    let volume = volumes::build(req, &ctx.settings()?)?;
+    let volume = volumes::build(req, &ctx.settings().await?)?;
     let created = crate::executor::create(&ctx, volume).await?;
     Ok((StatusCode::CREATED, Json(created)))
 }
@@ -129,12 +129,9 @@ pub async fn salvage(
     let _guard = ctx
         .lock_volume_waiting(&name, std::time::Duration::from_secs(30))
         .await?;
-    Ok(Json(crate::freshness::salvage(
-        &ctx,
-        &name,
-        &req.replica,
-        req.force,
-    )?))
+    Ok(Json(
+        crate::freshness::salvage(&ctx, &name, &req.replica, req.force).await?,
+    ))
 }
 
 #[tracing::instrument(skip_all, fields(volume = %name))]
@@ -143,10 +140,13 @@ pub async fn patch(
     Path(name): Path<String>,
     Body(patch): Body<PatchVolume>,
 ) -> Result<Json<Volume>, Error> {
-    let updated = ctx.store.modify::<Volume, Error>(&name, |v| {
-        volumes::apply_patch(v, &patch)?;
-        Ok(true)
-    })?;
+    let updated = ctx
+        .store
+        .modify::<Volume, Error>(&name, |v| {
+            volumes::apply_patch(v, &patch)?;
+            Ok(true)
+        })
+        .await?;
     Ok(Json(updated))
 }
 

@@ -32,16 +32,22 @@ use ballast::proto::csi::v1::{
     ListVolumesRequest, ListVolumesResponse, ValidateVolumeCapabilitiesRequest,
     ValidateVolumeCapabilitiesResponse, validate_volume_capabilities_response::Confirmed,
 };
-use ballast::store::StoreExt;
 use tonic::transport::Server;
 use tonic::{Request, Response, Status};
 
 use crate::context::Context;
 use crate::error::Error;
+use crate::forward::{RoutedController, Router};
 
 /// The CSI Controller service.
 pub struct ControllerService {
     ctx: Arc<Context>,
+}
+
+impl ControllerService {
+    pub fn new(ctx: Arc<Context>) -> Self {
+        ControllerService { ctx }
+    }
 }
 
 pub use ballast::csi_caps::check_capability;
@@ -114,10 +120,9 @@ impl Controller for ControllerService {
         &self,
         request: Request<ListVolumesRequest>,
     ) -> Result<Response<ListVolumesResponse>, Status> {
-        Ok(Response::new(volumes::list(
-            &self.ctx,
-            request.into_inner(),
-        )?))
+        Ok(Response::new(
+            volumes::list(&self.ctx, request.into_inner()).await?,
+        ))
     }
 
     async fn controller_expand_volume(
@@ -133,20 +138,18 @@ impl Controller for ControllerService {
         &self,
         request: Request<ControllerGetVolumeRequest>,
     ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
-        Ok(Response::new(volumes::get(
-            &self.ctx,
-            request.into_inner(),
-        )?))
+        Ok(Response::new(
+            volumes::get(&self.ctx, request.into_inner()).await?,
+        ))
     }
 
     async fn get_capacity(
         &self,
         request: Request<GetCapacityRequest>,
     ) -> Result<Response<GetCapacityResponse>, Status> {
-        Ok(Response::new(volumes::capacity(
-            &self.ctx,
-            request.into_inner(),
-        )?))
+        Ok(Response::new(
+            volumes::capacity(&self.ctx, request.into_inner()).await?,
+        ))
     }
 
     #[tracing::instrument(skip_all, fields(rpc = "ValidateVolumeCapabilities", volume = %request.get_ref().volume_id))]
@@ -164,6 +167,7 @@ impl Controller for ControllerService {
         self.ctx
             .store
             .fetch::<Volume>(&req.volume_id)
+            .await
             .map_err(Error::from)?;
         let refused: Vec<String> = req
             .volume_capabilities
@@ -188,17 +192,27 @@ impl Controller for ControllerService {
     }
 }
 
+/// The Controller service as every controller serves it: here when
+/// leading, else forwarded to the leader (`forward`).
+pub fn routed(
+    ctx: Arc<Context>,
+    router: Arc<Router>,
+) -> ControllerServer<RoutedController<ControllerService>> {
+    ControllerServer::new(RoutedController::new(ControllerService::new(ctx), router))
+}
+
 /// Binds the socket now (so a bad path fails start-up) and returns the
 /// server future, which ends when `shutdown` resolves.
 pub fn serve(
     socket: PathBuf,
     ctx: Arc<Context>,
+    router: Arc<Router>,
     ready: Arc<AtomicBool>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<impl std::future::Future<Output = Result<(), ServeError>>, ServeError> {
     let incoming = ballast::grpc::bind_unix(&socket)?;
     let identity = IdentityServer::new(IdentityService::new(Role::Controller, ready));
-    let controller = ControllerServer::new(ControllerService { ctx });
+    let controller = routed(ctx, router);
     Ok(async move {
         Server::builder()
             .add_service(identity)

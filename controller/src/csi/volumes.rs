@@ -20,7 +20,6 @@ use ballast::proto::csi::v1::{
     ListVolumesResponse, VolumeCapability, VolumeCondition, controller_get_volume_response,
     list_volumes_response,
 };
-use ballast::store::StoreExt;
 
 use super::check_capability;
 use super::params::StorageClassParams;
@@ -234,7 +233,7 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
             mkfs_params: params.mkfs_params.clone(),
             csi_name: Some(req.name.clone()),
         },
-        &ctx.settings()?,
+        &ctx.settings().await?,
     )?;
     let existing = |v: Volume| {
         // A volume made outside CSI has no CO name: its name stands for it.
@@ -254,13 +253,13 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
                 ))
             })
     };
-    if let Some(v) = ctx.store.get::<Volume>(&id)? {
+    if let Some(v) = ctx.store.get::<Volume>(&id).await? {
         return existing(v);
     }
     match crate::executor::create(ctx, wanted.clone()).await {
         Ok(v) => Ok(csi_volume(&v)),
         // Created meanwhile by a call like this one.
-        Err(Error::AlreadyExists(m)) => match ctx.store.get::<Volume>(&id)? {
+        Err(Error::AlreadyExists(m)) => match ctx.store.get::<Volume>(&id).await? {
             Some(v) => existing(v),
             None => Err(Error::AlreadyExists(m)),
         },
@@ -273,7 +272,7 @@ pub async fn delete(ctx: &Arc<Context>, req: DeleteVolumeRequest) -> Result<(), 
     if req.volume_id.is_empty() {
         return Err(Error::invalid("volume_id", "is required"));
     }
-    let Some(v) = ctx.store.get::<Volume>(&req.volume_id)? else {
+    let Some(v) = ctx.store.get::<Volume>(&req.volume_id).await? else {
         return Ok(());
     };
     if let Some(node) = &v.status.attached_node {
@@ -310,8 +309,8 @@ pub async fn publish(
             "read-only publishing is not offered (no PUBLISH_READONLY capability)",
         ));
     }
-    let volume: Volume = ctx.store.fetch(&req.volume_id)?;
-    ctx.store.fetch::<Node>(&req.node_id)?;
+    let volume: Volume = ctx.store.fetch(&req.volume_id).await?;
+    ctx.store.fetch::<Node>(&req.node_id).await?;
     let answer = |v: &Volume| ControllerPublishVolumeResponse {
         publish_context: v
             .status
@@ -345,7 +344,7 @@ pub async fn unpublish(
         return Err(Error::invalid("volume_id", "is required"));
     }
     // A volume that does not exist is published nowhere.
-    let Some(v) = ctx.store.get::<Volume>(&req.volume_id)? else {
+    let Some(v) = ctx.store.get::<Volume>(&req.volume_id).await? else {
         return Ok(());
     };
     match &v.status.attached_node {
@@ -411,14 +410,14 @@ fn condition(v: &Volume) -> VolumeCondition {
 }
 
 #[tracing::instrument(skip_all, fields(rpc = "ControllerGetVolume", volume = %req.volume_id))]
-pub fn get(
+pub async fn get(
     ctx: &Context,
     req: ControllerGetVolumeRequest,
 ) -> Result<ControllerGetVolumeResponse, Error> {
     if req.volume_id.is_empty() {
         return Err(Error::invalid("volume_id", "is required"));
     }
-    let v: Volume = ctx.store.fetch(&req.volume_id)?;
+    let v: Volume = ctx.store.fetch(&req.volume_id).await?;
     Ok(ControllerGetVolumeResponse {
         volume: Some(csi_volume(&v)),
         status: Some(controller_get_volume_response::VolumeStatus {
@@ -429,11 +428,11 @@ pub fn get(
 }
 
 #[tracing::instrument(skip_all, fields(rpc = "ListVolumes"))]
-pub fn list(ctx: &Context, req: ListVolumesRequest) -> Result<ListVolumesResponse, Error> {
+pub async fn list(ctx: &Context, req: ListVolumesRequest) -> Result<ListVolumesResponse, Error> {
     if req.max_entries < 0 {
         return Err(Error::invalid("max_entries", "must not be negative"));
     }
-    let mut all = ctx.store.list::<Volume>()?;
+    let mut all = ctx.store.list::<Volume>().await?;
     all.sort_by(|a, b| a.name.cmp(&b.name));
     // The token is the index of the next entry.
     let start = if req.starting_token.is_empty() {
@@ -478,7 +477,10 @@ pub fn list(ctx: &Context, req: ListVolumesRequest) -> Result<ListVolumesRespons
 /// Bytes free for new replicas on the ready nodes and disks that the
 /// parameters' selectors allow.
 #[tracing::instrument(skip_all, fields(rpc = "GetCapacity"))]
-pub fn capacity(ctx: &Context, req: GetCapacityRequest) -> Result<GetCapacityResponse, Error> {
+pub async fn capacity(
+    ctx: &Context,
+    req: GetCapacityRequest,
+) -> Result<GetCapacityResponse, Error> {
     for c in &req.volume_capabilities {
         check_capability(c).map_err(|m| Error::invalid("volume_capabilities", m))?;
     }
@@ -488,7 +490,7 @@ pub fn capacity(ctx: &Context, req: GetCapacityRequest) -> Result<GetCapacityRes
             .is_none_or(|w| w.iter().all(|t| have.contains(t)))
     };
     let mut free: u64 = 0;
-    for n in ctx.store.list::<Node>()? {
+    for n in ctx.store.list::<Node>().await? {
         if !n.status.ready
             || !n.spec.allow_scheduling
             || !has_all(&n.spec.tags, &params.node_selector)

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use ballast::model::{Kind, Node, Replica, ReplicaMode, Volume};
-use ballast::store::StoreExt;
 
 use super::{effects, replica};
 use crate::context::Context;
@@ -44,7 +43,8 @@ pub async fn carry_out(ctx: &Arc<Context>, action: &Action) -> Result<(), Error>
         }
         ActionKind::SetReplicaEviction { replica, requested } => {
             ctx.store
-                .modify::<Replica, Error>(replica, |r| Ok(effects::set_eviction(r, *requested)))?;
+                .modify::<Replica, Error>(replica, |r| Ok(effects::set_eviction(r, *requested)))
+                .await?;
             Ok(())
         }
         ActionKind::SetNodeStatus {
@@ -53,14 +53,16 @@ pub async fn carry_out(ctx: &Arc<Context>, action: &Action) -> Result<(), Error>
             drain_blocked,
             drain_blocked_reason,
         } => {
-            ctx.store.modify::<Node, Error>(node, |n| {
-                Ok(effects::set_node_status(
-                    &mut n.status,
-                    *auto_evicting,
-                    *drain_blocked,
-                    drain_blocked_reason,
-                ))
-            })?;
+            ctx.store
+                .modify::<Node, Error>(node, |n| {
+                    Ok(effects::set_node_status(
+                        &mut n.status,
+                        *auto_evicting,
+                        *drain_blocked,
+                        drain_blocked_reason,
+                    ))
+                })
+                .await?;
             Ok(())
         }
         ActionKind::RecordEvent {
@@ -68,42 +70,48 @@ pub async fn carry_out(ctx: &Arc<Context>, action: &Action) -> Result<(), Error>
             reason,
             message,
         } => {
-            ctx.events.record_on(
-                ctx.store.as_ref(),
-                ctx.now(),
-                object,
-                reason,
-                message.clone(),
-            );
+            ctx.events
+                .record_on(
+                    ctx.store.as_ref(),
+                    ctx.now(),
+                    object,
+                    reason,
+                    message.clone(),
+                )
+                .await;
             Ok(())
         }
     }
 }
 
-fn ready_node(ctx: &Context, id: &str) -> Result<Node, Error> {
-    let node: Node = ctx.store.fetch(id)?;
+async fn ready_node(ctx: &Context, id: &str) -> Result<Node, Error> {
+    let node: Node = ctx.store.fetch(id).await?;
     if !node.status.ready || node.status.replica_endpoint.is_empty() {
         return Err(Error::Unprocessable(format!("node {id} is not ready")));
     }
     Ok(node)
 }
 
-fn mark_failed(ctx: &Context, name: &str, why: &Error, reused: bool) {
+async fn mark_failed(ctx: &Context, name: &str, why: &Error, reused: bool) {
     let now = ctx.now();
     // A rebuild that failed because a node could not be reached does not
     // count as a reuse attempt.
     let uncounted = reused && matches!(why, Error::Unavailable(_));
-    let marked = ctx.store.modify::<Replica, Error>(name, |r| {
-        effects::failed(r, now, uncounted);
-        Ok(true)
-    });
+    let marked = ctx
+        .store
+        .modify::<Replica, Error>(name, |r| {
+            effects::failed(r, now, uncounted);
+            Ok(true)
+        })
+        .await;
     if marked.is_ok() {
         ctx.event(
             Kind::Replica,
             name,
             "RebuildFailed",
             format!("rebuild failed: {why}"),
-        );
+        )
+        .await;
     }
 }
 
@@ -118,11 +126,12 @@ async fn build_replica(
     reuse: Option<&str>,
     copy_from: Option<&str>,
 ) -> Result<(), Error> {
-    let vol: Volume = ctx.store.fetch(volume)?;
-    let target = ready_node(ctx, node)?;
+    let vol: Volume = ctx.store.fetch(volume).await?;
+    let target = ready_node(ctx, node).await?;
     let replicas: Vec<Replica> = ctx
         .store
-        .list::<Replica>()?
+        .list::<Replica>()
+        .await?
         .into_iter()
         .filter(|r| r.spec.volume == volume)
         .collect();
@@ -131,10 +140,12 @@ async fn build_replica(
     let mode = has_data.then_some(ReplicaMode::Wo);
     let name = match reuse {
         Some(name) => {
-            ctx.store.modify::<Replica, Error>(name, |r| {
-                effects::reuse(r, mode);
-                Ok(true)
-            })?;
+            ctx.store
+                .modify::<Replica, Error>(name, |r| {
+                    effects::reuse(r, mode);
+                    Ok(true)
+                })
+                .await?;
             name.to_string()
         }
         None => {
@@ -150,7 +161,8 @@ async fn build_replica(
             volume,
             &name,
             "a new replica of a volume with no data yet",
-        )?;
+        )
+        .await?;
         return Ok(());
     }
     let at = format!("{name}@{}", target.status.replica_endpoint);
@@ -159,7 +171,7 @@ async fn build_replica(
         None => rebuild_offline(ctx, &vol, &replicas, &name, &target, copy_from).await,
     };
     if let Err(e) = &filled {
-        mark_failed(ctx, &name, e, reuse.is_some());
+        mark_failed(ctx, &name, e, reuse.is_some()).await;
     }
     filled
 }
@@ -173,7 +185,7 @@ async fn add_to_engine(
     at: &str,
     copy_from: Option<&str>,
 ) -> Result<(), Error> {
-    let engine_node = ready_node(ctx, attached)?;
+    let engine_node = ready_node(ctx, attached).await?;
     ctx.agents
         .add_engine_replica(&engine_node, volume, at, copy_from.unwrap_or_default())
         .await
@@ -200,18 +212,18 @@ async fn rebuild_offline(
             r.spec.node_id != target.id,
         )
     });
-    let source = sources
-        .iter()
-        .find_map(|r| {
-            ready_node(ctx, &r.spec.node_id)
-                .ok()
-                .map(|n| format!("{}@{}", r.name, n.status.replica_endpoint))
-        })
-        .ok_or_else(|| {
-            Error::Unprocessable(format!(
-                "no replica that holds the latest data is reachable to copy {name} from"
-            ))
-        })?;
+    let mut source = None;
+    for r in &sources {
+        if let Ok(n) = ready_node(ctx, &r.spec.node_id).await {
+            source = Some(format!("{}@{}", r.name, n.status.replica_endpoint));
+            break;
+        }
+    }
+    let source = source.ok_or_else(|| {
+        Error::Unprocessable(format!(
+            "no replica that holds the latest data is reachable to copy {name} from"
+        ))
+    })?;
     let done = ctx.agents.rebuild_replica(target, name, &source).await;
     let done = match done {
         Ok(d) => d,
@@ -225,10 +237,12 @@ async fn rebuild_offline(
         Err(e) => return Err(e),
     };
     let now = ctx.now();
-    ctx.store.modify::<Replica, Error>(name, |r| {
-        effects::rebuilt(r, now);
-        Ok(true)
-    })?;
+    ctx.store
+        .modify::<Replica, Error>(name, |r| {
+            effects::rebuilt(r, now);
+            Ok(true)
+        })
+        .await?;
     ctx.event(
         Kind::Replica,
         name,
@@ -237,13 +251,15 @@ async fn rebuild_offline(
             "from {source}: kept {} B, copied {} B by {}",
             done.kept_bytes, done.copied_bytes, done.copy_path
         ),
-    );
+    )
+    .await;
     crate::freshness::add_current(
         ctx,
         &vol.name,
         name,
         &format!("{name} rebuilt from {source}"),
     )
+    .await
 }
 
 /// Fails a replica whose data was found corrupt (by a rebuild that read
@@ -258,29 +274,32 @@ pub(crate) async fn fail_corrupt(
     replica: &str,
     why: &str,
 ) -> Result<(), Error> {
-    ctx.event(Kind::Replica, replica, "ReplicaCorrupt", why.to_string());
-    let vol: Volume = ctx.store.fetch(volume)?;
+    ctx.event(Kind::Replica, replica, "ReplicaCorrupt", why.to_string())
+        .await;
+    let vol: Volume = ctx.store.fetch(volume).await?;
     if let Some(attached) = &vol.status.attached_node {
-        let node = ready_node(ctx, attached)?;
+        let node = ready_node(ctx, attached).await?;
         ctx.agents
             .remove_engine_replica(&node, volume, replica)
             .await?;
     }
     let now = ctx.now();
-    ctx.store.modify::<Replica, Error>(replica, |r| {
-        r.status.mode = Some(ReplicaMode::Err);
-        r.status.running = false;
-        r.spec.failed_at = Some(now);
-        Ok(true)
-    })?;
-    crate::freshness::remove_current(ctx, volume, replica)
+    ctx.store
+        .modify::<Replica, Error>(replica, |r| {
+            r.status.mode = Some(ReplicaMode::Err);
+            r.status.running = false;
+            r.spec.failed_at = Some(now);
+            Ok(true)
+        })
+        .await?;
+    crate::freshness::remove_current(ctx, volume, replica).await
 }
 
 /// Deletes a replica at a user's request (`DELETE /v1/replicas/{name}`):
 /// out of its engine, its data, then its record.
 #[tracing::instrument(skip_all, fields(replica = %name))]
 pub async fn delete_replica(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
-    let rep: Replica = ctx.store.fetch(name)?;
+    let rep: Replica = ctx.store.fetch(name).await?;
     let _guard = ctx
         .lock_volume_waiting(&rep.spec.volume, std::time::Duration::from_secs(30))
         .await?;
@@ -297,10 +316,10 @@ async fn remove_replica(
     replica: &str,
     why: &str,
 ) -> Result<(), Error> {
-    let Some(rep) = ctx.store.get::<Replica>(replica)? else {
+    let Some(rep) = ctx.store.get::<Replica>(replica).await? else {
         return Ok(());
     };
-    let vol: Option<Volume> = ctx.store.get(volume)?;
+    let vol: Option<Volume> = ctx.store.get(volume).await?;
     // Detached, the record says who holds the data (attached, the engine
     // refuses to lose its last rw replica).
     if let Some(v) = &vol
@@ -313,13 +332,13 @@ async fn remove_replica(
         )));
     }
     if let Some(attached) = vol.and_then(|v| v.status.attached_node)
-        && let Ok(node) = ready_node(ctx, &attached)
+        && let Ok(node) = ready_node(ctx, &attached).await
     {
         ctx.agents
             .remove_engine_replica(&node, volume, replica)
             .await?;
     }
-    let deleted = match ready_node(ctx, &rep.spec.node_id) {
+    let deleted = match ready_node(ctx, &rep.spec.node_id).await {
         Ok(node) => ctx.agents.delete_replica(&node, replica).await,
         Err(e) => Err(e),
     };
@@ -334,8 +353,9 @@ async fn remove_replica(
         }
         Err(e) => return Err(e),
     }
-    ctx.store.delete::<Replica>(replica, None)?;
-    ctx.event(Kind::Replica, replica, "ReplicaDeleted", why.to_string());
+    ctx.store.delete::<Replica>(replica, None).await?;
+    ctx.event(Kind::Replica, replica, "ReplicaDeleted", why.to_string())
+        .await;
     // A detached volume's record loses it (an engine keeps its own).
-    crate::freshness::remove_current(ctx, volume, replica)
+    crate::freshness::remove_current(ctx, volume, replica).await
 }

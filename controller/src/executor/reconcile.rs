@@ -86,9 +86,9 @@ fn volume_of(a: &Action) -> Option<&str> {
 
 /// One pass: plan on the store as it is now and start what is due.
 #[tracing::instrument(skip_all)]
-fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<usize, Error> {
-    let view = observe::cluster_view(ctx.store.as_ref())?;
-    let plan = planner::plan(&view, &ctx.settings()?, ctx.now());
+async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<usize, Error> {
+    let view = observe::cluster_view(ctx.store.as_ref()).await?;
+    let plan = planner::plan(&view, &ctx.settings().await?, ctx.now());
     let now = Instant::now();
     let mut started = 0;
     for action in plan.actions {
@@ -104,26 +104,33 @@ fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<u
         let (ctx, backoff) = (ctx.clone(), backoff.clone());
         tokio::spawn(async move {
             let result = carry_out(&ctx, &action).await;
-            let Ok(mut b) = backoff.lock() else {
-                return;
-            };
-            match result {
-                Ok(()) => b.succeeded(&k),
-                // Another call holds the volume: try on the next pass.
-                Err(Error::Conflict(_)) => {}
-                Err(e) => {
-                    let unreachable = matches!(e, Error::Unavailable(_));
-                    let delay = b.failed(&k, Instant::now(), unreachable);
-                    tracing::warn!(error = %e, retry_in = ?delay, "action failed");
-                    if let Some(v) = volume_of(&action) {
-                        ctx.event(
-                            ballast::model::Kind::Volume,
-                            v,
-                            "ActionFailed",
-                            format!("{}: {e}; retrying in {delay:?}", action.reason),
-                        );
+            let failed = {
+                let Ok(mut b) = backoff.lock() else {
+                    return;
+                };
+                match result {
+                    Ok(()) => {
+                        b.succeeded(&k);
+                        None
+                    }
+                    // Another call holds the volume: try on the next pass.
+                    Err(Error::Conflict(_)) => None,
+                    Err(e) => {
+                        let unreachable = matches!(e, Error::Unavailable(_));
+                        let delay = b.failed(&k, Instant::now(), unreachable);
+                        tracing::warn!(error = %e, retry_in = ?delay, "action failed");
+                        Some((e, delay))
                     }
                 }
+            };
+            if let (Some((e, delay)), Some(v)) = (failed, volume_of(&action)) {
+                ctx.event(
+                    ballast::model::Kind::Volume,
+                    v,
+                    "ActionFailed",
+                    format!("{}: {e}; retrying in {delay:?}", action.reason),
+                )
+                .await;
             }
         });
     }
@@ -149,7 +156,7 @@ pub async fn run_reconcile(ctx: Arc<Context>, resync: Duration) {
                 while changes.try_recv().is_ok() {}
             }
         }
-        if let Err(e) = reconcile_once(&ctx, &backoff) {
+        if let Err(e) = reconcile_once(&ctx, &backoff).await {
             tracing::warn!(error = %e, "reconcile pass failed");
         }
     }

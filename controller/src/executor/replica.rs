@@ -5,7 +5,6 @@
 //! come through here.
 
 use ballast::model::{Kind, Node, Replica, ReplicaMode};
-use ballast::store::StoreExt;
 
 use crate::context::Context;
 use crate::error::Error;
@@ -24,7 +23,7 @@ pub async fn make(
     let name = ctx.replica_name(volume);
     let record = super::effects::new_replica(&name, volume, &node.id, disk, mode);
     // Intent first: the record exists before the replica does.
-    let record = ctx.store.create(&record)?;
+    let record = ctx.store.create(&record).await?;
     let created = ctx
         .agents
         .create_replica(node, &name, volume, disk, size)
@@ -38,7 +37,8 @@ pub async fn make(
         &name,
         "ReplicaCreated",
         format!("on {}/{disk}", node.id),
-    );
+    )
+    .await;
     Ok(record)
 }
 
@@ -46,8 +46,8 @@ pub async fn make(
 /// reached; else it deletes it when it is back, as for any replica it
 /// holds without a record), then its record.
 pub async fn discard(ctx: &Context, r: &Replica) {
-    if let Ok(node) = ctx.store.fetch::<Node>(&r.spec.node_id) {
+    if let Ok(node) = ctx.store.fetch::<Node>(&r.spec.node_id).await {
         let _ = ctx.agents.delete_replica(&node, &r.name).await;
     }
-    let _ = ctx.store.delete::<Replica>(&r.name, None);
+    let _ = ctx.store.delete::<Replica>(&r.name, None).await;
 }

@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use ballast::model::{Kind, Node, Replica, ReplicaMode};
 use ballast::proto::agent::v1::ScrubReplicaRequest;
-use ballast::store::StoreExt;
 
 use crate::agents::client as agent;
 use crate::context::Context;
@@ -21,7 +20,7 @@ pub async fn run_scrub(ctx: Arc<Context>, tick: Duration) {
     let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
     loop {
         tokio::time::sleep(tick).await;
-        if let Err(e) = start_due(&ctx, &busy) {
+        if let Err(e) = start_due(&ctx, &busy).await {
             tracing::warn!(error = %e, "scrub pass failed");
         }
     }
@@ -29,17 +28,18 @@ pub async fn run_scrub(ctx: Arc<Context>, tick: Duration) {
 
 /// Starts, on each ready node not scrubbing already, the scrub of its
 /// replica scrubbed longest ago, when that is over the interval.
-fn start_due(ctx: &Arc<Context>, busy: &Arc<Mutex<HashSet<String>>>) -> Result<(), Error> {
-    let settings = ctx.settings()?;
+async fn start_due(ctx: &Arc<Context>, busy: &Arc<Mutex<HashSet<String>>>) -> Result<(), Error> {
+    let settings = ctx.settings().await?;
     let hours = settings.scrub_interval_hours();
     if hours == 0 {
         return Ok(());
     }
     let due_before = ctx.now() - chrono::Duration::hours(hours as i64);
-    let replicas: Vec<Replica> = ctx.store.list()?;
+    let replicas: Vec<Replica> = ctx.store.list().await?;
     for node in ctx
         .store
-        .list::<Node>()?
+        .list::<Node>()
+        .await?
         .into_iter()
         .filter(|n| n.status.ready)
     {
@@ -78,18 +78,19 @@ fn start_due(ctx: &Arc<Context>, busy: &Arc<Mutex<HashSet<String>>>) -> Result<(
 /// Scrubs `name` now (at the setting's rate): Ok(true) when it is sound.
 #[tracing::instrument(skip_all, fields(replica = %name))]
 pub async fn scrub_now(ctx: &Arc<Context>, name: &str) -> Result<bool, Error> {
-    let rate = ctx.settings()?.scrub_rate_bytes();
+    let rate = ctx.settings().await?.scrub_rate_bytes();
     scrub(ctx, name, rate).await
 }
 
 async fn scrub(ctx: &Arc<Context>, name: &str, rate: u64) -> Result<bool, Error> {
-    let r: Replica = ctx.store.fetch(name)?;
-    let node: Node = ctx.store.fetch(&r.spec.node_id)?;
+    let r: Replica = ctx.store.fetch(name).await?;
+    let node: Node = ctx.store.fetch(&r.spec.node_id).await?;
     let mut c = agent(&node)?;
     // As long as reading the whole volume at the rate takes, and a minute.
     let size = ctx
         .store
-        .get::<ballast::model::Volume>(&r.spec.volume)?
+        .get::<ballast::model::Volume>(&r.spec.volume)
+        .await?
         .map_or(0, |v| v.spec.size);
     let limit = Duration::from_secs(60 + 2 * size / rate.max(1));
     let answer = tokio::time::timeout(
@@ -104,10 +105,12 @@ async fn scrub(ctx: &Arc<Context>, name: &str, rate: u64) -> Result<bool, Error>
     .map_err(|s| crate::agents::agent_error(&node.id, s))?
     .into_inner();
     let now = ctx.now();
-    ctx.store.modify::<Replica, Error>(name, |r| {
-        r.status.scrubbed_at = Some(now);
-        Ok(true)
-    })?;
+    ctx.store
+        .modify::<Replica, Error>(name, |r| {
+            r.status.scrubbed_at = Some(now);
+            Ok(true)
+        })
+        .await?;
     if answer.corrupt {
         super::actions::fail_corrupt(ctx, &r.spec.volume, name, &answer.message).await?;
         return Ok(false);
@@ -121,6 +124,7 @@ async fn scrub(ctx: &Arc<Context>, name: &str, rate: u64) -> Result<bool, Error>
             "{} checked, sound",
             ballast::quantity::format_size(answer.bytes)
         ),
-    );
+    )
+    .await;
     Ok(true)
 }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use ballast::model::{Kind, Node, Replica, Robustness, Volume, VolumeState};
 use ballast::proto::agent::v1::{GrowReplicaRequest, StartEngineRequest, StopEngineRequest};
-use ballast::store::StoreExt;
 
 use super::replica;
 use crate::agents::{client as agent, with_timeout};
@@ -24,16 +23,16 @@ use crate::{observe, planner};
 #[tracing::instrument(skip_all, fields(volume = %volume.name))]
 pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Error> {
     let _guard = ctx.lock_volume_waiting(&volume.name, PATIENCE).await?;
-    if ctx.store.get::<Volume>(&volume.name)?.is_some() {
+    if ctx.store.get::<Volume>(&volume.name).await?.is_some() {
         return Err(Error::AlreadyExists(format!(
             "volume {:?} already exists",
             volume.name
         )));
     }
-    let view = observe::cluster_view(ctx.store.as_ref())?;
+    let view = observe::cluster_view(ctx.store.as_ref()).await?;
     let placements = planner::place_new(
         &view,
-        &ctx.settings()?,
+        &ctx.settings().await?,
         ctx.now(),
         &observe::volume_view(&volume),
     )
@@ -46,11 +45,11 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
         ))
     })?;
     volume.status.state = VolumeState::Creating;
-    let mut volume = ctx.store.create(&volume)?;
+    let mut volume = ctx.store.create(&volume).await?;
     let mut made: Vec<Replica> = Vec::new();
     let mut failure = None;
     for p in placements {
-        let made_one = match ctx.store.fetch::<Node>(&p.node) {
+        let made_one = match ctx.store.fetch::<Node>(&p.node).await {
             Ok(node) => {
                 replica::make(ctx, &volume.name, volume.spec.size, &node, &p.disk, None).await
             }
@@ -69,14 +68,17 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
         for r in &made {
             replica::discard(ctx, r).await;
         }
-        let _ = ctx.store.delete::<Volume>(&volume.name, None);
+        let _ = ctx.store.delete::<Volume>(&volume.name, None).await;
         return Err(e);
     }
-    volume = ctx.store.modify::<Volume, Error>(&volume.name, |v| {
-        v.status.state = VolumeState::Detached;
-        crate::freshness::initial(v, &made);
-        Ok(true)
-    })?;
+    volume = ctx
+        .store
+        .modify::<Volume, Error>(&volume.name, |v| {
+            v.status.state = VolumeState::Detached;
+            crate::freshness::initial(v, &made);
+            Ok(true)
+        })
+        .await?;
     ctx.event(
         Kind::Volume,
         &volume.name,
@@ -90,7 +92,8 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
                 .collect::<Vec<_>>()
                 .join(", ")
         ),
-    );
+    )
+    .await;
     Ok(volume)
 }
 
@@ -100,7 +103,7 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
 #[tracing::instrument(skip_all, fields(volume = %name))]
 pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
     let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
-    let volume: Volume = ctx.store.fetch(name)?;
+    let volume: Volume = ctx.store.fetch(name).await?;
     if let Some(node) = &volume.status.attached_node {
         return Err(Error::Conflict(format!(
             "volume {name:?} is attached to {node}; detach it first"
@@ -109,16 +112,17 @@ pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
     let mut failed = Vec::new();
     for r in ctx
         .store
-        .list::<Replica>()?
+        .list::<Replica>()
+        .await?
         .into_iter()
         .filter(|r| r.spec.volume == name)
     {
-        let deleted = match ctx.store.fetch::<Node>(&r.spec.node_id) {
+        let deleted = match ctx.store.fetch::<Node>(&r.spec.node_id).await {
             Ok(node) => ctx.agents.delete_replica(&node, &r.name).await,
             Err(e) => Err(e.into()),
         };
         match deleted {
-            Ok(()) => ctx.store.delete::<Replica>(&r.name, None)?,
+            Ok(()) => ctx.store.delete::<Replica>(&r.name, None).await?,
             Err(e) => failed.push(format!("{}: {e}", r.name)),
         }
     }
@@ -128,13 +132,14 @@ pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
             failed.join("; ")
         )));
     }
-    ctx.store.delete::<Volume>(name, None)?;
+    ctx.store.delete::<Volume>(name, None).await?;
     ctx.event(
         Kind::Volume,
         name,
         "VolumeDeleted",
         "volume and its replicas' data deleted",
-    );
+    )
+    .await;
     Ok(())
 }
 
@@ -144,7 +149,7 @@ pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
 #[tracing::instrument(skip_all, fields(volume = %name, node = %node_id))]
 pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Volume, Error> {
     let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
-    let volume: Volume = ctx.store.fetch(name)?;
+    let volume: Volume = ctx.store.fetch(name).await?;
     let again = match &volume.status.attached_node {
         Some(n) if n == node_id => true,
         Some(n) => {
@@ -156,7 +161,8 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
     };
     let node: Node = ctx
         .store
-        .get(node_id)?
+        .get(node_id)
+        .await?
         .ok_or_else(|| Error::invalid("nodeId", format!("no node {node_id:?}")))?;
     if !node.status.ready {
         return Err(Error::Unprocessable(format!("node {node_id} is not ready")));
@@ -164,40 +170,48 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
     if !again {
         // Intent first: the engine records its replica set as the engine
         // of this node, which the store must already say.
-        ctx.store.modify::<Volume, Error>(name, |v| {
-            v.status.attached_node = Some(node_id.to_string());
-            v.status.state = VolumeState::Attaching;
-            Ok(true)
-        })?;
+        ctx.store
+            .modify::<Volume, Error>(name, |v| {
+                v.status.attached_node = Some(node_id.to_string());
+                v.status.state = VolumeState::Attaching;
+                Ok(true)
+            })
+            .await?;
     }
     let endpoint = match start_engine(ctx, &volume, &node).await {
         Ok(e) => e,
         Err(e) => {
             if !again {
-                ctx.store.modify::<Volume, Error>(name, |v| {
-                    v.status.attached_node = None;
-                    v.status.state = VolumeState::Detached;
-                    Ok(true)
-                })?;
+                ctx.store
+                    .modify::<Volume, Error>(name, |v| {
+                        v.status.attached_node = None;
+                        v.status.state = VolumeState::Detached;
+                        Ok(true)
+                    })
+                    .await?;
             }
             return Err(e);
         }
     };
-    let volume = ctx.store.modify::<Volume, Error>(name, |v| {
-        let changed = v.status.frontend_endpoint.as_deref() != Some(endpoint.as_str())
-            || v.status.state != VolumeState::Attached;
-        v.status.attached_node = Some(node_id.to_string());
-        v.status.frontend_endpoint = Some(endpoint.clone());
-        v.status.state = VolumeState::Attached;
-        Ok(changed)
-    })?;
+    let volume = ctx
+        .store
+        .modify::<Volume, Error>(name, |v| {
+            let changed = v.status.frontend_endpoint.as_deref() != Some(endpoint.as_str())
+                || v.status.state != VolumeState::Attached;
+            v.status.attached_node = Some(node_id.to_string());
+            v.status.frontend_endpoint = Some(endpoint.clone());
+            v.status.state = VolumeState::Attached;
+            Ok(changed)
+        })
+        .await?;
     if !again {
         ctx.event(
             Kind::Volume,
             name,
             "VolumeAttached",
             format!("attached to {node_id}: {endpoint}"),
-        );
+        )
+        .await;
     }
     Ok(volume)
 }
@@ -207,10 +221,11 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
 /// returns its endpoint. When it can open none of them, the volume is
 /// faulted and the error says where the latest data is.
 async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Result<String, Error> {
-    let serving = crate::freshness::serving(ctx, volume)?;
+    let serving = crate::freshness::serving(ctx, volume).await?;
     let local = ctx
         .store
-        .list::<Replica>()?
+        .list::<Replica>()
+        .await?
         .into_iter()
         .find(|r| {
             r.spec.volume == volume.name
@@ -244,7 +259,8 @@ async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Resul
             ctx,
             &volume.name,
             format!("{m}; the latest data is on {holders}"),
-        )),
+        )
+        .await),
         Err(e) => Err(e),
     }
 }
@@ -261,32 +277,36 @@ pub async fn restart_engine(
     problem: &str,
 ) -> Result<(), Error> {
     let _guard = ctx.lock_volume(name)?;
-    let volume: Volume = ctx.store.fetch(name)?;
+    let volume: Volume = ctx.store.fetch(name).await?;
     if volume.status.attached_node.as_deref() != Some(node_id)
         || volume.status.state != VolumeState::Attached
     {
         return Ok(()); // detached or moved meanwhile
     }
     if volume.status.robustness != Robustness::Faulted {
-        ctx.store.modify::<Volume, Error>(name, |v| {
-            v.status.robustness = Robustness::Faulted;
-            Ok(true)
-        })?;
+        ctx.store
+            .modify::<Volume, Error>(name, |v| {
+                v.status.robustness = Robustness::Faulted;
+                Ok(true)
+            })
+            .await?;
     }
     ctx.event(
         Kind::Volume,
         name,
         "EngineDown",
         format!("its engine on {node_id} is not running: {problem}; starting it again"),
-    );
-    let node: Node = ctx.store.fetch(node_id)?;
+    )
+    .await;
+    let node: Node = ctx.store.fetch(node_id).await?;
     let endpoint = start_engine(ctx, &volume, &node).await?;
     ctx.event(
         Kind::Volume,
         name,
         "EngineRestarted",
         format!("on {node_id}: {endpoint}"),
-    );
+    )
+    .await;
     Ok(())
 }
 
@@ -294,11 +314,11 @@ pub async fn restart_engine(
 #[tracing::instrument(skip_all, fields(volume = %name))]
 pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
     let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
-    let volume: Volume = ctx.store.fetch(name)?;
+    let volume: Volume = ctx.store.fetch(name).await?;
     let Some(node_id) = volume.status.attached_node.clone() else {
         return Ok(volume);
     };
-    if let Some(node) = ctx.store.get::<Node>(&node_id)? {
+    if let Some(node) = ctx.store.get::<Node>(&node_id).await? {
         let mut c = agent(&node)?;
         with_timeout(
             &node_id,
@@ -308,19 +328,23 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
         )
         .await?;
     }
-    let volume = ctx.store.modify::<Volume, Error>(name, |v| {
-        v.status.attached_node = None;
-        v.status.frontend_endpoint = None;
-        v.status.state = VolumeState::Detached;
-        v.status.robustness = Robustness::Unknown;
-        Ok(true)
-    })?;
+    let volume = ctx
+        .store
+        .modify::<Volume, Error>(name, |v| {
+            v.status.attached_node = None;
+            v.status.frontend_endpoint = None;
+            v.status.state = VolumeState::Detached;
+            v.status.robustness = Robustness::Unknown;
+            Ok(true)
+        })
+        .await?;
     ctx.event(
         Kind::Volume,
         name,
         "VolumeDetached",
         format!("detached from {node_id}"),
-    );
+    )
+    .await;
     Ok(volume)
 }
 
@@ -333,7 +357,7 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
 #[tracing::instrument(skip_all, fields(volume = %name, size))]
 pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume, Error> {
     let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
-    let volume: Volume = ctx.store.fetch(name)?;
+    let volume: Volume = ctx.store.fetch(name).await?;
     let mut grown = volume.spec.clone();
     grown.size = size;
     crate::volumes::validate_spec(&grown)?;
@@ -352,10 +376,10 @@ pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume,
     if size == from {
         return Ok(volume);
     }
-    let view = observe::cluster_view(ctx.store.as_ref())?;
+    let view = observe::cluster_view(ctx.store.as_ref()).await?;
     planner::growth::check(
         &view,
-        &ctx.settings()?,
+        &ctx.settings().await?,
         ctx.now(),
         &observe::volume_view(&volume),
         size,
@@ -370,7 +394,8 @@ pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume,
     })?;
     let replicas: Vec<Replica> = ctx
         .store
-        .list::<Replica>()?
+        .list::<Replica>()
+        .await?
         .into_iter()
         .filter(|r| r.spec.volume == name)
         .collect();
@@ -392,10 +417,13 @@ pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume,
             }
         }
     }
-    let volume = ctx.store.modify::<Volume, Error>(name, |v| {
-        v.spec.size = size;
-        Ok(true)
-    })?;
+    let volume = ctx
+        .store
+        .modify::<Volume, Error>(name, |v| {
+            v.spec.size = size;
+            Ok(true)
+        })
+        .await?;
     ctx.event(
         Kind::Volume,
         name,
@@ -405,13 +433,14 @@ pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume,
             ballast::quantity::format_size(from),
             ballast::quantity::format_size(size)
         ),
-    );
+    )
+    .await;
     Ok(volume)
 }
 
 /// Sets one replica's size on its node (a smaller size undoes a growth).
 async fn grow_on_node(ctx: &Context, r: &Replica, size: u64) -> Result<(), Error> {
-    let node: Node = ctx.store.fetch(&r.spec.node_id)?;
+    let node: Node = ctx.store.fetch(&r.spec.node_id).await?;
     let mut c = agent(&node)?;
     with_timeout(
         &node.id,

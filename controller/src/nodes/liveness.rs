@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ballast::model::{Kind, Node};
-use ballast::store::StoreExt;
 
 use crate::context::Context;
 use crate::error::Error;
@@ -14,9 +13,9 @@ use crate::error::Error;
 /// One pass: every ready node silent for longer than the timeout turns
 /// not ready. Returns the ids it marked.
 #[tracing::instrument(skip_all)]
-pub fn check_liveness(ctx: &Context) -> Result<Vec<String>, Error> {
+pub async fn check_liveness(ctx: &Context) -> Result<Vec<String>, Error> {
     let mut marked = Vec::new();
-    for node in ctx.store.list::<Node>()? {
+    for node in ctx.store.list::<Node>().await? {
         if !node.status.ready {
             continue;
         }
@@ -25,12 +24,14 @@ pub fn check_liveness(ctx: &Context) -> Result<Vec<String>, Error> {
             continue;
         }
         let mut changed = false;
-        ctx.store.modify::<Node, Error>(&node.id, |n| {
-            // Re-check on the fresh copy: a heartbeat may have just landed.
-            changed = n.status.ready && ctx.silence(&n.id) > ctx.node_down_timeout;
-            n.status.ready = false;
-            Ok(changed)
-        })?;
+        ctx.store
+            .modify::<Node, Error>(&node.id, |n| {
+                // Re-check on the fresh copy: a heartbeat may have just landed.
+                changed = n.status.ready && ctx.silence(&n.id) > ctx.node_down_timeout;
+                n.status.ready = false;
+                Ok(changed)
+            })
+            .await?;
         if changed {
             ctx.event(
                 Kind::Node,
@@ -41,7 +42,8 @@ pub fn check_liveness(ctx: &Context) -> Result<Vec<String>, Error> {
                     silence.as_secs(),
                     ctx.node_down_timeout.as_secs_f64()
                 ),
-            );
+            )
+            .await;
             marked.push(node.id);
         }
     }
@@ -55,7 +57,7 @@ pub async fn run_liveness(ctx: Arc<Context>) {
     let mut tick = tokio::time::interval(period);
     loop {
         tick.tick().await;
-        if let Err(e) = check_liveness(&ctx) {
+        if let Err(e) = check_liveness(&ctx).await {
             tracing::warn!(error = %e, "liveness check failed");
         }
     }

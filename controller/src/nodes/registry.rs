@@ -10,7 +10,7 @@ use ballast::proto::agent::v1::{
     HeartbeatRequest, HeartbeatResponse, RecordReplicaSetRequest, RecordReplicaSetResponse,
     RegisterRequest, RegisterResponse, controlplane_server::Controlplane,
 };
-use ballast::store::{StoreError, StoreExt};
+use ballast::store::StoreError;
 use tonic::{Request, Response, Status};
 
 use crate::context::Context;
@@ -86,7 +86,7 @@ impl Controlplane for ControlplaneService {
             status.version = req.version.clone();
         };
         let mut became_ready = false;
-        let created = match store.get::<Node>(&req.node_id).map_err(Error::from)? {
+        let created = match store.get::<Node>(&req.node_id).await.map_err(Error::from)? {
             None => {
                 let mut node = Node {
                     id: req.node_id.clone(),
@@ -106,7 +106,7 @@ impl Controlplane for ControlplaneService {
                 };
                 endpoints(&mut node.status);
                 mark_alive(&mut node, self.ctx.now());
-                match store.create(&node) {
+                match store.create(&node).await {
                     Ok(_) => true,
                     // Raced with another registration of the same node: fall
                     // through to the update path on the next call.
@@ -130,6 +130,7 @@ impl Controlplane for ControlplaneService {
                         became_ready = mark_alive(node, self.ctx.now());
                         Ok(true)
                     })
+                    .await
                     .map_err(Status::from)?;
                 false
             }
@@ -145,14 +146,16 @@ impl Controlplane for ControlplaneService {
                     req.zone,
                     req.disks.len()
                 ),
-            );
+            )
+            .await;
         } else if became_ready {
             ctx.event(
                 Kind::Node,
                 &req.node_id,
                 "NodeReady",
                 "node registered again and is ready",
-            );
+            )
+            .await;
         }
         Ok(Response::new(RegisterResponse {
             heartbeat_interval_ms: ctx.heartbeat_interval.as_millis() as u64,
@@ -169,13 +172,14 @@ impl Controlplane for ControlplaneService {
         if ctx
             .store
             .get::<Node>(&req.node_id)
+            .await
             .map_err(Error::from)?
             .is_none()
         {
             return Ok(Response::new(HeartbeatResponse { known: false }));
         }
         ctx.saw_node(&req.node_id);
-        let pressure_percent = ctx.settings()?.disk_pressure_percentage();
+        let pressure_percent = ctx.settings().await?.disk_pressure_percentage();
         let mut became_ready = false;
         ctx.store
             .modify::<Node, Error>(&req.node_id, |node| {
@@ -193,9 +197,11 @@ impl Controlplane for ControlplaneService {
                         (d.id.clone(), st)
                     })
                     .collect();
+                node.status.disk_count = node.status.disks.len() as u32;
                 became_ready = mark_alive(node, self.ctx.now());
                 Ok(true)
             })
+            .await
             .map_err(Status::from)?;
         if became_ready {
             ctx.event(
@@ -203,20 +209,21 @@ impl Controlplane for ControlplaneService {
                 &req.node_id,
                 "NodeReady",
                 "heartbeats resumed; node is ready",
-            );
+            )
+            .await;
         }
         for r in &req.replicas {
-            if let Err(e) = record_progress(ctx, r) {
+            if let Err(e) = record_progress(ctx, r).await {
                 tracing::warn!(replica = %r.name, error = %e, "cannot record rebuild progress");
             }
         }
-        delete_orphans(ctx, &req.node_id, &req.replicas);
+        delete_orphans(ctx, &req.node_id, &req.replicas).await;
         for engine in req.engines.iter().filter(|e| e.running) {
-            if let Err(e) = record_engine(ctx, &req.node_id, engine) {
+            if let Err(e) = record_engine(ctx, &req.node_id, engine).await {
                 tracing::warn!(volume = %engine.volume, error = %e, "cannot record engine status");
             }
         }
-        restart_dead_engines(ctx, &req.node_id, &req.engines);
+        restart_dead_engines(ctx, &req.node_id, &req.engines).await;
         Ok(Response::new(HeartbeatResponse { known: true }))
     }
 
@@ -233,7 +240,8 @@ impl Controlplane for ControlplaneService {
             req.generation,
             &req.replicas,
             &req.reason,
-        )?;
+        )
+        .await?;
         Ok(Response::new(RecordReplicaSetResponse { generation }))
     }
 }
@@ -241,13 +249,13 @@ impl Controlplane for ControlplaneService {
 /// Every volume attached at `node` whose engine the node does not report
 /// running and healthy gets it started again (in the background; the
 /// volume's guard keeps one start at a time).
-fn restart_dead_engines(
+async fn restart_dead_engines(
     ctx: &Arc<Context>,
     node: &str,
     engines: &[ballast::proto::agent::v1::EngineStatus],
 ) {
     use ballast::model::{Volume, VolumeState};
-    let Ok(volumes) = ctx.store.list::<Volume>() else {
+    let Ok(volumes) = ctx.store.list::<Volume>().await else {
         return;
     };
     for v in volumes.into_iter().filter(|v| {
@@ -274,18 +282,18 @@ fn restart_dead_engines(
 /// are left over (their record went while the node was away): their data is
 /// deleted. A replica whose volume is unknown is only reported — a store
 /// that lost its records must never make nodes delete data.
-fn delete_orphans(
+async fn delete_orphans(
     ctx: &Arc<Context>,
     node: &str,
     replicas: &[ballast::proto::agent::v1::ReplicaStatus],
 ) {
     use ballast::model::{Replica, Volume};
     for r in replicas {
-        let known = matches!(ctx.store.get::<Replica>(&r.name), Ok(Some(_)));
+        let known = matches!(ctx.store.get::<Replica>(&r.name).await, Ok(Some(_)));
         if known || ctx.volume_busy(&r.volume) {
             continue;
         }
-        match ctx.store.get::<Volume>(&r.volume) {
+        match ctx.store.get::<Volume>(&r.volume).await {
             Ok(Some(_)) => {}
             _ => {
                 tracing::debug!(replica = %r.name, node, "replica of an unknown volume left on the node");
@@ -295,7 +303,7 @@ fn delete_orphans(
         let (ctx, node, name) = (ctx.clone(), node.to_string(), r.name.clone());
         tokio::spawn(async move {
             let deleted = async {
-                let n: Node = ctx.store.fetch(&node)?;
+                let n: Node = ctx.store.fetch(&node).await?;
                 let mut c = crate::agents::client(&n)?;
                 crate::agents::with_timeout(
                     &node,
@@ -307,12 +315,15 @@ fn delete_orphans(
             }
             .await;
             match deleted {
-                Ok(_) => ctx.event(
-                    Kind::Replica,
-                    &name,
-                    "OrphanDeleted",
-                    format!("its record was gone; its data on {node} is deleted"),
-                ),
+                Ok(_) => {
+                    ctx.event(
+                        Kind::Replica,
+                        &name,
+                        "OrphanDeleted",
+                        format!("its record was gone; its data on {node} is deleted"),
+                    )
+                    .await
+                }
                 Err(e) => {
                     tracing::warn!(replica = %name, error = %e, "cannot delete a left-over replica")
                 }
@@ -322,7 +333,7 @@ fn delete_orphans(
 }
 
 /// Records how far a replica's rebuild got (bytes done of total).
-fn record_progress(
+async fn record_progress(
     ctx: &Context,
     r: &ballast::proto::agent::v1::ReplicaStatus,
 ) -> Result<(), Error> {
@@ -331,27 +342,29 @@ fn record_progress(
         done: r.rebuild_done,
         total: r.rebuild_total,
     });
-    let Some(rep) = ctx.store.get::<Replica>(&r.name)? else {
+    let Some(rep) = ctx.store.get::<Replica>(&r.name).await? else {
         return Ok(());
     };
     if rep.status.rebuild_progress != progress {
-        ctx.store.modify::<Replica, Error>(&r.name, |rep| {
-            rep.status.rebuild_progress = progress.clone();
-            Ok(true)
-        })?;
+        ctx.store
+            .modify::<Replica, Error>(&r.name, |rep| {
+                rep.status.rebuild_progress = progress.clone();
+                Ok(true)
+            })
+            .await?;
     }
     Ok(())
 }
 
 /// Records what an engine reports: its replicas' modes, and the volume's
 /// robustness (and when it became degraded). Writes only changes.
-fn record_engine(
+async fn record_engine(
     ctx: &Context,
     node: &str,
     e: &ballast::proto::agent::v1::EngineStatus,
 ) -> Result<(), Error> {
     use ballast::model::{ReplicaMode, Robustness, Volume};
-    let Some(volume) = ctx.store.get::<Volume>(&e.volume)? else {
+    let Some(volume) = ctx.store.get::<Volume>(&e.volume).await? else {
         return Ok(());
     };
     if volume.status.attached_node.as_deref() != Some(node) || e.replicas.is_empty() {
@@ -366,7 +379,12 @@ fn record_engine(
         if mode == ReplicaMode::Rw {
             rw += 1;
         }
-        if ctx.store.get::<ballast::model::Replica>(&r.name)?.is_none() {
+        if ctx
+            .store
+            .get::<ballast::model::Replica>(&r.name)
+            .await?
+            .is_none()
+        {
             continue;
         }
         let mut rebuilt = false;
@@ -394,7 +412,8 @@ fn record_engine(
                     _ => {}
                 }
                 Ok(true)
-            })?;
+            })
+            .await?;
         if rebuilt {
             ctx.event(
                 Kind::Replica,
@@ -404,7 +423,8 @@ fn record_engine(
                     "from {}: kept {} B, copied {} B by {}",
                     r.rebuild_source, r.kept_bytes, r.copied_bytes, r.copy_path
                 ),
-            );
+            )
+            .await;
         }
         if mode == ReplicaMode::Err && !r.error.is_empty() {
             tracing::debug!(replica = %r.name, error = %r.error, "replica is err");
@@ -418,17 +438,19 @@ fn record_engine(
         Robustness::Faulted
     };
     let mut changed_to = None;
-    ctx.store.modify::<Volume, Error>(&e.volume, |v| {
-        if v.status.robustness == robustness {
-            return Ok(false);
-        }
-        if robustness == Robustness::Degraded {
-            v.status.last_degraded_at = Some(now);
-        }
-        v.status.robustness = robustness;
-        changed_to = Some(robustness);
-        Ok(true)
-    })?;
+    ctx.store
+        .modify::<Volume, Error>(&e.volume, |v| {
+            if v.status.robustness == robustness {
+                return Ok(false);
+            }
+            if robustness == Robustness::Degraded {
+                v.status.last_degraded_at = Some(now);
+            }
+            v.status.robustness = robustness;
+            changed_to = Some(robustness);
+            Ok(true)
+        })
+        .await?;
     if let Some(r) = changed_to {
         ctx.event(
             Kind::Volume,
@@ -438,7 +460,8 @@ fn record_engine(
                 "now {r}: {rw} of {} replicas rw",
                 volume.spec.number_of_replicas
             ),
-        );
+        )
+        .await;
     }
     Ok(())
 }
@@ -500,6 +523,7 @@ mod tests {
                 },
                 status: ReplicaStatus::default(),
             })
+            .await
             .unwrap();
         (dir, svc)
     }
@@ -528,10 +552,10 @@ mod tests {
         let ctx = svc.ctx.clone();
         // 95% used, over the default threshold of 90%.
         beat(&svc, 50 << 20, 3 << 20, 8 << 20).await;
-        let r: Replica = ctx.store.fetch("v-r1").unwrap();
+        let r: Replica = ctx.store.fetch("v-r1").await.unwrap();
         let p = r.status.rebuild_progress.unwrap();
         assert_eq!((p.done, p.total), (3 << 20, 8 << 20));
-        let n: Node = ctx.store.fetch("n1").unwrap();
+        let n: Node = ctx.store.fetch("n1").await.unwrap();
         let d = &n.status.disks["disk-1"];
         assert!(d.pressure);
         assert_eq!(d.scheduled_replicas, ["v-r1"]);
@@ -542,11 +566,12 @@ mod tests {
                 resource_version: 0,
                 value: "0".into(),
             })
+            .await
             .unwrap();
         beat(&svc, 50 << 20, 0, 0).await;
-        let r: Replica = ctx.store.fetch("v-r1").unwrap();
+        let r: Replica = ctx.store.fetch("v-r1").await.unwrap();
         assert_eq!(r.status.rebuild_progress, None);
-        let n: Node = ctx.store.fetch("n1").unwrap();
+        let n: Node = ctx.store.fetch("n1").await.unwrap();
         assert!(!n.status.disks["disk-1"].pressure);
     }
 }

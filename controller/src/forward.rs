@@ -1,0 +1,148 @@
+//! Every controller answers every gRPC call; a follower forwards it.
+//!
+//! When several controllers run on one cluster, one leads (a Lease, see
+//! `kubernetes::lease`). The CSI sidecars elect their own leaders, so the
+//! CSI call of a provisioner or an attacher may reach any controller's
+//! socket; nodes and engines may reach any controller's agent endpoint.
+//! The leader serves a call itself. A follower sends it on, unchanged, to
+//! the leader's agent endpoint, which serves the CSI Controller service
+//! beside the agent protocol, and returns the leader's answer. A call that
+//! was already forwarded is never forwarded again: a controller that is
+//! not the leader (any more) answers it UNAVAILABLE, and the caller
+//! retries, as for no leader at all.
+//!
+//! Owns only the routing: what a call does is in `csi/` and `nodes/`.
+
+use std::sync::{Arc, Mutex};
+
+use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
+use ballast::proto::agent::v1::controlplane_server::Controlplane;
+use ballast::proto::agent::v1::{
+    HeartbeatRequest, HeartbeatResponse, RecordReplicaSetRequest, RecordReplicaSetResponse,
+    RegisterRequest, RegisterResponse,
+};
+use ballast::proto::csi::v1::controller_client::ControllerClient;
+use ballast::proto::csi::v1::controller_server::Controller;
+use ballast::proto::csi::v1::{
+    ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
+    ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
+    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerPublishVolumeRequest,
+    ControllerPublishVolumeResponse, ControllerUnpublishVolumeRequest,
+    ControllerUnpublishVolumeResponse, CreateVolumeRequest, CreateVolumeResponse,
+    DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse,
+    ListVolumesRequest, ListVolumesResponse, ValidateVolumeCapabilitiesRequest,
+    ValidateVolumeCapabilitiesResponse,
+};
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+use crate::context::Context;
+
+/// The metadata key a forwarded call carries.
+const FORWARDED: &str = "x-ballast-forwarded";
+
+/// Where a call goes: served here, or sent on to the leader.
+enum Route {
+    Here,
+    Leader(Channel),
+}
+
+/// Decides the route of each call, keeping one channel to the leader.
+pub struct Router {
+    ctx: Arc<Context>,
+    channel: Mutex<Option<(String, Channel)>>,
+}
+
+impl Router {
+    pub fn new(ctx: Arc<Context>) -> Arc<Router> {
+        Arc::new(Router {
+            ctx,
+            channel: Mutex::new(None),
+        })
+    }
+
+    fn route<T>(&self, request: &Request<T>) -> Result<Route, Status> {
+        let leadership = self.ctx.leadership();
+        if leadership.leading {
+            return Ok(Route::Here);
+        }
+        if request.metadata().get(FORWARDED).is_some() {
+            return Err(Status::unavailable(
+                "this controller is not the leader (any more); retry",
+            ));
+        }
+        let Some((leader, endpoint)) = leadership.holder.filter(|(_, e)| !e.is_empty()) else {
+            return Err(Status::unavailable("no controller leads yet; retry"));
+        };
+        let mut cached = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, channel)) = cached.as_ref()
+            && *at == endpoint
+        {
+            return Ok(Route::Leader(channel.clone()));
+        }
+        let channel = ballast::grpc::tcp_channel(&endpoint)
+            .map_err(|e| Status::unavailable(format!("the leader {leader} at {endpoint}: {e}")))?;
+        *cached = Some((endpoint, channel.clone()));
+        Ok(Route::Leader(channel))
+    }
+}
+
+/// The request as it is sent on: the same message, marked forwarded.
+fn onward<T>(request: Request<T>) -> Request<T> {
+    let mut onward = Request::new(request.into_inner());
+    onward
+        .metadata_mut()
+        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    onward
+}
+
+/// Implements a service by routing each of its calls.
+macro_rules! routed {
+    ($service:ident, $trait:ident, $client:ident, { $($method:ident($req:ty) -> $resp:ty;)* }) => {
+        /// The service every controller serves: by `local` when leading,
+        /// else forwarded to the leader.
+        pub struct $service<L> {
+            local: L,
+            router: Arc<Router>,
+        }
+
+        impl<L> $service<L> {
+            pub fn new(local: L, router: Arc<Router>) -> Self {
+                $service { local, router }
+            }
+        }
+
+        #[tonic::async_trait]
+        impl<L: $trait> $trait for $service<L> {
+            $(
+                async fn $method(&self, request: Request<$req>) -> Result<Response<$resp>, Status> {
+                    match self.router.route(&request)? {
+                        Route::Here => self.local.$method(request).await,
+                        Route::Leader(channel) => {
+                            $client::new(channel).$method(onward(request)).await
+                        }
+                    }
+                }
+            )*
+        }
+    };
+}
+
+routed!(RoutedController, Controller, ControllerClient, {
+    controller_get_capabilities(ControllerGetCapabilitiesRequest) -> ControllerGetCapabilitiesResponse;
+    create_volume(CreateVolumeRequest) -> CreateVolumeResponse;
+    delete_volume(DeleteVolumeRequest) -> DeleteVolumeResponse;
+    controller_publish_volume(ControllerPublishVolumeRequest) -> ControllerPublishVolumeResponse;
+    controller_unpublish_volume(ControllerUnpublishVolumeRequest) -> ControllerUnpublishVolumeResponse;
+    list_volumes(ListVolumesRequest) -> ListVolumesResponse;
+    controller_expand_volume(ControllerExpandVolumeRequest) -> ControllerExpandVolumeResponse;
+    controller_get_volume(ControllerGetVolumeRequest) -> ControllerGetVolumeResponse;
+    get_capacity(GetCapacityRequest) -> GetCapacityResponse;
+    validate_volume_capabilities(ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse;
+});
+
+routed!(RoutedControlplane, Controlplane, ControlplaneClient, {
+    register(RegisterRequest) -> RegisterResponse;
+    heartbeat(HeartbeatRequest) -> HeartbeatResponse;
+    record_replica_set(RecordReplicaSetRequest) -> RecordReplicaSetResponse;
+});

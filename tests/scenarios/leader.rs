@@ -1,0 +1,257 @@
+//! Three controllers on one real API server (the Kubernetes store): one
+//! leads by the Lease, the others forward. The leader is killed (SIGKILL)
+//! while a rebuild is in flight; another takes over within the lease
+//! duration, the rebuild finishes, and the data reads back by checksum,
+//! through the engine and from every replica's files.
+
+use std::time::{Duration, Instant};
+
+use ballast_k8s_harness::ControlPlane;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use serde_json::{Value, json};
+
+use crate::harness::*;
+
+const NAMESPACE: &str = "ballast";
+const LEASE_DURATION: &str = "6s";
+
+fn kube_controller(
+    dir: &std::path::Path,
+    i: usize,
+    kubeconfig: &std::path::Path,
+) -> ControllerProc {
+    let (api, agent) = (free_addr(), free_addr());
+    let socket = dir.join(format!("controller-{i}.sock"));
+    let args: Vec<String> = [
+        "controller",
+        "--store",
+        "kubernetes",
+        "--kubeconfig",
+        &kubeconfig.display().to_string(),
+        "--namespace",
+        NAMESPACE,
+        "--install-crds",
+        "--lease-duration",
+        LEASE_DURATION,
+        "--csi-endpoint",
+        &format!("unix://{}", socket.display()),
+        "--api-listen",
+        &api.to_string(),
+        "--agent-listen",
+        &agent.to_string(),
+        "--node-down-timeout",
+        "4s",
+        "--resync-interval",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let name = format!("controller-{i}");
+    let proc = Proc::spawn_env(
+        &args,
+        dir.join(format!("{name}.log")),
+        &[("POD_NAME", &name)],
+    );
+    let api = format!("http://{api}");
+    wait_api(&api, &proc);
+    ControllerProc {
+        proc,
+        api,
+        agent,
+        socket,
+        store: dir.join("unused"),
+        args,
+    }
+}
+
+/// The Lease's holder, once there is one.
+fn holder(rt: &tokio::runtime::Runtime, cp: &ControlPlane) -> Option<String> {
+    rt.block_on(async {
+        let leases: kube::Api<Lease> = kube::Api::namespaced(cp.client().await.ok()?, NAMESPACE);
+        let lease = leases.get_opt("ballast-controller").await.ok()??;
+        lease.spec?.holder_identity
+    })
+}
+
+/// A cluster on the Kubernetes store: controllers on the test bench's API
+/// server, and nodes that are Kubernetes Nodes too (`node-i`, labelled
+/// with zone `kube-zone-i`; there is no kubelet, the Node objects stand
+/// for the machines). `c.ctl` is the leader; the other controllers follow.
+pub struct KubeCluster {
+    pub c: Cluster,
+    pub followers: Vec<ControllerProc>,
+    pub leader: String,
+    pub cp: ControlPlane,
+    pub rt: tokio::runtime::Runtime,
+}
+
+impl KubeCluster {
+    pub fn start(nodes: usize) -> KubeCluster {
+        KubeCluster::start_with(1, nodes)
+    }
+
+    pub fn start_with(controllers: usize, nodes: usize) -> KubeCluster {
+        let rt = runtime();
+        let cp = rt
+            .block_on(ControlPlane::start())
+            .unwrap_or_else(|e| panic!("{e}"));
+        let mut dir = tempfile::tempdir().unwrap();
+        if std::env::var_os("BALLAST_KEEP_TEST_DIRS").is_some() {
+            dir.disable_cleanup(true);
+            eprintln!("test directory: {}", dir.path().display());
+        }
+        rt.block_on(async {
+            let api: kube::Api<KubeNode> = kube::Api::all(cp.client().await.unwrap());
+            for i in 1..=nodes {
+                let node: KubeNode = serde_json::from_value(json!({
+                    "metadata": {
+                        "name": format!("node-{i}"),
+                        "labels": {"topology.kubernetes.io/zone": format!("kube-zone-{i}")},
+                    },
+                }))
+                .unwrap();
+                api.create(&Default::default(), &node).await.unwrap();
+            }
+        });
+        let mut ctls: Vec<ControllerProc> = (0..controllers)
+            .map(|i| kube_controller(dir.path(), i, &cp.kubeconfig))
+            .collect();
+        let leader = wait_for(Duration::from_secs(60), "a leader", || holder(&rt, &cp));
+        let li: usize = leader.trim_start_matches("controller-").parse().unwrap();
+        // Nodes may call any controller: followers forward to the leader.
+        let agents: Vec<String> = ctls.iter().map(|c| format!("http://{}", c.agent)).collect();
+        let agents = agents.join(",");
+        let node_procs: Vec<NodeProc> = (1..=nodes)
+            .map(|i| start_node(dir.path(), &format!("node-{i}"), &agents))
+            .collect();
+        let ctl = ctls.remove(li);
+        let c = Cluster {
+            nodes: node_procs,
+            api: ctl.api.clone(),
+            ctl,
+            _mounts: Vec::new(),
+            dir,
+        };
+        for n in &c.nodes {
+            wait_for(Duration::from_secs(90), "node ready", || {
+                node(&c.api, &n.id).filter(node_is_up)
+            });
+        }
+        free_space_is_not_the_test(&c.api);
+        KubeCluster {
+            c,
+            followers: ctls,
+            leader,
+            cp,
+            rt,
+        }
+    }
+
+    /// `kubectl cordon` / `uncordon`: patches the Kubernetes Node.
+    pub fn cordon(&self, node: &str, on: bool) {
+        self.rt.block_on(async {
+            let api: kube::Api<KubeNode> = kube::Api::all(self.cp.client().await.unwrap());
+            let patch = json!({"spec": {"unschedulable": on}});
+            api.patch(
+                node,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+        });
+    }
+}
+
+#[test]
+fn the_leader_killed_during_a_rebuild_is_replaced_and_the_rebuild_finishes_with_the_data() {
+    let KubeCluster {
+        mut c,
+        followers: ctls,
+        leader,
+        cp,
+        rt,
+    } = KubeCluster::start_with(3, 3);
+    // A follower serves reads and refuses writes, naming the leader.
+    let (code, body) = call(
+        "PUT",
+        &format!(
+            "{}/v1/settings/replica-replenishment-wait-interval",
+            ctls[0].api
+        ),
+        Some(json!({"value": "0"})),
+    );
+    assert_eq!(code, 503, "{body}");
+    assert!(body["error"].as_str().unwrap().contains(&leader), "{body}");
+    c.set("replica-replenishment-wait-interval", json!(0));
+
+    c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 2}));
+    let holders = c.holders("vol");
+    let endpoint = c.attach("vol", &holders[0]);
+    c.wait_settled("vol", 2, Duration::from_secs(60));
+    write_data(c.dir.path(), &endpoint, 7);
+
+    // A replica's node dies; the next writes fail its replica, and the
+    // leader builds a new one on the third node. As soon as that rebuild
+    // is under way, the leader dies too.
+    let victim = c.node_index(&holders[1]);
+    c.kill_node(victim);
+    let data = write_data(c.dir.path(), &endpoint, 8);
+    let mut seen = Vec::new();
+    let rebuilding = wait_for(Duration::from_secs(60), "a rebuild under way", || {
+        let reps = c.replicas("vol");
+        let states: Vec<String> = reps
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}:{}:{}",
+                    r["name"], r["spec"]["nodeId"], r["status"]["mode"]
+                )
+            })
+            .collect();
+        if seen.last() != Some(&states) {
+            eprintln!("replicas: {states:?}");
+            seen.push(states);
+        }
+        reps.into_iter().find(|r| {
+            r["spec"]["nodeId"] != holders[0].as_str()
+                && r["spec"]["nodeId"] != holders[1].as_str()
+                && r["status"]["mode"] != "rw"
+        })
+    });
+    let killed_at = Instant::now();
+    c.ctl.proc.signal(nix::sys::signal::Signal::SIGKILL);
+    c.ctl.proc.wait_exit(Duration::from_secs(10));
+
+    // Another controller takes over within the lease duration (and the
+    // period of its tries).
+    let next = wait_for(Duration::from_secs(30), "a new leader", || {
+        holder(&rt, &cp).filter(|h| *h != leader)
+    });
+    let took = killed_at.elapsed();
+    assert!(
+        took < Duration::from_secs(6 + 3),
+        "took over after {took:?}, more than the lease duration and its tries"
+    );
+    let ni = ctls
+        .iter()
+        .position(|x| x.proc.log.ends_with(format!("{next}.log")))
+        .unwrap();
+    c.api = ctls[ni].api.clone();
+
+    // The rebuild finishes under the new leader: the replica that was
+    // being rebuilt is rw beside the attached one (the dead node's stays
+    // failed), and the data is whole everywhere.
+    wait_for(Duration::from_secs(90), "the rebuild finished", || {
+        let rw: Vec<Value> = c
+            .replicas("vol")
+            .into_iter()
+            .filter(|r| r["status"]["mode"] == "rw")
+            .collect();
+        (rw.len() == 2 && rw.iter().any(|r| r["name"] == rebuilding["name"])).then_some(())
+    });
+    verify_data(c.dir.path(), &endpoint, &data);
+    verify_replicas(&c, "vol", &data);
+}
