@@ -8,7 +8,7 @@ mod common;
 mod harness;
 
 mod disk_loss;
-mod leader;
+mod kube_cluster;
 mod orphans;
 mod safety;
 mod seed000_auto_balance;

@@ -31,7 +31,7 @@ fn block_for_eviction_moves_the_replica_off_a_cordoned_node_before_the_drain_com
 /// too, and the cordon is a patch of the Node.
 #[test]
 fn block_for_eviction_follows_a_kubectl_cordon_of_the_kubernetes_node() {
-    let k = crate::leader::KubeCluster::start(3);
+    let k = crate::kube_cluster::KubeCluster::start(3);
     // The Node's zone label is the node's zone.
     wait_for(SETTLE, "zones from the Nodes' labels", || {
         (1..=3)

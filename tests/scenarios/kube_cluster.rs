@@ -1,8 +1,7 @@
-//! Three controllers on one real API server (the Kubernetes store): one
-//! leads by the Lease, the others forward. The leader is killed (SIGKILL)
-//! while a rebuild is in flight; another takes over within the lease
-//! duration, the rebuild finishes, and the data reads back by checksum,
-//! through the engine and from every replica's files.
+//! A cluster on the Kubernetes store for the scenarios: controllers with
+//! `--store kubernetes` on the test bench's real API server (one leads by
+//! the Lease, the others forward), and nodes that are Kubernetes Nodes
+//! too. Used by seed 002's drain on a `kubectl cordon`.
 
 use std::time::Duration;
 
