@@ -44,6 +44,38 @@ pub enum Error {
     },
     #[error("kubeconfig: {0}")]
     Kubeconfig(String),
+    #[error("the API server's metrics: {0}")]
+    Metrics(String),
+}
+
+/// Requests the API server served, by verb, group and resource (from
+/// `apiserver_request_total`, summed over codes, scopes and versions).
+pub type RequestCounts = std::collections::BTreeMap<(String, String, String), u64>;
+
+/// The request counts of the API server's `/metrics` text.
+pub fn parse_request_counts(metrics: &str) -> RequestCounts {
+    let mut counts = RequestCounts::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_request_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=\"")))
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or_default()
+                .to_string()
+        };
+        let n = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+        *counts
+            .entry((label("verb"), label("group"), label("resource")))
+            .or_default() += n;
+    }
+    counts
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
@@ -381,6 +413,20 @@ impl ControlPlane {
         kube::Client::try_from(config).map_err(|e| Error::Kubeconfig(e.to_string()))
     }
 
+    /// The requests the API server has served so far (see
+    /// [`parse_request_counts`]).
+    pub async fn request_counts(&self) -> Result<RequestCounts, Error> {
+        let client = self.client().await?;
+        let req = http::Request::get("/metrics")
+            .body(Vec::new())
+            .map_err(|e| Error::Metrics(e.to_string()))?;
+        let text = client
+            .request_text(req)
+            .await
+            .map_err(|e| Error::Metrics(e.to_string()))?;
+        Ok(parse_request_counts(&text))
+    }
+
     async fn wait_ready(&mut self, limit: Duration) -> Result<(), Error> {
         let client = self.client().await?;
         let end = Instant::now() + limit;
@@ -433,5 +479,25 @@ impl Drop for ControlPlane {
         while let Some(p) = self.procs.pop() {
             drop(p);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_counts_sum_over_codes_by_verb_group_and_resource() {
+        let text = r#"# HELP apiserver_request_total Counter of apiserver requests
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 12
+apiserver_request_total{code="409",component="apiserver",dry_run="",group="coordination.k8s.io",resource="leases",scope="resource",subresource="",verb="PUT",version="v1"} 1
+apiserver_request_total{code="200",component="apiserver",dry_run="",group="",resource="nodes",scope="cluster",subresource="",verb="LIST",version="v1"} 3
+apiserver_request_duration_seconds_count{verb="GET"} 9
+"#;
+        let c = parse_request_counts(text);
+        let key = |v: &str, g: &str, r: &str| (v.to_string(), g.to_string(), r.to_string());
+        assert_eq!(c[&key("PUT", "coordination.k8s.io", "leases")], 13);
+        assert_eq!(c[&key("LIST", "", "nodes")], 3);
+        assert_eq!(c.len(), 2);
     }
 }

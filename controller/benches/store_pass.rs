@@ -1,0 +1,215 @@
+//! A planning pass as the controller runs it — read the cluster from the
+//! store, build the view, plan — over 1,000 volumes of 3 replicas on 100
+//! nodes, on the Kubernetes store (watch caches over the test bench's real
+//! API server) against the embedded redb store, both filled alike in the
+//! same run. Prints the median pass on each and their ratio.
+//!
+//! Run: `KUBEBUILDER_ASSETS=$PWD/target/k8s-tools cargo bench -p
+//! ballast-controller --bench store_pass` (the bench is built by
+//! `tools/k8s/build`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ballast::model::{
+    DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus, ReplicaMode, Volume, VolumeSpec, VolumeState,
+};
+use ballast::settings::Settings;
+use ballast::store::{RedbStore, Store, StoreError};
+use ballast_controller::executor::effects;
+use ballast_controller::kubernetes::{self, KubeStore};
+use ballast_controller::{observe, planner};
+use ballast_k8s_harness::ControlPlane;
+use chrono::Utc;
+use tokio::task::JoinSet;
+
+const GIB: u64 = 1 << 30;
+const VOLUMES: usize = 1_000;
+const NODES: usize = 100;
+const ZONES: usize = 3;
+const PASSES: usize = 15;
+
+fn nodes() -> Vec<Node> {
+    (0..NODES)
+        .map(|n| Node {
+            id: format!("node-{n:03}"),
+            resource_version: 0,
+            spec: NodeSpec {
+                zone: format!("zone-{}", n % ZONES),
+                tags: vec![],
+                allow_scheduling: true,
+                eviction_requested: false,
+                disks: (0..2)
+                    .map(|d| {
+                        (
+                            format!("d{d}"),
+                            DiskSpec::new(format!("/disks/{d}"), vec![]),
+                        )
+                    })
+                    .collect(),
+            },
+            status: NodeStatus {
+                ready: true,
+                last_heartbeat: Some(Utc::now()),
+                disks: (0..2)
+                    .map(|d| {
+                        let st = DiskStatus {
+                            ready: true,
+                            storage_maximum: 100_000 * GIB,
+                            storage_available: 60_000 * GIB,
+                            ..Default::default()
+                        };
+                        (format!("d{d}"), st)
+                    })
+                    .collect(),
+                disk_count: 2,
+                ..Default::default()
+            },
+        })
+        .collect()
+}
+
+fn volumes() -> Vec<Volume> {
+    (0..VOLUMES)
+        .map(|v| {
+            let mut vol = Volume {
+                name: format!("vol-{v:04}"),
+                resource_version: 0,
+                spec: VolumeSpec::new(10 * GIB, 3),
+                status: Default::default(),
+            };
+            vol.status.state = VolumeState::Detached;
+            vol.status.current_replicas = (0..3).map(|k| format!("vol-{v:04}-r{k}")).collect();
+            vol
+        })
+        .collect()
+}
+
+/// Three replicas per volume on three consecutive nodes: one per zone.
+fn replicas() -> Vec<ballast::model::Replica> {
+    let now = Utc::now();
+    (0..VOLUMES)
+        .flat_map(|v| {
+            let group = v % (NODES / ZONES);
+            (0..3).map(move |k| {
+                let mut r = effects::new_replica(
+                    &format!("vol-{v:04}-r{k}"),
+                    &format!("vol-{v:04}"),
+                    &format!("node-{:03}", group * ZONES + k),
+                    &format!("d{}", v % 2),
+                    Some(ReplicaMode::Rw),
+                );
+                r.spec.healthy_at = Some(now);
+                r
+            })
+        })
+        .collect()
+}
+
+/// Creates every record, 16 at a time.
+async fn fill(store: Arc<dyn Store>) {
+    type Create = std::pin::Pin<Box<dyn Future<Output = Result<(), StoreError>> + Send>>;
+    let create: Vec<Create> = {
+        let s = &store;
+        let nodes = nodes().into_iter().map(|n| {
+            let s = s.clone();
+            Box::pin(async move { s.create(&n).await.map(|_| ()) }) as Create
+        });
+        let volumes = volumes().into_iter().map(|v| {
+            let s = s.clone();
+            Box::pin(async move { s.create(&v).await.map(|_| ()) }) as Create
+        });
+        let replicas = replicas().into_iter().map(|r| {
+            let s = s.clone();
+            Box::pin(async move { s.create(&r).await.map(|_| ()) }) as Create
+        });
+        nodes.chain(volumes).chain(replicas).collect()
+    };
+    let mut tasks = JoinSet::new();
+    for c in create {
+        tasks.spawn(c);
+        while tasks.len() >= 16 {
+            done(tasks.join_next().await);
+        }
+    }
+    while let Some(r) = tasks.join_next().await {
+        done(Some(r));
+    }
+}
+
+fn done(r: Option<Result<Result<(), StoreError>, tokio::task::JoinError>>) {
+    match r {
+        Some(Ok(Ok(()))) | None => {}
+        Some(other) => panic!("filling the store failed: {other:?}"),
+    }
+}
+
+/// The median of `PASSES` passes: read, view, plan.
+async fn pass(store: &dyn Store) -> Duration {
+    let settings = Settings::from_overrides([
+        ("replica-auto-balance", "best-effort"),
+        ("replica-soft-anti-affinity", "true"),
+    ]);
+    let mut times = Vec::new();
+    for _ in 0..PASSES {
+        let start = Instant::now();
+        let view = observe::cluster_view(store).await.expect("read the store");
+        let plan = planner::plan(&view, &settings, Utc::now());
+        times.push(start.elapsed());
+        assert_eq!(view.volumes.len(), VOLUMES);
+        assert_eq!(view.replicas.len(), 3 * VOLUMES);
+        if let Some(a) = plan.changes().next() {
+            panic!("a healthy cluster needs nothing, but: {a:?}");
+        }
+    }
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+#[tokio::main]
+async fn main() {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let cp = ControlPlane::start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let client = cp.client().await.unwrap_or_else(|e| panic!("{e}"));
+    kubernetes::install_crds(&client)
+        .await
+        .expect("install the CRDs");
+    kubernetes::ensure_namespace(&client, "ballast")
+        .await
+        .expect("the namespace");
+    let kube: Arc<dyn Store> = Arc::new(
+        KubeStore::connect(client, "ballast", "bench")
+            .await
+            .expect("connect to the API server"),
+    );
+    let redb: Arc<dyn Store> =
+        Arc::new(RedbStore::open(dir.path().join("store.redb")).expect("open redb"));
+
+    let start = Instant::now();
+    fill(redb.clone()).await;
+    println!("filled redb: {:.1} s", start.elapsed().as_secs_f64());
+    let start = Instant::now();
+    fill(kube.clone()).await;
+    println!(
+        "filled the Kubernetes store: {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+
+    let on_redb = pass(redb.as_ref()).await;
+    let on_kube = pass(kube.as_ref()).await;
+    println!(
+        "planning pass (read, view, plan), {VOLUMES} volumes x 3 replicas on {NODES} nodes, median of {PASSES}:"
+    );
+    println!("  embedded redb:     {:>8.2} ms", ms(on_redb));
+    println!("  Kubernetes store:  {:>8.2} ms", ms(on_kube));
+    println!(
+        "Kubernetes store vs redb, planning pass: {:.2}x",
+        on_kube.as_secs_f64() / on_redb.as_secs_f64()
+    );
+}
