@@ -5,6 +5,7 @@
 mod common;
 
 use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 
@@ -175,4 +176,81 @@ fn ballastctl_reports_an_unreachable_api_clearly() {
     let (ok, _, err) = ballastctl(&format!("http://{}", free_addr()), &["node", "list"]);
     assert!(!ok);
     assert!(err.contains("cannot reach the Ballast API"), "{err}");
+}
+
+/// `ballast local --store kubernetes --kubeconfig F` runs the same cluster
+/// against an API server: its nodes, volumes, replicas and settings are
+/// objects there, and data written through a volume reads back.
+#[test]
+fn local_cluster_runs_on_an_api_server_with_the_kubernetes_store() {
+    use ballast::model::{NodeResource, ReplicaResource, SettingResource, VolumeResource};
+    use kube::api::{Api, ListParams};
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let cp = rt
+        .block_on(ballast_k8s_harness::ControlPlane::start())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let _teardown = Teardown(dir.path().to_path_buf());
+    let port = local_api_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let kubeconfig = cp.kubeconfig.to_str().unwrap();
+    let local = start_local_with(
+        dir.path(),
+        port,
+        &["--store", "kubernetes", "--kubeconfig", kubeconfig],
+    );
+    wait_for(Duration::from_secs(60), "three ready nodes", || {
+        let (_, json, _) = ballastctl(&api, &["-o", "json", "node", "list"]);
+        let v: serde_json::Value = serde_json::from_str(&json).ok()?;
+        let items = v["items"].as_array()?;
+        (items.len() == 3 && items.iter().all(node_is_up)).then_some(())
+    });
+    free_space_is_not_the_test(&api);
+    let (ok, _, err) = ballastctl(
+        &api,
+        &["volume", "create", "v1", "--size", "1Gi", "--replicas", "3"],
+    );
+    assert!(ok, "{err}");
+    round_trip(dir.path(), &api);
+    let (ok, _, err) = ballastctl(
+        &api,
+        &["setting", "set", "replica-auto-balance", "best-effort"],
+    );
+    assert!(ok, "{err}");
+
+    // What the API server holds, as `kubectl get -n ballast-system` lists it.
+    let client = rt.block_on(cp.client()).unwrap();
+    let ns = "ballast-system";
+    let names = |list: Vec<String>| {
+        let mut list = list;
+        list.sort();
+        list
+    };
+    let lp = ListParams::default();
+    let nodes = rt
+        .block_on(Api::<NodeResource>::namespaced(client.clone(), ns).list(&lp))
+        .unwrap();
+    assert_eq!(
+        names(nodes.items.iter().filter_map(|n| n.metadata.name.clone()).collect()),
+        ["node-1", "node-2", "node-3"]
+    );
+    let volumes = rt
+        .block_on(Api::<VolumeResource>::namespaced(client.clone(), ns).list(&lp))
+        .unwrap();
+    assert_eq!(
+        names(volumes.items.iter().filter_map(|v| v.metadata.name.clone()).collect()),
+        ["v1"]
+    );
+    let replicas = rt
+        .block_on(Api::<ReplicaResource>::namespaced(client.clone(), ns).list(&lp))
+        .unwrap();
+    assert_eq!(replicas.items.len(), 3, "{:?}", replicas.items);
+    let setting = rt
+        .block_on(
+            Api::<SettingResource>::namespaced(client.clone(), ns).get("replica-auto-balance"),
+        )
+        .unwrap();
+    assert_eq!(setting.spec.value, "best-effort");
+    stop_with_ctrl_c(local);
 }

@@ -445,6 +445,11 @@ impl Drop for Local {
 /// Starts `ballast local` with three nodes in three zones on `dir`, and
 /// waits until it says it is up.
 pub fn start_local(dir: &Path, port: u16) -> Local {
+    start_local_with(dir, port, &[])
+}
+
+/// [`start_local`] with more arguments, e.g. `--store kubernetes`.
+pub fn start_local_with(dir: &Path, port: u16, more: &[&str]) -> Local {
     let mut child = Command::new(BALLAST)
         .args([
             "local",
@@ -458,6 +463,7 @@ pub fn start_local(dir: &Path, port: u16) -> Local {
         ])
         .arg(dir)
         .args(["--api-listen", &format!("127.0.0.1:{port}")])
+        .args(more)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
