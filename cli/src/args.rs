@@ -94,17 +94,21 @@ impl From<ControllerArgs> for ControllerConfig {
 
 #[derive(Debug, Args)]
 pub struct NodeArgs {
-    /// This node's id (a DNS label, e.g. node-1).
+    /// This node's id (a DNS label, e.g. node-1). Without it, `NODE_NAME`
+    /// (the downward API's `spec.nodeName` in a pod) names the node.
     #[arg(long, env = "BALLAST_NODE_ID")]
-    pub node_id: String,
+    pub node_id: Option<String>,
     /// Zone of the node.
     #[arg(long, env = "BALLAST_ZONE", default_value = "")]
     pub zone: String,
     /// Node tags, comma separated.
     #[arg(long, env = "BALLAST_TAGS", value_delimiter = ',')]
     pub tags: Vec<String>,
-    /// A disk: <path>[:tag1,tag2]. Repeat for several disks.
-    #[arg(long = "disk", env = "BALLAST_DISK", required = true)]
+    /// A default disk: <path>[:tag1,tag2]. Repeat for several disks. The
+    /// node opens these (unless its Kubernetes Node's annotation
+    /// ballast.csi.dev/default-disks names its defaults) and the disks of
+    /// its Ballast Node's spec.
+    #[arg(long = "disk", env = "BALLAST_DISK")]
     pub disks: Vec<DiskArg>,
     /// The controller's agent endpoint, e.g. http://127.0.0.1:9501
     #[arg(long, env = "BALLAST_CONTROLLER")]
@@ -128,20 +132,37 @@ pub struct NodeArgs {
     pub writeback_every: u64,
 }
 
-impl From<NodeArgs> for NodeConfig {
-    fn from(a: NodeArgs) -> Self {
-        NodeConfig {
-            node_id: a.node_id,
-            zone: a.zone,
-            tags: a.tags,
-            disks: a.disks,
-            controller: a.controller,
-            csi_endpoint: a.csi_endpoint,
-            agent_listen: a.agent_listen,
-            replica_listen: a.replica_listen,
-            state_dir: a.state_dir,
-            writeback_every: a.writeback_every,
-        }
+/// The environment variable a pod's downward API sets to its node's name.
+pub const NODE_NAME_ENV: &str = "NODE_NAME";
+
+impl NodeArgs {
+    /// The node's configuration: its id from `--node-id`, else from
+    /// `NODE_NAME`.
+    pub fn config(self) -> Result<NodeConfig, String> {
+        let node_id = match self.node_id.clone() {
+            Some(id) => id,
+            None => std::env::var(NODE_NAME_ENV).map_err(|_| {
+                format!(
+                    "nodeId: give --node-id (or BALLAST_NODE_ID), or set {NODE_NAME_ENV} from the downward API's spec.nodeName"
+                )
+            })?,
+        };
+        Ok(node_config(node_id, self))
+    }
+}
+
+fn node_config(node_id: String, a: NodeArgs) -> NodeConfig {
+    NodeConfig {
+        node_id,
+        zone: a.zone,
+        tags: a.tags,
+        disks: a.disks,
+        controller: a.controller,
+        csi_endpoint: a.csi_endpoint,
+        agent_listen: a.agent_listen,
+        replica_listen: a.replica_listen,
+        state_dir: a.state_dir,
+        writeback_every: a.writeback_every,
     }
 }
 

@@ -30,6 +30,11 @@ pub struct Context {
     /// `started`.
     pub last_seen: Mutex<HashMap<String, Instant>>,
     pub started: Instant,
+    /// When each replica in `wo` was last seen being filled: reported by
+    /// its engine or its node, or under a call of this controller. A
+    /// rebuild no one has driven for the node-down timeout was interrupted
+    /// (its controller died) and is started again.
+    pub rebuilding_seen: Mutex<HashMap<String, Instant>>,
     pub events: Recorder,
     /// Volumes with a call in progress.
     busy: KeyedGuards,
@@ -40,6 +45,8 @@ pub struct Context {
     /// Who leads: always this process on the embedded store; elected by a
     /// Lease on Kubernetes.
     leadership: watch::Receiver<Leadership>,
+    /// The cluster's client, on the Kubernetes store (to read its Nodes).
+    pub kube: Option<kube::Client>,
 }
 
 /// Who leads, as this controller knows it.
@@ -89,24 +96,29 @@ impl Context {
             heartbeat_interval,
             last_seen: Mutex::new(HashMap::new()),
             started: Instant::now(),
+            rebuilding_seen: Mutex::new(HashMap::new()),
             events: Recorder::default(),
             busy: KeyedGuards::default(),
             agents: Arc::new(GrpcAgents),
             clock: Clock::System,
             names: Names::Random,
             leadership: always_leading(),
+            kube: None,
         })
     }
 
-    /// A context whose controller leads only while `leadership` says so.
+    /// A context on a Kubernetes cluster, whose controller leads only
+    /// while `leadership` says so.
     pub fn elected(
         store: Arc<dyn Store>,
         node_down_timeout: Duration,
         leadership: watch::Receiver<Leadership>,
+        client: kube::Client,
     ) -> Arc<Self> {
         let mut ctx = Arc::into_inner(Self::new(store, node_down_timeout))
             .expect("a new context has one owner");
         ctx.leadership = leadership;
+        ctx.kube = Some(client);
         Arc::new(ctx)
     }
 
@@ -129,12 +141,14 @@ impl Context {
             heartbeat_interval: Duration::from_secs(5),
             last_seen: Mutex::new(HashMap::new()),
             started: Instant::now(),
+            rebuilding_seen: Mutex::new(HashMap::new()),
             events: Recorder::default(),
             busy: KeyedGuards::default(),
             agents,
             clock: Clock::Manual(Mutex::new(now)),
             names: Names::Sequential(AtomicU64::new(0)),
             leadership: always_leading(),
+            kube: None,
         })
     }
 
@@ -218,6 +232,13 @@ impl Context {
     pub fn saw_node(&self, id: &str) {
         if let Ok(mut m) = self.last_seen.lock() {
             m.insert(id.to_string(), Instant::now());
+        }
+    }
+
+    /// A replica is being filled: its engine or node reports it.
+    pub fn saw_rebuilding(&self, replica: &str) {
+        if let Ok(mut m) = self.rebuilding_seen.lock() {
+            m.insert(replica.to_string(), Instant::now());
         }
     }
 

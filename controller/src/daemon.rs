@@ -124,9 +124,14 @@ fn context(
         .advertise
         .clone()
         .unwrap_or_else(|| format!("http://{}", config.agent_listen));
-    let elector =
-        crate::kubernetes::Elector::new(client, &k.namespace, &instance(), &endpoint, timing);
-    let ctx = Context::elected(store, config.node_down_timeout, elector.watch());
+    let elector = crate::kubernetes::Elector::new(
+        client.clone(),
+        &k.namespace,
+        &instance(),
+        &endpoint,
+        timing,
+    );
+    let ctx = Context::elected(store, config.node_down_timeout, elector.watch(), client);
     tokio::spawn(elector.run());
     ctx
 }

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
 use ballast::proto::agent::v1::controlplane_server::Controlplane;
 use ballast::proto::agent::v1::{
-    HeartbeatRequest, HeartbeatResponse, RecordReplicaSetRequest, RecordReplicaSetResponse,
-    RegisterRequest, RegisterResponse,
+    HeartbeatRequest, HeartbeatResponse, NodeDisksRequest, NodeDisksResponse,
+    RecordReplicaSetRequest, RecordReplicaSetResponse, RegisterRequest, RegisterResponse,
 };
 use ballast::proto::csi::v1::controller_client::ControllerClient;
 use ballast::proto::csi::v1::controller_server::Controller;
@@ -145,4 +145,5 @@ routed!(RoutedControlplane, Controlplane, ControlplaneClient, {
     register(RegisterRequest) -> RegisterResponse;
     heartbeat(HeartbeatRequest) -> HeartbeatResponse;
     record_replica_set(RecordReplicaSetRequest) -> RecordReplicaSetResponse;
+    node_disks(NodeDisksRequest) -> NodeDisksResponse;
 });

@@ -22,6 +22,7 @@ pub mod kubernetes;
 pub mod nodes;
 pub mod observe;
 pub mod planner;
+pub mod settings_check;
 pub mod sim;
 pub mod volumes;
 

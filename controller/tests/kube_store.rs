@@ -146,6 +146,7 @@ async fn a_watch_resumed_from_a_forgotten_version_lists_again_and_misses_nothing
         name: "replica-auto-balance".into(),
         resource_version: 0,
         value: "best-effort".into(),
+        status: Default::default(),
     };
     let created = db(&store).create(&s).await.unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -216,6 +217,7 @@ async fn the_crd_schema_refuses_a_bad_setting_naming_the_accepted_values() {
         name: "replica-auto-balance".into(),
         resource_version: 0,
         value: "sometimes".into(),
+        status: Default::default(),
     };
     let err = db(&store).create(&bad).await.unwrap_err();
     let text = err.to_string();
@@ -228,6 +230,7 @@ async fn the_crd_schema_refuses_a_bad_setting_naming_the_accepted_values() {
         name: "no-such-setting".into(),
         resource_version: 0,
         value: "1".into(),
+        status: Default::default(),
     };
     let text = db(&store).create(&unknown).await.unwrap_err().to_string();
     assert!(text.contains("unknown setting"), "{text}");
@@ -235,6 +238,7 @@ async fn the_crd_schema_refuses_a_bad_setting_naming_the_accepted_values() {
         name: "default-replica-count".into(),
         resource_version: 0,
         value: "0".into(),
+        status: Default::default(),
     };
     let text = db(&store).create(&range).await.unwrap_err().to_string();
     assert!(text.contains("an integer from 1 to 20"), "{text}");

@@ -1,4 +1,5 @@
-//! `ballast node`: opens the disks, binds its sockets (failing fast), then
+//! `ballast node`: asks the controller which disks to open, opens them,
+//! binds its sockets (failing fast), then
 //! registers with the controller, heartbeats, and serves the CSI socket and
 //! the agent endpoint until SIGTERM or SIGINT.
 
@@ -36,7 +37,6 @@ pub struct NodeConfig {
 pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     ballast::model::validate_name(&config.node_id)
         .map_err(|m| ServeError::Config(format!("--node-id: {m}")))?;
-    let disks = open_disks(&config.disks).map_err(|e| ServeError::Config(e.to_string()))?;
     // Sockets and engine files; by default beside the first disk.
     let state_dir = config
         .state_dir
@@ -52,6 +52,17 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     })?;
     let socket = ballast::grpc::unix_path(&config.csi_endpoint)?;
     let controller = ballast::grpc::tcp_channel(&config.controller)?;
+    // The flags' disks must be there, whatever the controller answers.
+    for d in &config.disks {
+        crate::disks::dir_of(d).map_err(|e| ServeError::Config(e.to_string()))?;
+    }
+    let wanted = crate::agent::disks_to_open(&controller, &config.node_id, &config.disks).await;
+    if wanted.is_empty() {
+        return Err(ServeError::Config(
+            "disk: no disks to open: give --disk, or name them in the Ballast Node's spec or the Kubernetes Node's annotation ballast.csi.dev/default-disks".into(),
+        ));
+    }
+    let disks = open_disks(&wanted).map_err(|e| ServeError::Config(e.to_string()))?;
     let agent = tokio::net::TcpListener::bind(config.agent_listen)
         .await
         .map_err(|source| ServeError::Bind {

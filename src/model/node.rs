@@ -110,6 +110,11 @@ pub struct NodeStatus {
     pub drain_blocked_reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat: Option<DateTime<Utc>>,
+    /// Why the node is down whatever its heartbeats say: on Kubernetes,
+    /// its Node was deleted or has been NotReady for the node-down
+    /// timeout. While set, heartbeats do not make the node ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_down: Option<String>,
     #[serde(default)]
     pub disks: BTreeMap<String, DiskStatus>,
     /// How many disks `disks` holds (a column of `kubectl get`).

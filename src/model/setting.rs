@@ -14,6 +14,9 @@ pub struct Setting {
     #[serde(default)]
     pub resource_version: u64,
     pub value: String,
+    /// What the controller says of the value.
+    #[serde(default)]
+    pub status: SettingStatus,
 }
 
 /// In Kubernetes, the body of a `settings.ballast.csi.dev` object: its

@@ -26,6 +26,7 @@ fn setting(name: &str, value: &str) -> Setting {
         name: name.to_string(),
         resource_version: 0,
         value: value.to_string(),
+        status: Default::default(),
     }
 }
 

@@ -1,7 +1,8 @@
 //! A cluster on the Kubernetes store for the scenarios: controllers with
 //! `--store kubernetes` on the test bench's real API server (one leads by
 //! the Lease, the others forward), and nodes that are Kubernetes Nodes
-//! too. Used by seed 002's drain on a `kubectl cordon`.
+//! too. Used by seed 002's drain on a `kubectl cordon` and by the leader
+//! failover test.
 
 use std::time::Duration;
 
@@ -65,8 +66,30 @@ fn kube_controller(
     }
 }
 
+/// A node plugin as its DaemonSet runs it: named by `NODE_NAME` (the
+/// downward API's `spec.nodeName`), not by a flag. (`Cluster::restart_node`
+/// starts it again with the flags only: not for these nodes.)
+/// With `flag_disk` false, it has no `--disk`: its disks come from its
+/// Ballast Node's spec and its Kubernetes Node's annotation.
+pub fn kube_node(dir: &std::path::Path, id: &str, agents: &str, flag_disk: bool) -> NodeProc {
+    let (mut args, socket) = node_args(dir, id, agents);
+    let at = args.iter().position(|a| a == "--node-id").unwrap();
+    args.drain(at..at + 2);
+    if !flag_disk {
+        let at = args.iter().position(|a| a == "--disk").unwrap();
+        args.drain(at..at + 2);
+    }
+    let proc = Proc::spawn_env(&args, dir.join(format!("{id}.log")), &[("NODE_NAME", id)]);
+    NodeProc {
+        proc,
+        id: id.into(),
+        socket,
+        args,
+    }
+}
+
 /// The Lease's holder, once there is one.
-fn holder(rt: &tokio::runtime::Runtime, cp: &ControlPlane) -> Option<String> {
+pub fn holder(rt: &tokio::runtime::Runtime, cp: &ControlPlane) -> Option<String> {
     rt.block_on(async {
         let leases: kube::Api<Lease> = kube::Api::namespaced(cp.client().await.ok()?, NAMESPACE);
         let lease = leases.get_opt("ballast-controller").await.ok()??;
@@ -81,8 +104,8 @@ fn holder(rt: &tokio::runtime::Runtime, cp: &ControlPlane) -> Option<String> {
 pub struct KubeCluster {
     pub c: Cluster,
     /// The other controllers, kept running (and stopped with the cluster).
-    pub _followers: Vec<ControllerProc>,
-    pub _leader: String,
+    pub followers: Vec<ControllerProc>,
+    pub leader: String,
     pub cp: ControlPlane,
     pub rt: tokio::runtime::Runtime,
 }
@@ -124,7 +147,7 @@ impl KubeCluster {
         let agents: Vec<String> = ctls.iter().map(|c| format!("http://{}", c.agent)).collect();
         let agents = agents.join(",");
         let node_procs: Vec<NodeProc> = (1..=nodes)
-            .map(|i| start_node(dir.path(), &format!("node-{i}"), &agents))
+            .map(|i| kube_node(dir.path(), &format!("node-{i}"), &agents, true))
             .collect();
         let ctl = ctls.remove(li);
         let c = Cluster {
@@ -142,8 +165,8 @@ impl KubeCluster {
         free_space_is_not_the_test(&c.api);
         KubeCluster {
             c,
-            _followers: ctls,
-            _leader: leader,
+            followers: ctls,
+            leader,
             cp,
             rt,
         }

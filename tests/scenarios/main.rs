@@ -9,6 +9,8 @@ mod harness;
 
 mod disk_loss;
 mod kube_cluster;
+mod kube_nodes;
+mod leader;
 mod orphans;
 mod safety;
 mod seed000_auto_balance;

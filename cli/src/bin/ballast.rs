@@ -66,9 +66,12 @@ fn main() -> ExitCode {
             Command::Controller(a) => ballast_controller::run(a.into())
                 .await
                 .map_err(|e| failed(e.to_string())),
-            Command::Node(a) => ballast_node::run(a.into())
-                .await
-                .map_err(|e| failed(e.to_string())),
+            Command::Node(a) => match a.config() {
+                Ok(config) => ballast_node::run(config)
+                    .await
+                    .map_err(|e| failed(e.to_string())),
+                Err(e) => Err((2, e)),
+            },
             Command::Local(a) => ballast_cli::local::run(a).await.map_err(failed),
             Command::Sim { .. } | Command::Crds => Ok(()),
             // The node agent reads the engine's exit status.

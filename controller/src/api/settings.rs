@@ -88,6 +88,7 @@ pub async fn put(
         name: def.name.to_string(),
         resource_version: 0,
         value: value.clone(),
+        status: Default::default(),
     };
     match ctx.store.create(&stored).await {
         Ok(_) => {}

@@ -166,10 +166,21 @@ async fn build_replica(
         return Ok(());
     }
     let at = format!("{name}@{}", target.status.replica_endpoint);
-    let filled = match &vol.status.attached_node {
-        Some(attached) => add_to_engine(ctx, volume, attached, &at, copy_from).await,
-        None => rebuild_offline(ctx, &vol, &replicas, &name, &target, copy_from).await,
-    };
+    let filled = async {
+        if reuse.is_some() {
+            // Its node may never have made it (the controller that wrote
+            // the record died first): made now, empty, when missing. The
+            // call is a no-op for a replica its node holds.
+            ctx.agents
+                .create_replica(&target, &name, volume, disk, vol.spec.size)
+                .await?;
+        }
+        match &vol.status.attached_node {
+            Some(attached) => add_to_engine(ctx, volume, attached, &at, copy_from).await,
+            None => rebuild_offline(ctx, &vol, &replicas, &name, &target, copy_from).await,
+        }
+    }
+    .await;
     if let Err(e) = &filled {
         mark_failed(ctx, &name, e, reuse.is_some()).await;
     }

@@ -7,10 +7,12 @@
 //! delete); `actions` carries out each planner action; `replica` is the
 //! one way a replica is made (and unmade when that fails); `reconcile` is the
 //! loop that observes, plans and acts on every change and resync tick;
-//! `scrub` has every replica's frozen layers checked on its node.
+//! `scrub` has every replica's frozen layers checked on its node;
+//! `interrupted` fails a rebuild whose controller died, to start it again.
 
 mod actions;
 pub mod effects;
+mod interrupted;
 mod reconcile;
 mod replica;
 mod scrub;

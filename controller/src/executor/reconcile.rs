@@ -87,6 +87,8 @@ fn volume_of(a: &Action) -> Option<&str> {
 /// One pass: plan on the store as it is now and start what is due.
 #[tracing::instrument(skip_all)]
 async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<usize, Error> {
+    super::interrupted::fail_interrupted(ctx).await?;
+    crate::settings_check::check_settings(ctx).await?;
     let view = observe::cluster_view(ctx.store.as_ref()).await?;
     let plan = planner::plan(&view, &ctx.settings().await?, ctx.now());
     let now = Instant::now();

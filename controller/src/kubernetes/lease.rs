@@ -9,7 +9,8 @@
 //! the Lease's resource version, so two controllers never both win. A
 //! leader that cannot renew within `renew_deadline` stops leading. The
 //! holder's agent endpoint is written in an annotation, for the others to
-//! forward to.
+//! forward to. A leader renews from the Lease its last write returned,
+//! without reading it first: it reads only when a renewal fails.
 
 use std::time::Duration;
 
@@ -89,9 +90,10 @@ impl Elector {
     #[tracing::instrument(skip_all, fields(identity = %self.identity))]
     pub async fn run(self) {
         let mut seen: Option<Seen> = None;
+        let mut held: Option<Lease> = None;
         let mut renewed = Instant::now();
         loop {
-            let state = match self.try_once(&mut seen).await {
+            let state = match self.try_once(&mut seen, &mut held).await {
                 Ok(state) => {
                     if state.leading {
                         renewed = Instant::now();
@@ -120,11 +122,24 @@ impl Elector {
         }
     }
 
-    /// One attempt to take or renew the Lease.
-    async fn try_once(&self, seen: &mut Option<Seen>) -> Result<Leadership, kube::Error> {
+    /// One attempt to take or renew the Lease. `held`: the Lease as this
+    /// controller's last successful write left it, if it holds it.
+    async fn try_once(
+        &self,
+        seen: &mut Option<Seen>,
+        held: &mut Option<Lease>,
+    ) -> Result<Leadership, kube::Error> {
+        if let Some(lease) = held.take() {
+            let transitions = lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.lease_transitions)
+                .unwrap_or(0);
+            return self.write(Some(lease), transitions, held).await;
+        }
         let now = Instant::now();
         let Some(lease) = self.api.get_opt(LEASE).await? else {
-            return self.write(None, 0).await;
+            return self.write(None, 0, held).await;
         };
         let version = lease.metadata.resource_version.clone().unwrap_or_default();
         if seen.as_ref().is_none_or(|s| s.version != version) {
@@ -142,23 +157,24 @@ impl Elector {
         let expired = seen.as_ref().is_some_and(|s| now - s.at > duration);
         let transitions = spec.lease_transitions.unwrap_or(0);
         match holder {
-            Some(h) if h == self.identity => self.write(Some(lease), transitions).await,
+            Some(h) if h == self.identity => self.write(Some(lease), transitions, held).await,
             Some(h) if !expired => Ok(Leadership {
                 leading: false,
                 holder: Some((h, endpoint_of(&lease))),
             }),
             // Free, or its holder stopped renewing: take it.
-            _ => self.write(Some(lease), transitions + 1).await,
+            _ => self.write(Some(lease), transitions + 1, held).await,
         }
     }
 
     /// Writes the Lease as held by this controller: creates it, or replaces
     /// the version read. Losing the race is not an error: someone else
-    /// leads.
+    /// leads. What it wrote is kept in `held`, to renew from.
     async fn write(
         &self,
         current: Option<Lease>,
         transitions: i32,
+        held: &mut Option<Lease>,
     ) -> Result<Leadership, kube::Error> {
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let renewing = current.as_ref().is_some_and(|l| {
@@ -197,10 +213,13 @@ impl Elector {
             }
         };
         match result {
-            Ok(_) => Ok(Leadership {
-                leading: true,
-                holder: Some((self.identity.clone(), self.endpoint.clone())),
-            }),
+            Ok(written) => {
+                *held = Some(written);
+                Ok(Leadership {
+                    leading: true,
+                    holder: Some((self.identity.clone(), self.endpoint.clone())),
+                })
+            }
             Err(kube::Error::Api(s)) if s.code == 409 => Ok(Leadership {
                 leading: false,
                 holder: None,

@@ -279,9 +279,12 @@ impl Store for KubeStore {
             .filter(|e| e.raw.resource_version == expected)
             .map(|e| split(kind, &e.raw.value))
             .transpose()?;
+        // An empty status and none are the same: the API server drops `{}`.
         let status_changed = match (&known, &status) {
             (_, None) => false,
-            (Some((_, old)), Some(new)) => old.as_ref() != Some(new),
+            (Some((_, old)), Some(new)) => {
+                old.as_ref().filter(|o| !is_empty(o)) != Some(new).filter(|n| !is_empty(n))
+            }
             (None, Some(_)) => true,
         };
         let body_changed = match &known {

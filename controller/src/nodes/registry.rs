@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use ballast::model::{DiskSpec, DiskStatus, Kind, Node, NodeSpec, NodeStatus};
 use ballast::proto::agent::v1::{
-    HeartbeatRequest, HeartbeatResponse, RecordReplicaSetRequest, RecordReplicaSetResponse,
-    RegisterRequest, RegisterResponse, controlplane_server::Controlplane,
+    DiskPlacement, HeartbeatRequest, HeartbeatResponse, NodeDisksRequest, NodeDisksResponse,
+    RecordReplicaSetRequest, RecordReplicaSetResponse, RegisterRequest, RegisterResponse,
+    controlplane_server::Controlplane,
 };
 use ballast::store::StoreError;
 use tonic::{Request, Response, Status};
@@ -57,12 +58,39 @@ fn disk_status(
     }
 }
 
+/// How often a heartbeat that changes nothing else refreshes
+/// `lastHeartbeat` in the store. Liveness itself is judged in memory (see
+/// `liveness`), so an idle cluster's heartbeats are not writes.
+const HEARTBEAT_RECORD_EVERY: chrono::Duration = chrono::Duration::minutes(5);
+
+/// Whether a heartbeat's status is worth a write: anything changed but
+/// `lastHeartbeat`, or that is older than [`HEARTBEAT_RECORD_EVERY`]. When
+/// not, `after` keeps the recorded `lastHeartbeat`.
+fn worth_writing(
+    before: &NodeStatus,
+    after: &mut NodeStatus,
+    now: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    let stale = before
+        .last_heartbeat
+        .is_none_or(|t| now - t >= HEARTBEAT_RECORD_EVERY);
+    let beat = after.last_heartbeat.take();
+    after.last_heartbeat = before.last_heartbeat;
+    if stale || after != before {
+        after.last_heartbeat = beat;
+        return true;
+    }
+    false
+}
+
 /// Marks a node ready after hearing from it, with an event when it was not.
 fn mark_alive(node: &mut Node, now: chrono::DateTime<chrono::Utc>) -> bool {
     node.status.last_heartbeat = Some(now);
     let was_ready = node.status.ready;
-    node.status.ready = true;
-    !was_ready
+    // A node held down (its Kubernetes Node deleted or NotReady) stays
+    // down, heartbeats or not.
+    node.status.ready = node.status.held_down.is_none();
+    node.status.ready && !was_ready
 }
 
 #[tonic::async_trait]
@@ -181,8 +209,10 @@ impl Controlplane for ControlplaneService {
         ctx.saw_node(&req.node_id);
         let pressure_percent = ctx.settings().await?.disk_pressure_percentage();
         let mut became_ready = false;
+        let now = self.ctx.now();
         ctx.store
             .modify::<Node, Error>(&req.node_id, |node| {
+                let before = node.status.clone();
                 node.status.disks = req
                     .disks
                     .iter()
@@ -198,8 +228,8 @@ impl Controlplane for ControlplaneService {
                     })
                     .collect();
                 node.status.disk_count = node.status.disks.len() as u32;
-                became_ready = mark_alive(node, self.ctx.now());
-                Ok(true)
+                became_ready = mark_alive(node, now);
+                Ok(worth_writing(&before, &mut node.status, now))
             })
             .await
             .map_err(Status::from)?;
@@ -213,6 +243,9 @@ impl Controlplane for ControlplaneService {
             .await;
         }
         for r in &req.replicas {
+            if r.rebuild_total > 0 {
+                ctx.saw_rebuilding(&r.name);
+            }
             if let Err(e) = record_progress(ctx, r).await {
                 tracing::warn!(replica = %r.name, error = %e, "cannot record rebuild progress");
             }
@@ -225,6 +258,52 @@ impl Controlplane for ControlplaneService {
         }
         restart_dead_engines(ctx, &req.node_id, &req.engines).await;
         Ok(Response::new(HeartbeatResponse { known: true }))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %request.get_ref().node_id))]
+    async fn node_disks(
+        &self,
+        request: Request<NodeDisksRequest>,
+    ) -> Result<Response<NodeDisksResponse>, Status> {
+        let req = request.into_inner();
+        ballast::model::validate_name(&req.node_id).map_err(|m| Error::invalid("nodeId", m))?;
+        let ctx = &self.ctx;
+        let spec = match ctx
+            .store
+            .get::<Node>(&req.node_id)
+            .await
+            .map_err(Error::from)?
+        {
+            Some(n) => n
+                .spec
+                .disks
+                .values()
+                .map(|d| DiskPlacement {
+                    path: d.path.clone(),
+                    tags: d.tags.clone(),
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let mut answer = NodeDisksResponse {
+            spec,
+            ..Default::default()
+        };
+        if let Some(client) = &ctx.kube {
+            use crate::kubernetes::nodes::{DEFAULT_DISKS_ANNOTATION, default_disks};
+            if let Some(disks) = default_disks(client, &req.node_id).await? {
+                answer.defaults = disks
+                    .into_iter()
+                    .map(|d| DiskPlacement {
+                        path: d.path,
+                        tags: d.tags,
+                    })
+                    .collect();
+                answer.defaults_from =
+                    format!("the Kubernetes Node's annotation {DEFAULT_DISKS_ANNOTATION}");
+            }
+        }
+        Ok(Response::new(answer))
     }
 
     #[tracing::instrument(skip_all, fields(volume = %request.get_ref().volume, node = %request.get_ref().node_id))]
@@ -373,6 +452,7 @@ async fn record_engine(
     let now = ctx.now();
     let mut rw = 0u32;
     for r in &e.replicas {
+        ctx.saw_rebuilding(&r.name);
         let Ok(mode) = r.mode.parse::<ReplicaMode>() else {
             continue;
         };
@@ -476,6 +556,34 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn a_heartbeat_that_changes_nothing_but_its_time_is_no_write() {
+        let t0 = chrono::Utc::now();
+        let before = NodeStatus {
+            ready: true,
+            last_heartbeat: Some(t0),
+            ..Default::default()
+        };
+        let beat = |at| NodeStatus {
+            last_heartbeat: Some(at),
+            ..before.clone()
+        };
+        let soon = t0 + chrono::Duration::seconds(5);
+        let mut after = beat(soon);
+        assert!(!worth_writing(&before, &mut after, soon));
+        assert_eq!(after, before, "the recorded heartbeat is kept");
+        let later = t0 + HEARTBEAT_RECORD_EVERY;
+        let mut after = beat(later);
+        assert!(worth_writing(&before, &mut after, later));
+        assert_eq!(after.last_heartbeat, Some(later));
+        let mut cordoned = NodeStatus {
+            cordoned: true,
+            ..beat(soon)
+        };
+        assert!(worth_writing(&before, &mut cordoned, soon));
+        assert_eq!(cordoned.last_heartbeat, Some(soon));
+    }
+
     fn disk(available: u64) -> WireDisk {
         WireDisk {
             id: "disk-1".into(),
@@ -565,6 +673,7 @@ mod tests {
                 name: ballast::settings::DISK_PRESSURE_PERCENTAGE.into(),
                 resource_version: 0,
                 value: "0".into(),
+                status: Default::default(),
             })
             .await
             .unwrap();

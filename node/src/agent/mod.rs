@@ -1,11 +1,14 @@
 //! The node agent: the client that registers with the controller and
 //! heartbeats, the `NodeAgent` gRPC server the controller calls, and the
-//! offline rebuild it runs for a detached volume. Engine processes are
+//! offline rebuild it runs for a detached volume, and which disks the node
+//! opens (asked of the controller at start). Engine processes are
 //! `crate::engines`'; replicas are `crate::replica`'s.
 
+mod disks;
 mod heartbeat;
 mod rebuild;
 mod server;
 
+pub use disks::disks_to_open;
 pub use heartbeat::run_heartbeats;
 pub use server::NodeAgentService;

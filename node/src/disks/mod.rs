@@ -159,6 +159,17 @@ fn write_identity(dir: &Path, f: &DiskIdentityFile) -> Result<(), Error> {
     Ok(())
 }
 
+/// The disk's directory, canonical; an error naming it when it is missing
+/// or not a directory.
+pub fn dir_of(arg: &DiskArg) -> Result<PathBuf, Error> {
+    let path = std::fs::canonicalize(&arg.path)
+        .map_err(|e| Error::disk(&arg.path, format!("cannot open: {e}")))?;
+    if !path.is_dir() {
+        return Err(Error::disk(&path, "is not a directory"));
+    }
+    Ok(path)
+}
+
 /// Opens every disk: checks the directories, reads their identity files,
 /// and writes one (with a new id `disk-N`) on each disk seen for the first
 /// time.
@@ -172,11 +183,7 @@ pub fn open_disks(args: &[DiskArg]) -> Result<Vec<Disk>, Error> {
     let mut seen_paths = BTreeSet::new();
     let mut found = Vec::new();
     for arg in args {
-        let path = std::fs::canonicalize(&arg.path)
-            .map_err(|e| Error::disk(&arg.path, format!("cannot open: {e}")))?;
-        if !path.is_dir() {
-            return Err(Error::disk(&path, "is not a directory"));
-        }
+        let path = dir_of(arg)?;
         if !seen_paths.insert(path.clone()) {
             return Err(Error::disk(&path, "is given twice"));
         }
