@@ -232,14 +232,26 @@ fn local_cluster_runs_on_an_api_server_with_the_kubernetes_store() {
         .block_on(Api::<NodeResource>::namespaced(client.clone(), ns).list(&lp))
         .unwrap();
     assert_eq!(
-        names(nodes.items.iter().filter_map(|n| n.metadata.name.clone()).collect()),
+        names(
+            nodes
+                .items
+                .iter()
+                .filter_map(|n| n.metadata.name.clone())
+                .collect()
+        ),
         ["node-1", "node-2", "node-3"]
     );
     let volumes = rt
         .block_on(Api::<VolumeResource>::namespaced(client.clone(), ns).list(&lp))
         .unwrap();
     assert_eq!(
-        names(volumes.items.iter().filter_map(|v| v.metadata.name.clone()).collect()),
+        names(
+            volumes
+                .items
+                .iter()
+                .filter_map(|v| v.metadata.name.clone())
+                .collect()
+        ),
         ["v1"]
     );
     let replicas = rt
