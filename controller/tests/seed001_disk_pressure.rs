@@ -128,9 +128,11 @@ fn seed001_never_two_replicas_to_one_disk_at_once() {
         let plan = run.sim.tick();
         let into_d2 = run
             .sim
-            .replicas
-            .values()
-            .filter(|r| r.disk() == "d2" && r.mode() == Some(ballast::model::ReplicaMode::Wo))
+            .replicas()
+            .into_values()
+            .filter(|r| {
+                r.spec.disk_id == "d2" && r.status.mode == Some(ballast::model::ReplicaMode::Wo)
+            })
             .count();
         assert!(
             into_d2 <= 1,

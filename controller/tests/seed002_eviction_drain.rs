@@ -4,7 +4,7 @@
 
 mod common;
 
-use ballast::model::ReplicaMode;
+use ballast::model::{Replica, ReplicaMode};
 use common::*;
 
 fn four_nodes(policy: &str, extra_settings: &str, volumes: &str) -> String {
@@ -26,29 +26,25 @@ steps:
 
 fn events(run: &Run, reason: &str) -> Vec<String> {
     run.sim
-        .events
-        .iter()
-        .filter(|(_, r, _)| r == reason)
-        .map(|(o, _, _)| o.clone())
+        .events()
+        .into_iter()
+        .filter(|e| e.reason == reason)
+        .map(|e| e.object)
         .collect()
 }
 
-fn replica_on<'a>(
-    run: &'a Run,
-    volume: &str,
-    node: &str,
-) -> Option<&'a ballast_controller::sim::SimReplica> {
+fn replica_on(run: &Run, volume: &str, node: &str) -> Option<Replica> {
     run.sim
-        .replicas
-        .values()
-        .find(|r| r.volume() == volume && r.node() == node)
+        .replicas()
+        .into_values()
+        .find(|r| r.spec.volume == volume && r.spec.node_id == node)
 }
 
 fn rw_count(run: &Run, volume: &str) -> usize {
     run.sim
-        .replicas
-        .values()
-        .filter(|r| r.volume() == volume && r.is_rw())
+        .replicas()
+        .into_values()
+        .filter(|r| r.spec.volume == volume && r.status.mode == Some(ReplicaMode::Rw))
         .count()
 }
 
@@ -74,7 +70,7 @@ fn seed002_block_for_eviction_moves_every_replica_off_a_cordoned_node_without_de
     ));
     let r = run.settle();
     assert_eq!(count_on(&r, "v1", "node-1"), 1);
-    let evicted = replica_on(&run, "v1", "node-1").unwrap().name().to_string();
+    let evicted = replica_on(&run, "v1", "node-1").unwrap().name;
 
     run.step("node: {id: node-1, cordoned: true}");
     let mut saw_evicting = false;
@@ -83,9 +79,9 @@ fn seed002_block_for_eviction_moves_every_replica_off_a_cordoned_node_without_de
             rw_count(run, "v1") >= 3,
             "the volume never becomes degraded"
         );
-        let n1 = &run.sim.nodes[0];
-        if let Some(r) = run.sim.replicas.get(&evicted) {
-            assert!(r.eviction_requested());
+        let n1 = run.sim.node_record("node-1").unwrap();
+        if let Some(r) = run.sim.replicas().get(&evicted) {
+            assert!(r.spec.eviction_requested);
             assert!(n1.status.auto_evicting, "autoEvicting while replicas leave");
             assert!(
                 n1.status.drain_blocked,
@@ -112,7 +108,12 @@ fn seed002_block_for_eviction_moves_every_replica_off_a_cordoned_node_without_de
     run.step("node: {id: node-1, cordoned: false}");
     let r = run.sim.settle(0);
     assert!(!r.nodes["node-1"].auto_evicting);
-    assert!(run.sim.replicas.values().all(|r| !r.eviction_requested()));
+    assert!(
+        run.sim
+            .replicas()
+            .into_values()
+            .all(|r| !r.spec.eviction_requested)
+    );
     assert_eq!(
         per_node(&r, "v1"),
         [0, 1, 1, 1],
@@ -141,14 +142,8 @@ fn seed002_block_for_eviction_if_contains_last_replica_evicts_only_last_replicas
     run.step("node: {id: node-4, allowScheduling: true}");
     assert_eq!(count_on(&r, "one", "node-1"), 1);
     assert_eq!(count_on(&r, "three", "node-1"), 1);
-    let single = replica_on(&run, "one", "node-1")
-        .unwrap()
-        .name()
-        .to_string();
-    let of_three = replica_on(&run, "three", "node-1")
-        .unwrap()
-        .name()
-        .to_string();
+    let single = replica_on(&run, "one", "node-1").unwrap().name.clone();
+    let of_three = replica_on(&run, "three", "node-1").unwrap().name.clone();
 
     run.step("node: {id: node-1, cordoned: true}");
     let mut saw = false;
@@ -157,13 +152,13 @@ fn seed002_block_for_eviction_if_contains_last_replica_evicts_only_last_replicas
             rw_count(run, "one") >= 1,
             "the single-replica volume never degrades"
         );
-        if let Some(r) = run.sim.replicas.get(&single) {
-            assert!(r.eviction_requested());
-            assert!(run.sim.nodes[0].status.auto_evicting);
+        if let Some(r) = run.sim.replicas().get(&single) {
+            assert!(r.spec.eviction_requested);
+            assert!(run.sim.node_record("node-1").unwrap().status.auto_evicting);
             saw = true;
         }
         assert!(
-            !run.sim.replicas[&of_three].eviction_requested(),
+            !run.sim.replicas()[&of_three].spec.eviction_requested,
             "the replica with healthy peers elsewhere stays"
         );
     });
@@ -180,7 +175,12 @@ fn seed002_block_for_eviction_if_contains_last_replica_evicts_only_last_replicas
     run.step("node: {id: node-1, cordoned: false}");
     let r = run.sim.settle(0);
     assert!(!r.nodes["node-1"].auto_evicting);
-    assert!(run.sim.replicas.values().all(|r| !r.eviction_requested()));
+    assert!(
+        run.sim
+            .replicas()
+            .into_values()
+            .all(|r| !r.spec.eviction_requested)
+    );
     assert_eq!(
         r.replicas["three"].values().sum::<usize>(),
         3,
@@ -205,13 +205,13 @@ fn seed002_block_for_eviction_that_cannot_place_blocks_the_drain_until_uncordon(
     .replace("  - {id: node-4, disks: [{id: d1, size: 100Gi}]}\n", "");
     let mut run = start(&text);
     run.settle();
-    let replica = replica_on(&run, "v1", "node-1").unwrap().name().to_string();
+    let replica = replica_on(&run, "v1", "node-1").unwrap().name;
     run.step("node: {id: node-1, cordoned: true}");
     let r = run.sim.settle(0);
     assert!(r.settled);
     assert!(r.nodes["node-1"].auto_evicting);
     assert!(r.nodes["node-1"].drain_blocked, "the drain never completes");
-    assert!(run.sim.replicas[&replica].eviction_requested());
+    assert!(run.sim.replicas()[&replica].spec.eviction_requested);
     blocked_without_place(&r);
     assert_eq!(count_on(&r, "v1", "node-1"), 1);
     run.hold(10);
@@ -220,7 +220,7 @@ fn seed002_block_for_eviction_that_cannot_place_blocks_the_drain_until_uncordon(
     let r = run.sim.settle(0);
     assert_eq!(per_node(&r, "v1"), [1, 1, 1], "healthy");
     assert!(!r.nodes["node-1"].auto_evicting);
-    assert!(!run.sim.replicas[&replica].eviction_requested());
+    assert!(!run.sim.replicas()[&replica].spec.eviction_requested);
     assert_eq!(
         events(&run, "EvictionAutomatic"),
         [format!("replica/{replica}")]
@@ -245,7 +245,7 @@ fn drain_blocked_after_cordon(policy: &str, stop_replica: bool) -> bool {
     run.step("node: {id: node-1, cordoned: true}");
     // One plan is enough to read the drain status.
     run.sim.tick();
-    run.sim.nodes[0].status.drain_blocked
+    run.sim.node_record("node-1").unwrap().status.drain_blocked
 }
 
 #[test]
@@ -296,17 +296,12 @@ fn seed002_a_replica_that_never_held_data_never_blocks_a_drain() {
     run.settle();
     run.step("addVolume: {name: v1, size: 1Gi, numberOfReplicas: 1, attachedNode: node-1}");
     run.sim.tick();
-    let r = run.sim.replicas.values().next().unwrap().clone();
-    assert_eq!(r.mode(), Some(ReplicaMode::Wo));
-    assert!(r.record.spec.healthy_at.is_none());
-    run.step(&format!("node: {{id: {}, cordoned: true}}", r.node()));
+    let r = run.sim.replicas().into_values().next().unwrap();
+    assert_eq!(r.status.mode, None, "made, not yet opened by an engine");
+    assert!(r.spec.healthy_at.is_none());
+    run.step(&format!("node: {{id: {}, cordoned: true}}", r.spec.node_id));
     run.sim.tick();
-    let node = run
-        .sim
-        .nodes
-        .iter()
-        .find(|n| n.spec.id == r.node())
-        .unwrap();
+    let node = run.sim.node_record(&r.spec.node_id).unwrap();
     assert!(
         !node.status.drain_blocked,
         "an empty replica does not block: {:?}",

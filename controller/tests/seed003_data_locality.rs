@@ -53,9 +53,9 @@ fn seed003_best_effort_builds_a_local_replica_then_removes_a_remote_one() {
     assert_eq!((r.created, r.deleted), (1, 1));
     assert!(
         run.sim
-            .events
+            .events()
             .iter()
-            .any(|(_, reason, _)| reason == "LocalReplicaCreated")
+            .any(|e| e.reason == "LocalReplicaCreated")
     );
     run.hold(10);
 }

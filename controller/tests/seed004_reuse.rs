@@ -86,12 +86,12 @@ fn seed004_a_node_back_within_the_wait_interval_gets_its_replica_reused() {
     assert_eq!(per_node(&r, "v"), [1, 1, 1]);
     let v = run
         .sim
-        .replicas
-        .values()
-        .find(|r| r.node() == "node-3")
+        .replicas()
+        .into_values()
+        .find(|r| r.spec.node_id == "node-3")
         .unwrap();
     assert_eq!(
-        v.record.spec.rebuild_retry_count, 0,
+        v.spec.rebuild_retry_count, 0,
         "a replica reaching rw resets its retry count"
     );
     run.hold(10);
@@ -141,7 +141,14 @@ fn seed004_past_the_wait_interval_a_new_replica_is_made() {
     });
     let news = new_replicas_after_start(&run);
     assert_eq!(news.len(), 1);
-    let degraded_at = run.sim.volumes[0].last_degraded_at.unwrap().timestamp();
+    let degraded_at = run
+        .sim
+        .volume_record("v")
+        .unwrap()
+        .status
+        .last_degraded_at
+        .unwrap()
+        .timestamp();
     assert!(
         news[0].0 >= degraded_at + 60,
         "not before the interval: {news:?}, degraded at {degraded_at}"
@@ -190,7 +197,14 @@ fn seed004_reuse_in_backoff_does_not_stop_a_new_replica_after_the_interval() {
         "with a backoff: {tries:?}"
     );
     let news = new_replicas_after_start(&run);
-    let degraded_at = run.sim.volumes[0].last_degraded_at.unwrap().timestamp();
+    let degraded_at = run
+        .sim
+        .volume_record("v")
+        .unwrap()
+        .status
+        .last_degraded_at
+        .unwrap()
+        .timestamp();
     assert!(
         news[0].0 >= degraded_at + 60 && news[0].0 < degraded_at + 60 + 30,
         "{news:?}"
@@ -283,13 +297,13 @@ fn a_stale_failed_replica_is_deleted_but_never_the_last_copy() {
         "rebuilt elsewhere at once"
     );
     assert_eq!(
-        run.sim.replicas.len(),
+        run.sim.replicas().len(),
         3,
         "the failed replica is kept for a while"
     );
     run.step("advance: {seconds: 61}");
     run.sim.settle(0);
-    assert_eq!(run.sim.replicas.len(), 2, "stale after a minute: deleted");
+    assert_eq!(run.sim.replicas().len(), 2, "stale after a minute: deleted");
 
     // A single-replica volume whose only replica failed keeps it.
     let mut run = start(&scenario(
@@ -302,7 +316,7 @@ fn a_stale_failed_replica_is_deleted_but_never_the_last_copy() {
     run.step("advance: {seconds: 600}");
     let r = run.sim.settle(0);
     assert_eq!(
-        run.sim.replicas.len(),
+        run.sim.replicas().len(),
         1,
         "the last copy of data is never deleted"
     );

@@ -75,15 +75,6 @@ fn key(a: &Action) -> String {
     }
 }
 
-fn volume_of(a: &Action) -> Option<&str> {
-    match &a.kind {
-        ActionKind::CreateReplica { volume, .. } | ActionKind::DeleteReplica { volume, .. } => {
-            Some(volume)
-        }
-        _ => None,
-    }
-}
-
 /// One pass: plan on the store as it is now and start what is due.
 #[tracing::instrument(skip_all)]
 async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<usize, Error> {
@@ -98,7 +89,7 @@ async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Re
         if !backoff.lock().map(|b| b.ready(&k, now)).unwrap_or(true) {
             continue;
         }
-        if volume_of(&action).is_some_and(|v| ctx.volume_busy(v)) {
+        if action.volume().is_some_and(|v| ctx.volume_busy(v)) {
             continue;
         }
         started += 1;
@@ -125,7 +116,7 @@ async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Re
                     }
                 }
             };
-            if let (Some((e, delay)), Some(v)) = (failed, volume_of(&action)) {
+            if let (Some((e, delay)), Some(v)) = (failed, action.volume()) {
                 ctx.event(
                     ballast::model::Kind::Volume,
                     v,

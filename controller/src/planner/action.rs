@@ -70,6 +70,18 @@ pub struct Action {
     pub reason: String,
 }
 
+impl Action {
+    /// The volume an action works on (and whose guard it takes), if any.
+    pub fn volume(&self) -> Option<&str> {
+        match &self.kind {
+            ActionKind::CreateReplica { volume, .. } | ActionKind::DeleteReplica { volume, .. } => {
+                Some(volume)
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Something the planner deliberately waits for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

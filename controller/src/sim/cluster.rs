@@ -1,61 +1,39 @@
-//! The model cluster the simulator runs: nodes, disks, volumes, replicas,
-//! a clock; the view the planner sees of it; and the effect of each action.
+//! The model cluster the simulator runs. Its records (nodes, volumes,
+//! replicas, settings, events) live in a store that the controller's own
+//! code reads and writes: the planner's view is `observe::cluster_view`,
+//! and each action is carried out by `executor::carry_out` in a task of its
+//! own, as the control loop starts it; where the executor calls a node,
+//! the model's agents answer (`agents::ModelAgents`).
+//!
+//! What the model adds is the world the controller observes: each node's
+//! spec, readiness and disks (what its heartbeat reports, the space a disk
+//! holds counted from the replicas recorded on it), each volume's spec and
+//! attachment (what its users write), when a volume became degraded (what
+//! its engine reports), and fills that take `rebuildTicks` ticks.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 
 use ballast::model::{
-    DiskSpec, DiskStatus, Node, NodeStatus, Replica, ReplicaMode, Volume, VolumeStatus,
+    DiskSpec, DiskStatus, Event, Node, NodeStatus, Replica, ReplicaMode, Setting, Volume,
+    VolumeStatus,
 };
 use ballast::settings::{self, Settings};
+use ballast::store::{MemoryStore, Store};
 use chrono::{DateTime, Duration, TimeZone, Utc};
+use tokio::runtime::Runtime;
+use tokio::task::JoinHandle;
 
+use super::agents::{ModelAgents, Outcome};
 use super::scenario::{DiskPatch, NodePatch, NodeSpec, Scenario, Step, VolumePatch, VolumeSpec};
-use crate::executor::effects;
+use crate::context::Context;
+use crate::error::Error;
+use crate::executor::{carry_out, effects};
 use crate::planner::{self, ActionKind, ClusterView, Plan};
-
-pub struct SimNode {
-    pub spec: NodeSpec,
-    /// What the controller records of it (SetNodeStatus).
-    pub status: NodeStatus,
-    pub rebuilds_fail: bool,
-}
 
 pub struct SimVolume {
     pub spec: VolumeSpec,
-    pub last_degraded_at: Option<DateTime<Utc>>,
     degraded: bool,
-}
-
-/// A replica of the model: its record, as the controller's store would
-/// hold it, and how long its rebuild still takes.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SimReplica {
-    pub record: Replica,
-    pub ticks_left: u32,
-}
-
-impl SimReplica {
-    pub fn name(&self) -> &str {
-        &self.record.name
-    }
-    pub fn volume(&self) -> &str {
-        &self.record.spec.volume
-    }
-    pub fn node(&self) -> &str {
-        &self.record.spec.node_id
-    }
-    pub fn disk(&self) -> &str {
-        &self.record.spec.disk_id
-    }
-    pub fn mode(&self) -> Option<ReplicaMode> {
-        self.record.status.mode
-    }
-    pub fn eviction_requested(&self) -> bool {
-        self.record.spec.eviction_requested
-    }
-    pub fn is_rw(&self) -> bool {
-        self.mode() == Some(ReplicaMode::Rw)
-    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -66,43 +44,133 @@ pub struct Counters {
 }
 
 pub struct Sim {
-    pub settings: BTreeMap<String, String>,
-    pub rebuild_ticks: u32,
-    pub now: DateTime<Utc>,
-    pub nodes: Vec<SimNode>,
+    pub nodes: Vec<NodeSpec>,
     pub volumes: Vec<SimVolume>,
-    pub replicas: BTreeMap<String, SimReplica>,
-    pub events: Vec<(String, String, String)>,
-    /// Every action applied, with the time it was applied.
+    /// Every action started, with the time it was started.
     pub history: Vec<(DateTime<Utc>, planner::Action)>,
-    pub counters: Counters,
-    next_id: u64,
+    /// Actions carried out, by kind (reset by each settle).
+    pub counters: Arc<Mutex<Counters>>,
+    ctx: Arc<Context>,
+    agents: Arc<ModelAgents>,
+    tasks: Vec<JoinHandle<()>>,
+    rt: Runtime,
 }
 
 fn check_setting(name: &str, value: &str) -> Result<String, String> {
     settings::validate(name, value).map_err(|e| format!("settings: {e}"))
 }
 
+/// What the model's records would say of `e`, as a step's error.
+fn said(e: impl std::fmt::Display) -> String {
+    format!("model store: {e}")
+}
+
+/// Each node's bytes in use per disk: the other data the scenario puts
+/// there, and every replica recorded on it (its volume's actual size).
+fn used_bytes(
+    nodes: &[NodeSpec],
+    volumes: &[SimVolume],
+    replicas: &[Replica],
+) -> BTreeMap<(String, String), u64> {
+    let mut used: BTreeMap<(String, String), u64> = BTreeMap::new();
+    for n in nodes {
+        for d in &n.disks {
+            used.insert((n.id.clone(), d.id.clone()), d.used);
+        }
+    }
+    for r in replicas {
+        let size = volumes
+            .iter()
+            .find(|v| v.spec.name == r.spec.volume)
+            .map(|v| v.spec.actual_size.unwrap_or(v.spec.size))
+            .unwrap_or(0);
+        *used
+            .entry((r.spec.node_id.clone(), r.spec.disk_id.clone()))
+            .or_default() += size;
+    }
+    used
+}
+
+/// A node's record as its registration, heartbeat and operator make it;
+/// what the executor records (auto-eviction, drain) is kept.
+fn write_node(n: &NodeSpec, used: &BTreeMap<(String, String), u64>, rec: &mut Node) {
+    let id = n.id.as_str();
+    rec.spec.zone = n.zone.clone();
+    rec.spec.tags = n.tags.clone();
+    rec.spec.allow_scheduling = n.allow_scheduling;
+    rec.spec.eviction_requested = n.eviction_requested;
+    rec.spec.disks = n
+        .disks
+        .iter()
+        .map(|d| {
+            let spec = DiskSpec {
+                path: format!("/model/{id}/{}", d.id),
+                tags: d.tags.clone(),
+                allow_scheduling: d.allow_scheduling,
+                eviction_requested: d.eviction_requested,
+                storage_reserved: d.reserved,
+            };
+            (d.id.clone(), spec)
+        })
+        .collect();
+    rec.status.ready = n.ready;
+    rec.status.cordoned = n.cordoned;
+    rec.status.agent_endpoint = format!("model:{id}");
+    rec.status.replica_endpoint = format!("model:{id}");
+    rec.status.disks = n
+        .disks
+        .iter()
+        .map(|d| {
+            let on = used.get(&(n.id.clone(), d.id.clone())).copied();
+            let status = DiskStatus {
+                ready: n.ready,
+                storage_maximum: d.size,
+                storage_available: d.size.saturating_sub(on.unwrap_or(0)),
+                ..Default::default()
+            };
+            (d.id.clone(), status)
+        })
+        .collect();
+    rec.status.disk_count = n.disks.len() as u32;
+}
+
+/// A volume's record as its user makes it (spec, attachment, size used).
+fn write_volume(v: &VolumeSpec, rec: &mut Volume) {
+    let s = &mut rec.spec;
+    s.size = v.size;
+    s.number_of_replicas = v.number_of_replicas;
+    s.data_locality = v.data_locality;
+    s.replica_auto_balance = v.replica_auto_balance;
+    s.stale_replica_timeout = v.stale_replica_timeout;
+    s.disk_selector = v.disk_selector.clone();
+    s.node_selector = v.node_selector.clone();
+    rec.status.attached_node = v.attached_node.clone();
+    rec.status.actual_size = v.actual_size;
+}
+
 impl Sim {
     pub fn new(scenario: &Scenario) -> Result<Self, String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(|e| format!("cannot start the model's runtime: {e}"))?;
+        let agents = Arc::new(ModelAgents::new(scenario.rebuild_ticks));
+        let now = Utc
+            .timestamp_opt(1_700_000_000, 0)
+            .single()
+            .unwrap_or_default();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
         let mut s = Sim {
-            settings: BTreeMap::new(),
-            rebuild_ticks: scenario.rebuild_ticks.max(1),
-            now: Utc
-                .timestamp_opt(1_700_000_000, 0)
-                .single()
-                .unwrap_or_default(),
             nodes: Vec::new(),
             volumes: Vec::new(),
-            replicas: BTreeMap::new(),
-            events: Vec::new(),
             history: Vec::new(),
-            counters: Counters::default(),
-            next_id: 0,
+            counters: Arc::default(),
+            ctx: Context::model(store, agents.clone(), now),
+            agents,
+            tasks: Vec::new(),
+            rt,
         };
         for (name, value) in &scenario.settings {
-            let v = check_setting(name, &value.to_string())?;
-            s.settings.insert(name.clone(), v);
+            s.set(name, &value.to_string())?;
         }
         for n in &scenario.nodes {
             s.add_node(n.clone())?;
@@ -113,19 +181,51 @@ impl Sim {
         Ok(s)
     }
 
+    /// The controller's context over the model (its store, clock, agents).
+    pub fn context(&self) -> &Arc<Context> {
+        &self.ctx
+    }
+
+    /// Runs `f` on the model's store, on the model's runtime.
+    fn block<T>(&self, f: impl std::future::Future<Output = T>) -> T {
+        self.rt.block_on(f)
+    }
+
+    pub fn now(&self) -> DateTime<Utc> {
+        self.ctx.now()
+    }
+
+    fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let value = check_setting(name, value)?;
+        let store = self.ctx.store.clone();
+        self.block(async {
+            let setting = Setting {
+                name: name.to_string(),
+                resource_version: 0,
+                value: value.clone(),
+                status: Default::default(),
+            };
+            match store.get::<Setting>(name).await? {
+                None => store.create(&setting).await.map(drop),
+                Some(mut old) => {
+                    old.value = value;
+                    store.update(&old).await.map(drop)
+                }
+            }
+        })
+        .map_err(said)
+    }
+
     fn add_node(&mut self, spec: NodeSpec) -> Result<(), String> {
-        if self.nodes.iter().any(|n| n.spec.id == spec.id) {
+        if self.nodes.iter().any(|n| n.id == spec.id) {
             return Err(format!("nodes: duplicate node id {:?}", spec.id));
         }
         if spec.disks.is_empty() {
             return Err(format!("nodes: node {:?} has no disks", spec.id));
         }
-        self.nodes.push(SimNode {
-            spec,
-            status: NodeStatus::default(),
-            rebuilds_fail: false,
-        });
-        self.nodes.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
+        self.agents.set_down(&spec.id, !spec.ready);
+        self.nodes.push(spec);
+        self.nodes.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(())
     }
 
@@ -149,311 +249,304 @@ impl Sim {
         }
         self.volumes.push(SimVolume {
             spec,
-            last_degraded_at: None,
             degraded: false,
         });
         self.volumes.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
         Ok(())
     }
 
-    fn node(&self, id: &str) -> Option<&SimNode> {
-        self.nodes.iter().find(|n| n.spec.id == id)
+    fn node(&self, id: &str) -> Option<&NodeSpec> {
+        self.nodes.iter().find(|n| n.id == id)
     }
 
-    fn node_mut(&mut self, id: &str) -> Result<&mut SimNode, String> {
+    fn node_mut(&mut self, id: &str) -> Result<&mut NodeSpec, String> {
         self.nodes
             .iter_mut()
-            .find(|n| n.spec.id == id)
+            .find(|n| n.id == id)
             .ok_or_else(|| format!("no node {id:?}"))
     }
 
     pub fn zone_of(&self, node: &str) -> String {
-        self.node(node)
-            .map(|n| n.spec.zone.clone())
+        self.node(node).map(|n| n.zone.clone()).unwrap_or_default()
+    }
+
+    /// The effective settings, as the controller reads them.
+    pub fn settings(&self) -> Settings {
+        self.block(self.ctx.settings())
+            .unwrap_or_else(|_| Settings::from_overrides(std::iter::empty::<(&str, &str)>()))
+    }
+
+    /// The replicas' records, by name.
+    pub fn replicas(&self) -> BTreeMap<String, Replica> {
+        self.block(self.ctx.store.list::<Replica>())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| (r.name.clone(), r))
+            .collect()
+    }
+
+    /// A node's record (what the controller knows of it).
+    pub fn node_record(&self, id: &str) -> Option<Node> {
+        self.block(self.ctx.store.get::<Node>(id)).ok().flatten()
+    }
+
+    /// A volume's record.
+    pub fn volume_record(&self, name: &str) -> Option<Volume> {
+        self.block(self.ctx.store.get::<Volume>(name))
+            .ok()
+            .flatten()
+    }
+
+    /// The events recorded, oldest first.
+    pub fn events(&self) -> Vec<Event> {
+        self.block(self.ctx.store.list::<Event>())
             .unwrap_or_default()
     }
 
-    pub fn settings(&self) -> Settings {
-        Settings::from_overrides(self.settings.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-    }
-
-    fn volume_size(&self, name: &str) -> (u64, u64) {
-        self.volumes
-            .iter()
-            .find(|v| v.spec.name == name)
-            .map(|v| (v.spec.size, v.spec.actual_size.unwrap_or(v.spec.size)))
-            .unwrap_or((0, 0))
-    }
-
-    /// The model as the controller's records: each node as its heartbeat
-    /// would report it (a disk's available space is its size less the
-    /// other data on it and the replicas it holds), each volume and replica
-    /// as the store would hold them.
-    pub fn records(&self) -> (Vec<Node>, Vec<Volume>, Vec<Replica>) {
-        let mut on_disk: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-        for r in self.replicas.values() {
-            *on_disk.entry((r.node(), r.disk())).or_default() += self.volume_size(r.volume()).1;
-        }
-        let nodes = self
-            .nodes
-            .iter()
-            .map(|n| {
-                let id = n.spec.id.as_str();
-                let all: Vec<(String, DiskSpec, DiskStatus)> = n
-                    .spec
-                    .disks
+    /// Writes the model's world into the records, as the nodes' heartbeats
+    /// and the users' calls would: only what changed.
+    fn report(&self) -> Result<(), String> {
+        let store = self.ctx.store.clone();
+        self.block(async {
+            let replicas: Vec<Replica> = store.list().await?;
+            let used = used_bytes(&self.nodes, &self.volumes, &replicas);
+            for n in &self.nodes {
+                match store.get::<Node>(&n.id).await? {
+                    None => {
+                        let mut rec = Node {
+                            id: n.id.clone(),
+                            resource_version: 0,
+                            spec: ballast::model::NodeSpec {
+                                zone: String::new(),
+                                tags: Vec::new(),
+                                allow_scheduling: true,
+                                eviction_requested: false,
+                                disks: BTreeMap::new(),
+                            },
+                            status: NodeStatus::default(),
+                        };
+                        write_node(n, &used, &mut rec);
+                        store.create(&rec).await?;
+                    }
+                    Some(_) => {
+                        store
+                            .modify::<Node, Error>(&n.id, |rec| {
+                                let before = rec.clone();
+                                write_node(n, &used, rec);
+                                Ok(*rec != before)
+                            })
+                            .await?;
+                    }
+                }
+            }
+            for v in &self.volumes {
+                match store.get::<Volume>(&v.spec.name).await? {
+                    None => {
+                        let mut rec = Volume {
+                            name: v.spec.name.clone(),
+                            resource_version: 0,
+                            spec: ballast::model::VolumeSpec::new(v.spec.size, 1),
+                            status: VolumeStatus::default(),
+                        };
+                        write_volume(&v.spec, &mut rec);
+                        store.create(&rec).await?;
+                    }
+                    Some(_) => {
+                        store
+                            .modify::<Volume, Error>(&v.spec.name, |rec| {
+                                let before = rec.clone();
+                                write_volume(&v.spec, rec);
+                                Ok(*rec != before)
+                            })
+                            .await?;
+                    }
+                }
+            }
+            // An attached volume's engine runs its rw and wo replicas.
+            for r in &replicas {
+                let running = self
+                    .volumes
                     .iter()
-                    .map(|d| {
-                        let used = d.used + on_disk.get(&(id, d.id.as_str())).copied().unwrap_or(0);
-                        (
-                            d.id.clone(),
-                            DiskSpec {
-                                path: format!("/model/{id}/{}", d.id),
-                                tags: d.tags.clone(),
-                                allow_scheduling: d.allow_scheduling,
-                                eviction_requested: d.eviction_requested,
-                                storage_reserved: d.reserved,
-                            },
-                            DiskStatus {
-                                ready: n.spec.ready,
-                                storage_maximum: d.size,
-                                storage_available: d.size.saturating_sub(used),
-                                ..Default::default()
-                            },
-                        )
-                    })
-                    .collect();
-                Node {
-                    id: id.to_string(),
-                    resource_version: 0,
-                    spec: ballast::model::NodeSpec {
-                        zone: n.spec.zone.clone(),
-                        tags: n.spec.tags.clone(),
-                        allow_scheduling: n.spec.allow_scheduling,
-                        eviction_requested: n.spec.eviction_requested,
-                        disks: all.iter().map(|(k, s, _)| (k.clone(), s.clone())).collect(),
-                    },
-                    status: NodeStatus {
-                        ready: n.spec.ready,
-                        cordoned: n.spec.cordoned,
-                        auto_evicting: n.status.auto_evicting,
-                        drain_blocked: n.status.drain_blocked,
-                        drain_blocked_reason: n.status.drain_blocked_reason.clone(),
-                        disks: all.into_iter().map(|(k, _, st)| (k, st)).collect(),
-                        ..Default::default()
-                    },
+                    .any(|v| v.spec.name == r.spec.volume && v.spec.attached_node.is_some())
+                    && matches!(r.status.mode, Some(ReplicaMode::Rw | ReplicaMode::Wo));
+                if r.status.running != running {
+                    store
+                        .modify::<Replica, Error>(&r.name, |rec| {
+                            rec.status.running = running;
+                            Ok(true)
+                        })
+                        .await?;
                 }
-            })
-            .collect();
-        let volumes = self
-            .volumes
-            .iter()
-            .map(|v| {
-                let mut spec =
-                    ballast::model::VolumeSpec::new(v.spec.size, v.spec.number_of_replicas);
-                spec.data_locality = v.spec.data_locality;
-                spec.replica_auto_balance = v.spec.replica_auto_balance;
-                spec.stale_replica_timeout = v.spec.stale_replica_timeout;
-                spec.disk_selector = v.spec.disk_selector.clone();
-                spec.node_selector = v.spec.node_selector.clone();
-                Volume {
-                    name: v.spec.name.clone(),
-                    resource_version: 0,
-                    spec,
-                    status: VolumeStatus {
-                        attached_node: v.spec.attached_node.clone(),
-                        last_degraded_at: v.last_degraded_at,
-                        actual_size: v.spec.actual_size,
-                        ..Default::default()
-                    },
-                }
-            })
-            .collect();
-        let replicas = self
-            .replicas
-            .values()
-            .map(|r| {
-                let mut record = r.record.clone();
-                record.status.running = matches!(r.mode(), Some(ReplicaMode::Rw | ReplicaMode::Wo));
-                record
-            })
-            .collect();
-        (nodes, volumes, replicas)
+            }
+            Ok::<(), Error>(())
+        })
+        .map_err(said)
     }
 
-    /// The planner's view of the model: built from its records by the
-    /// controller's own code (`observe::view_of`).
+    /// The planner's view of the model: the controller's, of its records as
+    /// last observed.
     pub fn view(&self) -> ClusterView {
-        let (nodes, volumes, replicas) = self.records();
-        crate::observe::view_of(&nodes, &volumes, &replicas)
+        self.block(crate::observe::cluster_view(self.ctx.store.as_ref()))
+            .unwrap_or_default()
     }
 
     /// Plans once on the current state.
     pub fn plan(&self) -> Plan {
-        planner::plan(&self.view(), &self.settings(), self.now)
+        planner::plan(&self.view(), &self.settings(), self.now())
     }
 
-    /// One tick: plan, apply, advance rebuilds and the clock.
+    /// One tick: observe, plan, carry the actions out, advance the fills
+    /// and the clock.
     pub fn tick(&mut self) -> Plan {
-        // Observe first (as the controller records degradation), then plan.
         self.observe();
         let plan = self.plan();
         self.apply(&plan);
-        self.advance_rebuilds();
-        self.now += Duration::seconds(1);
+        self.advance_fills();
+        self.ctx.advance(Duration::seconds(1));
         plan
     }
 
-    /// Applies a plan's actions to the model.
+    /// Starts a plan's actions as the control loop does: each in a task of
+    /// its own, skipping a volume a call still holds; then runs the tasks
+    /// until each is done or waits for a fill.
     pub fn apply(&mut self, plan: &Plan) {
         for a in &plan.actions {
-            self.history.push((self.now, a.clone()));
-            match &a.kind {
-                ActionKind::CreateReplica {
-                    volume,
-                    node,
-                    disk,
-                    reuse: Some(name),
-                    ..
-                } => {
-                    if let Some(r) = self.replicas.get_mut(name) {
-                        debug_assert_eq!(
-                            (r.volume(), r.node(), r.disk()),
-                            (&**volume, &**node, &**disk)
-                        );
-                        effects::reuse(&mut r.record, Some(ReplicaMode::Wo));
-                        r.ticks_left = self.rebuild_ticks;
-                        self.counters.reused += 1;
-                    }
-                }
-                ActionKind::CreateReplica {
-                    volume,
-                    node,
-                    disk,
-                    reuse: None,
-                    ..
-                } => {
-                    self.next_id += 1;
-                    let name = format!("{volume}-r{}", self.next_id);
-                    let record =
-                        effects::new_replica(&name, volume, node, disk, Some(ReplicaMode::Wo));
-                    self.replicas.insert(
-                        name,
-                        SimReplica {
-                            record,
-                            ticks_left: self.rebuild_ticks,
-                        },
-                    );
-                    self.counters.created += 1;
-                }
-                ActionKind::DeleteReplica { replica, .. } => {
-                    if self.replicas.remove(replica).is_some() {
-                        self.counters.deleted += 1;
-                    }
-                }
-                ActionKind::SetReplicaEviction { replica, requested } => {
-                    if let Some(r) = self.replicas.get_mut(replica) {
-                        effects::set_eviction(&mut r.record, *requested);
-                    }
-                }
-                ActionKind::SetNodeStatus {
-                    node,
-                    auto_evicting,
-                    drain_blocked,
-                    drain_blocked_reason,
-                } => {
-                    if let Ok(n) = self.node_mut(node) {
-                        effects::set_node_status(
-                            &mut n.status,
-                            *auto_evicting,
-                            *drain_blocked,
-                            drain_blocked_reason,
-                        );
-                    }
-                }
-                ActionKind::RecordEvent {
-                    object,
-                    reason,
-                    message,
-                } => {
-                    self.events
-                        .push((object.clone(), reason.clone(), message.clone()));
-                }
+            if a.volume().is_some_and(|v| self.ctx.volume_busy(v)) {
+                continue;
             }
+            self.history.push((self.now(), a.clone()));
+            let (ctx, counters, action) = (self.ctx.clone(), self.counters.clone(), a.clone());
+            let task = self.rt.spawn(async move {
+                if let Err(e) = carry_out(&ctx, &action).await {
+                    tracing::debug!(error = %e, action = ?action.kind, "model: action failed");
+                    return;
+                }
+                let mut c = counters.lock().unwrap_or_else(|p| p.into_inner());
+                match &action.kind {
+                    ActionKind::CreateReplica { reuse: None, .. } => c.created += 1,
+                    ActionKind::CreateReplica { .. } => c.reused += 1,
+                    ActionKind::DeleteReplica { .. } => c.deleted += 1,
+                    _ => {}
+                }
+            });
+            self.tasks.push(task);
+        }
+        self.run_tasks();
+    }
+
+    /// Runs the executor's tasks until every one left waits for a fill.
+    fn run_tasks(&mut self) {
+        let mut tasks = std::mem::take(&mut self.tasks);
+        let agents = self.agents.clone();
+        self.rt.block_on(async {
+            // Bounded, though a task waits on nothing but the model.
+            for _ in 0..100_000 {
+                tasks.retain(|t| !t.is_finished());
+                if tasks.len() <= agents.waiting() {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+        });
+        self.tasks = tasks;
+    }
+
+    /// One tick of every fill; what ended is reported as its engine would
+    /// report it (an offline fill answers the executor's call instead).
+    fn advance_fills(&mut self) {
+        let now = self.now();
+        let store = self.ctx.store.clone();
+        for (name, outcome) in self.agents.advance() {
+            let mark: fn(&mut Replica, DateTime<Utc>) = match outcome {
+                Outcome::Answered => continue,
+                Outcome::Rw => |r, now| {
+                    if r.status.mode != Some(ReplicaMode::Err) {
+                        effects::rebuilt(r, now)
+                    }
+                },
+                Outcome::Err => |r, now| effects::failed(r, now, false),
+            };
+            self.fail_or_mark(&store, &name, |r| mark(r, now));
+        }
+        self.run_tasks();
+    }
+
+    /// Changes one replica's record, if it still has one.
+    fn fail_or_mark(
+        &self,
+        store: &Arc<dyn Store>,
+        name: &str,
+        f: impl Fn(&mut Replica) + Send + Sync,
+    ) {
+        let changed = self.block(store.modify::<Replica, Error>(name, |r| {
+            f(r);
+            Ok(true)
+        }));
+        if let Err(e) = changed {
+            tracing::debug!(replica = %name, error = %e, "model: replica record not changed");
         }
     }
 
-    fn advance_rebuilds(&mut self) {
-        let down: BTreeSet<String> = self
-            .nodes
-            .iter()
-            .filter(|n| !n.spec.ready)
-            .map(|n| n.spec.id.clone())
-            .collect();
-        let failing: BTreeSet<String> = self
-            .nodes
-            .iter()
-            .filter(|n| n.rebuilds_fail)
-            .map(|n| n.spec.id.clone())
-            .collect();
-        let now = self.now;
-        for r in self.replicas.values_mut() {
-            if r.mode() != Some(ReplicaMode::Wo) {
-                continue;
-            }
-            if down.contains(r.node()) {
-                effects::failed(&mut r.record, now, false);
-                continue;
-            }
-            r.ticks_left = r.ticks_left.saturating_sub(1);
-            if r.ticks_left == 0 {
-                if failing.contains(r.node()) {
-                    effects::failed(&mut r.record, now, false);
-                } else {
-                    effects::rebuilt(&mut r.record, now);
-                }
-            }
-        }
-    }
-
-    /// Records when each volume became degraded (as the controller does).
+    /// What the controller hears before it plans: the nodes' heartbeats and
+    /// the users' specs (`report`), and when each volume became degraded
+    /// (as its engine reports it).
     pub fn observe(&mut self) {
+        if let Err(e) = self.report() {
+            tracing::warn!(error = %e, "the model cannot write its records");
+        }
+        let replicas = self.replicas();
+        let now = self.now();
+        let mut newly = Vec::new();
         for v in &mut self.volumes {
-            let reps: Vec<&SimReplica> = self
-                .replicas
+            let reps: Vec<&Replica> = replicas
                 .values()
-                .filter(|r| r.volume() == v.spec.name)
+                .filter(|r| r.spec.volume == v.spec.name)
                 .collect();
-            let rw = reps.iter().filter(|r| r.is_rw()).count();
-            let had_data = reps.iter().any(|r| r.record.spec.healthy_at.is_some());
+            let rw = reps
+                .iter()
+                .filter(|r| r.status.mode == Some(ReplicaMode::Rw))
+                .count();
+            let had_data = reps.iter().any(|r| r.spec.healthy_at.is_some());
             let degraded = had_data && rw < v.spec.number_of_replicas as usize;
             if degraded && !v.degraded {
-                v.last_degraded_at = Some(self.now);
+                newly.push(v.spec.name.clone());
             }
             v.degraded = degraded;
         }
+        for name in newly {
+            let marked = self.block(self.ctx.store.modify::<Volume, Error>(&name, |v| {
+                v.status.last_degraded_at = Some(now);
+                Ok(true)
+            }));
+            if let Err(e) = marked {
+                tracing::debug!(volume = %name, error = %e, "model: volume record not changed");
+            }
+        }
     }
 
-    /// Replicas still being rebuilt.
+    /// Replicas still being filled, or actions still under way.
     pub fn pending(&self) -> bool {
-        self.replicas
-            .values()
-            .any(|r| r.mode() == Some(ReplicaMode::Wo))
+        self.agents.busy()
+            || !self.tasks.is_empty()
+            || self
+                .replicas()
+                .values()
+                .any(|r| r.status.mode == Some(ReplicaMode::Wo))
     }
 
     /// The placement state, for oscillation detection.
     pub fn fingerprint(&self) -> String {
         let mut parts: Vec<String> = self
-            .replicas
+            .replicas()
             .values()
             .map(|r| {
                 format!(
                     "{}@{}/{}:{:?}:{}",
-                    r.volume(),
-                    r.node(),
-                    r.disk(),
-                    r.mode(),
-                    r.eviction_requested()
+                    r.spec.volume,
+                    r.spec.node_id,
+                    r.spec.disk_id,
+                    r.status.mode,
+                    r.spec.eviction_requested
                 )
             })
             .collect();
@@ -464,16 +557,16 @@ impl Sim {
     /// volume -> node -> rw replicas, every node listed.
     pub fn healthy_per_node(&self) -> BTreeMap<String, BTreeMap<String, usize>> {
         self.per_volume(
-            |s| s.nodes.iter().map(|n| n.spec.id.clone()).collect(),
-            |r| r.node().to_string(),
+            |s| s.nodes.iter().map(|n| n.id.clone()).collect(),
+            |r| r.spec.node_id.clone(),
         )
     }
 
     /// volume -> zone -> rw replicas, every zone listed.
     pub fn healthy_per_zone(&self) -> BTreeMap<String, BTreeMap<String, usize>> {
         self.per_volume(
-            |s| s.nodes.iter().map(|n| n.spec.zone.clone()).collect(),
-            |r| self.zone_of(r.node()),
+            |s| s.nodes.iter().map(|n| n.zone.clone()).collect(),
+            |r| self.zone_of(&r.spec.node_id),
         )
     }
 
@@ -481,14 +574,14 @@ impl Sim {
     pub fn healthy_per_disk(&self) -> BTreeMap<String, BTreeMap<String, usize>> {
         self.per_volume(
             |_| BTreeSet::new(),
-            |r| format!("{}/{}", r.node(), r.disk()),
+            |r| format!("{}/{}", r.spec.node_id, r.spec.disk_id),
         )
     }
 
     fn per_volume(
         &self,
         all_keys: impl Fn(&Sim) -> BTreeSet<String>,
-        key: impl Fn(&SimReplica) -> String,
+        key: impl Fn(&Replica) -> String,
     ) -> BTreeMap<String, BTreeMap<String, usize>> {
         let keys = all_keys(self);
         let mut out: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
@@ -498,8 +591,12 @@ impl Sim {
                 keys.iter().map(|k| (k.clone(), 0)).collect(),
             );
         }
-        for r in self.replicas.values().filter(|r| r.is_rw()) {
-            *out.entry(r.volume().to_string())
+        for r in self
+            .replicas()
+            .values()
+            .filter(|r| r.status.mode == Some(ReplicaMode::Rw))
+        {
+            *out.entry(r.spec.volume.clone())
                 .or_default()
                 .entry(key(r))
                 .or_default() += 1;
@@ -516,65 +613,83 @@ impl Sim {
             Step::AddNode(spec) => self.add_node(spec.clone())?,
             Step::AddVolume(spec) => self.add_volume(spec.clone())?,
             Step::FailReplica(r) => {
-                let now = self.now;
                 let victim = self
-                    .replicas
-                    .values_mut()
-                    .find(|x| x.volume() == r.volume && x.node() == r.node && x.is_rw())
+                    .replicas()
+                    .into_values()
+                    .find(|x| {
+                        x.spec.volume == r.volume
+                            && x.spec.node_id == r.node
+                            && x.status.mode == Some(ReplicaMode::Rw)
+                    })
                     .ok_or_else(|| format!("no rw replica of {} on {}", r.volume, r.node))?;
-                effects::failed(&mut victim.record, now, false);
+                self.fail(&[victim.name]);
             }
             Step::DeleteReplica(r) => {
                 let name = self
-                    .replicas
-                    .values()
-                    .find(|x| x.volume() == r.volume && x.node() == r.node)
-                    .map(|x| x.name().to_string())
+                    .replicas()
+                    .into_values()
+                    .find(|x| x.spec.volume == r.volume && x.spec.node_id == r.node)
+                    .map(|x| x.name)
                     .ok_or_else(|| format!("no replica of {} on {}", r.volume, r.node))?;
-                self.replicas.remove(&name);
+                self.agents.forget(&name);
+                self.block(self.ctx.store.delete::<Replica>(&name, None))
+                    .map_err(said)?;
             }
-            Step::Setting(s) => {
-                let v = check_setting(&s.name, &s.value.to_string())?;
-                self.settings.insert(s.name.clone(), v);
-            }
+            Step::Setting(s) => self.set(&s.name, &s.value.to_string())?,
             Step::Volume(p) => self.change_volume(p)?,
-            Step::Advance(a) => self.now += Duration::seconds(a.seconds as i64),
+            Step::Advance(a) => self.ctx.advance(Duration::seconds(a.seconds as i64)),
         }
         Ok(())
     }
 
+    /// Replicas that fail now (an I/O error, their node lost), as their
+    /// engine or node reports it.
+    fn fail(&self, names: &[String]) {
+        let now = self.now();
+        let store = self.ctx.store.clone();
+        for name in names {
+            self.fail_or_mark(&store, name, |r| effects::failed(r, now, false));
+        }
+    }
+
     /// A node changed by the operator, or going down or up. A node going
-    /// down takes its running replicas with it.
+    /// down takes its replicas with it, and the fills under way there.
     fn change_node(&mut self, p: &NodePatch) -> Result<(), String> {
-        let now = self.now;
         let n = self.node_mut(&p.id)?;
         if let Some(z) = &p.zone {
-            n.spec.zone = z.clone();
+            n.zone = z.clone();
         }
         if let Some(v) = p.allow_scheduling {
-            n.spec.allow_scheduling = v;
+            n.allow_scheduling = v;
         }
         if let Some(v) = p.cordoned {
-            n.spec.cordoned = v;
+            n.cordoned = v;
         }
         if let Some(v) = p.eviction_requested {
-            n.spec.eviction_requested = v;
+            n.eviction_requested = v;
         }
         if let Some(t) = &p.tags {
-            n.spec.tags = t.clone();
-        }
-        if let Some(v) = p.rebuilds_fail {
-            n.rebuilds_fail = v;
+            n.tags = t.clone();
         }
         if let Some(ready) = p.ready {
-            n.spec.ready = ready;
+            n.ready = ready;
+        }
+        if let Some(v) = p.rebuilds_fail {
+            self.agents.set_failing(&p.id, v);
+        }
+        if let Some(ready) = p.ready {
+            self.agents.set_down(&p.id, !ready);
             if !ready {
-                for r in self.replicas.values_mut().filter(|r| r.node() == p.id) {
-                    if matches!(r.mode(), Some(ReplicaMode::Rw | ReplicaMode::Wo)) {
-                        effects::failed(&mut r.record, now, false);
-                    }
-                }
+                let lost: Vec<String> = self
+                    .replicas()
+                    .into_values()
+                    .filter(|r| r.spec.node_id == p.id && r.status.mode != Some(ReplicaMode::Err))
+                    .map(|r| r.name)
+                    .collect();
+                self.fail(&lost);
             }
+            // The executor's calls waiting on the node hear that it is gone.
+            self.run_tasks();
         }
         Ok(())
     }
@@ -583,7 +698,6 @@ impl Sim {
     fn change_disk(&mut self, p: &DiskPatch) -> Result<(), String> {
         let n = self.node_mut(&p.node)?;
         let d = n
-            .spec
             .disks
             .iter_mut()
             .find(|d| d.id == p.id)

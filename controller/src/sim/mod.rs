@@ -1,18 +1,20 @@
 //! The simulator: runs the planner against a model cluster, tick by tick.
 //!
-//! The model is kept as the controller's own records: the view is built
-//! from them by `observe::view_of`, and actions change them through the
-//! executor's `effects`, so that a scenario runs the same code paths as
-//! the controller (test `one_path`). Where the controller calls a node,
-//! the model stands in: a rebuild takes `rebuildTicks` ticks.
+//! The model is kept as the controller's own records, in a store: the view
+//! is built from them by `observe::cluster_view`, and every action is
+//! carried out by the executor (`executor::carry_out`), so that a scenario
+//! runs the controller's code paths (test `one_path`). Where the executor
+//! calls a node, the model's agents answer (`agents`): a fill takes
+//! `rebuildTicks` ticks.
 //!
-//! A tick plans on the model's view, applies every action, and advances
-//! rebuilds (a new or reused replica turns rw after `rebuildTicks` ticks)
-//! and the clock (one second). `settle` ticks until nothing is pending and
+//! A tick plans on the model's view, starts every action as the control
+//! loop does, and advances fills (a new or reused replica turns rw after
+//! `rebuildTicks` ticks) and the clock (one second). `settle` ticks until nothing is pending and
 //! detects oscillation: the same placement reached twice while actions are
 //! still issued. Used by `ballast sim`, by the seed tests and by the
 //! property tests. A model only: no I/O.
 
+mod agents;
 mod cluster;
 pub mod scenario;
 
@@ -20,7 +22,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-pub use cluster::{Sim, SimReplica};
+pub use agents::ModelAgents;
+pub use cluster::{Counters, Sim};
 pub use scenario::{Scenario, ScenarioError, Step};
 
 /// The most ticks one settle takes before it gives up.
@@ -81,15 +84,17 @@ impl Sim {
             }
         }
         let plan = last.unwrap_or_default();
-        let report = Report {
+        let counters =
+            std::mem::take(&mut *self.counters.lock().unwrap_or_else(|p| p.into_inner()));
+        Report {
             step,
             ticks,
             replicas: self.healthy_per_node(),
             zones: self.healthy_per_zone(),
             disks: self.healthy_per_disk(),
-            created: self.counters.created,
-            deleted: self.counters.deleted,
-            reused: self.counters.reused,
+            created: counters.created,
+            deleted: counters.deleted,
+            reused: counters.reused,
             oscillation,
             settled,
             blocked: plan
@@ -106,18 +111,20 @@ impl Sim {
                 .nodes
                 .iter()
                 .map(|n| {
+                    let status = self
+                        .node_record(&n.id)
+                        .map(|r| r.status)
+                        .unwrap_or_default();
                     (
-                        n.spec.id.clone(),
+                        n.id.clone(),
                         NodeReport {
-                            auto_evicting: n.status.auto_evicting,
-                            drain_blocked: n.status.drain_blocked,
+                            auto_evicting: status.auto_evicting,
+                            drain_blocked: status.drain_blocked,
                         },
                     )
                 })
                 .collect(),
-        };
-        self.counters = Default::default();
-        report
+        }
     }
 
     /// Runs every step; returns one report per settle.

@@ -166,10 +166,10 @@ fn settle_checked(sim: &mut Sim) -> Result<(), TestCaseError> {
     for _ in 0..MAX_SETTLE_TICKS {
         sim.observe();
         let view = sim.view();
-        let plan = planner::plan(&view, &settings, sim.now);
+        let plan = planner::plan(&view, &settings, sim.now());
         prop_assert_eq!(
             &plan,
-            &planner::plan(&view, &settings, sim.now),
+            &planner::plan(&view, &settings, sim.now()),
             "planning twice differs"
         );
         check_capacity(&view, &plan, &settings).map_err(TestCaseError::fail)?;
