@@ -69,46 +69,11 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
         tracing::info!(replica = %m.name, addr = %m.addr, mode = %m.mode, error = ?m.error, "replica");
     }
     if let Some(path) = a.status_file.clone() {
-        let e = engine.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    _ = e.changed.notified() => {}
-                }
-                let status = serde_json::json!({"volume": e.volume, "replicas": e.status().await});
-                let tmp = path.with_extension("tmp");
-                if std::fs::write(&tmp, status.to_string()).is_ok() {
-                    let _ = std::fs::rename(&tmp, &path);
-                }
-            }
-        });
+        tokio::spawn(write_status(engine.clone(), path));
     }
-    // The block device: one an engine that died served, taken over, or a
-    // new one.
-    let exported = match (&a.fuse_dir, a.fuse_fd) {
-        (Some(dir), fd) => {
-            if let Err(e) = ballast_node::frontend::blockdev::set_io_flusher() {
-                tracing::warn!(error = %e, "cannot mark the engine an I/O flusher");
-            }
-            let rt = tokio::runtime::Handle::current();
-            let m = match fd {
-                Some(fd) => {
-                    // SAFETY: the node agent opened this descriptor for this
-                    // process alone; nothing else here owns it.
-                    let fd = unsafe {
-                        <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd)
-                    };
-                    ballast_node::frontend::blockdev::resume(engine.clone(), rt, dir, fd)
-                }
-                None => ballast_node::frontend::blockdev::mount(engine.clone(), rt, dir),
-            }
-            .map_err(|e| format!("FUSE at {}: {e}", dir.display()))?;
-            tracing::info!(file = %m.file().display(), "serving the block-device file");
-            Some(m)
-        }
-        (None, _) => None,
+    let exported = match &a.fuse_dir {
+        Some(dir) => Some(block_device(&engine, dir, a.fuse_fd)?),
+        None => None,
     };
     // With a control socket the export is the control socket's to end.
     let (_control, _fuse) = match a.control_socket.clone() {
@@ -133,4 +98,47 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
         let _ = std::fs::remove_file(path);
     }
     Ok(served?)
+}
+
+/// Keeps the engine's status in `path` (for the node agent), written
+/// anew on every change and every second, atomically.
+async fn write_status(e: std::sync::Arc<ballast_node::engine::Engine>, path: std::path::PathBuf) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = e.changed.notified() => {}
+        }
+        let status = serde_json::json!({"volume": e.volume, "replicas": e.status().await});
+        let tmp = path.with_extension("tmp");
+        if std::fs::write(&tmp, status.to_string()).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+}
+
+/// The block device under `dir`: the one an engine that died served,
+/// taken over through its FUSE connection `fd`, or a new one.
+fn block_device(
+    engine: &std::sync::Arc<ballast_node::engine::Engine>,
+    dir: &std::path::Path,
+    fd: Option<i32>,
+) -> Result<ballast_node::frontend::blockdev::FuseMount, EngineExit> {
+    use ballast_node::frontend::blockdev;
+    if let Err(e) = blockdev::set_io_flusher() {
+        tracing::warn!(error = %e, "cannot mark the engine an I/O flusher");
+    }
+    let rt = tokio::runtime::Handle::current();
+    let m = match fd {
+        Some(fd) => {
+            // SAFETY: the node agent opened this descriptor for this
+            // process alone; nothing else here owns it.
+            let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+            blockdev::resume(engine.clone(), rt, dir, fd)
+        }
+        None => blockdev::mount(engine.clone(), rt, dir),
+    }
+    .map_err(|e| format!("FUSE at {}: {e}", dir.display()))?;
+    tracing::info!(file = %m.file().display(), "serving the block-device file");
+    Ok(m)
 }

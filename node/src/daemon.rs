@@ -37,7 +37,7 @@ pub struct NodeConfig {
 pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     ballast::model::validate_name(&config.node_id)
         .map_err(|m| ServeError::Config(format!("--node-id: {m}")))?;
-    // Sockets and engine files; by default beside the first disk.
+    // Sockets and engine files; by default in the temporary directory.
     let state_dir = config
         .state_dir
         .clone()
@@ -46,66 +46,17 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
         path: state_dir.clone(),
         source,
     })?;
-    let exe = std::env::current_exe().map_err(|source| ServeError::Io {
-        path: PathBuf::from("/proc/self/exe"),
-        source,
-    })?;
     let socket = ballast::grpc::unix_path(&config.csi_endpoint)?;
     let controller = ballast::grpc::tcp_channel(&config.controller)?;
-    // The flags' disks must be there, whatever the controller answers.
-    for d in &config.disks {
-        crate::disks::dir_of(d).map_err(|e| ServeError::Config(e.to_string()))?;
-    }
-    let wanted = crate::agent::disks_to_open(&controller, &config.node_id, &config.disks).await;
-    if wanted.is_empty() {
-        return Err(ServeError::Config(
-            "disk: no disks to open: give --disk, or name them in the Ballast Node's spec or the Kubernetes Node's annotation ballast.csi.dev/default-disks".into(),
-        ));
-    }
-    let disks = open_disks(&wanted).map_err(|e| ServeError::Config(e.to_string()))?;
-    let agent = tokio::net::TcpListener::bind(config.agent_listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            what: "agent endpoint",
-            addr: config.agent_listen.to_string(),
-            source,
-        })?;
-
-    let replica_listener = tokio::net::TcpListener::bind(config.replica_listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            what: "replica endpoint",
-            addr: config.replica_listen.to_string(),
-            source,
-        })?;
+    let disks = open_wanted_disks(&config, &controller).await?;
+    let agent = bind(config.agent_listen, "agent endpoint").await?;
+    let replica_listener = bind(config.replica_listen, "replica endpoint").await?;
     let replica_server =
         crate::server::ReplicaServer::serving(crate::replica::Replicas::with_writeback(
             disks.iter().map(|d| d.path.clone()).collect(),
             config.writeback_every,
         ));
-    let registered = Arc::new(AtomicBool::new(false));
-    let disk_paths = disks.iter().map(|d| d.path.clone()).collect();
-    let ctx = Arc::new(NodeContext {
-        node_id: config.node_id.clone(),
-        zone: config.zone.clone(),
-        tags: config.tags.clone(),
-        disks,
-        agent_endpoint: format!("http://{}", config.agent_listen),
-        replica_endpoint: config.replica_listen.to_string(),
-        csi_endpoint: format!("unix://{}", socket.display()),
-        registered: registered.clone(),
-        replicas: Some(replica_server.clone()),
-        engines: crate::engines::Engines::new(
-            &state_dir,
-            exe,
-            disk_paths,
-            config.writeback_every,
-            crate::engines::RecordAt {
-                controller: config.controller.clone(),
-                node_id: config.node_id.clone(),
-            },
-        ),
-    });
+    let ctx = context(&config, &state_dir, &socket, disks, replica_server.clone())?;
     ctx.engines.adopt().await;
     let replica_task = tokio::spawn(replica_server.serve(replica_listener));
 
@@ -155,4 +106,73 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     }
     tracing::info!("node stopped");
     Ok(())
+}
+
+/// The disks this node opens: its flags' (which must exist), its Ballast
+/// Node's spec and its default disks, as the controller answers.
+async fn open_wanted_disks(
+    config: &NodeConfig,
+    controller: &tonic::transport::Channel,
+) -> Result<Vec<crate::disks::Disk>, ServeError> {
+    for d in &config.disks {
+        crate::disks::dir_of(d).map_err(|e| ServeError::Config(e.to_string()))?;
+    }
+    let wanted = crate::agent::disks_to_open(controller, &config.node_id, &config.disks).await;
+    if wanted.is_empty() {
+        return Err(ServeError::Config(
+            "disk: no disks to open: give --disk, or name them in the Ballast Node's spec or the Kubernetes Node's annotation ballast.csi.dev/default-disks".into(),
+        ));
+    }
+    open_disks(&wanted).map_err(|e| ServeError::Config(e.to_string()))
+}
+
+/// A listener on `addr`, or an error naming `what` it was for.
+async fn bind(
+    addr: std::net::SocketAddr,
+    what: &'static str,
+) -> Result<tokio::net::TcpListener, ServeError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            what,
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+/// What every task of the node gets: its identity, disks, endpoints, the
+/// replica server and the engines it starts.
+fn context(
+    config: &NodeConfig,
+    state_dir: &std::path::Path,
+    socket: &std::path::Path,
+    disks: Vec<crate::disks::Disk>,
+    replicas: Arc<crate::server::ReplicaServer>,
+) -> Result<Arc<NodeContext>, ServeError> {
+    let exe = std::env::current_exe().map_err(|source| ServeError::Io {
+        path: PathBuf::from("/proc/self/exe"),
+        source,
+    })?;
+    let disk_paths = disks.iter().map(|d| d.path.clone()).collect();
+    Ok(Arc::new(NodeContext {
+        node_id: config.node_id.clone(),
+        zone: config.zone.clone(),
+        tags: config.tags.clone(),
+        disks,
+        agent_endpoint: format!("http://{}", config.agent_listen),
+        replica_endpoint: config.replica_listen.to_string(),
+        csi_endpoint: format!("unix://{}", socket.display()),
+        registered: Arc::new(AtomicBool::new(false)),
+        replicas: Some(replicas),
+        engines: crate::engines::Engines::new(
+            state_dir,
+            exe,
+            disk_paths,
+            config.writeback_every,
+            crate::engines::RecordAt {
+                controller: config.controller.clone(),
+                node_id: config.node_id.clone(),
+            },
+        ),
+    }))
 }

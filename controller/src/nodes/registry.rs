@@ -459,56 +459,7 @@ async fn record_engine(
         if mode == ReplicaMode::Rw {
             rw += 1;
         }
-        if ctx
-            .store
-            .get::<ballast::model::Replica>(&r.name)
-            .await?
-            .is_none()
-        {
-            continue;
-        }
-        let mut rebuilt = false;
-        ctx.store
-            .modify::<ballast::model::Replica, Error>(&r.name, |rep| {
-                let running = e.running && mode != ReplicaMode::Err;
-                if rep.status.mode == Some(mode) && rep.status.running == running {
-                    return Ok(false);
-                }
-                // A rebuild's end is reported once, as the replica turns rw.
-                rebuilt = mode == ReplicaMode::Rw && r.rebuild_done;
-                rep.status.mode = Some(mode);
-                rep.status.running = running;
-                match mode {
-                    // Reaching rw ends a rebuild and resets the retry count.
-                    ReplicaMode::Rw => {
-                        rep.spec.healthy_at = Some(now);
-                        rep.spec.failed_at = None;
-                        rep.spec.rebuild_retry_count = 0;
-                        rep.status.rebuild_progress = None;
-                    }
-                    ReplicaMode::Err if rep.spec.failed_at.is_none() => {
-                        rep.spec.failed_at = Some(now)
-                    }
-                    _ => {}
-                }
-                Ok(true)
-            })
-            .await?;
-        if rebuilt {
-            ctx.event(
-                Kind::Replica,
-                &r.name,
-                "ReplicaRebuilt",
-                format!(
-                    "from {}: kept {} B, copied {} B by {}",
-                    r.rebuild_source, r.kept_bytes, r.copied_bytes, r.copy_path
-                ),
-            )
-            .await;
-        }
-        if mode == ReplicaMode::Err && !r.error.is_empty() {
-            tracing::debug!(replica = %r.name, error = %r.error, "replica is err");
-        }
+        record_replica(ctx, e.running, mode, r, now).await?;
     }
     let robustness = if rw >= volume.spec.number_of_replicas {
         Robustness::Healthy
@@ -542,6 +493,63 @@ async fn record_engine(
             ),
         )
         .await;
+    }
+    Ok(())
+}
+
+/// Records one replica's mode as its engine reports it: reaching rw ends
+/// its rebuild (with an event) and resets its retry count; err marks when
+/// it failed. Writes only a change.
+async fn record_replica(
+    ctx: &Context,
+    engine_running: bool,
+    mode: ballast::model::ReplicaMode,
+    r: &ballast::proto::agent::v1::EngineReplica,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<(), Error> {
+    use ballast::model::ReplicaMode;
+    if ctx
+        .store
+        .get::<ballast::model::Replica>(&r.name)
+        .await?
+        .is_none()
+    {
+        return Ok(());
+    }
+    let mut rebuilt = false;
+    ctx.store
+        .modify::<ballast::model::Replica, Error>(&r.name, |rep| {
+            let running = engine_running && mode != ReplicaMode::Err;
+            if rep.status.mode == Some(mode) && rep.status.running == running {
+                return Ok(false);
+            }
+            // A rebuild's end is reported once, as the replica turns rw.
+            rebuilt = mode == ReplicaMode::Rw && r.rebuild_done;
+            rep.status.mode = Some(mode);
+            rep.status.running = running;
+            match mode {
+                // Reaching rw ends a rebuild and resets the retry count.
+                ReplicaMode::Rw => crate::executor::effects::rebuilt(rep, now),
+                ReplicaMode::Err if rep.spec.failed_at.is_none() => rep.spec.failed_at = Some(now),
+                _ => {}
+            }
+            Ok(true)
+        })
+        .await?;
+    if rebuilt {
+        ctx.event(
+            Kind::Replica,
+            &r.name,
+            "ReplicaRebuilt",
+            format!(
+                "from {}: kept {} B, copied {} B by {}",
+                r.rebuild_source, r.kept_bytes, r.copied_bytes, r.copy_path
+            ),
+        )
+        .await;
+    }
+    if mode == ReplicaMode::Err && !r.error.is_empty() {
+        tracing::debug!(replica = %r.name, error = %r.error, "replica is err");
     }
     Ok(())
 }

@@ -38,11 +38,25 @@ pub fn pressured_for(pass: &Pass, vs: &VolumeState, r: &ReplicaView) -> bool {
 
 pub fn plan(pass: &mut Pass, plan: &mut Plan) {
     let view = pass.view;
-    // Disks receiving a move now: a volume's replica being rebuilt on the
-    // same node as one of its replicas on a pressured disk.
+    let in_flight_from = moves_in_flight(pass);
+    for node in &view.nodes {
+        for disk in &node.disks {
+            let key = (node.id.clone(), disk.id.clone());
+            if in_flight_from.contains(&key) || pass.freed.contains(&key) {
+                continue;
+            }
+            relieve(pass, plan, &node.id, disk);
+        }
+    }
+}
+
+/// Disks a move is leaving now (a volume's replica being rebuilt on the
+/// same node as one of its rw replicas on another disk); the disks
+/// receiving those moves are noted in the pass.
+fn moves_in_flight(pass: &mut Pass) -> std::collections::BTreeSet<(String, String)> {
     let mut in_flight_from = std::collections::BTreeSet::new();
     let mut receiving = Vec::new();
-    for r in &view.replicas {
+    for r in &pass.view.replicas {
         if !r.is_rebuilding() {
             continue;
         }
@@ -54,89 +68,90 @@ pub fn plan(pass: &mut Pass, plan: &mut Plan) {
         }
     }
     pass.receiving.extend(receiving);
-    for node in &view.nodes {
-        for disk in &node.disks {
-            let key = (node.id.clone(), disk.id.clone());
-            if in_flight_from.contains(&key) || pass.freed.contains(&key) {
-                continue;
-            }
-            let mut tried = Vec::new();
-            for r in pass.replicas_on(&node.id, &disk.id).to_vec() {
-                let Some(volume) = pass.volume(&r.volume) else {
-                    continue;
-                };
-                let vs = VolumeState::new(pass, volume);
-                let Some(pct) = threshold(pass, &vs) else {
-                    continue;
-                };
-                if !is_pressured(disk, pct) {
-                    break;
-                }
-                if !r.is_rw()
-                    || !volume.running()
-                    || pass.busy.contains(&volume.name)
-                    || vs.rw.len() != vs.wanted()
-                    || !vs.rebuilding.is_empty()
-                    || pass.evicting.contains(&r.name)
-                {
-                    continue;
-                }
-                let peers = Peer::of(vs.rw.iter().copied().filter(|o| o.name != r.name));
-                let mut req = Request::new(volume, peers);
-                req.only_node = Some(node.id.as_str());
-                req.not_disk = Some((node.id.as_str(), disk.id.as_str()));
-                req.below_used_percent = Some(pct);
-                let found = candidate(pass, &req);
-                match found {
-                    Ok(p) if pass.rebuild_slot(&p.node) => {
-                        let used_after = schedule::used_after(
-                            pass,
-                            &p.node,
-                            pass.disk(&p.node, &p.disk).unwrap_or(disk),
-                            volume.size,
-                        );
-                        pass.reserve(&p.node, &p.disk, volume.size, true);
-                        pass.receiving.insert((p.node.clone(), p.disk.clone()));
-                        pass.busy.insert(volume.name.clone());
-                        plan.act(
-                            Rule::DiskPressure,
-                            ActionKind::CreateReplica {
-                                volume: volume.name.clone(),
-                                node: p.node.clone(),
-                                disk: p.disk.clone(),
-                                reuse: None,
-                                copy_from: Some(r.name.clone()),
-                                size: volume.size,
-                            },
-                            format!(
-                                "{}/{} is {}% used (threshold {pct}%): moving replica {} of {} to {}/{} ({used_after}% used after), by local copy",
-                                node.id,
-                                disk.id,
-                                disk.used_percent(),
-                                r.name,
-                                volume.name,
-                                p.node,
-                                p.disk
-                            ),
-                        );
-                        tried.clear();
-                        break;
-                    }
-                    Ok(p) => tried.push(format!("rebuild limit reached on {}", p.node)),
-                    Err(reasons) => tried.extend(reasons),
-                }
-                // One candidate replica is enough to know no disk fits.
-                break;
-            }
-            if !tried.is_empty() {
-                tried.dedup();
-                plan.block(
-                    format!("node/{}", node.id),
-                    Rule::DiskPressure,
-                    format!("{}/{} is pressured ({}% used) but no other disk of the node can take a replica: {}", node.id, disk.id, disk.used_percent(), tried.join("; ")),
-                );
-            }
+    in_flight_from
+}
+
+/// One move off `node`/`disk` if it is pressured: the first replica of a
+/// running, healthy volume goes to another disk of the node; when no disk
+/// can take it, the node says why.
+fn relieve(pass: &mut Pass, plan: &mut Plan, node: &str, disk: &DiskView) {
+    let mut tried = Vec::new();
+    for r in pass.replicas_on(node, &disk.id).to_vec() {
+        let Some(volume) = pass.volume(&r.volume) else {
+            continue;
+        };
+        let vs = VolumeState::new(pass, volume);
+        let Some(pct) = threshold(pass, &vs) else {
+            continue;
+        };
+        if !is_pressured(disk, pct) {
+            break;
         }
+        if !r.is_rw()
+            || !volume.running()
+            || pass.busy.contains(&volume.name)
+            || vs.rw.len() != vs.wanted()
+            || !vs.rebuilding.is_empty()
+            || pass.evicting.contains(&r.name)
+        {
+            continue;
+        }
+        let peers = Peer::of(vs.rw.iter().copied().filter(|o| o.name != r.name));
+        let mut req = Request::new(volume, peers);
+        req.only_node = Some(node);
+        req.not_disk = Some((node, disk.id.as_str()));
+        req.below_used_percent = Some(pct);
+        match candidate(pass, &req) {
+            Ok(p) if pass.rebuild_slot(&p.node) => {
+                let used_after = schedule::used_after(
+                    pass,
+                    &p.node,
+                    pass.disk(&p.node, &p.disk).unwrap_or(disk),
+                    volume.size,
+                );
+                pass.reserve(&p.node, &p.disk, volume.size, true);
+                pass.receiving.insert((p.node.clone(), p.disk.clone()));
+                pass.busy.insert(volume.name.clone());
+                plan.act(
+                    Rule::DiskPressure,
+                    ActionKind::CreateReplica {
+                        volume: volume.name.clone(),
+                        node: p.node.clone(),
+                        disk: p.disk.clone(),
+                        reuse: None,
+                        copy_from: Some(r.name.clone()),
+                        size: volume.size,
+                    },
+                    format!(
+                        "{node}/{} is {}% used (threshold {pct}%): moving replica {} of {} to {}/{} ({used_after}% used after), by local copy",
+                        disk.id,
+                        disk.used_percent(),
+                        r.name,
+                        volume.name,
+                        p.node,
+                        p.disk
+                    ),
+                );
+                return;
+            }
+            Ok(p) => tried.push(format!("rebuild limit reached on {}", p.node)),
+            Err(reasons) => tried.extend(reasons),
+        }
+        // One candidate replica is enough to know no disk fits.
+        break;
+    }
+    if !tried.is_empty() {
+        tried.dedup();
+        plan.block(
+            format!("node/{node}"),
+            Rule::DiskPressure,
+            format!(
+                "{node}/{} is pressured ({}% used) but no other disk of the node can take a replica: {}",
+                disk.id,
+                disk.used_percent(),
+                tried.join("; ")
+            ),
+        );
     }
 }
 
