@@ -87,10 +87,16 @@ pub type VolumeGuard = KeyGuard;
 
 impl Context {
     pub fn new(store: Arc<dyn Store>, node_down_timeout: Duration) -> Arc<Self> {
+        Arc::new(Self::build(store, node_down_timeout, Arc::new(GrpcAgents)))
+    }
+
+    /// A context with the system clock, random replica names and leading
+    /// always; the constructors change what differs.
+    fn build(store: Arc<dyn Store>, node_down_timeout: Duration, agents: Arc<dyn Agents>) -> Self {
         // Heartbeat several times per timeout so one lost beat is no outage.
         let heartbeat_interval =
             (node_down_timeout / 4).clamp(Duration::from_millis(200), Duration::from_secs(5));
-        Arc::new(Context {
+        Context {
             store,
             node_down_timeout,
             heartbeat_interval,
@@ -99,12 +105,12 @@ impl Context {
             rebuilding_seen: Mutex::new(HashMap::new()),
             events: Recorder::default(),
             busy: KeyedGuards::default(),
-            agents: Arc::new(GrpcAgents),
+            agents,
             clock: Clock::System,
             names: Names::Random,
             leadership: always_leading(),
             kube: None,
-        })
+        }
     }
 
     /// A context on a Kubernetes cluster, whose controller leads only
@@ -115,11 +121,11 @@ impl Context {
         leadership: watch::Receiver<Leadership>,
         client: kube::Client,
     ) -> Arc<Self> {
-        let mut ctx = Arc::into_inner(Self::new(store, node_down_timeout))
-            .expect("a new context has one owner");
-        ctx.leadership = leadership;
-        ctx.kube = Some(client);
-        Arc::new(ctx)
+        Arc::new(Context {
+            leadership,
+            kube: Some(client),
+            ..Self::build(store, node_down_timeout, Arc::new(GrpcAgents))
+        })
     }
 
     /// Who leads now.
@@ -136,19 +142,9 @@ impl Context {
     /// at `now`, and replicas named in sequence.
     pub fn model(store: Arc<dyn Store>, agents: Arc<dyn Agents>, now: DateTime<Utc>) -> Arc<Self> {
         Arc::new(Context {
-            store,
-            node_down_timeout: Duration::from_secs(30),
-            heartbeat_interval: Duration::from_secs(5),
-            last_seen: Mutex::new(HashMap::new()),
-            started: Instant::now(),
-            rebuilding_seen: Mutex::new(HashMap::new()),
-            events: Recorder::default(),
-            busy: KeyedGuards::default(),
-            agents,
             clock: Clock::Manual(Mutex::new(now)),
             names: Names::Sequential(AtomicU64::new(0)),
-            leadership: always_leading(),
-            kube: None,
+            ..Self::build(store, Duration::from_secs(30), agents)
         })
     }
 
