@@ -26,6 +26,30 @@ pub fn unix_path(endpoint: &str) -> Result<PathBuf, ServeError> {
     Ok(PathBuf::from(path))
 }
 
+/// A TCP listener on `addr`, or an error naming `what` it was for.
+pub async fn bind_tcp(
+    what: &'static str,
+    addr: std::net::SocketAddr,
+) -> Result<tokio::net::TcpListener, ServeError> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            what,
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+/// Logs how a server task ended, when it ended with an error.
+pub fn ended<E: std::fmt::Display>(
+    what: &str,
+    result: Result<Result<(), E>, tokio::task::JoinError>,
+) {
+    if let Ok(Err(e)) = result {
+        tracing::warn!(error = %e, "{what} ended with an error");
+    }
+}
+
 /// Binds a unix socket for a gRPC server. A stale socket file left by a
 /// previous run is removed first; a path that is not a socket is refused.
 pub fn bind_unix(path: &Path) -> Result<UnixListenerStream, ServeError> {

@@ -176,19 +176,6 @@ fn instance() -> String {
         .unwrap_or_else(|| "ballast-controller".into())
 }
 
-async fn bind_tcp(
-    what: &'static str,
-    addr: SocketAddr,
-) -> Result<tokio::net::TcpListener, ServeError> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind {
-            what,
-            addr: addr.to_string(),
-            source,
-        })
-}
-
 /// Runs the controller until a shutdown signal.
 pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     if config.node_down_timeout.is_zero() {
@@ -197,8 +184,8 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
         ));
     }
     let socket = ballast::grpc::unix_path(&config.csi_endpoint)?;
-    let api = bind_tcp("REST API", config.api_listen).await?;
-    let agent = bind_tcp("agent endpoint", config.agent_listen).await?;
+    let api = ballast::grpc::bind_tcp("REST API", config.api_listen).await?;
+    let agent = ballast::grpc::bind_tcp("agent endpoint", config.agent_listen).await?;
     let (store, client) = open_store(&config).await?;
     let ctx = context(&config, store, client.clone());
     let router = Router::new(ctx.clone());
@@ -252,15 +239,9 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     let _ = stop_tx.send(true);
     let (c, a, h) = tokio::join!(csi, agent_task, api_task);
     let _ = std::fs::remove_file(&socket);
-    if let Ok(Err(e)) = c {
-        tracing::warn!(error = %e, "CSI server ended with an error");
-    }
-    if let Ok(Err(e)) = a {
-        tracing::warn!(error = %e, "agent server ended with an error");
-    }
-    if let Ok(Err(e)) = h {
-        tracing::warn!(error = %e, "API server ended with an error");
-    }
+    ballast::grpc::ended("CSI server", c);
+    ballast::grpc::ended("agent server", a);
+    ballast::grpc::ended("API server", h);
     tracing::info!("controller stopped");
     Ok(())
 }

@@ -49,8 +49,9 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     let socket = ballast::grpc::unix_path(&config.csi_endpoint)?;
     let controller = ballast::grpc::tcp_channel(&config.controller)?;
     let disks = open_wanted_disks(&config, &controller).await?;
-    let agent = bind(config.agent_listen, "agent endpoint").await?;
-    let replica_listener = bind(config.replica_listen, "replica endpoint").await?;
+    let agent = ballast::grpc::bind_tcp("agent endpoint", config.agent_listen).await?;
+    let replica_listener =
+        ballast::grpc::bind_tcp("replica endpoint", config.replica_listen).await?;
     let replica_server =
         crate::server::ReplicaServer::serving(crate::replica::Replicas::with_writeback(
             disks.iter().map(|d| d.path.clone()).collect(),
@@ -98,12 +99,8 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     replica_task.abort();
     let (c, a) = tokio::join!(csi, agent_server);
     let _ = std::fs::remove_file(&socket);
-    if let Ok(Err(e)) = c {
-        tracing::warn!(error = %e, "CSI server ended with an error");
-    }
-    if let Ok(Err(e)) = a {
-        tracing::warn!(error = %e, "agent server ended with an error");
-    }
+    ballast::grpc::ended("CSI server", c);
+    ballast::grpc::ended("agent server", a);
     tracing::info!("node stopped");
     Ok(())
 }
@@ -124,20 +121,6 @@ async fn open_wanted_disks(
         ));
     }
     open_disks(&wanted).map_err(|e| ServeError::Config(e.to_string()))
-}
-
-/// A listener on `addr`, or an error naming `what` it was for.
-async fn bind(
-    addr: std::net::SocketAddr,
-    what: &'static str,
-) -> Result<tokio::net::TcpListener, ServeError> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| ServeError::Bind {
-            what,
-            addr: addr.to_string(),
-            source,
-        })
 }
 
 /// What every task of the node gets: its identity, disks, endpoints, the
