@@ -54,7 +54,11 @@ impl IdentityService {
                 },
             )),
         };
-        vec![service(Type::ControllerService), offline_expansion]
+        vec![
+            service(Type::ControllerService),
+            service(Type::VolumeAccessibilityConstraints),
+            offline_expansion,
+        ]
     }
 }
 

@@ -18,6 +18,7 @@ pub mod proto;
 pub mod quantity;
 pub mod settings;
 pub mod store;
+pub mod topology;
 
 /// The CSI driver name, reported by GetPluginInfo.
 pub const DRIVER_NAME: &str = "ballast.csi.dev";

@@ -166,3 +166,103 @@ fn a_co_name_shows_beside_its_volume_id_in_rest_and_ballastctl() {
     assert!(header.contains("CSI NAME"), "{out}");
     assert!(out.contains(&id) && out.contains(name), "{out}");
 }
+
+/// CSI topology: a node reports its id (and its zone) in NodeGetInfo; a
+/// strict-local volume is made on the node its requirements prefer, says
+/// so in its accessible topology, and is refused when they name no Ballast
+/// node; any other volume is accessible from every node.
+#[test]
+fn a_strict_local_volume_lands_on_the_node_its_topology_prefers_and_says_so() {
+    use ballast::proto::csi::v1::controller_client::ControllerClient;
+    use ballast::proto::csi::v1::node_client::NodeClient;
+    use ballast::proto::csi::v1::{
+        CreateVolumeRequest, NodeGetInfoRequest, Topology, TopologyRequirement,
+    };
+    use ballast::topology::{NODE_KEY, ZONE_KEY};
+
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, _n1) = controller_with_one_node(dir.path());
+    let n2 = start_node(dir.path(), "node-2", &format!("http://{}", ctl.agent));
+    wait_for(Duration::from_secs(90), "node-2 ready", || {
+        node(&ctl.api, "node-2").filter(node_is_up)
+    });
+    let at = |n: &str| Topology {
+        segments: [(NODE_KEY.to_string(), n.to_string())].into(),
+    };
+    let request =
+        |name: &str, locality: &str, preferred: &[&str], requisite: &[&str]| CreateVolumeRequest {
+            name: name.into(),
+            capacity_range: Some(ballast::proto::csi::v1::CapacityRange {
+                required_bytes: 16 << 20,
+                limit_bytes: 0,
+            }),
+            volume_capabilities: vec![ballast_sanity::single_writer_mount()],
+            parameters: [
+                ("numberOfReplicas".to_string(), "1".to_string()),
+                ("dataLocality".to_string(), locality.to_string()),
+            ]
+            .into(),
+            accessibility_requirements: Some(TopologyRequirement {
+                requisite: requisite.iter().map(|n| at(n)).collect(),
+                preferred: preferred.iter().map(|n| at(n)).collect(),
+            }),
+            ..Default::default()
+        };
+    let rt = runtime();
+    let info = rt
+        .block_on(async {
+            NodeClient::new(ballast::grpc::unix_channel(&n2.socket).unwrap())
+                .node_get_info(NodeGetInfoRequest {})
+                .await
+        })
+        .unwrap()
+        .into_inner();
+    let topo = info.accessible_topology.unwrap().segments;
+    assert_eq!(topo[NODE_KEY], "node-2");
+    assert_eq!(topo[ZONE_KEY], "zone-node-2", "the zone its plugin knows");
+
+    let create = |req: CreateVolumeRequest| {
+        rt.block_on(async {
+            ControllerClient::new(ballast::grpc::unix_channel(&ctl.socket).unwrap())
+                .create_volume(req)
+                .await
+                .map(|r| r.into_inner().volume.unwrap())
+        })
+    };
+    let req = request("pinned", "strict-local", &["node-2"], &["node-1", "node-2"]);
+    let v = create(req.clone()).unwrap();
+    assert_eq!(v.accessible_topology, [at("node-2")], "{v:?}");
+    let again = create(req).unwrap();
+    assert_eq!(
+        again.volume_id, v.volume_id,
+        "the same request, the same volume"
+    );
+    let replicas = get_json(&format!("{}/v1/replicas?volume={}", ctl.api, v.volume_id)).unwrap();
+    let on: Vec<&str> = replicas["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["spec"]["nodeId"].as_str())
+        .collect();
+    assert_eq!(
+        on,
+        ["node-2"],
+        "its one replica is on the preferred node: {replicas}"
+    );
+    let rec = get_json(&format!("{}/v1/volumes/{}", ctl.api, v.volume_id)).unwrap();
+    assert_eq!(rec["spec"]["pinnedNode"], "node-2", "{rec}");
+
+    let nowhere = create(request("nowhere", "strict-local", &["node-9"], &["node-9"])).unwrap_err();
+    assert_eq!(
+        nowhere.code(),
+        tonic::Code::ResourceExhausted,
+        "{nowhere:?}"
+    );
+    assert!(nowhere.message().contains("node-9"), "{nowhere:?}");
+
+    let anywhere = create(request("anywhere", "disabled", &["node-1"], &["node-1"])).unwrap();
+    assert!(
+        anywhere.accessible_topology.is_empty(),
+        "accessible from every node: {anywhere:?}"
+    );
+}

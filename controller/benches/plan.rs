@@ -57,6 +57,7 @@ fn cluster(volumes: usize, nodes: usize) -> ClusterView {
             stale_replica_timeout: 2880,
             disk_selector: vec![],
             node_selector: vec![],
+            pinned_node: None,
             attached_node: Some(format!("node-{:05}", v % nodes)),
             last_degraded_at: None,
         });

@@ -55,6 +55,7 @@ pub fn volume_view(v: &Volume) -> VolumeView {
         stale_replica_timeout: v.spec.stale_replica_timeout,
         disk_selector: v.spec.disk_selector.clone(),
         node_selector: v.spec.node_selector.clone(),
+        pinned_node: v.spec.pinned_node.clone(),
         attached_node: v.status.attached_node.clone(),
         last_degraded_at: v.status.last_degraded_at,
     }

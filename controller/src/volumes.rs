@@ -35,6 +35,8 @@ pub struct CreateVolume {
     pub fs_type: Option<FsType>,
     pub frontend: Option<Frontend>,
     pub mkfs_params: Option<String>,
+    /// The node a strict-local volume lives on.
+    pub pinned_node: Option<String>,
     /// The CO's name, for a volume created through CSI (not a REST field).
     #[serde(skip)]
     pub csi_name: Option<String>,
@@ -89,6 +91,15 @@ pub fn validate_spec(spec: &VolumeSpec) -> Result<(), Error> {
                 spec.number_of_replicas
             ),
         ));
+    }
+    if let Some(node) = &spec.pinned_node {
+        validate_name(node).map_err(|m| Error::invalid("pinnedNode", m))?;
+        if spec.data_locality != Some(DataLocality::StrictLocal) {
+            return Err(Error::invalid(
+                "pinnedNode",
+                "only a strict-local volume is pinned to a node (dataLocality: strict-local)",
+            ));
+        }
     }
     if spec.stale_replica_timeout == 0 {
         return Err(Error::invalid(
@@ -150,6 +161,7 @@ pub fn build(req: CreateVolume, settings: &Settings) -> Result<Volume, Error> {
         spec.mkfs_params = v;
     }
     spec.csi_name = req.csi_name;
+    spec.pinned_node = req.pinned_node;
     validate_spec(&spec)?;
     Ok(Volume {
         name: req.name,

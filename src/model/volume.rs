@@ -89,6 +89,11 @@ pub struct VolumeSpec {
     /// is matched by it; the volume's own name is the id the CO gets back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub csi_name: Option<String>,
+    /// A strict-local volume's node: its one replica lives there, and
+    /// nowhere else. Chosen at creation (through CSI, from the CO's
+    /// topology requirements: the node its pod is scheduled to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_node: Option<String>,
 }
 
 fn default_auto_balance() -> VolumeAutoBalance {
@@ -126,6 +131,7 @@ impl VolumeSpec {
             frontend: default_frontend(),
             mkfs_params: String::new(),
             csi_name: None,
+            pinned_node: None,
         }
     }
 }

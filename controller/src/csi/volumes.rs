@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use ballast::model::{AccessMode, FsType, Node, Robustness, Volume};
+use ballast::model::{AccessMode, DataLocality, FsType, Node, Robustness, Volume};
 use ballast::proto::csi::v1::volume_capability::AccessType;
 use ballast::proto::csi::v1::volume_capability::access_mode::Mode;
 use ballast::proto::csi::v1::{
@@ -176,7 +176,36 @@ fn csi_volume(v: &Volume) -> csi::Volume {
         capacity_bytes: i64::try_from(v.spec.size).unwrap_or(i64::MAX),
         volume_id: v.name.clone(),
         volume_context: context,
+        // Pinned: only its node; else every node (no topology).
+        accessible_topology: v
+            .spec
+            .pinned_node
+            .iter()
+            .map(|n| ballast::topology::pinned_to(n))
+            .collect(),
         ..Default::default()
+    }
+}
+
+/// The node a strict-local volume is pinned to: the first node the CO's
+/// requirements name (preferred first) that is a Ballast node; with none
+/// named, no pin (the planner places it, and the CO learns nothing).
+async fn pinned_node(
+    ctx: &Context,
+    req: Option<&csi::TopologyRequirement>,
+) -> Result<Option<String>, Error> {
+    let named = ballast::topology::nodes_named(req);
+    for n in &named {
+        if ctx.store.get::<Node>(n).await?.is_some() {
+            return Ok(Some(n.clone()));
+        }
+    }
+    match named.first() {
+        Some(n) => Err(Error::NoRoom(format!(
+            "the strict-local volume's topology names {}, none of them a Ballast node; first: {n}",
+            named.join(", ")
+        ))),
+        None => Ok(None),
     }
 }
 
@@ -217,12 +246,25 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
     let params = StorageClassParams::try_from(&req.parameters)?;
     let range = req.capacity_range.as_ref();
     let id = volume_id_for(&req.name);
+    let settings = ctx.settings().await?;
+    let locality = params
+        .data_locality
+        .unwrap_or_else(|| settings.default_data_locality());
+    // A strict-local volume lives where the CO puts its pod.
+    let pinned = match locality {
+        DataLocality::StrictLocal => {
+            pinned_node(ctx, req.accessibility_requirements.as_ref()).await?
+        }
+        _ => None,
+    };
     let wanted = crate::volumes::build(
         CreateVolume {
             name: id.clone(),
             size: size_for(range)?,
             number_of_replicas: params.number_of_replicas,
-            data_locality: params.data_locality,
+            data_locality: pinned
+                .as_ref()
+                .map_or(params.data_locality, |_| Some(locality)),
             replica_auto_balance: params.replica_auto_balance,
             stale_replica_timeout: params.stale_replica_timeout,
             disk_selector: params.disk_selector.clone(),
@@ -231,9 +273,10 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
             fs_type: Some(fs_type_of(&params, &req.volume_capabilities)?),
             frontend: None,
             mkfs_params: params.mkfs_params.clone(),
+            pinned_node: pinned,
             csi_name: Some(req.name.clone()),
         },
-        &ctx.settings().await?,
+        &settings,
     )?;
     let existing = |v: Volume| {
         // A volume made outside CSI has no CO name: its name stands for it.

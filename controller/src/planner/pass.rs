@@ -15,7 +15,8 @@ use super::view::{ClusterView, DiskView, NodeView, ReplicaView, VolumeView};
 type DiskKey = (String, String);
 /// What makes two volumes equally placeable: selectors, size, and the
 /// pressure threshold a target must stay below.
-type VolumeKind = (Vec<String>, Vec<String>, u64, Option<u64>);
+/// (node selector, pinned node, disk selector, size, below-used limit).
+type VolumeKind = (Vec<String>, Option<String>, Vec<String>, u64, Option<u64>);
 
 pub struct Pass<'a> {
     pub view: &'a ClusterView,
@@ -40,8 +41,8 @@ pub struct Pass<'a> {
     pub busy: BTreeSet<String>,
     /// The eviction request each replica should have (decided first).
     pub evicting: BTreeSet<String>,
-    /// Nodes that could take a replica, per (node selector, disk selector,
-    /// size), as at the start of the pass.
+    /// Nodes that could take a replica, per kind of volume, as at the
+    /// start of the pass.
     pub(super) eligible: RefCell<HashMap<VolumeKind, Rc<Eligible>>>,
 }
 

@@ -52,6 +52,7 @@ pub fn reusable(pass: &Pass, vs: &VolumeState, r: &ReplicaView) -> Result<(), St
     let v = vs.volume;
     if !v.node_selector.iter().all(|t| node.tags.contains(t))
         || !v.disk_selector.iter().all(|t| disk.tags.contains(t))
+        || v.pinned_node.as_ref().is_some_and(|p| *p != r.node)
     {
         return Err(format!(
             "{}: its node or disk no longer matches the volume's selectors",

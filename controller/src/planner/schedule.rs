@@ -99,6 +99,12 @@ pub fn node_refusal(pass: &Pass, node: &NodeView, volume: &VolumeView) -> Option
             node.id, volume.node_selector
         ));
     }
+    if let Some(pinned) = volume.pinned_node.as_ref().filter(|p| **p != node.id) {
+        return Some(format!(
+            "{}: the strict-local volume {} lives on {pinned} only",
+            node.id, volume.name
+        ));
+    }
     None
 }
 
@@ -312,6 +318,7 @@ pub fn choose(pass: &Pass, req: &Request) -> Result<Placement, Vec<String>> {
 pub fn eligible(pass: &Pass, volume: &VolumeView, below_used: Option<u64>) -> Rc<Eligible> {
     let key = (
         volume.node_selector.clone(),
+        volume.pinned_node.clone(),
         volume.disk_selector.clone(),
         volume.size,
         below_used,

@@ -71,6 +71,7 @@ impl Builder {
             stale_replica_timeout: 2880,
             disk_selector: vec![],
             node_selector: vec![],
+            pinned_node: None,
             attached_node: None,
             last_degraded_at: None,
         });
@@ -519,4 +520,34 @@ fn a_failed_replica_on_a_full_disk_waits_for_space_before_reuse() {
     view.nodes[1].disks[0].available = 10 * GIB;
     let p = plan(&view, &s, t0());
     assert_eq!(creates(&p), [("v".into(), "n2".into(), "d1".into())]);
+}
+
+#[test]
+fn a_pinned_strict_local_volume_is_placed_on_its_node_only() {
+    // n2 has the most room, but the volume lives on n1.
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 50)
+        .node("n2", "z2")
+        .disk("d1", 100, 95)
+        .volume("v", 1, 1)
+        .with(|v| {
+            v.data_locality = Some(ballast::model::DataLocality::StrictLocal);
+            v.pinned_node = Some("n1".into());
+        })
+        .build();
+    let plan = plan(&view, &Settings::default(), t0());
+    assert_eq!(creates(&plan), [("v".into(), "n1".into(), "d1".into())]);
+
+    // Its node down: nowhere else, and the plan says why.
+    let mut view = view;
+    view.nodes[0].ready = false;
+    let plan = super::plan(&view, &Settings::default(), t0());
+    assert!(creates(&plan).is_empty(), "{plan:?}");
+    let why = &plan.blocked[0].reason;
+    assert!(
+        why.contains("n2: the strict-local volume v lives on n1 only")
+            && why.contains("n1: not ready"),
+        "{why}"
+    );
 }

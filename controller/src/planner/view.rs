@@ -81,6 +81,8 @@ pub struct VolumeView {
     pub stale_replica_timeout: u64,
     pub disk_selector: Vec<String>,
     pub node_selector: Vec<String>,
+    /// The only node a strict-local volume's replica may live on.
+    pub pinned_node: Option<String>,
     /// The node the volume is attached to (its engine runs there).
     pub attached_node: Option<String>,
     pub last_degraded_at: Option<DateTime<Utc>>,

@@ -587,7 +587,10 @@ impl Node for NodeService {
         Ok(Response::new(NodeGetInfoResponse {
             node_id: self.ctx.node_id.clone(),
             max_volumes_per_node: 0,
-            accessible_topology: None,
+            accessible_topology: Some(ballast::topology::of_node(
+                &self.ctx.node_id,
+                &self.ctx.zone,
+            )),
         }))
     }
 }

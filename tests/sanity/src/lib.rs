@@ -148,7 +148,7 @@ async fn probe(ch: &Channel, exp: &Expectations) -> CheckResult {
     Ok(())
 }
 
-pub(crate) fn single_writer_mount() -> VolumeCapability {
+pub fn single_writer_mount() -> VolumeCapability {
     VolumeCapability {
         access_type: Some(volume_capability::AccessType::Mount(
             volume_capability::MountVolume::default(),
