@@ -34,6 +34,36 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         NodeResource::crd(),
         setting,
     ]
+    .into_iter()
+    .map(known_formats_only)
+    .collect()
+}
+
+/// The CRD without the `format`s the API server does not know (schemars
+/// writes `uint32`/`uint64` for unsigned integers; the server warns on
+/// every apply). The `minimum: 0` beside them keeps the meaning.
+fn known_formats_only(crd: CustomResourceDefinition) -> CustomResourceDefinition {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                if map
+                    .get("format")
+                    .and_then(|f| f.as_str())
+                    .is_some_and(|f| f.starts_with("uint"))
+                {
+                    map.remove("format");
+                }
+                map.values_mut().for_each(walk);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let Ok(mut v) = serde_json::to_value(&crd) else {
+        return crd;
+    };
+    walk(&mut v);
+    serde_json::from_value(v).unwrap_or(crd)
 }
 
 /// The CRDs as one YAML stream, one document per CRD.
