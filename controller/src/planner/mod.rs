@@ -5,13 +5,14 @@
 //!
 //! One file per rule of BEHAVIOR.md: `schedule` (where a new replica goes),
 //! `replenish` and `reuse`, `balance` (zones and nodes), `disk_pressure`,
-//! `locality`, `eviction`, `drain`, `cleanup`; `growth` checks an
+//! `locality`, `eviction`, `drain`, `cleanup`, `engine` (an attached
+//! volume whose engine is out of reach waits); `growth` checks an
 //! expansion against the same capacity rules as placement. `pass` holds what one pass
 //! decided so far (in-pass capacity, rebuild limits), and `volume_state`
 //! sorts a volume's replicas.
 //!
 //! Order of a pass: eviction requests first (everything after sees them);
-//! then per volume, by name: stale cleanup, replenish/reuse, locality,
+//! then per volume, by name: stale cleanup, the engine's reach, replenish/reuse, locality,
 //! balance, extra cleanup, at most one kind of change per volume per pass;
 //! then disk-pressure moves; then node drain status.
 
@@ -20,6 +21,7 @@ pub mod balance;
 pub mod cleanup;
 pub mod disk_pressure;
 pub mod drain;
+pub mod engine;
 pub mod eviction;
 pub mod growth;
 pub mod locality;
@@ -47,6 +49,9 @@ pub fn plan(view: &ClusterView, settings: &Settings, now: DateTime<Utc>) -> Plan
     for volume in &view.volumes {
         let vs = VolumeState::new(&pass, volume);
         cleanup::stale(&mut pass, &vs, &mut plan);
+        if engine::unreachable(&mut pass, &vs, &mut plan) {
+            continue;
+        }
         if !pass.busy.contains(&volume.name) {
             replenish::plan(&mut pass, &vs, &mut plan);
         }

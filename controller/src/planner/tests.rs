@@ -551,3 +551,37 @@ fn a_pinned_strict_local_volume_is_placed_on_its_node_only() {
         "{why}"
     );
 }
+
+#[test]
+fn an_attached_volume_whose_engine_node_is_down_gets_no_new_replica_and_says_why() {
+    // v lost its replica on n3; its engine runs on n1, which is down.
+    let view = cluster()
+        .node("n1", "z1")
+        .disk("d1", 100, 90)
+        .node("n2", "z2")
+        .disk("d1", 100, 90)
+        .node("n3", "z3")
+        .disk("d1", 100, 90)
+        .node("n4", "z1")
+        .disk("d1", 100, 90)
+        .volume("v", 1, 3)
+        .with(|v| v.attached_node = Some("n1".into()))
+        .replica("v-a", "n1", "d1", ReplicaMode::Rw)
+        .replica("v-b", "n2", "d1", ReplicaMode::Rw)
+        .build();
+    let mut view = view;
+    view.nodes[0].ready = false;
+    let plan = plan(&view, &Settings::default(), t0());
+    assert!(creates(&plan).is_empty(), "{plan:?}");
+    assert!(
+        plan.blocked
+            .iter()
+            .any(|b| b.object == "volume/v"
+                && b.reason.contains("attached to n1, which is not ready")),
+        "{plan:?}"
+    );
+    // Back: the replica is rebuilt.
+    view.nodes[0].ready = true;
+    let plan = super::plan(&view, &Settings::default(), t0());
+    assert_eq!(creates(&plan).len(), 1, "{plan:?}");
+}
