@@ -64,6 +64,10 @@ pub struct KubeArgs {
     /// (default: http://<--agent-listen>; in a pod, http://$(POD_IP):9501).
     #[arg(long, env = "BALLAST_ADVERTISE")]
     pub advertise: Option<String>,
+    /// The image of the drain guard pods (default: this controller's own,
+    /// read from its pod).
+    #[arg(long, env = "BALLAST_GUARD_IMAGE")]
+    pub guard_image: Option<String>,
 }
 
 impl From<KubeArgs> for ballast_controller::daemon::KubeOptions {
@@ -74,6 +78,7 @@ impl From<KubeArgs> for ballast_controller::daemon::KubeOptions {
             install_crds: a.install_crds,
             lease_duration: a.lease_duration,
             advertise: a.advertise,
+            guard_image: a.guard_image,
         }
     }
 }
@@ -291,6 +296,9 @@ pub enum Command {
     /// Print the CustomResourceDefinitions of ballast.csi.dev (YAML), as
     /// deploy/crds/ holds them.
     Crds,
+    /// Wait for a stop signal, doing nothing: the drain guard pod that the
+    /// controller runs on a node whose drain the policy blocks.
+    Guard,
 }
 
 #[cfg(test)]

@@ -56,6 +56,9 @@ pub struct KubeOptions {
     /// The agent endpoint the other controllers forward calls to
     /// (default: `http://` and `--agent-listen`).
     pub advertise: Option<String>,
+    /// The image of the drain guard pods (default: this controller's own,
+    /// read from its pod, else `ballast:0.1.0`).
+    pub guard_image: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -140,7 +143,12 @@ fn context(
 /// Kubernetes the sync of Kubernetes Nodes' facts) once this controller
 /// leads. A leader that loses the Lease exits: what it had in
 /// flight is the new leader's, and its restart starts as a follower.
-fn lead(ctx: Arc<Context>, resync_interval: Duration, client: Option<kube::Client>) {
+fn lead(
+    ctx: Arc<Context>,
+    resync_interval: Duration,
+    client: Option<kube::Client>,
+    kube: KubeOptions,
+) {
     tokio::spawn(async move {
         let mut changes = ctx.leadership_changes();
         if changes.wait_for(|l| l.leading).await.is_err() {
@@ -153,7 +161,21 @@ fn lead(ctx: Arc<Context>, resync_interval: Duration, client: Option<kube::Clien
         if let Some(client) = client {
             tokio::spawn(crate::kubernetes::nodes::run_sync(
                 ctx.clone(),
+                client.clone(),
+                resync_interval,
+            ));
+            let image = match kube.guard_image {
+                Some(image) => image,
+                None => crate::kubernetes::drain_guard::own_image(&client, &kube.namespace).await,
+            };
+            let guards = crate::kubernetes::drain_guard::Guards {
+                namespace: kube.namespace.clone(),
+                image,
+            };
+            tokio::spawn(crate::kubernetes::drain_guard::run_guards(
+                ctx.clone(),
                 client,
+                guards,
                 resync_interval,
             ));
         }
@@ -219,7 +241,12 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
         );
     let api_server =
         axum::serve(api, crate::api::router(ctx.clone())).with_graceful_shutdown(stopped());
-    lead(ctx.clone(), config.resync_interval, client);
+    lead(
+        ctx.clone(),
+        config.resync_interval,
+        client,
+        config.kubernetes.clone(),
+    );
 
     tracing::info!(
         store = ?config.store,

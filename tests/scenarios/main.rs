@@ -9,7 +9,9 @@ mod harness;
 
 mod disk_loss;
 mod kube_cluster;
+mod kube_drain;
 mod kube_nodes;
+mod kube_provisioning;
 mod leader;
 mod orphans;
 mod safety;

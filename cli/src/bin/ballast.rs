@@ -74,6 +74,10 @@ fn main() -> ExitCode {
             },
             Command::Local(a) => ballast_cli::local::run(a).await.map_err(failed),
             Command::Sim { .. } | Command::Crds => Ok(()),
+            Command::Guard => {
+                ballast::grpc::shutdown_signal().await;
+                Ok(())
+            }
             // The node agent reads the engine's exit status.
             Command::Engine(a) => ballast_cli::engine::run(a)
                 .await

@@ -3,10 +3,12 @@
 //! Owns: the store backend over the API server (`store`: custom resources
 //! of group `ballast.csi.dev`, each kind read from a watch cache kept by
 //! `watch`, events as `events.k8s.io` Events), leader election (`lease`),
-//! what Kubernetes Nodes say of Ballast's nodes (`nodes`), and how a
+//! what Kubernetes Nodes say of Ballast's nodes (`nodes`), the drain guard
+//! that makes `kubectl drain` wait (`drain_guard`), and how a
 //! controller connects (`client`). It makes no storage decision: the
 //! executor and the planner work on the `Store` trait, whatever is behind.
 
+pub mod drain_guard;
 mod events;
 pub mod lease;
 pub mod nodes;
