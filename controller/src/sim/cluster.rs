@@ -524,14 +524,10 @@ impl Sim {
         }
     }
 
-    /// Replicas still being filled, or actions still under way.
+    /// Replicas still being filled, or actions still under way (a replica
+    /// in `wo` is always one or the other).
     pub fn pending(&self) -> bool {
-        self.agents.busy()
-            || !self.tasks.is_empty()
-            || self
-                .replicas()
-                .values()
-                .any(|r| r.status.mode == Some(ReplicaMode::Wo))
+        self.agents.busy() || !self.tasks.is_empty()
     }
 
     /// The placement state, for oscillation detection.
