@@ -135,6 +135,11 @@ pub struct NodeArgs {
     /// rest; 0 leaves it to the kernel.
     #[arg(long, env = "BALLAST_WRITEBACK_EVERY", default_value = "8Mi", value_parser = parse_size)]
     pub writeback_every: u64,
+    /// Start engines in the engine host listening here (`unix:///path`),
+    /// so that they outlive this process's group and container; without
+    /// it, engines are this process's children.
+    #[arg(long, env = "BALLAST_ENGINE_HOST")]
+    pub engine_host: Option<String>,
 }
 
 /// The environment variable a pod's downward API sets to its node's name.
@@ -168,6 +173,7 @@ fn node_config(node_id: String, a: NodeArgs) -> NodeConfig {
         replica_listen: a.replica_listen,
         state_dir: a.state_dir,
         writeback_every: a.writeback_every,
+        engine_host: a.engine_host,
     }
 }
 
@@ -299,6 +305,13 @@ pub enum Command {
     /// Wait for a stop signal, doing nothing: the drain guard pod that the
     /// controller runs on a node whose drain the policy blocks.
     Guard,
+    /// Run the engine host: start the engines a node plugin asks for, as
+    /// this process's children, so that they outlive the node plugin.
+    EngineHost {
+        /// The socket the node plugin asks on (`unix:///path`).
+        #[arg(long, env = "BALLAST_ENGINE_HOST")]
+        socket: String,
+    },
 }
 
 #[cfg(test)]

@@ -181,11 +181,15 @@ fn assert_files(files: &[(PathBuf, Vec<u8>)]) {
 }
 
 fn cluster(dir: &Path) -> (ControllerProc, NodeProc, Csi) {
+    cluster_with(dir, &[])
+}
+
+fn cluster_with(dir: &Path, node_flags: &[&str]) -> (ControllerProc, NodeProc, Csi) {
     assert!(
         nix::unistd::geteuid().is_root(),
         "this test needs root (CI runs as root)"
     );
-    let (ctl, n) = controller_with_one_node(dir);
+    let (ctl, n) = controller_with_one_node_with(dir, node_flags);
     let rt = runtime();
     let (ctl_client, node_client) = {
         let _in = rt.enter();
@@ -521,6 +525,105 @@ fn a_mounted_volume_keeps_working_while_the_node_plugin_restarts() {
     csi.down("keep", &staging, &target);
 }
 
+/// With an engine host, the engine is the host's child: the death of the
+/// node plugin's whole process group (as of its container) spares it. A
+/// writer goes on writing through the mount while the group is SIGKILLed,
+/// and a new node plugin re-adopts the engine (same pid) and tears down
+/// what its predecessor set up; every file reads back.
+#[test]
+fn a_written_volume_survives_the_node_plugins_whole_process_group_with_an_engine_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let host_socket = format!("unix://{}", dir.path().join("engine-host.sock").display());
+    let host = Proc::spawn(
+        &[
+            "engine-host".to_string(),
+            "--socket".to_string(),
+            host_socket.clone(),
+        ],
+        dir.path().join("engine-host.log"),
+    );
+    let (ctl, mut n, mut csi) = cluster_with(dir.path(), &["--engine-host", &host_socket]);
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    csi.create("hosted", false);
+    csi.up("hosted", &staging, &target, false);
+    let state = dir.path().join("node-1/state");
+    let engine = engine_pid(&state, "hosted").unwrap();
+    assert!(
+        host.log_text().contains("engine started"),
+        "the engine host started the engine: {}",
+        host.log_text()
+    );
+
+    // A writer: a new file and a sync, over and over, until told to stop.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, target) = (stop.clone(), target.clone());
+        std::thread::spawn(move || {
+            let mut written = Vec::new();
+            let mut i = 0u8;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let p = target.join(format!("w{i}"));
+                let data = pattern((256 << 10) + usize::from(i), i);
+                std::fs::write(&p, &data).unwrap();
+                let synced = std::process::Command::new("sync")
+                    .arg("-f")
+                    .arg(&target)
+                    .status();
+                assert!(synced.unwrap().success(), "sync failed after {i} files");
+                written.push((p, data));
+                i = i.wrapping_add(1);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            written
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    // The node plugin's whole process group dies, as its container would.
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(n.proc.pid()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    n.proc.wait_exit(Duration::from_secs(5)).unwrap();
+    assert!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(engine), None).is_ok(),
+        "the engine outlived the node plugin's group"
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    let restarted = chrono::Utc::now();
+    n.proc = Proc::spawn(&n.args, dir.path().join("node-1.restarted.log"));
+    wait_for(Duration::from_secs(30), "node-1 back", || {
+        node(&ctl.api, "node-1").filter(|v| node_up_since(v, restarted))
+    });
+    wait_for(Duration::from_secs(20), "the engine re-adopted", || {
+        n.proc
+            .log_text()
+            .contains("re-adopted a running engine")
+            .then_some(())
+    });
+    assert_eq!(
+        engine_pid(&state, "hosted"),
+        Some(engine),
+        "the same engine"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let written = writer.join().unwrap();
+    assert!(
+        written.len() > 20,
+        "the writer went on: {} files",
+        written.len()
+    );
+    assert_files(&written);
+    // The new plugin tears down what its predecessor set up, and the files
+    // are there on the next stage.
+    csi.connect_node(&n.socket);
+    csi.down("hosted", &staging, &target);
+    csi.up("hosted", &staging, &target, false);
+    assert_files(&written);
+    csi.down("hosted", &staging, &target);
+}
+
 #[test]
 fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_an_error() {
     use std::io::Write;
@@ -559,14 +662,8 @@ fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_a
     wait_for(Duration::from_secs(30), "the writer under way", || {
         (chunks.load(Ordering::SeqCst) >= 4).then_some(())
     });
-    let pid_file = dir.path().join("node-1/state/frontends/crashvol.pid");
-    let pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .lines()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let state = dir.path().join("node-1/state");
+    let pid = engine_pid(&state, "crashvol").unwrap();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
@@ -578,13 +675,7 @@ fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_a
     wait_for(Duration::from_secs(60), "the writer past the crash", || {
         (chunks.load(Ordering::SeqCst) >= at_kill + 8).then_some(())
     });
-    let new_pid: i32 = std::fs::read_to_string(&pid_file)
-        .unwrap()
-        .lines()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let new_pid = engine_pid(&state, "crashvol").unwrap();
     assert_ne!(new_pid, pid, "the engine was not replaced");
     stop.store(true, Ordering::SeqCst);
     writer.join().unwrap().unwrap();

@@ -97,6 +97,7 @@ fn the_install_and_the_examples_pass_the_strict_schemas_of_kubernetes_1_33_to_1_
         // Every built-in kind of the install was checked, not skipped.
         for kind in [
             "daemonset/ballast-node",
+            "daemonset/ballast-engine-host",
             "deployment/ballast-controller",
             "csidriver/ballast.csi.dev",
         ] {

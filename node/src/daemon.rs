@@ -31,6 +31,9 @@ pub struct NodeConfig {
     /// Start a replica head's writeback after this many bytes written (0:
     /// left to the kernel).
     pub writeback_every: u64,
+    /// The engine host's socket (`unix://…`): engines are started there,
+    /// so that they outlive this process's group and container.
+    pub engine_host: Option<String>,
 }
 
 /// Runs the node plugin until a shutdown signal.
@@ -137,6 +140,11 @@ fn context(
         source,
     })?;
     let disk_paths = disks.iter().map(|d| d.path.clone()).collect();
+    let engine_host = config
+        .engine_host
+        .as_deref()
+        .map(ballast::grpc::unix_path)
+        .transpose()?;
     Ok(Arc::new(NodeContext {
         node_id: config.node_id.clone(),
         zone: config.zone.clone(),
@@ -156,6 +164,7 @@ fn context(
                 controller: config.controller.clone(),
                 node_id: config.node_id.clone(),
             },
+            engine_host,
         ),
     }))
 }

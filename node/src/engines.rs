@@ -1,8 +1,11 @@
 //! The engine processes of the volumes attached to this node (the node
 //! context holds them; the agent and the CSI service ask them). Each engine
 //! runs as `ballast engine` in its own process, so that restarting the node
-//! plugin never interrupts a volume; the node plugin re-adopts running
-//! engines (by their pid files) when it starts.
+//! plugin never interrupts a volume. The engine is this process's child, or,
+//! with an engine host (`--engine-host`), the host's, so that even the death
+//! of the node plugin's whole process group or container spares it. The
+//! node plugin re-adopts running engines (by their pid files) when it
+//! starts.
 //!
 //! Files per volume, in `<state-dir>/frontends/`: `<volume>.sock` (NBD),
 //! `<volume>.pid`, `<volume>.status.json` (written by the engine).
@@ -18,6 +21,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::Mutex;
 
+use crate::engine_host;
 use crate::error::Error;
 use crate::frontend::control::{self, ControlError, ControlRequest, FailureKind};
 
@@ -48,6 +52,8 @@ pub struct Engines {
     /// Passed to each engine (`--writeback-every`).
     writeback_every: u64,
     record_at: RecordAt,
+    /// The engine host's socket; None: engines are this process's children.
+    host: Option<PathBuf>,
     running: Mutex<BTreeMap<String, Running>>,
     /// Woken when an engine this process started exits, so that the next
     /// heartbeat reports it at once.
@@ -83,6 +89,7 @@ impl Engines {
         disks: Vec<PathBuf>,
         writeback_every: u64,
         record_at: RecordAt,
+        host: Option<PathBuf>,
     ) -> Self {
         Engines {
             dir: state_dir.join("frontends"),
@@ -90,6 +97,7 @@ impl Engines {
             disks,
             writeback_every,
             record_at,
+            host,
             running: Mutex::new(BTreeMap::new()),
             exited: Arc::default(),
         }
@@ -249,18 +257,30 @@ impl Engines {
         }
         let socket = self.socket(&spec.volume);
         let (mut cmd, log) = self.command(&spec, takeover.as_deref())?;
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| Error::Internal(format!("cannot start the engine: {e}")))?;
-        let pid = child.id() as i32;
-        wait_up(&mut child, &socket, &log, &spec.volume).await?;
-        // The engine outlives this process; reap it in the background, and
-        // have its exit reported at once.
-        let exited = self.exited.clone();
-        std::thread::spawn(move || {
-            let _ = child.wait();
-            exited.notify_one();
-        });
+        let mut started = match &self.host {
+            Some(host) => {
+                let args = cmd
+                    .get_args()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect();
+                Started::Hosted(engine_host::spawn(host, args, &log, takeover.as_deref()).await?)
+            }
+            None => Started::Child(
+                cmd.spawn()
+                    .map_err(|e| Error::Internal(format!("cannot start the engine: {e}")))?,
+            ),
+        };
+        let pid = started.pid();
+        wait_up(&mut started, &socket, &log, &spec.volume).await?;
+        if let Started::Child(mut child) = started {
+            // The engine outlives this process; reap it in the background,
+            // and have its exit reported at once. (A host reaps its own.)
+            let exited = self.exited.clone();
+            std::thread::spawn(move || {
+                let _ = child.wait();
+                exited.notify_one();
+            });
+        }
         self.record(pid, &spec);
         tracing::info!(
             pid,
@@ -332,8 +352,8 @@ impl Engines {
             }
         }
         if let Some(fd) = takeover {
-            pass_fd(&mut cmd, fd.as_raw_fd(), TAKEOVER_FD);
-            cmd.args(["--fuse-fd", &TAKEOVER_FD.to_string()])
+            engine_host::pass_fd(&mut cmd, fd.as_raw_fd(), engine_host::TAKEOVER_FD);
+            cmd.args(["--fuse-fd", &engine_host::TAKEOVER_FD.to_string()])
                 .arg("--fuse-dir")
                 .arg(self.export_dir(&spec.volume));
         }
@@ -562,27 +582,44 @@ impl Engines {
     }
 }
 
-/// The descriptor number a restarted engine finds its block device's
-/// connection at (`--fuse-fd`).
-const TAKEOVER_FD: i32 = 3;
+/// A new engine: this process's child, or the engine host's (by pid).
+enum Started {
+    Child(std::process::Child),
+    Hosted(i32),
+}
 
-/// Has the child started by `cmd` find `fd` at `at`.
-fn pass_fd(cmd: &mut std::process::Command, fd: i32, at: i32) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: between fork and exec this calls only dup2 and fcntl, which
-    // are async-signal-safe, and allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || {
-            if fd == at {
-                let flags = libc::fcntl(at, libc::F_GETFD);
-                if flags < 0 || libc::fcntl(at, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                    return Err(std::io::Error::last_os_error());
+impl Started {
+    fn pid(&self) -> i32 {
+        match self {
+            Started::Child(c) => c.id() as i32,
+            Started::Hosted(pid) => *pid,
+        }
+    }
+
+    /// How it exited, if it has: its exit code (None: killed by a signal).
+    fn exited(&mut self, log: &Path) -> Option<Option<i32>> {
+        match self {
+            Started::Child(c) => c.try_wait().ok().flatten().map(|s| s.code()),
+            Started::Hosted(pid) => {
+                if alive(*pid) {
+                    return None;
                 }
-            } else if libc::dup2(fd, at) < 0 {
-                return Err(std::io::Error::last_os_error());
+                // The host writes the code once it has reaped the engine.
+                let code = std::fs::read_to_string(engine_host::exit_file(log)).ok()?;
+                Some(code.trim().parse().ok().filter(|c| *c >= 0))
             }
-            Ok(())
-        });
+        }
+    }
+
+    fn kill(&mut self) {
+        match self {
+            Started::Child(c) => {
+                let _ = c.kill();
+            }
+            Started::Hosted(pid) => {
+                let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+            }
+        }
     }
 }
 
@@ -590,14 +627,17 @@ fn pass_fd(cmd: &mut std::process::Command, fd: i32, at: i32) {
 /// first is answered with the last line of its log (refused when it found
 /// no replica to serve).
 async fn wait_up(
-    child: &mut std::process::Child,
+    started: &mut Started,
     socket: &Path,
     log: &Path,
     volume: &str,
 ) -> Result<(), Error> {
     let deadline = Instant::now() + Duration::from_secs(20);
     while !socket.exists() {
-        if let Ok(Some(status)) = child.try_wait() {
+        if let Some(code) = started.exited(log) {
+            let status = code.map_or("killed by a signal".to_string(), |c| {
+                format!("exit code {c}")
+            });
             let tail = std::fs::read_to_string(log).unwrap_or_default();
             let last = tail
                 .lines()
@@ -606,7 +646,7 @@ async fn wait_up(
                 .unwrap_or_default()
                 .to_string();
             let message = format!("the engine of {volume} exited ({status}): {last}");
-            let no_replica = status.code() == Some(i32::from(crate::engine::EXIT_NO_REPLICA));
+            let no_replica = code == Some(i32::from(crate::engine::EXIT_NO_REPLICA));
             return Err(if no_replica {
                 Error::Refused(message)
             } else {
@@ -614,7 +654,7 @@ async fn wait_up(
             });
         }
         if Instant::now() > deadline {
-            let _ = child.kill();
+            started.kill();
             return Err(Error::Internal(format!(
                 "the engine of {volume} did not come up"
             )));

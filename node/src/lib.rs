@@ -20,6 +20,7 @@ pub mod csi;
 pub mod daemon;
 pub mod disks;
 pub mod engine;
+pub mod engine_host;
 pub mod engines;
 pub mod error;
 pub mod frontend;

@@ -490,15 +490,3 @@ pub fn flip_block(file: &std::path::Path, offset: u64) -> std::io::Result<()> {
     }
     f.write_all_at(&b, offset)
 }
-
-/// The pid of a volume's engine on a node, from its pid file in the
-/// node's state directory.
-pub fn engine_pid(state: &std::path::Path, volume: &str) -> Option<i32> {
-    std::fs::read_to_string(state.join("frontends").join(format!("{volume}.pid")))
-        .ok()?
-        .lines()
-        .next()?
-        .trim()
-        .parse()
-        .ok()
-}

@@ -74,6 +74,14 @@ fn main() -> ExitCode {
             },
             Command::Local(a) => ballast_cli::local::run(a).await.map_err(failed),
             Command::Sim { .. } | Command::Crds => Ok(()),
+            Command::EngineHost { socket } => {
+                let socket = ballast::grpc::unix_path(&socket).map_err(|e| (2, e.to_string()))?;
+                let exe = std::env::current_exe().map_err(|e| failed(e.to_string()))?;
+                tokio::task::spawn_blocking(move || ballast_node::engine_host::serve(&socket, &exe))
+                    .await
+                    .map_err(|e| failed(e.to_string()))?
+                    .map_err(|e| failed(e.to_string()))
+            }
             Command::Guard => {
                 ballast::grpc::shutdown_signal().await;
                 Ok(())

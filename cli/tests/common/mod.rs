@@ -240,7 +240,13 @@ pub fn node_args(dir: &Path, id: &str, controller_agent: &str) -> (Vec<String>, 
 }
 
 pub fn start_node(dir: &Path, id: &str, controller_agent: &str) -> NodeProc {
-    let (args, socket) = node_args(dir, id, controller_agent);
+    start_node_with(dir, id, controller_agent, &[])
+}
+
+/// Like `start_node`, with more flags.
+pub fn start_node_with(dir: &Path, id: &str, controller_agent: &str, extra: &[&str]) -> NodeProc {
+    let (mut args, socket) = node_args(dir, id, controller_agent);
+    args.extend(extra.iter().map(|a| a.to_string()));
     let proc = Proc::spawn(&args, dir.join(format!("{id}.log")));
     NodeProc {
         proc,
@@ -254,8 +260,16 @@ pub fn start_node(dir: &Path, id: &str, controller_agent: &str) -> NodeProc {
 /// disk however full the host's filesystem is (the disk is a directory of
 /// it): the setting `storage-minimal-available-percentage` is 0.
 pub fn controller_with_one_node(dir: &Path) -> (ControllerProc, NodeProc) {
+    controller_with_one_node_with(dir, &[])
+}
+
+/// Like `controller_with_one_node`, with more flags for the node.
+pub fn controller_with_one_node_with(
+    dir: &Path,
+    node_flags: &[&str],
+) -> (ControllerProc, NodeProc) {
     let ctl = start_controller(dir, "30s");
-    let n = start_node(dir, "node-1", &format!("http://{}", ctl.agent));
+    let n = start_node_with(dir, "node-1", &format!("http://{}", ctl.agent), node_flags);
     // Generous: the whole suite shares two cores.
     wait_for(Duration::from_secs(90), "node-1 ready", || {
         node(&ctl.api, "node-1").filter(node_is_up)
@@ -600,4 +614,16 @@ fn kill_engines_under(dir: &Path) {
             kill_engines_under(&path);
         }
     }
+}
+
+/// The pid of a volume's engine on a node, from its pid file in the
+/// node's state directory.
+pub fn engine_pid(state: &std::path::Path, volume: &str) -> Option<i32> {
+    std::fs::read_to_string(state.join("frontends").join(format!("{volume}.pid")))
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
 }
