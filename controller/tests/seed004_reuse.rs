@@ -24,6 +24,12 @@ fn scenario(settings: &str, n: usize, volume: &str) -> String {
     )
 }
 
+/// When the controller recorded volume `v` degraded.
+fn degraded_at(run: &Run) -> i64 {
+    let v = run.sim.volume_record("v").unwrap();
+    v.status.last_degraded_at.unwrap().timestamp()
+}
+
 fn reuse_times(run: &Run) -> Vec<i64> {
     run.sim
         .history
@@ -141,14 +147,7 @@ fn seed004_past_the_wait_interval_a_new_replica_is_made() {
     });
     let news = new_replicas_after_start(&run);
     assert_eq!(news.len(), 1);
-    let degraded_at = run
-        .sim
-        .volume_record("v")
-        .unwrap()
-        .status
-        .last_degraded_at
-        .unwrap()
-        .timestamp();
+    let degraded_at = degraded_at(&run);
     assert!(
         news[0].0 >= degraded_at + 60,
         "not before the interval: {news:?}, degraded at {degraded_at}"
@@ -197,14 +196,7 @@ fn seed004_reuse_in_backoff_does_not_stop_a_new_replica_after_the_interval() {
         "with a backoff: {tries:?}"
     );
     let news = new_replicas_after_start(&run);
-    let degraded_at = run
-        .sim
-        .volume_record("v")
-        .unwrap()
-        .status
-        .last_degraded_at
-        .unwrap()
-        .timestamp();
+    let degraded_at = degraded_at(&run);
     assert!(
         news[0].0 >= degraded_at + 60 && news[0].0 < degraded_at + 60 + 30,
         "{news:?}"

@@ -83,6 +83,8 @@ pub fn serve(socket: &Path, exe: &Path) -> Result<(), Error> {
                 continue;
             }
         };
+        // A client that says nothing does not hold up the next one.
+        let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(10)));
         let answer = match start(&conn, exe) {
             Ok(pid) => Answer::Started { pid },
             Err(error) => Answer::Refused { error },

@@ -466,13 +466,13 @@ impl Sim {
                 },
                 Outcome::Err => |r, now| effects::failed(r, now, false),
             };
-            self.fail_or_mark(&store, &name, |r| mark(r, now));
+            self.mark_replica(&store, &name, |r| mark(r, now));
         }
         self.run_tasks();
     }
 
     /// Changes one replica's record, if it still has one.
-    fn fail_or_mark(
+    fn mark_replica(
         &self,
         store: &Arc<dyn Store>,
         name: &str,
@@ -644,7 +644,7 @@ impl Sim {
         let now = self.now();
         let store = self.ctx.store.clone();
         for name in names {
-            self.fail_or_mark(&store, name, |r| effects::failed(r, now, false));
+            self.mark_replica(&store, name, |r| effects::failed(r, now, false));
         }
     }
 
