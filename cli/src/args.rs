@@ -39,6 +39,10 @@ pub struct ControllerArgs {
     /// A node with no heartbeat for this long turns not ready.
     #[arg(long, env = "BALLAST_NODE_DOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub node_down_timeout: Duration,
+    /// A file holding a bearer token that every REST change (POST, PUT,
+    /// PATCH, DELETE) must carry; reads stay open.
+    #[arg(long, env = "BALLAST_API_TOKEN_FILE")]
+    pub api_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub kubernetes: KubeArgs,
 }
@@ -93,6 +97,7 @@ impl From<ControllerArgs> for ControllerConfig {
             agent_listen: a.agent_listen,
             resync_interval: a.resync_interval,
             node_down_timeout: a.node_down_timeout,
+            api_token_file: a.api_token_file,
         }
     }
 }

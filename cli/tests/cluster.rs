@@ -189,3 +189,65 @@ fn ballastctl_ends_quietly_when_its_reader_goes_away() {
         );
     }
 }
+
+/// A controller with `--api-token-file`: ballastctl changes nothing without
+/// the token, and changes what it is told with it (flag or environment);
+/// reads need none; a `text/plain` POST is refused with 415.
+#[test]
+fn with_an_api_token_changes_need_it_and_a_text_plain_post_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("api-token");
+    std::fs::write(&token, "t0ken-of-the-test\n").unwrap();
+    let ctl = start_controller_with(
+        dir.path(),
+        "30s",
+        &["--api-token-file", token.to_str().unwrap()],
+    );
+    let set = ["setting", "set", "replica-auto-balance", "best-effort"];
+    let (ok, _, err) = ballastctl(&ctl.api, &set);
+    assert!(!ok, "a change went through without the token");
+    assert!(err.contains("bearer token"), "{err}");
+    let (ok, out, _) = ballastctl(&ctl.api, &["setting", "get", "replica-auto-balance"]);
+    assert!(ok && out.contains("disabled"), "reads need no token: {out}");
+
+    let mut with_flag = vec!["--token", "t0ken-of-the-test"];
+    with_flag.extend(set);
+    let (ok, _, err) = ballastctl(&ctl.api, &with_flag);
+    assert!(ok, "{err}");
+    let out = std::process::Command::new(BALLASTCTL)
+        .args([
+            "--api",
+            &ctl.api,
+            "setting",
+            "set",
+            "replica-auto-balance",
+            "least-effort",
+        ])
+        .env("BALLAST_API_TOKEN", "t0ken-of-the-test")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (_, out, _) = ballastctl(&ctl.api, &["setting", "get", "replica-auto-balance"]);
+    assert!(out.contains("least-effort"), "{out}");
+
+    // What any web page may send: a text/plain POST, token or not.
+    let rt = runtime();
+    let status = rt.block_on(async {
+        reqwest::Client::new()
+            .post(format!("{}/v1/volumes", ctl.api))
+            .header("content-type", "text/plain")
+            .bearer_auth("t0ken-of-the-test")
+            .body(r#"{"name": "v", "size": "1Gi"}"#)
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    assert_eq!(status.as_u16(), 415);
+    let volumes = get_json(&format!("{}/v1/volumes", ctl.api)).unwrap();
+    assert_eq!(
+        volumes["items"].as_array().map(Vec::len),
+        Some(0),
+        "{volumes}"
+    );
+}

@@ -70,6 +70,29 @@ pub struct ControllerConfig {
     pub agent_listen: SocketAddr,
     pub resync_interval: Duration,
     pub node_down_timeout: Duration,
+    /// A file holding the bearer token REST changes must carry.
+    pub api_token_file: Option<PathBuf>,
+}
+
+/// The REST gate: the token of `--api-token-file`, when given.
+fn gate(config: &ControllerConfig) -> Result<crate::api::gate::Gate, ServeError> {
+    let Some(path) = &config.api_token_file else {
+        return Ok(crate::api::gate::Gate::default());
+    };
+    let text = std::fs::read_to_string(path).map_err(|source| ServeError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(ServeError::Config(format!(
+            "--api-token-file: {} is empty",
+            path.display()
+        )));
+    }
+    Ok(crate::api::gate::Gate {
+        token: Some(token.into()),
+    })
 }
 
 /// The store, and the cluster's client when the store is Kubernetes.
@@ -239,8 +262,8 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
             tokio_stream::wrappers::TcpListenerStream::new(agent),
             stopped(),
         );
-    let api_server =
-        axum::serve(api, crate::api::router(ctx.clone())).with_graceful_shutdown(stopped());
+    let api_server = axum::serve(api, crate::api::router_with(ctx.clone(), gate(&config)?))
+        .with_graceful_shutdown(stopped());
     lead(
         ctx.clone(),
         config.resync_interval,

@@ -28,6 +28,12 @@ pub enum Error {
     /// A node or a replica could not be reached: it may come back.
     #[error("{0}")]
     Unavailable(String),
+    /// A REST change that did not say it is JSON.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// A change without the API's token.
+    #[error("{0}")]
+    Unauthenticated(String),
     /// A replica's data failed its checksums (a rebuild's source).
     #[error("{0}")]
     DataLoss(String),
@@ -78,6 +84,8 @@ impl From<Error> for tonic::Status {
             Error::NoRoom(_) => tonic::Status::resource_exhausted(msg),
             Error::OutOfRange { .. } => tonic::Status::out_of_range(msg),
             Error::Unavailable(_) => tonic::Status::unavailable(msg),
+            Error::UnsupportedMediaType(_) => tonic::Status::invalid_argument(msg),
+            Error::Unauthenticated(_) => tonic::Status::unauthenticated(msg),
             Error::DataLoss(_) => tonic::Status::data_loss(msg),
             Error::Internal(_) => tonic::Status::internal(msg),
         }

@@ -20,13 +20,15 @@ pub enum CtlError {
 /// A thin JSON client of the REST API.
 pub struct Client {
     base: String,
+    token: Option<String>,
     http: reqwest::Client,
 }
 
 impl Client {
-    pub fn new(base: &str) -> Self {
+    pub fn new(base: &str, token: Option<String>) -> Self {
         Client {
             base: base.trim_end_matches('/').to_string(),
+            token,
             http: reqwest::Client::new(),
         }
     }
@@ -38,7 +40,16 @@ impl Client {
         body: Option<Value>,
     ) -> Result<Value, CtlError> {
         let url = format!("{}{path}", self.base);
+        let change = method != reqwest::Method::GET;
         let mut req = self.http.request(method, &url);
+        if change {
+            // Every change is JSON, with or without a body; and carries the
+            // token, when there is one.
+            req = req.header(reqwest::header::CONTENT_TYPE, "application/json");
+            if let Some(t) = &self.token {
+                req = req.bearer_auth(t);
+            }
+        }
         if let Some(b) = body {
             req = req.json(&b);
         }

@@ -28,6 +28,10 @@ pub struct Cli {
         global = true
     )]
     pub api: String,
+    /// The API's bearer token, sent with every change (see the
+    /// controller's --api-token-file).
+    #[arg(long, env = "BALLAST_API_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = Output::Table, global = true)]
     pub output: Output,
@@ -292,7 +296,7 @@ fn volume_options(
 
 /// Runs one command; the caller prints the error and exits non-zero.
 pub async fn run(cli: Cli) -> Result<(), CtlError> {
-    let c = Client::new(&cli.api);
+    let c = Client::new(&cli.api, cli.token.clone());
     let out = Out {
         json: cli.output == Output::Json,
     };

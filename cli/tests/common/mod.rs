@@ -407,7 +407,9 @@ pub fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
         let c = reqwest::Client::new();
         let mut r = c
             .request(method.parse().unwrap(), url)
-            .timeout(Duration::from_secs(60));
+            .timeout(Duration::from_secs(60))
+            // Every change is JSON, with or without a body.
+            .header("content-type", "application/json");
         if let Some(b) = body {
             r = r.json(&b);
         }

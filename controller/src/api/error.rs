@@ -1,5 +1,6 @@
 //! The one place where controller errors become HTTP answers:
-//! `{"error": "...", "code": "..."}` with 400, 404, 409, 422 or 500.
+//! `{"error": "...", "code": "..."}` with 400, 401, 404, 409, 415, 422,
+//! 500 or 503.
 
 use axum::Json;
 use axum::http::StatusCode;
@@ -18,6 +19,10 @@ impl IntoResponse for Error {
             Error::NoRoom(_) => (StatusCode::UNPROCESSABLE_ENTITY, "no_room"),
             Error::OutOfRange { .. } => (StatusCode::BAD_REQUEST, "out_of_range"),
             Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            Error::UnsupportedMediaType(_) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+            }
+            Error::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated"),
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             Error::DataLoss(_) => (StatusCode::INTERNAL_SERVER_ERROR, "data_loss"),
         };

@@ -4,6 +4,7 @@
 
 mod body;
 mod error;
+pub mod gate;
 mod meta;
 mod nodes;
 mod objects;
@@ -114,8 +115,13 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// The router with every route of [`ROUTES`].
+/// The router with every route of [`ROUTES`], asking no token.
 pub fn router(ctx: Arc<Context>) -> Router {
+    router_with(ctx, gate::Gate::default())
+}
+
+/// The router with every route of [`ROUTES`], its changes behind `gate`.
+pub fn router_with(ctx: Arc<Context>, gate: gate::Gate) -> Router {
     Router::new()
         .route("/healthz", get(meta::healthz))
         .route("/metrics", get(meta::metrics))
@@ -167,6 +173,7 @@ pub fn router(ctx: Arc<Context>) -> Router {
             ctx.clone(),
             leader_writes,
         ))
+        .layer(axum::middleware::from_fn_with_state(gate, gate::mutations))
         .with_state(ctx)
 }
 

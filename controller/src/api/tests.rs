@@ -524,3 +524,129 @@ async fn plan_is_a_dry_run_with_reasons() {
     let (s, _) = api.call("GET", "/v1/plan?volume=nope", None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
 }
+
+/// One request through a router behind `gate`, with these headers.
+async fn raw(
+    api: &Api,
+    gate: super::gate::Gate,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (StatusCode, Value, axum::http::HeaderMap) {
+    let mut req = Request::builder().method(method).uri(path);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Body::from(body.to_string())).unwrap();
+    let resp = super::router_with(api.ctx.clone(), gate)
+        .oneshot(req)
+        .await
+        .unwrap();
+    let (status, headers) = (resp.status(), resp.headers().clone());
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        headers,
+    )
+}
+
+#[tokio::test]
+async fn a_change_that_is_not_json_is_415_and_changes_nothing() {
+    let api = Api::new();
+    let body = r#"{"value": "best-effort"}"#;
+    let open = super::gate::Gate::default();
+    for headers in [&[("content-type", "text/plain")][..], &[][..]] {
+        let (s, v, _) = raw(
+            &api,
+            open.clone(),
+            "PUT",
+            "/v1/settings/replica-auto-balance",
+            headers,
+            body,
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{headers:?}: {v}");
+        assert_eq!(v["code"], "unsupported_media_type");
+    }
+    // A text/plain POST, as any web page may send, creates nothing.
+    let (s, _, _) = raw(
+        &api,
+        open.clone(),
+        "POST",
+        "/v1/volumes",
+        &[("content-type", "text/plain")],
+        r#"{"name": "v", "size": "1Gi"}"#,
+    )
+    .await;
+    assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert!(
+        api.ctx
+            .store
+            .list::<ballast::model::Volume>()
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(api.ctx.store.list::<Setting>().await.unwrap().is_empty());
+    let json = [("content-type", "application/json; charset=utf-8")];
+    let (s, v, _) = raw(
+        &api,
+        open,
+        "PUT",
+        "/v1/settings/replica-auto-balance",
+        &json,
+        body,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+}
+
+#[tokio::test]
+async fn with_a_token_changes_need_it_reads_do_not_and_no_cors_is_answered() {
+    let api = Api::new();
+    let gate = super::gate::Gate {
+        token: Some("s3cret".into()),
+    };
+    let body = r#"{"value": "best-effort"}"#;
+    let path = "/v1/settings/replica-auto-balance";
+    let json = ("content-type", "application/json");
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("s3cret"),
+        Some("Bearer s3cre"),
+    ] {
+        let mut headers = vec![json];
+        headers.extend(auth.map(|a| ("authorization", a)));
+        let (s, v, _) = raw(&api, gate.clone(), "PUT", path, &headers, body).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED, "{auth:?}: {v}");
+        assert_eq!(v["code"], "unauthenticated");
+    }
+    assert!(api.ctx.store.list::<Setting>().await.unwrap().is_empty());
+    let headers = [json, ("authorization", "Bearer s3cret")];
+    let (s, v, _) = raw(&api, gate.clone(), "PUT", path, &headers, body).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let (s, v, _) = raw(&api, gate.clone(), "GET", path, &[], "").await;
+    assert_eq!(
+        (s, v["value"].as_str()),
+        (StatusCode::OK, Some("best-effort"))
+    );
+    // A preflight from another origin is given no permission.
+    let (_, _, h) = raw(
+        &api,
+        gate,
+        "OPTIONS",
+        "/v1/volumes",
+        &[
+            ("origin", "https://elsewhere.example"),
+            ("access-control-request-method", "POST"),
+        ],
+        "",
+    )
+    .await;
+    assert!(h.get("access-control-allow-origin").is_none(), "{h:?}");
+}
