@@ -126,12 +126,17 @@ pub struct NodeArgs {
     /// The CSI socket, unix:///path/node.sock
     #[arg(long, env = "BALLAST_CSI_ENDPOINT")]
     pub csi_endpoint: String,
-    /// Where the controller calls this node.
+    /// Where the controller calls this node (it registers this address).
+    /// Default: the address this node reaches the controller from, port
+    /// 9502.
     #[arg(long, env = "BALLAST_AGENT_LISTEN")]
-    pub agent_listen: SocketAddr,
-    /// Replica data protocol address.
+    pub agent_listen: Option<SocketAddr>,
+    /// Where other nodes' engines reach this node's replicas (it registers
+    /// this address). Default: the address this node reaches the
+    /// controller from, port 9503. Never 0.0.0.0: not an address a peer
+    /// can reach, and not one to open to every network.
     #[arg(long, env = "BALLAST_REPLICA_LISTEN")]
-    pub replica_listen: SocketAddr,
+    pub replica_listen: Option<SocketAddr>,
     /// Sockets and frontends of attached volumes.
     #[arg(long, env = "BALLAST_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
@@ -162,11 +167,69 @@ impl NodeArgs {
                 )
             })?,
         };
-        Ok(node_config(node_id, self))
+        let agent_listen =
+            listen_address("--agent-listen", self.agent_listen, &self.controller, 9502)?;
+        let replica_listen = listen_address(
+            "--replica-listen",
+            self.replica_listen,
+            &self.controller,
+            9503,
+        )?;
+        Ok(node_config(node_id, agent_listen, replica_listen, self))
     }
 }
 
-fn node_config(node_id: String, a: NodeArgs) -> NodeConfig {
+/// The local address this machine reaches `controller` (the first of a
+/// comma-separated list of URLs) from: no packet is sent, the kernel only
+/// picks the route.
+fn address_toward(controller: &str) -> Result<std::net::IpAddr, String> {
+    let first = controller.split(',').next().unwrap_or_default().trim();
+    let hostport = first
+        .split_once("://")
+        .map_or(first, |(_, rest)| rest)
+        .trim_end_matches('/');
+    let target = std::net::ToSocketAddrs::to_socket_addrs(hostport)
+        .map_err(|e| format!("{hostport}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{hostport}: no address"))?;
+    let any: SocketAddr = if target.is_ipv4() {
+        ([0, 0, 0, 0], 0).into()
+    } else {
+        ([0u16; 8], 0).into()
+    };
+    let probe = std::net::UdpSocket::bind(any).map_err(|e| e.to_string())?;
+    probe.connect(target).map_err(|e| e.to_string())?;
+    probe
+        .local_addr()
+        .map(|a| a.ip())
+        .map_err(|e| e.to_string())
+}
+
+/// A node's listening address for `flag`: as given (never unspecified), or
+/// the address toward the controller with `port`.
+fn listen_address(
+    flag: &str,
+    given: Option<SocketAddr>,
+    controller: &str,
+    port: u16,
+) -> Result<SocketAddr, String> {
+    match given {
+        Some(a) if a.ip().is_unspecified() => Err(format!(
+            "{flag}: {a} is not an address other nodes can reach, and opens the port to every network; give this node's address (the default is the one it reaches the controller from)"
+        )),
+        Some(a) => Ok(a),
+        None => address_toward(controller)
+            .map(|ip| SocketAddr::new(ip, port))
+            .map_err(|e| format!("{flag}: not given, and no address toward the controller {controller}: {e}; give it")),
+    }
+}
+
+fn node_config(
+    node_id: String,
+    agent_listen: SocketAddr,
+    replica_listen: SocketAddr,
+    a: NodeArgs,
+) -> NodeConfig {
     NodeConfig {
         node_id,
         zone: a.zone,
@@ -174,8 +237,8 @@ fn node_config(node_id: String, a: NodeArgs) -> NodeConfig {
         disks: a.disks,
         controller: a.controller,
         csi_endpoint: a.csi_endpoint,
-        agent_listen: a.agent_listen,
-        replica_listen: a.replica_listen,
+        agent_listen,
+        replica_listen,
         state_dir: a.state_dir,
         writeback_every: a.writeback_every,
         engine_host: a.engine_host,

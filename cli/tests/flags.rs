@@ -89,3 +89,29 @@ fn a_bad_node_id_and_a_relative_socket_are_refused() {
     assert_ne!(code, 0);
     assert!(text.contains("unix:///absolute/path"), "{text}");
 }
+
+#[test]
+fn a_node_refuses_to_register_an_unspecified_address_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = format!("unix://{}", dir.path().join("n.sock").display());
+    for (flag, line) in [
+        (
+            "--replica-listen",
+            "--agent-listen 127.0.0.1:0 --replica-listen 0.0.0.0:9511",
+        ),
+        (
+            "--agent-listen",
+            "--agent-listen [::]:9510 --replica-listen 127.0.0.1:0",
+        ),
+    ] {
+        let (code, text) = run(&format!(
+            "node --node-id n1 --disk {} --controller http://127.0.0.1:1 --csi-endpoint {sock} {line}",
+            dir.path().display()
+        ));
+        assert_eq!(code, 2, "{text}");
+        assert!(
+            text.contains(flag) && text.contains("not an address other nodes can reach"),
+            "{text}"
+        );
+    }
+}
