@@ -306,8 +306,8 @@ fn bad_nbd_requests_get_errors_and_the_server_stays_up() {
     assert!(!ok);
 }
 
-/// Speaks NBD by hand: handshake with NBD_OPT_GO, then bad requests.
-fn raw_nbd(socket: &Path, export: &str) {
+/// An NBD connection by hand, through the handshake (NBD_OPT_GO).
+fn nbd_connect(socket: &Path, export: &str) -> std::os::unix::net::UnixStream {
     use std::io::{Read, Write};
     let mut s = std::os::unix::net::UnixStream::connect(socket).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -337,16 +337,25 @@ fn raw_nbd(socket: &Path, export: &str) {
             break;
         }
     }
-    let request = |cmd: u16, handle: u64, offset: u64, len: u32| {
-        let mut r = Vec::new();
-        r.extend_from_slice(&0x2560_9513u32.to_be_bytes());
-        r.extend_from_slice(&0u16.to_be_bytes());
-        r.extend_from_slice(&cmd.to_be_bytes());
-        r.extend_from_slice(&handle.to_be_bytes());
-        r.extend_from_slice(&offset.to_be_bytes());
-        r.extend_from_slice(&len.to_be_bytes());
-        r
-    };
+    s
+}
+
+/// An NBD request frame.
+fn request(cmd: u16, handle: u64, offset: u64, len: u32) -> Vec<u8> {
+    let mut r = Vec::new();
+    r.extend_from_slice(&0x2560_9513u32.to_be_bytes());
+    r.extend_from_slice(&0u16.to_be_bytes());
+    r.extend_from_slice(&cmd.to_be_bytes());
+    r.extend_from_slice(&handle.to_be_bytes());
+    r.extend_from_slice(&offset.to_be_bytes());
+    r.extend_from_slice(&len.to_be_bytes());
+    r
+}
+
+/// Speaks NBD by hand: handshake with NBD_OPT_GO, then bad requests.
+fn raw_nbd(socket: &Path, export: &str) {
+    use std::io::{Read, Write};
+    let mut s = nbd_connect(socket, export);
     let reply = |s: &mut std::os::unix::net::UnixStream| {
         let mut h = [0u8; 16];
         s.read_exact(&mut h).unwrap();
@@ -370,4 +379,50 @@ fn raw_nbd(socket: &Path, export: &str) {
     assert_eq!((err, handle), (0, 5), "a good read after the bad ones");
     let mut data = [0u8; 512];
     s.read_exact(&mut data).unwrap();
+}
+
+/// Resident memory of a process, in bytes.
+fn rss(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb << 10
+}
+
+/// A client that asks for 100 reads of 32 MiB (3.2 GiB of replies) and
+/// never reads one: the engine stops reading its requests once a bounded
+/// amount of replies waits, so its memory stays flat; and it still serves
+/// other clients.
+#[test]
+fn a_client_that_never_reads_its_replies_leaves_the_engines_memory_bounded() {
+    use std::io::Write;
+    let c = cluster(1);
+    let replicas = c.create_replicas("v5");
+    let (engine, socket) = c.start_engine("v5", &replicas);
+    let before = rss(engine.pid());
+    let mut greedy = nbd_connect(&socket, "v5");
+    for handle in 0..100u64 {
+        greedy.write_all(&request(0, handle, 0, 32 << 20)).unwrap();
+    }
+    let mut peak = 0;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(150));
+        peak = peak.max(rss(engine.pid()));
+    }
+    assert!(
+        peak < before + (256 << 20),
+        "the engine grew from {} MiB to {} MiB",
+        before >> 20,
+        peak >> 20
+    );
+    let (ok, out) = qemu_io(
+        &uri("v5", &socket),
+        &["write -P 0x5a 0 64k", "read -P 0x5a 0 64k"],
+    );
+    assert!(ok, "another client is served meanwhile: {out}");
+    drop(greedy);
 }

@@ -204,6 +204,32 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
 /// that the data is not copied to sit behind the header).
 type Reply = ([u8; 16], bytes::Bytes);
 
+/// A reply on its way to the client, with the share of the connection's
+/// reply budget it holds until it is written.
+struct Queued {
+    reply: Reply,
+    _budget: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl From<Reply> for Queued {
+    fn from(reply: Reply) -> Self {
+        Queued {
+            reply,
+            _budget: None,
+        }
+    }
+}
+
+/// Read reply bytes a connection may have pending (read, not yet written
+/// to the client), in KiB: past it, no more requests are read until the
+/// client takes its replies. A client that never reads can hold no more.
+const REPLY_BUDGET_KIB: u32 = 64 << 10;
+
+/// The budget a read of `len` bytes takes, in KiB (at least 1).
+fn budget_of(len: u32) -> u32 {
+    len.div_ceil(1024).clamp(1, REPLY_BUDGET_KIB)
+}
+
 /// The reply to a command that returns no data.
 fn done_reply(r: Result<(), EngineError>, handle: u64) -> Reply {
     simple_reply(
@@ -230,10 +256,12 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     }
     let (rd, wr) = tokio::io::split(stream);
     let mut rd = crate::bufio::FrameReader::new(rd, IO_BUFFER);
-    // Unbounded: what waits is bounded by the requests in flight, and a
-    // write's answer is sent from the task that read the replicas' answers,
-    // which must not wait.
-    let (tx, rx) = mpsc::unbounded_channel::<Reply>();
+    // Unbounded, but what waits is bounded: a read takes its share of the
+    // reply budget before it is started, and gives it back once its reply
+    // is written; a write's answer (16 bytes) is sent from the task that
+    // read the replicas' answers, which must not wait.
+    let (tx, rx) = mpsc::unbounded_channel::<Queued>();
+    let budget = Arc::new(tokio::sync::Semaphore::new(REPLY_BUDGET_KIB as usize));
     let writer = tokio::spawn(write_replies(rx, wr));
     let mut inflight = tokio::task::JoinSet::new();
     let result = loop {
@@ -254,7 +282,17 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
             // A write's payload is read here, in order.
             CMD_WRITE => write(&engine, &mut rd, &tx, &req).await,
             _ => {
-                spawn(&engine, &tx, &mut inflight, req);
+                // Backpressure: no more requests are read while the replies
+                // already read wait for the client.
+                let share = match req.cmd {
+                    CMD_READ => budget
+                        .clone()
+                        .acquire_many_owned(budget_of(req.len))
+                        .await
+                        .ok(),
+                    _ => None,
+                };
+                spawn(&engine, &tx, &mut inflight, req, share);
                 Ok(())
             }
         };
@@ -304,14 +342,17 @@ impl Command {
 }
 
 /// The writer task: replies queued together leave in one write.
-async fn write_replies<W: AsyncWrite + Unpin>(mut rx: mpsc::UnboundedReceiver<Reply>, wr: W) {
+async fn write_replies<W: AsyncWrite + Unpin>(mut rx: mpsc::UnboundedReceiver<Queued>, wr: W) {
     let mut wr = tokio::io::BufWriter::with_capacity(IO_BUFFER, wr);
     'out: while let Some(first) = rx.recv().await {
         let mut next = Some(first);
-        while let Some((head, data)) = next {
-            if wr.write_all(&head).await.is_err() || wr.write_all(&data).await.is_err() {
+        while let Some(q) = next {
+            let (head, data) = &q.reply;
+            if wr.write_all(head).await.is_err() || wr.write_all(data).await.is_err() {
                 break 'out;
             }
+            // Written: its share of the budget goes back with it.
+            drop(q);
             next = rx.try_recv().ok();
         }
         if wr.flush().await.is_err() {
@@ -327,17 +368,17 @@ async fn write_replies<W: AsyncWrite + Unpin>(mut rx: mpsc::UnboundedReceiver<Re
 async fn write<R: AsyncRead + Unpin>(
     engine: &Arc<Engine>,
     rd: &mut crate::bufio::FrameReader<R>,
-    tx: &mpsc::UnboundedSender<Reply>,
+    tx: &mpsc::UnboundedSender<Queued>,
     req: &Command,
 ) -> std::io::Result<()> {
     let handle = req.handle;
     if req.len > MAX_REQUEST {
-        let _ = tx.send(simple_reply(EINVAL, handle, bytes::Bytes::new()));
+        let _ = tx.send(simple_reply(EINVAL, handle, bytes::Bytes::new()).into());
         return Err(invalid("write too large"));
     }
     let data = rd.payload(req.len as usize).await?;
     if !req.in_range {
-        let _ = tx.send(simple_reply(ENOSPC, handle, bytes::Bytes::new()));
+        let _ = tx.send(simple_reply(ENOSPC, handle, bytes::Bytes::new()).into());
         return Ok(());
     }
     let tx = tx.clone();
@@ -347,7 +388,7 @@ async fn write<R: AsyncRead + Unpin>(
             data,
             req.fua,
             Box::new(move |r| {
-                let _ = tx.send(done_reply(r, handle));
+                let _ = tx.send(done_reply(r, handle).into());
             }),
         )
         .await;
@@ -357,12 +398,13 @@ async fn write<R: AsyncRead + Unpin>(
 /// Every other request runs in a task of its own and answers when done.
 fn spawn(
     engine: &Arc<Engine>,
-    tx: &mpsc::UnboundedSender<Reply>,
+    tx: &mpsc::UnboundedSender<Queued>,
     inflight: &mut tokio::task::JoinSet<()>,
     req: Command,
+    share: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
     let refuse = |errno| {
-        let _ = tx.send(simple_reply(errno, req.handle, bytes::Bytes::new()));
+        let _ = tx.send(simple_reply(errno, req.handle, bytes::Bytes::new()).into());
     };
     let (e, tx) = (engine.clone(), tx.clone());
     let Command {
@@ -380,12 +422,15 @@ fn spawn(
                     Ok(data) => simple_reply(0, handle, data),
                     Err(x) => simple_reply(errno(&x), handle, bytes::Bytes::new()),
                 };
-                let _ = tx.send(reply);
+                let _ = tx.send(Queued {
+                    reply,
+                    _budget: share,
+                });
             });
         }
         CMD_FLUSH => {
             inflight.spawn(async move {
-                let _ = tx.send(done_reply(e.flush().await, handle));
+                let _ = tx.send(done_reply(e.flush().await, handle).into());
             });
         }
         CMD_TRIM | CMD_WRITE_ZEROES if in_range => {
@@ -396,7 +441,7 @@ fn spawn(
                 } else {
                     Ok(())
                 });
-                let _ = tx.send(done_reply(r, handle));
+                let _ = tx.send(done_reply(r, handle).into());
             });
         }
         _ => refuse(EINVAL),
