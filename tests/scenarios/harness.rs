@@ -125,10 +125,22 @@ impl Cluster {
         let api = ctl.api.clone();
         for n in &nodes {
             // Generous: with two scenarios and the rest of the suite on
-            // two cores, a node's first heartbeat can take a while.
-            wait_for(NODE_START, "node ready", || {
-                node(&api, &n.id).filter(node_is_up)
-            });
+            // two cores, a node's first heartbeat can take a while. A node
+            // that never comes up says why: the end of its log.
+            let deadline = std::time::Instant::now() + NODE_START;
+            while node(&api, &n.id).filter(node_is_up).is_none() {
+                if std::time::Instant::now() > deadline {
+                    let log = n.proc.log_text();
+                    let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                    panic!(
+                        "{} not ready after {}s; its log ends:\n{}",
+                        n.id,
+                        NODE_START.as_secs(),
+                        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
         let c = Cluster {
             nodes,
