@@ -91,6 +91,21 @@ fn evict(k: &KubeCluster, node: &str) -> Result<(), String> {
     }
 }
 
+/// `kubectl drain` of `node` begins: the Node is cordoned, the node turns
+/// drain-blocked, its guard is up, and the drain's eviction is refused.
+fn drain_waits(k: &KubeCluster, node: &str) {
+    k.cordon(node, true);
+    wait_for(SETTLE, "the node drain-blocked", || {
+        (k.c.node(node)["status"]["drainBlocked"] == true).then_some(())
+    });
+    guard_up(k, node);
+    assert_eq!(
+        evict(k, node),
+        Err("429 TooManyRequests".into()),
+        "the drain must wait"
+    );
+}
+
 /// Waits until the drain of `node` goes through, and its guard's budget is
 /// gone.
 fn drain_goes_through(k: &KubeCluster, node: &str) {
@@ -113,16 +128,7 @@ fn kube_a_drain_waits_while_the_node_holds_the_last_replica_and_goes_through_onc
     c.wait_settled("vol", 1, SETTLE);
     let data = write_data(c.dir.path(), &endpoint, 31);
 
-    k.cordon(&node, true);
-    wait_for(SETTLE, "the node drain-blocked", || {
-        (c.node(&node)["status"]["drainBlocked"] == true).then_some(())
-    });
-    guard_up(&k, &node);
-    assert_eq!(
-        evict(&k, &node),
-        Err("429 TooManyRequests".into()),
-        "the drain must wait"
-    );
+    drain_waits(&k, &node);
     assert!(
         c.event_reasons(&format!("node/{node}"))
             .contains(&"DrainGuardRaised".to_string())
@@ -153,16 +159,7 @@ fn kube_under_block_for_eviction_a_drain_waits_until_every_replica_left_the_node
 
     // Nowhere to go yet: the replica stays, and so does the guard.
     c.patch_node(&spare, json!({"allowScheduling": false}));
-    k.cordon(&drained, true);
-    wait_for(SETTLE, "the node drain-blocked", || {
-        (c.node(&drained)["status"]["drainBlocked"] == true).then_some(())
-    });
-    guard_up(&k, &drained);
-    assert_eq!(
-        evict(&k, &drained),
-        Err("429 TooManyRequests".into()),
-        "the drain must wait"
-    );
+    drain_waits(&k, &drained);
     assert!(c.replica_on("vol", &drained).is_some());
 
     // Somewhere to go: the replica moves, then the drain goes through.
