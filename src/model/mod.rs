@@ -4,6 +4,37 @@
 //! Every object has a name (a node's is its `id`), a `resourceVersion`
 //! set by the store, a `spec` (what is wanted) and a `status` (what is).
 
+/// Declares the spec of a custom resource of `ballast.csi.dev/v1alpha1`:
+/// namespaced, with a status subresource, a short name, its print columns
+/// (name, type, JSON path) and an `Age` column last. `options` passes
+/// further `#[kube]` options (such as `no_spec`).
+macro_rules! custom_resource {
+    (
+        kind: $kind:tt, root: $root:tt, status: $status:tt, short: $short:tt,
+        options: [$($option:tt)*],
+        columns: [$(($name:tt, $type:tt, $path:tt)),* $(,)?],
+        $(#[$attr:meta])*
+        pub struct $spec:ident $body:tt
+    ) => {
+        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, kube::CustomResource, JsonSchema)]
+        #[allow(clippy::duplicated_attributes)] // print columns repeat their types
+        #[kube(
+            group = "ballast.csi.dev",
+            version = "v1alpha1",
+            namespaced,
+            kind = $kind,
+            root = $root,
+            status = $status,
+            shortname = $short,
+            $($option)*
+            $(printcolumn(name = $name, type_ = $type, json_path = $path),)*
+            printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+        )]
+        $(#[$attr])*
+        pub struct $spec $body
+    };
+}
+
 mod enums;
 mod event;
 mod node;

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -20,45 +19,31 @@ pub struct Node {
     pub status: NodeStatus,
 }
 
-/// In Kubernetes, the spec of a `nodes.ballast.csi.dev` object, named as
-/// the Kubernetes Node it describes.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, CustomResource, JsonSchema)]
-#[allow(clippy::duplicated_attributes)] // print columns repeat their types
-#[kube(
-    group = "ballast.csi.dev",
-    version = "v1alpha1",
-    namespaced,
-    kind = "Node",
-    root = "NodeResource",
-    status = "NodeStatus",
-    shortname = "bnode",
-    printcolumn(name = "Ready", type_ = "boolean", json_path = ".status.ready"),
-    printcolumn(name = "Zone", type_ = "string", json_path = ".spec.zone"),
-    printcolumn(
-        name = "Schedulable",
-        type_ = "boolean",
-        json_path = ".spec.allowScheduling"
-    ),
-    printcolumn(name = "Disks", type_ = "integer", json_path = ".status.diskCount"),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeSpec {
-    #[serde(default)]
-    pub zone: String,
-    #[serde(default)]
-    pub tags: Vec<String>,
-    #[serde(default = "yes")]
-    pub allow_scheduling: bool,
-    #[serde(default)]
-    pub eviction_requested: bool,
-    /// Disk id -> what the operator wants of that disk.
-    #[serde(default)]
-    pub disks: BTreeMap<String, DiskSpec>,
+custom_resource! {
+    kind: "Node", root: "NodeResource", status: "NodeStatus", short: "bnode",
+    options: [],
+    columns: [
+        ("Ready", "boolean", ".status.ready"),
+        ("Zone", "string", ".spec.zone"),
+        ("Schedulable", "boolean", ".spec.allowScheduling"),
+        ("Disks", "integer", ".status.diskCount"),
+    ],
+    /// In Kubernetes, the spec of a `nodes.ballast.csi.dev` object, named as
+    /// the Kubernetes Node it describes.
+    #[serde(rename_all = "camelCase")]
+    pub struct NodeSpec {
+        #[serde(default)]
+        pub zone: String,
+        #[serde(default)]
+        pub tags: Vec<String>,
+        #[serde(default = "yes")]
+        pub allow_scheduling: bool,
+        #[serde(default)]
+        pub eviction_requested: bool,
+        /// Disk id -> what the operator wants of that disk.
+        #[serde(default)]
+        pub disks: BTreeMap<String, DiskSpec>,
+    }
 }
 
 fn yes() -> bool {

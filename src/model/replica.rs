@@ -2,7 +2,6 @@
 //! and healthy times, rebuild attempts) and what its node reports.
 
 use chrono::{DateTime, Utc};
-use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -20,43 +19,33 @@ pub struct Replica {
     pub status: ReplicaStatus,
 }
 
-/// In Kubernetes, the spec of a `replicas.ballast.csi.dev` object.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, CustomResource, JsonSchema)]
-#[allow(clippy::duplicated_attributes)] // print columns repeat their types
-#[kube(
-    group = "ballast.csi.dev",
-    version = "v1alpha1",
-    namespaced,
-    kind = "Replica",
-    root = "ReplicaResource",
-    status = "ReplicaStatus",
-    shortname = "brep",
-    printcolumn(name = "Volume", type_ = "string", json_path = ".spec.volume"),
-    printcolumn(name = "Node", type_ = "string", json_path = ".spec.nodeId"),
-    printcolumn(name = "Disk", type_ = "string", json_path = ".spec.diskId"),
-    printcolumn(name = "Mode", type_ = "string", json_path = ".status.mode"),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-#[serde(rename_all = "camelCase")]
-pub struct ReplicaSpec {
-    pub volume: String,
-    pub node_id: String,
-    pub disk_id: String,
-    /// `<disk>/replicas/<volume>-<replicaId>/`, relative to the disk.
-    pub data_directory: String,
-    pub desired_state: DesiredState,
-    #[serde(default)]
-    pub eviction_requested: bool,
-    #[serde(default)]
-    pub rebuild_retry_count: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failed_at: Option<DateTime<Utc>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub healthy_at: Option<DateTime<Utc>>,
+custom_resource! {
+    kind: "Replica", root: "ReplicaResource", status: "ReplicaStatus", short: "brep",
+    options: [],
+    columns: [
+        ("Volume", "string", ".spec.volume"),
+        ("Node", "string", ".spec.nodeId"),
+        ("Disk", "string", ".spec.diskId"),
+        ("Mode", "string", ".status.mode"),
+    ],
+    /// In Kubernetes, the spec of a `replicas.ballast.csi.dev` object.
+    #[serde(rename_all = "camelCase")]
+    pub struct ReplicaSpec {
+        pub volume: String,
+        pub node_id: String,
+        pub disk_id: String,
+        /// `<disk>/replicas/<volume>-<replicaId>/`, relative to the disk.
+        pub data_directory: String,
+        pub desired_state: DesiredState,
+        #[serde(default)]
+        pub eviction_requested: bool,
+        #[serde(default)]
+        pub rebuild_retry_count: u32,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub failed_at: Option<DateTime<Utc>>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub healthy_at: Option<DateTime<Utc>>,
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -2,7 +2,6 @@
 //! the settings module). In Kubernetes a Setting object holds its value at
 //! the top level, as `kubectl edit setting NAME` shows it.
 
-use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -19,31 +18,20 @@ pub struct Setting {
     pub status: SettingStatus,
 }
 
-/// In Kubernetes, the body of a `settings.ballast.csi.dev` object: its
-/// value, beside the metadata. The API server checks the value against the
-/// setting's accepted values (rules made by the top-level `crd` module).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, CustomResource, JsonSchema)]
-#[allow(clippy::duplicated_attributes)] // print columns repeat their types
-#[kube(
-    group = "ballast.csi.dev",
-    version = "v1alpha1",
-    namespaced,
-    kind = "Setting",
-    root = "SettingResource",
-    status = "SettingStatus",
-    shortname = "bset",
-    no_spec,
-    printcolumn(name = "Value", type_ = "string", json_path = ".value"),
-    printcolumn(name = "Refused", type_ = "string", json_path = ".status.refused"),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-pub struct SettingBody {
-    #[schemars(length(max = 256))]
-    pub value: String,
+custom_resource! {
+    kind: "Setting", root: "SettingResource", status: "SettingStatus", short: "bset",
+    options: [no_spec,],
+    columns: [
+        ("Value", "string", ".value"),
+        ("Refused", "string", ".status.refused"),
+    ],
+    /// In Kubernetes, the body of a `settings.ballast.csi.dev` object: its
+    /// value, beside the metadata. The API server checks the value against the
+    /// setting's accepted values (rules made by the top-level `crd` module).
+    pub struct SettingBody {
+        #[schemars(length(max = 256))]
+        pub value: String,
+    }
 }
 
 /// What the controller says of a Setting object's value.

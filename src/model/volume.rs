@@ -2,7 +2,6 @@
 //! controller records), with their defaults and the largest size.
 
 use chrono::{DateTime, Utc};
-use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -26,74 +25,56 @@ pub struct Volume {
     pub status: VolumeStatus,
 }
 
-/// In Kubernetes, the spec of a `volumes.ballast.csi.dev` object.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, CustomResource, JsonSchema)]
-#[allow(clippy::duplicated_attributes)] // print columns repeat their types
-#[kube(
-    group = "ballast.csi.dev",
-    version = "v1alpha1",
-    namespaced,
-    kind = "Volume",
-    root = "VolumeResource",
-    status = "VolumeStatus",
-    shortname = "bvol",
-    printcolumn(name = "State", type_ = "string", json_path = ".status.state"),
-    printcolumn(
-        name = "Robustness",
-        type_ = "string",
-        json_path = ".status.robustness"
-    ),
-    printcolumn(name = "Size", type_ = "integer", json_path = ".spec.size"),
-    printcolumn(
-        name = "Replicas",
-        type_ = "integer",
-        json_path = ".spec.numberOfReplicas"
-    ),
-    printcolumn(name = "Node", type_ = "string", json_path = ".status.attachedNode"),
-    printcolumn(
-        name = "Age",
-        type_ = "date",
-        json_path = ".metadata.creationTimestamp"
-    )
-)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeSpec {
-    /// Bytes.
-    #[serde(with = "crate::quantity::serde_size")]
-    #[schemars(schema_with = "crate::quantity::size_schema")]
-    pub size: u64,
-    pub number_of_replicas: u32,
-    /// None follows the setting `default-data-locality`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_locality: Option<DataLocality>,
-    #[serde(default = "default_auto_balance")]
-    pub replica_auto_balance: VolumeAutoBalance,
-    /// Minutes after which a failed replica is deleted.
-    #[serde(default = "default_stale_timeout")]
-    pub stale_replica_timeout: u64,
-    #[serde(default)]
-    pub disk_selector: Vec<String>,
-    #[serde(default)]
-    pub node_selector: Vec<String>,
-    #[serde(default = "default_access_mode")]
-    pub access_mode: AccessMode,
-    #[serde(default = "default_fs_type")]
-    pub fs_type: FsType,
-    #[serde(default = "default_frontend")]
-    pub frontend: Frontend,
-    /// Extra mkfs arguments for a mount volume's filesystem.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub mkfs_params: String,
-    /// The name a CO gave in CSI CreateVolume (any string of 1 to 128
-    /// bytes), for a volume created through CSI. A repeated CreateVolume
-    /// is matched by it; the volume's own name is the id the CO gets back.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub csi_name: Option<String>,
-    /// A strict-local volume's node: its one replica lives there, and
-    /// nowhere else. Chosen at creation (through CSI, from the CO's
-    /// topology requirements: the node its pod is scheduled to).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pinned_node: Option<String>,
+custom_resource! {
+    kind: "Volume", root: "VolumeResource", status: "VolumeStatus", short: "bvol",
+    options: [],
+    columns: [
+        ("State", "string", ".status.state"),
+        ("Robustness", "string", ".status.robustness"),
+        ("Size", "integer", ".spec.size"),
+        ("Replicas", "integer", ".spec.numberOfReplicas"),
+        ("Node", "string", ".status.attachedNode"),
+    ],
+    /// In Kubernetes, the spec of a `volumes.ballast.csi.dev` object.
+    #[serde(rename_all = "camelCase")]
+    pub struct VolumeSpec {
+        /// Bytes.
+        #[serde(with = "crate::quantity::serde_size")]
+        #[schemars(schema_with = "crate::quantity::size_schema")]
+        pub size: u64,
+        pub number_of_replicas: u32,
+        /// None follows the setting `default-data-locality`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub data_locality: Option<DataLocality>,
+        #[serde(default = "default_auto_balance")]
+        pub replica_auto_balance: VolumeAutoBalance,
+        /// Minutes after which a failed replica is deleted.
+        #[serde(default = "default_stale_timeout")]
+        pub stale_replica_timeout: u64,
+        #[serde(default)]
+        pub disk_selector: Vec<String>,
+        #[serde(default)]
+        pub node_selector: Vec<String>,
+        #[serde(default = "default_access_mode")]
+        pub access_mode: AccessMode,
+        #[serde(default = "default_fs_type")]
+        pub fs_type: FsType,
+        #[serde(default = "default_frontend")]
+        pub frontend: Frontend,
+        /// Extra mkfs arguments for a mount volume's filesystem.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        pub mkfs_params: String,
+        /// The name a CO gave in CSI CreateVolume (any string of 1 to 128
+        /// bytes), for a volume created through CSI. A repeated CreateVolume
+        /// is matched by it; the volume's own name is the id the CO gets back.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub csi_name: Option<String>,
+        /// A strict-local volume's node: its one replica lives there, and
+        /// nowhere else. Chosen at creation (through CSI, from the CO's
+        /// topology requirements: the node its pod is scheduled to).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub pinned_node: Option<String>,
+    }
 }
 
 fn default_auto_balance() -> VolumeAutoBalance {

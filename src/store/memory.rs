@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use super::{Change, ChangeOp, Raw, Store, StoreError, check_version};
+use super::{Change, ChangeOp, Raw, Store, StoreError, StoreResult, check_version};
 use crate::model::Kind;
 
 /// Objects by kind and name, with their versions.
@@ -106,28 +106,17 @@ impl Store for MemoryStore {
         })
     }
 
-    async fn update_raw(
-        &self,
-        kind: Kind,
-        name: &str,
-        value: &Value,
-        expected: u64,
-    ) -> Result<u64, StoreError> {
+    async fn update_raw(&self, kind: Kind, name: &str, value: &Value, rv: u64) -> StoreResult<u64> {
         self.write(|s, next| {
             let actual = Self::version(s, kind, name)?;
-            check_version(kind, name, Some(expected), actual)?;
+            check_version(kind, name, Some(rv), actual)?;
             s.objects
                 .insert((kind, name.to_string()), (next, value.clone()));
             Ok((next, Change::new(kind, name, ChangeOp::Updated, next)))
         })
     }
 
-    async fn delete_raw(
-        &self,
-        kind: Kind,
-        name: &str,
-        expected: Option<u64>,
-    ) -> Result<(), StoreError> {
+    async fn delete_raw(&self, kind: Kind, name: &str, expected: Option<u64>) -> StoreResult<()> {
         self.write(|s, next| {
             let actual = Self::version(s, kind, name)?;
             check_version(kind, name, expected, actual)?;

@@ -120,6 +120,9 @@ pub(crate) fn check_version(
 /// A backend of the store. Methods are async: a backend may be a network
 /// service (the Kubernetes API server). Resource versions are drawn from
 /// one store-wide, strictly increasing revision.
+/// What a store's methods return.
+pub type StoreResult<T> = Result<T, StoreError>;
+
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
     async fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Raw>, StoreError>;
@@ -127,21 +130,10 @@ pub trait Store: Send + Sync + 'static {
     async fn list_raw(&self, kind: Kind) -> Result<Vec<Raw>, StoreError>;
     /// Creates an object; fails with AlreadyExists. Returns its version.
     async fn create_raw(&self, kind: Kind, name: &str, value: &Value) -> Result<u64, StoreError>;
-    /// Replaces an object if its version is still `expected`.
-    async fn update_raw(
-        &self,
-        kind: Kind,
-        name: &str,
-        value: &Value,
-        expected: u64,
-    ) -> Result<u64, StoreError>;
+    /// Replaces an object if its version is still `rv`.
+    async fn update_raw(&self, kind: Kind, name: &str, value: &Value, rv: u64) -> StoreResult<u64>;
     /// Deletes an object, checking its version when `expected` is given.
-    async fn delete_raw(
-        &self,
-        kind: Kind,
-        name: &str,
-        expected: Option<u64>,
-    ) -> Result<(), StoreError>;
+    async fn delete_raw(&self, kind: Kind, name: &str, expected: Option<u64>) -> StoreResult<()>;
     /// Changes committed from now on. A receiver that lags is told so by
     /// the channel and should re-list.
     fn subscribe(&self) -> broadcast::Receiver<Change>;

@@ -11,7 +11,7 @@ use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, TableDefini
 use serde_json::Value;
 use tokio::sync::broadcast;
 
-use super::{Change, ChangeOp, Raw, Store, StoreError, check_version};
+use super::{Change, ChangeOp, Raw, Store, StoreError, StoreResult, check_version};
 use crate::model::Kind;
 
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
@@ -183,16 +183,10 @@ impl Store for RedbStore {
         })
     }
 
-    async fn update_raw(
-        &self,
-        kind: Kind,
-        name: &str,
-        value: &Value,
-        expected: u64,
-    ) -> Result<u64, StoreError> {
+    async fn update_raw(&self, kind: Kind, name: &str, value: &Value, rv: u64) -> StoreResult<u64> {
         self.write(kind, |t, next| {
             let actual = stored_version(t, kind, name)?;
-            check_version(kind, name, Some(expected), actual)?;
+            check_version(kind, name, Some(rv), actual)?;
             t.insert(name, pack(next, value)?.as_slice())
                 .map_err(backend)?;
             let change = Change::new(kind, name, ChangeOp::Updated, next);
@@ -200,12 +194,7 @@ impl Store for RedbStore {
         })
     }
 
-    async fn delete_raw(
-        &self,
-        kind: Kind,
-        name: &str,
-        expected: Option<u64>,
-    ) -> Result<(), StoreError> {
+    async fn delete_raw(&self, kind: Kind, name: &str, expected: Option<u64>) -> StoreResult<()> {
         self.write(kind, |t, next| {
             let actual = stored_version(t, kind, name)?;
             check_version(kind, name, expected, actual)?;

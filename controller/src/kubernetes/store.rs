@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ballast::model::Kind;
-use ballast::store::{Change, Raw, Store, StoreError};
+use ballast::store::{Change, Raw, Store, StoreError, StoreResult};
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams, Preconditions};
 use serde_json::Value;
 use tokio::sync::broadcast;
@@ -259,13 +259,7 @@ impl Store for KubeStore {
         Ok(rv)
     }
 
-    async fn update_raw(
-        &self,
-        kind: Kind,
-        name: &str,
-        value: &Value,
-        expected: u64,
-    ) -> Result<u64, StoreError> {
+    async fn update_raw(&self, kind: Kind, name: &str, value: &Value, rv: u64) -> StoreResult<u64> {
         if kind == Kind::Event {
             return Err(StoreError::Backend("events are never changed".into()));
         }
@@ -276,7 +270,7 @@ impl Store for KubeStore {
         let known = self
             .cache(kind)?
             .get(name)
-            .filter(|e| e.raw.resource_version == expected)
+            .filter(|e| e.raw.resource_version == rv)
             .map(|e| split(kind, &e.raw.value))
             .transpose()?;
         // An empty status and none are the same: the API server drops `{}`.
@@ -291,29 +285,26 @@ impl Store for KubeStore {
             Some((old, _)) => *old != body,
             None => true,
         };
-        let mut rv = expected;
+        let mut written = rv;
         // The main object is written when its body changed, and also when
         // nothing did, so that a stale version is still a Conflict.
         if body_changed || !status_changed {
-            let obj = to_object(kind, name, &body, Some(expected));
-            rv = match api.replace(name, &PostParams::default(), &obj).await {
+            let obj = to_object(kind, name, &body, Some(rv));
+            written = match api.replace(name, &PostParams::default(), &obj).await {
                 Ok(o) => object_rv(&o),
-                Err(e) => return Err(self.write_error(kind, name, expected, e).await),
+                Err(e) => return Err(self.write_error(kind, name, rv, e).await),
             };
         }
         if let (true, Some(status)) = (status_changed, status) {
-            rv = self.write_status(kind, name, &body, status, rv).await?;
+            written = self
+                .write_status(kind, name, &body, status, written)
+                .await?;
         }
-        self.see(kind, rv).await;
-        Ok(rv)
+        self.see(kind, written).await;
+        Ok(written)
     }
 
-    async fn delete_raw(
-        &self,
-        kind: Kind,
-        name: &str,
-        expected: Option<u64>,
-    ) -> Result<(), StoreError> {
+    async fn delete_raw(&self, kind: Kind, name: &str, expected: Option<u64>) -> StoreResult<()> {
         if kind == Kind::Event {
             return self.events.delete(name).await;
         }
