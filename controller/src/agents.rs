@@ -131,6 +131,16 @@ where
         .map(tonic::Response::into_inner)
 }
 
+/// One call to `node`'s agent whose answer carries nothing of use.
+fn done<'a, T, F, Fut>(node: &'a Node, call: F) -> Call<'a, ()>
+where
+    F: FnOnce(NodeAgentClient<Channel>) -> Fut + Send + 'a,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'a,
+    T: Send + 'a,
+{
+    Box::pin(async move { ask(node, call).await.map(drop) })
+}
+
 impl Agents for GrpcAgents {
     fn create_replica<'a>(
         &'a self,
@@ -146,22 +156,14 @@ impl Agents for GrpcAgents {
             disk_id: disk.to_string(),
             size,
         };
-        Box::pin(async move {
-            ask(node, |mut c| async move { c.create_replica(req).await })
-                .await
-                .map(drop)
-        })
+        done(node, |mut c| async move { c.create_replica(req).await })
     }
 
     fn delete_replica<'a>(&'a self, node: &'a Node, name: &'a str) -> Call<'a, ()> {
         let req = DeleteReplicaRequest {
             name: name.to_string(),
         };
-        Box::pin(async move {
-            ask(node, |mut c| async move { c.delete_replica(req).await })
-                .await
-                .map(drop)
-        })
+        done(node, |mut c| async move { c.delete_replica(req).await })
     }
 
     fn add_engine_replica<'a>(
@@ -176,11 +178,7 @@ impl Agents for GrpcAgents {
             replica: replica.to_string(),
             source: source.to_string(),
         };
-        Box::pin(async move {
-            ask(node, |mut c| async move { c.add_engine_replica(req).await })
-                .await
-                .map(drop)
-        })
+        done(node, |mut c| async move { c.add_engine_replica(req).await })
     }
 
     fn remove_engine_replica<'a>(
@@ -193,14 +191,10 @@ impl Agents for GrpcAgents {
             volume: volume.to_string(),
             replica: replica.to_string(),
         };
-        Box::pin(async move {
-            ask(
-                node,
-                |mut c| async move { c.remove_engine_replica(req).await },
-            )
-            .await
-            .map(drop)
-        })
+        done(
+            node,
+            |mut c| async move { c.remove_engine_replica(req).await },
+        )
     }
 
     fn rebuild_replica<'a>(

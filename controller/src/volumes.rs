@@ -19,7 +19,7 @@ pub const MAX_REPLICAS: u32 = 20;
 pub const MAX_NAME: usize = 53;
 
 /// `POST /v1/volumes`.
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateVolume {
     pub name: String,

@@ -1,14 +1,14 @@
 //! StorageClass parameters (CreateVolume's `parameters`), parsed once into
-//! typed values. An unknown key, or a known one with a bad value, is an
+//! the fields of a volume create request. An unknown key, or a known one with a bad value, is an
 //! error that names the key and the accepted values. Keys the CO's
 //! sidecars add (`csi.storage.k8s.io/...`) are not ours and are ignored.
 
 use std::collections::HashMap;
 
-use ballast::model::{DataLocality, FsType, VolumeAutoBalance};
+use ballast::model::DataLocality;
 
 use crate::error::Error;
-use crate::volumes::MAX_REPLICAS;
+use crate::volumes::{CreateVolume, MAX_REPLICAS};
 
 /// Every key Ballast accepts, for error messages.
 const KEYS: &[&str] = &[
@@ -25,19 +25,9 @@ const KEYS: &[&str] = &[
 /// What the CO's sidecars may add to the parameters.
 const CO_PREFIX: &str = "csi.storage.k8s.io/";
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StorageClassParams {
-    pub number_of_replicas: Option<u32>,
-    pub data_locality: Option<DataLocality>,
-    pub replica_auto_balance: Option<VolumeAutoBalance>,
-    /// Minutes.
-    pub stale_replica_timeout: Option<u64>,
-    pub disk_selector: Option<Vec<String>>,
-    pub node_selector: Option<Vec<String>>,
-    pub fs_type: Option<FsType>,
-    /// Extra arguments for mkfs, split on whitespace.
-    pub mkfs_params: Option<String>,
-}
+/// The parameters are the part of a create request a StorageClass sets;
+/// CreateVolume fills in the rest (name, size, access mode, ...).
+pub type StorageClassParams = CreateVolume;
 
 fn enum_value<T: std::str::FromStr<Err = String>>(key: &str, v: &str) -> Result<T, Error> {
     v.parse::<T>().map_err(|m| Error::invalid(key, m))
@@ -118,6 +108,8 @@ impl TryFrom<&HashMap<String, String>> for StorageClassParams {
 
 #[cfg(test)]
 mod tests {
+    use ballast::model::{FsType, VolumeAutoBalance};
+
     use super::*;
 
     fn parse(kv: &[(&str, &str)]) -> Result<StorageClassParams, Error> {

@@ -257,27 +257,19 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
         }
         _ => None,
     };
-    let wanted = crate::volumes::build(
-        CreateVolume {
-            name: id.clone(),
-            size: size_for(range)?,
-            number_of_replicas: params.number_of_replicas,
-            data_locality: pinned
-                .as_ref()
-                .map_or(params.data_locality, |_| Some(locality)),
-            replica_auto_balance: params.replica_auto_balance,
-            stale_replica_timeout: params.stale_replica_timeout,
-            disk_selector: params.disk_selector.clone(),
-            node_selector: params.node_selector.clone(),
-            access_mode: Some(access_mode_of(&req.volume_capabilities)),
-            fs_type: Some(fs_type_of(&params, &req.volume_capabilities)?),
-            frontend: None,
-            mkfs_params: params.mkfs_params.clone(),
-            pinned_node: pinned,
-            csi_name: Some(req.name.clone()),
-        },
-        &settings,
-    )?;
+    let request = CreateVolume {
+        name: id.clone(),
+        size: size_for(range)?,
+        data_locality: pinned
+            .as_ref()
+            .map_or(params.data_locality, |_| Some(locality)),
+        access_mode: Some(access_mode_of(&req.volume_capabilities)),
+        fs_type: Some(fs_type_of(&params, &req.volume_capabilities)?),
+        pinned_node: pinned,
+        csi_name: Some(req.name.clone()),
+        ..params
+    };
+    let wanted = crate::volumes::build(request, &settings)?;
     let existing = |v: Volume| {
         // A volume made outside CSI has no CO name: its name stands for it.
         let owner = v.spec.csi_name.as_deref().unwrap_or(&v.name);

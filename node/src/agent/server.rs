@@ -205,12 +205,14 @@ impl NodeAgent for NodeAgentService {
         &self,
         request: Request<AddEngineReplicaRequest>,
     ) -> Result<Response<AddEngineReplicaResponse>, Status> {
-        let req = request.into_inner();
-        let source = (!req.source.is_empty()).then_some(req.source);
-        self.ctx
-            .engines
-            .add_replica(&req.volume, &req.replica, source)
-            .await?;
+        let AddEngineReplicaRequest {
+            volume,
+            replica,
+            source,
+        } = request.into_inner();
+        let source = (!source.is_empty()).then_some(source);
+        let engines = &self.ctx.engines;
+        engines.add_replica(&volume, &replica, source).await?;
         Ok(Response::new(AddEngineReplicaResponse {}))
     }
 
@@ -219,11 +221,8 @@ impl NodeAgent for NodeAgentService {
         &self,
         request: Request<RemoveEngineReplicaRequest>,
     ) -> Result<Response<RemoveEngineReplicaResponse>, Status> {
-        let req = request.into_inner();
-        self.ctx
-            .engines
-            .remove_replica(&req.volume, &req.replica)
-            .await?;
+        let RemoveEngineReplicaRequest { volume, replica } = request.into_inner();
+        self.ctx.engines.remove_replica(&volume, &replica).await?;
         Ok(Response::new(RemoveEngineReplicaResponse {}))
     }
 
