@@ -14,6 +14,7 @@ mod kube_nodes;
 mod kube_provisioning;
 mod leader;
 mod orphans;
+mod rogue;
 mod safety;
 mod seed000_auto_balance;
 mod seed001_disk_pressure;

@@ -67,6 +67,12 @@ impl Replica {
                 )));
             }
         }
+        if frozen.is_empty() {
+            return Err(ReplicaError::Invalid(
+                "a join names no frozen layer; every join follows the snapshot taken at its point"
+                    .into(),
+            ));
+        }
         if frozen.iter().any(|l| l.name == head) {
             return Err(ReplicaError::Invalid(format!(
                 "head {head} is also a frozen layer"
@@ -88,6 +94,7 @@ impl Replica {
             .iter()
             .map(|l| l.name.clone())
             .collect();
+        self.check_claim(frozen, &report, revision)?;
         // The new chain is recorded first; the files follow (and `open`
         // makes any a crash left out).
         let mut meta = self.meta.clone();
@@ -127,6 +134,36 @@ impl Replica {
         self.revision_file.mark_flushed(revision);
         self.reload()?;
         Ok(report)
+    }
+
+    /// A join must not make this replica claim what it does not hold. With
+    /// layers left to fill it serves nothing until they are filled. With
+    /// none, it keeps only layers it already has, so it must already be at
+    /// `revision`, and the layers it drops must hold no data: otherwise
+    /// the join would pass off an emptied replica as the newest one.
+    fn check_claim(
+        &self,
+        frozen: &[LayerSpec],
+        report: &JoinReport,
+        revision: u64,
+    ) -> Result<(), ReplicaError> {
+        if !report.pending.is_empty() {
+            return Ok(());
+        }
+        if revision != self.revision {
+            return Err(ReplicaError::Invalid(format!(
+                "a join at revision {revision} brings no layer to fill, and this replica is at revision {}: it would claim writes it does not hold",
+                self.revision
+            )));
+        }
+        let dropped = self.layers.iter().skip(frozen.len());
+        if let Some(l) = dropped.into_iter().find(|l| l.map.count() > 0) {
+            return Err(ReplicaError::Invalid(format!(
+                "a join that brings no layer to fill would drop layer {}, which holds data",
+                l.name
+            )));
+        }
+        Ok(())
     }
 
     /// Re-reads every layer's file, allocation and checksums.

@@ -466,3 +466,67 @@ fn after_an_unclean_stop_the_checksums_of_unflushed_writes_are_taken_again() {
         Err(ReplicaError::CorruptBlock { block: 0, .. })
     ));
 }
+
+/// The frozen layers of `r` as a join names them.
+fn frozen_specs(r: &Replica) -> Vec<LayerSpec> {
+    r.layers()
+        .into_iter()
+        .filter_map(|l| {
+            l.checksum.map(|checksum| LayerSpec {
+                name: l.name,
+                checksum,
+            })
+        })
+        .collect()
+}
+
+fn read_all(r: &Replica) -> Vec<u8> {
+    let mut buf = vec![0u8; r.size() as usize];
+    r.read(0, &mut buf).unwrap();
+    buf
+}
+
+#[test]
+fn a_join_that_would_claim_writes_the_replica_does_not_hold_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(d.path(), 16 * BLOCK).unwrap();
+    r.write(0, &[7u8; 4096], Some(10)).unwrap();
+    r.snapshot().unwrap();
+    r.write(BLOCK, &[9u8; 4096], Some(11)).unwrap();
+    let before = read_all(&r);
+    let frozen = frozen_specs(&r);
+    let next_head = format!("layer-{:06}.img", frozen.len() + 2);
+
+    // No frozen layer at all: the rogue JOIN of the security review.
+    let e = r.join(&[], "layer-000099.img", 1_000_000).unwrap_err();
+    assert!(e.to_string().contains("no frozen layer"), "{e}");
+    // Its own frozen layers, a new head and a revision jump: it would keep
+    // the frozen layer, drop the head's write and claim revision 1000000.
+    let e = r.join(&frozen, &next_head, 1_000_000).unwrap_err();
+    assert!(e.to_string().contains("claim writes"), "{e}");
+    // At its own revision, but dropping a head that holds a write.
+    let e = r.join(&frozen, &next_head, 11).unwrap_err();
+    assert!(e.to_string().contains("holds data"), "{e}");
+
+    assert_eq!(r.revision(), 11);
+    assert!(r.pending().is_empty());
+    assert_eq!(read_all(&r), before, "a refused join changes nothing");
+    drop(r);
+    let r = Replica::open(d.path()).unwrap();
+    assert_eq!(read_all(&r), before, "nor on disk");
+}
+
+#[test]
+fn a_join_at_the_point_the_replica_already_holds_keeps_its_layers() {
+    let d = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(d.path(), 16 * BLOCK).unwrap();
+    r.write(0, &[7u8; 4096], Some(10)).unwrap();
+    r.snapshot().unwrap();
+    let before = read_all(&r);
+    let frozen = frozen_specs(&r);
+    let head = format!("layer-{:06}.img", frozen.len() + 2);
+    let report = r.join(&frozen, &head, 10).unwrap();
+    assert_eq!(report.kept.len(), frozen.len());
+    assert!(report.pending.is_empty());
+    assert_eq!(read_all(&r), before);
+}
