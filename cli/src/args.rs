@@ -140,6 +140,10 @@ pub struct NodeArgs {
     /// Sockets and frontends of attached volumes.
     #[arg(long, env = "BALLAST_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// The kubelet's directory. CSI staging and target paths must lie
+    /// below it or below the state directory; others are refused.
+    #[arg(long, env = "BALLAST_KUBELET_DIR", default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
     /// Start writing a replica's new data to its disk after this many
     /// bytes written to it (e.g. 8Mi), so that a flush waits only for the
     /// rest; 0 leaves it to the kernel.
@@ -240,6 +244,7 @@ fn node_config(
         agent_listen,
         replica_listen,
         state_dir: a.state_dir,
+        kubelet_dir: a.kubelet_dir,
         writeback_every: a.writeback_every,
         engine_host: a.engine_host,
     }
@@ -265,6 +270,10 @@ pub struct LocalArgs {
     /// Passed to the controller.
     #[arg(long, env = "BALLAST_NODE_DOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub node_down_timeout: Duration,
+    /// Passed to every node: CSI staging and target paths must lie below
+    /// it (or below the node's state directory under --dir).
+    #[arg(long, env = "BALLAST_KUBELET_DIR", default_value = "/var/lib/kubelet")]
+    pub kubelet_dir: PathBuf,
     /// Where the controller keeps state: `embedded` (a redb file under
     /// --dir) or `kubernetes` (the API server of --kubeconfig; the CRDs and
     /// the namespace are created if missing).

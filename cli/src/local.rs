@@ -308,6 +308,8 @@ fn node_args(
         replica.to_string(),
         "--state-dir".into(),
         node_dir.join("state").display().to_string(),
+        "--kubelet-dir".into(),
+        args.kubelet_dir.display().to_string(),
     ];
     for j in 1..=args.disks_per_node {
         let disk = node_dir.join(format!("disk-{j}"));

@@ -720,3 +720,84 @@ fn bytes_of(stats: &NodeGetVolumeStatsResponse) -> VolumeUsage {
         .cloned()
         .unwrap()
 }
+
+/// The message of a refused call, which must name the field.
+fn refused(r: Result<(), tonic::Status>, code: Code, field: &str) -> String {
+    let e = r.unwrap_err();
+    assert_eq!(e.code(), code, "{e}");
+    assert!(e.message().contains(field), "{e}");
+    e.message().to_string()
+}
+
+#[test]
+fn the_node_plugin_mounts_only_below_the_kubelet_and_its_state_directories() {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    let (_ctl, _n, mut csi) = cluster(dir.path());
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
+    csi.create("confined", false);
+    let context = csi.publish("confined", false);
+
+    // Outside the kubelet directory (the test's), through '..', and
+    // through a symlink inside it that leads out.
+    let escape = dir.path().join("escape");
+    std::os::unix::fs::symlink(outside.path(), &escape).unwrap();
+    let dotdot = PathBuf::from(format!("{}/../elsewhere", dir.path().display()));
+    for bad in [
+        outside.path().join("staging"),
+        dotdot,
+        escape.join("staging"),
+    ] {
+        let m = refused(
+            csi.stage("confined", &bad, false, &context),
+            Code::InvalidArgument,
+            "staging_target_path",
+        );
+        assert!(m.contains(&bad.display().to_string()), "{m}");
+    }
+    // A volume id that would be a path is no volume's.
+    refused(
+        csi.stage("../../confined", &staging, false, &context),
+        Code::NotFound,
+        "volume_id",
+    );
+    assert_eq!(
+        std::fs::read_dir(outside.path()).unwrap().count(),
+        0,
+        "nothing was made outside"
+    );
+
+    csi.stage("confined", &staging, false, &context).unwrap();
+    refused(
+        csi.node_publish("confined", &staging, &outside.path().join("mount"), false),
+        Code::InvalidArgument,
+        "target_path",
+    );
+    refused(
+        csi.node_publish("confined", Path::new("/"), &target, false),
+        Code::InvalidArgument,
+        "staging_target_path",
+    );
+    let unpublish_root =
+        csi.rt
+            .block_on(csi.node.node_unpublish_volume(NodeUnpublishVolumeRequest {
+                volume_id: "confined".into(),
+                target_path: "/".into(),
+            }));
+    refused(
+        unpublish_root.map(drop),
+        Code::InvalidArgument,
+        "target_path",
+    );
+
+    // The volume itself works where it belongs, and keeps what is written.
+    csi.node_publish("confined", &staging, &target, false)
+        .unwrap();
+    let data = pattern(1 << 20, 9);
+    std::fs::write(target.join("file"), &data).unwrap();
+    csi.down("confined", &staging, &target);
+    csi.up("confined", &staging, &target, false);
+    assert_files(&[(target.join("file"), data)]);
+    csi.down("confined", &staging, &target);
+}

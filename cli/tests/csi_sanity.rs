@@ -70,7 +70,9 @@ fn run_csi_sanity(access_type: &str) {
     let cluster = dir.path().join("cluster");
     let port = local_api_port();
     let api = format!("http://127.0.0.1:{port}");
-    let local = start_local(&cluster, port);
+    // Its mount and staging directories stand for the kubelet's.
+    let kubelet = dir.path().display().to_string();
+    let local = start_local_with(&cluster, port, &["--kubelet-dir", &kubelet]);
     // The disks are directories of this machine's filesystem.
     free_space_is_not_the_test(&api);
 

@@ -28,6 +28,9 @@ pub struct NodeConfig {
     pub agent_listen: SocketAddr,
     pub replica_listen: SocketAddr,
     pub state_dir: Option<PathBuf>,
+    /// The kubelet's directory: CSI staging and target paths lie below it
+    /// (or below the state directory).
+    pub kubelet_dir: PathBuf,
     /// Start a replica head's writeback after this many bytes written (0:
     /// left to the kernel).
     pub writeback_every: u64,
@@ -75,6 +78,7 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
         socket.clone(),
         ctx.clone(),
         state_dir.clone(),
+        config.kubelet_dir.clone(),
         stopped(),
     )?);
     let agent_server = tokio::spawn(

@@ -235,6 +235,9 @@ pub fn node_args(dir: &Path, id: &str, controller_agent: &str) -> (Vec<String>, 
         free_addr().to_string(),
         "--state-dir".into(),
         dir.join(id).join("state").display().to_string(),
+        // The test's directory stands for the kubelet's.
+        "--kubelet-dir".into(),
+        dir.display().to_string(),
     ];
     (args, socket)
 }

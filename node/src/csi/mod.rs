@@ -2,6 +2,7 @@
 //! registered) and the Node service (`node`: stage, publish, stats).
 
 mod node;
+mod paths;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,17 +16,19 @@ use tonic::transport::Server;
 use crate::context::NodeContext;
 
 pub use node::NodeService;
+pub use paths::Confinement;
 
 /// Binds the socket now and returns the server future.
 pub fn serve(
     socket: PathBuf,
     ctx: Arc<NodeContext>,
     state_dir: PathBuf,
+    kubelet_dir: PathBuf,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<impl std::future::Future<Output = Result<(), ServeError>>, ServeError> {
     let incoming = ballast::grpc::bind_unix(&socket)?;
     let identity = IdentityServer::new(IdentityService::new(Role::Node, ctx.registered.clone()));
-    let node = NodeServer::new(NodeService::new(ctx, &state_dir));
+    let node = NodeServer::new(NodeService::new(ctx, &state_dir, &kubelet_dir));
     Ok(async move {
         Server::builder()
             .add_service(identity)

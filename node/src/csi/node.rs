@@ -37,12 +37,16 @@ use crate::context::NodeContext;
 use crate::error::Error;
 use crate::frontend::blockdev::{LoopDevice, is_mountpoint};
 
+use super::paths::Confinement;
+
 pub struct NodeService {
     ctx: Arc<NodeContext>,
     /// `<state-dir>/staged`.
     records: PathBuf,
     /// Volumes a call is working on.
     busy: KeyedGuards,
+    /// Where staging and target paths may lie.
+    paths: Confinement,
 }
 
 /// What NodeStageVolume did, for publish and unstage.
@@ -61,6 +65,14 @@ fn required(value: &str, field: &str) -> Result<(), Error> {
         });
     }
     Ok(())
+}
+
+/// A volume id that can name a volume: refused ids name no volume here.
+/// (They would otherwise become paths: `<state-dir>/staged/<id>.json`.)
+fn volume_id(id: &str) -> Result<(), Error> {
+    required(id, "volume_id")?;
+    ballast::model::validate_name(id)
+        .map_err(|why| Error::NotFound(format!("volume_id: no volume has the id {id:?}: {why}")))
 }
 
 fn capability(cap: Option<&VolumeCapability>) -> Result<&VolumeCapability, Error> {
@@ -148,11 +160,12 @@ fn os(s: &str) -> &std::ffi::OsStr {
 }
 
 impl NodeService {
-    pub fn new(ctx: Arc<NodeContext>, state_dir: &Path) -> Self {
+    pub fn new(ctx: Arc<NodeContext>, state_dir: &Path, kubelet_dir: &Path) -> Self {
         NodeService {
             ctx,
             records: state_dir.join("staged"),
             busy: KeyedGuards::default(),
+            paths: Confinement::new([kubelet_dir.to_path_buf(), state_dir.to_path_buf()]),
         }
     }
 
@@ -206,11 +219,13 @@ impl NodeService {
     }
 
     async fn stage(&self, req: NodeStageVolumeRequest) -> Result<(), Error> {
-        required(&req.volume_id, "volume_id")?;
+        volume_id(&req.volume_id)?;
         required(&req.staging_target_path, "staging_target_path")?;
         let cap = capability(req.volume_capability.as_ref())?;
         let volume = req.volume_id.as_str();
-        let staging = PathBuf::from(&req.staging_target_path);
+        let staging = self
+            .paths
+            .check("staging_target_path", &req.staging_target_path)?;
         let block = matches!(cap.access_type, Some(AccessType::Block(_)));
         let _busy = self.hold(volume)?;
         if let Some(s) = self.staged(volume) {
@@ -328,19 +343,25 @@ impl NodeService {
     }
 
     async fn unstage(&self, req: NodeUnstageVolumeRequest) -> Result<(), Error> {
-        required(&req.volume_id, "volume_id")?;
+        volume_id(&req.volume_id)?;
         required(&req.staging_target_path, "staging_target_path")?;
+        let staging = self
+            .paths
+            .check("staging_target_path", &req.staging_target_path)?;
         let _busy = self.hold(&req.volume_id)?;
-        self.teardown(&req.volume_id, Path::new(&req.staging_target_path))
-            .await?;
+        self.teardown(&req.volume_id, &staging).await?;
         tracing::info!(volume = %req.volume_id, "volume unstaged");
         Ok(())
     }
 
     fn publish(&self, req: NodePublishVolumeRequest) -> Result<(), Error> {
-        required(&req.volume_id, "volume_id")?;
+        volume_id(&req.volume_id)?;
         required(&req.staging_target_path, "staging_target_path")?;
         required(&req.target_path, "target_path")?;
+        let staging = self
+            .paths
+            .check("staging_target_path", &req.staging_target_path)?;
+        let target = self.paths.check("target_path", &req.target_path)?;
         let cap = capability(req.volume_capability.as_ref())?;
         let _busy = self.hold(&req.volume_id)?;
         let s = self.staged(&req.volume_id).ok_or_else(|| {
@@ -356,7 +377,6 @@ impl NodeService {
                 message: "its access type is not the one the volume was staged with".into(),
             });
         }
-        let target = PathBuf::from(&req.target_path);
         if is_mountpoint(&target) {
             return Ok(());
         }
@@ -373,7 +393,7 @@ impl NodeService {
             s.device
         } else {
             std::fs::create_dir_all(&target).map_err(|e| Error::disk(&target, e.to_string()))?;
-            PathBuf::from(&req.staging_target_path)
+            staging
         };
         run(
             "mount",
@@ -390,25 +410,25 @@ impl NodeService {
     }
 
     fn unpublish(&self, req: NodeUnpublishVolumeRequest) -> Result<(), Error> {
-        required(&req.volume_id, "volume_id")?;
+        volume_id(&req.volume_id)?;
         required(&req.target_path, "target_path")?;
+        let target = self.paths.check("target_path", &req.target_path)?;
         let _busy = self.hold(&req.volume_id)?;
-        let target = Path::new(&req.target_path);
-        if is_mountpoint(target) {
+        if is_mountpoint(&target) {
             run("umount", &[target.as_os_str()])?;
         }
-        let removed = match std::fs::symlink_metadata(target) {
-            Ok(m) if m.is_dir() => std::fs::remove_dir(target),
-            Ok(_) => std::fs::remove_file(target),
+        let removed = match std::fs::symlink_metadata(&target) {
+            Ok(m) if m.is_dir() => std::fs::remove_dir(&target),
+            Ok(_) => std::fs::remove_file(&target),
             Err(_) => Ok(()),
         };
-        removed.map_err(|e| Error::disk(target, e.to_string()))
+        removed.map_err(|e| Error::disk(&target, e.to_string()))
     }
 
     /// Grows a staged volume's filesystem to its device (which has the
     /// volume's new size since the engine restarted with it).
     fn expand(&self, req: NodeExpandVolumeRequest) -> Result<NodeExpandVolumeResponse, Error> {
-        required(&req.volume_id, "volume_id")?;
+        volume_id(&req.volume_id)?;
         required(&req.volume_path, "volume_path")?;
         let _busy = self.hold(&req.volume_id)?;
         let s = self.staged(&req.volume_id).ok_or_else(|| {
@@ -457,9 +477,18 @@ impl NodeService {
     }
 
     fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse, Error> {
-        required(&req.volume_id, "volume_id")?;
+        volume_id(&req.volume_id)?;
         required(&req.volume_path, "volume_path")?;
-        let path = Path::new(&req.volume_path);
+        // No volume of this node lies outside its paths: NOT_FOUND, as for
+        // a path where nothing is.
+        let path = self
+            .paths
+            .check("volume_path", &req.volume_path)
+            .map_err(|e| match e {
+                Error::Invalid { field, message } => Error::NotFound(format!("{field}: {message}")),
+                e => e,
+            })?;
+        let path = path.as_path();
         let meta = std::fs::metadata(path)
             .map_err(|_| Error::NotFound(format!("{} does not exist", path.display())))?;
         let usage = if meta.is_dir() {
