@@ -426,3 +426,117 @@ fn a_client_that_never_reads_its_replies_leaves_the_engines_memory_bounded() {
     assert!(ok, "another client is served meanwhile: {out}");
     drop(greedy);
 }
+
+/// A raw connection to a replica server that has opened `name`.
+fn replica_conn(addr: &str, name: &str) -> std::net::TcpStream {
+    use ballast_node::wire::protocol::{Op, Request};
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let open = Request {
+        op: Op::Open,
+        flags: 0,
+        id: 1,
+        offset: 0,
+        len: name.len() as u32,
+        revision: 0,
+    };
+    s.write_all(&open.encode()).unwrap();
+    s.write_all(name.as_bytes()).unwrap();
+    let mut head = [0u8; ballast_node::wire::protocol::RESPONSE_HEADER];
+    s.read_exact(&mut head).unwrap();
+    s
+}
+
+/// A peer that asks a replica server for 100 reads of 32 MiB (3.2 GiB of
+/// replies) and never reads one: the server stops reading its requests
+/// once a bounded amount waits, so the node's memory stays flat, and it
+/// still serves other peers.
+#[test]
+fn a_peer_that_never_reads_its_replies_leaves_the_replica_servers_memory_bounded() {
+    use ballast_node::wire::protocol::{Op, Request};
+    use std::io::Write;
+    let c = cluster(1);
+    let replicas = c.create_replicas("v6");
+    let (name, addr) = replicas[0].split_once('@').unwrap();
+    let node = c.nodes[0].proc.pid();
+    let before = rss(node);
+    let mut greedy = replica_conn(addr, name);
+    for id in 0..100u64 {
+        let read = Request {
+            op: Op::Read,
+            flags: 0,
+            id: 10 + id,
+            offset: 0,
+            len: 32 << 20,
+            revision: 0,
+        };
+        greedy.write_all(&read.encode()).unwrap();
+    }
+    let mut peak = 0;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(150));
+        peak = peak.max(rss(node));
+    }
+    assert!(
+        peak < before + (256 << 20),
+        "the node grew from {} MiB to {} MiB",
+        before >> 20,
+        peak >> 20
+    );
+    let rt = runtime();
+    rt.block_on(async {
+        let other = ballast_node::wire::client::ReplicaClient::connect(addr, name)
+            .await
+            .unwrap();
+        other.write(0, &[0x5a; 65536], 1, false).await.unwrap();
+        let back = other.read(0, 65536).await.unwrap();
+        assert!(back.iter().all(|b| *b == 0x5a), "another peer is served");
+    });
+    drop(greedy);
+}
+
+/// A connection that opens no replica is closed after the handshake
+/// timeout, and one peer gets no more than its share of connections
+/// while the ones it has keep working.
+#[test]
+fn the_replica_server_limits_connections_per_peer_and_closes_silent_ones() {
+    use ballast_node::server::{HANDSHAKE_TIMEOUT, MAX_CONNECTIONS_PER_PEER};
+    use std::io::Read;
+    let c = cluster(1);
+    let replicas = c.create_replicas("v7");
+    let (name, addr) = replicas[0].split_once('@').unwrap();
+    let opened = replica_conn(addr, name);
+    let silent: Vec<std::net::TcpStream> = (1..MAX_CONNECTIONS_PER_PEER)
+        .map(|_| std::net::TcpStream::connect(addr).unwrap())
+        .collect();
+    // One too many: closed at once.
+    let mut extra = std::net::TcpStream::connect(addr).unwrap();
+    extra
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!(extra.read(&mut b).unwrap(), 0, "closed by the server");
+    // The silent ones are closed after the timeout; the one that opened a
+    // replica is not.
+    std::thread::sleep(HANDSHAKE_TIMEOUT + Duration::from_secs(2));
+    for mut s in silent {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(s.read(&mut b).unwrap(), 0, "a silent connection is closed");
+    }
+    let mut opened = opened;
+    opened.set_nonblocking(true).unwrap();
+    let still = opened.read(&mut b).unwrap_err();
+    assert_eq!(
+        still.kind(),
+        std::io::ErrorKind::WouldBlock,
+        "open: {still}"
+    );
+    drop(opened);
+    let rt = runtime();
+    rt.block_on(async {
+        let c = ballast_node::wire::client::ReplicaClient::connect(addr, name)
+            .await
+            .unwrap();
+        c.read(0, 4096).await.unwrap();
+    });
+}

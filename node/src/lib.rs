@@ -14,6 +14,7 @@
 //! crate: it meets the controller only through the agent protocol.
 
 pub mod agent;
+pub mod budget;
 pub mod bufio;
 pub mod context;
 pub mod csi;

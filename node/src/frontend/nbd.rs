@@ -11,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 
+use crate::budget::{Budget, Share};
 use crate::engine::{Engine, EngineError};
 
 const NBDMAGIC: u64 = 0x4e42_444d_4147_4943;
@@ -208,7 +209,7 @@ type Reply = ([u8; 16], bytes::Bytes);
 /// reply budget it holds until it is written.
 struct Queued {
     reply: Reply,
-    _budget: Option<tokio::sync::OwnedSemaphorePermit>,
+    _budget: Option<Share>,
 }
 
 impl From<Reply> for Queued {
@@ -218,16 +219,6 @@ impl From<Reply> for Queued {
             _budget: None,
         }
     }
-}
-
-/// Read reply bytes a connection may have pending (read, not yet written
-/// to the client), in KiB: past it, no more requests are read until the
-/// client takes its replies. A client that never reads can hold no more.
-const REPLY_BUDGET_KIB: u32 = 64 << 10;
-
-/// The budget a read of `len` bytes takes, in KiB (at least 1).
-fn budget_of(len: u32) -> u32 {
-    len.div_ceil(1024).clamp(1, REPLY_BUDGET_KIB)
 }
 
 /// The reply to a command that returns no data.
@@ -261,7 +252,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     // is written; a write's answer (16 bytes) is sent from the task that
     // read the replicas' answers, which must not wait.
     let (tx, rx) = mpsc::unbounded_channel::<Queued>();
-    let budget = Arc::new(tokio::sync::Semaphore::new(REPLY_BUDGET_KIB as usize));
+    let budget = Budget::default();
     let writer = tokio::spawn(write_replies(rx, wr));
     let mut inflight = tokio::task::JoinSet::new();
     let result = loop {
@@ -285,11 +276,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 // Backpressure: no more requests are read while the replies
                 // already read wait for the client.
                 let share = match req.cmd {
-                    CMD_READ => budget
-                        .clone()
-                        .acquire_many_owned(budget_of(req.len))
-                        .await
-                        .ok(),
+                    CMD_READ => budget.take(u64::from(req.len)).await,
                     _ => None,
                 };
                 spawn(&engine, &tx, &mut inflight, req, share);
@@ -401,7 +388,7 @@ fn spawn(
     tx: &mpsc::UnboundedSender<Queued>,
     inflight: &mut tokio::task::JoinSet<()>,
     req: Command,
-    share: Option<tokio::sync::OwnedSemaphorePermit>,
+    share: Option<Share>,
 ) {
     let refuse = |errno| {
         let _ = tx.send(simple_reply(errno, req.handle, bytes::Bytes::new()).into());

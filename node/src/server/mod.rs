@@ -23,6 +23,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
+use crate::budget::{Budget, Share};
 use crate::replica::{LoanGuard, Replica, ReplicaError, Replicas, Shared};
 use crate::sync::{Fills, SyncError};
 use crate::wire::protocol::{
@@ -70,22 +71,31 @@ impl ReplicaServer {
         self.fills.progress(name)
     }
 
-    /// Accepts connections until the listener fails or the task is dropped.
+    /// Accepts connections until the task is dropped. A peer past
+    /// [`MAX_CONNECTIONS_PER_PEER`] is closed at once; a failed accept (out
+    /// of file descriptors) is retried after a pause, so no peer can stop
+    /// the server by exhausting them.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        let peers = Peers::default();
         loop {
             match listener.accept().await {
                 Ok((stream, peer)) => {
+                    let Some(slot) = peers.enter(peer.ip()) else {
+                        tracing::warn!(%peer, limit = MAX_CONNECTIONS_PER_PEER, "replica connection refused: too many from this peer");
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
                     let server = self.clone();
                     tokio::spawn(async move {
+                        let _slot = slot;
                         if let Err(e) = server.connection(stream).await {
                             tracing::debug!(%peer, error = %e, "replica connection ended");
                         }
                     });
                 }
                 Err(e) => {
-                    tracing::warn!(error = %e, "replica listener failed");
-                    return;
+                    tracing::warn!(error = %e, "replica listener cannot accept; retrying");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 }
             }
         }
@@ -94,7 +104,7 @@ impl ReplicaServer {
     async fn connection(self: Arc<Self>, stream: TcpStream) -> std::io::Result<()> {
         let (rd, wr) = stream.into_split();
         let mut rd = crate::bufio::FrameReader::new(rd, IO_BUFFER);
-        let (tx, rx) = mpsc::channel::<Reply>(256);
+        let (tx, rx) = mpsc::channel::<Queued>(256);
         // The socket's write half is shared: the writer task sends the
         // replies of reads and queued mutations; this task sends the replies
         // of the writes it applies itself, gathered until it would wait for
@@ -109,7 +119,7 @@ impl ReplicaServer {
         // no mutation queued is applied right here, without a thread hop (a
         // write into the page cache is short); one that must sync, or that
         // would overtake a queued one, goes to the mutator thread.
-        let (mtx, mrx) = mpsc::channel::<(Shared, Request, bytes::Bytes)>(256);
+        let (mtx, mrx) = mpsc::channel::<Mutation>(256);
         let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let mutator = {
             let (tx, done) = (tx.clone(), queued.clone());
@@ -124,9 +134,24 @@ impl ReplicaServer {
             loan: None,
             mtx,
             queued,
+            budget: Budget::default(),
         };
         let result = loop {
-            let (req, payload) = match conn.next_request(&mut rd).await {
+            // A connection that has not opened a replica yet has
+            // HANDSHAKE_TIMEOUT to do so.
+            let next = if conn.bound.is_none() {
+                tokio::time::timeout(HANDSHAKE_TIMEOUT, conn.next_request(&mut rd))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("no replica opened within {HANDSHAKE_TIMEOUT:?}"),
+                        ))
+                    })
+            } else {
+                conn.next_request(&mut rd).await
+            };
+            let (req, payload) = match next {
                 Ok(Some(r)) => r,
                 Ok(None) => break Ok(()),
                 Err(e) => break Err(e),
@@ -155,8 +180,72 @@ impl ReplicaServer {
     }
 }
 
+/// Connections one peer address may have open at once.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 512;
+
+/// How long a new connection has to open a replica.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Open connections per peer address.
+#[derive(Clone, Default)]
+struct Peers(Arc<std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>);
+
+/// A connection's place in its peer's count, given back when dropped.
+struct PeerSlot {
+    peers: Peers,
+    ip: std::net::IpAddr,
+}
+
+impl Peers {
+    fn enter(&self, ip: std::net::IpAddr) -> Option<PeerSlot> {
+        let mut m = self.0.lock().ok()?;
+        let n = m.entry(ip).or_default();
+        if *n >= MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            peers: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.peers.0.lock()
+            && let Some(n) = m.get_mut(&self.ip)
+        {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// A reply: its header and body.
 type Reply = (Response, Vec<u8>);
+
+/// A reply on its way to the client, with the share of the connection's
+/// budget it holds until it is written (a read's data).
+struct Queued {
+    reply: Reply,
+    _share: Option<Share>,
+}
+
+impl From<Reply> for Queued {
+    fn from(reply: Reply) -> Self {
+        Queued {
+            reply,
+            _share: None,
+        }
+    }
+}
+
+/// A mutation queued for the mutator thread, with the share of the budget
+/// its payload holds until it is applied.
+type Mutation = (Shared, Request, bytes::Bytes, Option<Share>);
 type SharedWriter = Arc<tokio::sync::Mutex<tokio::io::BufWriter<tokio::net::tcp::OwnedWriteHalf>>>;
 
 /// Whether a connection goes on.
@@ -166,14 +255,17 @@ enum Flow {
 }
 
 /// The writer task: replies queued together leave in one write.
-async fn write_replies(mut rx: mpsc::Receiver<Reply>, wr: SharedWriter) {
+async fn write_replies(mut rx: mpsc::Receiver<Queued>, wr: SharedWriter) {
     while let Some(first) = rx.recv().await {
         let mut wr = wr.lock().await;
         let mut next = Some(first);
-        while let Some((resp, body)) = next {
-            if wr.write_all(&resp.encode()).await.is_err() || wr.write_all(&body).await.is_err() {
+        while let Some(q) = next {
+            let (resp, body) = &q.reply;
+            if wr.write_all(&resp.encode()).await.is_err() || wr.write_all(body).await.is_err() {
                 return;
             }
+            // Written (into the buffer, flushed below): its share goes back.
+            drop(q);
             next = rx.try_recv().ok();
         }
         if wr.flush().await.is_err() {
@@ -184,14 +276,15 @@ async fn write_replies(mut rx: mpsc::Receiver<Reply>, wr: SharedWriter) {
 
 /// The mutator thread: queued mutations, one at a time, in order.
 fn apply_mutations(
-    mut mrx: mpsc::Receiver<(Shared, Request, bytes::Bytes)>,
-    tx: mpsc::Sender<Reply>,
+    mut mrx: mpsc::Receiver<Mutation>,
+    tx: mpsc::Sender<Queued>,
     queued: Arc<std::sync::atomic::AtomicUsize>,
 ) {
-    while let Some((replica, req, payload)) = mrx.blocking_recv() {
+    while let Some((replica, req, payload, share)) = mrx.blocking_recv() {
         let reply = execute(&replica, &req, payload);
+        drop(share);
         queued.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-        if tx.blocking_send(reply).is_err() {
+        if tx.blocking_send(reply.into()).is_err() {
             break;
         }
     }
@@ -201,7 +294,7 @@ fn apply_mutations(
 /// its replies go.
 struct Connection {
     server: Arc<ReplicaServer>,
-    tx: mpsc::Sender<Reply>,
+    tx: mpsc::Sender<Queued>,
     wr: SharedWriter,
     /// Replies of writes applied on this task, not sent yet.
     answered: Vec<Reply>,
@@ -209,9 +302,12 @@ struct Connection {
     /// The loan this connection's engine holds (ended when dropped,
     /// however the connection ends).
     loan: Option<LoanGuard>,
-    mtx: mpsc::Sender<(Shared, Request, bytes::Bytes)>,
+    mtx: mpsc::Sender<Mutation>,
     /// Mutations queued for the mutator thread.
     queued: Arc<std::sync::atomic::AtomicUsize>,
+    /// What the connection may hold for its client: past it, no more
+    /// requests are read until replies are written or mutations applied.
+    budget: Budget,
 }
 
 impl Connection {
@@ -253,7 +349,10 @@ impl Connection {
             }
             Err(FrameError::Refused { id, reason }) => {
                 // The payload's length is not to be trusted: answer, then close.
-                let _ = self.tx.send(error(id, status::INVALID, &reason)).await;
+                let _ = self
+                    .tx
+                    .send(error(id, status::INVALID, &reason).into())
+                    .await;
                 return Ok(None);
             }
         };
@@ -265,7 +364,7 @@ impl Connection {
     }
 
     async fn reply(&self, r: Reply) -> Flow {
-        if self.tx.send(r).await.is_err() {
+        if self.tx.send(r.into()).await.is_err() {
             Flow::Stop
         } else {
             Flow::Go
@@ -343,6 +442,18 @@ impl Connection {
         Ok(self.reply(reply).await)
     }
 
+    /// A share of the connection's budget for `bytes`. While it waits for
+    /// one, the writes it answered itself go out first (their client may
+    /// be waiting for them before it reads more). None: the connection
+    /// ends.
+    async fn share(&mut self, bytes: u64) -> Option<Share> {
+        if let Some(s) = self.budget.try_take(bytes) {
+            return Some(s);
+        }
+        send_answered(&self.wr, &mut self.answered).await.ok()?;
+        self.budget.take(bytes).await
+    }
+
     /// Runs a request where it belongs: a fill beside the rest, reads on
     /// blocking threads, a plain write here, other mutations in order on
     /// the mutator thread.
@@ -365,16 +476,22 @@ impl Connection {
                     }
                     Err(e) => error(req.id, status::IO, &e.to_string()),
                 };
-                let _ = tx.send(reply).await;
+                let _ = tx.send(reply.into()).await;
             });
         } else if matches!(
             req.op,
             Op::Read | Op::Info | Op::Layers | Op::LayerExtents | Op::LayerRead | Op::WriteLog
         ) {
+            let Some(share) = self.share(u64::from(req.len)).await else {
+                return Flow::Stop;
+            };
             let tx = self.tx.clone();
             tokio::task::spawn_blocking(move || {
                 let reply = execute(&replica, &req, payload);
-                let _ = tx.blocking_send(reply);
+                let _ = tx.blocking_send(Queued {
+                    reply,
+                    _share: Some(share),
+                });
             });
         } else if matches!(req.op, Op::Write | Op::Trim)
             && req.flags & FLAG_FUA == 0
@@ -382,9 +499,17 @@ impl Connection {
         {
             self.answered.push(execute(&replica, &req, payload));
         } else {
+            let Some(share) = self.share(payload.len() as u64).await else {
+                return Flow::Stop;
+            };
             self.queued
                 .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            if self.mtx.send((replica, req, payload)).await.is_err() {
+            if self
+                .mtx
+                .send((replica, req, payload, Some(share)))
+                .await
+                .is_err()
+            {
                 return Flow::Stop;
             }
         }
