@@ -112,10 +112,12 @@ fn invalid(msg: &str) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, msg.to_string())
 }
 
-/// The handshake; true when the client entered transmission.
-async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
+/// The handshake for the export `volume` of `size` bytes; true when the
+/// client entered transmission. (Public for the fuzz targets.)
+pub async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s: &mut S,
-    engine: &Engine,
+    volume: &str,
+    size: u64,
 ) -> std::io::Result<bool> {
     let mut hello = Vec::new();
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
@@ -124,7 +126,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     s.write_all(&hello).await?;
     let client_flags = s.read_u32().await?;
     let no_zeroes = client_flags & CLIENT_NO_ZEROES != 0;
-    let known = |name: &str| name.is_empty() || name == engine.volume;
+    let known = |name: &str| name.is_empty() || name == volume;
     loop {
         if s.read_u64().await? != IHAVEOPT {
             return Err(invalid("bad option magic"));
@@ -142,7 +144,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                     return Err(invalid("unknown export"));
                 }
                 let mut b = Vec::new();
-                b.extend_from_slice(&engine.size.to_be_bytes());
+                b.extend_from_slice(&size.to_be_bytes());
                 b.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
                 if !no_zeroes {
                     b.extend_from_slice(&[0u8; 124]);
@@ -155,7 +157,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                 return Ok(false);
             }
             OPT_LIST => {
-                let name = engine.volume.as_bytes();
+                let name = volume.as_bytes();
                 let mut d = (name.len() as u32).to_be_bytes().to_vec();
                 d.extend_from_slice(name);
                 reply_option(s, option, REP_SERVER, &d).await?;
@@ -183,7 +185,7 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
                     continue;
                 }
                 let mut export = INFO_EXPORT.to_be_bytes().to_vec();
-                export.extend_from_slice(&engine.size.to_be_bytes());
+                export.extend_from_slice(&size.to_be_bytes());
                 export.extend_from_slice(&TRANSMISSION_FLAGS.to_be_bytes());
                 reply_option(s, option, REP_INFO, &export).await?;
                 let mut sizes = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
@@ -242,7 +244,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     engine: Arc<Engine>,
     mut stream: S,
 ) -> std::io::Result<()> {
-    if !handshake(&mut stream, &engine).await? {
+    if !handshake(&mut stream, &engine.volume, engine.size).await? {
         return Ok(());
     }
     let (rd, wr) = tokio::io::split(stream);
@@ -296,18 +298,19 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
 }
 
 /// One transmission request's header.
-struct Command {
-    cmd: u16,
-    handle: u64,
-    offset: u64,
-    len: u32,
-    fua: bool,
+pub struct Command {
+    pub cmd: u16,
+    pub handle: u64,
+    pub offset: u64,
+    pub len: u32,
+    pub fua: bool,
     /// Whether offset+len lies inside the volume.
-    in_range: bool,
+    pub in_range: bool,
 }
 
 impl Command {
-    fn decode(h: &[u8; 28], size: u64) -> std::io::Result<Command> {
+    /// Decodes a request header for a volume of `size` bytes.
+    pub fn decode(h: &[u8; 28], size: u64) -> std::io::Result<Command> {
         let magic = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
         if magic != REQUEST_MAGIC {
             return Err(invalid("bad request magic"));

@@ -43,7 +43,8 @@ pub(super) fn empty_layer(path: &Path, size: u64) -> Result<(), ReplicaError> {
     f.sync_all().map_err(io)
 }
 
-fn valid_layer_name(name: &str) -> bool {
+/// `layer-<n>.img`-shaped: a file name, never a path.
+pub(super) fn valid_layer_name(name: &str) -> bool {
     name.starts_with("layer-")
         && name.ends_with(".img")
         && name

@@ -47,13 +47,32 @@ impl Meta {
     pub fn read(dir: &Path) -> Result<Meta, ReplicaError> {
         let path = dir.join(META_FILE);
         let bytes = std::fs::read(&path).map_err(|e| ReplicaError::io(&path, e))?;
-        let meta: Meta = serde_json::from_slice(&bytes)
+        Meta::parse(&bytes, &path)
+    }
+
+    /// Parses and checks the bytes of a `meta.json` read from `path`.
+    pub fn parse(bytes: &[u8], path: &Path) -> Result<Meta, ReplicaError> {
+        let meta: Meta = serde_json::from_slice(bytes)
             .map_err(|e| ReplicaError::Corrupt(format!("{}: {e}", path.display())))?;
         if meta.version != FORMAT_VERSION {
             return Err(ReplicaError::Corrupt(format!(
                 "{}: format version {} (this build reads {FORMAT_VERSION})",
                 path.display(),
                 meta.version
+            )));
+        }
+        let names = meta
+            .chain
+            .iter()
+            .chain(meta.frozen.keys())
+            .chain(&meta.pending);
+        if let Some(bad) = names
+            .into_iter()
+            .find(|n| !super::layers::valid_layer_name(n))
+        {
+            return Err(ReplicaError::Corrupt(format!(
+                "{}: {bad:?} is not a layer name",
+                path.display()
             )));
         }
         if meta.chain.is_empty()

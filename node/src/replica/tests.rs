@@ -530,3 +530,19 @@ fn a_join_at_the_point_the_replica_already_holds_keeps_its_layers() {
     assert!(report.pending.is_empty());
     assert_eq!(read_all(&r), before);
 }
+
+#[test]
+fn a_meta_file_naming_a_path_instead_of_a_layer_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let r = Replica::create(d.path(), 16 * BLOCK).unwrap();
+    drop(r);
+    let path = d.path().join(META_FILE);
+    let good: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    for bad in ["../../etc/passwd", "/etc/passwd", "layer-000001.img/../x"] {
+        let mut m = good.clone();
+        m["chain"] = serde_json::json!([bad]);
+        std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+        let e = Replica::open(d.path()).err().expect("refused");
+        assert!(e.to_string().contains("is not a layer name"), "{bad}: {e}");
+    }
+}
