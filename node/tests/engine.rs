@@ -500,3 +500,41 @@ async fn a_block_corrupt_in_every_replica_fails_its_read_only_and_the_last_repli
     engine.write(0, &[9u8; 4096], false).await.unwrap();
     assert_eq!(engine.read(0, 4096).await.unwrap(), vec![9u8; 4096]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_the_record_leaves_out_is_never_served_whatever_revision_it_claims() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = replica_server(d1.path(), "v-r1", 64 * BLOCK).await;
+    let b = replica_server(d2.path(), "v-r2", 64 * BLOCK).await;
+    let ca = ReplicaClient::connect(&a.addr, &a.name).await.unwrap();
+    ca.write(0, &[1u8; 4096], 1, true).await.unwrap();
+    // r2 claims far more writes than r1 holds, but the record (generation
+    // 4) names r1 alone.
+    let cb = ReplicaClient::connect(&b.addr, &b.name).await.unwrap();
+    cb.write(0, &[9u8; 4096], 1_000, true).await.unwrap();
+    drop((ca, cb));
+    let recorder = Arc::new(HeldRecorder::default());
+    recorder.release.add_permits(1);
+    let engine = Engine::start(
+        "v",
+        64 * BLOCK,
+        &[a, b],
+        None,
+        recorded(4, &["v-r1"]),
+        Some(recorder),
+    )
+    .await
+    .unwrap();
+    let status = engine.status().await;
+    assert_eq!(status[0].mode, ReplicaMode::Rw);
+    assert_eq!(status[1].mode, ReplicaMode::Err, "{status:?}");
+    assert!(
+        status[1]
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("not in the replica set recorded at generation 4"),
+        "{status:?}"
+    );
+    assert_eq!(engine.read(0, 4096).await.unwrap(), vec![1u8; 4096]);
+}

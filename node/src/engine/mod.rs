@@ -302,7 +302,17 @@ impl Engine {
         let mut members = Vec::new();
         let mut revisions = Vec::new();
         for at in replicas {
-            let (m, revision) = open_member(at, size).await;
+            let (mut m, revision) = open_member(at, size).await;
+            // Whatever it claims, a replica the record leaves out holds older
+            // data than the volume's (generation 0: nothing recorded yet).
+            if recorded.generation > 0 && !recorded.replicas.contains(&at.name) {
+                m.mode = ReplicaMode::Err;
+                m.link = None;
+                m.error = Some(format!(
+                    "not in the replica set recorded at generation {}",
+                    recorded.generation
+                ));
+            }
             members.push(m);
             revisions.push(revision);
         }
