@@ -308,3 +308,17 @@ async fn a_lost_disk_ends_the_loan_and_closes_the_borrowing_connection() {
         again.map(drop)
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_client_gives_up_on_a_server_that_never_answers_its_open() {
+    // It takes the connection, reads, and never answers.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut sink = Vec::new();
+        let _ = s.read_to_end(&mut sink).await;
+    });
+    let e = ReplicaClient::connect(&addr, "v-r1").await.err().unwrap();
+    assert!(e.to_string().contains("no answer to OPEN"), "{e}");
+}

@@ -183,8 +183,7 @@ impl ReplicaServer {
 /// Connections one peer address may have open at once.
 pub const MAX_CONNECTIONS_PER_PEER: usize = 512;
 
-/// How long a new connection has to open a replica.
-pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub use crate::wire::HANDSHAKE_TIMEOUT;
 
 /// Open connections per peer address.
 #[derive(Clone, Default)]

@@ -225,9 +225,15 @@ impl ReplicaClient {
             next: AtomicU64::new(1),
             reader,
         };
-        client
-            .call(Op::Open, 0, name.len() as u32, 0, 0, name.as_bytes())
-            .await?;
+        // A server that takes the connection but never answers the OPEN
+        // does not hold the caller (an engine starting, a rebuild).
+        let open = client.call(Op::Open, 0, name.len() as u32, 0, 0, name.as_bytes());
+        tokio::time::timeout(super::HANDSHAKE_TIMEOUT, open)
+            .await
+            .map_err(|_| ClientError::Closed {
+                addr: addr.to_string(),
+                reason: format!("no answer to OPEN within {:?}", super::HANDSHAKE_TIMEOUT),
+            })??;
         Ok(client)
     }
 

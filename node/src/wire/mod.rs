@@ -41,5 +41,9 @@ impl JoinSpec {
     }
 }
 
+/// How long a new connection has to open a replica: the server closes one
+/// that has not, and the client gives up on a server that has not answered.
+pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Socket buffers: large enough for a 64 KiB request or reply and its header.
 pub const IO_BUFFER: usize = 256 * 1024;
