@@ -162,11 +162,51 @@ impl Csi {
         self.unpublish(name);
     }
 
+    /// Takes a mount volume down, brings it up again, checks its files,
+    /// and takes it down.
+    fn again(&mut self, name: &str, staging: &Path, target: &Path, files: &[(PathBuf, Vec<u8>)]) {
+        self.down(name, staging, target);
+        self.up(name, staging, target, false);
+        assert_files(files);
+        self.down(name, staging, target);
+    }
+
+    /// After a node plugin restart: the files read back, and the new plugin
+    /// (reached through a new connection to `socket`, as a CO makes) takes
+    /// the volume down, up and down again.
+    fn after_restart(
+        &mut self,
+        socket: &Path,
+        name: &str,
+        (staging, target): (&Path, &Path),
+        files: &[(PathBuf, Vec<u8>)],
+    ) {
+        assert_files(files);
+        self.connect_node(socket);
+        self.again(name, staging, target, files);
+    }
+
     /// A new connection to a node plugin's socket, as a CO makes.
     fn connect_node(&mut self, socket: &Path) {
         let _in = self.rt.enter();
         self.node = NodeClient::new(ballast::grpc::unix_channel(socket).unwrap());
     }
+}
+
+/// Waits until node-1, started again at `restarted`, is up and its log
+/// says `line`.
+fn back_with(
+    ctl: &ControllerProc,
+    n: &NodeProc,
+    restarted: chrono::DateTime<chrono::Utc>,
+    line: &str,
+) {
+    wait_for(Duration::from_secs(30), "node-1 back", || {
+        node(&ctl.api, "node-1").filter(|v| node_up_since(v, restarted))
+    });
+    wait_for(Duration::from_secs(20), line, || {
+        n.proc.log_text().contains(line).then_some(())
+    });
 }
 
 /// Every file reads back as written.
@@ -504,25 +544,11 @@ fn a_mounted_volume_keeps_working_while_the_node_plugin_restarts() {
         Proc::spawn(&n.args, dir.path().join("node-1.restarted.log")),
     );
     std::mem::forget(old);
-    wait_for(Duration::from_secs(30), "node-1 back", || {
-        node(&ctl.api, "node-1").filter(|v| node_up_since(v, restarted))
-    });
     // The engine asks its new server for its replica again.
-    wait_for(Duration::from_secs(20), "the replica lent again", || {
-        n.proc
-            .log_text()
-            .contains("replica lent to its engine")
-            .then_some(())
-    });
+    back_with(&ctl, &n, restarted, "replica lent to its engine");
     write(2);
-    assert_files(&files);
-    // A new connection to the new plugin's socket, as a CO makes.
-    csi.connect_node(&n.socket);
     // The restarted plugin tears down what its predecessor set up.
-    csi.down("keep", &staging, &target);
-    csi.up("keep", &staging, &target, false);
-    assert_files(&files);
-    csi.down("keep", &staging, &target);
+    csi.after_restart(&n.socket, "keep", (&staging, &target), &files);
 }
 
 /// With an engine host, the engine is the host's child: the death of the
@@ -593,15 +619,7 @@ fn a_written_volume_survives_the_node_plugins_whole_process_group_with_an_engine
     std::thread::sleep(Duration::from_secs(2));
     let restarted = chrono::Utc::now();
     n.proc = Proc::spawn(&n.args, dir.path().join("node-1.restarted.log"));
-    wait_for(Duration::from_secs(30), "node-1 back", || {
-        node(&ctl.api, "node-1").filter(|v| node_up_since(v, restarted))
-    });
-    wait_for(Duration::from_secs(20), "the engine re-adopted", || {
-        n.proc
-            .log_text()
-            .contains("re-adopted a running engine")
-            .then_some(())
-    });
+    back_with(&ctl, &n, restarted, "re-adopted a running engine");
     assert_eq!(
         engine_pid(&state, "hosted"),
         Some(engine),
@@ -614,14 +632,9 @@ fn a_written_volume_survives_the_node_plugins_whole_process_group_with_an_engine
         "the writer went on: {} files",
         written.len()
     );
-    assert_files(&written);
     // The new plugin tears down what its predecessor set up, and the files
     // are there on the next stage.
-    csi.connect_node(&n.socket);
-    csi.down("hosted", &staging, &target);
-    csi.up("hosted", &staging, &target, false);
-    assert_files(&written);
-    csi.down("hosted", &staging, &target);
+    csi.after_restart(&n.socket, "hosted", (&staging, &target), &written);
 }
 
 #[test]
@@ -693,10 +706,7 @@ fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_a
     );
     // Unstaged and staged again (a fresh engine, a fresh mount), every
     // byte is in the volume.
-    csi.down("crashvol", &staging, &target);
-    csi.up("crashvol", &staging, &target, false);
-    assert_files(&files);
-    csi.down("crashvol", &staging, &target);
+    csi.again("crashvol", &staging, &target, &files);
 }
 
 /// NodeGetVolumeStats of the volume published at `target`.
@@ -796,8 +806,10 @@ fn the_node_plugin_mounts_only_below_the_kubelet_and_its_state_directories() {
         .unwrap();
     let data = pattern(1 << 20, 9);
     std::fs::write(target.join("file"), &data).unwrap();
-    csi.down("confined", &staging, &target);
-    csi.up("confined", &staging, &target, false);
-    assert_files(&[(target.join("file"), data)]);
-    csi.down("confined", &staging, &target);
+    csi.again(
+        "confined",
+        &staging,
+        &target,
+        &[(target.join("file"), data)],
+    );
 }

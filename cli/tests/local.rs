@@ -51,25 +51,14 @@ fn local_cluster_has_three_ready_nodes_and_keeps_its_state_across_runs() {
     // The disks are directories on this machine's filesystem: do not let
     // its free space decide the test.
     free_space_is_not_the_test(&api);
-    let (ok, _, err) = ballastctl(
-        &api,
-        &["volume", "create", "v1", "--size", "1Gi", "--replicas", "3"],
-    );
-    assert!(ok, "{err}");
-    round_trip(dir.path(), &api);
-    let (ok, _, err) = ballastctl(
-        &api,
-        &["setting", "set", "replica-auto-balance", "best-effort"],
-    );
-    assert!(ok, "{err}");
+    volume_round_trip_and_a_setting(dir.path(), &api);
     let (ok, _, err) = ballastctl(
         &api,
         &["setting", "set", "replica-auto-balance", "sometimes"],
     );
     assert!(!ok);
     assert!(err.contains("disabled, least-effort, best-effort"), "{err}");
-    let (ok, _, err) = ballastctl(&api, &["node", "cordon", "node-2"]);
-    assert!(ok, "{err}");
+    ctl_ok(&api, &["node", "cordon", "node-2"]);
 
     stop_with_ctrl_c(local);
     // Every child is gone: the API no longer answers.
@@ -167,8 +156,21 @@ fn round_trip(dir: &std::path::Path, api: &str) {
         "{}",
         String::from_utf8_lossy(&cmp.stdout)
     );
-    let (ok, _, err) = ballastctl(api, &["volume", "detach", "v1"]);
-    assert!(ok, "{err}");
+    ctl_ok(api, &["volume", "detach", "v1"]);
+}
+
+/// What both local clusters are put through: a volume of three replicas
+/// created, attached, written and read back, and a setting changed.
+fn volume_round_trip_and_a_setting(dir: &std::path::Path, api: &str) {
+    ctl_ok(
+        api,
+        &["volume", "create", "v1", "--size", "1Gi", "--replicas", "3"],
+    );
+    round_trip(dir, api);
+    ctl_ok(
+        api,
+        &["setting", "set", "replica-auto-balance", "best-effort"],
+    );
 }
 
 #[test]
@@ -207,17 +209,7 @@ fn local_cluster_runs_on_an_api_server_with_the_kubernetes_store() {
         (items.len() == 3 && items.iter().all(node_is_up)).then_some(())
     });
     free_space_is_not_the_test(&api);
-    let (ok, _, err) = ballastctl(
-        &api,
-        &["volume", "create", "v1", "--size", "1Gi", "--replicas", "3"],
-    );
-    assert!(ok, "{err}");
-    round_trip(dir.path(), &api);
-    let (ok, _, err) = ballastctl(
-        &api,
-        &["setting", "set", "replica-auto-balance", "best-effort"],
-    );
-    assert!(ok, "{err}");
+    volume_round_trip_and_a_setting(dir.path(), &api);
 
     // What the API server holds, as `kubectl get -n ballast-system` lists it.
     let client = rt.block_on(cp.client()).unwrap();

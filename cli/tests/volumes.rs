@@ -10,6 +10,27 @@ use common::*;
 use nix::sys::signal::Signal;
 use serde_json::json;
 
+/// Where a replica (as the REST API lists it) keeps its files.
+fn replica_dir_in(dir: &std::path::Path, r: &serde_json::Value) -> std::path::PathBuf {
+    dir.join(r["nodeId"].as_str().unwrap())
+        .join("disk-1/replicas")
+        .join(r["name"].as_str().unwrap())
+}
+
+/// Waits until `volume`'s robustness is `want`.
+fn wait_robustness(api: &str, volume: &str, want: &str) {
+    wait_for(
+        Duration::from_secs(30),
+        &format!("robustness {want}"),
+        || {
+            call("GET", &format!("{api}/v1/volumes/{volume}"), None).1["status"]["robustness"]
+                .as_str()
+                .filter(|r| *r == want)
+                .map(drop)
+        },
+    );
+}
+
 #[test]
 fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
     let dir = tempfile::tempdir().unwrap();
@@ -63,11 +84,7 @@ fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
     on.sort();
     assert_eq!(on, ["node-1", "node-2", "node-3"], "one replica per node");
     for r in &reps {
-        let d = dir
-            .path()
-            .join(r["nodeId"].as_str().unwrap())
-            .join("disk-1/replicas")
-            .join(r["name"].as_str().unwrap());
+        let d = replica_dir_in(dir.path(), r);
         assert!(
             d.join("meta.json").exists(),
             "{} exists on its disk",
@@ -111,24 +128,14 @@ fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
         let (ok, out) = qemu_io(&endpoint, &cmds);
         assert!(ok, "{op}: {out}");
     }
-    wait_for(Duration::from_secs(30), "robustness healthy", || {
-        call("GET", &format!("{api}/v1/volumes/v1"), None).1["status"]["robustness"]
-            .as_str()
-            .filter(|r| *r == "healthy")
-            .map(drop)
-    });
+    wait_robustness(api, "v1", "healthy");
 
     // Lose node-3 while the volume is in use.
     nodes[2].proc.signal(Signal::SIGKILL);
     nodes[2].proc.wait_exit(Duration::from_secs(5)).unwrap();
     let (ok, out) = qemu_io(&endpoint, &["write -P 0x12 4M 1M", "flush"]);
     assert!(ok, "writes go on: {out}");
-    wait_for(Duration::from_secs(30), "robustness degraded", || {
-        call("GET", &format!("{api}/v1/volumes/v1"), None).1["status"]["robustness"]
-            .as_str()
-            .filter(|r| *r == "degraded")
-            .map(drop)
-    });
+    wait_robustness(api, "v1", "degraded");
     let (_, v) = call("GET", &format!("{api}/v1/volumes/v1"), None);
     assert!(v["status"]["lastDegradedAt"].is_string());
     let (ok, out) = qemu_io(
@@ -141,8 +148,7 @@ fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
     );
     assert!(ok, "every acknowledged write reads back: {out}");
 
-    let (s, v) = call("POST", &format!("{api}/v1/volumes/v1/detach"), None);
-    assert_eq!(s, 200, "{v}");
+    let v = detach(api, "v1");
     assert_eq!(v["status"]["state"], "detached");
     assert!(v["status"]["frontendEndpoint"].is_null());
 
@@ -155,11 +161,7 @@ fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
     let (s, v) = call("DELETE", &format!("{api}/v1/volumes/v1"), None);
     assert_eq!(s, 204, "{v}");
     for r in &reps {
-        let d = dir
-            .path()
-            .join(r["nodeId"].as_str().unwrap())
-            .join("disk-1/replicas")
-            .join(r["name"].as_str().unwrap());
+        let d = replica_dir_in(dir.path(), r);
         assert!(!d.exists(), "{} removed", d.display());
     }
     let (_, list) = call("GET", &format!("{api}/v1/replicas?volume=v1"), None);
@@ -178,26 +180,13 @@ fn a_detached_volume_grows_with_ballastctl_and_keeps_its_data() {
         Some(json!({"name": "grow", "size": "64Mi", "numberOfReplicas": 1})),
     );
     assert_eq!(s, 201, "{v}");
-    let attach = || {
-        let (s, v) = call(
-            "POST",
-            &format!("{api}/v1/volumes/grow/attach"),
-            Some(json!({"nodeId": "node-1"})),
-        );
-        assert_eq!(s, 200, "{v}");
-        v["status"]["frontendEndpoint"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    };
-    let endpoint = attach();
+    let endpoint = attach(api, "grow", "node-1");
     let (ok, out) = qemu_io(&endpoint, &["write -P 0x3c 60M 4M", "flush"]);
     assert!(ok, "{out}");
     // Attached, it does not grow.
     let (ok, _, err) = ballastctl(api, &["volume", "expand", "grow", "--size", "128Mi"]);
     assert!(!ok && err.contains("attached"), "{err}");
-    let (s, v) = call("POST", &format!("{api}/v1/volumes/grow/detach"), None);
-    assert_eq!(s, 200, "{v}");
+    detach(api, "grow");
     let (ok, out, err) = ballastctl(api, &["volume", "expand", "grow", "--size", "128Mi"]);
     assert!(ok, "{out}{err}");
     // Smaller, or not a multiple of 4 KiB: refused, naming the size.
@@ -214,7 +203,7 @@ fn a_detached_volume_grows_with_ballastctl_and_keeps_its_data() {
     );
     assert_eq!(s, 400, "{v}");
     assert!(v["error"].as_str().unwrap().starts_with("size"), "{v}");
-    let endpoint = attach();
+    let endpoint = attach(api, "grow", "node-1");
     let info = std::process::Command::new("qemu-img")
         .args(["info", "--output=json", &endpoint])
         .output()
@@ -232,6 +221,5 @@ fn a_detached_volume_grows_with_ballastctl_and_keeps_its_data() {
         ],
     );
     assert!(ok, "{out}");
-    let (s, v) = call("POST", &format!("{api}/v1/volumes/grow/detach"), None);
-    assert_eq!(s, 200, "{v}");
+    detach(api, "grow");
 }

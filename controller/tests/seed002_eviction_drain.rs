@@ -5,6 +5,7 @@
 mod common;
 
 use ballast::model::{Replica, ReplicaMode};
+use ballast_controller::sim::Report;
 use common::*;
 
 fn four_nodes(policy: &str, extra_settings: &str, volumes: &str) -> String {
@@ -49,6 +50,21 @@ fn rw_count(run: &Run, volume: &str) -> usize {
 }
 
 /// Ticks until quiet, checking `each` after every tick.
+/// Uncordons node-1 and settles: its automatic eviction is over and no
+/// replica is asked to move any more.
+fn uncordon_node_1(run: &mut Run) -> Report {
+    run.step("node: {id: node-1, cordoned: false}");
+    let r = run.sim.settle(0);
+    assert!(!r.nodes["node-1"].auto_evicting);
+    assert!(
+        run.sim
+            .replicas()
+            .into_values()
+            .all(|r| !r.spec.eviction_requested)
+    );
+    r
+}
+
 fn tick_until_quiet(run: &mut Run, mut each: impl FnMut(&Run)) {
     for _ in 0..500 {
         let pending = run.sim.pending();
@@ -105,15 +121,7 @@ fn seed002_block_for_eviction_moves_every_replica_off_a_cordoned_node_without_de
         [format!("replica/{evicted}")]
     );
 
-    run.step("node: {id: node-1, cordoned: false}");
-    let r = run.sim.settle(0);
-    assert!(!r.nodes["node-1"].auto_evicting);
-    assert!(
-        run.sim
-            .replicas()
-            .into_values()
-            .all(|r| !r.spec.eviction_requested)
-    );
+    let r = uncordon_node_1(&mut run);
     assert_eq!(
         per_node(&r, "v1"),
         [0, 1, 1, 1],
@@ -172,15 +180,7 @@ fn seed002_block_for_eviction_if_contains_last_replica_evicts_only_last_replicas
     run.step("failReplica: {volume: three, node: node-1}");
     assert_eq!(rw_count(&run, "three"), 2);
 
-    run.step("node: {id: node-1, cordoned: false}");
-    let r = run.sim.settle(0);
-    assert!(!r.nodes["node-1"].auto_evicting);
-    assert!(
-        run.sim
-            .replicas()
-            .into_values()
-            .all(|r| !r.spec.eviction_requested)
-    );
+    let r = uncordon_node_1(&mut run);
     assert_eq!(
         r.replicas["three"].values().sum::<usize>(),
         3,

@@ -198,13 +198,15 @@ async fn a_rebuild_on_the_same_node_copies_locally_and_keeps_the_holes() {
 /// report of the join.
 async fn join(source: &ReplicaClient, target: &ReplicaClient) -> serde_json::Value {
     source.snapshot().await.unwrap();
-    let info = source.info().await.unwrap();
-    let spec = JoinSpec::following(
-        &source.layers().await.unwrap(),
-        info["revision"].as_u64().unwrap(),
-    )
-    .unwrap();
+    let spec = following(source).await;
     serde_json::to_value(target.join(&spec).await.unwrap()).unwrap()
+}
+
+/// The join that follows `source`'s chain as it is now.
+async fn following(source: &ReplicaClient) -> JoinSpec {
+    let info = source.info().await.unwrap();
+    let layers = source.layers().await.unwrap();
+    JoinSpec::following(&layers, info["revision"].as_u64().unwrap()).unwrap()
 }
 
 struct Immutable<'a>(&'a Path);
@@ -282,12 +284,7 @@ async fn a_rebuild_cut_off_resumes_from_the_layers_it_had_finished() {
     src.snapshot().await.unwrap();
     // A first attempt whose second layer arrives wrong (its checksum does
     // not match): the first layer is kept, the second stays pending.
-    let info = src.info().await.unwrap();
-    let mut spec = JoinSpec::following(
-        &src.layers().await.unwrap(),
-        info["revision"].as_u64().unwrap(),
-    )
-    .unwrap();
+    let mut spec = following(&src).await;
     spec.frozen[1].checksum = "0".repeat(64);
     dst.join(&spec).await.unwrap();
     let err = dst.fill(&format!("v-r0@{s1}")).await.unwrap_err();
@@ -362,12 +359,7 @@ fn a_rebuild_cut_off_by_a_restart_resumes_from_the_layers_it_had_finished() {
     rt.block_on(async {
         let src = ReplicaClient::connect(&s_addr, "v-r0").await.unwrap();
         let dst = ReplicaClient::connect(&t_addr, "v-r1").await.unwrap();
-        let info = src.info().await.unwrap();
-        let spec = JoinSpec::following(
-            &src.layers().await.unwrap(),
-            info["revision"].as_u64().unwrap(),
-        )
-        .unwrap();
+        let spec = following(&src).await;
         let joined = dst.join(&spec).await.unwrap();
         assert_eq!(joined.pending.len(), 2);
         let fill = tokio::spawn(async move { dst.fill(&format!("v-r0@{s_addr}")).await });
@@ -392,12 +384,7 @@ fn a_rebuild_cut_off_by_a_restart_resumes_from_the_layers_it_had_finished() {
     rt.block_on(async {
         let src = ReplicaClient::connect(&source.addr, "v-r0").await.unwrap();
         let dst = ReplicaClient::connect(&target.addr, "v-r1").await.unwrap();
-        let info = src.info().await.unwrap();
-        let spec = JoinSpec::following(
-            &src.layers().await.unwrap(),
-            info["revision"].as_u64().unwrap(),
-        )
-        .unwrap();
+        let spec = following(&src).await;
         let joined = dst.join(&spec).await.unwrap();
         assert_eq!(joined.kept, ["layer-000001.img"]);
         assert_eq!(joined.kept_bytes, 1 << 20);
@@ -433,12 +420,7 @@ async fn a_fill_reports_its_progress_while_it_runs() {
     tokio::spawn(target.clone().serve(l));
     let src = ReplicaClient::connect(&s1, "v-r0").await.unwrap();
     let dst = ReplicaClient::connect(&s2, "v-r1").await.unwrap();
-    let info = src.info().await.unwrap();
-    let spec = JoinSpec::following(
-        &src.layers().await.unwrap(),
-        info["revision"].as_u64().unwrap(),
-    )
-    .unwrap();
+    let spec = following(&src).await;
     dst.join(&spec).await.unwrap();
     assert_eq!(target.fill_progress("v-r1"), None);
     let fill = tokio::spawn(async move { dst.fill(&format!("v-r0@{s1}")).await });

@@ -54,16 +54,7 @@ fn kube_controller(
         dir.join(format!("{name}.log")),
         &[("POD_NAME", &name)],
     );
-    let api = format!("http://{api}");
-    wait_api(&api, &proc);
-    ControllerProc {
-        proc,
-        api,
-        agent,
-        socket,
-        store: dir.join("unused"),
-        args,
-    }
+    ControllerProc::up(proc, args, socket, dir.join("unused"))
 }
 
 /// A node plugin as its DaemonSet runs it: named by `NODE_NAME` (the

@@ -87,23 +87,13 @@ pub enum VolumeCmd {
         /// Size, e.g. 1Gi.
         #[arg(long)]
         size: String,
-        #[arg(long)]
-        replicas: Option<u32>,
-        /// disabled, best-effort or strict-local.
-        #[arg(long)]
-        data_locality: Option<String>,
-        /// ignored, disabled, least-effort or best-effort.
-        #[arg(long)]
-        auto_balance: Option<String>,
+        #[command(flatten)]
+        options: VolumeOptions,
     },
     Update {
         name: String,
-        #[arg(long)]
-        replicas: Option<u32>,
-        #[arg(long)]
-        data_locality: Option<String>,
-        #[arg(long)]
-        auto_balance: Option<String>,
+        #[command(flatten)]
+        options: VolumeOptions,
         /// Wait until the volume has all its replicas rw, showing each
         /// rebuild's progress.
         #[arg(long)]
@@ -276,21 +266,32 @@ fn size_arg(flag: &str, value: &str) -> Result<u64, CtlError> {
     parse_size(value).map_err(|e| CtlError::Usage(format!("--{flag}: {e}")))
 }
 
-/// Adds the optional volume fields given on the command line to `body`.
-fn volume_options(
-    body: &mut Value,
+// The volume fields `create` and `update` both take. (A plain comment:
+// a doc comment here would become both commands' help text.)
+#[derive(Debug, clap::Args)]
+pub struct VolumeOptions {
+    #[arg(long)]
     replicas: Option<u32>,
+    /// disabled, best-effort or strict-local.
+    #[arg(long)]
     data_locality: Option<String>,
+    /// ignored, disabled, least-effort or best-effort.
+    #[arg(long)]
     auto_balance: Option<String>,
-) {
-    if let Some(r) = replicas {
-        body["numberOfReplicas"] = json!(r);
-    }
-    if let Some(d) = data_locality {
-        body["dataLocality"] = json!(d);
-    }
-    if let Some(a) = auto_balance {
-        body["replicaAutoBalance"] = json!(a);
+}
+
+impl VolumeOptions {
+    /// Adds the fields given on the command line to `body`.
+    fn add_to(self, body: &mut Value) {
+        if let Some(r) = self.replicas {
+            body["numberOfReplicas"] = json!(r);
+        }
+        if let Some(d) = self.data_locality {
+            body["dataLocality"] = json!(d);
+        }
+        if let Some(a) = self.auto_balance {
+            body["replicaAutoBalance"] = json!(a);
+        }
     }
 }
 
@@ -331,23 +332,19 @@ async fn volume(c: &Client, out: Out, cmd: VolumeCmd) -> Result<(), CtlError> {
         VolumeCmd::Create {
             name,
             size,
-            replicas,
-            data_locality,
-            auto_balance,
+            options,
         } => {
             let mut body = json!({ "name": name, "size": size_arg("size", &size)? });
-            volume_options(&mut body, replicas, data_locality, auto_balance);
+            options.add_to(&mut body);
             out.one::<Volume>(&c.call(Method::POST, "/v1/volumes", Some(body)).await?)
         }
         VolumeCmd::Update {
             name,
-            replicas,
-            data_locality,
-            auto_balance,
+            options,
             wait,
         } => {
             let mut body = json!({});
-            volume_options(&mut body, replicas, data_locality, auto_balance);
+            options.add_to(&mut body);
             if body.as_object().is_some_and(Map::is_empty) {
                 return Err(CtlError::Usage(
                     "nothing to update: give --replicas, --data-locality or --auto-balance".into(),

@@ -133,6 +133,26 @@ pub struct ControllerProc {
 }
 
 impl ControllerProc {
+    /// A controller process just started with `args` (which name its
+    /// `--api-listen` and `--agent-listen`), once its REST API answers.
+    pub fn up(proc: Proc, args: Vec<String>, socket: PathBuf, store: PathBuf) -> ControllerProc {
+        let flag = |name: &str| {
+            let at = args.iter().position(|a| a == name).unwrap();
+            args[at + 1].clone()
+        };
+        let api = format!("http://{}", flag("--api-listen"));
+        let agent = flag("--agent-listen").parse().unwrap();
+        wait_api(&api, &proc);
+        ControllerProc {
+            proc,
+            api,
+            agent,
+            socket,
+            store,
+            args,
+        }
+    }
+
     /// Starts the controller again (after a crash) with the same flags,
     /// and waits until its API answers.
     pub fn restart(&mut self) {
@@ -193,16 +213,7 @@ pub fn start_controller_with(
     let mut args = controller_args(&store, &socket, api, agent, node_down_timeout);
     args.extend(extra.iter().map(|a| a.to_string()));
     let proc = Proc::spawn(&args, dir.join("controller.log"));
-    let api = format!("http://{api}");
-    wait_api(&api, &proc);
-    ControllerProc {
-        proc,
-        api,
-        agent,
-        socket,
-        store,
-        args,
-    }
+    ControllerProc::up(proc, args, socket, store)
 }
 
 pub struct NodeProc {
@@ -339,6 +350,13 @@ pub fn ballastctl(api: &str, args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Runs `ballastctl` and expects it to succeed; its standard output.
+pub fn ctl_ok(api: &str, args: &[&str]) -> String {
+    let (ok, out, err) = ballastctl(api, args);
+    assert!(ok, "ballastctl {}: {err}", args.join(" "));
+    out
+}
+
 /// Runs qemu-io on `target` with commands; returns (success, output).
 /// Success means exit 0 and no failed command or pattern mismatch.
 /// The disks of a local cluster are directories of this machine's
@@ -369,6 +387,13 @@ pub fn attach(api: &str, volume: &str, node: &str) -> String {
         .as_str()
         .unwrap()
         .to_string()
+}
+
+/// Detaches `volume`; the volume as the API answers.
+pub fn detach(api: &str, volume: &str) -> Value {
+    let (s, v) = call("POST", &format!("{api}/v1/volumes/{volume}/detach"), None);
+    assert_eq!(s, 200, "{v}");
+    v
 }
 
 /// A runtime for a test's async calls.

@@ -21,6 +21,7 @@ use crate::context::NodeContext;
 use crate::error::Error;
 use crate::replica::replica_dir;
 use crate::replica::{META_FILE, Meta, Replica};
+use crate::server::ReplicaServer;
 
 /// The gRPC service the controller calls on this node.
 #[derive(Clone)]
@@ -31,6 +32,15 @@ pub struct NodeAgentService {
 impl NodeAgentService {
     pub fn new(ctx: Arc<NodeContext>) -> Self {
         NodeAgentService { ctx }
+    }
+
+    /// The node's replica server (every node plugin has one; an agent
+    /// built without it, in a test, serves no replicas).
+    fn replica_server(&self) -> Result<Arc<ReplicaServer>, Error> {
+        self.ctx
+            .replicas
+            .clone()
+            .ok_or_else(|| Error::Internal("this node serves no replicas".into()))
     }
 }
 
@@ -232,11 +242,7 @@ impl NodeAgent for NodeAgentService {
         request: Request<RebuildReplicaRequest>,
     ) -> Result<Response<RebuildReplicaResponse>, Status> {
         let req = request.into_inner();
-        let server = self
-            .ctx
-            .replicas
-            .clone()
-            .ok_or_else(|| Error::Internal("this node serves no replicas".into()))?;
+        let server = self.replica_server()?;
         let done = super::rebuild::offline(&server, &req.name, &req.source).await?;
         Ok(Response::new(done))
     }
@@ -251,11 +257,7 @@ impl NodeAgent for NodeAgentService {
             field: "name".into(),
             message: m,
         })?;
-        let server = self
-            .ctx
-            .replicas
-            .clone()
-            .ok_or_else(|| Error::Internal("this node serves no replicas".into()))?;
+        let server = self.replica_server()?;
         if server.replicas().is_lent(&req.name) {
             return Err(Error::Busy(format!(
                 "replica {} is in use by its volume's engine; grow it detached",
@@ -293,11 +295,7 @@ impl NodeAgent for NodeAgentService {
         request: Request<ScrubReplicaRequest>,
     ) -> Result<Response<ScrubReplicaResponse>, Status> {
         let req = request.into_inner();
-        let server = self
-            .ctx
-            .replicas
-            .clone()
-            .ok_or_else(|| Error::Internal("this node serves no replicas".into()))?;
+        let server = self.replica_server()?;
         let answer = match server
             .replicas()
             .scrub(&req.name, req.bytes_per_second)
