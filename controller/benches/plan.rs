@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use ballast::model::{ReplicaMode, VolumeAutoBalance};
+use ballast::model::ReplicaMode;
 use ballast::settings::Settings;
 use ballast_controller::planner::{self, ClusterView, DiskView, NodeView, ReplicaView, VolumeView};
 use chrono::{TimeZone, Utc};
@@ -20,63 +20,28 @@ fn cluster(volumes: usize, nodes: usize) -> ClusterView {
         .unwrap_or_default();
     let mut view = ClusterView::default();
     for n in 0..nodes {
-        view.nodes.push(NodeView {
-            id: format!("node-{n:05}"),
-            zone: format!("zone-{}", n % zones),
-            tags: vec![],
-            ready: true,
-            allow_scheduling: true,
-            eviction_requested: false,
-            cordoned: false,
-            auto_evicting: false,
-            drain_blocked: false,
-            drain_blocked_reason: None,
-            disks: (0..2)
-                .map(|d| DiskView {
-                    id: format!("d{d}"),
-                    tags: vec![],
-                    ready: true,
-                    allow_scheduling: true,
-                    eviction_requested: false,
-                    maximum: 100_000 * GIB,
-                    available: 60_000 * GIB,
-                    reserved: 0,
-                })
-                .collect(),
-        });
+        let mut node = NodeView::healthy(&format!("node-{n:05}"), &format!("zone-{}", n % zones));
+        node.disks = (0..2)
+            .map(|d| DiskView::healthy(&format!("d{d}"), 100_000 * GIB, 60_000 * GIB))
+            .collect();
+        view.nodes.push(node);
     }
     for v in 0..volumes {
         let name = format!("vol-{v:06}");
-        view.volumes.push(VolumeView {
-            name: name.clone(),
-            size: 10 * GIB,
-            actual_size: 5 * GIB,
-            number_of_replicas: 3,
-            data_locality: None,
-            auto_balance: VolumeAutoBalance::Ignored,
-            stale_replica_timeout: 2880,
-            disk_selector: vec![],
-            node_selector: vec![],
-            pinned_node: None,
-            attached_node: Some(format!("node-{:05}", v % nodes)),
-            last_degraded_at: None,
-        });
+        let mut volume = VolumeView::plain(&name, 10 * GIB, 3);
+        volume.actual_size = 5 * GIB;
+        volume.attached_node = Some(format!("node-{:05}", v % nodes));
+        view.volumes.push(volume);
         // Three replicas on a group of three consecutive nodes: one per zone.
         let group = v % (nodes / zones);
         for k in 0..3 {
             let node = group * zones + k;
-            view.replicas.push(ReplicaView {
-                name: format!("{name}-r{k}"),
-                volume: name.clone(),
-                node: format!("node-{node:05}"),
-                disk: format!("d{}", v % 2),
-                mode: Some(ReplicaMode::Rw),
-                running: true,
-                eviction_requested: false,
-                rebuild_retry_count: 0,
-                failed_at: None,
-                healthy_at: Some(t0),
-            });
+            view.replicas.push(ReplicaView::placed(
+                (&format!("{name}-r{k}"), &name),
+                (&format!("node-{node:05}"), &format!("d{}", v % 2)),
+                ReplicaMode::Rw,
+                t0,
+            ));
         }
     }
     view.replicas.sort_by(|a, b| a.name.cmp(&b.name));

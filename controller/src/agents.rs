@@ -76,18 +76,21 @@ pub struct Rebuilt {
     pub copy_path: String,
 }
 
+/// An empty replica to make: replica `name` of `volume`, `size` bytes, on
+/// disk `disk`.
+#[derive(Clone, Copy, Debug)]
+pub struct NewReplica<'a> {
+    pub name: &'a str,
+    pub volume: &'a str,
+    pub disk: &'a str,
+    pub size: u64,
+}
+
 /// The node calls the planner's actions make. Each names the node whose
 /// agent is asked.
 pub trait Agents: Send + Sync {
-    /// Makes an empty replica `name` of `volume`, `size` bytes, on `disk`.
-    fn create_replica<'a>(
-        &'a self,
-        node: &'a Node,
-        name: &'a str,
-        volume: &'a str,
-        disk: &'a str,
-        size: u64,
-    ) -> Call<'a, ()>;
+    /// Makes an empty replica on `node`.
+    fn create_replica<'a>(&'a self, node: &'a Node, new: NewReplica<'a>) -> Call<'a, ()>;
     /// Deletes replica `name`'s data.
     fn delete_replica<'a>(&'a self, node: &'a Node, name: &'a str) -> Call<'a, ()>;
     /// Has the engine of `volume` on `node` add `replica` (`NAME@ADDR`) in
@@ -142,19 +145,12 @@ where
 }
 
 impl Agents for GrpcAgents {
-    fn create_replica<'a>(
-        &'a self,
-        node: &'a Node,
-        name: &'a str,
-        volume: &'a str,
-        disk: &'a str,
-        size: u64,
-    ) -> Call<'a, ()> {
+    fn create_replica<'a>(&'a self, node: &'a Node, new: NewReplica<'a>) -> Call<'a, ()> {
         let req = CreateReplicaRequest {
-            name: name.to_string(),
-            volume: volume.to_string(),
-            disk_id: disk.to_string(),
-            size,
+            name: new.name.to_string(),
+            volume: new.volume.to_string(),
+            disk_id: new.disk.to_string(),
+            size: new.size,
         };
         done(node, |mut c| async move { c.create_replica(req).await })
     }

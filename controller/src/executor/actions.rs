@@ -9,6 +9,7 @@ use std::sync::Arc;
 use ballast::model::{Kind, Node, Replica, ReplicaMode, Volume};
 
 use super::{effects, replica};
+use crate::agents::NewReplica;
 use crate::context::Context;
 use crate::error::Error;
 use crate::planner::{Action, ActionKind};
@@ -171,9 +172,13 @@ async fn build_replica(
             // Its node may never have made it (the controller that wrote
             // the record died first): made now, empty, when missing. The
             // call is a no-op for a replica its node holds.
-            ctx.agents
-                .create_replica(&target, &name, volume, disk, vol.spec.size)
-                .await?;
+            let new = NewReplica {
+                name: &name,
+                volume,
+                disk,
+                size: vol.spec.size,
+            };
+            ctx.agents.create_replica(&target, new).await?;
         }
         match &vol.status.attached_node {
             Some(attached) => add_to_engine(ctx, volume, attached, &at, copy_from).await,

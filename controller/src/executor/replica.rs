@@ -6,6 +6,7 @@
 
 use ballast::model::{Kind, Node, Replica, ReplicaMode};
 
+use crate::agents::NewReplica;
 use crate::context::Context;
 use crate::error::Error;
 
@@ -24,10 +25,13 @@ pub async fn make(
     let record = super::effects::new_replica(&name, volume, &node.id, disk, mode);
     // Intent first: the record exists before the replica does.
     let record = ctx.store.create(&record).await?;
-    let created = ctx
-        .agents
-        .create_replica(node, &name, volume, disk, size)
-        .await;
+    let new = NewReplica {
+        name: &name,
+        volume,
+        disk,
+        size,
+    };
+    let created = ctx.agents.create_replica(node, new).await;
     if let Err(e) = created {
         discard(ctx, &record).await;
         return Err(e);

@@ -24,34 +24,14 @@ fn cluster() -> Builder {
 
 impl Builder {
     fn node(mut self, id: &str, zone: &str) -> Self {
-        self.view.nodes.push(NodeView {
-            id: id.into(),
-            zone: zone.into(),
-            tags: vec![],
-            ready: true,
-            allow_scheduling: true,
-            eviction_requested: false,
-            cordoned: false,
-            auto_evicting: false,
-            drain_blocked: false,
-            drain_blocked_reason: None,
-            disks: vec![],
-        });
+        self.view.nodes.push(NodeView::healthy(id, zone));
         self
     }
 
     fn disk(mut self, id: &str, size_gib: u64, free_gib: u64) -> Self {
         let n = self.view.nodes.last_mut().unwrap();
-        n.disks.push(DiskView {
-            id: id.into(),
-            tags: vec![],
-            ready: true,
-            allow_scheduling: true,
-            eviction_requested: false,
-            maximum: size_gib * GIB,
-            available: free_gib * GIB,
-            reserved: 0,
-        });
+        n.disks
+            .push(DiskView::healthy(id, size_gib * GIB, free_gib * GIB));
         self
     }
 
@@ -61,20 +41,9 @@ impl Builder {
     }
 
     fn volume(mut self, name: &str, size_gib: u64, replicas: u32) -> Self {
-        self.view.volumes.push(VolumeView {
-            name: name.into(),
-            size: size_gib * GIB,
-            actual_size: size_gib * GIB,
-            number_of_replicas: replicas,
-            data_locality: None,
-            auto_balance: VolumeAutoBalance::Ignored,
-            stale_replica_timeout: 2880,
-            disk_selector: vec![],
-            node_selector: vec![],
-            pinned_node: None,
-            attached_node: None,
-            last_degraded_at: None,
-        });
+        self.view
+            .volumes
+            .push(VolumeView::plain(name, size_gib * GIB, replicas));
         self
     }
 
@@ -85,18 +54,12 @@ impl Builder {
 
     fn replica(mut self, name: &str, node: &str, disk: &str, mode: ReplicaMode) -> Self {
         let volume = self.view.volumes.last().unwrap().name.clone();
-        self.view.replicas.push(ReplicaView {
-            name: name.into(),
-            volume,
-            node: node.into(),
-            disk: disk.into(),
-            mode: Some(mode),
-            running: mode != ReplicaMode::Err,
-            eviction_requested: false,
-            rebuild_retry_count: 0,
-            failed_at: (mode == ReplicaMode::Err).then(t0),
-            healthy_at: Some(t0()),
-        });
+        self.view.replicas.push(ReplicaView::placed(
+            (name, &volume),
+            (node, disk),
+            mode,
+            t0(),
+        ));
         self
     }
 

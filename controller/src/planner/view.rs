@@ -49,7 +49,41 @@ pub struct DiskView {
     pub reserved: u64,
 }
 
+impl NodeView {
+    /// A ready, schedulable node with no disks and nothing recorded: how
+    /// tests and benchmarks start a node.
+    pub fn healthy(id: &str, zone: &str) -> NodeView {
+        NodeView {
+            id: id.into(),
+            zone: zone.into(),
+            tags: vec![],
+            ready: true,
+            allow_scheduling: true,
+            eviction_requested: false,
+            cordoned: false,
+            auto_evicting: false,
+            drain_blocked: false,
+            drain_blocked_reason: None,
+            disks: vec![],
+        }
+    }
+}
+
 impl DiskView {
+    /// A ready, schedulable disk of `maximum` bytes with `available` free.
+    pub fn healthy(id: &str, maximum: u64, available: u64) -> DiskView {
+        DiskView {
+            id: id.into(),
+            tags: vec![],
+            ready: true,
+            allow_scheduling: true,
+            eviction_requested: false,
+            maximum,
+            available,
+            reserved: 0,
+        }
+    }
+
     /// Bytes in use, as a share of the maximum, in percent.
     pub fn used_percent(&self) -> u64 {
         used_percent(self.maximum, self.available, self.reserved)
@@ -89,6 +123,26 @@ pub struct VolumeView {
 }
 
 impl VolumeView {
+    /// A detached volume of `size` bytes (all of them written) with
+    /// `replicas` replicas and the default policies: how tests and
+    /// benchmarks start a volume.
+    pub fn plain(name: &str, size: u64, replicas: u32) -> VolumeView {
+        VolumeView {
+            name: name.into(),
+            size,
+            actual_size: size,
+            number_of_replicas: replicas,
+            data_locality: None,
+            auto_balance: VolumeAutoBalance::Ignored,
+            stale_replica_timeout: 2880,
+            disk_selector: vec![],
+            node_selector: vec![],
+            pinned_node: None,
+            attached_node: None,
+            last_degraded_at: None,
+        }
+    }
+
     /// Attached volumes run; only they can rebuild by a pressure move.
     pub fn running(&self) -> bool {
         self.attached_node.is_some()
@@ -112,6 +166,29 @@ pub struct ReplicaView {
 }
 
 impl ReplicaView {
+    /// Replica `name` of `volume` on `node`/`disk` in `mode`, healthy
+    /// since `at` (failed then, when `mode` is err): how tests and
+    /// benchmarks place a replica.
+    pub fn placed(
+        (name, volume): (&str, &str),
+        (node, disk): (&str, &str),
+        mode: ReplicaMode,
+        at: DateTime<Utc>,
+    ) -> ReplicaView {
+        ReplicaView {
+            name: name.into(),
+            volume: volume.into(),
+            node: node.into(),
+            disk: disk.into(),
+            mode: Some(mode),
+            running: mode != ReplicaMode::Err,
+            eviction_requested: false,
+            rebuild_retry_count: 0,
+            failed_at: (mode == ReplicaMode::Err).then_some(at),
+            healthy_at: Some(at),
+        }
+    }
+
     pub fn is_rw(&self) -> bool {
         self.mode == Some(ReplicaMode::Rw)
     }

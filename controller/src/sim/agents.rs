@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use ballast::model::Node;
 use tokio::sync::oneshot;
 
-use crate::agents::{Agents, Call, Rebuilt};
+use crate::agents::{Agents, Call, NewReplica, Rebuilt};
 use crate::error::Error;
 
 /// How a fill ends.
@@ -198,14 +198,8 @@ impl ModelAgents {
 }
 
 impl Agents for ModelAgents {
-    fn create_replica<'a>(
-        &'a self,
-        node: &'a Node,
-        name: &'a str,
-        _volume: &'a str,
-        _disk: &'a str,
-        _size: u64,
-    ) -> Call<'a, ()> {
+    fn create_replica<'a>(&'a self, node: &'a Node, new: NewReplica<'a>) -> Call<'a, ()> {
+        let name = new.name;
         Box::pin(async move {
             // A replica taken up again keeps whatever fill is under way.
             if self.state().fills.contains_key(name) {
