@@ -85,3 +85,76 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
         c.rebuilds()
     );
 }
+
+/// Sends OPEN `name` and then LEND from `from` (another address of this
+/// machine, standing for another node) to a replica server; the status of
+/// each reply.
+fn lend_from(from: &str, addr: &str, name: &str) -> (u32, u32, String) {
+    use ballast_node::wire::protocol::{Op, RESPONSE_HEADER, Request, Response};
+    use std::io::{Read, Write};
+    let rt = runtime();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    let stream = rt.block_on(socket.connect(addr.parse().unwrap())).unwrap();
+    let mut s = stream.into_std().unwrap();
+    s.set_nonblocking(false).unwrap();
+    let mut ask = |op: Op, id: u64, payload: &[u8]| {
+        let req = Request {
+            op,
+            flags: 0,
+            id,
+            offset: 0,
+            len: payload.len() as u32,
+            revision: 0,
+        };
+        s.write_all(&req.encode()).unwrap();
+        s.write_all(payload).unwrap();
+        let mut head = [0u8; RESPONSE_HEADER];
+        s.read_exact(&mut head).unwrap();
+        let resp = Response::decode(&head).unwrap();
+        let mut body = vec![0u8; resp.len as usize];
+        s.read_exact(&mut body).unwrap();
+        (resp.status, String::from_utf8_lossy(&body).into_owned())
+    };
+    let (opened, _) = ask(Op::Open, 1, name.as_bytes());
+    let (lent, why) = ask(Op::Lend, 2, &[]);
+    (opened, lent, why)
+}
+
+#[test]
+fn a_rogue_lend_from_another_node_is_refused_and_the_volume_keeps_every_replica() {
+    use ballast_node::wire::protocol::status;
+    let c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 3, Duration::from_secs(60));
+    let before = write_data(c.dir.path(), &endpoint, 22);
+
+    // Every replica, the one lent to the engine on node-1 included, is
+    // asked for a loan by a peer on another address.
+    for r in c.replicas("v") {
+        let name = r["name"].as_str().unwrap();
+        let node = c.node(r["spec"]["nodeId"].as_str().unwrap());
+        let addr = node["status"]["replicaEndpoint"].as_str().unwrap();
+        let (opened, lent, why) = lend_from("127.0.0.2", addr, name);
+        assert_eq!(opened, status::OK, "{name}");
+        assert_eq!(lent, status::DENIED, "{name}: {why}");
+        assert!(
+            why.contains("only for the engine on this replica's node"),
+            "{why}"
+        );
+    }
+
+    // Writes go on to all three replicas, none was dropped, and the data
+    // reads back through NBD and from every replica's files.
+    let after = write_data(c.dir.path(), &endpoint, 23);
+    assert_ne!(before.sum, after.sum);
+    verify_data(c.dir.path(), &endpoint, &after);
+    let reps = c.replicas("v");
+    assert!(
+        reps.len() == 3 && reps.iter().all(|r| r["status"]["mode"] == "rw"),
+        "{reps:?}"
+    );
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &after);
+}

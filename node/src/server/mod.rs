@@ -102,6 +102,12 @@ impl ReplicaServer {
     }
 
     async fn connection(self: Arc<Self>, stream: TcpStream) -> std::io::Result<()> {
+        // A peer on this node reaches it from the address it reaches
+        // (the kernel picks the destination as the source).
+        let same_node = match (stream.peer_addr(), stream.local_addr()) {
+            (Ok(peer), Ok(local)) => peer.ip() == local.ip(),
+            _ => false,
+        };
         let (rd, wr) = stream.into_split();
         let mut rd = crate::bufio::FrameReader::new(rd, IO_BUFFER);
         let (tx, rx) = mpsc::channel::<Queued>(256);
@@ -135,6 +141,7 @@ impl ReplicaServer {
             mtx,
             queued,
             budget: Budget::default(),
+            same_node,
         };
         let result = loop {
             // A connection that has not opened a replica yet has
@@ -307,6 +314,9 @@ struct Connection {
     /// What the connection may hold for its client: past it, no more
     /// requests are read until replies are written or mutations applied.
     budget: Budget,
+    /// Whether the peer is on this node: only the engine beside a replica
+    /// borrows it (LEND).
+    same_node: bool,
 }
 
 impl Connection {
@@ -420,7 +430,13 @@ impl Connection {
     /// LEND: lends the bound replica to this connection's engine, or takes
     /// it back.
     async fn lend(&mut self, req: &Request, name: &str) -> std::io::Result<Flow> {
-        let reply = if req.flags & FLAG_RETURN != 0 {
+        let reply = if !self.same_node {
+            error(
+                req.id,
+                status::DENIED,
+                "LEND is only for the engine on this replica's node",
+            )
+        } else if req.flags & FLAG_RETURN != 0 {
             self.loan = None;
             (ok_empty(req.id), Vec::new())
         } else if self.loan.is_some() {

@@ -96,6 +96,8 @@ pub mod status {
     pub const NOT_FOUND: u32 = 2;
     /// The replica is lent to an engine (or already lent, for LEND).
     pub const BUSY: u32 = 16;
+    /// Not for this peer (a LEND from another node).
+    pub const DENIED: u32 = 13;
     /// Its disk is full: the write did not fit (what it held before stays).
     pub const NO_SPACE: u32 = 28;
     /// Data read does not match its checksum (of a FILL: the source's).
