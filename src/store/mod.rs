@@ -4,8 +4,8 @@
 //! version fails with [`StoreError::Conflict`] and the caller re-reads and
 //! retries. Every committed change is announced to subscribers. Backends:
 //! [`RedbStore`] (embedded, the default) and [`MemoryStore`] (the
-//! simulator's); the Kubernetes backend comes later and must pass the same
-//! [`contract`] suite.
+//! simulator's) here, and the Kubernetes one in the controller crate
+//! (`kubernetes/store.rs`); all of them pass the same [`contract`] suite.
 
 use std::time::Duration;
 
