@@ -61,7 +61,10 @@ fn documented_skips() -> String {
     std::fs::read_to_string(&doc).unwrap_or_else(|e| panic!("{}: {e}", doc.display()))
 }
 
-fn run_csi_sanity(access_type: &str) {
+/// Runs csi-sanity with `access_type` volumes and, when given, the YAML of
+/// `--csi.testvolumemutableparameters`; returns its report once every
+/// check of a run has passed.
+fn run_csi_sanity(access_type: &str, mutable: Option<&str>) -> Report {
     let sanity = ballast_k8s_harness::tool("csi-sanity").unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
     // Declared before the cluster, so dropped after it: whatever a failed
@@ -77,6 +80,11 @@ fn run_csi_sanity(access_type: &str) {
     free_space_is_not_the_test(&api);
 
     let report = dir.path().join("junit.xml");
+    let mutable_flag = mutable.map(|yaml| {
+        let file = dir.path().join("mutable-parameters.yaml");
+        std::fs::write(&file, yaml).unwrap();
+        format!("--csi.testvolumemutableparameters={}", file.display())
+    });
     let sockets = cluster.join("sockets");
     let out = Command::new(&sanity)
         .arg(format!(
@@ -98,6 +106,7 @@ fn run_csi_sanity(access_type: &str) {
         .arg(format!("--csi.testvolumeaccesstype={access_type}"))
         .arg(format!("--csi.testvolumesize={}", 64 << 20))
         .arg(format!("--csi.testvolumeexpandsize={}", 128 << 20))
+        .args(mutable_flag)
         .arg(format!("--ginkgo.junit-report={}", report.display()))
         .arg("--ginkgo.no-color")
         .output()
@@ -146,14 +155,34 @@ fn run_csi_sanity(access_type: &str) {
         undocumented.is_empty(),
         "skipped specs that docs/csi-sanity.md does not list with a reason:\n{undocumented:#?}"
     );
+    r
 }
 
 #[test]
 fn csi_sanity_passes_with_filesystem_volumes() {
-    run_csi_sanity("mount");
+    run_csi_sanity("mount", None);
 }
 
 #[test]
 fn csi_sanity_passes_with_block_volumes() {
-    run_csi_sanity("block");
+    run_csi_sanity("block", None);
+}
+
+/// The third run: volumes made and changed with a VolumeAttributesClass's
+/// mutable parameters (ControllerModifyVolume, MODIFY_VOLUME).
+#[test]
+fn csi_sanity_passes_with_mutable_parameters() {
+    let yaml = "numberOfReplicas: \"2\"\nreplicaAutoBalance: least-effort\n";
+    let r = run_csi_sanity("mount", Some(yaml));
+    for spec in [
+        "ModifyVolume [Controller Server] should modify a volume created with a volume attribute class",
+        "ModifyVolume [Controller Server] should fail if specified mutable parameters are not supported by the volume",
+        "CreateVolume should create volume with a volume attribute class",
+    ] {
+        assert!(
+            r.passed.iter().any(|p| p.contains(spec)),
+            "{spec} did not pass: {:#?}",
+            r.passed
+        );
+    }
 }

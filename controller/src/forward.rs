@@ -26,7 +26,8 @@ use ballast::proto::csi::v1::controller_server::Controller;
 use ballast::proto::csi::v1::{
     ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
-    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerPublishVolumeRequest,
+    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerModifyVolumeRequest,
+    ControllerModifyVolumeResponse, ControllerPublishVolumeRequest,
     ControllerPublishVolumeResponse, ControllerUnpublishVolumeRequest,
     ControllerUnpublishVolumeResponse, CreateVolumeRequest, CreateVolumeResponse,
     DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse,
@@ -137,6 +138,7 @@ routed!(RoutedController, Controller, ControllerClient, {
     list_volumes(ListVolumesRequest) -> ListVolumesResponse;
     controller_expand_volume(ControllerExpandVolumeRequest) -> ControllerExpandVolumeResponse;
     controller_get_volume(ControllerGetVolumeRequest) -> ControllerGetVolumeResponse;
+    controller_modify_volume(ControllerModifyVolumeRequest) -> ControllerModifyVolumeResponse;
     get_capacity(GetCapacityRequest) -> GetCapacityResponse;
     validate_volume_capabilities(ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse;
 });

@@ -13,6 +13,7 @@ mod kube_drain;
 mod kube_nodes;
 mod kube_provisioning;
 mod leader;
+mod modify;
 mod orphans;
 mod rogue;
 mod safety;

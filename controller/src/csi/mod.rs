@@ -25,7 +25,8 @@ use ballast::proto::csi::v1::identity_server::IdentityServer;
 use ballast::proto::csi::v1::{
     ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
-    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerPublishVolumeRequest,
+    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerModifyVolumeRequest,
+    ControllerModifyVolumeResponse, ControllerPublishVolumeRequest,
     ControllerPublishVolumeResponse, ControllerServiceCapability, ControllerUnpublishVolumeRequest,
     ControllerUnpublishVolumeResponse, CreateVolumeRequest, CreateVolumeResponse,
     DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse,
@@ -68,6 +69,7 @@ impl Controller for ControllerService {
             RpcType::ExpandVolume,
             RpcType::GetVolume,
             RpcType::VolumeCondition,
+            RpcType::ModifyVolume,
         ]
         .into_iter()
         .map(|t| ControllerServiceCapability {
@@ -140,6 +142,15 @@ impl Controller for ControllerService {
     ) -> Result<Response<ControllerGetVolumeResponse>, Status> {
         Ok(Response::new(
             volumes::get(&self.ctx, request.into_inner()).await?,
+        ))
+    }
+
+    async fn controller_modify_volume(
+        &self,
+        request: Request<ControllerModifyVolumeRequest>,
+    ) -> Result<Response<ControllerModifyVolumeResponse>, Status> {
+        Ok(Response::new(
+            volumes::modify(&self.ctx, request.into_inner()).await?,
         ))
     }
 

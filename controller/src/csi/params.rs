@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use ballast::model::DataLocality;
 
 use crate::error::Error;
-use crate::volumes::{CreateVolume, MAX_REPLICAS};
+use crate::volumes::{CreateVolume, MAX_REPLICAS, PatchVolume};
 
 /// Every key Ballast accepts, for error messages.
 const KEYS: &[&str] = &[
@@ -21,6 +21,10 @@ const KEYS: &[&str] = &[
     "fsType",
     "mkfsParams",
 ];
+
+/// The keys a VolumeAttributesClass may set and ControllerModifyVolume may
+/// change (`mutable_parameters`).
+pub const MUTABLE_KEYS: &[&str] = &["numberOfReplicas", "dataLocality", "replicaAutoBalance"];
 
 /// What the CO's sidecars may add to the parameters.
 const CO_PREFIX: &str = "csi.storage.k8s.io/";
@@ -106,6 +110,28 @@ impl TryFrom<&HashMap<String, String>> for StorageClassParams {
     }
 }
 
+/// `mutable_parameters` (of CreateVolume or ControllerModifyVolume) as a
+/// volume patch. A key that cannot change is refused, naming the ones that
+/// can; values are checked as StorageClass parameters are.
+pub fn mutable(params: &HashMap<String, String>) -> Result<PatchVolume, Error> {
+    if let Some(k) = params.keys().find(|k| !MUTABLE_KEYS.contains(&k.as_str())) {
+        return Err(Error::invalid(
+            "mutable_parameters",
+            format!(
+                "{k:?} cannot be changed; mutable: {}",
+                MUTABLE_KEYS.join(", ")
+            ),
+        ));
+    }
+    let p = StorageClassParams::try_from(params)?;
+    Ok(PatchVolume {
+        number_of_replicas: p.number_of_replicas,
+        data_locality: p.data_locality,
+        replica_auto_balance: p.replica_auto_balance,
+        resource_version: None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use ballast::model::{FsType, VolumeAutoBalance};
@@ -118,6 +144,32 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         StorageClassParams::try_from(&m)
+    }
+
+    #[test]
+    fn mutable_parameters_are_the_three_keys_and_checked_values() {
+        let m = |kv: &[(&str, &str)]| {
+            let map: HashMap<String, String> = kv
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            mutable(&map)
+        };
+        let p = m(&[
+            ("numberOfReplicas", "2"),
+            ("replicaAutoBalance", "best-effort"),
+        ])
+        .unwrap();
+        assert_eq!(p.number_of_replicas, Some(2));
+        assert_eq!(p.replica_auto_balance, Some(VolumeAutoBalance::BestEffort));
+        let e = m(&[("fsType", "xfs")]).unwrap_err().to_string();
+        assert!(
+            e.contains("mutable_parameters")
+                && e.contains("numberOfReplicas, dataLocality, replicaAutoBalance"),
+            "{e}"
+        );
+        let e = m(&[("numberOfReplicas", "0")]).unwrap_err().to_string();
+        assert!(e.contains("numberOfReplicas"), "{e}");
     }
 
     #[test]

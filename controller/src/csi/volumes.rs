@@ -14,7 +14,8 @@ use ballast::proto::csi::v1::volume_capability::AccessType;
 use ballast::proto::csi::v1::volume_capability::access_mode::Mode;
 use ballast::proto::csi::v1::{
     self as csi, CapacityRange, ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
-    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerPublishVolumeRequest,
+    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerModifyVolumeRequest,
+    ControllerModifyVolumeResponse, ControllerPublishVolumeRequest,
     ControllerPublishVolumeResponse, ControllerUnpublishVolumeRequest, CreateVolumeRequest,
     DeleteVolumeRequest, GetCapacityRequest, GetCapacityResponse, ListVolumesRequest,
     ListVolumesResponse, VolumeCapability, VolumeCondition, controller_get_volume_response,
@@ -269,6 +270,14 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
         csi_name: Some(req.name.clone()),
         ..params
     };
+    // A VolumeAttributesClass's values stand over the StorageClass's.
+    let vac = super::params::mutable(&req.mutable_parameters)?;
+    let request = CreateVolume {
+        number_of_replicas: vac.number_of_replicas.or(request.number_of_replicas),
+        data_locality: vac.data_locality.or(request.data_locality),
+        replica_auto_balance: vac.replica_auto_balance.or(request.replica_auto_balance),
+        ..request
+    };
     let wanted = crate::volumes::build(request, &settings)?;
     let existing = |v: Volume| {
         // A volume made outside CSI has no CO name: its name stands for it.
@@ -387,6 +396,27 @@ pub async fn unpublish(
         Some(n) if !req.node_id.is_empty() && *n != req.node_id => Ok(()),
         Some(_) => crate::executor::detach(ctx, &req.volume_id).await.map(drop),
     }
+}
+
+/// Changes what `mutable_parameters` names of a volume (its replica count,
+/// data locality, auto-balance); the planner acts on the new spec.
+#[tracing::instrument(skip_all, fields(rpc = "ControllerModifyVolume", volume = %req.volume_id))]
+pub async fn modify(
+    ctx: &Arc<Context>,
+    req: ControllerModifyVolumeRequest,
+) -> Result<ControllerModifyVolumeResponse, Error> {
+    if req.volume_id.is_empty() {
+        return Err(Error::invalid("volume_id", "is required"));
+    }
+    let patch = super::params::mutable(&req.mutable_parameters)?;
+    ctx.store
+        .modify::<Volume, Error>(&req.volume_id, |v| {
+            let before = v.spec.clone();
+            crate::volumes::apply_patch(v, &patch)?;
+            Ok(v.spec != before)
+        })
+        .await?;
+    Ok(ControllerModifyVolumeResponse {})
 }
 
 /// Grows an unpublished volume (OFFLINE expansion); a mount volume's
