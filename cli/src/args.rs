@@ -43,6 +43,11 @@ pub struct ControllerArgs {
     /// PATCH, DELETE) must carry; reads stay open.
     #[arg(long, env = "BALLAST_API_TOKEN_FILE")]
     pub api_token_file: Option<PathBuf>,
+    /// A file holding the cluster token (at least 16 characters) that
+    /// every call of the agent endpoint must carry, and that it sends to
+    /// the node agents; the same file as the nodes'.
+    #[arg(long, env = "BALLAST_CLUSTER_TOKEN_FILE")]
+    pub cluster_token_file: Option<PathBuf>,
     #[command(flatten)]
     pub kubernetes: KubeArgs,
 }
@@ -98,6 +103,7 @@ impl From<ControllerArgs> for ControllerConfig {
             resync_interval: a.resync_interval,
             node_down_timeout: a.node_down_timeout,
             api_token_file: a.api_token_file,
+            cluster_token_file: a.cluster_token_file,
         }
     }
 }
@@ -144,6 +150,11 @@ pub struct NodeArgs {
     /// below it or below the state directory; others are refused.
     #[arg(long, env = "BALLAST_KUBELET_DIR", default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
+    /// A file holding the cluster token (the controller's): its agent
+    /// refuses calls without it, and its calls to the controller, and its
+    /// engines', carry it.
+    #[arg(long, env = "BALLAST_CLUSTER_TOKEN_FILE")]
+    pub cluster_token_file: Option<PathBuf>,
     /// Start writing a replica's new data to its disk after this many
     /// bytes written to it (e.g. 8Mi), so that a flush waits only for the
     /// rest; 0 leaves it to the kernel.
@@ -245,6 +256,7 @@ fn node_config(
         replica_listen,
         state_dir: a.state_dir,
         kubelet_dir: a.kubelet_dir,
+        cluster_token_file: a.cluster_token_file,
         writeback_every: a.writeback_every,
         engine_host: a.engine_host,
     }
@@ -339,6 +351,9 @@ pub struct EngineArgs {
     /// The generation of the replica set the store records.
     #[arg(long, env = "BALLAST_GENERATION", default_value_t = 0)]
     pub generation: u64,
+    /// The cluster token its records carry (with --controller).
+    #[arg(long, env = "BALLAST_CLUSTER_TOKEN_FILE")]
+    pub cluster_token_file: Option<PathBuf>,
     /// A replica the store records as holding the latest data (repeat).
     #[arg(long = "current")]
     pub current: Vec<String>,

@@ -37,9 +37,14 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
     }
     use ballast_node::engine::freshness::ControllerRecorder;
     use ballast_node::engine::{Engine, Recorder, ReplicaSet};
+    let token = match &a.cluster_token_file {
+        Some(path) => ballast::cluster_token::ClusterToken::read(path)
+            .map_err(|e| EngineExit::Failed(format!("--cluster-token-file: {e}")))?,
+        None => Default::default(),
+    };
     let recorder: Option<std::sync::Arc<dyn Recorder>> = match (&a.controller, &a.node_id) {
         (Some(controller), Some(node)) => Some(std::sync::Arc::new(ControllerRecorder::new(
-            controller, &a.volume, node,
+            controller, &a.volume, node, &token,
         )?)),
         _ => None,
     };

@@ -175,13 +175,14 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
         mkdir(&dir.join(sub))?;
     }
     let ports = Ports::new(args.api_listen)?;
+    let token = cluster_token_file(&dir)?;
     let deadline = Instant::now() + START_DEADLINE;
     let mut procs = Vec::new();
     let api = format!("http://{}", ports.api);
     procs.push(spawn(
         &dir,
         "controller",
-        &controller_args(&dir, &ports, &args),
+        &with_token(controller_args(&dir, &ports, &args), &token),
     )?);
     if let Err(e) = wait_http(
         &mut procs,
@@ -203,7 +204,7 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
     for i in 1..=args.nodes {
         let name = format!("node-{i}");
         let sock = dir.join("sockets").join(format!("{name}.sock"));
-        let node_args = node_args(&dir, &ports, &args, i, &sock)?;
+        let node_args = with_token(node_args(&dir, &ports, &args, i, &sock)?, &token);
         procs.push(spawn(&dir, &name, &node_args)?);
         node_socks.push((name, sock));
     }
@@ -237,6 +238,37 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
     stop_all(&mut procs).await;
     println!("Stopped. State is kept in {}.", dir.display());
     outcome
+}
+
+/// The cluster's token file, `controller/cluster-token` under the
+/// cluster's directory: made (random, readable by its owner only) when
+/// missing, kept across runs.
+fn cluster_token_file(dir: &Path) -> Result<PathBuf, String> {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("controller").join("cluster-token");
+    if path.exists() {
+        return Ok(path);
+    }
+    let mut bytes = [0u8; 24];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| format!("cannot make a cluster token: /dev/urandom: {e}"))?;
+    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| writeln!(f, "{token}"))
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    Ok(path)
+}
+
+/// A daemon's command line with the cluster token's file.
+fn with_token(mut args: Vec<String>, token: &Path) -> Vec<String> {
+    args.extend(["--cluster-token-file".into(), token.display().to_string()]);
+    args
 }
 
 fn controller_args(dir: &Path, ports: &Ports, args: &LocalArgs) -> Vec<String> {

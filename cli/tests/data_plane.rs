@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use ballast::cluster_token::ClusterToken;
 use ballast::proto::agent::v1::CreateReplicaRequest;
 use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
 use common::*;
@@ -60,7 +61,10 @@ impl Cluster {
             let name = format!("{volume}-r{}", i + 1);
             let agent = format!("http://{}", flag(&node.args, "--agent-listen"));
             rt.block_on(async {
-                let mut c = NodeAgentClient::connect(agent).await.unwrap();
+                // The agent wants the cluster's token.
+                let token = ClusterToken::read(&cluster_token(self.dir.path())).unwrap();
+                let ch = ballast::grpc::tcp_channel(&agent).unwrap();
+                let mut c = NodeAgentClient::with_interceptor(ch, token.sender());
                 c.create_replica(CreateReplicaRequest {
                     name: name.clone(),
                     volume: volume.into(),

@@ -8,18 +8,18 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use ballast::cluster_token::{Authed, ClusterToken};
 use ballast::model::Node;
 use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
 use ballast::proto::agent::v1::{
     AddEngineReplicaRequest, CreateReplicaRequest, DeleteReplicaRequest, RebuildReplicaRequest,
     RemoveEngineReplicaRequest,
 };
-use tonic::transport::Channel;
 
 use crate::error::Error;
 
-/// A client of a node's agent.
-pub fn client(node: &Node) -> Result<NodeAgentClient<Channel>, Error> {
+/// A client of a node's agent; its calls carry `token`.
+pub fn client(node: &Node, token: &ClusterToken) -> Result<NodeAgentClient<Authed>, Error> {
     if node.status.agent_endpoint.is_empty() {
         return Err(Error::Unprocessable(format!(
             "node {} has not registered an agent endpoint",
@@ -28,7 +28,7 @@ pub fn client(node: &Node) -> Result<NodeAgentClient<Channel>, Error> {
     }
     let ch = ballast::grpc::tcp_channel(&node.status.agent_endpoint)
         .map_err(|e| Error::Internal(e.to_string()))?;
-    Ok(NodeAgentClient::new(ch))
+    Ok(NodeAgentClient::with_interceptor(ch, token.sender()))
 }
 
 /// How long one agent call may take.
@@ -119,29 +119,37 @@ pub trait Agents: Send + Sync {
     ) -> Call<'a, Rebuilt>;
 }
 
-/// The real agents, over gRPC.
-pub struct GrpcAgents;
+/// The real agents, over gRPC, with the cluster token.
+pub struct GrpcAgents {
+    token: ClusterToken,
+}
+
+impl GrpcAgents {
+    pub fn new(token: ClusterToken) -> Self {
+        GrpcAgents { token }
+    }
+}
 
 /// One call to `node`'s agent, with the timeout; its answer's body.
-async fn ask<T, F, Fut>(node: &Node, call: F) -> Result<T, Error>
+async fn ask<T, F, Fut>(token: &ClusterToken, node: &Node, call: F) -> Result<T, Error>
 where
-    F: FnOnce(NodeAgentClient<Channel>) -> Fut,
+    F: FnOnce(NodeAgentClient<Authed>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
-    let c = client(node)?;
+    let c = client(node, token)?;
     with_timeout(&node.id, call(c))
         .await
         .map(tonic::Response::into_inner)
 }
 
 /// One call to `node`'s agent whose answer carries nothing of use.
-fn done<'a, T, F, Fut>(node: &'a Node, call: F) -> Call<'a, ()>
+fn done<'a, T, F, Fut>(token: &'a ClusterToken, node: &'a Node, call: F) -> Call<'a, ()>
 where
-    F: FnOnce(NodeAgentClient<Channel>) -> Fut + Send + 'a,
+    F: FnOnce(NodeAgentClient<Authed>) -> Fut + Send + 'a,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'a,
     T: Send + 'a,
 {
-    Box::pin(async move { ask(node, call).await.map(drop) })
+    Box::pin(async move { ask(token, node, call).await.map(drop) })
 }
 
 impl Agents for GrpcAgents {
@@ -152,14 +160,18 @@ impl Agents for GrpcAgents {
             disk_id: new.disk.to_string(),
             size: new.size,
         };
-        done(node, |mut c| async move { c.create_replica(req).await })
+        done(&self.token, node, |mut c| async move {
+            c.create_replica(req).await
+        })
     }
 
     fn delete_replica<'a>(&'a self, node: &'a Node, name: &'a str) -> Call<'a, ()> {
         let req = DeleteReplicaRequest {
             name: name.to_string(),
         };
-        done(node, |mut c| async move { c.delete_replica(req).await })
+        done(&self.token, node, |mut c| async move {
+            c.delete_replica(req).await
+        })
     }
 
     fn add_engine_replica<'a>(
@@ -174,7 +186,9 @@ impl Agents for GrpcAgents {
             replica: replica.to_string(),
             source: source.to_string(),
         };
-        done(node, |mut c| async move { c.add_engine_replica(req).await })
+        done(&self.token, node, |mut c| async move {
+            c.add_engine_replica(req).await
+        })
     }
 
     fn remove_engine_replica<'a>(
@@ -187,10 +201,9 @@ impl Agents for GrpcAgents {
             volume: volume.to_string(),
             replica: replica.to_string(),
         };
-        done(
-            node,
-            |mut c| async move { c.remove_engine_replica(req).await },
-        )
+        done(&self.token, node, |mut c| async move {
+            c.remove_engine_replica(req).await
+        })
     }
 
     fn rebuild_replica<'a>(
@@ -204,7 +217,10 @@ impl Agents for GrpcAgents {
             source: source.to_string(),
         };
         Box::pin(async move {
-            let done = ask(node, |mut c| async move { c.rebuild_replica(req).await }).await?;
+            let done = ask(&self.token, node, |mut c| async move {
+                c.rebuild_replica(req).await
+            })
+            .await?;
             Ok(Rebuilt {
                 kept_bytes: done.kept_bytes,
                 copied_bytes: done.copied_bytes,

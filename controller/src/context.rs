@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use ballast::cluster_token::ClusterToken;
 use ballast::guard::{KeyGuard, KeyedGuards};
 use ballast::model::Setting;
 use ballast::settings::Settings;
@@ -47,6 +48,9 @@ pub struct Context {
     leadership: watch::Receiver<Leadership>,
     /// The cluster's client, on the Kubernetes store (to read its Nodes).
     pub kube: Option<kube::Client>,
+    /// The cluster token calls to node agents carry (and the agent
+    /// endpoint requires).
+    pub token: ClusterToken,
 }
 
 /// Who leads, as this controller knows it.
@@ -87,7 +91,20 @@ pub type VolumeGuard = KeyGuard;
 
 impl Context {
     pub fn new(store: Arc<dyn Store>, node_down_timeout: Duration) -> Arc<Self> {
-        Arc::new(Self::build(store, node_down_timeout, Arc::new(GrpcAgents)))
+        Self::serving(store, node_down_timeout, ClusterToken::default())
+    }
+
+    /// A context whose calls to node agents carry `token`.
+    pub fn serving(
+        store: Arc<dyn Store>,
+        node_down_timeout: Duration,
+        token: ClusterToken,
+    ) -> Arc<Self> {
+        let agents = Arc::new(GrpcAgents::new(token.clone()));
+        Arc::new(Context {
+            token,
+            ..Self::build(store, node_down_timeout, agents)
+        })
     }
 
     /// A context with the system clock, random replica names and leading
@@ -110,6 +127,7 @@ impl Context {
             names: Names::Random,
             leadership: always_leading(),
             kube: None,
+            token: ClusterToken::default(),
         }
     }
 
@@ -120,11 +138,14 @@ impl Context {
         node_down_timeout: Duration,
         leadership: watch::Receiver<Leadership>,
         client: kube::Client,
+        token: ClusterToken,
     ) -> Arc<Self> {
+        let agents = Arc::new(GrpcAgents::new(token.clone()));
         Arc::new(Context {
             leadership,
             kube: Some(client),
-            ..Self::build(store, node_down_timeout, Arc::new(GrpcAgents))
+            token,
+            ..Self::build(store, node_down_timeout, agents)
         })
     }
 

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use ballast::cluster_token::ClusterToken;
 use ballast::error::ServeError;
 use ballast::proto::agent::v1::controlplane_server::ControlplaneServer;
 use ballast::store::{RedbStore, Store};
@@ -72,6 +73,18 @@ pub struct ControllerConfig {
     pub node_down_timeout: Duration,
     /// A file holding the bearer token REST changes must carry.
     pub api_token_file: Option<PathBuf>,
+    /// A file holding the cluster token of the agent endpoint and the node
+    /// agents' calls.
+    pub cluster_token_file: Option<PathBuf>,
+}
+
+/// The cluster token of `--cluster-token-file`, when given.
+fn cluster_token(config: &ControllerConfig) -> Result<ClusterToken, ServeError> {
+    match &config.cluster_token_file {
+        None => Ok(ClusterToken::default()),
+        Some(path) => ClusterToken::read(path)
+            .map_err(|e| ServeError::Config(format!("--cluster-token-file: {e}"))),
+    }
 }
 
 /// The REST gate: the token of `--api-token-file`, when given.
@@ -133,9 +146,10 @@ fn context(
     config: &ControllerConfig,
     store: Arc<dyn Store>,
     client: Option<kube::Client>,
+    token: ClusterToken,
 ) -> Arc<Context> {
     let Some(client) = client else {
-        return Context::new(store, config.node_down_timeout);
+        return Context::serving(store, config.node_down_timeout, token);
     };
     let k = &config.kubernetes;
     let mut timing = crate::kubernetes::Timing::default();
@@ -157,7 +171,13 @@ fn context(
         &endpoint,
         timing,
     );
-    let ctx = Context::elected(store, config.node_down_timeout, elector.watch(), client);
+    let ctx = Context::elected(
+        store,
+        config.node_down_timeout,
+        elector.watch(),
+        client,
+        token,
+    );
     tokio::spawn(elector.run());
     ctx
 }
@@ -231,8 +251,9 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     let socket = ballast::grpc::unix_path(&config.csi_endpoint)?;
     let api = ballast::grpc::bind_tcp("REST API", config.api_listen).await?;
     let agent = ballast::grpc::bind_tcp("agent endpoint", config.agent_listen).await?;
+    let token = cluster_token(&config)?;
     let (store, client) = open_store(&config).await?;
-    let ctx = context(&config, store, client.clone());
+    let ctx = context(&config, store, client.clone(), token.clone());
     let router = Router::new(ctx.clone());
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -253,11 +274,14 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     // The agent endpoint serves the agent protocol, and the CSI Controller
     // service for the calls other controllers forward here.
     let agent_server = tonic::transport::Server::builder()
-        .add_service(ControlplaneServer::new(RoutedControlplane::new(
-            ControlplaneService::new(ctx.clone()),
-            router.clone(),
-        )))
-        .add_service(crate::csi::routed(ctx.clone(), router))
+        .add_service(ControlplaneServer::with_interceptor(
+            RoutedControlplane::new(ControlplaneService::new(ctx.clone()), router.clone()),
+            token.gate(),
+        ))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            crate::csi::routed(ctx.clone(), router),
+            token.gate(),
+        ))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(agent),
             stopped(),

@@ -120,7 +120,10 @@ macro_rules! routed {
                     match self.router.route(&request)? {
                         Route::Here => self.local.$method(request).await,
                         Route::Leader(channel) => {
-                            $client::new(channel).$method(onward(request)).await
+                            // The leader's agent endpoint wants the token.
+                            $client::with_interceptor(channel, self.router.ctx.token.sender())
+                                .$method(onward(request))
+                                .await
                         }
                     }
                 }

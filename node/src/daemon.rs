@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
+use ballast::cluster_token::{Authed, ClusterToken};
 use ballast::error::ServeError;
 use ballast::proto::agent::v1::node_agent_server::NodeAgentServer;
 use tokio::sync::watch;
@@ -31,6 +32,8 @@ pub struct NodeConfig {
     /// The kubelet's directory: CSI staging and target paths lie below it
     /// (or below the state directory).
     pub kubelet_dir: PathBuf,
+    /// The cluster token's file (see `ballast::cluster_token`).
+    pub cluster_token_file: Option<PathBuf>,
     /// Start a replica head's writeback after this many bytes written (0:
     /// left to the kernel).
     pub writeback_every: u64,
@@ -53,7 +56,16 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
         source,
     })?;
     let socket = ballast::grpc::unix_path(&config.csi_endpoint)?;
-    let controller = ballast::grpc::tcp_channel(&config.controller)?;
+    let token = match &config.cluster_token_file {
+        Some(path) => ClusterToken::read(path)
+            .map_err(|e| ServeError::Config(format!("--cluster-token-file: {e}")))?,
+        None => ClusterToken::default(),
+    };
+    // Every call to the controller carries the cluster token.
+    let controller = tonic::service::interceptor::InterceptedService::new(
+        ballast::grpc::tcp_channel(&config.controller)?,
+        token.sender(),
+    );
     let disks = open_wanted_disks(&config, &controller).await?;
     let agent = ballast::grpc::bind_tcp("agent endpoint", config.agent_listen).await?;
     let replica_listener =
@@ -83,7 +95,10 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     )?);
     let agent_server = tokio::spawn(
         tonic::transport::Server::builder()
-            .add_service(NodeAgentServer::new(NodeAgentService::new(ctx.clone())))
+            .add_service(NodeAgentServer::with_interceptor(
+                NodeAgentService::new(ctx.clone()),
+                token.gate(),
+            ))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::TcpListenerStream::new(agent),
                 stopped(),
@@ -116,7 +131,7 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
 /// Node's spec and its default disks, as the controller answers.
 async fn open_wanted_disks(
     config: &NodeConfig,
-    controller: &tonic::transport::Channel,
+    controller: &Authed,
 ) -> Result<Vec<crate::disks::Disk>, ServeError> {
     for d in &config.disks {
         crate::disks::dir_of(d).map_err(|e| ServeError::Config(e.to_string()))?;
@@ -167,6 +182,7 @@ fn context(
             crate::engines::RecordAt {
                 controller: config.controller.clone(),
                 node_id: config.node_id.clone(),
+                token_file: config.cluster_token_file.clone(),
             },
             engine_host,
         ),

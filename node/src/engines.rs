@@ -42,6 +42,8 @@ struct Running {
 pub struct RecordAt {
     pub controller: String,
     pub node_id: String,
+    /// The cluster token's file, passed on to the engine.
+    pub token_file: Option<PathBuf>,
 }
 
 pub struct Engines {
@@ -333,6 +335,9 @@ impl Engines {
             .args(["--controller", &self.record_at.controller])
             .args(["--node-id", &self.record_at.node_id])
             .args(["--generation", &spec.generation.to_string()]);
+        if let Some(f) = &self.record_at.token_file {
+            cmd.arg("--cluster-token-file").arg(f);
+        }
         for r in &spec.replicas {
             cmd.args(["--replica", r]);
         }

@@ -44,6 +44,8 @@ fn kube_controller(
         "4s",
         "--resync-interval",
         "1s",
+        "--cluster-token-file",
+        &cluster_token(dir).display().to_string(),
     ]
     .iter()
     .map(|s| s.to_string())

@@ -158,3 +158,93 @@ fn a_rogue_lend_from_another_node_is_refused_and_the_volume_keeps_every_replica(
     c.ok("POST", "/v1/volumes/v/detach", None);
     verify_replicas(&c, "v", &after);
 }
+
+/// What a peer without the cluster token (or with another) gets from the
+/// node agents and the controller's agent endpoint: UNAUTHENTICATED, for a
+/// destructive call, before anything runs.
+#[test]
+fn agent_calls_without_the_cluster_token_are_refused_and_the_volume_keeps_its_data() {
+    use ballast::cluster_token::ClusterToken;
+    use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
+    use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
+    use ballast::proto::agent::v1::{
+        DeleteReplicaRequest, RecordReplicaSetRequest, StartEngineRequest, StopEngineRequest,
+    };
+    use ballast::proto::csi::v1::DeleteVolumeRequest;
+    use ballast::proto::csi::v1::controller_client::ControllerClient;
+
+    let c = Cluster::start(2, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let data = write_data(c.dir.path(), &endpoint, 24);
+    let victim = c.replica_on("v", "node-2").unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let agent_of = |node: &str| {
+        c.node(node)["status"]["agentEndpoint"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let controller = format!("http://{}", c.ctl.agent);
+    let (agent_1, agent_2) = (agent_of("node-1"), agent_of("node-2"));
+
+    let rt = runtime();
+    for token in [
+        ClusterToken::default(),
+        ClusterToken::from_text("not-this-cluster-token"),
+    ] {
+        let refusals = rt.block_on(async {
+            let ch = |at: &str| ballast::grpc::tcp_channel(at).unwrap();
+            let mut n1 = NodeAgentClient::with_interceptor(ch(&agent_1), token.sender());
+            let mut n2 = NodeAgentClient::with_interceptor(ch(&agent_2), token.sender());
+            let mut ctl = ControlplaneClient::with_interceptor(ch(&controller), token.sender());
+            let mut csi = ControllerClient::with_interceptor(ch(&controller), token.sender());
+            vec![
+                n1.start_engine(StartEngineRequest {
+                    volume: "v".into(),
+                    size: SIZE,
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+                n1.stop_engine(StopEngineRequest { volume: "v".into() })
+                    .await
+                    .map(drop),
+                n2.delete_replica(DeleteReplicaRequest {
+                    name: victim.clone(),
+                })
+                .await
+                .map(drop),
+                ctl.record_replica_set(RecordReplicaSetRequest {
+                    volume: "v".into(),
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+                csi.delete_volume(DeleteVolumeRequest {
+                    volume_id: "v".into(),
+                    ..Default::default()
+                })
+                .await
+                .map(drop),
+            ]
+        });
+        for (i, r) in refusals.into_iter().enumerate() {
+            let e = r.expect_err("a call without the token went through");
+            assert_eq!(e.code(), tonic::Code::Unauthenticated, "call {i}: {e}");
+        }
+    }
+
+    // Nothing happened: the engine serves, both replicas hold the data.
+    verify_data(c.dir.path(), &endpoint, &data);
+    let reps = c.wait_settled("v", 2, Duration::from_secs(30));
+    assert!(
+        reps.iter().any(|r| r["name"] == victim.as_str()),
+        "{reps:?}"
+    );
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &data);
+}

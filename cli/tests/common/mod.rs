@@ -193,7 +193,24 @@ pub fn controller_args(
         agent.to_string(),
         "--node-down-timeout".into(),
         timeout.into(),
+        // The cluster token of the test's directory (the store's).
+        "--cluster-token-file".into(),
+        cluster_token(store.parent().unwrap()).display().to_string(),
     ]
+}
+
+/// The token every controller and node of the test directory `dir`
+/// shares (`--cluster-token-file`), made when first asked for.
+pub fn cluster_token(dir: &Path) -> PathBuf {
+    let path = dir.join("cluster-token");
+    if !path.exists() {
+        std::fs::write(
+            &path,
+            format!("test-cluster-token-{}\n", std::process::id()),
+        )
+        .unwrap();
+    }
+    path
 }
 
 /// Starts a controller in `dir` and waits until its API answers.
@@ -249,6 +266,8 @@ pub fn node_args(dir: &Path, id: &str, controller_agent: &str) -> (Vec<String>, 
         // The test's directory stands for the kubelet's.
         "--kubelet-dir".into(),
         dir.display().to_string(),
+        "--cluster-token-file".into(),
+        cluster_token(dir).display().to_string(),
     ];
     (args, socket)
 }

@@ -235,7 +235,7 @@ async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Resul
         .map(|r| r.name)
         .unwrap_or_default();
     let holders = serving.holders.join(", ");
-    let mut c = agent(node)?;
+    let mut c = agent(node, &ctx.token)?;
     let started = with_timeout(
         &node.id,
         c.start_engine(StartEngineRequest {
@@ -319,7 +319,7 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
         return Ok(volume);
     };
     if let Some(node) = ctx.store.get::<Node>(&node_id).await? {
-        let mut c = agent(&node)?;
+        let mut c = agent(&node, &ctx.token)?;
         with_timeout(
             &node_id,
             c.stop_engine(StopEngineRequest {
@@ -441,7 +441,7 @@ pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume,
 /// Sets one replica's size on its node (a smaller size undoes a growth).
 async fn grow_on_node(ctx: &Context, r: &Replica, size: u64) -> Result<(), Error> {
     let node: Node = ctx.store.fetch(&r.spec.node_id).await?;
-    let mut c = agent(&node)?;
+    let mut c = agent(&node, &ctx.token)?;
     with_timeout(
         &node.id,
         c.grow_replica(GrowReplicaRequest {

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
+use ballast::cluster_token::Authed;
 use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
 use ballast::proto::agent::v1::{DiskPlacement, NodeDisksRequest, NodeDisksResponse};
-use tonic::transport::Channel;
 
 use crate::disks::DiskArg;
 
@@ -43,7 +43,7 @@ pub fn merge(answer: &NodeDisksResponse, flags: &[DiskArg]) -> Vec<DiskArg> {
 }
 
 /// Asks the controller which disks to open, for up to [`ASK_FOR`].
-pub async fn disks_to_open(controller: &Channel, node_id: &str, flags: &[DiskArg]) -> Vec<DiskArg> {
+pub async fn disks_to_open(controller: &Authed, node_id: &str, flags: &[DiskArg]) -> Vec<DiskArg> {
     let mut client = ControlplaneClient::new(controller.clone());
     let ask = async {
         loop {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use ballast::cluster_token::Authed;
 use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
 use ballast::proto::agent::v1::{HeartbeatRequest, RegisterRequest};
-use tonic::transport::Channel;
 
 use crate::context::NodeContext;
 
@@ -32,7 +32,7 @@ fn register_request(ctx: &NodeContext) -> RegisterRequest {
 /// Registers (retrying with backoff until the controller answers) and
 /// returns the heartbeat interval the controller asked for.
 #[tracing::instrument(skip_all, fields(node = %ctx.node_id))]
-async fn register(ctx: &NodeContext, client: &mut ControlplaneClient<Channel>) -> Duration {
+async fn register(ctx: &NodeContext, client: &mut ControlplaneClient<Authed>) -> Duration {
     let mut delay = RETRY_MIN;
     loop {
         match client.register(register_request(ctx)).await {
@@ -54,7 +54,7 @@ async fn register(ctx: &NodeContext, client: &mut ControlplaneClient<Channel>) -
 /// Registers, then heartbeats for ever. A controller that no longer knows
 /// the node gets a new registration; an unreachable one is retried at the
 /// same pace (the controller marks the node down, not us).
-pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Channel) {
+pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Authed) {
     let mut client = ControlplaneClient::new(channel);
     let exited = ctx.engines.exited();
     let mut interval = register(&ctx, &mut client).await;

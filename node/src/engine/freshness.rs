@@ -179,7 +179,7 @@ impl Freshness {
 /// Records through the controller's `RecordReplicaSet` (agent protocol).
 pub struct ControllerRecorder {
     client: ballast::proto::agent::v1::controlplane_client::ControlplaneClient<
-        tonic::transport::Channel,
+        ballast::cluster_token::Authed,
     >,
     volume: String,
     node_id: String,
@@ -187,12 +187,20 @@ pub struct ControllerRecorder {
 
 impl ControllerRecorder {
     /// `controller` is the controller's agent endpoint (`http://host:port`).
-    pub fn new(controller: &str, volume: &str, node_id: &str) -> Result<Self, String> {
+    /// Its calls carry `token`.
+    pub fn new(
+        controller: &str,
+        volume: &str,
+        node_id: &str,
+        token: &ballast::cluster_token::ClusterToken,
+    ) -> Result<Self, String> {
         let channel = ballast::grpc::tcp_channel(controller).map_err(|e| e.to_string())?;
         Ok(ControllerRecorder {
-            client: ballast::proto::agent::v1::controlplane_client::ControlplaneClient::new(
-                channel,
-            ),
+            client:
+                ballast::proto::agent::v1::controlplane_client::ControlplaneClient::with_interceptor(
+                    channel,
+                    token.sender(),
+                ),
             volume: volume.to_string(),
             node_id: node_id.to_string(),
         })
