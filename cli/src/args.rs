@@ -77,6 +77,11 @@ pub struct KubeArgs {
     /// read from its pod).
     #[arg(long, env = "BALLAST_GUARD_IMAGE")]
     pub guard_image: Option<String>,
+    /// The Secret holding the cluster token (key `token`), made with a
+    /// random token when missing; the node plugins mount it as their
+    /// --cluster-token-file. (Or give --cluster-token-file instead.)
+    #[arg(long, env = "BALLAST_CLUSTER_TOKEN_SECRET")]
+    pub cluster_token_secret: Option<String>,
 }
 
 impl From<KubeArgs> for ballast_controller::daemon::KubeOptions {
@@ -88,6 +93,7 @@ impl From<KubeArgs> for ballast_controller::daemon::KubeOptions {
             lease_duration: a.lease_duration,
             advertise: a.advertise,
             guard_image: a.guard_image,
+            cluster_token_secret: a.cluster_token_secret,
         }
     }
 }

@@ -60,6 +60,8 @@ pub struct KubeOptions {
     /// The image of the drain guard pods (default: this controller's own,
     /// read from its pod, else `ballast:0.1.0`).
     pub guard_image: Option<String>,
+    /// The Secret holding the cluster token (made when missing).
+    pub cluster_token_secret: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -78,13 +80,29 @@ pub struct ControllerConfig {
     pub cluster_token_file: Option<PathBuf>,
 }
 
-/// The cluster token of `--cluster-token-file`, when given.
-fn cluster_token(config: &ControllerConfig) -> Result<ClusterToken, ServeError> {
-    match &config.cluster_token_file {
-        None => Ok(ClusterToken::default()),
-        Some(path) => ClusterToken::read(path)
-            .map_err(|e| ServeError::Config(format!("--cluster-token-file: {e}"))),
+/// The cluster token: from `--cluster-token-file`, or from the Secret of
+/// `--cluster-token-secret` (Kubernetes store), when one is given.
+async fn cluster_token(
+    config: &ControllerConfig,
+    client: Option<&kube::Client>,
+) -> Result<ClusterToken, ServeError> {
+    if let Some(path) = &config.cluster_token_file {
+        return ClusterToken::read(path)
+            .map_err(|e| ServeError::Config(format!("--cluster-token-file: {e}")));
     }
+    let Some(name) = &config.kubernetes.cluster_token_secret else {
+        return Ok(ClusterToken::default());
+    };
+    let client = client.ok_or_else(|| {
+        ServeError::Config("--cluster-token-secret needs --store kubernetes".into())
+    })?;
+    crate::kubernetes::token_secret::read_or_make(
+        client.clone(),
+        &config.kubernetes.namespace,
+        name,
+    )
+    .await
+    .map_err(|e| ServeError::Config(format!("--cluster-token-secret: {e}")))
 }
 
 /// The REST gate: the token of `--api-token-file`, when given.
@@ -251,8 +269,8 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     let socket = ballast::grpc::unix_path(&config.csi_endpoint)?;
     let api = ballast::grpc::bind_tcp("REST API", config.api_listen).await?;
     let agent = ballast::grpc::bind_tcp("agent endpoint", config.agent_listen).await?;
-    let token = cluster_token(&config)?;
     let (store, client) = open_store(&config).await?;
+    let token = cluster_token(&config, client.as_ref()).await?;
     let ctx = context(&config, store, client.clone(), token.clone());
     let router = Router::new(ctx.clone());
 

@@ -15,6 +15,7 @@ use crate::harness::*;
 
 const NAMESPACE: &str = "ballast";
 const LEASE_DURATION: &str = "6s";
+const TOKEN_SECRET: &str = "ballast-cluster-token";
 
 fn kube_controller(
     dir: &std::path::Path,
@@ -44,8 +45,9 @@ fn kube_controller(
         "4s",
         "--resync-interval",
         "1s",
-        "--cluster-token-file",
-        &cluster_token(dir).display().to_string(),
+        // As deploy/ runs it: the token in a Secret the controllers make.
+        "--cluster-token-secret",
+        TOKEN_SECRET,
     ]
     .iter()
     .map(|s| s.to_string())
@@ -136,6 +138,15 @@ impl KubeCluster {
             .collect();
         let leader = wait_for(Duration::from_secs(60), "a leader", || holder(&rt, &cp));
         let li: usize = leader.trim_start_matches("controller-").parse().unwrap();
+        // The nodes get the token the controllers keep in their Secret, as
+        // a DaemonSet mounts it.
+        rt.block_on(async {
+            let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
+                kube::Api::namespaced(cp.client().await.unwrap(), NAMESPACE);
+            let secret = api.get(TOKEN_SECRET).await.unwrap();
+            let token = &secret.data.unwrap()["token"];
+            std::fs::write(dir.path().join("cluster-token"), &token.0).unwrap();
+        });
         // Nodes may call any controller: followers forward to the leader.
         let agents: Vec<String> = ctls.iter().map(|c| format!("http://{}", c.agent)).collect();
         let agents = agents.join(",");

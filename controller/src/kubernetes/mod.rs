@@ -14,6 +14,7 @@ pub mod lease;
 pub mod nodes;
 mod objects;
 mod store;
+pub mod token_secret;
 mod watch;
 
 pub use lease::{Elector, Timing};
