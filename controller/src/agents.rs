@@ -142,14 +142,16 @@ where
         .map(tonic::Response::into_inner)
 }
 
-/// One call to `node`'s agent whose answer carries nothing of use.
-fn done<'a, T, F, Fut>(token: &'a ClusterToken, node: &'a Node, call: F) -> Call<'a, ()>
-where
-    F: FnOnce(NodeAgentClient<Authed>) -> Fut + Send + 'a,
-    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'a,
-    T: Send + 'a,
-{
-    Box::pin(async move { ask(token, node, call).await.map(drop) })
+impl GrpcAgents {
+    /// One call to `node`'s agent whose answer carries nothing of use.
+    fn done<'a, T, F, Fut>(&'a self, node: &'a Node, call: F) -> Call<'a, ()>
+    where
+        F: FnOnce(NodeAgentClient<Authed>) -> Fut + Send + 'a,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'a,
+        T: Send + 'a,
+    {
+        Box::pin(async move { ask(&self.token, node, call).await.map(drop) })
+    }
 }
 
 impl Agents for GrpcAgents {
@@ -160,18 +162,14 @@ impl Agents for GrpcAgents {
             disk_id: new.disk.to_string(),
             size: new.size,
         };
-        done(&self.token, node, |mut c| async move {
-            c.create_replica(req).await
-        })
+        self.done(node, |mut c| async move { c.create_replica(req).await })
     }
 
     fn delete_replica<'a>(&'a self, node: &'a Node, name: &'a str) -> Call<'a, ()> {
         let req = DeleteReplicaRequest {
             name: name.to_string(),
         };
-        done(&self.token, node, |mut c| async move {
-            c.delete_replica(req).await
-        })
+        self.done(node, |mut c| async move { c.delete_replica(req).await })
     }
 
     fn add_engine_replica<'a>(
@@ -186,9 +184,7 @@ impl Agents for GrpcAgents {
             replica: replica.to_string(),
             source: source.to_string(),
         };
-        done(&self.token, node, |mut c| async move {
-            c.add_engine_replica(req).await
-        })
+        self.done(node, |mut c| async move { c.add_engine_replica(req).await })
     }
 
     fn remove_engine_replica<'a>(
@@ -201,9 +197,10 @@ impl Agents for GrpcAgents {
             volume: volume.to_string(),
             replica: replica.to_string(),
         };
-        done(&self.token, node, |mut c| async move {
-            c.remove_engine_replica(req).await
-        })
+        self.done(
+            node,
+            |mut c| async move { c.remove_engine_replica(req).await },
+        )
     }
 
     fn rebuild_replica<'a>(
