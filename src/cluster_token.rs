@@ -37,14 +37,27 @@ impl ClusterToken {
     /// what is wrong with the file, naming it.
     pub fn read(path: &Path) -> Result<ClusterToken, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        ClusterToken::parse(&text, &path.display().to_string())
+    }
+
+    /// The token in `text` (surrounding whitespace dropped), read from
+    /// `origin`, which the error names.
+    pub fn parse(text: &str, origin: &str) -> Result<ClusterToken, String> {
         let token = text.trim();
         if token.len() < MIN_LEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(format!(
-                "{}: a cluster token is at least {MIN_LEN} printable characters without spaces",
-                path.display()
+                "{origin}: a cluster token is at least {MIN_LEN} printable characters without spaces"
             ));
         }
         Ok(ClusterToken(Some(token.into())))
+    }
+
+    /// A new token: 48 hex digits from the kernel's random source.
+    pub fn random_text() -> std::io::Result<String> {
+        use std::io::Read;
+        let mut bytes = [0u8; 24];
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+        Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
     }
 
     /// A token from its text (tests, and `ballast local`, which makes one).
@@ -94,12 +107,11 @@ impl Interceptor for RequireToken {
         let Some(token) = &self.0.0 else {
             return Ok(request);
         };
-        let given = request
+        let header = request
             .metadata()
             .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
+            .and_then(|v| v.to_str().ok());
+        if bearer_is(header, token) {
             Ok(request)
         } else {
             Err(Status::unauthenticated(
@@ -109,9 +121,15 @@ impl Interceptor for RequireToken {
     }
 }
 
-/// Equal, in a time that does not depend on where they differ.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Whether an `Authorization` header value is `Bearer <token>`, compared
+/// in a time that does not depend on where it differs. (The REST API's
+/// token is checked with it too.)
+pub fn bearer_is(header: Option<&str>, token: &str) -> bool {
+    let given = header.and_then(|v| v.strip_prefix("Bearer "));
+    given.is_some_and(|g| {
+        let (a, b) = (g.as_bytes(), token.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    })
 }
 
 #[cfg(test)]

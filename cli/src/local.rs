@@ -244,17 +244,14 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
 /// cluster's directory: made (random, readable by its owner only) when
 /// missing, kept across runs.
 fn cluster_token_file(dir: &Path) -> Result<PathBuf, String> {
-    use std::io::{Read, Write};
+    use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join("controller").join("cluster-token");
     if path.exists() {
         return Ok(path);
     }
-    let mut bytes = [0u8; 24];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
+    let token = ballast::cluster_token::ClusterToken::random_text()
         .map_err(|e| format!("cannot make a cluster token: /dev/urandom: {e}"))?;
-    let token: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

@@ -504,7 +504,8 @@ fn a_peer_that_never_reads_its_replies_leaves_the_replica_servers_memory_bounded
 /// while the ones it has keep working.
 #[test]
 fn the_replica_server_limits_connections_per_peer_and_closes_silent_ones() {
-    use ballast_node::server::{HANDSHAKE_TIMEOUT, MAX_CONNECTIONS_PER_PEER};
+    use ballast_node::server::MAX_CONNECTIONS_PER_PEER;
+    use ballast_node::wire::HANDSHAKE_TIMEOUT;
     use std::io::Read;
     let c = cluster(1);
     let replicas = c.create_replicas("v7");

@@ -13,6 +13,8 @@ use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use ballast::cluster_token::bearer_is;
+
 use crate::error::Error;
 
 /// What a mutation must carry.
@@ -20,11 +22,6 @@ use crate::error::Error;
 pub struct Gate {
     /// The bearer token mutations must carry; None: no token is asked.
     pub token: Option<Arc<str>>,
-}
-
-/// Equal, comparing every byte whatever differs first.
-fn same(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// Why the request may not go on, if it may not.
@@ -37,9 +34,8 @@ fn refusal(gate: &Gate, req: &Request) -> Option<Error> {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
+            .and_then(|v| v.to_str().ok());
+        if !bearer_is(given, token) {
             return Some(Error::Unauthenticated(
                 "Authorization: a change needs the API's bearer token (ballastctl --token or BALLAST_API_TOKEN)".into(),
             ));

@@ -33,6 +33,9 @@ pub enum KubeError {
         "the CRDs of ballast.csi.dev are not installed ({0}); install them with `ballast crds | kubectl apply -f -`"
     )]
     NoCrds(String),
+    /// The cluster token's Secret is unusable (or could not be made).
+    #[error("the cluster token: {0}")]
+    TokenSecret(String),
 }
 
 /// A client for the cluster: from the kubeconfig file when one is given,

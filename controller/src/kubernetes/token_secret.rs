@@ -32,7 +32,8 @@ pub async fn read_or_make(
                 .map(|b| b.0.clone())
                 .unwrap_or_default();
             let text = String::from_utf8(bytes).unwrap_or_default();
-            return Ok(ClusterToken::from_text(text.trim()));
+            let origin = format!("Secret {namespace}/{name}, key {KEY}");
+            return ClusterToken::parse(&text, &origin).map_err(KubeError::TokenSecret);
         }
         let secret = Secret {
             metadata: kube::api::ObjectMeta {
@@ -41,7 +42,13 @@ pub async fn read_or_make(
             },
             data: Some(BTreeMap::from([(
                 KEY.to_string(),
-                ByteString(random_token()?.into_bytes()),
+                ByteString(
+                    ClusterToken::random_text()
+                        .map_err(|e| {
+                            KubeError::TokenSecret(format!("no randomness for the token: {e}"))
+                        })?
+                        .into_bytes(),
+                ),
             )])),
             ..Default::default()
         };
@@ -52,17 +59,7 @@ pub async fn read_or_make(
             Err(e) => return Err(e.into()),
         }
     }
-    Err(KubeError::NoConfig(format!(
+    Err(KubeError::TokenSecret(format!(
         "Secret {namespace}/{name}: neither read nor made"
     )))
-}
-
-/// 48 hex digits from the kernel's random source.
-fn random_token() -> Result<String, KubeError> {
-    use std::io::Read;
-    let mut bytes = [0u8; 24];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut bytes))
-        .map_err(|e| KubeError::NoConfig(format!("no randomness for the cluster token: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

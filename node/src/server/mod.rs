@@ -30,7 +30,7 @@ use crate::wire::protocol::{
     FLAG_FUA, FLAG_RETURN, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER, Request, Response, status,
     status_of,
 };
-use crate::wire::{IO_BUFFER, JoinSpec};
+use crate::wire::{HANDSHAKE_TIMEOUT, IO_BUFFER, JoinSpec};
 
 /// Serves the replicas of its table over the replica data protocol.
 pub struct ReplicaServer {
@@ -189,8 +189,6 @@ impl ReplicaServer {
 
 /// Connections one peer address may have open at once.
 pub const MAX_CONNECTIONS_PER_PEER: usize = 512;
-
-pub use crate::wire::HANDSHAKE_TIMEOUT;
 
 /// Open connections per peer address.
 #[derive(Clone, Default)]
