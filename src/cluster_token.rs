@@ -121,6 +121,24 @@ impl Interceptor for RequireToken {
     }
 }
 
+impl RequireToken {
+    /// This gate, then `next` (a call passes both or neither).
+    pub fn and<I: Interceptor>(self, next: I) -> Both<I> {
+        Both(self, next)
+    }
+}
+
+/// The token's gate followed by another.
+#[derive(Clone, Debug)]
+pub struct Both<I>(RequireToken, I);
+
+impl<I: Interceptor> Interceptor for Both<I> {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        let request = self.0.call(request)?;
+        self.1.call(request)
+    }
+}
+
 /// Whether an `Authorization` header value is `Bearer <token>`, compared
 /// in a time that does not depend on where it differs. (The REST API's
 /// token is checked with it too.)

@@ -97,11 +97,20 @@ pub fn unix_channel(path: &Path) -> Result<Channel, ServeError> {
 /// comma-separated list of them: then each call goes to one of those that
 /// answer (the controllers of a cluster, any of which takes every call).
 pub fn tcp_channel(url: &str) -> Result<Channel, ServeError> {
+    tcp_channel_with(url, None)
+}
+
+/// As [`tcp_channel`], over TLS with `tls` when given (an `http://` URL is
+/// then reached as `https://`).
+pub fn tcp_channel_with(
+    url: &str,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Result<Channel, ServeError> {
     let endpoints = url
         .split(',')
         .map(str::trim)
         .filter(|u| !u.is_empty())
-        .map(tcp_endpoint)
+        .map(|u| tcp_endpoint(u, tls.clone()))
         .collect::<Result<Vec<_>, _>>()?;
     match endpoints.len() {
         0 => Err(ServeError::Endpoint {
@@ -113,11 +122,22 @@ pub fn tcp_channel(url: &str) -> Result<Channel, ServeError> {
     }
 }
 
-fn tcp_endpoint(url: &str) -> Result<Endpoint, ServeError> {
-    let endpoint = Endpoint::from_shared(url.to_string()).map_err(|e| ServeError::Endpoint {
+fn tcp_endpoint(
+    url: &str,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+) -> Result<Endpoint, ServeError> {
+    let bad = |reason: String| ServeError::Endpoint {
         endpoint: url.to_string(),
-        reason: e.to_string(),
-    })?;
+        reason,
+    };
+    let shared = match (&tls, url.strip_prefix("http://")) {
+        (Some(_), Some(rest)) => format!("https://{rest}"),
+        _ => url.to_string(),
+    };
+    let mut endpoint = Endpoint::from_shared(shared).map_err(|e| bad(e.to_string()))?;
+    if let Some(tls) = tls {
+        endpoint = endpoint.tls_config(tls).map_err(|e| bad(e.to_string()))?;
+    }
     Ok(endpoint
         .connect_timeout(std::time::Duration::from_secs(3))
         .timeout(std::time::Duration::from_secs(10)))

@@ -19,6 +19,7 @@ pub mod proto;
 pub mod quantity;
 pub mod settings;
 pub mod store;
+pub mod tls;
 pub mod topology;
 
 /// The CSI driver name, reported by GetPluginInfo.

@@ -8,6 +8,8 @@
 //!   and `ballast engine` serving NBD; the replica is on the engine's node,
 //!   so it is lent to the engine.
 //! - Ballast, 3 replicas: three node processes, writes to all three.
+//! - The same with mutual TLS on the replica protocol (certificates of a
+//!   CA made for the run), against TLS off.
 //! - Peer: `nbdkit file` serving a file on the same disk.
 //! - For writes, a reference for three replicas: three `nbdkit file`
 //!   servers written at once by three clients, the same bytes as three
@@ -25,7 +27,7 @@ use std::time::Instant;
 #[allow(dead_code)] // shared by the benchmarks; each uses a part
 mod common;
 
-use common::{Kill, SIZE, engine, node_with, quiet, wait_for};
+use common::{Kill, SIZE, engine, node_as, node_with, quiet, wait_for};
 
 /// Operations per second: over the whole run of `qemu-img` (its closing
 /// flush included), and over its I/O phase alone (what it prints as "Run
@@ -138,10 +140,32 @@ fn main() {
     let (_e3, three_sock) = engine(dir.path(), "three", &three_replicas, 2, &[]);
     let three = format!("nbd+unix:///three?socket={}", three_sock.display());
 
+    // Three replicas again, with mutual TLS between the engine and them.
+    let ca = ballast::tls::Ca::generate().unwrap();
+    let tls_dir = |i: usize| {
+        let d = dir.path().join(format!("tls-{i}"));
+        ca.issue(&ballast::tls::Role::Node(format!("bench-{i}")))
+            .unwrap()
+            .save(&d)
+            .unwrap();
+        d.display().to_string()
+    };
+    let mut tls_replicas = Vec::new();
+    for i in 5..=7 {
+        let (k, r) = node_as(dir.path(), i, "tls", true, &["--tls-dir", &tls_dir(i)]);
+        keep.push(k);
+        tls_replicas.push(r);
+    }
+    let engine_tls = ["--node-id", "bench-5", "--tls-dir", &tls_dir(5)];
+    let (_e5, tls_sock) = engine(dir.path(), "tls", &tls_replicas, 5, &engine_tls);
+    let tls = format!("nbd+unix:///tls?socket={}", tls_sock.display());
+
     let picked = common::Picked::from_args();
     let wanted = |word: &str, all: &[&str]| picked.wanted(word, all);
     if picked.has("hold") {
-        println!("nbdkit file: {peer}\n1 replica: {one}\n3 replicas: {three}\nEnter ends.");
+        println!(
+            "nbdkit file: {peer}\n1 replica: {one}\n3 replicas: {three}\n3 replicas, TLS: {tls}\nEnter ends."
+        );
         let _ = std::io::stdin().read_line(&mut String::new());
         return;
     }
@@ -170,12 +194,13 @@ fn main() {
             let p = median(&[&peer]);
             let a = median(&[&one]);
             let b = median(&[&three]);
+            let t = median(&[&tls]);
             let c = write.then(|| median(&peers3));
             for (what, get) in [
                 ("", (|r: &Rate| r.wall) as fn(&Rate) -> f64),
                 ("  I/O phase only", |r: &Rate| r.io),
             ] {
-                let (p, a, b) = (get(&p), get(&a), get(&b));
+                let (p, a, b, t) = (get(&p), get(&a), get(&b), get(&t));
                 print!(
                     "{size:>3} {kind:<5}{what}  nbdkit file {p:>8.0}  ballast 1 replica {a:>8.0} ({:.2}x)  ballast 3 replicas {b:>8.0} ({:.2}x)",
                     a / p,
@@ -185,6 +210,10 @@ fn main() {
                     print!("  3 nbdkit file at once {c:>8.0} ({:.2}x)", c / p);
                 }
                 println!();
+                println!(
+                    "{size:>3} {kind:<5}{what}  ballast 3 replicas, TLS on the replica protocol {t:>8.0}: {:.2}x of TLS off",
+                    t / b
+                );
             }
         }
     }

@@ -48,6 +48,13 @@ pub struct ControllerArgs {
     /// the node agents; the same file as the nodes'.
     #[arg(long, env = "BALLAST_CLUSTER_TOKEN_FILE")]
     pub cluster_token_file: Option<PathBuf>,
+    /// Turns TLS on: the directory of the cluster CA (`ca.crt`, `ca.key`),
+    /// made there when missing. The agent endpoint then serves TLS, signs
+    /// the certificates nodes enroll for, and calls node agents with a
+    /// certificate of its own. Needs a cluster token. Nodes get `ca.crt`
+    /// as their --cluster-ca-file.
+    #[arg(long, env = "BALLAST_CLUSTER_CA_DIR")]
+    pub cluster_ca_dir: Option<PathBuf>,
     #[command(flatten)]
     pub kubernetes: KubeArgs,
 }
@@ -82,6 +89,11 @@ pub struct KubeArgs {
     /// --cluster-token-file. (Or give --cluster-token-file instead.)
     #[arg(long, env = "BALLAST_CLUSTER_TOKEN_SECRET")]
     pub cluster_token_secret: Option<String>,
+    /// Turns TLS on with the cluster CA kept in this Secret (keys `ca.crt`,
+    /// `ca.key`), made when missing; its certificate is also put into the
+    /// token's Secret as `ca.crt`, for the nodes. (Or --cluster-ca-dir.)
+    #[arg(long, env = "BALLAST_CLUSTER_CA_SECRET")]
+    pub cluster_ca_secret: Option<String>,
 }
 
 impl From<KubeArgs> for ballast_controller::daemon::KubeOptions {
@@ -94,6 +106,7 @@ impl From<KubeArgs> for ballast_controller::daemon::KubeOptions {
             advertise: a.advertise,
             guard_image: a.guard_image,
             cluster_token_secret: a.cluster_token_secret,
+            cluster_ca_secret: a.cluster_ca_secret,
         }
     }
 }
@@ -110,6 +123,7 @@ impl From<ControllerArgs> for ControllerConfig {
             node_down_timeout: a.node_down_timeout,
             api_token_file: a.api_token_file,
             cluster_token_file: a.cluster_token_file,
+            cluster_ca_dir: a.cluster_ca_dir,
         }
     }
 }
@@ -161,6 +175,20 @@ pub struct NodeArgs {
     /// engines', carry it.
     #[arg(long, env = "BALLAST_CLUSTER_TOKEN_FILE")]
     pub cluster_token_file: Option<PathBuf>,
+    /// Turns TLS on: the cluster CA's certificate (the controller's
+    /// `ca.crt`). The node then enrolls at start (a new key, and a
+    /// certificate the controller signs, kept in `<state-dir>/tls`), and its
+    /// agent, its replica server and its engines speak mutual TLS only.
+    /// Needs --cluster-token-file.
+    #[arg(long, env = "BALLAST_CLUSTER_CA_FILE", requires = "cluster_token_file")]
+    pub cluster_ca_file: Option<PathBuf>,
+    /// Turns TLS on with credentials already in this directory (`ca.crt`,
+    /// `tls.crt`, `tls.key`), issued by the cluster's CA for this node's
+    /// names (`<node-id>.node.ballast.internal` and
+    /// `node.ballast.internal`), instead of enrolling: certificates from
+    /// your own issuer.
+    #[arg(long, env = "BALLAST_TLS_DIR", conflicts_with = "cluster_ca_file")]
+    pub tls_dir: Option<PathBuf>,
     /// Start writing a replica's new data to its disk after this many
     /// bytes written to it (e.g. 8Mi), so that a flush waits only for the
     /// rest; 0 leaves it to the kernel.
@@ -263,6 +291,8 @@ fn node_config(
         state_dir: a.state_dir,
         kubelet_dir: a.kubelet_dir,
         cluster_token_file: a.cluster_token_file,
+        cluster_ca_file: a.cluster_ca_file,
+        tls_dir: a.tls_dir,
         writeback_every: a.writeback_every,
         engine_host: a.engine_host,
     }
@@ -360,6 +390,11 @@ pub struct EngineArgs {
     /// The cluster token its records carry (with --controller).
     #[arg(long, env = "BALLAST_CLUSTER_TOKEN_FILE")]
     pub cluster_token_file: Option<PathBuf>,
+    /// Speak mutual TLS to replicas and the controller with the
+    /// credentials in this directory (`ca.crt`, `tls.crt`, `tls.key`: the
+    /// node plugin's, which passes it).
+    #[arg(long, env = "BALLAST_TLS_DIR")]
+    pub tls_dir: Option<PathBuf>,
     /// A replica the store records as holding the latest data (repeat).
     #[arg(long = "current")]
     pub current: Vec<String>,

@@ -42,9 +42,11 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
             .map_err(|e| EngineExit::Failed(format!("--cluster-token-file: {e}")))?,
         None => Default::default(),
     };
+    let (tls, wire) = tls(&a)?;
+    let member = ballast::tls::Member { token, tls };
     let recorder: Option<std::sync::Arc<dyn Recorder>> = match (&a.controller, &a.node_id) {
         (Some(controller), Some(node)) => Some(std::sync::Arc::new(ControllerRecorder::new(
-            controller, &a.volume, node, &token,
+            controller, &a.volume, node, &member,
         )?)),
         _ => None,
     };
@@ -59,6 +61,7 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
         a.local.clone(),
         recorded,
         recorder,
+        wire,
     )
     .await
     .map_err(|e| match e {
@@ -103,6 +106,23 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
         let _ = std::fs::remove_file(path);
     }
     Ok(served?)
+}
+
+/// The engine's TLS toward the controller and the replicas: the node's
+/// credentials in --tls-dir, when given.
+fn tls(
+    a: &EngineArgs,
+) -> Result<(ballast::tls::Tls, ballast_node::wire::tls::WireTls), EngineExit> {
+    let Some(dir) = &a.tls_dir else {
+        return Ok(Default::default());
+    };
+    let failed = |e: ballast::tls::TlsError| EngineExit::Failed(format!("--tls-dir: {e}"));
+    let credentials = ballast::tls::Credentials::load(dir).map_err(failed)?;
+    let node = a.node_id.as_deref().ok_or_else(|| {
+        EngineExit::Failed("--tls-dir needs --node-id (the node whose credentials they are)".into())
+    })?;
+    let wire = ballast_node::wire::tls::WireTls::new(&credentials, node).map_err(failed)?;
+    Ok((ballast::tls::Tls::on(credentials), wire))
 }
 
 /// Keeps the engine's status in `path` (for the node agent), written

@@ -179,11 +179,10 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
     let deadline = Instant::now() + START_DEADLINE;
     let mut procs = Vec::new();
     let api = format!("http://{}", ports.api);
-    procs.push(spawn(
-        &dir,
-        "controller",
-        &with_token(controller_args(&dir, &ports, &args), &token),
-    )?);
+    let ca_dir = dir.join("controller").join("tls");
+    let mut controller = with_token(controller_args(&dir, &ports, &args), &token);
+    controller.extend(["--cluster-ca-dir".into(), ca_dir.display().to_string()]);
+    procs.push(spawn(&dir, "controller", &controller)?);
     if let Err(e) = wait_http(
         &mut procs,
         &format!("{api}/healthz"),
@@ -204,7 +203,9 @@ pub async fn run(args: LocalArgs) -> Result<(), String> {
     for i in 1..=args.nodes {
         let name = format!("node-{i}");
         let sock = dir.join("sockets").join(format!("{name}.sock"));
-        let node_args = with_token(node_args(&dir, &ports, &args, i, &sock)?, &token);
+        let mut node_args = with_token(node_args(&dir, &ports, &args, i, &sock)?, &token);
+        let ca = ca_dir.join(ballast::tls::CA_CERT_FILE);
+        node_args.extend(["--cluster-ca-file".into(), ca.display().to_string()]);
         procs.push(spawn(&dir, &name, &node_args)?);
         node_socks.push((name, sock));
     }

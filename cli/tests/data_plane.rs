@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use ballast::cluster_token::ClusterToken;
 use ballast::proto::agent::v1::CreateReplicaRequest;
 use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
+use ballast::tls::Role;
 use common::*;
 use nix::sys::signal::Signal;
 
@@ -61,10 +61,11 @@ impl Cluster {
             let name = format!("{volume}-r{}", i + 1);
             let agent = format!("http://{}", flag(&node.args, "--agent-listen"));
             rt.block_on(async {
-                // The agent wants the cluster's token.
-                let token = ClusterToken::read(&cluster_token(self.dir.path())).unwrap();
-                let ch = ballast::grpc::tcp_channel(&agent).unwrap();
-                let mut c = NodeAgentClient::with_interceptor(ch, token.sender());
+                // The agent wants the cluster's token and the controller's
+                // certificate.
+                let me = member_as(self.dir.path(), Role::Controller);
+                let ch = me.channel(&agent, &Role::Node(node.id.clone())).unwrap();
+                let mut c = NodeAgentClient::new(ch);
                 c.create_replica(CreateReplicaRequest {
                     name: name.clone(),
                     volume: volume.into(),
@@ -105,6 +106,11 @@ impl Cluster {
                 .to_string(),
             "--status-file".into(),
             self.status_file(volume).display().to_string(),
+            // As the node agent starts it: with node-1's credentials.
+            "--node-id".into(),
+            "node-1".into(),
+            "--tls-dir".into(),
+            self.tls_dir("node-1").display().to_string(),
         ];
         for r in replicas {
             args.push("--replica".into());
@@ -115,6 +121,19 @@ impl Cluster {
             socket.exists().then_some(())
         });
         (p, socket)
+    }
+
+    /// Where node `node` keeps its TLS credentials (its engines read them).
+    fn tls_dir(&self, node: &str) -> PathBuf {
+        self.dir.path().join(node).join("state").join("tls")
+    }
+
+    /// A blocking connection to the replica server at `addr` as node-1.
+    fn replica_tls(
+        &self,
+        tcp: std::net::TcpStream,
+    ) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+        common::replica_tls(self.dir.path(), "node-1", tcp)
     }
 
     /// Where the engine of `volume` writes its replicas' modes.
@@ -431,21 +450,20 @@ fn a_client_that_never_reads_its_replies_leaves_the_engines_memory_bounded() {
     drop(greedy);
 }
 
-/// A raw connection to a replica server that has opened `name`.
-fn replica_conn(addr: &str, name: &str) -> std::net::TcpStream {
-    use ballast_node::wire::protocol::{Op, Request};
+/// A raw connection (TLS, as node-1) to a replica server that has opened
+/// `name`.
+fn replica_conn(
+    c: &Cluster,
+    addr: &str,
+    name: &str,
+) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    use ballast_node::wire::protocol::Op;
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let open = Request {
-        op: Op::Open,
-        flags: 0,
-        id: 1,
-        offset: 0,
-        len: name.len() as u32,
-        revision: 0,
-    };
-    s.write_all(&open.encode()).unwrap();
+    let mut s = c.replica_tls(std::net::TcpStream::connect(addr).unwrap());
+    s.write_all(&replica_header(Op::Open, 1, name.len() as u32))
+        .unwrap();
     s.write_all(name.as_bytes()).unwrap();
+    s.flush().unwrap();
     let mut head = [0u8; ballast_node::wire::protocol::RESPONSE_HEADER];
     s.read_exact(&mut head).unwrap();
     s
@@ -457,25 +475,20 @@ fn replica_conn(addr: &str, name: &str) -> std::net::TcpStream {
 /// still serves other peers.
 #[test]
 fn a_peer_that_never_reads_its_replies_leaves_the_replica_servers_memory_bounded() {
-    use ballast_node::wire::protocol::{Op, Request};
+    use ballast_node::wire::protocol::Op;
     use std::io::Write;
     let c = cluster(1);
     let replicas = c.create_replicas("v6");
     let (name, addr) = replicas[0].split_once('@').unwrap();
     let node = c.nodes[0].proc.pid();
     let before = rss(node);
-    let mut greedy = replica_conn(addr, name);
+    let mut greedy = replica_conn(&c, addr, name);
     for id in 0..100u64 {
-        let read = Request {
-            op: Op::Read,
-            flags: 0,
-            id: 10 + id,
-            offset: 0,
-            len: 32 << 20,
-            revision: 0,
-        };
-        greedy.write_all(&read.encode()).unwrap();
+        greedy
+            .write_all(&replica_header(Op::Read, 10 + id, 32 << 20))
+            .unwrap();
     }
+    greedy.flush().unwrap();
     let mut peak = 0;
     for _ in 0..20 {
         std::thread::sleep(Duration::from_millis(150));
@@ -489,7 +502,8 @@ fn a_peer_that_never_reads_its_replies_leaves_the_replica_servers_memory_bounded
     );
     let rt = runtime();
     rt.block_on(async {
-        let other = ballast_node::wire::client::ReplicaClient::connect(addr, name)
+        let wire = wire_as(c.dir.path(), "node-1");
+        let other = ballast_node::wire::client::ReplicaClient::dial(&wire, addr, name)
             .await
             .unwrap();
         other.write(0, &[0x5a; 65536], 1, false).await.unwrap();
@@ -510,7 +524,7 @@ fn the_replica_server_limits_connections_per_peer_and_closes_silent_ones() {
     let c = cluster(1);
     let replicas = c.create_replicas("v7");
     let (name, addr) = replicas[0].split_once('@').unwrap();
-    let opened = replica_conn(addr, name);
+    let opened = replica_conn(&c, addr, name);
     let silent: Vec<std::net::TcpStream> = (1..MAX_CONNECTIONS_PER_PEER)
         .map(|_| std::net::TcpStream::connect(addr).unwrap())
         .collect();
@@ -528,7 +542,7 @@ fn the_replica_server_limits_connections_per_peer_and_closes_silent_ones() {
         s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         assert_eq!(s.read(&mut b).unwrap(), 0, "a silent connection is closed");
     }
-    let mut opened = opened;
+    let mut opened = opened.sock;
     opened.set_nonblocking(true).unwrap();
     let still = opened.read(&mut b).unwrap_err();
     assert_eq!(
@@ -539,7 +553,8 @@ fn the_replica_server_limits_connections_per_peer_and_closes_silent_ones() {
     drop(opened);
     let rt = runtime();
     rt.block_on(async {
-        let c = ballast_node::wire::client::ReplicaClient::connect(addr, name)
+        let wire = wire_as(c.dir.path(), "node-1");
+        let c = ballast_node::wire::client::ReplicaClient::dial(&wire, addr, name)
             .await
             .unwrap();
         c.read(0, 4096).await.unwrap();

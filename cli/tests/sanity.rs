@@ -43,9 +43,19 @@ fn identity_checks_pass_on_the_controller_and_node_sockets() {
 #[test]
 fn a_node_that_has_not_registered_probes_not_ready_and_the_checks_see_it() {
     let dir = tempfile::tempdir().unwrap();
-    // A controller address where nothing listens.
+    // A controller address where nothing listens. The node runs without
+    // TLS: with TLS on, a node serves nothing before a controller enrolled
+    // it, and there is none here.
     let nobody = format!("http://{}", free_addr());
-    let n = start_node(dir.path(), "node-1", &nobody);
+    let (mut args, socket) = node_args(dir.path(), "node-1", &nobody);
+    let at = args.iter().position(|a| a == "--cluster-ca-file").unwrap();
+    args.drain(at..at + 2);
+    let n = NodeProc {
+        proc: Proc::spawn(&args, dir.path().join("node-1.log")),
+        id: "node-1".into(),
+        socket,
+        args,
+    };
     wait_for(Duration::from_secs(30), "node socket", || {
         n.socket.exists().then_some(())
     });

@@ -8,27 +8,30 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use ballast::cluster_token::{Authed, ClusterToken};
+use ballast::cluster_token::Authed;
 use ballast::model::Node;
 use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
 use ballast::proto::agent::v1::{
     AddEngineReplicaRequest, CreateReplicaRequest, DeleteReplicaRequest, RebuildReplicaRequest,
     RemoveEngineReplicaRequest,
 };
+use ballast::tls::{Member, Role};
 
 use crate::error::Error;
 
-/// A client of a node's agent; its calls carry `token`.
-pub fn client(node: &Node, token: &ClusterToken) -> Result<NodeAgentClient<Authed>, Error> {
+/// A client of a node's agent, which is checked to be that node; the
+/// calls are made as `member`.
+pub fn client(node: &Node, member: &Member) -> Result<NodeAgentClient<Authed>, Error> {
     if node.status.agent_endpoint.is_empty() {
         return Err(Error::Unprocessable(format!(
             "node {} has not registered an agent endpoint",
             node.id
         )));
     }
-    let ch = ballast::grpc::tcp_channel(&node.status.agent_endpoint)
+    let ch = member
+        .channel(&node.status.agent_endpoint, &Role::Node(node.id.clone()))
         .map_err(|e| Error::Internal(e.to_string()))?;
-    Ok(NodeAgentClient::with_interceptor(ch, token.sender()))
+    Ok(NodeAgentClient::new(ch))
 }
 
 /// How long one agent call may take.
@@ -121,22 +124,22 @@ pub trait Agents: Send + Sync {
 
 /// The real agents, over gRPC, with the cluster token.
 pub struct GrpcAgents {
-    token: ClusterToken,
+    member: Member,
 }
 
 impl GrpcAgents {
-    pub fn new(token: ClusterToken) -> Self {
-        GrpcAgents { token }
+    pub fn new(member: Member) -> Self {
+        GrpcAgents { member }
     }
 }
 
 /// One call to `node`'s agent, with the timeout; its answer's body.
-async fn ask<T, F, Fut>(token: &ClusterToken, node: &Node, call: F) -> Result<T, Error>
+async fn ask<T, F, Fut>(member: &Member, node: &Node, call: F) -> Result<T, Error>
 where
     F: FnOnce(NodeAgentClient<Authed>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
-    let c = client(node, token)?;
+    let c = client(node, member)?;
     with_timeout(&node.id, call(c))
         .await
         .map(tonic::Response::into_inner)
@@ -150,7 +153,7 @@ impl GrpcAgents {
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>> + Send + 'a,
         T: Send + 'a,
     {
-        Box::pin(async move { ask(&self.token, node, call).await.map(drop) })
+        Box::pin(async move { ask(&self.member, node, call).await.map(drop) })
     }
 }
 
@@ -214,7 +217,7 @@ impl Agents for GrpcAgents {
             source: source.to_string(),
         };
         Box::pin(async move {
-            let done = ask(&self.token, node, |mut c| async move {
+            let done = ask(&self.member, node, |mut c| async move {
                 c.rebuild_replica(req).await
             })
             .await?;

@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ballast::cluster_token::ClusterToken;
 use ballast::guard::{KeyGuard, KeyedGuards};
 use ballast::model::Setting;
 use ballast::settings::Settings;
 use ballast::store::Store;
+use ballast::tls::{Ca, Member};
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
@@ -48,9 +48,11 @@ pub struct Context {
     leadership: watch::Receiver<Leadership>,
     /// The cluster's client, on the Kubernetes store (to read its Nodes).
     pub kube: Option<kube::Client>,
-    /// The cluster token calls to node agents carry (and the agent
-    /// endpoint requires).
-    pub token: ClusterToken,
+    /// What this controller proves itself with to node agents and other
+    /// controllers (and what its agent endpoint requires of callers).
+    pub member: Member,
+    /// The cluster's CA, which signs nodes' certificates, when TLS is on.
+    pub ca: Option<Arc<Ca>>,
 }
 
 /// Who leads, as this controller knows it.
@@ -91,18 +93,21 @@ pub type VolumeGuard = KeyGuard;
 
 impl Context {
     pub fn new(store: Arc<dyn Store>, node_down_timeout: Duration) -> Arc<Self> {
-        Self::serving(store, node_down_timeout, ClusterToken::default())
+        Self::serving(store, node_down_timeout, Member::default(), None)
     }
 
-    /// A context whose calls to node agents carry `token`.
+    /// A context whose calls to node agents are made as `member`, and
+    /// whose nodes enroll with `ca`.
     pub fn serving(
         store: Arc<dyn Store>,
         node_down_timeout: Duration,
-        token: ClusterToken,
+        member: Member,
+        ca: Option<Arc<Ca>>,
     ) -> Arc<Self> {
-        let agents = Arc::new(GrpcAgents::new(token.clone()));
+        let agents = Arc::new(GrpcAgents::new(member.clone()));
         Arc::new(Context {
-            token,
+            member,
+            ca,
             ..Self::build(store, node_down_timeout, agents)
         })
     }
@@ -127,7 +132,8 @@ impl Context {
             names: Names::Random,
             leadership: always_leading(),
             kube: None,
-            token: ClusterToken::default(),
+            member: Member::default(),
+            ca: None,
         }
     }
 
@@ -138,13 +144,15 @@ impl Context {
         node_down_timeout: Duration,
         leadership: watch::Receiver<Leadership>,
         client: kube::Client,
-        token: ClusterToken,
+        member: Member,
+        ca: Option<Arc<Ca>>,
     ) -> Arc<Self> {
-        let agents = Arc::new(GrpcAgents::new(token.clone()));
+        let agents = Arc::new(GrpcAgents::new(member.clone()));
         Arc::new(Context {
             leadership,
             kube: Some(client),
-            token,
+            member,
+            ca,
             ..Self::build(store, node_down_timeout, agents)
         })
     }

@@ -11,7 +11,9 @@ use std::time::Duration;
 use ballast::cluster_token::ClusterToken;
 use ballast::error::ServeError;
 use ballast::proto::agent::v1::controlplane_server::ControlplaneServer;
+use ballast::proto::agent::v1::enrollment_server::EnrollmentServer;
 use ballast::store::{RedbStore, Store};
+use ballast::tls::{Ca, Member, Role, Tls};
 use tokio::sync::watch;
 
 use crate::context::Context;
@@ -62,6 +64,8 @@ pub struct KubeOptions {
     pub guard_image: Option<String>,
     /// The Secret holding the cluster token (made when missing).
     pub cluster_token_secret: Option<String>,
+    /// The Secret holding the cluster CA (made when missing): TLS on.
+    pub cluster_ca_secret: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -78,6 +82,9 @@ pub struct ControllerConfig {
     /// A file holding the cluster token of the agent endpoint and the node
     /// agents' calls.
     pub cluster_token_file: Option<PathBuf>,
+    /// The directory of the cluster CA (`ca.crt`, `ca.key`; made when
+    /// missing): TLS on.
+    pub cluster_ca_dir: Option<PathBuf>,
 }
 
 /// The cluster token: from `--cluster-token-file`, or from the Secret of
@@ -96,13 +103,59 @@ async fn cluster_token(
     let client = client.ok_or_else(|| {
         ServeError::Config("--cluster-token-secret needs --store kubernetes".into())
     })?;
-    crate::kubernetes::token_secret::read_or_make(
+    crate::kubernetes::secrets::read_or_make_token(
         client.clone(),
         &config.kubernetes.namespace,
         name,
     )
     .await
     .map_err(|e| ServeError::Config(format!("--cluster-token-secret: {e}")))
+}
+
+/// The cluster CA, when TLS is on: from `--cluster-ca-dir`, or from the
+/// Secret of `--cluster-ca-secret` (Kubernetes store). Nodes enroll with a
+/// token, so TLS needs one.
+async fn cluster_ca(
+    config: &ControllerConfig,
+    client: Option<&kube::Client>,
+    token: &ClusterToken,
+) -> Result<Option<Arc<Ca>>, ServeError> {
+    let k = &config.kubernetes;
+    if (config.cluster_ca_dir.is_some() || k.cluster_ca_secret.is_some()) && !token.is_set() {
+        return Err(ServeError::Config(
+            "TLS (--cluster-ca-dir or --cluster-ca-secret) needs a cluster token: nodes enroll with it".into(),
+        ));
+    }
+    if let Some(dir) = &config.cluster_ca_dir {
+        return Ca::in_dir(dir)
+            .map(|ca| Some(Arc::new(ca)))
+            .map_err(|e| ServeError::Config(format!("--cluster-ca-dir: {e}")));
+    }
+    let Some(name) = &k.cluster_ca_secret else {
+        return Ok(None);
+    };
+    let (Some(client), Some(token_secret)) = (client, &k.cluster_token_secret) else {
+        return Err(ServeError::Config(
+            "--cluster-ca-secret needs --store kubernetes and --cluster-token-secret (where the nodes read the CA's certificate)".into(),
+        ));
+    };
+    crate::kubernetes::secrets::read_or_make_ca(client.clone(), &k.namespace, name, token_secret)
+        .await
+        .map(|ca| Some(Arc::new(ca)))
+        .map_err(|e| ServeError::Config(format!("--cluster-ca-secret: {e}")))
+}
+
+/// What this controller proves itself with: the token, and a certificate
+/// of its own from the CA (new at every start) when TLS is on.
+fn member(token: ClusterToken, ca: Option<&Ca>) -> Result<Member, ServeError> {
+    let tls = match ca {
+        Some(ca) => Tls::on(
+            ca.issue(&Role::Controller)
+                .map_err(|e| ServeError::Config(format!("the controller's certificate: {e}")))?,
+        ),
+        None => Tls::default(),
+    };
+    Ok(Member { token, tls })
 }
 
 /// The REST gate: the token of `--api-token-file`, when given.
@@ -164,10 +217,11 @@ fn context(
     config: &ControllerConfig,
     store: Arc<dyn Store>,
     client: Option<kube::Client>,
-    token: ClusterToken,
+    member: Member,
+    ca: Option<Arc<Ca>>,
 ) -> Arc<Context> {
     let Some(client) = client else {
-        return Context::serving(store, config.node_down_timeout, token);
+        return Context::serving(store, config.node_down_timeout, member, ca);
     };
     let k = &config.kubernetes;
     let mut timing = crate::kubernetes::Timing::default();
@@ -194,7 +248,8 @@ fn context(
         config.node_down_timeout,
         elector.watch(),
         client,
-        token,
+        member,
+        ca,
     );
     tokio::spawn(elector.run());
     ctx
@@ -271,7 +326,9 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     let agent = ballast::grpc::bind_tcp("agent endpoint", config.agent_listen).await?;
     let (store, client) = open_store(&config).await?;
     let token = cluster_token(&config, client.as_ref()).await?;
-    let ctx = context(&config, store, client.clone(), token.clone());
+    let ca = cluster_ca(&config, client.as_ref(), &token).await?;
+    let member = member(token, ca.as_deref())?;
+    let ctx = context(&config, store, client.clone(), member.clone(), ca);
     let router = Router::new(ctx.clone());
 
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -291,14 +348,23 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     )?;
     // The agent endpoint serves the agent protocol, and the CSI Controller
     // service for the calls other controllers forward here.
-    let agent_server = tonic::transport::Server::builder()
+    // Nodes (and their engines) and other controllers call the agent
+    // protocol; only controllers forward CSI calls; a node without a
+    // certificate may only enroll (when TLS is on).
+    let agent_server = member
+        .tls
+        .serve(tonic::transport::Server::builder())?
         .add_service(ControlplaneServer::with_interceptor(
             RoutedControlplane::new(ControlplaneService::new(ctx.clone()), router.clone()),
-            token.gate(),
+            member.gate(&[Role::AnyNode, Role::Controller]),
         ))
         .add_service(tonic::service::interceptor::InterceptedService::new(
             crate::csi::routed(ctx.clone(), router),
-            token.gate(),
+            member.gate(&[Role::Controller]),
+        ))
+        .add_service(EnrollmentServer::with_interceptor(
+            crate::nodes::EnrollmentService::new(ctx.clone()),
+            member.token.gate(),
         ))
         .serve_with_incoming_shutdown(
             tokio_stream::wrappers::TcpListenerStream::new(agent),

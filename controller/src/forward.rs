@@ -15,6 +15,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use ballast::cluster_token::Authed;
 use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
 use ballast::proto::agent::v1::controlplane_server::Controlplane;
 use ballast::proto::agent::v1::{
@@ -34,7 +35,6 @@ use ballast::proto::csi::v1::{
     ListVolumesRequest, ListVolumesResponse, ValidateVolumeCapabilitiesRequest,
     ValidateVolumeCapabilitiesResponse,
 };
-use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
 use crate::context::Context;
@@ -45,13 +45,13 @@ const FORWARDED: &str = "x-ballast-forwarded";
 /// Where a call goes: served here, or sent on to the leader.
 enum Route {
     Here,
-    Leader(Channel),
+    Leader(Authed),
 }
 
 /// Decides the route of each call, keeping one channel to the leader.
 pub struct Router {
     ctx: Arc<Context>,
-    channel: Mutex<Option<(String, Channel)>>,
+    channel: Mutex<Option<(String, Authed)>>,
 }
 
 impl Router {
@@ -81,7 +81,10 @@ impl Router {
         {
             return Ok(Route::Leader(channel.clone()));
         }
-        let channel = ballast::grpc::tcp_channel(&endpoint)
+        let channel = self
+            .ctx
+            .member
+            .channel(&endpoint, &ballast::tls::Role::Controller)
             .map_err(|e| Status::unavailable(format!("the leader {leader} at {endpoint}: {e}")))?;
         *cached = Some((endpoint, channel.clone()));
         Ok(Route::Leader(channel))
@@ -99,7 +102,7 @@ fn onward<T>(request: Request<T>) -> Request<T> {
 
 /// Implements a service by routing each of its calls.
 macro_rules! routed {
-    ($service:ident, $trait:ident, $client:ident, { $($method:ident($req:ty) -> $resp:ty;)* }) => {
+    ($service:ident, $trait:ident, $client:ident, admit = $admit:path, { $($method:ident($req:ty) -> $resp:ty;)* }) => {
         /// The service every controller serves: by `local` when leading,
         /// else forwarded to the leader.
         pub struct $service<L> {
@@ -117,11 +120,15 @@ macro_rules! routed {
         impl<L: $trait> $trait for $service<L> {
             $(
                 async fn $method(&self, request: Request<$req>) -> Result<Response<$resp>, Status> {
+                    // Checked where the caller connected, before a
+                    // forward hides who it was.
+                    $admit(&request)?;
                     match self.router.route(&request)? {
                         Route::Here => self.local.$method(request).await,
                         Route::Leader(channel) => {
-                            // The leader's agent endpoint wants the token.
-                            $client::with_interceptor(channel, self.router.ctx.token.sender())
+                            // The channel carries the token and this
+                            // controller's certificate.
+                            $client::new(channel)
                                 .$method(onward(request))
                                 .await
                         }
@@ -132,7 +139,12 @@ macro_rules! routed {
     };
 }
 
-routed!(RoutedController, Controller, ControllerClient, {
+/// CSI calls: the endpoint's gates decide who may make them.
+fn anyone<T>(_: &Request<T>) -> Result<(), Status> {
+    Ok(())
+}
+
+routed!(RoutedController, Controller, ControllerClient, admit = anyone, {
     controller_get_capabilities(ControllerGetCapabilitiesRequest) -> ControllerGetCapabilitiesResponse;
     create_volume(CreateVolumeRequest) -> CreateVolumeResponse;
     delete_volume(DeleteVolumeRequest) -> DeleteVolumeResponse;
@@ -146,7 +158,35 @@ routed!(RoutedController, Controller, ControllerClient, {
     validate_volume_capabilities(ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse;
 });
 
-routed!(RoutedControlplane, Controlplane, ControlplaneClient, {
+/// A controlplane call speaks for one node: with TLS on, only that node's
+/// certificate (or a controller's, forwarding) may make it.
+fn for_its_node<T: ForNode>(request: &Request<T>) -> Result<(), Status> {
+    ballast::tls::acts_for_node(request, request.get_ref().node_id())
+}
+
+/// A request made for one node.
+trait ForNode {
+    fn node_id(&self) -> &str;
+}
+
+macro_rules! for_node {
+    ($($t:ty),*) => {
+        $(impl ForNode for $t {
+            fn node_id(&self) -> &str {
+                &self.node_id
+            }
+        })*
+    };
+}
+
+for_node!(
+    RegisterRequest,
+    HeartbeatRequest,
+    RecordReplicaSetRequest,
+    NodeDisksRequest
+);
+
+routed!(RoutedControlplane, Controlplane, ControlplaneClient, admit = for_its_node, {
     register(RegisterRequest) -> RegisterResponse;
     heartbeat(HeartbeatRequest) -> HeartbeatResponse;
     record_replica_set(RecordReplicaSetRequest) -> RecordReplicaSetResponse;

@@ -11,11 +11,13 @@ use std::sync::atomic::AtomicBool;
 use ballast::cluster_token::{Authed, ClusterToken};
 use ballast::error::ServeError;
 use ballast::proto::agent::v1::node_agent_server::NodeAgentServer;
+use ballast::tls::{Member, Role, Tls};
 use tokio::sync::watch;
 
 use crate::agent::{NodeAgentService, run_heartbeats};
 use crate::context::NodeContext;
 use crate::disks::{DiskArg, open_disks};
+use crate::wire::tls::WireTls;
 
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -34,6 +36,11 @@ pub struct NodeConfig {
     pub kubelet_dir: PathBuf,
     /// The cluster token's file (see `ballast::cluster_token`).
     pub cluster_token_file: Option<PathBuf>,
+    /// The cluster CA's certificate: TLS on, the node enrolls at start
+    /// (see `ballast::tls`).
+    pub cluster_ca_file: Option<PathBuf>,
+    /// Credentials issued by other means: TLS on, without enrolling.
+    pub tls_dir: Option<PathBuf>,
     /// Start a replica head's writeback after this many bytes written (0:
     /// left to the kernel).
     pub writeback_every: u64,
@@ -61,21 +68,36 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
             .map_err(|e| ServeError::Config(format!("--cluster-token-file: {e}")))?,
         None => ClusterToken::default(),
     };
-    // Every call to the controller carries the cluster token.
-    let controller = tonic::service::interceptor::InterceptedService::new(
-        ballast::grpc::tcp_channel(&config.controller)?,
-        token.sender(),
-    );
+    let (tls, tls_dir) = node_tls(&config, &state_dir, &token).await?;
+    let wire = match tls.credentials() {
+        Some(c) => {
+            WireTls::new(c, &config.node_id).map_err(|e| ServeError::Config(format!("TLS: {e}")))?
+        }
+        None => WireTls::default(),
+    };
+    let member = Member { token, tls };
+    // Every call to the controller carries the cluster token (and this
+    // node's certificate).
+    let controller = member.channel(&config.controller, &Role::Controller)?;
     let disks = open_wanted_disks(&config, &controller).await?;
     let agent = ballast::grpc::bind_tcp("agent endpoint", config.agent_listen).await?;
     let replica_listener =
         ballast::grpc::bind_tcp("replica endpoint", config.replica_listen).await?;
-    let replica_server =
-        crate::server::ReplicaServer::serving(crate::replica::Replicas::with_writeback(
+    let replica_server = crate::server::ReplicaServer::serving_with(
+        crate::replica::Replicas::with_writeback(
             disks.iter().map(|d| d.path.clone()).collect(),
             config.writeback_every,
-        ));
-    let ctx = context(&config, &state_dir, &socket, disks, replica_server.clone())?;
+        ),
+        wire,
+    );
+    let ctx = context(
+        &config,
+        &state_dir,
+        &socket,
+        disks,
+        replica_server.clone(),
+        tls_dir,
+    )?;
     ctx.engines.adopt().await;
     let replica_task = tokio::spawn(replica_server.serve(replica_listener));
 
@@ -93,11 +115,14 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
         config.kubelet_dir.clone(),
         stopped(),
     )?);
+    // Only controllers call the node agent.
     let agent_server = tokio::spawn(
-        tonic::transport::Server::builder()
+        member
+            .tls
+            .serve(tonic::transport::Server::builder())?
             .add_service(NodeAgentServer::with_interceptor(
                 NodeAgentService::new(ctx.clone()),
-                token.gate(),
+                member.gate(&[Role::Controller]),
             ))
             .serve_with_incoming_shutdown(
                 tokio_stream::wrappers::TcpListenerStream::new(agent),
@@ -127,6 +152,28 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     Ok(())
 }
 
+/// The node's TLS and the directory of its credentials (which its engines
+/// read): given (`--tls-dir`), or got by enrolling (`--cluster-ca-file`)
+/// and kept in `<state-dir>/tls`; or TLS off.
+async fn node_tls(
+    config: &NodeConfig,
+    state_dir: &std::path::Path,
+    token: &ClusterToken,
+) -> Result<(Tls, Option<PathBuf>), ServeError> {
+    if let Some(dir) = &config.tls_dir {
+        let credentials = ballast::tls::Credentials::load(dir)
+            .map_err(|e| ServeError::Config(format!("--tls-dir: {e}")))?;
+        return Ok((Tls::on(credentials), Some(dir.clone())));
+    }
+    let Some(ca) = &config.cluster_ca_file else {
+        return Ok((Tls::default(), None));
+    };
+    let dir = state_dir.join("tls");
+    let credentials =
+        crate::agent::enroll(&config.controller, &config.node_id, ca, token, &dir).await?;
+    Ok((Tls::on(credentials), Some(dir)))
+}
+
 /// The disks this node opens: its flags' (which must exist), its Ballast
 /// Node's spec and its default disks, as the controller answers.
 async fn open_wanted_disks(
@@ -153,6 +200,7 @@ fn context(
     socket: &std::path::Path,
     disks: Vec<crate::disks::Disk>,
     replicas: Arc<crate::server::ReplicaServer>,
+    tls_dir: Option<PathBuf>,
 ) -> Result<Arc<NodeContext>, ServeError> {
     let exe = std::env::current_exe().map_err(|source| ServeError::Io {
         path: PathBuf::from("/proc/self/exe"),
@@ -183,6 +231,7 @@ fn context(
                 controller: config.controller.clone(),
                 node_id: config.node_id.clone(),
                 token_file: config.cluster_token_file.clone(),
+                tls_dir,
             },
             engine_host,
         ),

@@ -44,6 +44,9 @@ pub struct RecordAt {
     pub node_id: String,
     /// The cluster token's file, passed on to the engine.
     pub token_file: Option<PathBuf>,
+    /// The node's TLS credentials' directory (TLS on): engines get their
+    /// own credentials, or these when the controller sent none.
+    pub tls_dir: Option<PathBuf>,
 }
 
 pub struct Engines {
@@ -193,6 +196,9 @@ impl Engines {
                     local: spec["local"].as_str().unwrap_or_default().to_string(),
                     generation: spec["generation"].as_u64().unwrap_or(0),
                     current: strings(&spec["current"]),
+                    // The running engine holds its credentials; they are
+                    // not kept in the record.
+                    ..Default::default()
                 };
                 let fuse = self.device_of(volume).await;
                 running.insert(volume.to_string(), Running { pid, spec, fuse });
@@ -337,6 +343,9 @@ impl Engines {
             .args(["--generation", &spec.generation.to_string()]);
         if let Some(f) = &self.record_at.token_file {
             cmd.arg("--cluster-token-file").arg(f);
+        }
+        if let Some(d) = self.engine_tls(spec)? {
+            cmd.arg("--tls-dir").arg(d);
         }
         for r in &spec.replicas {
             cmd.args(["--replica", r]);
@@ -526,7 +535,35 @@ impl Engines {
         ] {
             let _ = std::fs::remove_file(f);
         }
+        let _ = std::fs::remove_dir_all(self.tls_dir(volume));
         Ok(())
+    }
+
+    /// Where the credentials of the engine of `volume` are kept.
+    fn tls_dir(&self, volume: &str) -> PathBuf {
+        self.dir.join(format!("{volume}.tls"))
+    }
+
+    /// The credentials directory the engine of `spec` starts with: its
+    /// own, when the controller sent them (kept beside its socket, with
+    /// the node's CA certificate); else the node's (TLS on), or none.
+    fn engine_tls(&self, spec: &StartEngineRequest) -> Result<Option<PathBuf>, Error> {
+        let Some(node_dir) = &self.record_at.tls_dir else {
+            return Ok(None);
+        };
+        if spec.tls_cert_pem.is_empty() {
+            return Ok(Some(node_dir.clone()));
+        }
+        let failed =
+            |e: ballast::tls::TlsError| Error::Internal(format!("the engine's credentials: {e}"));
+        let ca = ballast::tls::Credentials::load(node_dir)
+            .map_err(failed)?
+            .ca_pem;
+        let dir = self.tls_dir(&spec.volume);
+        ballast::tls::Credentials::from_pem(&ca, &spec.tls_cert_pem, &spec.tls_key_pem)
+            .save(&dir)
+            .map_err(failed)?;
+        Ok(Some(dir))
     }
 
     fn status(&self, volume: &str, running: bool, problem: &str) -> EngineStatus {

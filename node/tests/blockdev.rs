@@ -70,6 +70,7 @@ fn fuse_and_loop_make_a_block_device_that_carries_an_ext4_filesystem() {
             None,
             ReplicaSet::default(),
             None,
+            Default::default(),
         )
         .await
         .unwrap()

@@ -403,6 +403,7 @@ async fn a_write_a_dropped_replica_lacks_is_acknowledged_only_once_the_drop_is_r
         None,
         recorded(5, &["v-r1", "v-r2"]),
         Some(recorder.clone()),
+        Default::default(),
     )
     .await
     .unwrap();
@@ -447,6 +448,7 @@ async fn an_engine_whose_record_is_refused_is_fenced_and_fails_io() {
         None,
         recorded(3, &["v-r1", "v-r2"]),
         Some(recorder.clone()),
+        Default::default(),
     )
     .await
     .unwrap();
@@ -522,6 +524,7 @@ async fn a_replica_the_record_leaves_out_is_never_served_whatever_revision_it_cl
         None,
         recorded(4, &["v-r1"]),
         Some(recorder),
+        Default::default(),
     )
     .await
     .unwrap();

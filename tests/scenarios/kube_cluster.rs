@@ -45,9 +45,12 @@ fn kube_controller(
         "4s",
         "--resync-interval",
         "1s",
-        // As deploy/ runs it: the token in a Secret the controllers make.
+        // As deploy/ runs it: the token and the CA in Secrets the
+        // controllers make (TLS on).
         "--cluster-token-secret",
         TOKEN_SECRET,
+        "--cluster-ca-secret",
+        "ballast-cluster-ca",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -138,14 +141,16 @@ impl KubeCluster {
             .collect();
         let leader = wait_for(Duration::from_secs(60), "a leader", || holder(&rt, &cp));
         let li: usize = leader.trim_start_matches("controller-").parse().unwrap();
-        // The nodes get the token the controllers keep in their Secret, as
-        // a DaemonSet mounts it.
+        // The nodes get the token and the CA's certificate the controllers
+        // keep in their Secret, as a DaemonSet mounts it.
         rt.block_on(async {
             let api: kube::Api<k8s_openapi::api::core::v1::Secret> =
                 kube::Api::namespaced(cp.client().await.unwrap(), NAMESPACE);
-            let secret = api.get(TOKEN_SECRET).await.unwrap();
-            let token = &secret.data.unwrap()["token"];
-            std::fs::write(dir.path().join("cluster-token"), &token.0).unwrap();
+            let data = api.get(TOKEN_SECRET).await.unwrap().data.unwrap();
+            std::fs::write(dir.path().join("cluster-token"), &data["token"].0).unwrap();
+            let ca = cluster_ca_dir(dir.path());
+            std::fs::create_dir_all(&ca).unwrap();
+            std::fs::write(ca.join("ca.crt"), &data["ca.crt"].0).unwrap();
         });
         // Nodes may call any controller: followers forward to the leader.
         let agents: Vec<String> = ctls.iter().map(|c| format!("http://{}", c.agent)).collect();

@@ -2,11 +2,13 @@
 //! it sends a replica is refused where it would cost data, and the
 //! volume's data is checked by checksum afterwards.
 
+use std::path::Path;
 use std::time::Duration;
 
 use ballast_node::replica::LayerSpec;
 use ballast_node::wire::JoinSpec;
 use ballast_node::wire::client::ReplicaClient;
+use ballast_node::wire::tls::WireTls;
 use serde_json::json;
 
 use crate::harness::*;
@@ -14,9 +16,11 @@ use crate::harness::*;
 /// The two JOINs a rogue peer would send to empty a replica and have it
 /// win the next attach: the one of the security review (no frozen layer,
 /// a far revision), and one that names the replica's own frozen layers so
-/// that nothing is left to fill.
-async fn rogue_joins(addr: &str, name: &str) -> Vec<String> {
-    let client = ReplicaClient::connect(addr, name).await.unwrap();
+/// that nothing is left to fill. The peer holds an engine's certificate
+/// for the volume (`wire`: a node that once ran its engine, say): the
+/// replica refuses them all the same.
+async fn rogue_joins(wire: &WireTls, addr: &str, name: &str) -> Vec<String> {
+    let client = ReplicaClient::dial(wire, addr, name).await.unwrap();
     let layers = client.layers().await.unwrap();
     let own: Vec<LayerSpec> = layers
         .iter()
@@ -61,11 +65,30 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
     c.ok("POST", "/v1/volumes/v/detach", None);
 
     let rt = runtime();
+    let node_3 = wire_as(c.dir.path(), "node-3");
+    let engine_on_3 = engine_wire_as(c.dir.path(), "v", "node-3");
     for r in c.replicas("v") {
         let name = r["name"].as_str().unwrap();
         let node = c.node(r["spec"]["nodeId"].as_str().unwrap());
         let addr = node["status"]["replicaEndpoint"].as_str().unwrap();
-        for why in rt.block_on(rogue_joins(addr, name)) {
+        // A node's certificate is not the volume's engine's: JOIN and
+        // FILL are refused before they are read.
+        rt.block_on(async {
+            let client = ReplicaClient::dial(&node_3, addr, name).await.unwrap();
+            let join = JoinSpec {
+                frozen: Vec::new(),
+                head: "layer-000099.img".into(),
+                revision: 1_000_000,
+            };
+            let refused = [
+                client.join(&join).await.map(drop).unwrap_err(),
+                client.fill("x@127.0.0.1:1").await.map(drop).unwrap_err(),
+            ];
+            for e in refused {
+                assert!(e.to_string().contains("only for the engine"), "{name}: {e}");
+            }
+        });
+        for why in rt.block_on(rogue_joins(&engine_on_3, addr, name)) {
             assert!(
                 why.contains("no frozen layer") || why.contains("claim writes"),
                 "{name}: {why}"
@@ -86,29 +109,24 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
     );
 }
 
-/// Sends OPEN `name` and then LEND from `from` (another address of this
-/// machine, standing for another node) to a replica server; the status of
-/// each reply.
-fn lend_from(from: &str, addr: &str, name: &str) -> (u32, u32, String) {
-    use ballast_node::wire::protocol::{Op, RESPONSE_HEADER, Request, Response};
+/// Sends OPEN `name` and then LEND to a replica server, from the address
+/// `from` of this machine and with node `as_node`'s certificate; the
+/// status of each reply.
+fn lend_from(dir: &Path, as_node: &str, from: &str, addr: &str, name: &str) -> (u32, u32, String) {
+    use ballast_node::wire::protocol::{Op, RESPONSE_HEADER, Response};
     use std::io::{Read, Write};
     let rt = runtime();
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
     let stream = rt.block_on(socket.connect(addr.parse().unwrap())).unwrap();
-    let mut s = stream.into_std().unwrap();
-    s.set_nonblocking(false).unwrap();
+    let tcp = stream.into_std().unwrap();
+    tcp.set_nonblocking(false).unwrap();
+    let mut s = replica_tls(dir, as_node, tcp);
     let mut ask = |op: Op, id: u64, payload: &[u8]| {
-        let req = Request {
-            op,
-            flags: 0,
-            id,
-            offset: 0,
-            len: payload.len() as u32,
-            revision: 0,
-        };
-        s.write_all(&req.encode()).unwrap();
+        s.write_all(&replica_header(op, id, payload.len() as u32))
+            .unwrap();
         s.write_all(payload).unwrap();
+        s.flush().unwrap();
         let mut head = [0u8; RESPONSE_HEADER];
         s.read_exact(&mut head).unwrap();
         let resp = Response::decode(&head).unwrap();
@@ -131,18 +149,32 @@ fn a_rogue_lend_from_another_node_is_refused_and_the_volume_keeps_every_replica(
     let before = write_data(c.dir.path(), &endpoint, 22);
 
     // Every replica, the one lent to the engine on node-1 included, is
-    // asked for a loan by a peer on another address.
+    // asked for a loan by a peer on another address (with the replica's
+    // own node's certificate), and by one on its address with another
+    // node's certificate.
     for r in c.replicas("v") {
         let name = r["name"].as_str().unwrap();
-        let node = c.node(r["spec"]["nodeId"].as_str().unwrap());
+        let owner = r["spec"]["nodeId"].as_str().unwrap();
+        let other = if owner == "node-1" {
+            "node-2"
+        } else {
+            "node-1"
+        };
+        let node = c.node(owner);
         let addr = node["status"]["replicaEndpoint"].as_str().unwrap();
-        let (opened, lent, why) = lend_from("127.0.0.2", addr, name);
-        assert_eq!(opened, status::OK, "{name}");
-        assert_eq!(lent, status::DENIED, "{name}: {why}");
-        assert!(
-            why.contains("only for the engine on this replica's node"),
-            "{why}"
-        );
+        for (as_node, from) in [(owner, "127.0.0.2"), (other, "127.0.0.1")] {
+            let (opened, lent, why) = lend_from(c.dir.path(), as_node, from, addr, name);
+            assert_eq!(opened, status::OK, "{name}");
+            assert_eq!(
+                lent,
+                status::DENIED,
+                "{name} as {as_node} from {from}: {why}"
+            );
+            assert!(
+                why.contains("only for the engine on this replica's node"),
+                "{why}"
+            );
+        }
     }
 
     // Writes go on to all three replicas, none was dropped, and the data
@@ -159,12 +191,69 @@ fn a_rogue_lend_from_another_node_is_refused_and_the_volume_keeps_every_replica(
     verify_replicas(&c, "v", &after);
 }
 
-/// What a peer without the cluster token (or with another) gets from the
-/// node agents and the controller's agent endpoint: UNAUTHENTICATED, for a
-/// destructive call, before anything runs.
+/// A peer without a certificate of the cluster cannot even start the
+/// replica protocol: the handshake fails before any request is read, for a
+/// plain connection and for a TLS client that shows no certificate or one
+/// of another CA.
 #[test]
-fn agent_calls_without_the_cluster_token_are_refused_and_the_volume_keeps_its_data() {
-    use ballast::cluster_token::ClusterToken;
+fn a_replica_peer_without_the_clusters_certificate_is_refused_before_any_request() {
+    use ballast::tls::{Ca, Role};
+    use ballast_node::wire::protocol::Op;
+    use std::io::{Read, Write};
+    let c = Cluster::start(1, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 1, Duration::from_secs(60));
+    let data = write_data(c.dir.path(), &endpoint, 25);
+    let r = &c.replicas("v")[0];
+    let name = r["name"].as_str().unwrap().to_string();
+    let addr = c.node("node-1")["status"]["replicaEndpoint"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // Plain: the server reads a TLS record, not a request, and closes.
+    let mut plain = std::net::TcpStream::connect(&addr).unwrap();
+    plain
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let _ = plain.write_all(&replica_header(Op::Open, 1, name.len() as u32));
+    let _ = plain.write_all(name.as_bytes());
+    let mut b = [0u8; 64];
+    let n = plain.read(&mut b).unwrap_or(0);
+    assert!(
+        n == 0 || b[0] == 0x15,
+        "a plain peer got no answer but an alert: {:?}",
+        &b[..n]
+    );
+
+    // A node certificate of another CA (the client trusts this cluster's
+    // CA, so that the refusal is the server's), through the engine's own
+    // client.
+    let mut foreign = Ca::generate()
+        .unwrap()
+        .issue(&Role::Node("node-1".into()))
+        .unwrap();
+    foreign.ca_pem = std::fs::read_to_string(cluster_ca_dir(c.dir.path()).join("ca.crt")).unwrap();
+    let wire = WireTls::new(&foreign, "node-1").unwrap();
+    let rt = runtime();
+    let refused = rt.block_on(ReplicaClient::dial(&wire, &addr, &name));
+    assert!(refused.is_err(), "a foreign certificate was served");
+
+    // The volume serves on, with its data.
+    verify_data(c.dir.path(), &endpoint, &data);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &data);
+}
+
+/// The five calls a rogue peer makes: StartEngine and StopEngine on
+/// node-1, DeleteReplica of `victim` on node-2, RecordReplicaSet and a
+/// forwarded DeleteVolume on the controller; their outcomes.
+async fn rogue_agent_calls(
+    channel: impl Fn(&str, &ballast::tls::Role) -> ballast::cluster_token::Authed,
+    (agent_1, agent_2, controller): (&str, &str, &str),
+    victim: &str,
+) -> Vec<Result<(), tonic::Status>> {
     use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
     use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
     use ballast::proto::agent::v1::{
@@ -172,6 +261,56 @@ fn agent_calls_without_the_cluster_token_are_refused_and_the_volume_keeps_its_da
     };
     use ballast::proto::csi::v1::DeleteVolumeRequest;
     use ballast::proto::csi::v1::controller_client::ControllerClient;
+    use ballast::tls::Role;
+    let mut n1 = NodeAgentClient::new(channel(agent_1, &Role::Node("node-1".into())));
+    let mut n2 = NodeAgentClient::new(channel(agent_2, &Role::Node("node-2".into())));
+    let mut ctl = ControlplaneClient::new(channel(controller, &Role::Controller));
+    let mut csi = ControllerClient::new(channel(controller, &Role::Controller));
+    vec![
+        n1.start_engine(StartEngineRequest {
+            volume: "v".into(),
+            size: SIZE,
+            ..Default::default()
+        })
+        .await
+        .map(drop),
+        n1.stop_engine(StopEngineRequest { volume: "v".into() })
+            .await
+            .map(drop),
+        n2.delete_replica(DeleteReplicaRequest {
+            name: victim.to_string(),
+        })
+        .await
+        .map(drop),
+        ctl.record_replica_set(RecordReplicaSetRequest {
+            volume: "v".into(),
+            node_id: "node-1".into(),
+            ..Default::default()
+        })
+        .await
+        .map(drop),
+        csi.delete_volume(DeleteVolumeRequest {
+            volume_id: "v".into(),
+            ..Default::default()
+        })
+        .await
+        .map(drop),
+    ]
+}
+
+/// What a peer gets from the node agents and the controller's agent
+/// endpoint without the cluster token (even with a node's certificate),
+/// without a client certificate (even with the token), or with a node's
+/// certificate where only the controller, or another node, may call:
+/// UNAUTHENTICATED or PERMISSION_DENIED, for destructive calls, before
+/// anything runs. A
+/// plain connection gets no answer at all.
+#[test]
+fn agent_calls_without_the_token_or_the_controllers_certificate_are_refused_and_the_volume_keeps_its_data()
+ {
+    use ballast::cluster_token::ClusterToken;
+    use ballast::tls::{Member, Role, Tls};
+    use tonic::Code;
 
     let c = Cluster::start(2, 1);
     c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
@@ -190,52 +329,78 @@ fn agent_calls_without_the_cluster_token_are_refused_and_the_volume_keeps_its_da
     };
     let controller = format!("http://{}", c.ctl.agent);
     let (agent_1, agent_2) = (agent_of("node-1"), agent_of("node-2"));
+    let at = (agent_1.as_str(), agent_2.as_str(), controller.as_str());
+    let dir = c.dir.path();
+    let ca_pem = std::fs::read_to_string(cluster_ca_dir(dir).join("ca.crt")).unwrap();
+    let good_token = ClusterToken::read(&cluster_token(dir)).unwrap();
+    let as_node_2 = member_as(dir, Role::Node("node-2".into()));
 
     let rt = runtime();
+    // A node's certificate, but no token or another cluster's.
     for token in [
         ClusterToken::default(),
         ClusterToken::from_text("not-this-cluster-token"),
     ] {
-        let refusals = rt.block_on(async {
-            let ch = |at: &str| ballast::grpc::tcp_channel(at).unwrap();
-            let mut n1 = NodeAgentClient::with_interceptor(ch(&agent_1), token.sender());
-            let mut n2 = NodeAgentClient::with_interceptor(ch(&agent_2), token.sender());
-            let mut ctl = ControlplaneClient::with_interceptor(ch(&controller), token.sender());
-            let mut csi = ControllerClient::with_interceptor(ch(&controller), token.sender());
-            vec![
-                n1.start_engine(StartEngineRequest {
-                    volume: "v".into(),
-                    size: SIZE,
-                    ..Default::default()
-                })
-                .await
-                .map(drop),
-                n1.stop_engine(StopEngineRequest { volume: "v".into() })
-                    .await
-                    .map(drop),
-                n2.delete_replica(DeleteReplicaRequest {
-                    name: victim.clone(),
-                })
-                .await
-                .map(drop),
-                ctl.record_replica_set(RecordReplicaSetRequest {
-                    volume: "v".into(),
-                    ..Default::default()
-                })
-                .await
-                .map(drop),
-                csi.delete_volume(DeleteVolumeRequest {
-                    volume_id: "v".into(),
-                    ..Default::default()
-                })
-                .await
-                .map(drop),
-            ]
-        });
-        for (i, r) in refusals.into_iter().enumerate() {
+        let m = Member {
+            token,
+            tls: as_node_2.tls.clone(),
+        };
+        let outcomes = rt.block_on(rogue_agent_calls(
+            |u, r| m.channel(u, r).unwrap(),
+            at,
+            &victim,
+        ));
+        for (i, r) in outcomes.into_iter().enumerate() {
             let e = r.expect_err("a call without the token went through");
-            assert_eq!(e.code(), tonic::Code::Unauthenticated, "call {i}: {e}");
+            assert_eq!(e.code(), Code::Unauthenticated, "call {i}: {e}");
         }
+    }
+    // The token, but no client certificate.
+    let no_cert = |u: &str, r: &Role| {
+        let tls = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(&ca_pem))
+            .domain_name(r.name());
+        tonic::service::interceptor::InterceptedService::new(
+            ballast::grpc::tcp_channel_with(u, Some(tls)).unwrap(),
+            good_token.sender(),
+        )
+    };
+    for (i, r) in rt
+        .block_on(rogue_agent_calls(no_cert, at, &victim))
+        .into_iter()
+        .enumerate()
+    {
+        let e = r.expect_err("a call without a certificate went through");
+        assert_eq!(e.code(), Code::Unauthenticated, "call {i}: {e}");
+        assert!(e.message().contains("certificate"), "call {i}: {e}");
+    }
+    // The token and node-2's certificate: only the controller may call the
+    // node agents and forward CSI calls, and only node-1 (its engine) may
+    // record node-1's engine's replica set.
+    let outcomes = rt.block_on(rogue_agent_calls(
+        |u, r| as_node_2.channel(u, r).unwrap(),
+        at,
+        &victim,
+    ));
+    for (i, r) in outcomes.into_iter().enumerate() {
+        let e = r.expect_err("node-2 made a call that is not its own");
+        assert_eq!(e.code(), Code::PermissionDenied, "call {i}: {e}");
+    }
+    // Plain gRPC with the token: no TLS, no answer.
+    let plain = Member {
+        token: good_token.clone(),
+        tls: Tls::default(),
+    };
+    for (i, r) in rt
+        .block_on(rogue_agent_calls(
+            |u, r| plain.channel(u, r).unwrap(),
+            at,
+            &victim,
+        ))
+        .into_iter()
+        .enumerate()
+    {
+        r.expect_err(&format!("plain call {i} went through"));
     }
 
     // Nothing happened: the engine serves, both replicas hold the data.

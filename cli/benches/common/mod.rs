@@ -42,6 +42,17 @@ pub fn quiet(cmd: &mut Command) -> &mut Command {
 /// Without `block_sums`, the replica is in the format from before
 /// per-block checksums.
 pub fn node_with(dir: &Path, i: usize, volume: &str, block_sums: bool) -> (Kill, String) {
+    node_as(dir, i, volume, block_sums, &[])
+}
+
+/// Like `node_with`, with more flags for the node.
+pub fn node_as(
+    dir: &Path,
+    i: usize,
+    volume: &str,
+    block_sums: bool,
+    extra: &[&str],
+) -> (Kill, String) {
     let disk = dir.join(format!("node-{i}/disk"));
     std::fs::create_dir_all(&disk).unwrap();
     let name = format!("{volume}-r{i}");
@@ -66,7 +77,8 @@ pub fn node_with(dir: &Path, i: usize, volume: &str, block_sums: bool) -> (Kill,
                 &format!("127.0.0.1:{}", free_port()),
                 "--replica-listen",
                 &format!("127.0.0.1:{replica_port}"),
-            ]),
+            ])
+            .args(extra),
     )
     .spawn()
     .unwrap();

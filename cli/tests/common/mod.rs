@@ -193,10 +193,21 @@ pub fn controller_args(
         agent.to_string(),
         "--node-down-timeout".into(),
         timeout.into(),
-        // The cluster token of the test's directory (the store's).
+        // The cluster token and CA of the test's directory (the store's):
+        // every test runs with TLS on.
         "--cluster-token-file".into(),
         cluster_token(store.parent().unwrap()).display().to_string(),
+        "--cluster-ca-dir".into(),
+        cluster_ca_dir(store.parent().unwrap())
+            .display()
+            .to_string(),
     ]
+}
+
+/// The cluster CA's directory of the test directory `dir` (the
+/// controller makes the CA there at its first start).
+pub fn cluster_ca_dir(dir: &Path) -> PathBuf {
+    dir.join("cluster-ca")
 }
 
 /// The token every controller and node of the test directory `dir`
@@ -211,6 +222,64 @@ pub fn cluster_token(dir: &Path) -> PathBuf {
         .unwrap();
     }
     path
+}
+
+/// Credentials for `role` from the CA of the test directory `dir` (which
+/// its controller made): what a member of that cluster holds, for tests
+/// that act as one.
+pub fn credentials_as(dir: &Path, role: ballast::tls::Role) -> ballast::tls::Credentials {
+    let ca = ballast::tls::Ca::in_dir(&cluster_ca_dir(dir)).unwrap();
+    ca.issue(&role).unwrap()
+}
+
+/// A member of the cluster of `dir` as `role`: its token and a certificate.
+pub fn member_as(dir: &Path, role: ballast::tls::Role) -> ballast::tls::Member {
+    ballast::tls::Member {
+        token: ballast::cluster_token::ClusterToken::read(&cluster_token(dir)).unwrap(),
+        tls: ballast::tls::Tls::on(credentials_as(dir, role)),
+    }
+}
+
+/// Node `node`'s replica transport in the cluster of `dir`.
+pub fn wire_as(dir: &Path, node: &str) -> ballast_node::wire::tls::WireTls {
+    let creds = credentials_as(dir, ballast::tls::Role::Node(node.into()));
+    ballast_node::wire::tls::WireTls::new(&creds, node).unwrap()
+}
+
+/// The replica transport of an engine of `volume` on `node`, with
+/// credentials as the controller issues them, in the cluster of `dir`.
+pub fn engine_wire_as(dir: &Path, volume: &str, node: &str) -> ballast_node::wire::tls::WireTls {
+    let ca = ballast::tls::Ca::in_dir(&cluster_ca_dir(dir)).unwrap();
+    let creds = ca.issue_engine(volume, node).unwrap();
+    ballast_node::wire::tls::WireTls::new(&creds, node).unwrap()
+}
+
+/// The header of a replica protocol request `op` at offset 0, with `len`
+/// bytes of payload (or of data to read).
+pub fn replica_header(op: ballast_node::wire::protocol::Op, id: u64, len: u32) -> Vec<u8> {
+    ballast_node::wire::protocol::Request {
+        op,
+        flags: 0,
+        id,
+        offset: 0,
+        len,
+        revision: 0,
+    }
+    .encode()
+    .to_vec()
+}
+
+/// A blocking TLS connection to the replica server at `addr`, as node
+/// `node` of the cluster of `dir`, from `tcp` (already connected).
+pub fn replica_tls(
+    dir: &Path,
+    node: &str,
+    tcp: std::net::TcpStream,
+) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    let creds = credentials_as(dir, ballast::tls::Role::Node(node.into()));
+    let name = rustls::pki_types::ServerName::try_from(ballast::tls::Role::AnyNode.name()).unwrap();
+    let conn = rustls::ClientConnection::new(creds.rustls_client().unwrap(), name).unwrap();
+    rustls::StreamOwned::new(conn, tcp)
 }
 
 /// Starts a controller in `dir` and waits until its API answers.
@@ -268,6 +337,8 @@ pub fn node_args(dir: &Path, id: &str, controller_agent: &str) -> (Vec<String>, 
         dir.display().to_string(),
         "--cluster-token-file".into(),
         cluster_token(dir).display().to_string(),
+        "--cluster-ca-file".into(),
+        cluster_ca_dir(dir).join("ca.crt").display().to_string(),
     ];
     (args, socket)
 }

@@ -85,7 +85,7 @@ pub async fn scrub_now(ctx: &Arc<Context>, name: &str) -> Result<bool, Error> {
 async fn scrub(ctx: &Arc<Context>, name: &str, rate: u64) -> Result<bool, Error> {
     let r: Replica = ctx.store.fetch(name).await?;
     let node: Node = ctx.store.fetch(&r.spec.node_id).await?;
-    let mut c = agent(&node, &ctx.token)?;
+    let mut c = agent(&node, &ctx.member)?;
     // As long as reading the whole volume at the rate takes, and a minute.
     let size = ctx
         .store

@@ -235,7 +235,18 @@ async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Resul
         .map(|r| r.name)
         .unwrap_or_default();
     let holders = serving.holders.join(", ");
-    let mut c = agent(node, &ctx.token)?;
+    // With TLS on, the engine gets credentials for this volume on this
+    // node: the replicas take JOIN and FILL only from them.
+    let (tls_cert_pem, tls_key_pem) = match &ctx.ca {
+        Some(ca) => {
+            let c = ca
+                .issue_engine(&volume.name, &node.id)
+                .map_err(|e| Error::Internal(format!("the engine's certificate: {e}")))?;
+            (c.cert_pem.clone(), c.key_pem().to_string())
+        }
+        None => Default::default(),
+    };
+    let mut c = agent(node, &ctx.member)?;
     let started = with_timeout(
         &node.id,
         c.start_engine(StartEngineRequest {
@@ -245,6 +256,8 @@ async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Resul
             local,
             generation: serving.generation,
             current: serving.current,
+            tls_cert_pem,
+            tls_key_pem,
         }),
     )
     .await;
@@ -319,7 +332,7 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
         return Ok(volume);
     };
     if let Some(node) = ctx.store.get::<Node>(&node_id).await? {
-        let mut c = agent(&node, &ctx.token)?;
+        let mut c = agent(&node, &ctx.member)?;
         with_timeout(
             &node_id,
             c.stop_engine(StopEngineRequest {
@@ -441,7 +454,7 @@ pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume,
 /// Sets one replica's size on its node (a smaller size undoes a growth).
 async fn grow_on_node(ctx: &Context, r: &Replica, size: u64) -> Result<(), Error> {
     let node: Node = ctx.store.fetch(&r.spec.node_id).await?;
-    let mut c = agent(&node, &ctx.token)?;
+    let mut c = agent(&node, &ctx.member)?;
     with_timeout(
         &node.id,
         c.grow_replica(GrowReplicaRequest {

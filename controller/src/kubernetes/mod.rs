@@ -13,8 +13,8 @@ mod events;
 pub mod lease;
 pub mod nodes;
 mod objects;
+pub mod secrets;
 mod store;
-pub mod token_secret;
 mod watch;
 
 pub use lease::{Elector, Timing};
@@ -33,9 +33,9 @@ pub enum KubeError {
         "the CRDs of ballast.csi.dev are not installed ({0}); install them with `ballast crds | kubectl apply -f -`"
     )]
     NoCrds(String),
-    /// The cluster token's Secret is unusable (or could not be made).
-    #[error("the cluster token: {0}")]
-    TokenSecret(String),
+    /// The cluster token's or CA's Secret is unusable (or could not be made).
+    #[error("the cluster's secrets: {0}")]
+    ClusterSecret(String),
 }
 
 /// A client for the cluster: from the kubeconfig file when one is given,

@@ -383,7 +383,7 @@ async fn delete_orphans(
         tokio::spawn(async move {
             let deleted = async {
                 let n: Node = ctx.store.fetch(&node).await?;
-                let mut c = crate::agents::client(&n, &ctx.token)?;
+                let mut c = crate::agents::client(&n, &ctx.member)?;
                 crate::agents::with_timeout(
                     &node,
                     c.delete_replica(ballast::proto::agent::v1::DeleteReplicaRequest {

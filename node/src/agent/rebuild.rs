@@ -30,7 +30,7 @@ pub async fn offline(
         e if e.is_no_space() => Error::Unavailable(e.to_string()),
         e => Error::Internal(e.to_string()),
     };
-    let src = ReplicaClient::connect(src_addr, src_name)
+    let src = ReplicaClient::dial(server.tls(), src_addr, src_name)
         .await
         .map_err(remote)?;
     src.snapshot().await.map_err(remote)?;

@@ -187,20 +187,20 @@ pub struct ControllerRecorder {
 
 impl ControllerRecorder {
     /// `controller` is the controller's agent endpoint (`http://host:port`).
-    /// Its calls carry `token`.
+    /// Its calls are made as `member` (the node's token and certificate).
     pub fn new(
         controller: &str,
         volume: &str,
         node_id: &str,
-        token: &ballast::cluster_token::ClusterToken,
+        member: &ballast::tls::Member,
     ) -> Result<Self, String> {
-        let channel = ballast::grpc::tcp_channel(controller).map_err(|e| e.to_string())?;
+        let channel = member
+            .channel(controller, &ballast::tls::Role::Controller)
+            .map_err(|e| e.to_string())?;
         Ok(ControllerRecorder {
-            client:
-                ballast::proto::agent::v1::controlplane_client::ControlplaneClient::with_interceptor(
-                    channel,
-                    token.sender(),
-                ),
+            client: ballast::proto::agent::v1::controlplane_client::ControlplaneClient::new(
+                channel,
+            ),
             volume: volume.to_string(),
             node_id: node_id.to_string(),
         })

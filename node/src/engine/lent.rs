@@ -22,6 +22,8 @@ use crate::wire::protocol::status;
 pub struct Lent {
     name: String,
     addr: String,
+    /// How the lease connected (a new lease connects the same way).
+    tls: crate::wire::tls::WireTls,
     dir: PathBuf,
     replica: RwLock<Replica>,
     /// The connection that holds the loan.
@@ -90,6 +92,7 @@ impl Lent {
         Ok(Arc::new(Lent {
             name: name.to_string(),
             addr: lease.addr().to_string(),
+            tls: lease.tls().clone(),
             dir: dir.to_path_buf(),
             replica: RwLock::new(replica),
             lease: Mutex::new(lease),
@@ -194,13 +197,15 @@ impl Lent {
                 };
                 lease.closed().await;
                 drop(lease);
-                let Some((name, addr)) = me.upgrade().map(|l| (l.name.clone(), l.addr.clone()))
+                let Some((name, addr, tls)) = me
+                    .upgrade()
+                    .map(|l| (l.name.clone(), l.addr.clone(), l.tls.clone()))
                 else {
                     return;
                 };
                 tracing::warn!(replica = %name, "the loan's connection dropped; asking again");
                 let answer = loop {
-                    let again = match ReplicaClient::connect(&addr, &name).await {
+                    let again = match ReplicaClient::dial(&tls, &addr, &name).await {
                         Ok(c) => c.lend().await.map(|()| c),
                         Err(e) => Err(e),
                     };

@@ -28,6 +28,7 @@ use tokio::sync::{Mutex, RwLock};
 use crate::replica::BLOCK;
 use crate::wire::client::{ClientError, ReplicaClient, Waiter};
 use crate::wire::protocol::{FLAG_FUA, FLAG_ZEROES, MAX_DATA, Op};
+use crate::wire::tls::WireTls;
 
 mod catch_up;
 pub mod freshness;
@@ -192,6 +193,8 @@ pub struct Engine {
     freshness: freshness::Freshness,
     /// Wakes the task that keeps the record (a permit is kept if it is busy).
     set_changed: Arc<tokio::sync::Notify>,
+    /// How it connects to replicas.
+    tls: WireTls,
 }
 
 impl Drop for Engine {
@@ -287,7 +290,7 @@ impl Engine {
     /// store has it; with a `recorder`, the engine records the set it runs
     /// with (and every change of it) before it acknowledges a write that a
     /// recorded replica lacks. Without one (an engine a test drives in
-    /// process), nothing is recorded.
+    /// process), nothing is recorded. It connects to replicas with `tls`.
     pub async fn start(
         volume: &str,
         size: u64,
@@ -295,6 +298,7 @@ impl Engine {
         local: Option<String>,
         recorded: ReplicaSet,
         recorder: Option<Arc<dyn Recorder>>,
+        tls: WireTls,
     ) -> Result<Arc<Engine>, EngineError> {
         if replicas.is_empty() {
             return Err(EngineError::Start("at least one replica is needed".into()));
@@ -302,7 +306,7 @@ impl Engine {
         let mut members = Vec::new();
         let mut revisions = Vec::new();
         for at in replicas {
-            let (mut m, revision) = open_member(at, size).await;
+            let (mut m, revision) = open_member(&tls, at, size).await;
             // Whatever it claims, a replica the record leaves out holds older
             // data than the volume's (generation 0: nothing recorded yet).
             if recorded.generation > 0 && !recorded.replicas.contains(&at.name) {
@@ -354,6 +358,7 @@ impl Engine {
             writers: std::sync::Mutex::new(None),
             freshness: freshness::Freshness::new(recorded, recorder),
             set_changed: Arc::new(tokio::sync::Notify::new()),
+            tls,
         });
         if keeps_record {
             // The set it opened may already differ from the record.
@@ -1023,9 +1028,9 @@ impl Engine {
 /// Connects to a replica for a starting engine: a member in `rw` mode
 /// with its revision, or in `err` mode with why (unreachable, a rebuild
 /// not finished, another size).
-async fn open_member(at: &ReplicaAddr, size: u64) -> (Member, u64) {
+async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64) {
     let connected = async {
-        let c = ReplicaClient::connect(&at.addr, &at.name).await?;
+        let c = ReplicaClient::dial(tls, &at.addr, &at.name).await?;
         let info = c.info().await?;
         Ok::<_, ClientError>((c, info))
     }

@@ -54,7 +54,7 @@ impl Engine {
             return Err(EngineError::Busy(self.volume.clone()));
         }
         let guard = Rebuilding(self.clone());
-        let client = ReplicaClient::connect(&at.addr, &at.name)
+        let client = ReplicaClient::dial(&self.tls, &at.addr, &at.name)
             .await
             .map_err(|e| EngineError::of_replica(&at.name, e))?;
         let info = client

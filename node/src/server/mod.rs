@@ -30,12 +30,15 @@ use crate::wire::protocol::{
     FLAG_FUA, FLAG_RETURN, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER, Request, Response, status,
     status_of,
 };
+use crate::wire::tls::{Peer, WireTls, Writer};
 use crate::wire::{HANDSHAKE_TIMEOUT, IO_BUFFER, JoinSpec};
 
 /// Serves the replicas of its table over the replica data protocol.
 pub struct ReplicaServer {
     replicas: Arc<Replicas>,
     fills: Fills,
+    /// How connections are taken, and how its fills reach their sources.
+    tls: WireTls,
 }
 
 impl ReplicaServer {
@@ -43,12 +46,23 @@ impl ReplicaServer {
         Self::serving(Replicas::new(disks))
     }
 
-    /// Serves the replicas of `replicas`.
+    /// Serves the replicas of `replicas` over plain TCP.
     pub fn serving(replicas: Arc<Replicas>) -> Arc<Self> {
+        Self::serving_with(replicas, WireTls::default())
+    }
+
+    /// Serves the replicas of `replicas`, taking connections with `tls`.
+    pub fn serving_with(replicas: Arc<Replicas>, tls: WireTls) -> Arc<Self> {
         Arc::new(ReplicaServer {
             replicas,
             fills: Fills::default(),
+            tls,
         })
+    }
+
+    /// How it takes connections (and its fills make theirs).
+    pub fn tls(&self) -> &WireTls {
+        &self.tls
     }
 
     /// The table of the replicas it serves.
@@ -63,7 +77,9 @@ impl ReplicaServer {
         target: &str,
         source: &str,
     ) -> Result<crate::sync::FillReport, SyncError> {
-        self.fills.run(&self.replicas, target, source).await
+        self.fills
+            .run(&self.replicas, &self.tls, target, source)
+            .await
     }
 
     /// Bytes done and total of the fill of `name`, while one runs.
@@ -104,11 +120,24 @@ impl ReplicaServer {
     async fn connection(self: Arc<Self>, stream: TcpStream) -> std::io::Result<()> {
         // A peer on this node reaches it from the address it reaches
         // (the kernel picks the destination as the source).
-        let same_node = match (stream.peer_addr(), stream.local_addr()) {
+        let same_address = match (stream.peer_addr(), stream.local_addr()) {
             (Ok(peer), Ok(local)) => peer.ip() == local.ip(),
             _ => false,
         };
-        let (rd, wr) = stream.into_split();
+        let (rd, wr, peer) = tokio::time::timeout(HANDSHAKE_TIMEOUT, self.tls.accept(stream))
+            .await
+            .map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no TLS handshake within {HANDSHAKE_TIMEOUT:?}"),
+                )
+            })??;
+        // With TLS, the peer's certificate must also be this node's.
+        let same_node = same_address
+            && match &peer {
+                Peer::Plain => true,
+                Peer::Member { this_node, .. } => *this_node,
+            };
         let mut rd = crate::bufio::FrameReader::new(rd, IO_BUFFER);
         let (tx, rx) = mpsc::channel::<Queued>(256);
         // The socket's write half is shared: the writer task sends the
@@ -142,6 +171,7 @@ impl ReplicaServer {
             queued,
             budget: Budget::default(),
             same_node,
+            peer,
         };
         let result = loop {
             // A connection that has not opened a replica yet has
@@ -250,7 +280,7 @@ impl From<Reply> for Queued {
 /// A mutation queued for the mutator thread, with the share of the budget
 /// its payload holds until it is applied.
 type Mutation = (Shared, Request, bytes::Bytes, Option<Share>);
-type SharedWriter = Arc<tokio::sync::Mutex<tokio::io::BufWriter<tokio::net::tcp::OwnedWriteHalf>>>;
+type SharedWriter = Arc<tokio::sync::Mutex<tokio::io::BufWriter<Writer>>>;
 
 /// Whether a connection goes on.
 enum Flow {
@@ -315,6 +345,8 @@ struct Connection {
     /// Whether the peer is on this node: only the engine beside a replica
     /// borrows it (LEND).
     same_node: bool,
+    /// Who the peer is (its certificates, with TLS on).
+    peer: Peer,
 }
 
 impl Connection {
@@ -393,6 +425,10 @@ impl Connection {
         if req.op == Op::Lend {
             return self.lend(&req, &name).await;
         }
+        if matches!(req.op, Op::Join | Op::Fill) && !self.drives(&replica) {
+            let why = "JOIN and FILL are only for the engine the controller started for this replica's volume";
+            return Ok(self.reply(error(req.id, status::DENIED, why)).await);
+        }
         let replicas = &self.server.replicas;
         let fresh = matches!(req.op, Op::Info | Op::Layers | Op::WriteLog);
         let from_files = fresh || matches!(req.op, Op::LayerExtents | Op::LayerRead);
@@ -423,6 +459,16 @@ impl Connection {
             Err(e) => error(id, status::NOT_FOUND, &e),
         };
         self.reply(reply).await
+    }
+
+    /// Whether the peer is the engine of `replica`'s volume (its
+    /// certificate says so; on a plain connection nothing can be known).
+    fn drives(&self, replica: &Shared) -> bool {
+        let Ok(r) = replica.read() else {
+            return false;
+        };
+        self.peer
+            .is(&ballast::tls::Role::Engine(r.volume().to_string()))
     }
 
     /// LEND: lends the bound replica to this connection's engine, or takes
@@ -532,7 +578,7 @@ impl Connection {
 
 /// Sends the replies gathered by the connection's task, in one flush.
 async fn send_answered(
-    wr: &tokio::sync::Mutex<tokio::io::BufWriter<tokio::net::tcp::OwnedWriteHalf>>,
+    wr: &tokio::sync::Mutex<tokio::io::BufWriter<Writer>>,
     answered: &mut Vec<(Response, Vec<u8>)>,
 ) -> std::io::Result<()> {
     if answered.is_empty() {

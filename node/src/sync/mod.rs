@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::replica::{ReplicaError, Replicas, Shared};
 use crate::wire::client::{ClientError, ReplicaClient};
+use crate::wire::tls::WireTls;
 
 pub use local::CopyPath;
 
@@ -94,6 +95,7 @@ impl Fills {
     pub async fn run(
         &self,
         replicas: &Replicas,
+        tls: &WireTls,
         target: &str,
         source: &str,
     ) -> Result<FillReport, SyncError> {
@@ -117,7 +119,8 @@ impl Fills {
             }
             running.insert(target.to_string(), progress.clone());
         }
-        let done = fill(replicas, target, replica, src_name, src_addr, progress).await;
+        let source = (tls, src_name, src_addr);
+        let done = fill(replicas, target, replica, source, progress).await;
         if let Ok(mut running) = self.running.lock() {
             running.remove(target);
         }
@@ -132,12 +135,11 @@ async fn fill(
     replicas: &Replicas,
     target_name: &str,
     target: Shared,
-    source_name: &str,
-    source_addr: &str,
+    (tls, source_name, source_addr): (&WireTls, &str, &str),
     progress: Arc<Progress>,
 ) -> Result<FillReport, SyncError> {
     let pending = target.read().map_err(|_| lock_err())?.pending();
-    let client = ReplicaClient::connect(source_addr, source_name).await?;
+    let client = ReplicaClient::dial(tls, source_addr, source_name).await?;
     let layers = client.layers().await?;
     let mut todo = Vec::new();
     for name in &pending {

@@ -10,6 +10,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
 use super::protocol::{Op, RESPONSE_HEADER, Request, Response, status};
+use super::tls::WireTls;
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ClientError {
@@ -102,10 +103,7 @@ struct Frame {
 
 /// Writes every frame of `batch`, headers and payloads, with vectored
 /// writes.
-async fn write_frames(
-    wr: &mut tokio::net::tcp::OwnedWriteHalf,
-    batch: &[Frame],
-) -> std::io::Result<()> {
+async fn write_frames(wr: &mut super::tls::Writer, batch: &[Frame]) -> std::io::Result<()> {
     use std::io::IoSlice;
     let mut slices: Vec<IoSlice> = Vec::with_capacity(batch.len() * 2);
     for f in batch {
@@ -127,6 +125,8 @@ async fn write_frames(
 
 pub struct ReplicaClient {
     addr: String,
+    /// How it connected (to connect again the same way).
+    tls: WireTls,
     /// Frames to send, in order; one task writes them, batching what queues.
     /// Unbounded: what waits in it is bounded by the requests in flight,
     /// and sending never waits, so callers may send under a plain lock.
@@ -147,8 +147,13 @@ impl Drop for ReplicaClient {
 }
 
 impl ReplicaClient {
-    /// Connects to `addr` and opens the replica `name`.
+    /// Connects to `addr` over plain TCP and opens the replica `name`.
     pub async fn connect(addr: &str, name: &str) -> Result<ReplicaClient, ClientError> {
+        Self::dial(&WireTls::default(), addr, name).await
+    }
+
+    /// Connects to `addr` with `tls` and opens the replica `name`.
+    pub async fn dial(tls: &WireTls, addr: &str, name: &str) -> Result<ReplicaClient, ClientError> {
         let closed = |reason: String| ClientError::Closed {
             addr: addr.to_string(),
             reason,
@@ -158,8 +163,10 @@ impl ReplicaClient {
                 .await
                 .map_err(|_| closed("connect timed out".into()))?
                 .map_err(|e| closed(e.to_string()))?;
-        let _ = stream.set_nodelay(true);
-        let (rd, wr) = stream.into_split();
+        let (rd, wr) = tokio::time::timeout(super::HANDSHAKE_TIMEOUT, tls.connect(stream))
+            .await
+            .map_err(|_| closed("the TLS handshake timed out".into()))?
+            .map_err(|e| closed(format!("TLS: {e}")))?;
         let mut rd = crate::bufio::FrameReader::new(rd, super::IO_BUFFER);
         let (outbox, mut frames) = mpsc::unbounded_channel::<Frame>();
         let pending: Pending = Arc::default();
@@ -218,6 +225,7 @@ impl ReplicaClient {
         });
         let client = ReplicaClient {
             addr: addr.to_string(),
+            tls: tls.clone(),
             outbox,
             writer,
             closed,
@@ -239,6 +247,11 @@ impl ReplicaClient {
 
     pub fn addr(&self) -> &str {
         &self.addr
+    }
+
+    /// How it connected.
+    pub fn tls(&self) -> &WireTls {
+        &self.tls
     }
 
     /// Returns once the connection is gone.

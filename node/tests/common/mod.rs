@@ -14,6 +14,7 @@ pub async fn engine_over(size: u64, replicas: &[ReplicaAddr], local: Option<&str
         local.map(str::to_string),
         ReplicaSet::default(),
         None,
+        Default::default(),
     )
     .await
     .unwrap()

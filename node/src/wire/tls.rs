@@ -1,0 +1,117 @@
+//! The replica protocol's transport: plain TCP, or mutual TLS with the
+//! node's credentials (`ballast::tls`). Both sides get a read half and a
+//! write half; the server also learns who the client is. It owns the
+//! handshake and nothing of the protocol above it.
+
+use std::sync::Arc;
+
+use ballast::tls::{Credentials, Role, TlsError, holds};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+
+/// The read half of a connection.
+pub type Reader = Box<dyn AsyncRead + Send + Unpin>;
+/// The write half of a connection.
+pub type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// How replica connections are made and taken: plain TCP (the default) or
+/// mutual TLS.
+#[derive(Clone, Default)]
+pub struct WireTls(Option<Arc<Sides>>);
+
+struct Sides {
+    acceptor: TlsAcceptor,
+    connector: TlsConnector,
+    /// This node: a client of the server holding its certificate is on
+    /// this node.
+    me: Role,
+}
+
+impl std::fmt::Debug for WireTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "WireTls(on)"
+        } else {
+            "WireTls(off)"
+        })
+    }
+}
+
+/// Who a server's client is.
+#[derive(Debug)]
+pub enum Peer {
+    /// A plain connection: nothing is known of the client.
+    Plain,
+    /// A client of the cluster: whether it is this node, and its
+    /// certificates (end entity first), to check what else it is.
+    Member {
+        this_node: bool,
+        certs: Vec<CertificateDer<'static>>,
+    },
+}
+
+impl Peer {
+    /// Whether the peer is of `role`: always, on a plain connection
+    /// (nothing can be known; TLS off trusts the network).
+    pub fn is(&self, role: &Role) -> bool {
+        match self {
+            Peer::Plain => true,
+            Peer::Member { certs, .. } => holds(certs, role),
+        }
+    }
+}
+
+impl WireTls {
+    /// Mutual TLS with `credentials`, those of node `node_id`.
+    pub fn new(credentials: &Credentials, node_id: &str) -> Result<WireTls, TlsError> {
+        Ok(WireTls(Some(Arc::new(Sides {
+            acceptor: TlsAcceptor::from(credentials.rustls_server()?),
+            connector: TlsConnector::from(credentials.rustls_client()?),
+            me: Role::Node(node_id.to_string()),
+        }))))
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The client side of a new connection: the server must show a node's
+    /// certificate of the cluster.
+    pub async fn connect(&self, tcp: TcpStream) -> std::io::Result<(Reader, Writer)> {
+        let _ = tcp.set_nodelay(true);
+        let Some(s) = &self.0 else {
+            let (r, w) = tcp.into_split();
+            return Ok((Box::new(r), Box::new(w)));
+        };
+        let name = ServerName::try_from(Role::AnyNode.name())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        let stream = s.connector.connect(name, tcp).await?;
+        let (r, w) = tokio::io::split(stream);
+        Ok((Box::new(r), Box::new(w)))
+    }
+
+    /// The server side of a new connection: a client without a certificate
+    /// of the cluster fails the handshake, before any request is read.
+    pub async fn accept(&self, tcp: TcpStream) -> std::io::Result<(Reader, Writer, Peer)> {
+        let _ = tcp.set_nodelay(true);
+        let Some(s) = &self.0 else {
+            let (r, w) = tcp.into_split();
+            return Ok((Box::new(r), Box::new(w), Peer::Plain));
+        };
+        let stream = s.acceptor.accept(tcp).await?;
+        let certs: Vec<CertificateDer<'static>> = {
+            let (_, session) = stream.get_ref();
+            session
+                .peer_certificates()
+                .unwrap_or_default()
+                .iter()
+                .map(|c| c.clone().into_owned())
+                .collect()
+        };
+        let this_node = holds(&certs, &s.me);
+        let (r, w) = tokio::io::split(stream);
+        Ok((Box::new(r), Box::new(w), Peer::Member { this_node, certs }))
+    }
+}

@@ -1,0 +1,612 @@
+//! Mutual TLS between the members of one cluster. It owns the cluster's CA
+//! (made once by the controller, which alone holds its key), the
+//! certificates the CA issues (each controller's own, and each node's when
+//! it enrolls, from the node's signing request: the node's key never leaves
+//! it), the TLS settings of the agent and controlplane gRPC and of the
+//! replica protocol, and the reading of who a peer is from its certificate
+//! (`Role`). It opens no socket; it reads and writes only the files it is
+//! given.
+//!
+//! Names: a controller's certificate is for `controller.ballast.internal`,
+//! node N's for `N.node.ballast.internal` and `node.ballast.internal`.
+//! A client checks the name of the peer it means to reach; a server reads
+//! the role of its client from the same names.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertificateSigningRequestParams, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tonic::service::Interceptor;
+
+use crate::cluster_token::{Authed, Both, ClusterToken};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::{Request, Status};
+
+/// The DNS suffix of every member's certificate names (never resolved).
+pub const DOMAIN: &str = "ballast.internal";
+/// How long a member's certificate is valid; it is renewed at every start.
+pub const MEMBER_DAYS: i64 = 365;
+/// How long the CA is valid.
+pub const CA_DAYS: i64 = 3650;
+/// The files of a CA's directory (`--cluster-ca-dir`).
+pub const CA_CERT_FILE: &str = "ca.crt";
+pub const CA_KEY_FILE: &str = "ca.key";
+/// The files of a member's credentials directory (besides `ca.crt`).
+pub const CERT_FILE: &str = "tls.crt";
+pub const KEY_FILE: &str = "tls.key";
+
+/// What goes wrong with certificates and TLS settings.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("certificate: {0}")]
+    Certificate(#[from] rcgen::Error),
+    #[error("TLS settings: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
+    move |source| TlsError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Who a certificate says its holder is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    Controller,
+    /// A node plugin (and the engines it starts, which use its certificate).
+    Node(String),
+    /// Any node: what a client checks when it knows only an address.
+    AnyNode,
+    /// The engine of a volume: the one the controller started, on the node
+    /// it chose. Its certificate also carries that node's names.
+    Engine(String),
+}
+
+impl Role {
+    /// The name a certificate of this role is valid for, and the one a
+    /// client checks.
+    pub fn name(&self) -> String {
+        match self {
+            Role::Controller => format!("controller.{DOMAIN}"),
+            Role::Node(id) => format!("{id}.node.{DOMAIN}"),
+            Role::AnyNode => format!("node.{DOMAIN}"),
+            Role::Engine(volume) => format!("{volume}.volume.{DOMAIN}"),
+        }
+    }
+
+    /// Every name a certificate of this role carries.
+    fn names(&self) -> Vec<String> {
+        match self {
+            Role::Node(_) => vec![self.name(), Role::AnyNode.name()],
+            _ => vec![self.name()],
+        }
+    }
+}
+
+/// Whether `certs` (a peer's chain, end entity first, already verified
+/// against the CA by the handshake) belong to `role`.
+pub fn holds(certs: &[CertificateDer<'_>], role: &Role) -> bool {
+    let Some(leaf) = certs.first() else {
+        return false;
+    };
+    let Ok(cert) = webpki::EndEntityCert::try_from(leaf) else {
+        return false;
+    };
+    let Ok(name) = ServerName::try_from(role.name()) else {
+        return false;
+    };
+    cert.verify_is_valid_for_subject_name(&name).is_ok()
+}
+
+/// The date `days` from today, as a certificate date (at midnight UTC,
+/// so that "from yesterday" covers the differences between members'
+/// clocks).
+fn date(days: i64) -> time::OffsetDateTime {
+    use chrono::Datelike;
+    let d = chrono::Utc::now().date_naive() + chrono::Duration::days(days);
+    rcgen::date_time_ymd(d.year(), d.month() as u8, d.day() as u8)
+}
+
+/// The parameters of a member's certificate for `roles` (the first names
+/// it).
+fn member_params(roles: &[Role]) -> Result<CertificateParams, TlsError> {
+    let first = roles
+        .first()
+        .ok_or_else(|| TlsError::Invalid("a certificate for no role".into()))?;
+    let mut p = CertificateParams::new(roles.iter().flat_map(Role::names).collect::<Vec<_>>())?;
+    p.distinguished_name.push(DnType::CommonName, first.name());
+    p.distinguished_name
+        .push(DnType::OrganizationName, "ballast cluster");
+    p.is_ca = IsCa::ExplicitNoCa;
+    p.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    p.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    p.not_before = date(-1);
+    p.not_after = date(MEMBER_DAYS);
+    Ok(p)
+}
+
+/// The cluster's certificate authority.
+pub struct Ca {
+    cert_pem: String,
+    key_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ca")
+    }
+}
+
+impl Ca {
+    /// A new CA with a new key.
+    pub fn generate() -> Result<Ca, TlsError> {
+        let key = KeyPair::generate()?;
+        let mut p = CertificateParams::new(Vec::<String>::new())?;
+        p.distinguished_name
+            .push(DnType::CommonName, format!("ballast cluster CA ({DOMAIN})"));
+        p.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        p.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        p.not_before = date(-1);
+        p.not_after = date(CA_DAYS);
+        let cert = p.self_signed(&key)?;
+        Ok(Ca {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            issuer: Issuer::new(p, key),
+        })
+    }
+
+    /// The CA of these PEM texts.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Ca, TlsError> {
+        let key = KeyPair::from_pem(key_pem)?;
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, KeyPair::from_pem(key_pem)?)?;
+        drop(key);
+        Ok(Ca {
+            cert_pem: cert_pem.to_string(),
+            key_pem: key_pem.to_string(),
+            issuer,
+        })
+    }
+
+    /// The CA kept in `dir` (`ca.crt`, `ca.key`), made there when missing.
+    pub fn in_dir(dir: &Path) -> Result<Ca, TlsError> {
+        let (cert, key) = (dir.join(CA_CERT_FILE), dir.join(CA_KEY_FILE));
+        if cert.exists() || key.exists() {
+            let c = std::fs::read_to_string(&cert).map_err(io_err(&cert))?;
+            let k = std::fs::read_to_string(&key).map_err(io_err(&key))?;
+            return Ca::from_pem(&c, &k);
+        }
+        let ca = Ca::generate()?;
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        write_private(&key, &ca.key_pem)?;
+        write_atomically(&cert, &ca.cert_pem, 0o644)?;
+        Ok(ca)
+    }
+
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
+    }
+
+    /// New credentials (a new key) for `role`: a controller's own, and
+    /// tests'.
+    pub fn issue(&self, role: &Role) -> Result<Credentials, TlsError> {
+        self.issue_for(std::slice::from_ref(role))
+    }
+
+    /// The credentials of the engine of `volume` that the controller
+    /// starts on node `node_id`: it may JOIN and FILL that volume's
+    /// replicas, and is that node for everything else.
+    pub fn issue_engine(&self, volume: &str, node_id: &str) -> Result<Credentials, TlsError> {
+        crate::model::validate_name(volume).map_err(TlsError::Invalid)?;
+        crate::model::validate_name(node_id).map_err(TlsError::Invalid)?;
+        self.issue_for(&[
+            Role::Engine(volume.to_string()),
+            Role::Node(node_id.to_string()),
+        ])
+    }
+
+    fn issue_for(&self, roles: &[Role]) -> Result<Credentials, TlsError> {
+        let key = KeyPair::generate()?;
+        let cert = member_params(roles)?.signed_by(&key, &self.issuer)?;
+        Ok(Credentials {
+            ca_pem: self.cert_pem.clone(),
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// The certificate for node `node_id` of the signing request `csr_pem`:
+    /// only its public key is taken; the names, uses and dates are the
+    /// CA's (a request cannot ask for another role).
+    pub fn sign(&self, node_id: &str, csr_pem: &str) -> Result<String, TlsError> {
+        crate::model::validate_name(node_id).map_err(TlsError::Invalid)?;
+        let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)?;
+        csr.params = member_params(&[Role::Node(node_id.to_string())])?;
+        Ok(csr.signed_by(&self.issuer)?.pem())
+    }
+}
+
+/// A node's enrollment: a new key and the signing request the controller
+/// signs.
+pub struct Enrollment {
+    key: KeyPair,
+    pub csr_pem: String,
+}
+
+impl Enrollment {
+    pub fn new(node_id: &str) -> Result<Enrollment, TlsError> {
+        let key = KeyPair::generate()?;
+        let csr = member_params(&[Role::Node(node_id.to_string())])?.serialize_request(&key)?;
+        Ok(Enrollment {
+            csr_pem: csr.pem()?,
+            key,
+        })
+    }
+
+    /// The credentials once the CA `ca_pem` signed `cert_pem`.
+    pub fn finish(self, ca_pem: &str, cert_pem: &str) -> Credentials {
+        Credentials {
+            ca_pem: ca_pem.to_string(),
+            cert_pem: cert_pem.to_string(),
+            key_pem: self.key.serialize_pem(),
+        }
+    }
+}
+
+/// A member's CA certificate, certificate and key, in PEM.
+#[derive(Clone)]
+pub struct Credentials {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    key_pem: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Credentials")
+    }
+}
+
+impl Credentials {
+    /// Credentials from their PEM texts (an engine's, as the controller
+    /// sends them).
+    pub fn from_pem(ca_pem: &str, cert_pem: &str, key_pem: &str) -> Credentials {
+        Credentials {
+            ca_pem: ca_pem.to_string(),
+            cert_pem: cert_pem.to_string(),
+            key_pem: key_pem.to_string(),
+        }
+    }
+
+    /// The key, PEM (to hand an engine's credentials to its node).
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
+    }
+
+    /// The credentials kept in `dir` (`ca.crt`, `tls.crt`, `tls.key`).
+    pub fn load(dir: &Path) -> Result<Credentials, TlsError> {
+        let read = |f: &str| {
+            let p = dir.join(f);
+            std::fs::read_to_string(&p).map_err(io_err(&p))
+        };
+        Ok(Credentials {
+            ca_pem: read(CA_CERT_FILE)?,
+            cert_pem: read(CERT_FILE)?,
+            key_pem: read(KEY_FILE)?,
+        })
+    }
+
+    /// Keeps them in `dir`, the key readable by its owner only; each file
+    /// is replaced whole.
+    pub fn save(&self, dir: &Path) -> Result<(), TlsError> {
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        write_private(&dir.join(KEY_FILE), &self.key_pem)?;
+        write_atomically(&dir.join(CERT_FILE), &self.cert_pem, 0o644)?;
+        write_atomically(&dir.join(CA_CERT_FILE), &self.ca_pem, 0o644)
+    }
+
+    /// A gRPC server's settings: a client may come without a certificate
+    /// (a node enrolling); the services' gates decide who may call what.
+    pub fn grpc_server(&self) -> ServerTlsConfig {
+        ServerTlsConfig::new()
+            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+            .client_ca_root(Certificate::from_pem(&self.ca_pem))
+            .client_auth_optional(true)
+    }
+
+    /// A gRPC client's settings toward a server of `peer`.
+    pub fn grpc_client(&self, peer: &Role) -> ClientTlsConfig {
+        ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca_pem))
+            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
+            .domain_name(peer.name())
+    }
+
+    fn roots(&self) -> Result<Arc<rustls::RootCertStore>, TlsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(self.ca_pem.as_bytes()) {
+            let c = c.map_err(|e| TlsError::Invalid(format!("the CA certificate: {e}")))?;
+            roots.add(c)?;
+        }
+        Ok(Arc::new(roots))
+    }
+
+    fn chain_and_key(
+        &self,
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), TlsError> {
+        let chain = CertificateDer::pem_slice_iter(self.cert_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| TlsError::Invalid(format!("the certificate: {e}")))?;
+        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
+            .map_err(|e| TlsError::Invalid(format!("the key: {e}")))?;
+        Ok((chain, key))
+    }
+
+    /// A replica server's settings: every client shows a certificate of
+    /// the cluster, or the handshake fails.
+    pub fn rustls_server(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            self.roots()?,
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| TlsError::Invalid(format!("client verifier: {e}")))?;
+        let (chain, key) = self.chain_and_key()?;
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)?;
+        Ok(Arc::new(config))
+    }
+
+    /// A replica client's settings (the server's name is checked per
+    /// connection).
+    pub fn rustls_client(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let (chain, key) = self.chain_and_key()?;
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(self.roots()?)
+            .with_client_auth_cert(chain, key)?;
+        Ok(Arc::new(config))
+    }
+}
+
+/// A gRPC client's settings for a node that has no certificate yet: it
+/// checks the controller's against the CA and shows none.
+pub fn enrolling_client(ca_pem: &str) -> ClientTlsConfig {
+    ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca_pem))
+        .domain_name(Role::Controller.name())
+}
+
+/// Writes `text` to `path` through a temporary file renamed over it.
+fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), TlsError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
+        .map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+fn write_private(path: &Path, text: &str) -> Result<(), TlsError> {
+    write_atomically(path, text, 0o600)
+}
+
+/// A process's TLS: its credentials, or none (plain TCP, as before TLS).
+#[derive(Clone, Debug, Default)]
+pub struct Tls(Option<Arc<Credentials>>);
+
+impl Tls {
+    pub fn on(credentials: Credentials) -> Tls {
+        Tls(Some(Arc::new(credentials)))
+    }
+
+    pub fn credentials(&self) -> Option<&Arc<Credentials>> {
+        self.0.as_ref()
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// A channel to the server(s) of `url` (see `grpc::tcp_channel`),
+    /// checked to be `peer` when TLS is on.
+    pub fn channel(
+        &self,
+        url: &str,
+        peer: &Role,
+    ) -> Result<tonic::transport::Channel, crate::error::ServeError> {
+        crate::grpc::tcp_channel_with(url, self.0.as_ref().map(|c| c.grpc_client(peer)))
+    }
+
+    /// `builder` serving TLS when it is on.
+    pub fn serve(
+        &self,
+        builder: tonic::transport::Server,
+    ) -> Result<tonic::transport::Server, crate::error::ServeError> {
+        match &self.0 {
+            None => Ok(builder),
+            Some(c) => builder
+                .tls_config(c.grpc_server())
+                .map_err(|e| crate::error::ServeError::Config(format!("TLS: {e}"))),
+        }
+    }
+
+    /// The interceptor that lets through only callers whose certificate
+    /// is of one of `roles` (everyone, when TLS is off).
+    pub fn require(&self, roles: &[Role]) -> RequirePeer {
+        RequirePeer {
+            on: self.is_on(),
+            roles: roles.into(),
+        }
+    }
+}
+
+/// Refuses a call whose client certificate is of none of its roles.
+#[derive(Clone, Debug)]
+pub struct RequirePeer {
+    on: bool,
+    roles: Arc<[Role]>,
+}
+
+impl Interceptor for RequirePeer {
+    fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
+        if !self.on {
+            return Ok(request);
+        }
+        match request.peer_certs() {
+            Some(certs) if self.roles.iter().any(|r| holds(&certs, r)) => Ok(request),
+            Some(_) => Err(Status::permission_denied(format!(
+                "only {} may make this call",
+                self.roles
+                    .iter()
+                    .map(Role::name)
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            ))),
+            None => Err(Status::unauthenticated(
+                "a client certificate of this cluster is required",
+            )),
+        }
+    }
+}
+
+/// Whether the caller of `request` may speak for node `node_id`: with TLS
+/// on, its certificate is that node's or a controller's. (A call without a
+/// certificate is the gates' to refuse; TLS off, anyone may.)
+pub fn acts_for_node<T>(request: &Request<T>, node_id: &str) -> Result<(), Status> {
+    match request.peer_certs() {
+        None => Ok(()),
+        Some(c) if holds(&c, &Role::Node(node_id.to_string())) || holds(&c, &Role::Controller) => {
+            Ok(())
+        }
+        Some(_) => Err(Status::permission_denied(format!(
+            "only node {node_id}'s certificate may make this call for it"
+        ))),
+    }
+}
+
+/// What a member of the cluster proves itself with: the cluster token on
+/// every call, and its certificate when TLS is on.
+#[derive(Clone, Debug, Default)]
+pub struct Member {
+    pub token: ClusterToken,
+    pub tls: Tls,
+}
+
+impl Member {
+    /// A channel to `url` checked to be `peer`, whose calls carry the token.
+    pub fn channel(&self, url: &str, peer: &Role) -> Result<Authed, crate::error::ServeError> {
+        Ok(tonic::service::interceptor::InterceptedService::new(
+            self.tls.channel(url, peer)?,
+            self.token.sender(),
+        ))
+    }
+
+    /// The gate of a service only `roles` may call (and that wants the
+    /// token).
+    pub fn gate(&self, roles: &[Role]) -> Both<RequirePeer> {
+        self.token.gate().and(self.tls.require(roles))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn der(pem: &str) -> Vec<CertificateDer<'static>> {
+        CertificateDer::pem_slice_iter(pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap()
+    }
+
+    #[test]
+    fn a_signed_request_gets_the_node_s_names_only() {
+        let ca = Ca::generate().unwrap();
+        let e = Enrollment::new("node-1").unwrap();
+        let cert = ca.sign("node-1", &e.csr_pem).unwrap();
+        let certs = der(&cert);
+        assert!(holds(&certs, &Role::Node("node-1".into())));
+        assert!(holds(&certs, &Role::AnyNode));
+        assert!(!holds(&certs, &Role::Node("node-2".into())));
+        assert!(!holds(&certs, &Role::Controller));
+        // A request for node-1 signed as node-2 carries node-2's names.
+        let other = ca.sign("node-2", &e.csr_pem).unwrap();
+        assert!(holds(&der(&other), &Role::Node("node-2".into())));
+        assert!(!holds(&der(&other), &Role::Node("node-1".into())));
+        assert!(ca.sign("../x", &e.csr_pem).is_err());
+        let c = e.finish(ca.cert_pem(), &cert);
+        c.rustls_server().unwrap();
+        c.rustls_client().unwrap();
+    }
+
+    #[test]
+    fn an_engine_certificate_names_its_volume_and_its_node() {
+        let ca = Ca::generate().unwrap();
+        let c = ca.issue_engine("vol-1", "node-2").unwrap();
+        let certs = der(&c.cert_pem);
+        assert!(holds(&certs, &Role::Engine("vol-1".into())));
+        assert!(!holds(&certs, &Role::Engine("vol-2".into())));
+        assert!(holds(&certs, &Role::Node("node-2".into())));
+        assert!(holds(&certs, &Role::AnyNode));
+        assert!(!holds(&certs, &Role::Controller));
+        // A node's certificate drives no volume.
+        let n = ca.issue(&Role::Node("node-2".into())).unwrap();
+        assert!(!holds(&der(&n.cert_pem), &Role::Engine("vol-1".into())));
+        assert!(ca.issue_engine("../v", "node-2").is_err());
+    }
+
+    #[test]
+    fn a_ca_is_kept_in_its_directory_and_read_back() {
+        let d = tempfile::tempdir().unwrap();
+        let a = Ca::in_dir(d.path()).unwrap();
+        let b = Ca::in_dir(d.path()).unwrap();
+        assert_eq!(a.cert_pem(), b.cert_pem());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(d.path().join(CA_KEY_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A certificate the re-read CA issues is the first CA's.
+        let c = b.issue(&Role::Controller).unwrap();
+        assert!(holds(&der(&c.cert_pem), &Role::Controller));
+        c.save(&d.path().join("member")).unwrap();
+        let again = Credentials::load(&d.path().join("member")).unwrap();
+        assert_eq!(again.cert_pem, c.cert_pem);
+    }
+}
