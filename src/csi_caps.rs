@@ -8,6 +8,10 @@ use crate::proto::csi::v1::volume_capability::access_mode::Mode;
 
 /// Whether Ballast can serve a capability: single-node access (block or
 /// mount with ext4/xfs). A reason when it cannot.
+///
+/// Of the single-node modes, SINGLE_NODE_SINGLE_WRITER allows one
+/// publication at a time on the node (`single_writer`); the others allow a
+/// volume to be published at several target paths of its node.
 pub fn check_capability(cap: &VolumeCapability) -> Result<(), String> {
     let mode = cap
         .access_mode
@@ -15,7 +19,10 @@ pub fn check_capability(cap: &VolumeCapability) -> Result<(), String> {
         .map(|m| Mode::try_from(m.mode).unwrap_or(Mode::Unknown))
         .unwrap_or(Mode::Unknown);
     match mode {
-        Mode::SingleNodeWriter | Mode::SingleNodeReaderOnly | Mode::SingleNodeSingleWriter => {}
+        Mode::SingleNodeWriter
+        | Mode::SingleNodeReaderOnly
+        | Mode::SingleNodeSingleWriter
+        | Mode::SingleNodeMultiWriter => {}
         Mode::Unknown => return Err("access_mode is missing or unknown".into()),
         other => {
             return Err(format!(
@@ -32,4 +39,12 @@ pub fn check_capability(cap: &VolumeCapability) -> Result<(), String> {
         },
         None => Err("access_type (block or mount) is missing".into()),
     }
+}
+
+/// Whether a capability allows one publication at a time
+/// (SINGLE_NODE_SINGLE_WRITER).
+pub fn single_writer(cap: &VolumeCapability) -> bool {
+    cap.access_mode
+        .as_ref()
+        .is_some_and(|m| m.mode == Mode::SingleNodeSingleWriter as i32)
 }

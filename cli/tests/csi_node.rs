@@ -124,11 +124,20 @@ impl Csi {
         target: &Path,
         block: bool,
     ) -> Result<(), tonic::Status> {
+        self.node_publish_as(name, (staging, target), cap(block))
+    }
+
+    fn node_publish_as(
+        &mut self,
+        name: &str,
+        (staging, target): (&Path, &Path),
+        cap: VolumeCapability,
+    ) -> Result<(), tonic::Status> {
         let req = NodePublishVolumeRequest {
             volume_id: name.into(),
             staging_target_path: staging.display().to_string(),
             target_path: target.display().to_string(),
-            volume_capability: Some(cap(block)),
+            volume_capability: Some(cap),
             ..Default::default()
         };
         self.rt
@@ -351,6 +360,62 @@ fn a_mount_volume_is_staged_published_written_and_keeps_its_files_through_a_seco
             ..Default::default()
         }))
         .unwrap();
+}
+
+/// SINGLE_NODE_MULTI_WRITER publications share a volume between target
+/// paths of its node; a SINGLE_NODE_SINGLE_WRITER one has it to itself.
+#[test]
+fn a_single_writer_has_its_volume_to_itself_while_multi_writers_share_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_ctl, _n, mut csi) = cluster(dir.path());
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let staging = dir.path().join("staging");
+    let targets: Vec<PathBuf> = (1..=3)
+        .map(|i| dir.path().join(format!("pod-{i}/mount")))
+        .collect();
+    let as_mode = |mode: Mode| {
+        let mut c = cap(false);
+        c.access_mode = Some(volume_capability::AccessMode { mode: mode as i32 });
+        c
+    };
+    csi.create("shared", false);
+    let context = csi.publish("shared", false);
+    csi.stage("shared", &staging, false, &context).unwrap();
+    for t in &targets[..2] {
+        csi.node_publish_as(
+            "shared",
+            (&staging, t),
+            as_mode(Mode::SingleNodeMultiWriter),
+        )
+        .unwrap();
+    }
+    // One filesystem at both paths.
+    let data = pattern(1 << 20, 7);
+    std::fs::write(targets[0].join("f"), &data).unwrap();
+    assert!(std::fs::read(targets[1].join("f")).unwrap() == data);
+    let single = as_mode(Mode::SingleNodeSingleWriter);
+    let refused = csi
+        .node_publish_as("shared", (&staging, &targets[2]), single.clone())
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    for t in &targets[..2] {
+        csi.node_unpublish("shared", t);
+    }
+    csi.node_publish_as("shared", (&staging, &targets[2]), single.clone())
+        .unwrap();
+    // Again at the same path: nothing to do.
+    csi.node_publish_as("shared", (&staging, &targets[2]), single)
+        .unwrap();
+    let refused = csi
+        .node_publish_as(
+            "shared",
+            (&staging, &targets[0]),
+            as_mode(Mode::SingleNodeMultiWriter),
+        )
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    assert!(std::fs::read(targets[2].join("f")).unwrap() == data);
+    csi.down("shared", &staging, &targets[2]);
 }
 
 #[test]

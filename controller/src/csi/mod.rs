@@ -70,6 +70,7 @@ impl Controller for ControllerService {
             RpcType::GetVolume,
             RpcType::VolumeCondition,
             RpcType::ModifyVolume,
+            RpcType::SingleNodeMultiWriter,
         ]
         .into_iter()
         .map(|t| ControllerServiceCapability {

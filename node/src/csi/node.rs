@@ -49,12 +49,17 @@ pub struct NodeService {
     paths: Confinement,
 }
 
-/// What NodeStageVolume did, for publish and unstage.
+/// What NodeStageVolume did, for publish and unstage; and where the
+/// volume is published.
 #[derive(Debug, serde::Serialize, serde::Deserialize)]
 struct Staged {
     device: PathBuf,
     staging: PathBuf,
     block: bool,
+    /// Target paths it was published at, and whether each publication
+    /// wanted the volume to itself (SINGLE_NODE_SINGLE_WRITER).
+    #[serde(default)]
+    published: std::collections::BTreeMap<PathBuf, bool>,
 }
 
 fn required(value: &str, field: &str) -> Result<(), Error> {
@@ -257,6 +262,7 @@ impl NodeService {
                 device: device.clone(),
                 staging: staging.clone(),
                 block,
+                published: Default::default(),
             },
         )?;
         let mounted = if block {
@@ -364,7 +370,7 @@ impl NodeService {
         let target = self.paths.check("target_path", &req.target_path)?;
         let cap = capability(req.volume_capability.as_ref())?;
         let _busy = self.hold(&req.volume_id)?;
-        let s = self.staged(&req.volume_id).ok_or_else(|| {
+        let mut s = self.staged(&req.volume_id).ok_or_else(|| {
             Error::Refused(format!(
                 "volume {} is not staged on this node (NodeStageVolume first)",
                 req.volume_id
@@ -380,6 +386,17 @@ impl NodeService {
         if is_mountpoint(&target) {
             return Ok(());
         }
+        // A single writer has the volume to itself on its node; other
+        // modes share it between target paths.
+        let single = ballast::csi_caps::single_writer(cap);
+        s.published.retain(|t, _| *t != target && is_mountpoint(t));
+        if let Some((other, _)) = s.published.iter().find(|(_, sw)| single || **sw) {
+            return Err(Error::Refused(format!(
+                "volume {} is published at {} with SINGLE_NODE_SINGLE_WRITER, or is asked for that mode here: one target path at a time",
+                req.volume_id,
+                other.display()
+            )));
+        }
         let source = if block {
             if let Some(parent) = target.parent() {
                 std::fs::create_dir_all(parent).map_err(|e| Error::disk(parent, e.to_string()))?;
@@ -390,7 +407,7 @@ impl NodeService {
                 .write(true)
                 .open(&target)
                 .map_err(|e| Error::disk(&target, e.to_string()))?;
-            s.device
+            s.device.clone()
         } else {
             std::fs::create_dir_all(&target).map_err(|e| Error::disk(&target, e.to_string()))?;
             staging
@@ -405,6 +422,8 @@ impl NodeService {
                 &[os("-o"), os("remount,bind,ro"), target.as_os_str()],
             )?;
         }
+        s.published.insert(target.clone(), single);
+        self.record(&req.volume_id, &s)?;
         tracing::info!(volume = %req.volume_id, target = %target.display(), "volume published");
         Ok(())
     }
@@ -422,7 +441,13 @@ impl NodeService {
             Ok(_) => std::fs::remove_file(&target),
             Err(_) => Ok(()),
         };
-        removed.map_err(|e| Error::disk(&target, e.to_string()))
+        removed.map_err(|e| Error::disk(&target, e.to_string()))?;
+        if let Some(mut s) = self.staged(&req.volume_id)
+            && s.published.remove(&target).is_some()
+        {
+            self.record(&req.volume_id, &s)?;
+        }
+        Ok(())
     }
 
     /// Grows a staged volume's filesystem to its device (which has the
@@ -597,6 +622,7 @@ impl Node for NodeService {
             RpcType::GetVolumeStats,
             RpcType::ExpandVolume,
             RpcType::VolumeCondition,
+            RpcType::SingleNodeMultiWriter,
         ]
         .into_iter()
         .map(|t| NodeServiceCapability {
