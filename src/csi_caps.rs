@@ -1,10 +1,16 @@
 //! What Ballast can serve of a CSI volume capability, checked the same way
 //! by the controller (CreateVolume, publish, validation) and the node
-//! plugin (stage, publish).
+//! plugin (stage, publish), and what the controller's publication tells the
+//! node about it.
 
 use crate::proto::csi::v1::VolumeCapability;
 use crate::proto::csi::v1::volume_capability::AccessType;
 use crate::proto::csi::v1::volume_capability::access_mode::Mode;
+
+/// The key of ControllerPublishVolume's publish context that says the
+/// volume was published read-only (`"true"`): the node plugin then mounts
+/// it read-only at every target path.
+pub const READONLY_KEY: &str = "readonly";
 
 /// Whether Ballast can serve a capability: single-node access (block or
 /// mount with ext4/xfs). A reason when it cannot.

@@ -189,6 +189,11 @@ pub struct NodeArgs {
     /// your own issuer.
     #[arg(long, env = "BALLAST_TLS_DIR", conflicts_with = "cluster_ca_file")]
     pub tls_dir: Option<PathBuf>,
+    /// The most volumes that may be published at this node at once (its
+    /// attach limit: reported to the CO, which schedules by it, and
+    /// enforced by the controller); 0: no limit.
+    #[arg(long, env = "BALLAST_MAX_VOLUMES_PER_NODE", default_value_t = 0)]
+    pub max_volumes_per_node: u32,
     /// Start writing a replica's new data to its disk after this many
     /// bytes written to it (e.g. 8Mi), so that a flush waits only for the
     /// rest; 0 leaves it to the kernel.
@@ -293,6 +298,7 @@ fn node_config(
         cluster_token_file: a.cluster_token_file,
         cluster_ca_file: a.cluster_ca_file,
         tls_dir: a.tls_dir,
+        max_volumes: a.max_volumes_per_node,
         writeback_every: a.writeback_every,
         engine_host: a.engine_host,
     }
@@ -322,6 +328,10 @@ pub struct LocalArgs {
     /// it (or below the node's state directory under --dir).
     #[arg(long, env = "BALLAST_KUBELET_DIR", default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
+    /// Passed to every node: the most volumes published at it at once
+    /// (0: no limit).
+    #[arg(long, env = "BALLAST_MAX_VOLUMES_PER_NODE", default_value_t = 0)]
+    pub max_volumes_per_node: u32,
     /// Where the controller keeps state: `embedded` (a redb file under
     /// --dir) or `kubernetes` (the API server of --kubeconfig; the CRDs and
     /// the namespace are created if missing).

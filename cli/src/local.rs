@@ -340,6 +340,8 @@ fn node_args(
         node_dir.join("state").display().to_string(),
         "--kubelet-dir".into(),
         args.kubelet_dir.display().to_string(),
+        "--max-volumes-per-node".into(),
+        args.max_volumes_per_node.to_string(),
     ];
     for j in 1..=args.disks_per_node {
         let disk = node_dir.join(format!("disk-{j}"));

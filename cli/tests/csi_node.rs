@@ -66,17 +66,25 @@ impl Csi {
     }
 
     fn publish(&mut self, name: &str, block: bool) -> HashMap<String, String> {
+        self.publish_as(name, block, false).unwrap()
+    }
+
+    fn publish_as(
+        &mut self,
+        name: &str,
+        block: bool,
+        readonly: bool,
+    ) -> Result<HashMap<String, String>, tonic::Status> {
         let req = ControllerPublishVolumeRequest {
             volume_id: name.into(),
             node_id: "node-1".into(),
             volume_capability: Some(cap(block)),
+            readonly,
             ..Default::default()
         };
         self.rt
             .block_on(self.ctl.controller_publish_volume(req))
-            .unwrap()
-            .into_inner()
-            .publish_context
+            .map(|r| r.into_inner().publish_context)
     }
 
     fn unpublish(&mut self, name: &str) {
@@ -360,6 +368,46 @@ fn a_mount_volume_is_staged_published_written_and_keeps_its_files_through_a_seco
             ..Default::default()
         }))
         .unwrap();
+}
+
+/// A volume published read-only (ControllerPublishVolume `readonly`) is
+/// mounted read-only at its target path, whatever NodePublishVolume asks;
+/// publishing it again at the same node writable is ALREADY_EXISTS. Its
+/// data, written while it was writable, reads back.
+#[test]
+fn a_volume_published_read_only_is_mounted_read_only_and_keeps_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_ctl, _n, mut csi) = cluster(dir.path());
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
+    csi.create("ro", false);
+    csi.up("ro", &staging, &target, false);
+    let data = pattern(1 << 20, 3);
+    std::fs::write(target.join("f"), &data).unwrap();
+    csi.down("ro", &staging, &target);
+
+    let context = csi.publish_as("ro", false, true).unwrap();
+    assert_eq!(context.get("readonly").map(String::as_str), Some("true"));
+    let again = csi.publish_as("ro", false, false).unwrap_err();
+    assert_eq!(again.code(), Code::AlreadyExists, "{again}");
+    csi.stage("ro", &staging, false, &context).unwrap();
+    let req = NodePublishVolumeRequest {
+        volume_id: "ro".into(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(cap(false)),
+        publish_context: context,
+        ..Default::default()
+    };
+    csi.rt.block_on(csi.node.node_publish_volume(req)).unwrap();
+    let refused = std::fs::write(target.join("g"), b"no").unwrap_err();
+    assert_eq!(
+        refused.raw_os_error(),
+        Some(nix::errno::Errno::EROFS as i32),
+        "{refused}"
+    );
+    assert!(std::fs::read(target.join("f")).unwrap() == data);
+    csi.down("ro", &staging, &target);
 }
 
 /// SINGLE_NODE_MULTI_WRITER publications share a volume between target

@@ -73,9 +73,14 @@ fn run_csi_sanity(access_type: &str, mutable: Option<&str>) -> Report {
     let cluster = dir.path().join("cluster");
     let port = local_api_port();
     let api = format!("http://127.0.0.1:{port}");
-    // Its mount and staging directories stand for the kubelet's.
+    // Its mount and staging directories stand for the kubelet's. The nodes
+    // take four volumes each, which the attach limit's spec checks.
     let kubelet = dir.path().display().to_string();
-    let local = start_local_with(&cluster, port, &["--kubelet-dir", &kubelet]);
+    let local = start_local_with(
+        &cluster,
+        port,
+        &["--kubelet-dir", &kubelet, "--max-volumes-per-node", "4"],
+    );
     // The disks are directories of this machine's filesystem.
     free_space_is_not_the_test(&api);
 
@@ -106,6 +111,7 @@ fn run_csi_sanity(access_type: &str, mutable: Option<&str>) -> Report {
         .arg(format!("--csi.testvolumeaccesstype={access_type}"))
         .arg(format!("--csi.testvolumesize={}", 64 << 20))
         .arg(format!("--csi.testvolumeexpandsize={}", 128 << 20))
+        .arg("--csi.testnodevolumeattachlimit")
         .args(mutable_flag)
         .arg(format!("--ginkgo.junit-report={}", report.display()))
         .arg("--ginkgo.no-color")

@@ -18,6 +18,10 @@ pub struct NodeContext {
     pub agent_endpoint: String,
     pub replica_endpoint: String,
     pub csi_endpoint: String,
+    /// The most volumes that may be published here at once (0: no limit):
+    /// registered with the controller, which enforces it, and reported to
+    /// the CO (NodeGetInfo).
+    pub max_volumes: u32,
     /// Set once the controller accepted our registration; Probe reports it.
     pub registered: Arc<AtomicBool>,
     /// Serves this node's replicas over the replica data protocol.

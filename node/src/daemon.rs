@@ -41,6 +41,8 @@ pub struct NodeConfig {
     pub cluster_ca_file: Option<PathBuf>,
     /// Credentials issued by other means: TLS on, without enrolling.
     pub tls_dir: Option<PathBuf>,
+    /// The most volumes published here at once (0: no limit).
+    pub max_volumes: u32,
     /// Start a replica head's writeback after this many bytes written (0:
     /// left to the kernel).
     pub writeback_every: u64,
@@ -220,6 +222,7 @@ fn context(
         agent_endpoint: format!("http://{}", config.agent_listen),
         replica_endpoint: config.replica_listen.to_string(),
         csi_endpoint: format!("unix://{}", socket.display()),
+        max_volumes: config.max_volumes,
         registered: Arc::new(AtomicBool::new(false)),
         replicas: Some(replicas),
         engines: crate::engines::Engines::new(

@@ -114,6 +114,14 @@ pub struct NodeStatus {
     pub csi_endpoint: String,
     #[serde(default)]
     pub version: String,
+    /// The most volumes that may be published at this node at once, as it
+    /// registered (`--max-volumes-per-node`; 0: no limit).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_volumes: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -124,6 +124,10 @@ pub struct VolumeStatus {
     pub robustness: Robustness,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attached_node: Option<String>,
+    /// Published read-only (CSI ControllerPublishVolume's `readonly`): the
+    /// node mounts it read-only wherever it is published.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attached_readonly: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_degraded_at: Option<DateTime<Utc>>,
     #[serde(default)]
@@ -152,6 +156,7 @@ impl Default for VolumeStatus {
             state: VolumeState::Detached,
             robustness: Robustness::Unknown,
             attached_node: None,
+            attached_readonly: false,
             last_degraded_at: None,
             conditions: Vec::new(),
             frontend_endpoint: None,

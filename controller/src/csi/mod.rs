@@ -71,6 +71,7 @@ impl Controller for ControllerService {
             RpcType::VolumeCondition,
             RpcType::ModifyVolume,
             RpcType::SingleNodeMultiWriter,
+            RpcType::PublishReadonly,
         ]
         .into_iter()
         .map(|t| ControllerServiceCapability {

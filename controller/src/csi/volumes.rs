@@ -347,12 +347,6 @@ pub async fn publish(
         .as_ref()
         .ok_or_else(|| Error::invalid("volume_capability", "is required"))?;
     check_capability(cap).map_err(|m| Error::invalid("volume_capability", m))?;
-    if req.readonly {
-        return Err(Error::invalid(
-            "readonly",
-            "read-only publishing is not offered (no PUBLISH_READONLY capability)",
-        ));
-    }
     let volume: Volume = ctx.store.fetch(&req.volume_id).await?;
     ctx.store.fetch::<Node>(&req.node_id).await?;
     let answer = |v: &Volume| ControllerPublishVolumeResponse {
@@ -361,9 +355,21 @@ pub async fn publish(
             .frontend_endpoint
             .iter()
             .map(|e| (ENDPOINT_KEY.to_string(), e.clone()))
+            .chain(v.status.attached_readonly.then(|| {
+                (
+                    ballast::csi_caps::READONLY_KEY.to_string(),
+                    "true".to_string(),
+                )
+            }))
             .collect(),
     };
     match &volume.status.attached_node {
+        Some(n) if *n == req.node_id && volume.status.attached_readonly != req.readonly => {
+            return Err(Error::AlreadyExists(format!(
+                "volume {:?} is published at node {n} with readonly={}; unpublish it first to publish it with readonly={}",
+                volume.name, volume.status.attached_readonly, req.readonly
+            )));
+        }
         // Published there already: attach again checks its engine (and
         // starts it again if it died) rather than answering a dead endpoint.
         Some(n) if *n == req.node_id => {}
@@ -375,7 +381,16 @@ pub async fn publish(
         }
         None => {}
     }
-    let attached = crate::executor::attach(ctx, &req.volume_id, &req.node_id).await?;
+    let mut attached = crate::executor::attach(ctx, &req.volume_id, &req.node_id).await?;
+    if attached.status.attached_readonly != req.readonly {
+        attached = ctx
+            .store
+            .modify::<Volume, Error>(&req.volume_id, |v| {
+                v.status.attached_readonly = req.readonly;
+                Ok(true)
+            })
+            .await?;
+    }
     Ok(answer(&attached))
 }
 
@@ -554,11 +569,19 @@ pub async fn capacity(
         want.as_ref()
             .is_none_or(|w| w.iter().all(|t| have.contains(t)))
     };
-    let mut free: u64 = 0;
+    // A segment (a node, or a zone) counts the nodes in it only.
+    let in_segment = |n: &Node| {
+        req.accessible_topology.as_ref().is_none_or(|t| {
+            let mine = ballast::topology::of_node(&n.id, &n.spec.zone).segments;
+            t.segments.iter().all(|(k, v)| mine.get(k) == Some(v))
+        })
+    };
+    let (mut free, mut largest): (u64, u64) = (0, 0);
     for n in ctx.store.list::<Node>().await? {
         if !n.status.ready
             || !n.spec.allow_scheduling
             || !has_all(&n.spec.tags, &params.node_selector)
+            || !in_segment(&n)
         {
             continue;
         }
@@ -567,12 +590,17 @@ pub async fn capacity(
                 continue;
             };
             if st.ready && spec.allow_scheduling && has_all(&spec.tags, &params.disk_selector) {
-                free += st.storage_available.saturating_sub(spec.storage_reserved);
+                let here = st.storage_available.saturating_sub(spec.storage_reserved);
+                free += here;
+                largest = largest.max(here);
             }
         }
     }
+    let bytes = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
     Ok(GetCapacityResponse {
-        available_capacity: i64::try_from(free).unwrap_or(i64::MAX),
+        available_capacity: bytes(free),
+        // A replica lies whole on one disk.
+        maximum_volume_size: Some(bytes(largest)),
         ..Default::default()
     })
 }

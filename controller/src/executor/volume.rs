@@ -168,6 +168,7 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
         return Err(Error::Unprocessable(format!("node {node_id} is not ready")));
     }
     if !again {
+        within_limit(ctx, &node, name).await?;
         // Intent first: the engine records its replica set as the engine
         // of this node, which the store must already say.
         ctx.store
@@ -345,6 +346,7 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
         .store
         .modify::<Volume, Error>(name, |v| {
             v.status.attached_node = None;
+            v.status.attached_readonly = false;
             v.status.frontend_endpoint = None;
             v.status.state = VolumeState::Detached;
             v.status.robustness = Robustness::Unknown;
@@ -464,4 +466,27 @@ async fn grow_on_node(ctx: &Context, r: &Replica, size: u64) -> Result<(), Error
     )
     .await
     .map(drop)
+}
+
+/// Refuses to publish one more volume at `node` when it holds its limit
+/// (`--max-volumes-per-node`) already.
+async fn within_limit(ctx: &Context, node: &Node, volume: &str) -> Result<(), Error> {
+    let limit = node.status.max_volumes;
+    if limit == 0 {
+        return Ok(());
+    }
+    let published = ctx
+        .store
+        .list::<Volume>()
+        .await?
+        .into_iter()
+        .filter(|v| v.name != volume && v.status.attached_node.as_deref() == Some(node.id.as_str()))
+        .count();
+    if published >= limit as usize {
+        return Err(Error::NoRoom(format!(
+            "node {} has {published} volumes published, its limit (--max-volumes-per-node {limit})",
+            node.id
+        )));
+    }
+    Ok(())
 }

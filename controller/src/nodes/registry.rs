@@ -112,6 +112,7 @@ impl Controlplane for ControlplaneService {
             status.replica_endpoint = req.replica_endpoint.clone();
             status.csi_endpoint = req.csi_endpoint.clone();
             status.version = req.version.clone();
+            status.max_volumes = req.max_volumes;
         };
         let mut became_ready = false;
         let created = match store.get::<Node>(&req.node_id).await.map_err(Error::from)? {

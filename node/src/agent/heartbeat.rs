@@ -26,6 +26,7 @@ fn register_request(ctx: &NodeContext) -> RegisterRequest {
         replica_endpoint: ctx.replica_endpoint.clone(),
         csi_endpoint: ctx.csi_endpoint.clone(),
         version: ballast::VERSION.to_string(),
+        max_volumes: ctx.max_volumes,
     }
 }
 

@@ -416,7 +416,14 @@ impl NodeService {
             "mount",
             &[os("--bind"), source.as_os_str(), target.as_os_str()],
         )?;
-        if req.readonly {
+        // Read-only when this publication asks, or when the volume was
+        // published to this node read-only (ControllerPublishVolume).
+        if req.readonly
+            || req
+                .publish_context
+                .get(ballast::csi_caps::READONLY_KEY)
+                .is_some_and(|v| v == "true")
+        {
             run(
                 "mount",
                 &[os("-o"), os("remount,bind,ro"), target.as_os_str()],
@@ -641,7 +648,7 @@ impl Node for NodeService {
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
         Ok(Response::new(NodeGetInfoResponse {
             node_id: self.ctx.node_id.clone(),
-            max_volumes_per_node: 0,
+            max_volumes_per_node: i64::from(self.ctx.max_volumes),
             accessible_topology: Some(ballast::topology::of_node(
                 &self.ctx.node_id,
                 &self.ctx.zone,

@@ -11,7 +11,7 @@ use ballast::proto::csi::v1::controller_client::ControllerClient;
 use ballast::proto::csi::v1::{
     CapacityRange, ControllerGetVolumeRequest, ControllerPublishVolumeRequest,
     ControllerUnpublishVolumeRequest, CreateVolumeRequest, DeleteVolumeRequest, GetCapacityRequest,
-    ListVolumesRequest, Volume,
+    ListVolumesRequest, Topology, Volume,
 };
 use tonic::Code;
 use tonic::transport::Channel;
@@ -136,17 +136,38 @@ async fn any_co_name_creates_one_volume(ch: &Channel, prefix: &str) -> CheckResu
     delete(ch, &a.volume_id).await
 }
 
-async fn capacity(ch: &Channel) -> CheckResult {
-    let free = client(ch)
-        .get_capacity(GetCapacityRequest {
+/// Capacity is reported, for the whole cluster and per topology segment:
+/// `node`'s (when one is given) has some and no more than the whole, a zone
+/// that does not exist has none.
+async fn capacity(ch: &Channel, node: Option<&str>) -> CheckResult {
+    let ask = |segment: Option<(&str, &str)>| {
+        let mut c = client(ch);
+        let req = GetCapacityRequest {
             volume_capabilities: vec![single_writer_mount()],
+            accessible_topology: segment.map(|(k, v)| Topology {
+                segments: HashMap::from([(k.to_string(), v.to_string())]),
+            }),
             ..Default::default()
-        })
-        .await
-        .map_err(|s| format!("GetCapacity: {s}"))?
-        .into_inner()
-        .available_capacity;
-    ensure(free > 0, || format!("available_capacity is {free}"))
+        };
+        async move {
+            c.get_capacity(req)
+                .await
+                .map(|r| r.into_inner().available_capacity)
+                .map_err(|s| format!("GetCapacity: {s}"))
+        }
+    };
+    let all = ask(None).await?;
+    ensure(all > 0, || format!("available_capacity is {all}"))?;
+    if let Some(node) = node {
+        let here = ask(Some((ballast::topology::NODE_KEY, node))).await?;
+        ensure(here > 0 && here <= all, || {
+            format!("node {node}'s capacity is {here}, the cluster's {all}")
+        })?;
+    }
+    let nowhere = ask(Some((ballast::topology::ZONE_KEY, "no-such-zone"))).await?;
+    ensure(nowhere == 0, || {
+        format!("a zone that does not exist has capacity {nowhere}")
+    })
 }
 
 /// A published volume carries its engine's endpoint, is listed at its
@@ -223,8 +244,8 @@ pub async fn controller_checks(ch: &Channel, exp: &Expectations) -> Vec<Outcome>
             failure: any_co_name_creates_one_volume(ch, &prefix).await.err(),
         },
         Outcome {
-            name: "controller: GetCapacity reports free bytes",
-            failure: capacity(ch).await.err(),
+            name: "controller: GetCapacity reports free bytes, in all and per node and zone",
+            failure: capacity(ch, exp.node_id.as_deref()).await.err(),
         },
     ];
     if let Some(node) = &exp.node_id {
