@@ -410,6 +410,56 @@ fn a_volume_published_read_only_is_mounted_read_only_and_keeps_its_data() {
     csi.down("ro", &staging, &target);
 }
 
+/// CSI v1.13 health from the node: a volume published here is healthy (no
+/// entry), one whose engine does not run here is INACCESSIBLE, and ready
+/// disks report no storage problem.
+#[test]
+fn the_node_reports_the_health_of_what_it_serves() {
+    use ballast::proto::csi::v1::{
+        NodeGetStorageHealthRequest, NodeGetVolumeHealthRequest, VolumeHealthErrorType,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (_ctl, _n, mut csi) = cluster(dir.path());
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
+    csi.create("healthy", false);
+    csi.create("elsewhere", false);
+    csi.up("healthy", &staging, &target, false);
+    let mut health = |volume: &str| {
+        csi.rt
+            .block_on(csi.node.node_get_volume_health(NodeGetVolumeHealthRequest {
+                volume_id: volume.into(),
+                ..Default::default()
+            }))
+            .unwrap()
+            .into_inner()
+            .volume_health
+            .unwrap()
+    };
+    let h = health("healthy");
+    assert_eq!(h.volume_id, "healthy");
+    assert!(h.health_statuses.is_empty(), "{h:?}");
+    let h = health("elsewhere");
+    assert_eq!(
+        h.health_statuses
+            .iter()
+            .map(|e| e.status)
+            .collect::<Vec<_>>(),
+        vec![VolumeHealthErrorType::Inaccessible as i32],
+        "{h:?}"
+    );
+    let storage = csi
+        .rt
+        .block_on(
+            csi.node
+                .node_get_storage_health(NodeGetStorageHealthRequest::default()),
+        )
+        .unwrap()
+        .into_inner();
+    assert!(storage.backend_health.is_empty(), "{storage:?}");
+    csi.down("healthy", &staging, &target);
+}
+
 /// SINGLE_NODE_MULTI_WRITER publications share a volume between target
 /// paths of its node; a SINGLE_NODE_SINGLE_WRITER one has it to itself.
 #[test]

@@ -27,7 +27,9 @@ use ballast::proto::csi::v1::controller_server::Controller;
 use ballast::proto::csi::v1::{
     ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
-    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerModifyVolumeRequest,
+    ControllerGetVolumeHealthRequest, ControllerGetVolumeHealthResponse,
+    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerListVolumeHealthRequest,
+    ControllerListVolumeHealthResponse, ControllerModifyVolumeRequest,
     ControllerModifyVolumeResponse, ControllerPublishVolumeRequest,
     ControllerPublishVolumeResponse, ControllerUnpublishVolumeRequest,
     ControllerUnpublishVolumeResponse, CreateVolumeRequest, CreateVolumeResponse,
@@ -153,6 +155,8 @@ routed!(RoutedController, Controller, ControllerClient, admit = anyone, {
     list_volumes(ListVolumesRequest) -> ListVolumesResponse;
     controller_expand_volume(ControllerExpandVolumeRequest) -> ControllerExpandVolumeResponse;
     controller_get_volume(ControllerGetVolumeRequest) -> ControllerGetVolumeResponse;
+    controller_get_volume_health(ControllerGetVolumeHealthRequest) -> ControllerGetVolumeHealthResponse;
+    controller_list_volume_health(ControllerListVolumeHealthRequest) -> ControllerListVolumeHealthResponse;
     controller_modify_volume(ControllerModifyVolumeRequest) -> ControllerModifyVolumeResponse;
     get_capacity(GetCapacityRequest) -> GetCapacityResponse;
     validate_volume_capabilities(ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse;

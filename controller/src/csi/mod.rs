@@ -25,7 +25,9 @@ use ballast::proto::csi::v1::identity_server::IdentityServer;
 use ballast::proto::csi::v1::{
     ControllerExpandVolumeRequest, ControllerExpandVolumeResponse,
     ControllerGetCapabilitiesRequest, ControllerGetCapabilitiesResponse,
-    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerModifyVolumeRequest,
+    ControllerGetVolumeHealthRequest, ControllerGetVolumeHealthResponse,
+    ControllerGetVolumeRequest, ControllerGetVolumeResponse, ControllerListVolumeHealthRequest,
+    ControllerListVolumeHealthResponse, ControllerModifyVolumeRequest,
     ControllerModifyVolumeResponse, ControllerPublishVolumeRequest,
     ControllerPublishVolumeResponse, ControllerServiceCapability, ControllerUnpublishVolumeRequest,
     ControllerUnpublishVolumeResponse, CreateVolumeRequest, CreateVolumeResponse,
@@ -72,6 +74,8 @@ impl Controller for ControllerService {
             RpcType::ModifyVolume,
             RpcType::SingleNodeMultiWriter,
             RpcType::PublishReadonly,
+            RpcType::GetVolumeHealth,
+            RpcType::ListVolumeHealth,
         ]
         .into_iter()
         .map(|t| ControllerServiceCapability {
@@ -135,6 +139,24 @@ impl Controller for ControllerService {
     ) -> Result<Response<ControllerExpandVolumeResponse>, Status> {
         Ok(Response::new(
             volumes::expand(&self.ctx, request.into_inner()).await?,
+        ))
+    }
+
+    async fn controller_get_volume_health(
+        &self,
+        request: Request<ControllerGetVolumeHealthRequest>,
+    ) -> Result<Response<ControllerGetVolumeHealthResponse>, Status> {
+        Ok(Response::new(
+            volumes::health(&self.ctx, request.into_inner()).await?,
+        ))
+    }
+
+    async fn controller_list_volume_health(
+        &self,
+        request: Request<ControllerListVolumeHealthRequest>,
+    ) -> Result<Response<ControllerListVolumeHealthResponse>, Status> {
+        Ok(Response::new(
+            volumes::list_health(&self.ctx, request.into_inner()).await?,
         ))
     }
 

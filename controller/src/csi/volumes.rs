@@ -21,6 +21,11 @@ use ballast::proto::csi::v1::{
     ListVolumesResponse, VolumeCapability, VolumeCondition, controller_get_volume_response,
     list_volumes_response,
 };
+use ballast::proto::csi::v1::{
+    ControllerGetVolumeHealthRequest, ControllerGetVolumeHealthResponse,
+    ControllerListVolumeHealthRequest, ControllerListVolumeHealthResponse, VolumeHealth,
+    VolumeHealthErrorType, volume_health::VolumeHealthEntry,
+};
 
 use super::check_capability;
 use super::params::StorageClassParams;
@@ -509,35 +514,11 @@ pub async fn get(
 
 #[tracing::instrument(skip_all, fields(rpc = "ListVolumes"))]
 pub async fn list(ctx: &Context, req: ListVolumesRequest) -> Result<ListVolumesResponse, Error> {
-    if req.max_entries < 0 {
-        return Err(Error::invalid("max_entries", "must not be negative"));
-    }
-    let mut all = ctx.store.list::<Volume>().await?;
-    all.sort_by(|a, b| a.name.cmp(&b.name));
-    // The token is the index of the next entry.
-    let start = if req.starting_token.is_empty() {
-        0
-    } else {
-        req.starting_token
-            .parse::<usize>()
-            .ok()
-            .filter(|i| *i <= all.len())
-            .ok_or_else(|| {
-                Error::Conflict(format!(
-                    "starting_token {:?} is not one this plugin gave",
-                    req.starting_token
-                ))
-            })?
-    };
-    let take = match req.max_entries {
-        0 => all.len(),
-        n => n as usize,
-    };
-    let page: Vec<&Volume> = all.iter().skip(start).take(take).collect();
-    let next = start + page.len();
+    let all = sorted_volumes(ctx).await?;
+    let (entries, next_token) = page(&all, req.max_entries, &req.starting_token)?;
     Ok(ListVolumesResponse {
-        entries: page
-            .into_iter()
+        entries: entries
+            .iter()
             .map(|v| list_volumes_response::Entry {
                 volume: Some(csi_volume(v)),
                 status: Some(list_volumes_response::VolumeStatus {
@@ -546,16 +527,100 @@ pub async fn list(ctx: &Context, req: ListVolumesRequest) -> Result<ListVolumesR
                 }),
             })
             .collect(),
-        next_token: if next < all.len() {
-            next.to_string()
-        } else {
-            String::new()
-        },
+        next_token,
     })
 }
 
-/// Bytes free for new replicas on the ready nodes and disks that the
-/// parameters' selectors allow.
+/// Every volume, by name.
+async fn sorted_volumes(ctx: &Context) -> Result<Vec<Volume>, Error> {
+    let mut all = ctx.store.list::<Volume>().await?;
+    all.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(all)
+}
+
+/// The page of `all` a paged list call asks for, and the token of the next
+/// (empty at the end). The token is the index of the next entry; one this
+/// plugin did not give is ABORTED.
+fn page<'a, T>(
+    all: &'a [T],
+    max_entries: i32,
+    starting_token: &str,
+) -> Result<(&'a [T], String), Error> {
+    if max_entries < 0 {
+        return Err(Error::invalid("max_entries", "must not be negative"));
+    }
+    let start = if starting_token.is_empty() {
+        0
+    } else {
+        starting_token
+            .parse::<usize>()
+            .ok()
+            .filter(|i| *i <= all.len())
+            .ok_or_else(|| {
+                Error::Conflict(format!(
+                    "starting_token {starting_token:?} is not one this plugin gave"
+                ))
+            })?
+    };
+    let end = match max_entries {
+        0 => all.len(),
+        n => (start + n as usize).min(all.len()),
+    };
+    let next = if end < all.len() {
+        end.to_string()
+    } else {
+        String::new()
+    };
+    Ok((&all[start..end], next))
+}
+
+/// A volume's health as CSI v1.13 reports it: no entry when it is healthy
+/// (or not published: nothing is wrong with it), DEGRADED while some of
+/// its replicas failed or rebuild, INACCESSIBLE when none is usable.
+fn volume_health(v: &Volume) -> VolumeHealth {
+    let entry = |status: VolumeHealthErrorType, reason: &str| VolumeHealthEntry {
+        status: status as i32,
+        reason: reason.into(),
+        message: condition(v).message,
+    };
+    let health_statuses = match v.status.robustness {
+        Robustness::Degraded => vec![entry(VolumeHealthErrorType::Degraded, "Degraded")],
+        Robustness::Faulted => vec![entry(VolumeHealthErrorType::Inaccessible, "Faulted")],
+        Robustness::Healthy | Robustness::Unknown => Vec::new(),
+    };
+    VolumeHealth {
+        volume_id: v.name.clone(),
+        health_statuses,
+    }
+}
+
+#[tracing::instrument(skip_all, fields(rpc = "ControllerGetVolumeHealth", volume = %req.volume_id))]
+pub async fn health(
+    ctx: &Context,
+    req: ControllerGetVolumeHealthRequest,
+) -> Result<ControllerGetVolumeHealthResponse, Error> {
+    if req.volume_id.is_empty() {
+        return Err(Error::invalid("volume_id", "is required"));
+    }
+    let v: Volume = ctx.store.fetch(&req.volume_id).await?;
+    Ok(ControllerGetVolumeHealthResponse {
+        volume_health: Some(volume_health(&v)),
+    })
+}
+
+#[tracing::instrument(skip_all, fields(rpc = "ControllerListVolumeHealth"))]
+pub async fn list_health(
+    ctx: &Context,
+    req: ControllerListVolumeHealthRequest,
+) -> Result<ControllerListVolumeHealthResponse, Error> {
+    let all = sorted_volumes(ctx).await?;
+    let (entries, next_token) = page(&all, req.max_entries, &req.starting_token)?;
+    Ok(ControllerListVolumeHealthResponse {
+        entries: entries.iter().map(volume_health).collect(),
+        next_token,
+    })
+}
+
 #[tracing::instrument(skip_all, fields(rpc = "GetCapacity"))]
 pub async fn capacity(
     ctx: &Context,
@@ -637,7 +702,32 @@ mod tests {
                 Robustness::Unknown => "not published",
                 other => other.as_str(),
             }));
+            // The same, as CSI v1.13's health: an entry only when abnormal.
+            let h = volume_health(&v);
+            assert_eq!(h.volume_id, "v");
+            let statuses: Vec<i32> = h.health_statuses.iter().map(|e| e.status).collect();
+            let want = match r {
+                Robustness::Degraded => vec![VolumeHealthErrorType::Degraded as i32],
+                Robustness::Faulted => vec![VolumeHealthErrorType::Inaccessible as i32],
+                _ => Vec::new(),
+            };
+            assert_eq!(statuses, want, "{r}");
         }
+    }
+
+    #[test]
+    fn pages_follow_their_tokens_to_the_end_and_refuse_a_foreign_one() {
+        let all: Vec<u32> = (0..5).collect();
+        let (first, next) = page(&all, 2, "").unwrap();
+        assert_eq!((first, next.as_str()), (&[0, 1][..], "2"));
+        let (second, next) = page(&all, 2, &next).unwrap();
+        assert_eq!((second, next.as_str()), (&[2, 3][..], "4"));
+        let (last, next) = page(&all, 2, &next).unwrap();
+        assert_eq!((last, next.as_str()), (&[4][..], ""));
+        assert_eq!(page(&all, 0, "").unwrap().0.len(), 5);
+        assert!(matches!(page(&all, 0, "6"), Err(Error::Conflict(_))));
+        assert!(matches!(page(&all, 0, "x"), Err(Error::Conflict(_))));
+        assert!(matches!(page(&all, -1, ""), Err(Error::Invalid { .. })));
     }
 
     #[test]

@@ -31,6 +31,11 @@ use ballast::proto::csi::v1::{
     NodeUnstageVolumeRequest, NodeUnstageVolumeResponse, VolumeCapability, VolumeCondition,
     VolumeUsage, volume_usage,
 };
+use ballast::proto::csi::v1::{
+    NodeGetStorageHealthRequest, NodeGetStorageHealthResponse, NodeGetVolumeHealthRequest,
+    NodeGetVolumeHealthResponse, StorageHealthErrorType, VolumeHealth, VolumeHealthErrorType,
+    node_get_storage_health_response, volume_health::VolumeHealthEntry,
+};
 use tonic::{Request, Response, Status};
 
 use crate::context::NodeContext;
@@ -48,6 +53,9 @@ pub struct NodeService {
     /// Where staging and target paths may lie.
     paths: Confinement,
 }
+
+/// Why a volume has no condition here.
+const NO_ENGINE: &str = "no engine of the volume runs on this node";
 
 /// What NodeStageVolume did, for publish and unstage; and where the
 /// volume is published.
@@ -490,22 +498,79 @@ impl NodeService {
         })
     }
 
+    /// The replicas of the engine of `volume` on this node, counted by
+    /// mode (rw, rebuilding, failed); none when no engine of it runs here.
+    async fn replica_modes(&self, volume: &str) -> Option<(usize, usize, usize)> {
+        let engines = self.ctx.engines.list().await;
+        let e = engines.iter().find(|e| e.volume == volume && e.running)?;
+        let count = |mode: &str| e.replicas.iter().filter(|r| r.mode == mode).count();
+        Some((count("rw"), count("wo"), count("err")))
+    }
+
     /// The volume's condition as its engine on this node sees it: abnormal
     /// when a replica failed or none is rw.
     async fn condition(&self, volume: &str) -> VolumeCondition {
-        let engines = self.ctx.engines.list().await;
-        let Some(e) = engines.iter().find(|e| e.volume == volume && e.running) else {
-            return VolumeCondition {
+        match self.replica_modes(volume).await {
+            None => VolumeCondition {
                 abnormal: true,
-                message: "no engine of the volume runs on this node".into(),
-            };
-        };
-        let count = |mode: &str| e.replicas.iter().filter(|r| r.mode == mode).count();
-        let (rw, wo, err) = (count("rw"), count("wo"), count("err"));
-        VolumeCondition {
-            abnormal: rw == 0 || err > 0,
-            message: format!("{rw} replicas rw, {wo} rebuilding, {err} failed"),
+                message: NO_ENGINE.into(),
+            },
+            Some((rw, wo, err)) => VolumeCondition {
+                abnormal: rw == 0 || err > 0,
+                message: format!("{rw} replicas rw, {wo} rebuilding, {err} failed"),
+            },
         }
+    }
+
+    /// The volume's health (CSI v1.13) as its engine on this node sees it:
+    /// INACCESSIBLE when no replica is rw (or no engine of it runs here),
+    /// DEGRADED when one failed; no entry when all is well.
+    async fn health(&self, volume: &str) -> VolumeHealth {
+        let entry =
+            |status: VolumeHealthErrorType, reason: &str, message: String| VolumeHealthEntry {
+                status: status as i32,
+                reason: reason.into(),
+                message,
+            };
+        let health_statuses = match self.replica_modes(volume).await {
+            None => vec![entry(
+                VolumeHealthErrorType::Inaccessible,
+                "NotServedHere",
+                NO_ENGINE.into(),
+            )],
+            Some((0, wo, err)) => vec![entry(
+                VolumeHealthErrorType::Inaccessible,
+                "NoReplica",
+                format!("no replica rw: {wo} rebuilding, {err} failed"),
+            )],
+            Some((rw, wo, err)) if err > 0 => vec![entry(
+                VolumeHealthErrorType::Degraded,
+                "ReplicaFailed",
+                format!("{rw} replicas rw, {wo} rebuilding, {err} failed"),
+            )],
+            Some(_) => Vec::new(),
+        };
+        VolumeHealth {
+            volume_id: volume.to_string(),
+            health_statuses,
+        }
+    }
+
+    /// This node's disks: one entry per disk that is not ready.
+    fn storage_health(&self) -> NodeGetStorageHealthResponse {
+        let backend_health = self
+            .ctx
+            .disk_status()
+            .into_iter()
+            .filter(|d| !d.ready)
+            .map(|d| node_get_storage_health_response::StorageBackendHealth {
+                status: StorageHealthErrorType::StorageUnreachable as i32,
+                reason: "DiskNotReady".into(),
+                message: format!("{} ({}): {}", d.id, d.path, d.message),
+                volume_capability: None,
+            })
+            .collect();
+        NodeGetStorageHealthResponse { backend_health }
     }
 
     fn stats(&self, req: NodeGetVolumeStatsRequest) -> Result<NodeGetVolumeStatsResponse, Error> {
@@ -611,6 +676,26 @@ impl Node for NodeService {
         Ok(Response::new(stats))
     }
 
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGetVolumeHealth", volume = %request.get_ref().volume_id))]
+    async fn node_get_volume_health(
+        &self,
+        request: Request<NodeGetVolumeHealthRequest>,
+    ) -> Result<Response<NodeGetVolumeHealthResponse>, Status> {
+        let req = request.into_inner();
+        volume_id(&req.volume_id)?;
+        Ok(Response::new(NodeGetVolumeHealthResponse {
+            volume_health: Some(self.health(&req.volume_id).await),
+        }))
+    }
+
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGetStorageHealth", node = %self.ctx.node_id))]
+    async fn node_get_storage_health(
+        &self,
+        _request: Request<NodeGetStorageHealthRequest>,
+    ) -> Result<Response<NodeGetStorageHealthResponse>, Status> {
+        Ok(Response::new(self.storage_health()))
+    }
+
     #[tracing::instrument(skip_all, fields(rpc = "NodeExpandVolume", volume = %request.get_ref().volume_id))]
     async fn node_expand_volume(
         &self,
@@ -630,6 +715,8 @@ impl Node for NodeService {
             RpcType::ExpandVolume,
             RpcType::VolumeCondition,
             RpcType::SingleNodeMultiWriter,
+            RpcType::GetVolumeHealth,
+            RpcType::GetStorageHealth,
         ]
         .into_iter()
         .map(|t| NodeServiceCapability {
