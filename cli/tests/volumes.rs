@@ -223,3 +223,57 @@ fn a_detached_volume_grows_with_ballastctl_and_keeps_its_data() {
     assert!(ok, "{out}");
     detach(api, "grow");
 }
+
+/// `ballastctl -o yaml` prints what `-o json` does, `volume watch` follows
+/// a volume until its replicas are rw, and `completion` writes a shell's
+/// completion script.
+#[test]
+fn ballastctl_prints_yaml_watches_a_volume_and_writes_completions() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, _n) = controller_with_one_node(dir.path());
+    let api = &ctl.api;
+    ctl_ok(
+        api,
+        &["volume", "create", "y", "--size", "64Mi", "--replicas", "1"],
+    );
+    for args in [
+        &["volume", "get", "y"][..],
+        &["volume", "list"],
+        &["node", "list"],
+    ] {
+        let as_json: serde_json::Value =
+            serde_json::from_str(&ctl_ok(api, &[&["-o", "json"][..], args].concat())).unwrap();
+        let as_yaml: serde_json::Value =
+            serde_yaml_ng::from_str(&ctl_ok(api, &[&["-o", "yaml"][..], args].concat())).unwrap();
+        // Only the heartbeat's time may move between the two calls.
+        let strip = |mut v: serde_json::Value| {
+            if let Some(items) = v["items"].as_array_mut() {
+                for i in items {
+                    i["status"]["lastHeartbeat"] = serde_json::Value::Null;
+                }
+            }
+            v
+        };
+        assert_eq!(strip(as_json), strip(as_yaml), "{args:?}");
+    }
+    // Detached: done once its replica is there; attached: once it is rw.
+    let watch = |want: &str| {
+        let (ok, _, progress) = ballastctl(api, &["volume", "watch", "y"]);
+        assert!(ok, "{progress}");
+        let last = progress.lines().last().unwrap_or_default().to_string();
+        assert!(last.ends_with(want), "{progress}");
+    };
+    watch("1/1 ready");
+    attach(api, "y", "node-1");
+    watch("1/1 rw");
+    detach(api, "y");
+    let (ok, _, err) = ballastctl(api, &["volume", "watch", "nope"]);
+    assert!(!ok && err.contains("nope"), "{err}");
+    for shell in ["bash", "zsh", "fish"] {
+        let script = ctl_ok(api, &["completion", shell]);
+        assert!(
+            script.contains("ballastctl") && script.contains("volume"),
+            "{shell}: {script}"
+        );
+    }
+}

@@ -43,6 +43,7 @@ pub struct Cli {
 pub enum Output {
     Table,
     Json,
+    Yaml,
 }
 
 #[derive(Debug, Subcommand)]
@@ -65,6 +66,9 @@ pub enum Command {
         #[arg(long)]
         volume: Option<String>,
     },
+    /// A completion script for `shell`, e.g.
+    /// `ballastctl completion bash > /etc/bash_completion.d/ballastctl`.
+    Completion { shell: clap_complete::Shell },
     /// Events, newest last.
     Events {
         /// Only events of KIND/NAME, e.g. node/node-1.
@@ -110,6 +114,11 @@ pub enum VolumeCmd {
     },
     /// Stop the volume's engine.
     Detach {
+        name: String,
+    },
+    /// Follow the volume until every replica is rw, with a progress bar for
+    /// each rebuild.
+    Watch {
         name: String,
     },
     /// Grow a detached volume (every replica grows; volumes never shrink).
@@ -218,15 +227,29 @@ pub enum SettingCmd {
 /// How answers are shown: the API's JSON as it came, or tables.
 #[derive(Clone, Copy)]
 struct Out {
-    json: bool,
+    format: Output,
 }
 
 impl Out {
+    /// Whether the answer is printed as it is (JSON or YAML), not as a
+    /// table.
+    fn raw(self) -> bool {
+        self.format != Output::Table
+    }
+
+    /// Prints `v` as it is, when that is the format: then true.
+    fn printed(self, v: &Value) -> bool {
+        match self.format {
+            Output::Table => return false,
+            Output::Json => print_json(v),
+            Output::Yaml => print!("{}", yaml(v)),
+        }
+        true
+    }
+
     /// One object of kind `T`.
     fn one<T: Row + DeserializeOwned>(self, v: &Value) -> Result<(), CtlError> {
-        if self.json {
-            print_json(v);
-        } else {
+        if !self.printed(v) {
             render::table(&[typed::<T>(v)?]);
         }
         Ok(())
@@ -234,13 +257,16 @@ impl Out {
 
     /// A list (`{"items": [...]}`) of kind `T`.
     fn list<T: Row + DeserializeOwned>(self, v: &Value) -> Result<(), CtlError> {
-        if self.json {
-            print_json(v);
-        } else {
+        if !self.printed(v) {
             render::table(&typed::<List<T>>(v)?.items);
         }
         Ok(())
     }
+}
+
+/// `v` as a YAML document.
+fn yaml(v: &Value) -> String {
+    serde_yaml_ng::to_string(v).unwrap_or_else(|_| v.to_string())
 }
 
 /// The API's answer as the model type it is.
@@ -297,10 +323,18 @@ impl VolumeOptions {
 
 /// Runs one command; the caller prints the error and exits non-zero.
 pub async fn run(cli: Cli) -> Result<(), CtlError> {
+    if let Command::Completion { shell } = cli.command {
+        use clap::CommandFactory;
+        clap_complete::generate(
+            shell,
+            &mut Cli::command(),
+            "ballastctl",
+            &mut std::io::stdout(),
+        );
+        return Ok(());
+    }
     let c = Client::new(&cli.api, cli.token.clone());
-    let out = Out {
-        json: cli.output == Output::Json,
-    };
+    let out = Out { format: cli.output };
     match cli.command {
         Command::Volume(cmd) => volume(&c, out, cmd).await,
         Command::Replica(cmd) => replica(&c, out, cmd).await,
@@ -308,6 +342,7 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
         Command::Setting(cmd) => setting(&c, out, cmd).await,
         Command::Plan { volume } => plan(&c, out, volume).await,
         Command::Events { object, watch } => events(&c, out, object, watch).await,
+        Command::Completion { .. } => Ok(()),
     }
 }
 
@@ -317,8 +352,7 @@ async fn volume(c: &Client, out: Out, cmd: VolumeCmd) -> Result<(), CtlError> {
         VolumeCmd::List => out.list::<Volume>(&c.get("/v1/volumes").await?),
         VolumeCmd::Get { name } => {
             let v = c.get(&path(&name, "")).await?;
-            if out.json {
-                print_json(&v);
+            if out.printed(&v) {
                 return Ok(());
             }
             let detail = VolumeDetail::from_json(&v).map_err(unreadable)?;
@@ -367,14 +401,13 @@ async fn volume(c: &Client, out: Out, cmd: VolumeCmd) -> Result<(), CtlError> {
             let v = c
                 .call(Method::POST, &path(&name, "/attach"), Some(body))
                 .await?;
-            if out.json {
-                print_json(&v);
-            } else {
+            if !out.printed(&v) {
                 let vol: Volume = typed(&v)?;
                 println!("{}", vol.status.frontend_endpoint.unwrap_or_default());
             }
             Ok(())
         }
+        VolumeCmd::Watch { name } => wait_replicas(c, &name).await,
         VolumeCmd::Detach { name } => {
             out.one::<Volume>(&c.call(Method::POST, &path(&name, "/detach"), None).await?)
         }
@@ -394,7 +427,7 @@ async fn volume(c: &Client, out: Out, cmd: VolumeCmd) -> Result<(), CtlError> {
             let v = c
                 .call(Method::POST, &path(&name, "/salvage"), Some(body))
                 .await?;
-            if !out.json {
+            if !out.raw() {
                 eprintln!(
                     "{name} salvaged from {replica}: writes only other replicas held are lost"
                 );
@@ -428,8 +461,8 @@ async fn replica(c: &Client, out: Out, cmd: ReplicaCmd) -> Result<(), CtlError> 
             let v = c
                 .call(Method::POST, &format!("/v1/replicas/{name}/scrub"), None)
                 .await?;
-            if out.json {
-                print_json(&v);
+            if out.printed(&v) {
+                // Printed as it is.
             } else if v["sound"] == true {
                 println!("replica {name}: every block checked, sound");
             } else {
@@ -471,8 +504,7 @@ fn disk_patch(
 
 /// A node with its disks.
 fn node_detail(out: Out, v: &Value) -> Result<(), CtlError> {
-    if out.json {
-        print_json(v);
+    if out.printed(v) {
         return Ok(());
     }
     let n: Node = typed(v)?;
@@ -516,7 +548,7 @@ async fn setting(c: &Client, out: Out, cmd: SettingCmd) -> Result<(), CtlError> 
         SettingCmd::Get { name } => {
             let v = c.get(&format!("/v1/settings/{name}")).await?;
             out.one::<SettingView>(&v)?;
-            if !out.json {
+            if !out.raw() {
                 let s: SettingView = typed(&v)?;
                 println!("\n{}\nAccepted: {}", s.description, s.accepted);
             }
@@ -536,8 +568,7 @@ async fn plan(c: &Client, out: Out, volume: Option<String>) -> Result<(), CtlErr
         None => "/v1/plan".into(),
     };
     let v = c.get(&path).await?;
-    if out.json {
-        print_json(&v);
+    if out.printed(&v) {
         return Ok(());
     }
     let p: PlanView = typed(&v)?;
@@ -582,8 +613,13 @@ async fn events(c: &Client, out: Out, object: Option<String>, watch: bool) -> Re
             if e.name <= last {
                 continue;
             }
-            if out.json {
+            if out.format == Output::Json {
                 println!("{}", serde_json::to_string(&e).unwrap_or_default());
+            } else if out.format == Output::Yaml {
+                println!(
+                    "---\n{}",
+                    yaml(&serde_json::to_value(&e).unwrap_or_default()).trim_end()
+                );
             } else {
                 let c = e.cells();
                 println!("{}", c.join("  "));
@@ -597,9 +633,15 @@ async fn events(c: &Client, out: Out, object: Option<String>, watch: bool) -> Re
 /// every wanted replica is rw.
 fn replica_progress(d: &VolumeDetail) -> (String, bool) {
     let wanted = d.volume.spec.number_of_replicas as usize;
-    let is_rw = |r: &&ReplicaSummary| r.mode == Some(ReplicaMode::Rw);
+    // A detached volume's replica that no engine or rebuild reports on
+    // (no mode) is as ready as it gets.
+    let detached = d.volume.status.state == ballast::model::VolumeState::Detached;
+    let is_rw = |r: &&ReplicaSummary| {
+        r.mode == Some(ReplicaMode::Rw)
+            || (detached && r.mode.is_none() && r.rebuild_progress.is_none())
+    };
     let rw = d.replicas.iter().filter(is_rw).count();
-    let mut line = format!("{rw}/{wanted} rw");
+    let mut line = format!("{rw}/{wanted} {}", if detached { "ready" } else { "rw" });
     for r in d.replicas.iter().filter(|r| !is_rw(r)) {
         let cell = render::rebuild_cell(r.rebuild_progress.as_ref());
         let state = if cell.is_empty() {
@@ -612,32 +654,94 @@ fn replica_progress(d: &VolumeDetail) -> (String, bool) {
     (line, rw == wanted && d.replicas.len() == wanted)
 }
 
-/// Polls the volume until every wanted replica is rw; on a terminal the
-/// progress line is rewritten in place, elsewhere each change is a line.
+/// Polls the volume until every wanted replica is rw (detached: until they
+/// are all there and none is rebuilt or failed). On a terminal each
+/// rebuild is a progress bar under the volume's line; elsewhere each change
+/// of the line is printed as a line.
 async fn wait_replicas(c: &Client, name: &str) -> Result<(), CtlError> {
-    use std::io::{IsTerminal, Write};
-    let tty = std::io::stderr().is_terminal();
+    use std::io::IsTerminal;
+    let mut bars = std::io::stderr().is_terminal().then(|| Bars::new(name));
     let mut last = String::new();
     loop {
         let v = c.get(&format!("/v1/volumes/{name}")).await?;
         let d = VolumeDetail::from_json(&v).map_err(unreadable)?;
         let (line, done) = replica_progress(&d);
-        if line != last {
-            if tty {
-                eprint!("\r\x1b[K{name}: {line}");
-            } else {
-                eprintln!("{name}: {line}");
-            }
-            let _ = std::io::stderr().flush();
-            last = line;
+        match &mut bars {
+            Some(b) => b.show(&line, &d.replicas),
+            None if line != last => eprintln!("{name}: {line}"),
+            None => {}
         }
+        last = line;
         if done {
-            if tty {
-                eprintln!();
+            if let Some(b) = bars {
+                b.finish();
             }
             return Ok(());
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
+/// A volume's line and a bar per replica being rebuilt (indicatif).
+struct Bars {
+    all: indicatif::MultiProgress,
+    head: indicatif::ProgressBar,
+    rebuilds: std::collections::BTreeMap<String, indicatif::ProgressBar>,
+    name: String,
+}
+
+impl Bars {
+    fn new(name: &str) -> Bars {
+        let all =
+            indicatif::MultiProgress::with_draw_target(indicatif::ProgressDrawTarget::stderr());
+        let head = all.add(indicatif::ProgressBar::new_spinner());
+        Bars {
+            all,
+            head,
+            rebuilds: Default::default(),
+            name: name.to_string(),
+        }
+    }
+
+    fn show(&mut self, line: &str, replicas: &[ReplicaSummary]) {
+        self.head.set_message(format!("{}: {line}", self.name));
+        self.head.tick();
+        let style = indicatif::ProgressStyle::with_template(
+            "  {msg:24} [{bar:40}] {percent:>3}% {bytes}/{total_bytes}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        for r in replicas {
+            let Some(p) = r.rebuild_progress.as_ref().filter(|p| p.total > 0) else {
+                continue;
+            };
+            let bar = self.rebuilds.entry(r.name.clone()).or_insert_with(|| {
+                let b = self.all.add(indicatif::ProgressBar::new(p.total));
+                b.set_style(style.clone());
+                b.set_message(format!("{} on {}", r.name, r.node_id));
+                b
+            });
+            bar.set_length(p.total);
+            bar.set_position(p.done);
+        }
+        // A replica that turned rw is done.
+        for r in replicas.iter().filter(|r| r.mode == Some(ReplicaMode::Rw)) {
+            if let Some(b) = self.rebuilds.get(&r.name)
+                && !b.is_finished()
+            {
+                if let Some(len) = b.length() {
+                    b.set_position(len);
+                }
+                b.finish();
+            }
+        }
+    }
+
+    fn finish(self) {
+        for b in self.rebuilds.values() {
+            b.finish();
+        }
+        self.head.finish();
     }
 }
 
@@ -668,7 +772,7 @@ mod tests {
         let d = VolumeDetail::from_json(&v).unwrap();
         assert_eq!(
             replica_progress(&d),
-            ("2/3 rw; v-r3 on n3 25% (1 of 4)".to_string(), false)
+            ("2/3 ready; v-r3 on n3 25% (1 of 4)".to_string(), false)
         );
         let done = json!({"name": "v", "spec": {"size": 1024, "numberOfReplicas": 1}, "status": {
             "state": "detached", "robustness": "healthy", "replicas": [
