@@ -1,5 +1,5 @@
-//! `ballast node`: asks the controller which disks to open, opens them,
-//! binds its sockets (failing fast), then
+//! `ballast node`: binds its ports (failing fast), enrolls (TLS on), asks
+//! the controller which disks to open, opens them, then
 //! registers with the controller, heartbeats, and serves the CSI socket and
 //! the agent endpoint until SIGTERM or SIGINT.
 
@@ -65,6 +65,11 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
         source,
     })?;
     let socket = ballast::grpc::unix_path(&config.csi_endpoint)?;
+    // Its ports first: a taken or bad address fails at once, before the
+    // node enrolls or asks the controller anything.
+    let agent = ballast::grpc::bind_tcp("agent endpoint", config.agent_listen).await?;
+    let replica_listener =
+        ballast::grpc::bind_tcp("replica endpoint", config.replica_listen).await?;
     let token = match &config.cluster_token_file {
         Some(path) => ClusterToken::read(path)
             .map_err(|e| ServeError::Config(format!("--cluster-token-file: {e}")))?,
@@ -82,9 +87,6 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     // node's certificate).
     let controller = member.channel(&config.controller, &Role::Controller)?;
     let disks = open_wanted_disks(&config, &controller).await?;
-    let agent = ballast::grpc::bind_tcp("agent endpoint", config.agent_listen).await?;
-    let replica_listener =
-        ballast::grpc::bind_tcp("replica endpoint", config.replica_listen).await?;
     let replica_server = crate::server::ReplicaServer::serving_with(
         crate::replica::Replicas::with_writeback(
             disks.iter().map(|d| d.path.clone()).collect(),
