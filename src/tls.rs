@@ -179,9 +179,7 @@ impl Ca {
 
     /// The CA of these PEM texts.
     pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<Ca, TlsError> {
-        let key = KeyPair::from_pem(key_pem)?;
         let issuer = Issuer::from_ca_cert_pem(cert_pem, KeyPair::from_pem(key_pem)?)?;
-        drop(key);
         Ok(Ca {
             cert_pem: cert_pem.to_string(),
             key_pem: key_pem.to_string(),
