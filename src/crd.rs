@@ -8,7 +8,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
 };
 use kube::core::CustomResourceExt;
 
-use crate::model::{NodeResource, ReplicaResource, SettingResource, VolumeResource};
+use crate::model::{
+    NodeResource, ReplicaResource, SettingResource, SnapshotResource, VolumeResource,
+};
 use crate::settings::{DEFINITIONS, SettingKind};
 
 /// The API group of every Ballast resource.
@@ -33,6 +35,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         ReplicaResource::crd(),
         NodeResource::crd(),
         setting,
+        SnapshotResource::crd(),
     ]
     .into_iter()
     .map(known_formats_only)
@@ -178,6 +181,7 @@ mod tests {
                 "Replica" => &["Volume", "Node", "Disk", "Mode", "Age"],
                 "Node" => &["Ready", "Zone", "Schedulable", "Disks", "Age"],
                 "Setting" => &["Value"],
+                "Snapshot" => &["Volume", "Ready", "Size", "Age"],
                 other => panic!("unexpected kind {other}"),
             };
             for w in want {

@@ -88,6 +88,8 @@ pub const MINIMAL_AVAILABLE_PERCENTAGE: &str = "storage-minimal-available-percen
 pub const DISABLE_SCHEDULING_ON_CORDONED_NODE: &str = "disable-scheduling-on-cordoned-node";
 pub const SCRUB_INTERVAL: &str = "replica-scrub-interval";
 pub const SCRUB_RATE: &str = "replica-scrub-rate";
+pub const SNAPSHOT_MAX_COUNT: &str = "snapshot-max-count";
+pub const MERGE_RATE: &str = "layer-merge-rate";
 
 /// Every setting, in the order BEHAVIOR.md lists them.
 pub const DEFINITIONS: &[SettingDef] = &[
@@ -200,6 +202,24 @@ pub const DEFINITIONS: &[SettingDef] = &[
         name: SCRUB_RATE,
         default: "64",
         description: "MiB per second a scrub reads on a node (one replica at a time per node).",
+        kind: SettingKind::Int {
+            min: 1,
+            max: Some(10240),
+        },
+    },
+    SettingDef {
+        name: SNAPSHOT_MAX_COUNT,
+        default: "250",
+        description: "User snapshots a volume may have at once; taking one more is refused.",
+        kind: SettingKind::Int {
+            min: 1,
+            max: Some(250),
+        },
+    },
+    SettingDef {
+        name: MERGE_RATE,
+        default: "128",
+        description: "MiB per second a node copies to merge layers no snapshot needs (one replica at a time per node).",
         kind: SettingKind::Int {
             min: 1,
             max: Some(10240),
@@ -353,6 +373,14 @@ impl Settings {
     }
     pub fn minimal_available_percentage(&self) -> u32 {
         self.int(MINIMAL_AVAILABLE_PERCENTAGE).clamp(0, 100) as u32
+    }
+    /// Bytes per second a merge copies.
+    pub fn merge_rate_bytes(&self) -> u64 {
+        (self.int(MERGE_RATE).clamp(1, 10240) as u64) << 20
+    }
+    /// User snapshots a volume may have at once.
+    pub fn snapshot_max_count(&self) -> usize {
+        self.int(SNAPSHOT_MAX_COUNT).clamp(1, 250) as usize
     }
     pub fn disable_scheduling_on_cordoned_node(&self) -> bool {
         self.bool(DISABLE_SCHEDULING_ON_CORDONED_NODE)

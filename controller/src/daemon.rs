@@ -274,6 +274,7 @@ fn lead(
         tokio::spawn(run_liveness(ctx.clone()));
         tokio::spawn(crate::executor::run_reconcile(ctx.clone(), resync_interval));
         tokio::spawn(crate::executor::run_scrub(ctx.clone(), resync_interval));
+        tokio::spawn(crate::executor::run_merge(ctx.clone(), resync_interval));
         if let Some(client) = client {
             tokio::spawn(crate::kubernetes::nodes::run_sync(
                 ctx.clone(),

@@ -32,8 +32,10 @@ use ballast::proto::csi::v1::{
     ControllerListVolumeHealthResponse, ControllerModifyVolumeRequest,
     ControllerModifyVolumeResponse, ControllerPublishVolumeRequest,
     ControllerPublishVolumeResponse, ControllerUnpublishVolumeRequest,
-    ControllerUnpublishVolumeResponse, CreateVolumeRequest, CreateVolumeResponse,
+    ControllerUnpublishVolumeResponse, CreateSnapshotRequest, CreateSnapshotResponse,
+    CreateVolumeRequest, CreateVolumeResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
     DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse,
+    GetSnapshotRequest, GetSnapshotResponse, ListSnapshotsRequest, ListSnapshotsResponse,
     ListVolumesRequest, ListVolumesResponse, ValidateVolumeCapabilitiesRequest,
     ValidateVolumeCapabilitiesResponse,
 };
@@ -159,6 +161,10 @@ routed!(RoutedController, Controller, ControllerClient, admit = anyone, {
     controller_list_volume_health(ControllerListVolumeHealthRequest) -> ControllerListVolumeHealthResponse;
     controller_modify_volume(ControllerModifyVolumeRequest) -> ControllerModifyVolumeResponse;
     get_capacity(GetCapacityRequest) -> GetCapacityResponse;
+    create_snapshot(CreateSnapshotRequest) -> CreateSnapshotResponse;
+    delete_snapshot(DeleteSnapshotRequest) -> DeleteSnapshotResponse;
+    list_snapshots(ListSnapshotsRequest) -> ListSnapshotsResponse;
+    get_snapshot(GetSnapshotRequest) -> GetSnapshotResponse;
     validate_volume_capabilities(ValidateVolumeCapabilitiesRequest) -> ValidateVolumeCapabilitiesResponse;
 });
 

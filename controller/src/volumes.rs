@@ -37,6 +37,8 @@ pub struct CreateVolume {
     pub mkfs_params: Option<String>,
     /// The node a strict-local volume lives on.
     pub pinned_node: Option<String>,
+    /// The snapshot to restore, or the volume to clone.
+    pub source: Option<ballast::model::VolumeSource>,
     /// The CO's name, for a volume created through CSI (not a REST field).
     #[serde(skip)]
     pub csi_name: Option<String>,
@@ -162,6 +164,20 @@ pub fn build(req: CreateVolume, settings: &Settings) -> Result<Volume, Error> {
     }
     spec.csi_name = req.csi_name;
     spec.pinned_node = req.pinned_node;
+    if let Some(source) = &req.source {
+        match (&source.snapshot, &source.volume) {
+            (Some(n), None) | (None, Some(n)) => {
+                validate_name(n).map_err(|m| Error::invalid("source", m))?
+            }
+            _ => {
+                return Err(Error::invalid(
+                    "source",
+                    "name exactly one of snapshot and volume",
+                ));
+            }
+        }
+    }
+    spec.source = req.source;
     validate_spec(&spec)?;
     Ok(Volume {
         name: req.name,

@@ -55,7 +55,7 @@ fn source_replica(disk: &Path) -> PathBuf {
         let at = k * (SIZE / EXTENTS) / BLOCK * BLOCK;
         r.write(at, &buf, None).unwrap();
     }
-    r.snapshot().unwrap();
+    r.snapshot(None).unwrap();
     dir.join("layer-000001.img")
 }
 

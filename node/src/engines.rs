@@ -423,6 +423,26 @@ impl Engines {
         Ok(())
     }
 
+    /// Asks the running engine of `volume` to take user snapshot `id`: I/O
+    /// paused, every rw replica frozen at the same point.
+    #[tracing::instrument(skip_all, fields(volume = %volume, snapshot = %id))]
+    pub async fn snapshot(&self, volume: &str, id: &str) -> Result<(), Error> {
+        {
+            let running = self.running.lock().await;
+            if !running.get(volume).is_some_and(|r| alive(r.pid)) {
+                return Err(Error::NotFound(format!(
+                    "no engine of {volume} runs on this node"
+                )));
+            }
+        }
+        let req = ControlRequest::Snapshot {
+            snapshot: id.to_string(),
+        };
+        control::call(&self.control(volume), &req)
+            .await
+            .map_err(control_error)
+    }
+
     /// Takes `replica` (a name) out of the running engine of `volume`; no
     /// engine, nothing to do.
     #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]

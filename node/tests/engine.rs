@@ -130,7 +130,7 @@ async fn overlapping_writes(lend: bool) {
         t.await.unwrap();
     }
     engine.flush().await.unwrap();
-    let names = Arc::clone(&engine).snapshot().await.unwrap();
+    let names = Arc::clone(&engine).snapshot(None).await.unwrap();
     assert_eq!(names.len(), 3, "one snapshot per replica at the same point");
     let seen = engine.read(0, 64 * BLOCK as u32).await.unwrap();
     assert_eq!(engine.direct_reads(), u64::from(lend));
@@ -174,7 +174,7 @@ async fn a_lent_local_replica_matches_a_model_through_writes_trims_and_snapshots
                 model[offset as usize..(offset + len) as usize].fill(0);
             }
             1 if step % 7 == 0 => {
-                engine.snapshot().await.unwrap();
+                engine.snapshot(None).await.unwrap();
             }
             _ => {
                 let data: Vec<u8> = (0..len).map(|i| (step as u8) ^ (i as u8)).collect();

@@ -142,7 +142,7 @@ async fn a_rebuild_under_concurrent_writes_ends_with_all_replicas_identical_laye
     assert!(rebuild.copied_bytes >= 4 << 20, "{rebuild:?}");
     engine.flush().await.unwrap();
     // One more snapshot freezes the heads: every layer must then be equal.
-    engine.snapshot().await.unwrap();
+    engine.snapshot(None).await.unwrap();
     let (l0, l1) = (layers(&r0).await, layers(&r1).await);
     assert_eq!(l0, l1, "layer chains differ");
     assert!(l0.len() >= 3 && l0[..l0.len() - 1].iter().all(|l| l.1.is_some()));
@@ -197,7 +197,7 @@ async fn a_rebuild_on_the_same_node_copies_locally_and_keeps_the_holes() {
 /// Freezes the source's head and joins `target` to its chain; returns the
 /// report of the join.
 async fn join(source: &ReplicaClient, target: &ReplicaClient) -> serde_json::Value {
-    source.snapshot().await.unwrap();
+    source.snapshot(None).await.unwrap();
     let spec = following(source).await;
     serde_json::to_value(target.join(&spec).await.unwrap()).unwrap()
 }
@@ -277,11 +277,11 @@ async fn a_rebuild_cut_off_resumes_from_the_layers_it_had_finished() {
     src.write(0, &pattern(0, 1 << 20, 4), 1, false)
         .await
         .unwrap();
-    src.snapshot().await.unwrap();
+    src.snapshot(None).await.unwrap();
     src.write(4 << 20, &pattern(4 << 20, 1 << 20, 5), 2, false)
         .await
         .unwrap();
-    src.snapshot().await.unwrap();
+    src.snapshot(None).await.unwrap();
     // A first attempt whose second layer arrives wrong (its checksum does
     // not match): the first layer is kept, the second stays pending.
     let mut spec = following(&src).await;
@@ -344,12 +344,12 @@ fn a_rebuild_cut_off_by_a_restart_resumes_from_the_layers_it_had_finished() {
         // The source: a small frozen layer, then a large one.
         let mut r = Replica::create(&src_dir, size).unwrap();
         r.write(0, &pattern(0, 1 << 20, 6), Some(1)).unwrap();
-        r.snapshot().unwrap();
+        r.snapshot(None).unwrap();
         let chunk = pattern(0, 8 << 20, 7);
         for k in 0..48u64 {
             r.write(k * (16 << 20), &chunk, Some(2 + k)).unwrap();
         }
-        r.snapshot().unwrap();
+        r.snapshot(None).unwrap();
     }
     Replica::create(&replica_dir(d2.path(), "v-r1"), size).unwrap();
     let source = Process::start(d1.path());
@@ -410,7 +410,7 @@ async fn a_fill_reports_its_progress_while_it_runs() {
         for k in 0..64u64 {
             r.write(k * (16 << 20), &chunk, Some(k + 1)).unwrap();
         }
-        r.snapshot().unwrap();
+        r.snapshot(None).unwrap();
     }
     Replica::create(&replica_dir(d2.path(), "v-r1"), size).unwrap();
     let s1 = server(&[d1.path()]).await;

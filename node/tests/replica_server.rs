@@ -49,7 +49,7 @@ async fn pipelined_writes_and_reads_round_trip() {
         assert!(data.unwrap().iter().all(|&b| b == i as u8), "block {i}");
     }
     assert_eq!(c.info().await.unwrap()["revision"], 64);
-    let frozen = c.snapshot().await.unwrap();
+    let frozen = c.snapshot(None).await.unwrap();
     let layers = c.layers().await.unwrap();
     assert_eq!(layers[0].name, frozen);
     assert_eq!(layers[0].allocated, 64 * BLOCK);
@@ -269,7 +269,7 @@ async fn a_lent_replica_serves_no_data_and_takes_no_mutation_until_given_back() 
     busy(other.lend().await, "second loan");
     busy(other.write(0, &[1u8; 4096], 2, false).await, "write");
     busy(other.trim(0, 4096, 2).await, "trim");
-    busy(other.snapshot().await.map(drop), "snapshot");
+    busy(other.snapshot(None).await.map(drop), "snapshot");
     busy(other.read(0, 4096).await.map(drop), "read");
     // What a rebuild needs of it is still served, from the files.
     assert_eq!(other.info().await.unwrap()["size"], 64 * BLOCK);

@@ -1,5 +1,5 @@
 //! The objects of record, as the store and the REST API hold them (JSON in
-//! camelCase): Volume, Replica, Node (with disks), Setting, Event.
+//! camelCase): Volume, Replica, Node (with disks), Setting, Snapshot, Event.
 //!
 //! Every object has a name (a node's is its `id`), a `resourceVersion`
 //! set by the store, a `spec` (what is wanted) and a `status` (what is).
@@ -40,6 +40,7 @@ mod event;
 mod node;
 mod replica;
 mod setting;
+mod snapshot;
 mod volume;
 
 pub use enums::*;
@@ -47,9 +48,10 @@ pub use event::Event;
 pub use node::{DiskSpec, DiskStatus, Node, NodeResource, NodeSpec, NodeStatus};
 pub use replica::{RebuildProgress, Replica, ReplicaResource, ReplicaSpec, ReplicaStatus};
 pub use setting::{Setting, SettingBody, SettingResource, SettingStatus};
+pub use snapshot::{Snapshot, SnapshotResource, SnapshotSpec, SnapshotStatus};
 pub use volume::{
-    Condition, DEFAULT_STALE_REPLICA_TIMEOUT, MAX_VOLUME_SIZE, Volume, VolumeResource, VolumeSpec,
-    VolumeStatus,
+    Condition, DEFAULT_STALE_REPLICA_TIMEOUT, MAX_VOLUME_SIZE, Volume, VolumeResource,
+    VolumeSource, VolumeSpec, VolumeStatus,
 };
 
 /// The kinds of object the store holds.
@@ -60,15 +62,17 @@ pub enum Kind {
     Node,
     Setting,
     Event,
+    Snapshot,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 6] = [
         Kind::Volume,
         Kind::Replica,
         Kind::Node,
         Kind::Setting,
         Kind::Event,
+        Kind::Snapshot,
     ];
 
     /// Lower-case plural, as in the REST paths and the store tables.
@@ -79,6 +83,7 @@ impl Kind {
             Kind::Node => "nodes",
             Kind::Setting => "settings",
             Kind::Event => "events",
+            Kind::Snapshot => "snapshots",
         }
     }
 
@@ -90,6 +95,7 @@ impl Kind {
             Kind::Node => "node",
             Kind::Setting => "setting",
             Kind::Event => "event",
+            Kind::Snapshot => "snapshot",
         }
     }
 }
@@ -130,6 +136,7 @@ impl_object!(Replica, Kind::Replica, name);
 impl_object!(Node, Kind::Node, id);
 impl_object!(Setting, Kind::Setting, name);
 impl_object!(Event, Kind::Event, name);
+impl_object!(Snapshot, Kind::Snapshot, name);
 
 /// Validates an object name: 1..=63 characters of lower-case letters,
 /// digits and '-', starting and ending with a letter or digit (a DNS label,

@@ -74,7 +74,23 @@ custom_resource! {
         /// topology requirements: the node its pod is scheduled to).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub pinned_node: Option<String>,
+        /// Where the new volume's data came from: a snapshot (a restore)
+        /// or another volume (a clone). None: it started empty.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub source: Option<VolumeSource>,
     }
+}
+
+/// The data a volume starts with: one of the two is set.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VolumeSource {
+    /// The snapshot restored into it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// The volume it is a clone of (taken through a snapshot of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
 }
 
 fn default_auto_balance() -> VolumeAutoBalance {
@@ -113,6 +129,7 @@ impl VolumeSpec {
             mkfs_params: String::new(),
             csi_name: None,
             pinned_node: None,
+            source: None,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! PVC to mounted filesystem on a real API server, driven by the real CSI
-//! sidecars (csi-provisioner, csi-attacher, csi-resizer of the test bench)
-//! on the controller's socket, with the CSIDriver and the StorageClasses of
-//! `deploy/`. There is no kubelet: the test creates what the kubelet would
+//! sidecars (csi-provisioner, csi-attacher, csi-resizer, csi-snapshotter
+//! and snapshot-controller of the test bench, with the VolumeSnapshot CRDs
+//! of their release) on the controller's socket, with the CSIDriver and
+//! the StorageClasses of `deploy/`. There is no kubelet: the test creates what the kubelet would
 //! (CSINode objects, the Node labels of NodeGetInfo's topology, the
 //! VolumeAttachment of a pod's volume, the scheduler's selected node), and
 //! calls the node socket as the kubelet does, with the publish context the
@@ -92,6 +93,30 @@ impl Bench {
             .output()
             .unwrap();
         assert!(out.status.success(), "{out:?}");
+        // The VolumeSnapshot CRDs, as a cluster with snapshots has them.
+        let crds = [
+            "volumesnapshotclasses",
+            "volumesnapshotcontents",
+            "volumesnapshots",
+        ];
+        for crd in crds {
+            let file =
+                ballast_k8s_harness::tool(&format!("crds/snapshot.storage.k8s.io_{crd}.yaml"))
+                    .unwrap_or_else(|e| panic!("{e}"));
+            kubectl_ok(&k, &["apply", "-f", &file.display().to_string()], None);
+        }
+        for crd in crds {
+            kubectl_ok(
+                &k,
+                &[
+                    "wait",
+                    "--for=condition=established",
+                    "--timeout=60s",
+                    &format!("crd/{crd}.snapshot.storage.k8s.io"),
+                ],
+                None,
+            );
+        }
         // What the kubelet registers for each node: its CSINode, and the
         // Node labels of the plugin's topology.
         k.rt.block_on(async {
@@ -147,6 +172,20 @@ impl Bench {
                 &common(&["--handle-volume-inuse-error=false"]),
                 dir.join("csi-resizer.log"),
             ),
+            Sidecar::start(
+                "csi-snapshotter",
+                &common(&[]),
+                dir.join("csi-snapshotter.log"),
+            ),
+            Sidecar::start(
+                "snapshot-controller",
+                &[
+                    format!("--kubeconfig={}", k.cp.kubeconfig.display()),
+                    "--leader-election=false".to_string(),
+                    "--v=3".to_string(),
+                ],
+                dir.join("snapshot-controller.log"),
+            ),
         ];
         Bench {
             k,
@@ -173,19 +212,25 @@ impl Bench {
 
     /// What the sidecars said, for a failure's message.
     fn logs(&self) -> String {
-        ["csi-provisioner", "csi-attacher", "csi-resizer"]
-            .iter()
-            .map(|s| {
-                let text = std::fs::read_to_string(self.k.c.dir.path().join(format!("{s}.log")))
-                    .unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                format!(
-                    "--- {s}:\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
+        [
+            "csi-provisioner",
+            "csi-attacher",
+            "csi-resizer",
+            "csi-snapshotter",
+            "snapshot-controller",
+        ]
+        .iter()
+        .map(|s| {
+            let text = std::fs::read_to_string(self.k.c.dir.path().join(format!("{s}.log")))
+                .unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            format!(
+                "--- {s}:\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
     }
 
     fn create_pvc(&self, name: &str, class: &str, size: &str, annotations: BTreeMap<&str, &str>) {
@@ -277,6 +322,34 @@ impl Bench {
         let _in = self.k.rt.enter();
         NodeClient::new(ballast::grpc::unix_channel(&n.socket).unwrap())
     }
+}
+
+/// Runs kubectl on the bench's API server (with `stdin` when given) and
+/// returns what it printed; fails the test when kubectl fails.
+fn kubectl_ok(k: &KubeCluster, args: &[&str], stdin: Option<&str>) -> String {
+    use std::io::Write;
+    let kubectl = ballast_k8s_harness::tool("kubectl").unwrap_or_else(|e| panic!("{e}"));
+    let mut child = Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(&k.cp.kubeconfig)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input
+        .write_all(stdin.unwrap_or_default().as_bytes())
+        .unwrap();
+    drop(input);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The kubelet's part for one pod on `node`: stage (with the attacher's
@@ -416,10 +489,122 @@ fn kube_a_pvc_is_provisioned_attached_staged_written_grown_and_deleted_through_t
             .success()
     );
     let size_before = fs_size(&target);
+
+    // A VolumeSnapshot of the PVC while a pod writes to it: made by
+    // snapshot-controller and csi-snapshotter through CreateSnapshot.
+    let later = target.join("after-the-snapshot");
+    kubectl_ok(
+        &b.k,
+        &["apply", "-f", "-"],
+        Some(
+            &json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotClass",
+                    "metadata": {"name": "ballast"}, "driver": "ballast.csi.dev",
+                    "deletionPolicy": "Delete"})
+            .to_string(),
+        ),
+    );
+    kubectl_ok(
+        &b.k,
+        &["apply", "-n", "default", "-f", "-"],
+        Some(
+            &json!({"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+                    "metadata": {"name": "data-snap"},
+                    "spec": {"volumeSnapshotClassName": "ballast",
+                             "source": {"persistentVolumeClaimName": "data"}}})
+            .to_string(),
+        ),
+    );
+    wait_for(
+        Duration::from_secs(90),
+        "the VolumeSnapshot ready to use",
+        || {
+            let ready = kubectl_ok(
+                &b.k,
+                &[
+                    "get",
+                    "-n",
+                    "default",
+                    "volumesnapshot",
+                    "data-snap",
+                    "-o",
+                    "jsonpath={.status.readyToUse}",
+                ],
+                None,
+            );
+            (ready == "true").then_some(())
+        },
+    );
+    std::fs::write(&later, b"written after the snapshot").unwrap();
     kubelet_down(&b, "node-2", &volume, &staging, &target);
     b.detach(&pv_name, "node-2");
     let v = get_json(&format!("{}/v1/volumes/{volume}", b.k.c.api)).unwrap();
     assert!(v["status"]["attachedNode"].is_null(), "detached: {v}");
+    let taken = get_json(&format!("{}/v1/snapshots?volume={volume}", b.k.c.api)).unwrap();
+    assert_eq!(taken["items"].as_array().map(Vec::len), Some(1), "{taken}");
+
+    // A PVC restored from it, on another node: the files as they were at
+    // the snapshot, and not the one written after it.
+    let restored: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "restored"},
+        "spec": {
+            "storageClassName": "ballast",
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": "64Mi"}},
+            "dataSource": {"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot",
+                           "name": "data-snap"},
+        },
+    }))
+    .unwrap();
+    b.k.rt
+        .block_on(
+            b.api::<PersistentVolumeClaim>()
+                .create(&PostParams::default(), &restored),
+        )
+        .unwrap();
+    let restored_pv = b.bound_pv("restored");
+    let restored_name = restored_pv.metadata.name.clone().unwrap();
+    let restored_volume = restored_pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.clone())
+        .unwrap()
+        .volume_handle;
+    let context = b.attach(&restored_name, "node-1");
+    let (r_staging, r_target) = kubelet_up(&b, "node-1", &restored_volume, &context);
+    for (p, sum) in &files {
+        let there = r_target.join(p.file_name().unwrap());
+        assert_eq!(
+            &blake3_of(&there),
+            sum,
+            "{} restored as written",
+            there.display()
+        );
+    }
+    assert!(!r_target.join("after-the-snapshot").exists());
+    kubelet_down(&b, "node-1", &restored_volume, &r_staging, &r_target);
+    b.detach(&restored_name, "node-1");
+
+    // The restored PVC and the snapshot deleted: the VolumeSnapshotContent
+    // goes, and Ballast's snapshot with it (DeleteSnapshot).
+    b.k.rt
+        .block_on(
+            b.api::<PersistentVolumeClaim>()
+                .delete("restored", &DeleteParams::default()),
+        )
+        .unwrap();
+    kubectl_ok(
+        &b.k,
+        &["delete", "-n", "default", "volumesnapshot", "data-snap"],
+        None,
+    );
+    wait_for(
+        Duration::from_secs(90),
+        "Ballast's snapshot deleted",
+        || {
+            let left = get_json(&format!("{}/v1/snapshots?volume={volume}", b.k.c.api))?;
+            (left["items"].as_array().map(Vec::len) == Some(0)).then_some(())
+        },
+    );
 
     // Grown: the PVC asks for more; the resizer grows every replica.
     let grow = json!({"spec": {"resources": {"requests": {"storage": "128Mi"}}}});

@@ -22,3 +22,4 @@ mod seed001_disk_pressure;
 mod seed002_eviction_drain;
 mod seed003_data_locality;
 mod seed004_reuse;
+mod snapshots;

@@ -29,6 +29,7 @@ async fn rogue_joins(wire: &WireTls, addr: &str, name: &str) -> Vec<String> {
             Some(LayerSpec {
                 name: l.name.clone(),
                 checksum,
+                snapshot: None,
             })
         })
         .collect();

@@ -2,7 +2,7 @@
 //! to the REST API, and how its answer is printed.
 
 use ballast::api::{List, ReplicaSummary, SettingView, VolumeDetail};
-use ballast::model::{Event, Node, Replica, ReplicaMode, Volume};
+use ballast::model::{Event, Node, Replica, ReplicaMode, Snapshot, Volume};
 use ballast::quantity::parse_size;
 use ballast_controller::api::PlanView;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -54,6 +54,9 @@ pub enum Command {
     /// Replicas.
     #[command(subcommand)]
     Replica(ReplicaCmd),
+    /// Snapshots of volumes.
+    #[command(subcommand)]
+    Snapshot(SnapshotCmd),
     /// Nodes and their disks.
     #[command(subcommand)]
     Node(NodeCmd),
@@ -91,6 +94,12 @@ pub enum VolumeCmd {
         /// Size, e.g. 1Gi.
         #[arg(long)]
         size: String,
+        /// Start with the data of this snapshot (a restore).
+        #[arg(long, conflicts_with = "clone_of")]
+        from_snapshot: Option<String>,
+        /// Start with the data this volume holds now (a clone).
+        #[arg(long)]
+        clone_of: Option<String>,
         #[command(flatten)]
         options: VolumeOptions,
     },
@@ -139,6 +148,27 @@ pub enum VolumeCmd {
         /// (its data may be gone).
         #[arg(long)]
         force: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCmd {
+    List {
+        /// Only the snapshots of this volume.
+        #[arg(long)]
+        volume: Option<String>,
+    },
+    Get {
+        name: String,
+    },
+    /// Take a snapshot of a volume now: every replica frozen at one point.
+    Create {
+        name: String,
+        #[arg(long)]
+        volume: String,
+    },
+    Delete {
+        name: String,
     },
 }
 
@@ -338,6 +368,7 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
     match cli.command {
         Command::Volume(cmd) => volume(&c, out, cmd).await,
         Command::Replica(cmd) => replica(&c, out, cmd).await,
+        Command::Snapshot(cmd) => snapshot(&c, out, cmd).await,
         Command::Node(cmd) => node(&c, out, cmd).await,
         Command::Setting(cmd) => setting(&c, out, cmd).await,
         Command::Plan { volume } => plan(&c, out, volume).await,
@@ -366,9 +397,17 @@ async fn volume(c: &Client, out: Out, cmd: VolumeCmd) -> Result<(), CtlError> {
         VolumeCmd::Create {
             name,
             size,
+            from_snapshot,
+            clone_of,
             options,
         } => {
             let mut body = json!({ "name": name, "size": size_arg("size", &size)? });
+            if let Some(s) = from_snapshot {
+                body["source"] = json!({ "snapshot": s });
+            }
+            if let Some(v) = clone_of {
+                body["source"] = json!({ "volume": v });
+            }
             options.add_to(&mut body);
             out.one::<Volume>(&c.call(Method::POST, "/v1/volumes", Some(body)).await?)
         }
@@ -433,6 +472,31 @@ async fn volume(c: &Client, out: Out, cmd: VolumeCmd) -> Result<(), CtlError> {
                 );
             }
             out.one::<Volume>(&v)
+        }
+    }
+}
+
+async fn snapshot(c: &Client, out: Out, cmd: SnapshotCmd) -> Result<(), CtlError> {
+    match cmd {
+        SnapshotCmd::List { volume } => {
+            let path = match volume {
+                Some(v) => format!("/v1/snapshots?volume={v}"),
+                None => "/v1/snapshots".to_string(),
+            };
+            out.list::<Snapshot>(&c.get(&path).await?)
+        }
+        SnapshotCmd::Get { name } => {
+            out.one::<Snapshot>(&c.get(&format!("/v1/snapshots/{name}")).await?)
+        }
+        SnapshotCmd::Create { name, volume } => {
+            let body = json!({ "name": name, "volume": volume });
+            out.one::<Snapshot>(&c.call(Method::POST, "/v1/snapshots", Some(body)).await?)
+        }
+        SnapshotCmd::Delete { name } => {
+            c.call(Method::DELETE, &format!("/v1/snapshots/{name}"), None)
+                .await?;
+            println!("snapshot {name} deleted");
+            Ok(())
         }
     }
 }

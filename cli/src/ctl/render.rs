@@ -3,7 +3,7 @@
 //! model types, never from JSON by string.
 
 use ballast::api::{ReplicaSummary, SettingView};
-use ballast::model::{Event, Node, RebuildProgress, Replica, Volume};
+use ballast::model::{Event, Node, RebuildProgress, Replica, Snapshot, Volume};
 use ballast::quantity::format_size;
 use ballast_controller::planner::{Action, ActionKind};
 
@@ -75,6 +75,22 @@ impl Row for Replica {
             self.spec.node_id.clone(),
             self.spec.disk_id.clone(),
             opt(self.status.mode),
+        ]
+    }
+}
+
+impl Row for Snapshot {
+    const HEADER: &'static [&'static str] = &["NAME", "VOLUME", "SIZE", "READY", "CREATED"];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.name.clone(),
+            self.spec.volume.clone(),
+            format_size(self.status.size),
+            self.status.ready_to_use.to_string(),
+            opt(self
+                .status
+                .created_at
+                .map(|t| t.format("%Y-%m-%d %H:%M:%S"))),
         ]
     }
 }

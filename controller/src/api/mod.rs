@@ -11,6 +11,7 @@ mod objects;
 mod plan;
 pub use plan::PlanView;
 mod settings;
+mod snapshots;
 mod volumes;
 
 use std::sync::Arc;
@@ -37,7 +38,7 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     (
         "post",
         "/v1/volumes",
-        "Create a volume: place its replicas and create them on their nodes",
+        "Create a volume: place its replicas and create them on their nodes; with source {snapshot} or {volume}, fill them from that snapshot or a clone of that volume",
     ),
     (
         "get",
@@ -89,6 +90,18 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
         "/v1/replicas/{name}/scrub",
         "Check every block of the replica's frozen layers against its checksums now; a corrupt replica is failed and rebuilt",
     ),
+    (
+        "get",
+        "/v1/snapshots",
+        "List snapshots, optionally ?volume=NAME",
+    ),
+    (
+        "post",
+        "/v1/snapshots",
+        "Take snapshot {name} of {volume}: every replica frozen at one point",
+    ),
+    ("get", "/v1/snapshots/{name}", "Get a snapshot"),
+    ("delete", "/v1/snapshots/{name}", "Delete a snapshot"),
     ("get", "/v1/nodes", "List nodes"),
     ("get", "/v1/nodes/{id}", "Get a node"),
     (
@@ -157,6 +170,14 @@ pub fn router_with(ctx: Arc<Context>, gate: gate::Gate) -> Router {
         .route(
             "/v1/replicas/{name}",
             axum::routing::delete(objects::delete_replica),
+        )
+        .route(
+            "/v1/snapshots",
+            get(snapshots::list).post(snapshots::create),
+        )
+        .route(
+            "/v1/snapshots/{name}",
+            get(snapshots::get_one).delete(snapshots::delete),
         )
         .route("/v1/nodes", get(nodes::list))
         .route("/v1/nodes/{id}", get(nodes::get_one).patch(nodes::patch))

@@ -6,10 +6,14 @@
 //! GetCapacity, ValidateVolumeCapabilities and ControllerGetCapabilities
 //! ControllerExpandVolume (offline: the volume unpublished), and
 //! ControllerGetVolume with the volume's condition (`volumes`; StorageClass
-//! parameters in `params`). Not advertised, so UNIMPLEMENTED as the spec
-//! allows: snapshots, clones and ControllerModifyVolume.
+//! parameters in `params`), ControllerModifyVolume, the health RPCs, and
+//! snapshots: CreateSnapshot, DeleteSnapshot, ListSnapshots, GetSnapshot
+//! and CreateVolume from a snapshot or a volume (`snapshots`). Group snapshots
+//! are not advertised, so UNIMPLEMENTED as the spec allows.
 
+pub mod ids;
 pub mod params;
+pub mod snapshots;
 pub mod volumes;
 
 use std::path::PathBuf;
@@ -30,8 +34,10 @@ use ballast::proto::csi::v1::{
     ControllerListVolumeHealthResponse, ControllerModifyVolumeRequest,
     ControllerModifyVolumeResponse, ControllerPublishVolumeRequest,
     ControllerPublishVolumeResponse, ControllerServiceCapability, ControllerUnpublishVolumeRequest,
-    ControllerUnpublishVolumeResponse, CreateVolumeRequest, CreateVolumeResponse,
+    ControllerUnpublishVolumeResponse, CreateSnapshotRequest, CreateSnapshotResponse,
+    CreateVolumeRequest, CreateVolumeResponse, DeleteSnapshotRequest, DeleteSnapshotResponse,
     DeleteVolumeRequest, DeleteVolumeResponse, GetCapacityRequest, GetCapacityResponse,
+    GetSnapshotRequest, GetSnapshotResponse, ListSnapshotsRequest, ListSnapshotsResponse,
     ListVolumesRequest, ListVolumesResponse, ValidateVolumeCapabilitiesRequest,
     ValidateVolumeCapabilitiesResponse, validate_volume_capabilities_response::Confirmed,
 };
@@ -76,6 +82,10 @@ impl Controller for ControllerService {
             RpcType::PublishReadonly,
             RpcType::GetVolumeHealth,
             RpcType::ListVolumeHealth,
+            RpcType::CreateDeleteSnapshot,
+            RpcType::ListSnapshots,
+            RpcType::GetSnapshot,
+            RpcType::CloneVolume,
         ]
         .into_iter()
         .map(|t| ControllerServiceCapability {
@@ -176,6 +186,43 @@ impl Controller for ControllerService {
         Ok(Response::new(
             volumes::modify(&self.ctx, request.into_inner()).await?,
         ))
+    }
+
+    async fn create_snapshot(
+        &self,
+        request: Request<CreateSnapshotRequest>,
+    ) -> Result<Response<CreateSnapshotResponse>, Status> {
+        let snapshot = snapshots::create(&self.ctx, request.into_inner()).await?;
+        Ok(Response::new(CreateSnapshotResponse {
+            snapshot: Some(snapshot),
+        }))
+    }
+
+    async fn delete_snapshot(
+        &self,
+        request: Request<DeleteSnapshotRequest>,
+    ) -> Result<Response<DeleteSnapshotResponse>, Status> {
+        snapshots::delete(&self.ctx, request.into_inner()).await?;
+        Ok(Response::new(DeleteSnapshotResponse {}))
+    }
+
+    async fn list_snapshots(
+        &self,
+        request: Request<ListSnapshotsRequest>,
+    ) -> Result<Response<ListSnapshotsResponse>, Status> {
+        Ok(Response::new(
+            snapshots::list(&self.ctx, request.into_inner()).await?,
+        ))
+    }
+
+    async fn get_snapshot(
+        &self,
+        request: Request<GetSnapshotRequest>,
+    ) -> Result<Response<GetSnapshotResponse>, Status> {
+        let snapshot = snapshots::get(&self.ctx, request.into_inner()).await?;
+        Ok(Response::new(GetSnapshotResponse {
+            snapshot: Some(snapshot),
+        }))
     }
 
     async fn get_capacity(

@@ -3,7 +3,7 @@
 //! GetCapacity. Each validates its request, translates it to the volume
 //! lifecycle the REST API also uses (`crate::executor`), and answers with
 //! the codes the CSI spec prescribes; every one is idempotent. The volume
-//! id is the volume's name, derived from the CO's name by `volume_id_for`
+//! id is the volume's name, derived from the CO's name by `ids::id_for`
 //! and kept with the CO's name on the record (`spec.csiName`).
 
 use std::collections::HashMap;
@@ -28,6 +28,7 @@ use ballast::proto::csi::v1::{
 };
 
 use super::check_capability;
+use super::ids::{check_name, id_for, page};
 use super::params::StorageClassParams;
 use crate::context::Context;
 use crate::error::Error;
@@ -39,41 +40,6 @@ pub const DEFAULT_SIZE: u64 = 1 << 30;
 /// The key of ControllerPublishVolume's answer that carries the engine's
 /// NBD endpoint, for NodeStageVolume.
 pub const ENDPOINT_KEY: &str = "frontendEndpoint";
-
-/// Longest name CreateVolume accepts: the CSI spec's limit on the strings
-/// a CO sends.
-pub const MAX_CSI_NAME: usize = 128;
-
-/// The volume id for a CO's CreateVolume name, which may be any string.
-/// A name that is already a valid volume name is its own id (Kubernetes
-/// sends `pvc-<uuid>`). Any other becomes the lower-cased letters and
-/// digits of its start, runs of other characters as one '-', then '-' and
-/// 16 hex digits of the name's hash: readable in `kubectl get`, and the
-/// same id for the same name every time.
-pub fn volume_id_for(name: &str) -> String {
-    if ballast::model::validate_name(name).is_ok() && name.len() <= crate::volumes::MAX_NAME {
-        return name.to_string();
-    }
-    let hash = blake3::hash(name.as_bytes()).to_hex();
-    let mut readable = String::new();
-    for c in name.chars() {
-        let c = c.to_ascii_lowercase();
-        if c.is_ascii_lowercase() || c.is_ascii_digit() {
-            readable.push(c);
-        } else if !readable.is_empty() && !readable.ends_with('-') {
-            readable.push('-');
-        }
-        // Room for '-' and the hash within the longest volume name.
-        if readable.len() >= crate::volumes::MAX_NAME - 17 {
-            break;
-        }
-    }
-    let readable = readable.trim_end_matches('-');
-    match readable {
-        "" => format!("vol-{}", &hash[..16]),
-        r => format!("{r}-{}", &hash[..16]),
-    }
-}
 
 /// The size to create for `range`: the required bytes rounded up to 4 KiB
 /// (1 GiB when none is required), within the limit.
@@ -123,6 +89,7 @@ fn compatible(v: &Volume, range: Option<&CapacityRange>, wanted: &Volume) -> Res
         || a.disk_selector != b.disk_selector
         || a.node_selector != b.node_selector
         || a.mkfs_params != b.mkfs_params
+        || a.source != b.source
     {
         return Err("its parameters or capabilities differ".into());
     }
@@ -189,7 +156,7 @@ fn csi_volume(v: &Volume) -> csi::Volume {
             .iter()
             .map(|n| ballast::topology::pinned_to(n))
             .collect(),
-        ..Default::default()
+        content_source: super::snapshots::content_source(v),
     }
 }
 
@@ -230,28 +197,12 @@ fn check_capabilities(caps: &[VolumeCapability]) -> Result<(), Error> {
 
 #[tracing::instrument(skip_all, fields(rpc = "CreateVolume", volume = %req.name))]
 pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi::Volume, Error> {
-    if req.name.is_empty() {
-        return Err(Error::invalid("name", "is required"));
-    }
-    if req.name.len() > MAX_CSI_NAME {
-        return Err(Error::invalid(
-            "name",
-            format!(
-                "is {} bytes long; at most {MAX_CSI_NAME} are accepted",
-                req.name.len()
-            ),
-        ));
-    }
+    check_name(&req.name)?;
     check_capabilities(&req.volume_capabilities)?;
-    if req.volume_content_source.is_some() {
-        return Err(Error::invalid(
-            "volume_content_source",
-            "creating a volume from a snapshot or another volume is not supported",
-        ));
-    }
+    let source = super::snapshots::source_of(ctx, req.volume_content_source.as_ref()).await?;
     let params = StorageClassParams::try_from(&req.parameters)?;
     let range = req.capacity_range.as_ref();
-    let id = volume_id_for(&req.name);
+    let id = id_for(&req.name);
     let settings = ctx.settings().await?;
     let locality = params
         .data_locality
@@ -273,6 +224,7 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
         fs_type: Some(fs_type_of(&params, &req.volume_capabilities)?),
         pinned_node: pinned,
         csi_name: Some(req.name.clone()),
+        source,
         ..params
     };
     // A VolumeAttributesClass's values stand over the StorageClass's.
@@ -293,6 +245,13 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
                 v.name
             )));
         }
+        if v.status.state == ballast::model::VolumeState::Creating {
+            // Its replicas are still being made, or filled from its source.
+            return Err(Error::Conflict(format!(
+                "volume {:?} is still being created; retry",
+                v.name
+            )));
+        }
         compatible(&v, range, &wanted)
             .map(|()| csi_volume(&v))
             .map_err(|why| {
@@ -303,7 +262,13 @@ pub async fn create(ctx: &Arc<Context>, req: CreateVolumeRequest) -> Result<csi:
             })
     };
     if let Some(v) = ctx.store.get::<Volume>(&id).await? {
-        return existing(v);
+        // One left `creating` by a controller that stopped mid-way is made
+        // again (the executor clears what it left); else it is answered.
+        let cut_off =
+            v.status.state == ballast::model::VolumeState::Creating && !ctx.volume_busy(&v.name);
+        if !cut_off {
+            return existing(v);
+        }
     }
     match crate::executor::create(ctx, wanted.clone()).await {
         Ok(v) => Ok(csi_volume(&v)),
@@ -538,42 +503,6 @@ async fn sorted_volumes(ctx: &Context) -> Result<Vec<Volume>, Error> {
     Ok(all)
 }
 
-/// The page of `all` a paged list call asks for, and the token of the next
-/// (empty at the end). The token is the index of the next entry; one this
-/// plugin did not give is ABORTED.
-fn page<'a, T>(
-    all: &'a [T],
-    max_entries: i32,
-    starting_token: &str,
-) -> Result<(&'a [T], String), Error> {
-    if max_entries < 0 {
-        return Err(Error::invalid("max_entries", "must not be negative"));
-    }
-    let start = if starting_token.is_empty() {
-        0
-    } else {
-        starting_token
-            .parse::<usize>()
-            .ok()
-            .filter(|i| *i <= all.len())
-            .ok_or_else(|| {
-                Error::Conflict(format!(
-                    "starting_token {starting_token:?} is not one this plugin gave"
-                ))
-            })?
-    };
-    let end = match max_entries {
-        0 => all.len(),
-        n => (start + n as usize).min(all.len()),
-    };
-    let next = if end < all.len() {
-        end.to_string()
-    } else {
-        String::new()
-    };
-    Ok((&all[start..end], next))
-}
-
 /// A volume's health as CSI v1.13 reports it: no entry when it is healthy
 /// (or not published: nothing is wrong with it), DEGRADED while some of
 /// its replicas failed or rebuild, INACCESSIBLE when none is usable.
@@ -713,47 +642,6 @@ mod tests {
             };
             assert_eq!(statuses, want, "{r}");
         }
-    }
-
-    #[test]
-    fn pages_follow_their_tokens_to_the_end_and_refuse_a_foreign_one() {
-        let all: Vec<u32> = (0..5).collect();
-        let (first, next) = page(&all, 2, "").unwrap();
-        assert_eq!((first, next.as_str()), (&[0, 1][..], "2"));
-        let (second, next) = page(&all, 2, &next).unwrap();
-        assert_eq!((second, next.as_str()), (&[2, 3][..], "4"));
-        let (last, next) = page(&all, 2, &next).unwrap();
-        assert_eq!((last, next.as_str()), (&[4][..], ""));
-        assert_eq!(page(&all, 0, "").unwrap().0.len(), 5);
-        assert!(matches!(page(&all, 0, "6"), Err(Error::Conflict(_))));
-        assert!(matches!(page(&all, 0, "x"), Err(Error::Conflict(_))));
-        assert!(matches!(page(&all, -1, ""), Err(Error::Invalid { .. })));
-    }
-
-    #[test]
-    fn any_co_name_maps_to_a_stable_valid_volume_id() {
-        // Kubernetes' names are their own ids.
-        assert_eq!(volume_id_for("pvc-0a1b2c"), "pvc-0a1b2c");
-        let long = format!("PVC-Upper_Case.with.dots-{}", "x".repeat(128 - 25));
-        assert_eq!(long.len(), 128);
-        for name in [
-            long.as_str(),
-            "Upper",
-            "sanity-Node-Stage-1F2E",
-            "-_.",
-            "ünïcødé name",
-            &"a".repeat(54),
-        ] {
-            let id = volume_id_for(name);
-            ballast::model::validate_name(&id).unwrap_or_else(|e| panic!("{name:?}: {e}"));
-            assert!(id.len() <= crate::volumes::MAX_NAME, "{id}");
-            assert_eq!(volume_id_for(name), id, "stable");
-        }
-        assert!(volume_id_for(&long).starts_with("pvc-upper-case-with-dots-xx"));
-        assert_eq!(volume_id_for("-_.").len(), "vol-".len() + 16);
-        // Names that differ only in case or punctuation get different ids.
-        assert_ne!(volume_id_for("Data.1"), volume_id_for("data-1"));
-        assert_ne!(volume_id_for("Data.1"), volume_id_for("data_1"));
     }
 
     #[test]

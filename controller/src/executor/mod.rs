@@ -8,17 +8,22 @@
 //! one way a replica is made (and unmade when that fails); `reconcile` is the
 //! loop that observes, plans and acts on every change and resync tick;
 //! `scrub` has every replica's frozen layers checked on its node;
-//! `interrupted` fails a rebuild whose controller died, to start it again.
+//! `interrupted` fails a rebuild whose controller died, to start it again;
+//! `snapshot` takes, deletes and restores snapshots; `merge` folds the
+//! layers no snapshot needs.
 
 mod actions;
 pub mod effects;
 mod interrupted;
+pub mod merge;
 mod reconcile;
 mod replica;
 mod scrub;
+pub mod snapshot;
 mod volume;
 
 pub use actions::{carry_out, delete_replica};
+pub use merge::run_merge;
 pub use reconcile::run_reconcile;
 pub use scrub::{run_scrub, scrub_now};
 pub use volume::{attach, create, delete, detach, expand, restart_engine};

@@ -23,12 +23,27 @@ use crate::{observe, planner};
 #[tracing::instrument(skip_all, fields(volume = %volume.name))]
 pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Error> {
     let _guard = ctx.lock_volume_waiting(&volume.name, PATIENCE).await?;
-    if ctx.store.get::<Volume>(&volume.name).await?.is_some() {
-        return Err(Error::AlreadyExists(format!(
-            "volume {:?} already exists",
-            volume.name
-        )));
+    if let Some(old) = ctx.store.get::<Volume>(&volume.name).await? {
+        if old.status.state != VolumeState::Creating || old.spec != volume.spec {
+            return Err(Error::AlreadyExists(format!(
+                "volume {:?} already exists",
+                volume.name
+            )));
+        }
+        // Left `creating` by a controller that stopped mid-way (this call
+        // holds the volume): what it made goes, and the volume is made anew.
+        tracing::warn!(volume = %old.name, "a creation was cut off; starting it again");
+        for r in ctx.store.list::<Replica>().await? {
+            if r.spec.volume == old.name {
+                replica::discard(ctx, &r).await;
+            }
+        }
+        ctx.store.delete::<Volume>(&old.name, None).await?;
     }
+    let source = match &volume.spec.source {
+        Some(s) => Some(source_of(ctx, s, volume.spec.size).await?),
+        None => None,
+    };
     let view = observe::cluster_view(ctx.store.as_ref()).await?;
     let placements = planner::place_new(
         &view,
@@ -62,6 +77,12 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
                 break;
             }
         }
+    }
+    if failure.is_none()
+        && let Some((from, snapshot)) = &source
+        && let Err(e) = fill_from(ctx, from, snapshot.as_deref(), &made).await
+    {
+        failure = Some(e);
     }
     // The rollback rule of `replica::make`, for the volume as a whole.
     if let Some(e) = failure {
@@ -97,6 +118,68 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
     Ok(volume)
 }
 
+/// Fills a new volume's replicas from `from`: as it was at `snapshot`, or
+/// (a clone) as it is now, through a snapshot taken for the clone and
+/// deleted once it has served.
+async fn fill_from(
+    ctx: &Arc<Context>,
+    from: &Volume,
+    snapshot: Option<&str>,
+    made: &[Replica],
+) -> Result<(), Error> {
+    if let Some(id) = snapshot {
+        return super::snapshot::restore(ctx, from, id, made).await;
+    }
+    let id = format!("clone-{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+    let new = super::snapshot::NewSnapshot {
+        name: id.clone(),
+        volume: from.name.clone(),
+        csi_name: None,
+        internal: true,
+    };
+    let filled = match super::snapshot::create(ctx, new).await {
+        Ok(_) => super::snapshot::restore(ctx, from, &id, made).await,
+        Err(e) => Err(e),
+    };
+    let _ = super::snapshot::delete(ctx, &id).await;
+    filled
+}
+
+/// The volume a new volume's data comes from, and the snapshot of it to
+/// restore (None for a clone, which takes its own once its replicas are
+/// made).
+async fn source_of(
+    ctx: &Arc<Context>,
+    source: &ballast::model::VolumeSource,
+    size: u64,
+) -> Result<(Volume, Option<String>), Error> {
+    let too_small = |what: String, needed: u64| Error::OutOfRange {
+        field: "size".into(),
+        message: format!(
+            "{size} bytes is smaller than {what}, {needed} bytes; a volume restores only into one as large"
+        ),
+    };
+    if let Some(id) = &source.snapshot {
+        let snapshot: ballast::model::Snapshot = ctx.store.fetch(id).await?;
+        if !snapshot.status.ready_to_use {
+            return Err(Error::Unprocessable(format!(
+                "snapshot {id:?} is not ready to use yet"
+            )));
+        }
+        if size < snapshot.status.size {
+            return Err(too_small(format!("snapshot {id}"), snapshot.status.size));
+        }
+        let from: Volume = ctx.store.fetch(&snapshot.spec.volume).await?;
+        return Ok((from, Some(snapshot.name)));
+    }
+    let name = source.volume.as_deref().unwrap_or_default();
+    let from: Volume = ctx.store.fetch(name).await?;
+    if size < from.spec.size {
+        return Err(too_small(format!("volume {name}"), from.spec.size));
+    }
+    Ok((from, None))
+}
+
 /// Deletes a detached volume: its replicas' data on their nodes, then the
 /// records. A replica whose node cannot delete it keeps its record, so the
 /// call can be repeated.
@@ -107,6 +190,21 @@ pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
     if let Some(node) = &volume.status.attached_node {
         return Err(Error::Conflict(format!(
             "volume {name:?} is attached to {node}; detach it first"
+        )));
+    }
+    // A snapshot's data lives in its volume's replicas.
+    let snapshots: Vec<String> = ctx
+        .store
+        .list::<ballast::model::Snapshot>()
+        .await?
+        .into_iter()
+        .filter(|s| s.spec.volume == name)
+        .map(|s| s.name)
+        .collect();
+    if !snapshots.is_empty() {
+        return Err(Error::Unprocessable(format!(
+            "volume {name:?} has snapshots ({}): their data lives in its replicas; delete them first",
+            snapshots.join(", ")
         )));
     }
     let mut failed = Vec::new();

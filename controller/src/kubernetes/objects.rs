@@ -17,6 +17,7 @@ pub fn resource(kind: Kind) -> ApiResource {
         Kind::Node => ("Node", "nodes"),
         Kind::Setting => ("Setting", "settings"),
         Kind::Event => ("Event", "events"),
+        Kind::Snapshot => ("Snapshot", "snapshots"),
     };
     ApiResource {
         group: GROUP.into(),

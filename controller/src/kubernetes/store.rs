@@ -33,7 +33,13 @@ use super::watch::Cache;
 const SEE_OWN_WRITE: Duration = Duration::from_secs(10);
 
 /// The kinds kept as custom resources (events are not).
-const RESOURCES: [Kind; 4] = [Kind::Volume, Kind::Replica, Kind::Node, Kind::Setting];
+const RESOURCES: [Kind; 5] = [
+    Kind::Volume,
+    Kind::Replica,
+    Kind::Node,
+    Kind::Setting,
+    Kind::Snapshot,
+];
 
 /// The store of record in a Kubernetes cluster.
 pub struct KubeStore {

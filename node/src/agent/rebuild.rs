@@ -1,6 +1,7 @@
 //! Offline rebuild, for a replica of a detached volume (no engine runs to
 //! coordinate): the source freezes its head, the target joins the source's
-//! chain and fills the layers it lacks.
+//! chain and fills the layers it lacks. And restore, the same join and fill
+//! for a new volume's replica, up to a user snapshot of another volume.
 
 use ballast::proto::agent::v1::RebuildReplicaResponse;
 
@@ -9,36 +10,34 @@ use crate::server::ReplicaServer;
 use crate::wire::JoinSpec;
 use crate::wire::client::ReplicaClient;
 
-pub async fn offline(
-    server: &ReplicaServer,
-    name: &str,
-    source: &str,
-) -> Result<RebuildReplicaResponse, Error> {
-    let (src_name, src_addr) = source
+/// `NAME@HOST:PORT` of a source replica.
+fn split_source(source: &str) -> Result<(&str, &str), Error> {
+    source
         .split_once('@')
         .filter(|(n, a)| !n.is_empty() && !a.is_empty())
         .ok_or_else(|| Error::Invalid {
             field: "source".into(),
             message: format!("{source:?}: expected NAME@HOST:PORT"),
-        })?;
-    let target = server.replicas().find(name).map_err(Error::NotFound)?;
-    // A source that cannot be reached may come back, and a full disk may
-    // be freed: Unavailable, which the controller does not count as a
-    // failed reuse.
-    let remote = |e: crate::wire::client::ClientError| match e {
+        })
+}
+
+/// A source that cannot be reached may come back, and a full disk may be
+/// freed: Unavailable, which the controller does not count as a failed
+/// reuse.
+fn remote(e: crate::wire::client::ClientError) -> Error {
+    match e {
         crate::wire::client::ClientError::Closed { .. } => Error::Unavailable(e.to_string()),
         e if e.is_no_space() => Error::Unavailable(e.to_string()),
         e => Error::Internal(e.to_string()),
-    };
-    let src = ReplicaClient::dial(server.tls(), src_addr, src_name)
-        .await
-        .map_err(remote)?;
-    src.snapshot().await.map_err(remote)?;
-    let info = src.info().await.map_err(remote)?;
-    let layers = src.layers().await.map_err(remote)?;
-    let spec = JoinSpec::following(&layers, info["revision"].as_u64().unwrap_or(0))
-        .map_err(Error::Internal)?;
-    let report = tokio::task::spawn_blocking(move || {
+    }
+}
+
+/// The target joins the chain `spec` names (on a blocking thread).
+async fn join(
+    target: crate::replica::Shared,
+    spec: JoinSpec,
+) -> Result<crate::replica::JoinReport, Error> {
+    tokio::task::spawn_blocking(move || {
         target
             .write()
             .map_err(|_| "replica lock poisoned".to_string())?
@@ -47,14 +46,115 @@ pub async fn offline(
     })
     .await
     .map_err(|e| Error::Internal(e.to_string()))?
-    .map_err(Error::Internal)?;
-    let filled = server.fill(name, source).await.map_err(|e| match e {
+    .map_err(Error::Internal)
+}
+
+fn fill_error(e: crate::sync::SyncError) -> Error {
+    match e {
         // The source's data is corrupt: the controller fails the source.
         crate::sync::SyncError::SourceCorrupt(m) => Error::SourceCorrupt(m),
         e => Error::Internal(e.to_string()),
-    })?;
+    }
+}
+
+pub async fn offline(
+    server: &ReplicaServer,
+    name: &str,
+    source: &str,
+) -> Result<RebuildReplicaResponse, Error> {
+    let (src_name, src_addr) = split_source(source)?;
+    let target = server.replicas().find(name).map_err(Error::NotFound)?;
+    let src = ReplicaClient::dial(server.tls(), src_addr, src_name)
+        .await
+        .map_err(remote)?;
+    src.snapshot(None).await.map_err(remote)?;
+    let info = src.info().await.map_err(remote)?;
+    let layers = src.layers().await.map_err(remote)?;
+    let spec = JoinSpec::following(&layers, info["revision"].as_u64().unwrap_or(0))
+        .map_err(Error::Internal)?;
+    let report = join(target, spec).await?;
+    let filled = server.fill(name, source).await.map_err(fill_error)?;
     Ok(RebuildReplicaResponse {
         kept_bytes: report.kept_bytes,
+        copied_bytes: filled.bytes,
+        copy_path: filled.path.as_str().to_string(),
+    })
+}
+
+/// Restore: fills the new, empty replica `name` with the data of another
+/// volume as it was at user snapshot `snapshot`. It joins the source's
+/// chain up to the snapshot's layer (labels and checksums as the source
+/// has them) under a new head, and fills those layers from the source:
+/// by local copy when the source is on this node, else over the wire.
+pub async fn restore(
+    server: &ReplicaServer,
+    name: &str,
+    source: &str,
+    snapshot: &str,
+) -> Result<ballast::proto::agent::v1::RestoreReplicaResponse, Error> {
+    if !crate::replica::valid_snapshot_id(snapshot) {
+        return Err(Error::Invalid {
+            field: "snapshot".into(),
+            message: format!("{snapshot:?} is not a snapshot id"),
+        });
+    }
+    let (src_name, src_addr) = split_source(source)?;
+    let target = server.replicas().find(name).map_err(Error::NotFound)?;
+    let src = ReplicaClient::dial(server.tls(), src_addr, src_name)
+        .await
+        .map_err(remote)?;
+    let layers = src.layers().await.map_err(remote)?;
+    let upto = layers
+        .iter()
+        .position(|l| l.snapshot.as_deref() == Some(snapshot))
+        .ok_or_else(|| {
+            Error::NotFound(format!(
+                "replica {src_name} holds no layer of snapshot {snapshot}"
+            ))
+        })?;
+    let frozen = layers[..=upto]
+        .iter()
+        .map(|l| {
+            Ok(crate::replica::LayerSpec {
+                name: l.name.clone(),
+                checksum: l
+                    .checksum
+                    .clone()
+                    .ok_or_else(|| Error::Internal(format!("layer {} has no checksum", l.name)))?,
+                snapshot: l.snapshot.clone(),
+            })
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    let spec = JoinSpec {
+        head: crate::replica::next_layer_name(frozen.iter().map(|l| l.name.as_str())),
+        frozen,
+        revision: 0,
+    };
+    // A new replica joins; one that joined already (a restore cut off)
+    // goes on filling; any other holds data of its own and is refused.
+    let (fresh, already) = {
+        let r = target
+            .read()
+            .map_err(|_| Error::Internal("replica lock poisoned".into()))?;
+        let layers = r.layers();
+        (
+            r.revision() == 0 && layers.len() == 1 && layers[0].allocated == 0,
+            layers
+                .iter()
+                .any(|l| l.snapshot.as_deref() == Some(snapshot)),
+        )
+    };
+    if !fresh && !already {
+        return Err(Error::Refused(format!(
+            "replica {name} holds data: a restore fills only a new, empty replica"
+        )));
+    }
+    if fresh {
+        join(target, spec).await?;
+    }
+    // A restore cut off resumes here: the layers already filled are kept.
+    let filled = server.fill(name, source).await.map_err(fill_error)?;
+    Ok(ballast::proto::agent::v1::RestoreReplicaResponse {
         copied_bytes: filled.bytes,
         copy_path: filled.path.as_str().to_string(),
     })

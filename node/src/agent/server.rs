@@ -10,10 +10,12 @@ use ballast::proto::agent::v1::{
     AddEngineReplicaRequest, AddEngineReplicaResponse, CreateReplicaRequest, CreateReplicaResponse,
     DeleteReplicaRequest, DeleteReplicaResponse, GetNodeStatusRequest, GetNodeStatusResponse,
     GrowReplicaRequest, GrowReplicaResponse, ListEnginesRequest, ListEnginesResponse,
-    ListReplicasRequest, ListReplicasResponse, RebuildReplicaRequest, RebuildReplicaResponse,
-    RemoveEngineReplicaRequest, RemoveEngineReplicaResponse, ReplicaStatus, ScrubReplicaRequest,
-    ScrubReplicaResponse, StartEngineRequest, StartEngineResponse, StopEngineRequest,
-    StopEngineResponse,
+    ListReplicasRequest, ListReplicasResponse, MergeReplicaRequest, MergeReplicaResponse,
+    RebuildReplicaRequest, RebuildReplicaResponse, RemoveEngineReplicaRequest,
+    RemoveEngineReplicaResponse, ReplicaStatus, RestoreReplicaRequest, RestoreReplicaResponse,
+    ScrubReplicaRequest, ScrubReplicaResponse, SnapshotReplicaRequest, SnapshotReplicaResponse,
+    SnapshotVolumeRequest, SnapshotVolumeResponse, StartEngineRequest, StartEngineResponse,
+    StopEngineRequest, StopEngineResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -170,11 +172,11 @@ impl NodeAgent for NodeAgentService {
         for d in &self.ctx.disks {
             let dir = replica_dir(&d.path, &name);
             if dir.join(META_FILE).exists() {
-                if let Some(server) = &self.ctx.replicas {
-                    server.replicas().close(&name);
-                }
-                std::fs::remove_dir_all(&dir)
-                    .map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
+                let deleted = match &self.ctx.replicas {
+                    Some(server) => server.replicas().delete(&name, &dir),
+                    None => std::fs::remove_dir_all(&dir),
+                };
+                deleted.map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
             }
         }
         // Deleting what is not there succeeds: the call is idempotent.
@@ -320,6 +322,111 @@ impl NodeAgent for NodeAgentService {
             Err(e) => return Err(Error::Internal(e.to_string()).into()),
         };
         Ok(Response::new(answer))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, volume = %request.get_ref().volume, snapshot = %request.get_ref().snapshot))]
+    async fn snapshot_volume(
+        &self,
+        request: Request<SnapshotVolumeRequest>,
+    ) -> Result<Response<SnapshotVolumeResponse>, Status> {
+        let req = request.into_inner();
+        self.ctx
+            .engines
+            .snapshot(&req.volume, &req.snapshot)
+            .await?;
+        Ok(Response::new(SnapshotVolumeResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, replica = %request.get_ref().name, snapshot = %request.get_ref().snapshot))]
+    async fn snapshot_replica(
+        &self,
+        request: Request<SnapshotReplicaRequest>,
+    ) -> Result<Response<SnapshotReplicaResponse>, Status> {
+        let req = request.into_inner();
+        if !crate::replica::valid_snapshot_id(&req.snapshot) {
+            return Err(Error::Invalid {
+                field: "snapshot".into(),
+                message: format!("{:?} is not a snapshot id", req.snapshot),
+            }
+            .into());
+        }
+        let server = self.replica_server()?;
+        if server.replicas().is_lent(&req.name) {
+            return Err(Error::Busy(format!(
+                "replica {} is in use by its volume's engine: its engine takes the snapshot",
+                req.name
+            ))
+            .into());
+        }
+        let replica = server.replicas().find(&req.name).map_err(Error::NotFound)?;
+        let answer = tokio::task::spawn_blocking(move || {
+            let mut r = replica
+                .write()
+                .map_err(|_| Error::Internal("replica lock poisoned".into()))?;
+            let layer = r
+                .snapshot(Some(&req.snapshot))
+                .map_err(|e| Error::Internal(e.to_string()))?;
+            let layers = r.layers();
+            let upto = layers.iter().position(|l| l.name == layer).unwrap_or(0);
+            Ok::<_, Error>(SnapshotReplicaResponse {
+                allocated: layers[..=upto].iter().map(|l| l.allocated).sum(),
+                layer,
+            })
+        })
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))??;
+        Ok(Response::new(answer))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, replica = %request.get_ref().name, snapshot = %request.get_ref().snapshot))]
+    async fn restore_replica(
+        &self,
+        request: Request<RestoreReplicaRequest>,
+    ) -> Result<Response<RestoreReplicaResponse>, Status> {
+        let req = request.into_inner();
+        let server = self.replica_server()?;
+        let done = super::rebuild::restore(&server, &req.name, &req.source, &req.snapshot).await?;
+        Ok(Response::new(done))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, replica = %request.get_ref().name))]
+    async fn merge_replica(
+        &self,
+        request: Request<MergeReplicaRequest>,
+    ) -> Result<Response<MergeReplicaResponse>, Status> {
+        let req = request.into_inner();
+        let server = self.replica_server()?;
+        if server.replicas().is_lent(&req.name) {
+            return Err(Error::Busy(format!(
+                "replica {} is in use by its volume's engine; it merges once detached",
+                req.name
+            ))
+            .into());
+        }
+        if let Some(bad) = req
+            .keep
+            .iter()
+            .find(|k| !crate::replica::valid_snapshot_id(k))
+        {
+            return Err(Error::Invalid {
+                field: "keep".into(),
+                message: format!("{bad:?} is not a snapshot id"),
+            }
+            .into());
+        }
+        server.replicas().find(&req.name).map_err(Error::NotFound)?;
+        let done = server
+            .replicas()
+            .merge(&req.name, req.keep, req.bytes_per_second)
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?;
+        Ok(Response::new(MergeReplicaResponse {
+            merged: done.merged,
+            copied_bytes: done.copied,
+            allocated_before: done.allocated_before,
+            allocated_after: done.allocated_after,
+            layers: done.layers,
+        }))
     }
 
     async fn list_engines(

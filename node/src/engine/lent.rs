@@ -155,11 +155,12 @@ impl Lent {
     }
 
     /// Freezes the head (see `Replica::snapshot`), on a blocking thread.
-    pub async fn snapshot(self: &Arc<Self>) -> Result<String, ClientError> {
+    pub async fn snapshot(self: &Arc<Self>, label: Option<&str>) -> Result<String, ClientError> {
         let me = self.clone();
+        let label = label.map(str::to_string);
         tokio::task::spawn_blocking(move || {
             let mut r = me.replica.write().map_err(|_| me.poisoned())?;
-            r.snapshot().map_err(|e| me.error(e))
+            r.snapshot(label.as_deref()).map_err(|e| me.error(e))
         })
         .await
         .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?

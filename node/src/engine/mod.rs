@@ -115,10 +115,10 @@ enum Link {
 }
 
 impl Link {
-    async fn snapshot(&self) -> Result<String, ClientError> {
+    async fn snapshot(&self, label: Option<&str>) -> Result<String, ClientError> {
         match self {
-            Link::Remote(c) => c.snapshot().await,
-            Link::Lent(l) => l.snapshot().await,
+            Link::Remote(c) => c.snapshot(label).await,
+            Link::Lent(l) => l.snapshot(label).await,
         }
     }
 
@@ -979,16 +979,24 @@ impl Engine {
         self.mutate(Op::Flush, 0, 0, 0, Bytes::new()).await
     }
 
-    /// Snapshots every rw replica at one point of the I/O stream.
-    pub async fn snapshot(&self) -> Result<Vec<String>, EngineError> {
+    /// Snapshots every rw replica at one point of the I/O stream; with
+    /// `label`, the frozen layers are that user snapshot. A replica being
+    /// rebuilt (`wo`) gets the label when it joins after this.
+    #[tracing::instrument(skip_all, fields(volume = %self.volume, snapshot = label))]
+    pub async fn snapshot(&self, label: Option<&str>) -> Result<Vec<String>, EngineError> {
         let _pause = self.io.write().await;
-        self.snapshot_now().await
+        if label.is_some() && self.rebuilding.load(Ordering::SeqCst) {
+            // A joining replica takes the chain as it was at its join: a
+            // snapshot now would be missing from it.
+            return Err(EngineError::Busy(self.volume.clone()));
+        }
+        self.snapshot_now(label).await
     }
 
-    async fn snapshot_now(&self) -> Result<Vec<String>, EngineError> {
+    async fn snapshot_now(&self, label: Option<&str>) -> Result<Vec<String>, EngineError> {
         let mut names = Vec::new();
         for (name, c) in self.rw_links().await {
-            match c.snapshot().await {
+            match c.snapshot(label).await {
                 Ok(n) => names.push(n),
                 // Freezing a head checks its blocks. The last rw replica
                 // is kept with a bad block (it serves the rest); what

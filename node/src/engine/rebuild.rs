@@ -70,7 +70,7 @@ impl Engine {
         let client = Arc::new(client);
         let (src, kept) = {
             let _pause = self.io.write().await;
-            self.snapshot_now().await?;
+            self.snapshot_now(None).await?;
             let (src_name, layers) = self.pick_source(source.as_deref()).await?;
             let spec = JoinSpec::following(&layers, self.revision.load(Ordering::SeqCst))
                 .map_err(|e| replica_err(&src_name, e))?;

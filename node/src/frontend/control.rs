@@ -3,7 +3,9 @@
 //! export the volume as a file for a loop device (FUSE) or stop. One JSON
 //! request per line, one JSON answer per line:
 //! `{"op":"add","replica":"NAME@HOST:PORT","source":"NAME"}`,
-//! `{"op":"remove","replica":"NAME"}`, `{"op":"export","dir":"/path"}` (the
+//! `{"op":"remove","replica":"NAME"}`, `{"op":"snapshot","snapshot":"ID"}`
+//! (every rw replica frozen at one point as that user snapshot),
+//! `{"op":"export","dir":"/path"}` (the
 //! file is `<dir>/volume`), `{"op":"unexport"}`, `{"op":"device"}` (the
 //! export's FUSE connection, passed as a file descriptor with the answer,
 //! which the node agent keeps so that an engine started after a crash
@@ -31,6 +33,9 @@ pub enum ControlRequest {
     },
     Remove {
         replica: String,
+    },
+    Snapshot {
+        snapshot: String,
     },
     Export {
         dir: std::path::PathBuf,
@@ -107,6 +112,13 @@ async fn handle(
         }
         ControlRequest::Remove { replica } => {
             engine.remove_replica(&replica).await?;
+            Ok(None)
+        }
+        ControlRequest::Snapshot { snapshot } => {
+            if !crate::replica::valid_snapshot_id(&snapshot) {
+                return Err(invalid(format!("{snapshot:?} is not a snapshot id")));
+            }
+            engine.snapshot(Some(&snapshot)).await?;
             Ok(None)
         }
         ControlRequest::Ping => Ok(None),

@@ -21,6 +21,9 @@ use super::{BLOCK, Bitmap, Layer, Replica, ReplicaError, allocation, open_rw};
 pub struct LayerSpec {
     pub name: String,
     pub checksum: String,
+    /// The user snapshot the layer is, if it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 /// What a join kept and what it still needs.
@@ -74,6 +77,15 @@ impl Replica {
                     .into(),
             ));
         }
+        if let Some(bad) = frozen
+            .iter()
+            .filter_map(|l| l.snapshot.as_deref())
+            .find(|id| !super::valid_snapshot_id(id))
+        {
+            return Err(ReplicaError::Invalid(format!(
+                "{bad:?} is not a snapshot id"
+            )));
+        }
         if frozen.iter().any(|l| l.name == head) {
             return Err(ReplicaError::Invalid(format!(
                 "head {head} is also a frozen layer"
@@ -109,6 +121,12 @@ impl Replica {
             .map(|l| (l.name.clone(), l.checksum.clone()))
             .collect();
         meta.pending = report.pending.iter().cloned().collect();
+        // A merge under way ends with the chain it was merging.
+        meta.merging = None;
+        meta.snapshots = frozen
+            .iter()
+            .filter_map(|l| Some((l.name.clone(), l.snapshot.clone()?)))
+            .collect();
         meta.revision = revision;
         meta.write(&self.dir)?;
         self.meta = meta;
@@ -179,7 +197,7 @@ impl Replica {
         Ok(())
     }
 
-    fn layer_at(&self, name: &str) -> Result<usize, ReplicaError> {
+    pub(super) fn layer_at(&self, name: &str) -> Result<usize, ReplicaError> {
         self.layers
             .iter()
             .position(|l| l.name == name)
@@ -312,6 +330,16 @@ impl Replica {
         let i = self.pending_at(name)?;
         let path = self.layers[i].path.clone();
         let file = open_rw(&path)?;
+        // A layer copied from a smaller volume (a restore into a larger
+        // one) grows by a hole to this volume's size.
+        let len = file
+            .metadata()
+            .map_err(|e| ReplicaError::io(&path, e))?
+            .len();
+        if len < self.meta.size {
+            file.set_len(self.meta.size)
+                .map_err(|e| ReplicaError::io(&path, e))?;
+        }
         let map =
             allocation(&file, self.meta.size / BLOCK).map_err(|e| ReplicaError::io(&path, e))?;
         self.layers[i].file = file;

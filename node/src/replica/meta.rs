@@ -37,6 +37,20 @@ pub struct Meta {
     /// they existed: nothing to verify against, until it is rebuilt.
     #[serde(default)]
     pub block_sums: bool,
+    /// The user snapshot each frozen layer is, by layer name: the layer
+    /// holds the volume as it was when that snapshot was taken (with the
+    /// layers below it). A join carries the labels with the layers.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub snapshots: BTreeMap<String, String>,
+    /// A merge under way (see `merge`): an open finishes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merging: Option<super::merge::MergeJournal>,
+}
+
+/// A snapshot id as a layer's label: a DNS label (the store's object
+/// names), never a path.
+pub fn valid_snapshot_id(id: &str) -> bool {
+    ballast::model::validate_name(id).is_ok()
 }
 
 impl Meta {
@@ -61,11 +75,13 @@ impl Meta {
                 meta.version
             )));
         }
+        let merging = meta.merging.iter().flat_map(|j| [&j.from, &j.into]);
         let names = meta
             .chain
             .iter()
             .chain(meta.frozen.keys())
-            .chain(&meta.pending);
+            .chain(&meta.pending)
+            .chain(merging);
         if let Some(bad) = names
             .into_iter()
             .find(|n| !super::layers::valid_layer_name(n))
@@ -73,6 +89,26 @@ impl Meta {
             return Err(ReplicaError::Corrupt(format!(
                 "{}: {bad:?} is not a layer name",
                 path.display()
+            )));
+        }
+        if let Some((layer, id)) = meta
+            .snapshots
+            .iter()
+            .find(|(l, id)| !meta.frozen.contains_key(*l) || !valid_snapshot_id(id))
+        {
+            return Err(ReplicaError::Corrupt(format!(
+                "{}: snapshot {id:?} labels {layer:?}, which is not a frozen layer, or is not a snapshot id",
+                path.display()
+            )));
+        }
+        if let Some(j) = &meta.merging
+            && !(meta.frozen.contains_key(&j.from) && meta.frozen.contains_key(&j.into))
+        {
+            return Err(ReplicaError::Corrupt(format!(
+                "{}: a merge of {} into {} names a layer that is not frozen",
+                path.display(),
+                j.from,
+                j.into
             )));
         }
         if meta.chain.is_empty()

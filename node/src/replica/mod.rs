@@ -15,6 +15,7 @@
 
 mod bitmap;
 mod layers;
+mod merge;
 mod meta;
 mod revision;
 mod sums;
@@ -27,9 +28,10 @@ use std::path::{Path, PathBuf};
 
 pub use bitmap::Bitmap;
 pub use layers::{JoinReport, LayerSpec};
-pub use meta::{META_FILE, Meta};
+pub use merge::{MERGE_CHUNK, MergeJournal, MergeStep};
+pub use meta::{META_FILE, Meta, valid_snapshot_id};
 pub use revision::{LOG_ENTRIES, LogEntry, LogOp};
-pub use table::{LoanGuard, Replicas, Shared, replica_dir};
+pub use table::{LoanGuard, MergeReport, Replicas, Shared, replica_dir};
 
 /// The unit of allocation and of the allocation maps.
 pub const BLOCK: u64 = 4096;
@@ -171,6 +173,9 @@ pub struct LayerInfo {
     pub checksum: Option<String>,
     /// Still being filled by a rebuild.
     pub pending: bool,
+    /// The user snapshot this frozen layer is, if it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 /// An open replica.
@@ -199,6 +204,23 @@ pub struct Replica {
 
 fn layer_name(n: usize) -> String {
     format!("layer-{n:06}.img")
+}
+
+/// The name of a new layer after `chain`: one past the highest number in
+/// it (a chain need not number its layers without gaps: a restore starts
+/// its head after the snapshot's layer).
+pub fn next_layer_name<'a>(chain: impl IntoIterator<Item = &'a str>) -> String {
+    let n = chain
+        .into_iter()
+        .filter_map(|l| {
+            l.strip_prefix("layer-")?
+                .strip_suffix(".img")?
+                .parse::<usize>()
+                .ok()
+        })
+        .max()
+        .unwrap_or(0);
+    layer_name(n + 1)
 }
 
 /// Blocks of `file` that hold data, from its extents.
@@ -338,6 +360,8 @@ impl Replica {
             revision: 0,
             pending: Default::default(),
             block_sums,
+            snapshots: Default::default(),
+            merging: None,
         };
         let rev = dir.join(REVISION_FILE);
         std::fs::write(&rev, 0u64.to_le_bytes()).map_err(|e| ReplicaError::io(&rev, e))?;
@@ -352,7 +376,25 @@ impl Replica {
     pub fn open(dir: &Path) -> Result<Replica, ReplicaError> {
         let mut r = Replica::open_view(dir)?;
         r.repair_head_sums()?;
+        r.finish_cut_off_merge()?;
+        r.remove_stray_layers();
         Ok(r)
+    }
+
+    /// Removes layer files the chain does not name (a merge or a join
+    /// stopped after it wrote the new chain, before the old files went).
+    fn remove_stray_layers(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let layer = name.strip_suffix(".sums").unwrap_or(&name);
+            if layers::valid_layer_name(layer) && !self.meta.chain.iter().any(|c| c == layer) {
+                tracing::info!(dir = %self.dir.display(), file = %name, "removing a layer file no chain names");
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
 
     /// Opens a replica to look at it while another holds it (a lent
@@ -808,9 +850,21 @@ impl Replica {
         got
     }
 
-    /// Freezes the head (with its checksum) and starts a new, empty head.
-    /// Returns the name of the frozen layer.
-    pub fn snapshot(&mut self) -> Result<String, ReplicaError> {
+    /// Freezes the head (with its checksum) and starts a new, empty head;
+    /// with `label`, the frozen layer is that user snapshot. Returns the
+    /// name of the frozen layer. Taking a snapshot the replica holds
+    /// already answers its layer and changes nothing.
+    pub fn snapshot(&mut self, label: Option<&str>) -> Result<String, ReplicaError> {
+        if let Some(id) = label {
+            if !valid_snapshot_id(id) {
+                return Err(ReplicaError::Invalid(format!(
+                    "{id:?} is not a snapshot id"
+                )));
+            }
+            if let Some((layer, _)) = self.meta.snapshots.iter().find(|(_, s)| *s == id) {
+                return Ok(layer.clone());
+            }
+        }
         if !self.meta.pending.is_empty() {
             return Err(ReplicaError::Invalid(
                 "a replica still being rebuilt cannot take a snapshot".into(),
@@ -819,7 +873,7 @@ impl Replica {
         self.flush()?;
         let frozen = self.head().name.clone();
         let sum = self.checksum(self.layers.len() - 1)?;
-        let name = layer_name(self.layers.len() + 1);
+        let name = next_layer_name(self.meta.chain.iter().map(String::as_str));
         let path = self.dir.join(&name);
         let f = File::create(&path).map_err(|e| ReplicaError::io(&path, e))?;
         f.set_len(self.meta.size)
@@ -828,6 +882,9 @@ impl Replica {
         let mut meta = self.meta.clone();
         meta.chain.push(name.clone());
         meta.frozen.insert(frozen.clone(), sum);
+        if let Some(id) = label {
+            meta.snapshots.insert(frozen.clone(), id.to_string());
+        }
         meta.revision = self.revision;
         meta.write(&self.dir)?;
         self.meta = meta;
@@ -925,7 +982,8 @@ impl Replica {
             let Some(want) = meta.frozen.get(name) else {
                 continue;
             };
-            if meta.pending.contains(name) || corrupt.lines().any(|l| l == name) {
+            let merging = meta.merging.as_ref().is_some_and(|j| &j.into == name);
+            if meta.pending.contains(name) || corrupt.lines().any(|l| l == name) || merging {
                 continue;
             }
             let l = Layer::open(dir, name, blocks, meta.block_sums)?;
@@ -1006,6 +1064,10 @@ impl Replica {
         let Some(want) = self.meta.frozen.get(name) else {
             return Ok(()); // the head: its blocks are checked as they are read
         };
+        if self.merging_into(name) {
+            // Its checksum is being replaced: each block is checked.
+            return self.checksum(i).map(drop);
+        }
         let got = self.checksum(i)?;
         if &got != want {
             return Err(ReplicaError::CorruptLayer {
@@ -1023,8 +1085,16 @@ impl Replica {
             .map(|l| LayerInfo {
                 name: l.name.clone(),
                 allocated: l.map.count() * BLOCK,
-                checksum: self.meta.frozen.get(&l.name).cloned(),
+                // Being merged into: its checksum is not known until the
+                // merge ends (and no rebuild copies it meanwhile).
+                checksum: self
+                    .meta
+                    .frozen
+                    .get(&l.name)
+                    .filter(|_| !self.merging_into(&l.name))
+                    .cloned(),
                 pending: self.meta.pending.contains(&l.name),
+                snapshot: self.meta.snapshots.get(&l.name).cloned(),
             })
             .collect()
     }

@@ -4,7 +4,7 @@
 //! nothing of sockets: the server and sync use it, never the other way.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::{META_FILE, Replica, ReplicaError};
@@ -236,6 +236,22 @@ impl Replicas {
         scrubbed
     }
 
+    /// Merges the layers of `name` that no snapshot in `keep` needs (see
+    /// `merge`), copying at most `bytes_per_second`. Each chunk holds the
+    /// replica only while it copies, so its server goes on serving.
+    pub async fn merge(
+        &self,
+        name: &str,
+        keep: Vec<String>,
+        bytes_per_second: u64,
+    ) -> Result<MergeReport, ReplicaError> {
+        let replica = self.find(name).map_err(ReplicaError::Invalid)?;
+        let rate = bytes_per_second.max(1 << 20);
+        tokio::task::spawn_blocking(move || merge_paced(&replica, &keep, rate))
+            .await
+            .map_err(|e| ReplicaError::Invalid(e.to_string()))?
+    }
+
     /// Fails every open replica under `disk`, and refuses to open more
     /// there: the disk is gone or is not the one it was.
     pub fn fail_disk(&self, disk: &std::path::Path, why: &str) {
@@ -289,10 +305,74 @@ impl Replicas {
         }
     }
 
-    /// Forgets an open replica (after it was deleted).
-    pub fn close(&self, name: &str) {
-        if let Ok(mut open) = self.open.lock() {
-            open.remove(name);
+    /// Deletes replica `name` in `dir`: closed, whoever still holds it (a
+    /// merge, a fill) fails its next step rather than write into it (a
+    /// step under way ends first), and nobody opens it again while its
+    /// files go.
+    pub fn delete(&self, name: &str, dir: &Path) -> std::io::Result<()> {
+        let mut open = self
+            .open
+            .lock()
+            .map_err(|_| std::io::Error::other("registry poisoned"))?;
+        if let Some(r) = open.remove(name)
+            && let Ok(mut r) = r.write()
+        {
+            r.break_off(format!("replica {name} is being deleted"));
         }
+        std::fs::remove_dir_all(dir)
     }
+}
+
+/// What merging a replica did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MergeReport {
+    pub merged: u32,
+    pub copied: u64,
+    pub allocated_before: u64,
+    pub allocated_after: u64,
+    pub layers: u32,
+}
+
+fn merge_paced(replica: &Shared, keep: &[String], rate: u64) -> Result<MergeReport, ReplicaError> {
+    let poisoned = || ReplicaError::Invalid("replica lock poisoned".into());
+    let allocated = |r: &Replica| r.layers().iter().map(|l| l.allocated).sum::<u64>();
+    let mut report = MergeReport::default();
+    {
+        let mut r = replica.write().map_err(|_| poisoned())?;
+        r.keep_snapshots(keep)?;
+        report.allocated_before = allocated(&r);
+    }
+    let start = std::time::Instant::now();
+    loop {
+        let next = {
+            let mut r = replica.write().map_err(|_| poisoned())?;
+            let Some(j) = r.next_merge() else { break };
+            r.begin_merge(&j)?;
+            j
+        };
+        tracing::info!(from = %next.from, into = %next.into, "merging a layer no snapshot needs");
+        let mut at = Some(0);
+        while let Some(b) = at {
+            let step = {
+                let mut r = replica.write().map_err(|_| poisoned())?;
+                if r.next_merge().as_ref() != Some(&next) {
+                    // A join replaced the chain: nothing left to merge.
+                    return Ok(report);
+                }
+                r.merge_some(b, super::MERGE_CHUNK, false)?
+            };
+            report.copied += step.copied;
+            let due = std::time::Duration::from_secs_f64(report.copied as f64 / rate as f64);
+            if let Some(ahead) = due.checked_sub(start.elapsed()) {
+                std::thread::sleep(ahead);
+            }
+            at = step.next;
+        }
+        replica.write().map_err(|_| poisoned())?.finish_merge()?;
+        report.merged += 1;
+    }
+    let r = replica.read().map_err(|_| poisoned())?;
+    report.allocated_after = allocated(&r);
+    report.layers = r.chain().len() as u32;
+    Ok(report)
 }

@@ -8,12 +8,27 @@ use super::*;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Write { offset: u64, len: u64, byte: u8 },
-    Trim { offset: u64, len: u64 },
+    Write {
+        offset: u64,
+        len: u64,
+        byte: u8,
+    },
+    Trim {
+        offset: u64,
+        len: u64,
+    },
     Snapshot,
     Reopen,
     Grow,
-    Read { offset: u64, len: u64 },
+    Read {
+        offset: u64,
+        len: u64,
+    },
+    /// Merges the next pair of frozen layers; with `cut`, stops after that
+    /// many chunks of 8 blocks and reopens, as after a crash.
+    Merge {
+        cut: Option<u8>,
+    },
 }
 
 const START: u64 = 64 * BLOCK;
@@ -28,6 +43,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Reopen),
         1 => Just(Op::Grow),
         3 => range.prop_map(|(offset, len)| Op::Read { offset, len }),
+        2 => prop::option::of(0u8..6).prop_map(|cut| Op::Merge { cut }),
     ]
 }
 
@@ -54,7 +70,7 @@ proptest! {
                     model[offset as usize..(offset + len) as usize].fill(0);
                 }
                 Op::Snapshot => {
-                    r.snapshot().unwrap();
+                    r.snapshot(None).unwrap();
                 }
                 Op::Reopen => {
                     r.flush().unwrap();
@@ -71,6 +87,29 @@ proptest! {
                     let mut buf = vec![0xEE; len as usize];
                     r.read(offset, &mut buf).unwrap();
                     prop_assert_eq!(&buf[..], &model[offset as usize..(offset + len) as usize]);
+                }
+                Op::Merge { cut } => {
+                    let Some(j) = r.next_merge() else { continue };
+                    let before = r.chain().len();
+                    match cut {
+                        None => {
+                            r.merge(&j, false, |_| {}).unwrap();
+                        }
+                        Some(steps) => {
+                            r.begin_merge(&j).unwrap();
+                            let mut at = Some(0);
+                            for _ in 0..steps {
+                                let Some(b) = at else { break };
+                                at = r.merge_some(b, 8, false).unwrap().next;
+                            }
+                            r.flush().unwrap();
+                            drop(r);
+                            r = Replica::open(&path).unwrap();
+                        }
+                    }
+                    prop_assert_eq!(r.chain().len(), before - 1);
+                    prop_assert!(!r.chain().contains(&j.from));
+                    prop_assert!(!path.join(&j.from).exists(), "the merged layer's file is gone");
                 }
             }
         }
@@ -112,7 +151,7 @@ fn a_read_comes_from_the_newest_layer_that_holds_the_block() {
     let dir = tempfile::tempdir().unwrap();
     let mut r = Replica::create(dir.path(), 16 * BLOCK).unwrap();
     r.write(0, &[1u8; 8192], None).unwrap();
-    let frozen = r.snapshot().unwrap();
+    let frozen = r.snapshot(None).unwrap();
     r.write(4096, &[2u8; 4096], None).unwrap();
     let mut buf = vec![0u8; 8192];
     r.read(0, &mut buf).unwrap();
@@ -132,7 +171,7 @@ fn trim_punches_holes_only_where_no_lower_layer_holds_data() {
     let dir = tempfile::tempdir().unwrap();
     let mut r = Replica::create(dir.path(), 16 * BLOCK).unwrap();
     r.write(0, &[1u8; 4096], None).unwrap();
-    r.snapshot().unwrap();
+    r.snapshot(None).unwrap();
     r.write(4096, &[2u8; 4096], None).unwrap();
     r.trim(0, 2 * BLOCK, None).unwrap();
     let layers = r.layers();
@@ -148,7 +187,7 @@ fn a_corrupted_frozen_layer_fails_verification() {
     let dir = tempfile::tempdir().unwrap();
     let mut r = Replica::create(dir.path(), 16 * BLOCK).unwrap();
     r.write(0, &[7u8; 4096], None).unwrap();
-    let frozen = r.snapshot().unwrap();
+    let frozen = r.snapshot(None).unwrap();
     r.verify().unwrap();
     std::fs::OpenOptions::new()
         .write(true)
@@ -316,7 +355,7 @@ fn an_unused_growth_is_undone_but_a_used_one_never_is() {
     let dir = d.path().join("r");
     let mut r = Replica::create(&dir, 16 * BLOCK).unwrap();
     r.write(0, &[3u8; 4096], None).unwrap();
-    r.snapshot().unwrap();
+    r.snapshot(None).unwrap();
     r.grow(64 * BLOCK).unwrap();
     // Nothing was written past the old size: back to it, every layer too.
     r.shrink_unused(16 * BLOCK).unwrap();
@@ -366,7 +405,7 @@ fn a_flipped_byte_in_the_head_or_a_frozen_layer_is_never_read_back() {
     // A partial write in the middle of a block: its checksum covers it all.
     r.write(10 * BLOCK + 100, &[2u8; 200], None).unwrap();
     r.flush().unwrap();
-    let frozen = r.snapshot().unwrap();
+    let frozen = r.snapshot(None).unwrap();
     r.write(20 * BLOCK, &[3u8; 2 * BLOCK as usize], None)
         .unwrap();
     r.flush().unwrap();
@@ -429,9 +468,9 @@ fn a_scrub_of_a_sound_replica_checks_every_frozen_block() {
     let dir = d.path().join("r");
     let mut r = Replica::create(&dir, 64 * BLOCK).unwrap();
     r.write(0, &[1u8; 3 * BLOCK as usize], None).unwrap();
-    r.snapshot().unwrap();
+    r.snapshot(None).unwrap();
     r.write(BLOCK, &[2u8; 2 * BLOCK as usize], None).unwrap();
-    r.snapshot().unwrap();
+    r.snapshot(None).unwrap();
     r.write(9 * BLOCK, &[3u8; BLOCK as usize], None).unwrap();
     assert_eq!(
         Replica::scrub(&dir, |_| {}).unwrap(),
@@ -475,6 +514,7 @@ fn frozen_specs(r: &Replica) -> Vec<LayerSpec> {
             l.checksum.map(|checksum| LayerSpec {
                 name: l.name,
                 checksum,
+                snapshot: l.snapshot,
             })
         })
         .collect()
@@ -491,7 +531,7 @@ fn a_join_that_would_claim_writes_the_replica_does_not_hold_is_refused() {
     let d = tempfile::tempdir().unwrap();
     let mut r = Replica::create(d.path(), 16 * BLOCK).unwrap();
     r.write(0, &[7u8; 4096], Some(10)).unwrap();
-    r.snapshot().unwrap();
+    r.snapshot(None).unwrap();
     r.write(BLOCK, &[9u8; 4096], Some(11)).unwrap();
     let before = read_all(&r);
     let frozen = frozen_specs(&r);
@@ -521,7 +561,7 @@ fn a_join_at_the_point_the_replica_already_holds_keeps_its_layers() {
     let d = tempfile::tempdir().unwrap();
     let mut r = Replica::create(d.path(), 16 * BLOCK).unwrap();
     r.write(0, &[7u8; 4096], Some(10)).unwrap();
-    r.snapshot().unwrap();
+    r.snapshot(None).unwrap();
     let before = read_all(&r);
     let frozen = frozen_specs(&r);
     let head = format!("layer-{:06}.img", frozen.len() + 2);
@@ -545,4 +585,128 @@ fn a_meta_file_naming_a_path_instead_of_a_layer_is_refused() {
         let e = Replica::open(d.path()).err().expect("refused");
         assert!(e.to_string().contains("is not a layer name"), "{bad}: {e}");
     }
+}
+
+/// A replica with two frozen layers and a head: A in the first, B over
+/// part of it and beside it in the second, C in the head. Returns what it
+/// reads as.
+fn three_layers(dir: &Path) -> (Replica, Vec<u8>) {
+    let mut r = Replica::create(dir, START).unwrap();
+    r.write(0, &vec![0xa1; (16 * BLOCK) as usize], None)
+        .unwrap();
+    r.snapshot(None).unwrap();
+    r.write(8 * BLOCK, &vec![0xb1; (16 * BLOCK) as usize], None)
+        .unwrap();
+    r.write(40 * BLOCK, &vec![0xb2; (4 * BLOCK) as usize], None)
+        .unwrap();
+    r.snapshot(None).unwrap();
+    r.write(2 * BLOCK, &vec![0xc1; (2 * BLOCK) as usize], None)
+        .unwrap();
+    let mut all = vec![0u8; START as usize];
+    r.read(0, &mut all).unwrap();
+    (r, all)
+}
+
+fn allocated(r: &Replica) -> u64 {
+    r.layers().iter().map(|l| l.allocated).sum()
+}
+
+#[test]
+fn a_merge_keeps_every_read_and_gives_the_overlap_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut r, want) = three_layers(dir.path());
+    let before = allocated(&r);
+    let j = r.next_merge().expect("the lower frozen layer merges");
+    assert_eq!(
+        (j.from.as_str(), j.into.as_str()),
+        ("layer-000001.img", "layer-000002.img")
+    );
+    let copied = r.merge(&j, false, |_| {}).unwrap();
+    // Blocks 0..8 of A are not under B: they move up; 8..16 were overlaid.
+    assert_eq!(copied, 8 * BLOCK);
+    assert_eq!(
+        allocated(&r),
+        before - 8 * BLOCK,
+        "the overlap is given back"
+    );
+    assert_eq!(r.chain(), ["layer-000002.img", "layer-000003.img"]);
+    let mut all = vec![0u8; START as usize];
+    r.read(0, &mut all).unwrap();
+    assert!(all == want, "reads changed");
+    r.verify().unwrap();
+    // The head is never merged into.
+    assert_eq!(r.next_merge(), None);
+    drop(r);
+    let r = Replica::open(dir.path()).unwrap();
+    r.read(0, &mut all).unwrap();
+    assert!(all == want, "reads changed after reopen");
+    assert!(!dir.path().join("layer-000001.img").exists());
+    assert!(!dir.path().join("layer-000001.sums").exists());
+}
+
+#[test]
+fn a_merge_cut_off_mid_block_is_finished_at_open_with_the_same_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut r, want) = three_layers(dir.path());
+    let j = r.next_merge().unwrap();
+    r.begin_merge(&j).unwrap();
+    // The first four blocks move; then the crash tears block 5 (written
+    // half, as a crash may leave it) before its checksum was recorded.
+    r.merge_some(0, 4, false).unwrap();
+    let into = dir.path().join(&j.into);
+    let f = std::fs::OpenOptions::new().write(true).open(&into).unwrap();
+    f.write_all_at(&[0xa1; 2048], 5 * BLOCK).unwrap();
+    drop(f);
+    drop(r);
+    // A look at it (a lent replica's INFO) sees the merge unfinished: the
+    // upper layer's checksum is not reported, so no rebuild copies it.
+    let view = Replica::open_view(dir.path()).unwrap();
+    assert_eq!(view.layers()[1].checksum, None);
+    drop(view);
+    let r = Replica::open(dir.path()).unwrap();
+    let mut all = vec![0u8; START as usize];
+    assert_eq!(r.chain(), ["layer-000002.img", "layer-000003.img"]);
+    r.read(0, &mut all).unwrap();
+    assert!(all == want, "reads changed after the merge was finished");
+    r.verify().unwrap();
+}
+
+#[test]
+fn a_snapshot_layer_is_merged_only_once_its_label_is_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(dir.path(), START).unwrap();
+    r.write(0, &[1u8; 4096], None).unwrap();
+    assert_eq!(r.snapshot(Some("s1")).unwrap(), "layer-000001.img");
+    // The same snapshot again changes nothing.
+    assert_eq!(r.snapshot(Some("s1")).unwrap(), "layer-000001.img");
+    r.write(0, &[2u8; 4096], None).unwrap();
+    r.snapshot(None).unwrap();
+    assert_eq!(r.next_merge(), None, "a labelled layer stays");
+    assert!(
+        r.snapshot(Some("../x")).is_err(),
+        "a label is a snapshot id"
+    );
+    assert_eq!(
+        r.keep_snapshots(&["s1".to_string()]).unwrap(),
+        Vec::<String>::new()
+    );
+    assert_eq!(r.keep_snapshots(&[]).unwrap(), ["s1"]);
+    let j = r.next_merge().unwrap();
+    r.merge(&j, false, |_| {}).unwrap();
+    let mut b = [0u8; 4096];
+    r.read(0, &mut b).unwrap();
+    assert_eq!(b, [2u8; 4096]);
+}
+
+#[test]
+fn labels_travel_with_the_layers_a_join_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut src = Replica::create(&dir.path().join("src"), START).unwrap();
+    src.write(0, &[7u8; 4096], None).unwrap();
+    src.snapshot(Some("s1")).unwrap();
+    let mut dst = Replica::create(&dir.path().join("dst"), START).unwrap();
+    dst.join(&frozen_specs(&src), "layer-000002.img", src.revision())
+        .unwrap();
+    let labels: Vec<Option<String>> = dst.layers().into_iter().map(|l| l.snapshot).collect();
+    assert_eq!(labels, [Some("s1".to_string()), None]);
 }

@@ -718,7 +718,12 @@ fn write_op(r: &mut Replica, req: &Request, payload: &[u8]) -> Result<Vec<u8>, R
             }
             Ok(Vec::new())
         }
-        Op::Snapshot => r.snapshot().map(String::into_bytes),
+        Op::Snapshot => {
+            let label = std::str::from_utf8(payload)
+                .map_err(|_| ReplicaError::Invalid("a snapshot label is not UTF-8".into()))?;
+            r.snapshot((!label.is_empty()).then_some(label))
+                .map(String::into_bytes)
+        }
         Op::Join => {
             let j: JoinSpec = serde_json::from_slice(payload)
                 .map_err(|e| ReplicaError::Invalid(format!("join: {e}")))?;

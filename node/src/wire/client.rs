@@ -406,8 +406,10 @@ impl ReplicaClient {
         self.call(Op::Flush, 0, 0, 0, 0, &[]).await.map(drop)
     }
 
-    pub async fn snapshot(&self) -> Result<String, ClientError> {
-        self.call(Op::Snapshot, 0, 0, 0, 0, &[])
+    /// Freezes the head; with `label`, as that user snapshot.
+    pub async fn snapshot(&self, label: Option<&str>) -> Result<String, ClientError> {
+        let label = label.unwrap_or_default();
+        self.call(Op::Snapshot, 0, label.len() as u32, 0, 0, label.as_bytes())
             .await
             .map(|b| String::from_utf8_lossy(&b).into_owned())
     }

@@ -32,6 +32,7 @@ impl JoinSpec {
                         .checksum
                         .clone()
                         .ok_or_else(|| format!("layer {} has no checksum", l.name))?,
+                    snapshot: l.snapshot.clone(),
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;

@@ -165,6 +165,11 @@ impl Request {
             Op::Read | Op::Write | Op::LayerRead if len > MAX_DATA => {
                 return Err(refuse(format!("length {len} over the limit {MAX_DATA}")));
             }
+            Op::Snapshot if len > MAX_NAME => {
+                return Err(refuse(format!(
+                    "snapshot label length {len} over {MAX_NAME}"
+                )));
+            }
             Op::Open if len == 0 || len > MAX_NAME => {
                 return Err(refuse(format!("name length {len} not in 1..={MAX_NAME}")));
             }
@@ -173,13 +178,7 @@ impl Request {
                     "{op:?} payload length {len} not in 1..={MAX_CONTROL}"
                 )));
             }
-            Op::Flush
-            | Op::Info
-            | Op::Snapshot
-            | Op::Layers
-            | Op::LayerExtents
-            | Op::Lend
-            | Op::WriteLog
+            Op::Flush | Op::Info | Op::Layers | Op::LayerExtents | Op::Lend | Op::WriteLog
                 if len != 0 =>
             {
                 return Err(refuse(format!("{op:?} carries no length, got {len}")));
@@ -202,7 +201,7 @@ impl Request {
     /// Bytes of payload that follow this header.
     pub fn payload_len(&self) -> usize {
         match self.op {
-            Op::Write | Op::Open | Op::Join | Op::Fill => self.len as usize,
+            Op::Write | Op::Open | Op::Join | Op::Fill | Op::Snapshot => self.len as usize,
             _ => 0,
         }
     }

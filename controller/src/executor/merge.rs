@@ -1,0 +1,222 @@
+//! Merging: each replica's frozen layers that no snapshot needs are folded
+//! into their neighbours on its node, so that a chain holds its volume's
+//! snapshots and at most two more layers however often it was rebuilt.
+//! One replica per node at a time, at `layer-merge-rate`, round robin
+//! over the node's replicas; a deleted snapshot's replicas go first. A
+//! replica lent to its engine (the attached volume's own node) merges
+//! once the volume is detached.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ballast::model::{Node, Replica, ReplicaMode, Snapshot, Volume};
+use ballast::proto::agent::v1::{MergeReplicaRequest, MergeReplicaResponse};
+
+use crate::agents::client as agent;
+use crate::context::Context;
+use crate::error::Error;
+
+/// How long one replica's merges may take.
+const MERGE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Nodes merging now, and the last replica each one merged.
+#[derive(Default)]
+pub struct Merges {
+    busy: Mutex<HashSet<String>>,
+    last: Mutex<HashMap<String, String>>,
+}
+
+/// Runs the merges until the task is dropped, looking every `tick`.
+pub async fn run_merge(ctx: Arc<Context>, tick: Duration) {
+    let merges = Arc::new(Merges::default());
+    loop {
+        tokio::time::sleep(tick).await;
+        if let Err(e) = start_next(&ctx, &merges).await {
+            tracing::warn!(error = %e, "merge pass failed");
+        }
+    }
+}
+
+/// Volumes whose replicas are copied from now: one of them is rebuilt, or
+/// a new volume is filled from them. A merge would change the chain a copy
+/// reads (the copy would fail its checksum and start again), so they wait.
+fn copied_from(
+    replicas: &[Replica],
+    volumes: &HashMap<String, Volume>,
+    snapshots: &[Snapshot],
+) -> HashSet<String> {
+    let rebuilding = replicas
+        .iter()
+        .filter(|r| r.status.mode == Some(ReplicaMode::Wo) || r.status.rebuild_progress.is_some())
+        .map(|r| r.spec.volume.clone());
+    let sources = volumes
+        .values()
+        .filter(|v| v.status.state == ballast::model::VolumeState::Creating)
+        .filter_map(|v| v.spec.source.as_ref())
+        .filter_map(|s| {
+            let of_snapshot = s.snapshot.as_ref().and_then(|id| {
+                snapshots
+                    .iter()
+                    .find(|x| &x.name == id)
+                    .map(|x| x.spec.volume.clone())
+            });
+            s.volume.clone().or(of_snapshot)
+        });
+    rebuilding.chain(sources).collect()
+}
+
+/// What the merges are chosen from.
+struct Records {
+    replicas: Vec<Replica>,
+    volumes: HashMap<String, Volume>,
+    /// Volumes copied from now (`copied_from`).
+    busy: HashSet<String>,
+}
+
+async fn records(ctx: &Context) -> Result<Records, Error> {
+    let replicas: Vec<Replica> = ctx.store.list().await?;
+    let volumes: HashMap<String, Volume> = ctx
+        .store
+        .list::<Volume>()
+        .await?
+        .into_iter()
+        .map(|v| (v.name.clone(), v))
+        .collect();
+    let snapshots: Vec<Snapshot> = ctx.store.list().await?;
+    let busy = copied_from(&replicas, &volumes, &snapshots);
+    Ok(Records {
+        replicas,
+        volumes,
+        busy,
+    })
+}
+
+/// Whether `r` can be merged now: not failed or being rebuilt, its volume
+/// not copied from, and not lent to an engine on its node.
+fn mergeable(r: &Replica, volumes: &HashMap<String, Volume>, busy: &HashSet<String>) -> bool {
+    let lent = volumes
+        .get(&r.spec.volume)
+        .and_then(|v| v.status.attached_node.as_ref())
+        .is_some_and(|n| n == &r.spec.node_id);
+    !matches!(r.status.mode, Some(ReplicaMode::Err | ReplicaMode::Wo))
+        && !lent
+        && !busy.contains(&r.spec.volume)
+}
+
+/// Starts, on each ready node not merging already, the merge of its next
+/// replica after the last one merged.
+async fn start_next(ctx: &Arc<Context>, merges: &Arc<Merges>) -> Result<(), Error> {
+    let Records {
+        replicas,
+        volumes,
+        busy,
+    } = records(ctx).await?;
+    for node in ctx
+        .store
+        .list::<Node>()
+        .await?
+        .into_iter()
+        .filter(|n| n.status.ready)
+    {
+        // A volume a call holds (being deleted, attached, ...) waits.
+        let mut mine: Vec<&Replica> = replicas
+            .iter()
+            .filter(|r| r.spec.node_id == node.id && mergeable(r, &volumes, &busy))
+            .filter(|r| !ctx.volume_busy(&r.spec.volume))
+            .collect();
+        mine.sort_by(|a, b| a.name.cmp(&b.name));
+        let last = merges
+            .last
+            .lock()
+            .ok()
+            .and_then(|l| l.get(&node.id).cloned())
+            .unwrap_or_default();
+        let Some(r) = mine.iter().find(|r| r.name > last).or_else(|| mine.first()) else {
+            continue;
+        };
+        if let Ok(mut l) = merges.last.lock() {
+            l.insert(node.id.clone(), r.name.clone());
+        }
+        spawn_merge(ctx, merges, node, (*r).clone());
+    }
+    Ok(())
+}
+
+/// Merges `r` on `node` in a task of its own, unless the node merges
+/// already.
+fn spawn_merge(ctx: &Arc<Context>, merges: &Arc<Merges>, node: Node, r: Replica) {
+    let started = merges
+        .busy
+        .lock()
+        .map(|mut b| b.insert(node.id.clone()))
+        .unwrap_or(false);
+    if !started {
+        return;
+    }
+    let (ctx, merges) = (ctx.clone(), merges.clone());
+    tokio::spawn(async move {
+        match merge(&ctx, &node, &r).await {
+            Ok(done) if done.merged > 0 => {
+                tracing::info!(replica = %r.name, merged = done.merged, freed = done.allocated_before.saturating_sub(done.allocated_after), "layers merged");
+            }
+            Ok(_) | Err(Error::Conflict(_)) => {}
+            Err(e) => tracing::warn!(replica = %r.name, error = %e, "merge failed"),
+        }
+        if let Ok(mut b) = merges.busy.lock() {
+            b.remove(&node.id);
+        }
+    });
+}
+
+/// Merges one replica now: its volume's snapshots are the labels it keeps.
+#[tracing::instrument(skip_all, fields(replica = %r.name, node = %node.id))]
+pub async fn merge(ctx: &Context, node: &Node, r: &Replica) -> Result<MergeReplicaResponse, Error> {
+    let keep: Vec<String> = ctx
+        .store
+        .list::<Snapshot>()
+        .await?
+        .into_iter()
+        .filter(|s| s.spec.volume == r.spec.volume)
+        .map(|s| s.name)
+        .collect();
+    let rate = ctx.settings().await?.merge_rate_bytes();
+    let mut c = agent(node, &ctx.member)?;
+    // A merge copies data: it may take longer than a call that does not.
+    let call = c.merge_replica(MergeReplicaRequest {
+        name: r.name.clone(),
+        keep,
+        bytes_per_second: rate,
+    });
+    match tokio::time::timeout(MERGE_TIMEOUT, call).await {
+        Ok(r) => r
+            .map(tonic::Response::into_inner)
+            .map_err(|s| crate::agents::agent_error(&node.id, s)),
+        Err(_) => Err(Error::Internal(format!(
+            "node {}: merging {} took over {}s",
+            node.id,
+            r.name,
+            MERGE_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// Merges every replica of `volume` that can be now (after one of its
+/// snapshots was deleted), one after another.
+pub async fn merge_volume(ctx: &Context, volume: &str) -> Result<(), Error> {
+    let Records {
+        replicas,
+        volumes,
+        busy,
+    } = records(ctx).await?;
+    for r in replicas
+        .iter()
+        .filter(|r| r.spec.volume == volume && mergeable(r, &volumes, &busy))
+    {
+        let node: Node = ctx.store.fetch(&r.spec.node_id).await?;
+        if node.status.ready {
+            merge(ctx, &node, r).await?;
+        }
+    }
+    Ok(())
+}

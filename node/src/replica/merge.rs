@@ -1,0 +1,242 @@
+//! Merging: folding a frozen layer that no snapshot needs into the frozen
+//! layer above it, so that a chain does not grow with every rebuild and a
+//! deleted snapshot gives its space back.
+//!
+//! The blocks the lower layer holds and the upper one lacks are copied
+//! into the upper one, a chunk at a time; then the chain drops the lower
+//! layer and its files go. What any read returns never changes: a block
+//! copied up is the block a read found below it. The merge is recorded
+//! in `meta.json` before it starts (`merging`), so that an open after a
+//! crash finishes it: a block of the upper layer that fails its checksum
+//! there can only be one the merge was writing, and is copied again. The
+//! extra space a merge needs is at most the lower layer's data. The head
+//! is never merged into (an engine writes it); a labelled layer is never
+//! merged away.
+
+use std::os::unix::fs::FileExt;
+
+use super::{BLOCK, Replica, ReplicaError, sums};
+
+/// A merge under way: `from` is being folded into `into`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MergeJournal {
+    pub from: String,
+    pub into: String,
+}
+
+/// What one step of a merge did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MergeStep {
+    /// The block to go on from; None once every block was looked at.
+    pub next: Option<u64>,
+    /// Bytes copied into the upper layer.
+    pub copied: u64,
+}
+
+impl Replica {
+    /// Forgets the snapshot labels that `keep` does not name (snapshots
+    /// deleted): their layers may then be merged. Returns the ids dropped.
+    pub fn keep_snapshots(&mut self, keep: &[String]) -> Result<Vec<String>, ReplicaError> {
+        self.check(0, 0)?;
+        let dropped: Vec<String> = self
+            .meta
+            .snapshots
+            .values()
+            .filter(|id| !keep.contains(id))
+            .cloned()
+            .collect();
+        if dropped.is_empty() {
+            return Ok(dropped);
+        }
+        let mut meta = self.meta.clone();
+        meta.snapshots.retain(|_, id| keep.contains(id));
+        meta.write(&self.dir)?;
+        self.meta = meta;
+        Ok(dropped)
+    }
+
+    /// The merge to do next, if any: the oldest complete frozen layer
+    /// without a snapshot label whose upper neighbour is a complete frozen
+    /// layer too. None while layers are being filled or one is corrupt.
+    pub fn next_merge(&self) -> Option<MergeJournal> {
+        if let Some(j) = &self.meta.merging {
+            return Some(j.clone());
+        }
+        if !self.meta.pending.is_empty() || !self.meta.block_sums || self.broken.is_some() {
+            return None;
+        }
+        let chain = &self.meta.chain;
+        let frozen = |n: &String| self.meta.frozen.contains_key(n) && !self.is_corrupt(n);
+        chain
+            .windows(2)
+            .take(chain.len().saturating_sub(2))
+            .find_map(|w| {
+                let (from, into) = (&w[0], &w[1]);
+                (frozen(from) && frozen(into) && !self.meta.snapshots.contains_key(from)).then(
+                    || MergeJournal {
+                        from: from.clone(),
+                        into: into.clone(),
+                    },
+                )
+            })
+    }
+
+    /// Records that `j` starts (crash-safely, before any block moves).
+    pub fn begin_merge(&mut self, j: &MergeJournal) -> Result<(), ReplicaError> {
+        self.check(0, 0)?;
+        if self.meta.merging.as_ref() == Some(j) {
+            return Ok(());
+        }
+        if self.next_merge().as_ref() != Some(j) {
+            return Err(ReplicaError::Invalid(format!(
+                "{} cannot be merged into {} now",
+                j.from, j.into
+            )));
+        }
+        let mut meta = self.meta.clone();
+        meta.merging = Some(j.clone());
+        meta.write(&self.dir)?;
+        self.meta = meta;
+        Ok(())
+    }
+
+    /// Copies into the upper layer the blocks of the lower one in
+    /// `at..at + blocks` that it lacks. With `recheck` (after a crash),
+    /// an upper block the lower one also holds is read and copied again
+    /// when it fails its checksum: only the merge can have torn it.
+    pub fn merge_some(
+        &mut self,
+        at: u64,
+        blocks: u64,
+        recheck: bool,
+    ) -> Result<MergeStep, ReplicaError> {
+        let j = self.merge_under_way()?;
+        let (from, into) = (self.layer_at(&j.from)?, self.layer_at(&j.into)?);
+        let total = self.meta.size / BLOCK;
+        let end = at.saturating_add(blocks).min(total);
+        // First what to copy, as runs; then the copies.
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for b in at..end {
+            if !self.layers[from].map.get(b) {
+                continue;
+            }
+            if self.layers[into].map.get(b) && (!recheck || self.block_sound(into, b)?) {
+                continue;
+            }
+            match runs.last_mut() {
+                Some((_, e)) if *e == b => *e += 1,
+                _ => runs.push((b, b + 1)),
+            }
+        }
+        let mut copied = 0;
+        for (first, last) in runs {
+            let mut data = vec![0u8; ((last - first) * BLOCK) as usize];
+            self.layers[from].read_checked(first, &mut data)?;
+            let l = &mut self.layers[into];
+            l.file
+                .write_all_at(&data, first * BLOCK)
+                .map_err(|e| ReplicaError::io(&l.path, e))?;
+            l.map.set_range(first, last, true);
+            if let Some(s) = &mut l.sums {
+                s.set_all(first, &data);
+            }
+            copied += (last - first) * BLOCK;
+        }
+        Ok(MergeStep {
+            next: (end < total).then_some(end),
+            copied,
+        })
+    }
+
+    /// The merge under way, on a replica that can still be written.
+    fn merge_under_way(&self) -> Result<MergeJournal, ReplicaError> {
+        self.check(0, 0)?;
+        self.meta
+            .merging
+            .clone()
+            .ok_or_else(|| ReplicaError::Invalid("no merge under way".into()))
+    }
+
+    /// Whether block `b` of layer `i` matches its checksum.
+    fn block_sound(&self, i: usize, b: u64) -> Result<bool, ReplicaError> {
+        let l = &self.layers[i];
+        let mut block = vec![0u8; BLOCK as usize];
+        l.file
+            .read_exact_at(&mut block, b * BLOCK)
+            .map_err(|e| ReplicaError::io(&l.path, e))?;
+        Ok(l.sums.as_ref().is_none_or(|s| s.get(b) == sums::of(&block)))
+    }
+
+    /// Ends the merge once every block was copied: the upper layer is made
+    /// durable and its checksum taken (each of its blocks checked on the
+    /// way), the chain drops the lower layer, and its files go.
+    pub fn finish_merge(&mut self) -> Result<(), ReplicaError> {
+        let j = self.merge_under_way()?;
+        let into = self.layer_at(&j.into)?;
+        let l = &self.layers[into];
+        l.file
+            .sync_all()
+            .map_err(|e| ReplicaError::io(&l.path, e))?;
+        if let Some(s) = &l.sums {
+            s.sync()?;
+        }
+        let sum = self.checksum(into)?;
+        let mut meta = self.meta.clone();
+        meta.chain.retain(|n| n != &j.from);
+        meta.frozen.remove(&j.from);
+        meta.snapshots.remove(&j.from);
+        meta.frozen.insert(j.into.clone(), sum);
+        meta.merging = None;
+        meta.write(&self.dir)?;
+        self.meta = meta;
+        let from = self.layer_at(&j.from)?;
+        let gone = self.layers.remove(from);
+        remove_layer_files(&gone.path);
+        Ok(())
+    }
+
+    /// Runs a whole merge (or the rest of one), `pace` told the bytes of
+    /// each chunk copied. Returns the bytes copied.
+    pub fn merge(
+        &mut self,
+        j: &MergeJournal,
+        recheck: bool,
+        mut pace: impl FnMut(u64),
+    ) -> Result<u64, ReplicaError> {
+        self.begin_merge(j)?;
+        let mut at = Some(0);
+        let mut copied = 0;
+        while let Some(b) = at {
+            let step = self.merge_some(b, MERGE_CHUNK, recheck)?;
+            pace(step.copied);
+            copied += step.copied;
+            at = step.next;
+        }
+        self.finish_merge()?;
+        Ok(copied)
+    }
+
+    /// At open: finishes a merge a crash cut off.
+    pub(super) fn finish_cut_off_merge(&mut self) -> Result<(), ReplicaError> {
+        let Some(j) = self.meta.merging.clone() else {
+            return Ok(());
+        };
+        tracing::info!(dir = %self.dir.display(), from = %j.from, into = %j.into, "finishing a merge cut off by a stop");
+        self.merge(&j, true, |_| {})?;
+        Ok(())
+    }
+
+    /// Whether `name` is the upper layer of a merge under way (its recorded
+    /// checksum is being replaced).
+    pub(super) fn merging_into(&self, name: &str) -> bool {
+        self.meta.merging.as_ref().is_some_and(|j| j.into == name)
+    }
+}
+
+/// Blocks a merge copies per step (4 MiB): a step holds the replica.
+pub const MERGE_CHUNK: u64 = 1024;
+
+fn remove_layer_files(path: &std::path::Path) {
+    let _ = std::fs::remove_file(path);
+    let _ = std::fs::remove_file(sums::path_of(path));
+}

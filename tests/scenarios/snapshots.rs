@@ -1,0 +1,311 @@
+//! Snapshots, restores and clones on real processes, with a checksum after
+//! every step: each snapshot restores the data of its own point in time,
+//! a clone holds the volume as it is, a restore into a larger volume keeps
+//! the data and reads zeros past it, and deleting a snapshot changes no
+//! other data.
+
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::common::qemu_io;
+use crate::harness::*;
+
+/// What a volume must hold: a local image written alike.
+struct Expected {
+    image: PathBuf,
+}
+
+impl Expected {
+    fn new(dir: &Path, name: &str, size: u64) -> Expected {
+        let image = dir.join(format!("expected-{name}.img"));
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        Expected { image }
+    }
+
+    /// Writes `pattern` over `len` bytes at `offset` of the volume behind
+    /// `endpoint` (through NBD, by qemu-io) and of the image.
+    fn write(&self, endpoint: &str, offset: u64, len: u64, pattern: u8) {
+        let cmd = format!("write -P {pattern:#x} {offset} {len}");
+        let (ok, out) = qemu_io(endpoint, &[&cmd, "flush"]);
+        assert!(ok, "qemu-io {cmd}: {out}");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.image)
+            .unwrap()
+            .write_all_at(&vec![pattern; len as usize], offset)
+            .unwrap();
+    }
+
+    /// The image as it is now, as its own file of `size` bytes.
+    fn copy(&self, dir: &Path, name: &str, size: u64) -> Expected {
+        let image = dir.join(format!("expected-{name}.img"));
+        std::fs::copy(&self.image, &image).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        Expected { image }
+    }
+
+    fn data(&self) -> Data {
+        let out = Command::new("sha256sum").arg(&self.image).output().unwrap();
+        assert!(out.status.success());
+        let sum = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string();
+        Data { sum }
+    }
+}
+
+fn snapshot(c: &Cluster, name: &str, volume: &str) -> serde_json::Value {
+    c.ok(
+        "POST",
+        "/v1/snapshots",
+        Some(json!({"name": name, "volume": volume})),
+    )
+}
+
+/// Each replica of `volume`: (name, its layers as its files hold them).
+fn chains(c: &Cluster, volume: &str) -> Vec<(String, Vec<ballast_node::replica::LayerInfo>)> {
+    c.replicas(volume)
+        .into_iter()
+        .map(|r| {
+            let node = r["spec"]["nodeId"].as_str().unwrap();
+            let disk = r["spec"]["diskId"].as_str().unwrap();
+            let name = r["name"].as_str().unwrap().to_string();
+            let dir = c.path(node).join(disk).join("replicas").join(&name);
+            let layers = ballast_node::replica::Replica::open_view(&dir)
+                .map(|r| r.layers())
+                .unwrap_or_default();
+            (name, layers)
+        })
+        .collect()
+}
+
+/// Bytes the layers of every replica of `volume` hold.
+fn allocated(c: &Cluster, volume: &str) -> u64 {
+    chains(c, volume)
+        .iter()
+        .flat_map(|(_, layers)| layers.iter().map(|l| l.allocated))
+        .sum()
+}
+
+/// Attaches `volume` at `node`, checks it holds `want` through NBD, and
+/// detaches it; then checks every replica's files.
+fn check_volume(c: &Cluster, volume: &str, node: &str, want: &Expected) {
+    let endpoint = c.attach(volume, node);
+    verify_data(c.dir.path(), &endpoint, &want.data());
+    c.ok("POST", &format!("/v1/volumes/{volume}/detach"), None);
+}
+
+#[test]
+fn snapshots_restore_their_point_in_time_and_a_clone_the_present() {
+    let c = Cluster::start(3, 1);
+    let dir = c.dir.path();
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let live = Expected::new(dir, "live", SIZE);
+
+    // A, snapshot s1, B (over part of A, and beside it), snapshot s2, C.
+    live.write(&endpoint, 0, 4 << 20, 0xa1);
+    live.write(&endpoint, 40 << 20, 1 << 20, 0xa2);
+    let s1 = snapshot(&c, "s1", "v");
+    assert_eq!(s1["status"]["readyToUse"], true, "{s1}");
+    assert_eq!(s1["status"]["size"], SIZE, "{s1}");
+    let at_s1 = live.copy(dir, "s1", SIZE);
+    live.write(&endpoint, 2 << 20, 4 << 20, 0xb1);
+    live.write(&endpoint, 20 << 20, 512 << 10, 0xb2);
+    snapshot(&c, "s2", "v");
+    let at_s2 = live.copy(dir, "s2", SIZE);
+    live.write(&endpoint, 1 << 20, 2 << 20, 0xc1);
+    live.write(&endpoint, 60 << 20, 4 << 20, 0xc2);
+    verify_data(dir, &endpoint, &live.data());
+
+    // The same name again answers the same snapshot; of another volume,
+    // it is refused.
+    let again = snapshot(&c, "s1", "v");
+    assert_eq!(again["status"]["createdAt"], s1["status"]["createdAt"]);
+
+    // Restore s1: A. Restore s2 into a volume twice as large: A+B, then
+    // zeros. Clone the attached volume: A+B+C.
+    c.create_volume(json!({"name": "r1", "size": SIZE, "numberOfReplicas": 2,
+                           "source": {"snapshot": "s1"}}));
+    c.create_volume(
+        json!({"name": "r2", "size": 2 * SIZE, "numberOfReplicas": 1,
+                           "source": {"snapshot": "s2"}}),
+    );
+    c.create_volume(json!({"name": "c1", "size": SIZE, "numberOfReplicas": 2,
+                           "source": {"volume": "v"}}));
+    check_volume(&c, "r1", "node-2", &at_s1);
+    verify_replicas(&c, "r1", &at_s1.data());
+    check_volume(&c, "r2", "node-3", &at_s2.copy(dir, "s2-large", 2 * SIZE));
+    check_volume(&c, "c1", "node-3", &live);
+    verify_replicas(&c, "c1", &live.data());
+    // The clone's own snapshot of its source is gone once it served.
+    let listed = c.ok("GET", "/v1/snapshots?volume=v", None);
+    let names: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["s1", "s2"], "{listed}");
+
+    // A restored volume is a volume of its own: written, its source is not.
+    let r1 = c.attach("r1", "node-2");
+    at_s1.write(&r1, 8 << 20, 1 << 20, 0xd1);
+    verify_data(dir, &r1, &at_s1.data());
+    c.ok("POST", "/v1/volumes/r1/detach", None);
+    verify_data(dir, &endpoint, &live.data());
+
+    // A detached volume's snapshot: every replica frozen alike.
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let s3 = snapshot(&c, "s3", "v");
+    assert!(s3["status"]["allocated"].as_u64().unwrap() > 0, "{s3}");
+    c.create_volume(json!({"name": "r3", "size": SIZE, "numberOfReplicas": 1,
+                           "source": {"snapshot": "s3"}}));
+    check_volume(&c, "r3", "node-2", &live);
+
+    // A volume with snapshots is not deleted under them.
+    let (status, body) = call("DELETE", &c.url("/v1/volumes/v"), None);
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("s1"), "{body}");
+
+    // Deleting s1 merges its layer away: allocated bytes drop (A under
+    // B is given back), and the live data and s2 stay as they were.
+    let s1_layer = |c: &Cluster| {
+        chains(c, "v").iter().any(|(_, layers)| {
+            layers
+                .iter()
+                .any(|l| l.snapshot.as_deref() == Some("s1") || l.name == "layer-000001.img")
+        })
+    };
+    assert!(s1_layer(&c));
+    let before = allocated(&c, "v");
+    c.ok("DELETE", "/v1/snapshots/s1", None);
+    wait_for(Duration::from_secs(60), "s1's layer merged away", || {
+        (!s1_layer(&c)).then_some(())
+    });
+    let after = allocated(&c, "v");
+    assert!(
+        after + (2 << 20) * 2 <= before,
+        "allocated bytes went from {before} to {after}: the 2 MiB of A under B in each of two replicas should be given back"
+    );
+    let (status, _) = call("GET", &c.url("/v1/snapshots/s1"), None);
+    assert_eq!(status, 404);
+    check_volume(&c, "v", "node-1", &live);
+    verify_replicas(&c, "v", &live.data());
+    c.create_volume(json!({"name": "r4", "size": SIZE, "numberOfReplicas": 1,
+                           "source": {"snapshot": "s2"}}));
+    check_volume(&c, "r4", "node-1", &at_s2);
+
+    // Bad sources are refused, naming what is wrong.
+    let (status, body) = call(
+        "POST",
+        &c.url("/v1/volumes"),
+        Some(json!({"name": "r5", "size": SIZE, "source": {"snapshot": "no-such"}})),
+    );
+    assert_eq!(status, 404, "{body}");
+    let (status, body) = call(
+        "POST",
+        &c.url("/v1/volumes"),
+        Some(json!({"name": "r5", "size": SIZE / 2, "source": {"snapshot": "s2"}})),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"].as_str().unwrap().contains("size"), "{body}");
+    assert!(
+        c.ok("GET", "/v1/volumes", None)["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["name"] != "r5")
+    );
+}
+
+#[test]
+fn snapshot_max_count_refuses_one_more_naming_the_setting() {
+    let c = Cluster::start(1, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    c.set("snapshot-max-count", json!("2"));
+    snapshot(&c, "a", "v");
+    snapshot(&c, "b", "v");
+    let (status, body) = call(
+        "POST",
+        &c.url("/v1/snapshots"),
+        Some(json!({"name": "c", "volume": "v"})),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("snapshot-max-count"),
+        "{body}"
+    );
+    // A clone's own snapshot does not count.
+    c.create_volume(json!({"name": "c1", "size": SIZE, "numberOfReplicas": 1,
+                           "source": {"volume": "v"}}));
+    c.ok("DELETE", "/v1/snapshots/a", None);
+    snapshot(&c, "c", "v");
+}
+
+#[test]
+fn twenty_rebuilds_leave_a_chain_of_the_snapshots_and_two_layers() {
+    let c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let placed = c.replicas("v");
+    // Attached where no replica is: every replica is served by its node's
+    // replica server, which merges while the engine writes.
+    let free = (1..=3)
+        .map(|i| format!("node-{i}"))
+        .find(|n| placed.iter().all(|r| r["spec"]["nodeId"] != n.as_str()))
+        .unwrap();
+    let endpoint = c.attach("v", &free);
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let live = Expected::new(c.dir.path(), "live", SIZE);
+    live.write(&endpoint, 0, 8 << 20, 0x11);
+    snapshot(&c, "keep", "v");
+    let at_keep = live.copy(c.dir.path(), "keep", SIZE);
+    for i in 0..20u8 {
+        // Each rebuild freezes every replica's head: one more layer each.
+        live.write(&endpoint, u64::from(i) << 20, 1 << 20, 0x20 + i);
+        let victim = c.replicas("v")[usize::from(i) % 2]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        c.ok("DELETE", &format!("/v1/replicas/{victim}"), None);
+        c.wait_settled("v", 2, Duration::from_secs(90));
+    }
+    verify_data(c.dir.path(), &endpoint, &live.data());
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    // One user snapshot: at most three layers in any replica.
+    wait_for(Duration::from_secs(120), "every chain merged down", || {
+        let all = chains(&c, "v");
+        all.iter()
+            .all(|(_, layers)| !layers.is_empty() && layers.len() <= 3)
+            .then_some(())
+    });
+    for (name, layers) in chains(&c, "v") {
+        assert!(
+            layers.iter().any(|l| l.snapshot.as_deref() == Some("keep")),
+            "{name} lost the snapshot's layer: {layers:?}"
+        );
+    }
+    verify_replicas(&c, "v", &live.data());
+    check_volume(&c, "v", &free, &live);
+    c.create_volume(json!({"name": "r", "size": SIZE, "numberOfReplicas": 1,
+                           "source": {"snapshot": "keep"}}));
+    check_volume(&c, "r", &free, &at_keep);
+}
