@@ -46,18 +46,18 @@ impl IdentityService {
         };
         // A volume is reachable from every node (its replicas are reached
         // over the network), so no accessibility constraints; volumes grow
-        // while unpublished.
-        let offline_expansion = PluginCapability {
+        // while published too.
+        let online_expansion = PluginCapability {
             r#type: Some(plugin_capability::Type::VolumeExpansion(
                 plugin_capability::VolumeExpansion {
-                    r#type: plugin_capability::volume_expansion::Type::Offline as i32,
+                    r#type: plugin_capability::volume_expansion::Type::Online as i32,
                 },
             )),
         };
         vec![
             service(Type::ControllerService),
             service(Type::VolumeAccessibilityConstraints),
-            offline_expansion,
+            online_expansion,
         ]
     }
 }

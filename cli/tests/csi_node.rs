@@ -593,7 +593,7 @@ fn a_block_volume_is_published_as_a_device_file_that_reads_back_what_was_written
 }
 
 #[test]
-fn an_unpublished_volume_grows_and_its_filesystem_follows_at_the_next_stage() {
+fn a_volume_grows_published_and_unpublished_and_its_filesystem_follows() {
     use ballast::proto::csi::v1::{ControllerExpandVolumeRequest, NodeExpandVolumeRequest};
     let dir = tempfile::tempdir().unwrap();
     let (ctl, _n, mut csi) = cluster(dir.path());
@@ -622,26 +622,60 @@ fn an_unpublished_volume_grows_and_its_filesystem_follows_at_the_next_stage() {
     let data = pattern(5 << 20, 3);
     std::fs::write(target.join("data"), &data).unwrap();
     let before = total(&mut csi);
-    // Published, it does not grow (offline expansion).
-    let busy = expand(&mut csi, 2 * SIZE).unwrap_err();
-    assert_eq!(busy.code(), Code::FailedPrecondition, "{busy}");
-    csi.down("growvol", &staging, &target);
-
+    // Published and mounted, it grows online: the engine and every
+    // replica, then the loop device, then the mounted ext4 (resize2fs),
+    // which the kernel allows only with CAP_SYS_RESOURCE: without it the
+    // node says so, and the filesystem grows at the next stage.
     let grown = expand(&mut csi, 2 * SIZE).unwrap().into_inner();
     assert_eq!(grown.capacity_bytes, 2 * SIZE);
     assert!(grown.node_expansion_required);
+    let answer = csi
+        .rt
+        .block_on(csi.node.node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: "growvol".into(),
+            volume_path: target.display().to_string(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap(false)),
+            ..Default::default()
+        }));
+    let online = total(&mut csi);
+    if may_resize_mounted_ext4() {
+        assert_eq!(answer.unwrap().into_inner().capacity_bytes, 2 * SIZE);
+        assert!(
+            online > before + SIZE / 2,
+            "the mounted filesystem did not grow: {before} -> {online}"
+        );
+    } else {
+        let e = answer.unwrap_err();
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        assert!(e.message().contains("CAP_SYS_RESOURCE"), "{e}");
+        assert_eq!(online, before, "the mounted filesystem stays as it was");
+    }
+    // The room it has takes data, and the old data is there.
+    let more = pattern((SIZE as usize) / 4, 9);
+    std::fs::write(target.join("more"), &more).unwrap();
+    assert!(std::fs::read(target.join("data")).unwrap() == data);
+    assert!(std::fs::read(target.join("more")).unwrap() == more);
+    csi.down("growvol", &staging, &target);
+    let before = online;
+
+    // Unpublished, it grows offline; the filesystem follows at the next
+    // stage.
+    let grown = expand(&mut csi, 3 * SIZE).unwrap().into_inner();
+    assert_eq!(grown.capacity_bytes, 3 * SIZE);
+    assert!(grown.node_expansion_required);
     // Again: the same answer. Smaller: refused.
     assert_eq!(
-        expand(&mut csi, 2 * SIZE)
+        expand(&mut csi, 3 * SIZE)
             .unwrap()
             .into_inner()
             .capacity_bytes,
-        2 * SIZE
+        3 * SIZE
     );
     let shrink = expand(&mut csi, SIZE).unwrap_err();
     assert_eq!(shrink.code(), Code::OutOfRange, "{shrink}");
     let volume = get_json(&format!("{}/v1/volumes/growvol", ctl.api)).unwrap();
-    assert_eq!(volume["spec"]["size"], 2 * SIZE, "{volume}");
+    assert_eq!(volume["spec"]["size"], 3 * SIZE, "{volume}");
 
     let context = csi.publish("growvol", false);
     csi.stage("growvol", &staging, false, &context).unwrap();
@@ -656,7 +690,7 @@ fn an_unpublished_volume_grows_and_its_filesystem_follows_at_the_next_stage() {
         }))
         .unwrap()
         .into_inner();
-    assert_eq!(answer.capacity_bytes, 2 * SIZE);
+    assert_eq!(answer.capacity_bytes, 3 * SIZE);
     csi.node_publish("growvol", &staging, &target, false)
         .unwrap();
     let after = total(&mut csi);
@@ -665,7 +699,117 @@ fn an_unpublished_volume_grows_and_its_filesystem_follows_at_the_next_stage() {
         "the filesystem did not grow: {before} -> {after}"
     );
     assert!(std::fs::read(target.join("data")).unwrap() == data);
+    assert!(std::fs::read(target.join("more")).unwrap() == more);
     csi.down("growvol", &staging, &target);
+}
+
+/// Whether this test process, as the node plugin it starts, may resize a
+/// mounted ext4 (EXT4_IOC_RESIZE_FS needs CAP_SYS_RESOURCE).
+fn may_resize_mounted_ext4() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("CapEff:"))?;
+            u64::from_str_radix(line.split_whitespace().nth(1)?, 16).ok()
+        })
+        .is_some_and(|caps| caps >> 24 & 1 == 1)
+}
+
+/// A mounted xfs grows online: the engine, the loop device and the
+/// filesystem (xfs_growfs) while a pod has it mounted.
+#[test]
+fn a_mounted_xfs_volume_grows_online_and_keeps_its_data() {
+    use ballast::proto::csi::v1::{ControllerExpandVolumeRequest, NodeExpandVolumeRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let (_ctl, _n, mut csi) = cluster(dir.path());
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    // xfs wants 300 MiB at least.
+    let size = 320i64 << 20;
+    let xfs = VolumeCapability {
+        access_type: Some(AccessType::Mount(volume_capability::MountVolume {
+            fs_type: "xfs".into(),
+            ..Default::default()
+        })),
+        access_mode: Some(volume_capability::AccessMode {
+            mode: Mode::SingleNodeWriter as i32,
+        }),
+    };
+    let req = CreateVolumeRequest {
+        name: "xfsvol".into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: size,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![xfs.clone()],
+        parameters: HashMap::from([
+            ("numberOfReplicas".into(), "1".into()),
+            ("fsType".into(), "xfs".into()),
+        ]),
+        ..Default::default()
+    };
+    csi.rt.block_on(csi.ctl.create_volume(req)).unwrap();
+    let context = csi.publish("xfsvol", false);
+    let stage = NodeStageVolumeRequest {
+        volume_id: "xfsvol".into(),
+        publish_context: context,
+        staging_target_path: staging.display().to_string(),
+        volume_capability: Some(xfs.clone()),
+        ..Default::default()
+    };
+    csi.rt.block_on(csi.node.node_stage_volume(stage)).unwrap();
+    let publish = NodePublishVolumeRequest {
+        volume_id: "xfsvol".into(),
+        staging_target_path: staging.display().to_string(),
+        target_path: target.display().to_string(),
+        volume_capability: Some(xfs.clone()),
+        ..Default::default()
+    };
+    csi.rt
+        .block_on(csi.node.node_publish_volume(publish))
+        .unwrap();
+    let data = pattern(7 << 20, 5);
+    std::fs::write(target.join("data"), &data).unwrap();
+    let before = bytes_of(&volume_stats(&mut csi, "xfsvol", &target)).total;
+    let grown = csi
+        .rt
+        .block_on(
+            csi.ctl
+                .controller_expand_volume(ControllerExpandVolumeRequest {
+                    volume_id: "xfsvol".into(),
+                    capacity_range: Some(CapacityRange {
+                        required_bytes: 2 * size,
+                        limit_bytes: 0,
+                    }),
+                    volume_capability: Some(xfs.clone()),
+                    ..Default::default()
+                }),
+        )
+        .unwrap()
+        .into_inner();
+    assert!(grown.node_expansion_required);
+    let answer = csi
+        .rt
+        .block_on(csi.node.node_expand_volume(NodeExpandVolumeRequest {
+            volume_id: "xfsvol".into(),
+            volume_path: target.display().to_string(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(xfs),
+            ..Default::default()
+        }))
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.capacity_bytes, 2 * size);
+    let after = bytes_of(&volume_stats(&mut csi, "xfsvol", &target)).total;
+    assert!(
+        after > before + size / 2,
+        "the mounted xfs did not grow: {before} -> {after}"
+    );
+    let more = pattern((size as usize) / 2, 6);
+    std::fs::write(target.join("more"), &more).unwrap();
+    assert!(std::fs::read(target.join("data")).unwrap() == data);
+    assert!(std::fs::read(target.join("more")).unwrap() == more);
+    csi.down("xfsvol", &staging, &target);
 }
 
 #[test]

@@ -170,7 +170,7 @@ fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
 }
 
 #[test]
-fn a_detached_volume_grows_with_ballastctl_and_keeps_its_data() {
+fn a_volume_grows_attached_and_detached_with_ballastctl_and_keeps_its_data() {
     let dir = tempfile::tempdir().unwrap();
     let (ctl, _n) = controller_with_one_node(dir.path());
     let api = &ctl.api;
@@ -183,17 +183,27 @@ fn a_detached_volume_grows_with_ballastctl_and_keeps_its_data() {
     let endpoint = attach(api, "grow", "node-1");
     let (ok, out) = qemu_io(&endpoint, &["write -P 0x3c 60M 4M", "flush"]);
     assert!(ok, "{out}");
-    // Attached, it does not grow.
-    let (ok, _, err) = ballastctl(api, &["volume", "expand", "grow", "--size", "128Mi"]);
-    assert!(!ok && err.contains("attached"), "{err}");
-    detach(api, "grow");
+    // Attached, it grows online: a new NBD connection sees the new size,
+    // and the room past the old end takes data.
     let (ok, out, err) = ballastctl(api, &["volume", "expand", "grow", "--size", "128Mi"]);
+    assert!(ok, "{out}{err}");
+    let (ok, out) = qemu_io(
+        &endpoint,
+        &[
+            "write -P 0x5d 100M 4M",
+            "read -P 0x5d 100M 4M",
+            "read -P 0x3c 60M 4M",
+        ],
+    );
+    assert!(ok, "{out}");
+    detach(api, "grow");
+    let (ok, out, err) = ballastctl(api, &["volume", "expand", "grow", "--size", "192Mi"]);
     assert!(ok, "{out}{err}");
     // Smaller, or not a multiple of 4 KiB: refused, naming the size.
     let (s, v) = call(
         "POST",
         &format!("{api}/v1/volumes/grow/expand"),
-        Some(json!({"size": "64Mi"})),
+        Some(json!({"size": "128Mi"})),
     );
     assert_eq!((s, v["code"].as_str()), (400, Some("out_of_range")), "{v}");
     let (s, v) = call(
@@ -209,15 +219,16 @@ fn a_detached_volume_grows_with_ballastctl_and_keeps_its_data() {
         .output()
         .unwrap();
     let info: serde_json::Value = serde_json::from_slice(&info.stdout).unwrap();
-    assert_eq!(info["virtual-size"], 128u64 << 20, "{info}");
+    assert_eq!(info["virtual-size"], 192u64 << 20, "{info}");
     // The old data, and zeros in the new part, which takes writes.
     let (ok, out) = qemu_io(
         &endpoint,
         &[
             "read -P 0x3c 60M 4M",
-            "read -P 0 64M 64M",
-            "write -P 0x7e 120M 8M",
-            "read -P 0x7e 120M 8M",
+            "read -P 0x5d 100M 4M",
+            "read -P 0 128M 64M",
+            "write -P 0x7e 184M 8M",
+            "read -P 0x7e 184M 8M",
         ],
     );
     assert!(ok, "{out}");

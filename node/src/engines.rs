@@ -443,6 +443,31 @@ impl Engines {
             .map_err(control_error)
     }
 
+    /// Grows the running engine of `volume` to `size` bytes (online
+    /// expansion), and records the size it is to be started with again.
+    #[tracing::instrument(skip_all, fields(volume = %volume, size))]
+    pub async fn grow(&self, volume: &str, size: u64) -> Result<(), Error> {
+        let mut running = self.running.lock().await;
+        let r = running
+            .get_mut(volume)
+            .filter(|r| alive(r.pid))
+            .ok_or_else(|| Error::NotFound(format!("no engine of {volume} runs on this node")))?;
+        let req = ControlRequest::Grow { size };
+        control::call(&self.control(volume), &req)
+            .await
+            .map_err(|e| match e.kind {
+                FailureKind::Invalid => Error::Invalid {
+                    field: "size".into(),
+                    message: e.message,
+                },
+                _ => control_error(e),
+            })?;
+        r.spec.size = size;
+        let (pid, spec) = (r.pid, r.spec.clone());
+        self.record(pid, &spec);
+        Ok(())
+    }
+
     /// Takes `replica` (a name) out of the running engine of `volume`; no
     /// engine, nothing to do.
     #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]

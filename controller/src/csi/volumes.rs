@@ -404,8 +404,8 @@ pub async fn modify(
     Ok(ControllerModifyVolumeResponse {})
 }
 
-/// Grows an unpublished volume (OFFLINE expansion); a mount volume's
-/// filesystem grows at its next stage (NodeExpandVolume).
+/// Grows a volume, published (ONLINE expansion) or not; a mount volume's
+/// filesystem grows on its node (NodeExpandVolume), at once when published.
 #[tracing::instrument(skip_all, fields(rpc = "ControllerExpandVolume", volume = %req.volume_id))]
 pub async fn expand(
     ctx: &Arc<Context>,
@@ -437,7 +437,9 @@ pub async fn expand(
     );
     Ok(ControllerExpandVolumeResponse {
         capacity_bytes: i64::try_from(volume.spec.size).unwrap_or(i64::MAX),
-        node_expansion_required: !block,
+        // A filesystem grows on its node; a published block device takes
+        // its new size there too (its loop device).
+        node_expansion_required: !block || volume.status.attached_node.is_some(),
     })
 }
 

@@ -474,11 +474,6 @@ pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume,
     let mut grown = volume.spec.clone();
     grown.size = size;
     crate::volumes::validate_spec(&grown)?;
-    if let Some(node) = &volume.status.attached_node {
-        return Err(Error::Unprocessable(format!(
-            "volume {name:?} is attached to {node}; it grows detached"
-        )));
-    }
     let from = volume.spec.size;
     if size < from {
         return Err(Error::OutOfRange {
@@ -512,8 +507,87 @@ pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume,
         .into_iter()
         .filter(|r| r.spec.volume == name)
         .collect();
+    match &volume.status.attached_node {
+        Some(node) => grow_online(ctx, &volume, node, &replicas, size).await?,
+        None => grow_offline(ctx, &replicas, from, size).await?,
+    }
+    let volume = ctx
+        .store
+        .modify::<Volume, Error>(name, |v| {
+            v.spec.size = size;
+            Ok(true)
+        })
+        .await?;
+    ctx.event(
+        Kind::Volume,
+        name,
+        "VolumeExpanded",
+        format!(
+            "from {} to {}{}",
+            ballast::quantity::format_size(from),
+            ballast::quantity::format_size(size),
+            if volume.status.attached_node.is_some() {
+                " while attached"
+            } else {
+                ""
+            }
+        ),
+    )
+    .await;
+    Ok(volume)
+}
+
+/// Grows an attached volume: its engine grows every rw replica it serves
+/// (I/O paused) and then answers the new size; the replicas it does not
+/// serve (failed ones) grow on their nodes where they can (else they are
+/// replaced, as any failed replica). Refused while a replica is rebuilt.
+async fn grow_online(
+    ctx: &Context,
+    volume: &Volume,
+    node_id: &str,
+    replicas: &[Replica],
+    size: u64,
+) -> Result<(), Error> {
+    if replicas
+        .iter()
+        .any(|r| r.status.mode == Some(ballast::model::ReplicaMode::Wo))
+    {
+        return Err(Error::Conflict(format!(
+            "volume {:?} has a replica being rebuilt; it grows once the rebuild ends",
+            volume.name
+        )));
+    }
+    let node: Node = ctx.store.fetch(node_id).await?;
+    let mut c = agent(&node, &ctx.member)?;
+    with_timeout(
+        &node.id,
+        c.grow_engine(ballast::proto::agent::v1::GrowEngineRequest {
+            volume: volume.name.clone(),
+            size,
+        }),
+    )
+    .await?;
+    for r in replicas
+        .iter()
+        .filter(|r| r.status.mode != Some(ballast::model::ReplicaMode::Rw))
+    {
+        if let Err(e) = grow_on_node(ctx, r, size).await {
+            tracing::info!(replica = %r.name, error = %e, "a replica the engine does not serve did not grow; it will be replaced");
+        }
+    }
+    Ok(())
+}
+
+/// Grows a detached volume's replicas on their nodes, all or none: a
+/// failure takes the grown ones back.
+async fn grow_offline(
+    ctx: &Context,
+    replicas: &[Replica],
+    from: u64,
+    size: u64,
+) -> Result<(), Error> {
     let mut done: Vec<&Replica> = Vec::new();
-    for r in &replicas {
+    for r in replicas {
         match grow_on_node(ctx, r, size).await {
             Ok(()) => done.push(r),
             // Its data is gone: it is replaced like any lost replica.
@@ -530,25 +604,7 @@ pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume,
             }
         }
     }
-    let volume = ctx
-        .store
-        .modify::<Volume, Error>(name, |v| {
-            v.spec.size = size;
-            Ok(true)
-        })
-        .await?;
-    ctx.event(
-        Kind::Volume,
-        name,
-        "VolumeExpanded",
-        format!(
-            "from {} to {}",
-            ballast::quantity::format_size(from),
-            ballast::quantity::format_size(size)
-        ),
-    )
-    .await;
-    Ok(volume)
+    Ok(())
 }
 
 /// Sets one replica's size on its node (a smaller size undoes a growth).

@@ -9,13 +9,13 @@ use ballast::proto::agent::v1::node_agent_server::NodeAgent;
 use ballast::proto::agent::v1::{
     AddEngineReplicaRequest, AddEngineReplicaResponse, CreateReplicaRequest, CreateReplicaResponse,
     DeleteReplicaRequest, DeleteReplicaResponse, GetNodeStatusRequest, GetNodeStatusResponse,
-    GrowReplicaRequest, GrowReplicaResponse, ListEnginesRequest, ListEnginesResponse,
-    ListReplicasRequest, ListReplicasResponse, MergeReplicaRequest, MergeReplicaResponse,
-    RebuildReplicaRequest, RebuildReplicaResponse, RemoveEngineReplicaRequest,
-    RemoveEngineReplicaResponse, ReplicaStatus, RestoreReplicaRequest, RestoreReplicaResponse,
-    ScrubReplicaRequest, ScrubReplicaResponse, SnapshotReplicaRequest, SnapshotReplicaResponse,
-    SnapshotVolumeRequest, SnapshotVolumeResponse, StartEngineRequest, StartEngineResponse,
-    StopEngineRequest, StopEngineResponse,
+    GrowEngineRequest, GrowEngineResponse, GrowReplicaRequest, GrowReplicaResponse,
+    ListEnginesRequest, ListEnginesResponse, ListReplicasRequest, ListReplicasResponse,
+    MergeReplicaRequest, MergeReplicaResponse, RebuildReplicaRequest, RebuildReplicaResponse,
+    RemoveEngineReplicaRequest, RemoveEngineReplicaResponse, ReplicaStatus, RestoreReplicaRequest,
+    RestoreReplicaResponse, ScrubReplicaRequest, ScrubReplicaResponse, SnapshotReplicaRequest,
+    SnapshotReplicaResponse, SnapshotVolumeRequest, SnapshotVolumeResponse, StartEngineRequest,
+    StartEngineResponse, StopEngineRequest, StopEngineResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -427,6 +427,23 @@ impl NodeAgent for NodeAgentService {
             allocated_after: done.allocated_after,
             layers: done.layers,
         }))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, volume = %request.get_ref().volume, size = request.get_ref().size))]
+    async fn grow_engine(
+        &self,
+        request: Request<GrowEngineRequest>,
+    ) -> Result<Response<GrowEngineResponse>, Status> {
+        let req = request.into_inner();
+        if req.size == 0 || !req.size.is_multiple_of(crate::replica::BLOCK) {
+            return Err(Error::Invalid {
+                field: "size".into(),
+                message: format!("{} is not a positive multiple of 4096", req.size),
+            }
+            .into());
+        }
+        self.ctx.engines.grow(&req.volume, req.size).await?;
+        Ok(Response::new(GrowEngineResponse {}))
     }
 
     async fn list_engines(

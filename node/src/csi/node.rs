@@ -123,6 +123,19 @@ fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<(), Error> {
     }
 }
 
+/// Whether this process may resize a mounted ext4 (CAP_SYS_RESOURCE in
+/// its effective set).
+fn has_cap_sys_resource() -> bool {
+    const CAP_SYS_RESOURCE: u32 = 24;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("CapEff:"))?;
+            u64::from_str_radix(line.split_whitespace().nth(1)?, 16).ok()
+        })
+        .is_some_and(|caps| caps >> CAP_SYS_RESOURCE & 1 == 1)
+}
+
 /// The filesystem on `device`, if it holds one.
 fn filesystem_on(device: &Path) -> Result<Option<String>, Error> {
     let args = ["-p", "-o", "value", "-s", "TYPE"].map(os);
@@ -477,11 +490,30 @@ impl NodeService {
                 req.volume_id
             ))
         })?;
+        // Grown while published: the loop device takes the new size of the
+        // engine's file first.
+        let file = self
+            .ctx
+            .engines
+            .export_dir(&req.volume_id)
+            .join(crate::frontend::fuse::FILE_NAME);
+        if file.exists() {
+            LoopDevice::refresh_capacity(&s.device, &file)
+                .map_err(|e| Error::disk(&s.device, format!("taking the new size: {e}")))?;
+        }
         let size = device_size(&s.device)?;
         if !s.block {
             match filesystem_on(&s.device)?.as_deref() {
                 // Stage already grew it (offline) when it could.
                 Some("ext4") if ext4_bytes(&s.device)? >= size => {}
+                // A mounted ext4 grows through EXT4_IOC_RESIZE_FS, which
+                // the kernel allows only with CAP_SYS_RESOURCE.
+                Some("ext4") if is_mountpoint(&s.staging) && !has_cap_sys_resource() => {
+                    return Err(Error::Refused(format!(
+                        "the volume's device grew to {size} bytes, but its mounted ext4 grows online only with \
+                         CAP_SYS_RESOURCE, which this node plugin does not have; it grows when the volume is next staged"
+                    )));
+                }
                 Some("ext4") => run("resize2fs", &[s.device.as_os_str()])?,
                 Some("xfs") => run("xfs_growfs", &[s.staging.as_os_str()])?,
                 other => {

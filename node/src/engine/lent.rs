@@ -154,6 +154,17 @@ impl Lent {
         .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
     }
 
+    /// Grows the replica (see `Replica::grow`), on a blocking thread.
+    pub async fn grow(self: &Arc<Self>, size: u64) -> Result<(), ClientError> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut r = me.replica.write().map_err(|_| me.poisoned())?;
+            r.grow(size).map_err(|e| me.error(e))
+        })
+        .await
+        .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
+    }
+
     /// Freezes the head (see `Replica::snapshot`), on a blocking thread.
     pub async fn snapshot(self: &Arc<Self>, label: Option<&str>) -> Result<String, ClientError> {
         let me = self.clone();

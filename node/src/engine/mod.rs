@@ -50,6 +50,9 @@ pub enum EngineError {
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("engine start: {0}")]
     Start(String),
+    /// The request itself is wrong (a size below the volume's).
+    #[error("{0}")]
+    Invalid(String),
     #[error("replica {replica}: {message}")]
     Replica { replica: String, message: String },
     #[error("a rebuild of {0} is already running; one at a time")]
@@ -122,6 +125,13 @@ impl Link {
         }
     }
 
+    async fn grow(&self, size: u64) -> Result<(), ClientError> {
+        match self {
+            Link::Remote(c) => c.grow(size).await,
+            Link::Lent(l) => l.grow(size).await,
+        }
+    }
+
     async fn layers(&self) -> Result<Vec<crate::replica::LayerInfo>, ClientError> {
         match self {
             Link::Remote(c) => c.layers().await,
@@ -170,7 +180,8 @@ pub struct MemberStatus {
 
 pub struct Engine {
     pub volume: String,
-    pub size: u64,
+    /// Bytes; grows while the engine runs (`grow`).
+    size: AtomicU64,
     members: Mutex<Vec<Member>>,
     /// Prefer this replica for reads.
     local: Option<String>,
@@ -346,7 +357,7 @@ impl Engine {
         let keeps_record = recorder.is_some();
         let engine = Arc::new(Engine {
             volume: volume.to_string(),
-            size,
+            size: AtomicU64::new(size),
             members: Mutex::new(members),
             local,
             revision: AtomicU64::new(best),
@@ -436,11 +447,11 @@ impl Engine {
 
     fn check(&self, offset: u64, len: u64) -> Result<(), EngineError> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= self.size() => Ok(()),
             _ => Err(EngineError::OutOfRange {
                 offset,
                 len,
-                size: self.size,
+                size: self.size(),
             }),
         }
     }
@@ -553,7 +564,7 @@ impl Engine {
             return Ok(());
         };
         let revision = self.revision.load(Ordering::SeqCst);
-        let lent = lent::Lent::borrow(c, &local, &dir, self.size, revision, writeback_every)
+        let lent = lent::Lent::borrow(c, &local, &dir, self.size(), revision, writeback_every)
             .await
             .map_err(|e| EngineError::of_replica(&local, e))?;
         let engine = Arc::downgrade(self);
@@ -977,6 +988,56 @@ impl Engine {
 
     pub async fn flush(&self) -> Result<(), EngineError> {
         self.mutate(Op::Flush, 0, 0, 0, Bytes::new()).await
+    }
+
+    /// The volume's size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size.load(Ordering::SeqCst)
+    }
+
+    /// Grows the volume to `size` bytes while it serves (never shrinks):
+    /// I/O paused, every rw replica grows, then the engine answers the new
+    /// size. A replica that cannot grow is failed (the volume degrades);
+    /// when none can, nothing changes. Refused while a rebuild runs.
+    #[tracing::instrument(skip_all, fields(volume = %self.volume, size))]
+    pub async fn grow(&self, size: u64) -> Result<(), EngineError> {
+        let _pause = self.io.write().await;
+        let from = self.size();
+        if size < from {
+            return Err(EngineError::Invalid(format!(
+                "{size} bytes is below the volume's {from}; volumes never shrink"
+            )));
+        }
+        if size == from {
+            return Ok(());
+        }
+        if self.rebuilding.load(Ordering::SeqCst) {
+            return Err(EngineError::Busy(self.volume.clone()));
+        }
+        let links = self.rw_links().await;
+        let mut grown = 0;
+        let mut last_error = None;
+        for (name, link) in &links {
+            match link.grow(size).await {
+                Ok(()) => grown += 1,
+                Err(e) if grown == 0 && self.others_rw(name).await == 0 => {
+                    last_error = Some(e.to_string())
+                }
+                Err(e) => {
+                    last_error = Some(e.to_string());
+                    self.fail(name, &e).await;
+                }
+            }
+        }
+        if grown == 0 {
+            return Err(EngineError::NoReplica(format!(
+                "no replica could grow to {size} bytes: {}",
+                last_error.unwrap_or_default()
+            )));
+        }
+        self.size.store(size, Ordering::SeqCst);
+        tracing::info!(from, size, replicas = grown, "volume grown online");
+        Ok(())
     }
 
     /// Snapshots every rw replica at one point of the I/O stream; with

@@ -61,10 +61,10 @@ impl Engine {
             .info()
             .await
             .map_err(|e| EngineError::of_replica(&at.name, e))?;
-        if info["size"].as_u64() != Some(self.size) {
+        if info["size"].as_u64() != Some(self.size()) {
             return Err(replica_err(
                 &at.name,
-                format!("size {} is not the volume's {}", info["size"], self.size),
+                format!("size {} is not the volume's {}", info["size"], self.size()),
             ));
         }
         let client = Arc::new(client);

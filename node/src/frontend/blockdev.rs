@@ -22,6 +22,7 @@ pub use super::fuse::{FILE_NAME, FuseMount, mount, resume};
 const LOOP_SET_FD: libc::c_ulong = 0x4C00;
 const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
+const LOOP_SET_CAPACITY: libc::c_ulong = 0x4C07;
 const LOOP_SET_DIRECT_IO: libc::c_ulong = 0x4C08;
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
 const LO_FLAGS_AUTOCLEAR: u32 = 4;
@@ -73,6 +74,20 @@ impl LoopDevice {
     /// restart while a pod uses the device); `detach_path` ends it.
     pub fn attach_to_stay(backing: &Path) -> std::io::Result<LoopDevice> {
         Self::attach_with(backing, false)
+    }
+
+    /// Makes the loop device at `path` take the size its file has now (a
+    /// volume grown online): the file is looked at first (FUSE asks the
+    /// engine its size again), then LOOP_SET_CAPACITY. Returns the size.
+    pub fn refresh_capacity(path: &Path, backing: &Path) -> std::io::Result<u64> {
+        let size = std::fs::metadata(backing)?.len();
+        let dev = OpenOptions::new().read(true).write(true).open(path)?;
+        // SAFETY: LOOP_SET_CAPACITY takes no argument.
+        check(
+            unsafe { libc::ioctl(dev.as_raw_fd(), LOOP_SET_CAPACITY) },
+            "LOOP_SET_CAPACITY",
+        )?;
+        Ok(size)
     }
 
     /// Detaches the loop device at `path` from its file.

@@ -5,6 +5,7 @@
 //! `{"op":"add","replica":"NAME@HOST:PORT","source":"NAME"}`,
 //! `{"op":"remove","replica":"NAME"}`, `{"op":"snapshot","snapshot":"ID"}`
 //! (every rw replica frozen at one point as that user snapshot),
+//! `{"op":"grow","size":BYTES}` (the volume grows while it serves),
 //! `{"op":"export","dir":"/path"}` (the
 //! file is `<dir>/volume`), `{"op":"unexport"}`, `{"op":"device"}` (the
 //! export's FUSE connection, passed as a file descriptor with the answer,
@@ -36,6 +37,9 @@ pub enum ControlRequest {
     },
     Snapshot {
         snapshot: String,
+    },
+    Grow {
+        size: u64,
     },
     Export {
         dir: std::path::PathBuf,
@@ -87,6 +91,7 @@ impl From<EngineError> for ControlError {
             // Both may pass: a node comes back, space is freed.
             EngineError::Unreachable { .. } | EngineError::NoSpace(_) => FailureKind::Unreachable,
             EngineError::Refused { .. } => FailureKind::Refused,
+            EngineError::Invalid(_) => FailureKind::Invalid,
             _ => FailureKind::Failed,
         };
         ControlError::new(kind, e.to_string())
@@ -119,6 +124,15 @@ async fn handle(
                 return Err(invalid(format!("{snapshot:?} is not a snapshot id")));
             }
             engine.snapshot(Some(&snapshot)).await?;
+            Ok(None)
+        }
+        ControlRequest::Grow { size } => {
+            engine.grow(size).await?;
+            let current = export.lock().map_err(|_| failed("poisoned".into()))?;
+            if let Some(m) = current.as_ref() {
+                m.size_changed()
+                    .map_err(|e| failed(format!("telling FUSE the new size: {e}")))?;
+            }
             Ok(None)
         }
         ControlRequest::Ping => Ok(None),

@@ -68,6 +68,9 @@ const FOPEN_DIRECT_IO: u32 = 1 << 0;
 /// `fuse_notify_code`: move every request read but not answered back to
 /// the queue.
 const NOTIFY_RESEND: i32 = 7;
+/// `fuse_notify_code`: the kernel forgets an inode's attributes (and, for
+/// a range from an offset >= 0, its cached pages).
+const NOTIFY_INVAL_INODE: i32 = 2;
 
 const IN_HEADER: usize = 40;
 const OUT_HEADER: usize = 16;
@@ -84,6 +87,17 @@ impl FuseMount {
     /// The file to attach a loop device to.
     pub fn file(&self) -> PathBuf {
         self.dir.join(FILE_NAME)
+    }
+
+    /// Tells the kernel the file's size changed (the volume grew online):
+    /// its next stat asks again, and a loop device's LOOP_SET_CAPACITY then
+    /// sees the new size. Cached pages stay: the data did not change.
+    pub fn size_changed(&self) -> std::io::Result<()> {
+        let mut msg = out_header(OUT_HEADER + 24, NOTIFY_INVAL_INODE, 0);
+        msg.extend_from_slice(&FILE_INO.to_ne_bytes());
+        msg.extend_from_slice(&(-1i64).to_ne_bytes());
+        msg.extend_from_slice(&0i64.to_ne_bytes());
+        (&*self.dev).write_all(&msg)
     }
 
     /// The connection, for the node agent to keep across an engine crash.
@@ -369,7 +383,7 @@ impl Server {
     /// `fuse_attr`.
     fn attr(&self, ino: u64) -> Body {
         let (mode, size, nlink) = if ino == FILE_INO {
-            (libc::S_IFREG | 0o600, self.engine.size, 1)
+            (libc::S_IFREG | 0o600, self.engine.size(), 1)
         } else {
             (libc::S_IFDIR | 0o755, 0, 2)
         };
@@ -486,7 +500,7 @@ impl Server {
         let (Some(offset), Some(size)) = (u64_at(b, 8), u32_at(b, 16)) else {
             return self.reply_error(h.unique, libc::EINVAL);
         };
-        let len = u64::from(size).min(self.engine.size.saturating_sub(offset)) as u32;
+        let len = u64::from(size).min(self.engine.size().saturating_sub(offset)) as u32;
         if len == 0 {
             return self.reply(h.unique, &[]);
         }
@@ -509,7 +523,7 @@ impl Server {
         };
         if offset
             .checked_add(data.len() as u64)
-            .is_none_or(|end| end > self.engine.size)
+            .is_none_or(|end| end > self.engine.size())
         {
             return self.reply_error(h.unique, libc::ENOSPC);
         }
@@ -533,7 +547,7 @@ impl Server {
         };
         if offset
             .checked_add(length)
-            .is_none_or(|end| end > self.engine.size)
+            .is_none_or(|end| end > self.engine.size())
         {
             return self.reply_error(h.unique, libc::EINVAL);
         }

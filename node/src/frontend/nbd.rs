@@ -244,7 +244,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
     engine: Arc<Engine>,
     mut stream: S,
 ) -> std::io::Result<()> {
-    if !handshake(&mut stream, &engine.volume, engine.size).await? {
+    if !handshake(&mut stream, &engine.volume, engine.size()).await? {
         return Ok(());
     }
     let (rd, wr) = tokio::io::split(stream);
@@ -266,7 +266,7 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
                 Err(e)
             };
         }
-        let req = match Command::decode(&h, engine.size) {
+        let req = match Command::decode(&h, engine.size()) {
             Ok(r) => r,
             Err(e) => break Err(e),
         };

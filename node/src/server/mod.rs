@@ -425,8 +425,8 @@ impl Connection {
         if req.op == Op::Lend {
             return self.lend(&req, &name).await;
         }
-        if matches!(req.op, Op::Join | Op::Fill) && !self.drives(&replica) {
-            let why = "JOIN and FILL are only for the engine the controller started for this replica's volume";
+        if matches!(req.op, Op::Join | Op::Fill | Op::Grow) && !self.drives(&replica) {
+            let why = "JOIN, FILL and GROW are only for the engine the controller started for this replica's volume";
             return Ok(self.reply(error(req.id, status::DENIED, why)).await);
         }
         let replicas = &self.server.replicas;
@@ -640,7 +640,7 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> R
             Ok(r) => read_op(&r, req),
             Err(_) => return poisoned(),
         },
-        Op::Write | Op::Trim | Op::Snapshot | Op::Join => match replica.write() {
+        Op::Write | Op::Trim | Op::Snapshot | Op::Join | Op::Grow => match replica.write() {
             Ok(mut r) => write_op(&mut r, req, &payload),
             Err(_) => return poisoned(),
         },
@@ -724,6 +724,7 @@ fn write_op(r: &mut Replica, req: &Request, payload: &[u8]) -> Result<Vec<u8>, R
             r.snapshot((!label.is_empty()).then_some(label))
                 .map(String::into_bytes)
         }
+        Op::Grow => r.grow(req.offset).map(|()| Vec::new()),
         Op::Join => {
             let j: JoinSpec = serde_json::from_slice(payload)
                 .map_err(|e| ReplicaError::Invalid(format!("join: {e}")))?;

@@ -406,6 +406,11 @@ impl ReplicaClient {
         self.call(Op::Flush, 0, 0, 0, 0, &[]).await.map(drop)
     }
 
+    /// Grows the replica to `size` bytes (online expansion).
+    pub async fn grow(&self, size: u64) -> Result<(), ClientError> {
+        self.call(Op::Grow, size, 0, 0, 0, &[]).await.map(drop)
+    }
+
     /// Freezes the head; with `label`, as that user snapshot.
     pub async fn snapshot(&self, label: Option<&str>) -> Result<String, ClientError> {
         let label = label.unwrap_or_default();

@@ -61,6 +61,9 @@ pub enum Op {
     /// holds, oldest first: JSON `[{revision, op, offset, len}]`, or `null`
     /// when the log does not reach back that far.
     WriteLog = 14,
+    /// Grows the replica to `offset` bytes (online expansion; never
+    /// shrinks). Only from the volume's engine.
+    Grow = 15,
 }
 
 impl Op {
@@ -80,6 +83,7 @@ impl Op {
             12 => Op::LayerRead,
             13 => Op::Lend,
             14 => Op::WriteLog,
+            15 => Op::Grow,
             _ => return None,
         })
     }
@@ -178,7 +182,13 @@ impl Request {
                     "{op:?} payload length {len} not in 1..={MAX_CONTROL}"
                 )));
             }
-            Op::Flush | Op::Info | Op::Layers | Op::LayerExtents | Op::Lend | Op::WriteLog
+            Op::Flush
+            | Op::Info
+            | Op::Layers
+            | Op::LayerExtents
+            | Op::Lend
+            | Op::WriteLog
+            | Op::Grow
                 if len != 0 =>
             {
                 return Err(refuse(format!("{op:?} carries no length, got {len}")));
