@@ -468,6 +468,34 @@ impl Engines {
         Ok(())
     }
 
+    /// Asks the running engine of `volume` to merge `replica`, the local
+    /// replica lent to it (see `Engine::merge`).
+    #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]
+    pub async fn merge(
+        &self,
+        volume: &str,
+        replica: &str,
+        keep: Vec<String>,
+        rate: u64,
+    ) -> Result<(), Error> {
+        {
+            let running = self.running.lock().await;
+            if !running.get(volume).is_some_and(|r| alive(r.pid)) {
+                return Err(Error::Busy(format!(
+                    "replica {replica} is lent to an engine of {volume} that does not answer"
+                )));
+            }
+        }
+        let req = ControlRequest::Merge {
+            replica: replica.to_string(),
+            keep,
+            rate,
+        };
+        control::call(&self.control(volume), &req)
+            .await
+            .map_err(control_error)
+    }
+
     /// Takes `replica` (a name) out of the running engine of `volume`; no
     /// engine, nothing to do.
     #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]

@@ -266,13 +266,12 @@ fn twenty_rebuilds_leave_a_chain_of_the_snapshots_and_two_layers() {
     let c = Cluster::start(3, 1);
     c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
     let placed = c.replicas("v");
-    // Attached where no replica is: every replica is served by its node's
-    // replica server, which merges while the engine writes.
-    let free = (1..=3)
-        .map(|i| format!("node-{i}"))
-        .find(|n| placed.iter().all(|r| r["spec"]["nodeId"] != n.as_str()))
-        .unwrap();
-    let endpoint = c.attach("v", &free);
+    // Attached beside one replica, which its engine borrows (and merges,
+    // between its I/O); the other is served by its node's replica server,
+    // which merges it while the engine writes to it.
+    let here = placed[0]["spec"]["nodeId"].as_str().unwrap().to_string();
+    let local = placed[0]["name"].as_str().unwrap().to_string();
+    let endpoint = c.attach("v", &here);
     c.wait_settled("v", 2, Duration::from_secs(60));
     let live = Expected::new(c.dir.path(), "live", SIZE);
     live.write(&endpoint, 0, 8 << 20, 0x11);
@@ -281,22 +280,26 @@ fn twenty_rebuilds_leave_a_chain_of_the_snapshots_and_two_layers() {
     for i in 0..20u8 {
         // Each rebuild freezes every replica's head: one more layer each.
         live.write(&endpoint, u64::from(i) << 20, 1 << 20, 0x20 + i);
-        let victim = c.replicas("v")[usize::from(i) % 2]["name"]
-            .as_str()
-            .unwrap()
-            .to_string();
+        let victim = c
+            .replicas("v")
+            .into_iter()
+            .map(|r| r["name"].as_str().unwrap().to_string())
+            .find(|n| n != &local)
+            .unwrap();
         c.ok("DELETE", &format!("/v1/replicas/{victim}"), None);
         c.wait_settled("v", 2, Duration::from_secs(90));
     }
-    verify_data(c.dir.path(), &endpoint, &live.data());
-    c.ok("POST", "/v1/volumes/v/detach", None);
-    // One user snapshot: at most three layers in any replica.
+    // One user snapshot: at most three layers in any replica, the lent
+    // one included, while the volume serves.
     wait_for(Duration::from_secs(120), "every chain merged down", || {
         let all = chains(&c, "v");
         all.iter()
             .all(|(_, layers)| !layers.is_empty() && layers.len() <= 3)
             .then_some(())
     });
+    assert!(chains(&c, "v").iter().any(|(n, _)| n == &local));
+    verify_data(c.dir.path(), &endpoint, &live.data());
+    c.ok("POST", "/v1/volumes/v/detach", None);
     for (name, layers) in chains(&c, "v") {
         assert!(
             layers.iter().any(|l| l.snapshot.as_deref() == Some("keep")),
@@ -304,8 +307,54 @@ fn twenty_rebuilds_leave_a_chain_of_the_snapshots_and_two_layers() {
         );
     }
     verify_replicas(&c, "v", &live.data());
-    check_volume(&c, "v", &free, &live);
+    check_volume(&c, "v", &here, &live);
     c.create_volume(json!({"name": "r", "size": SIZE, "numberOfReplicas": 1,
                            "source": {"snapshot": "keep"}}));
-    check_volume(&c, "r", &free, &at_keep);
+    check_volume(&c, "r", &here, &at_keep);
+}
+
+/// A merge the node is killed in the middle of (SIGKILL, paced at
+/// 1 MiB/s so that it is under way) is finished when the replica is next
+/// opened, and the volume holds the same data.
+#[test]
+fn a_merge_killed_mid_way_is_finished_after_the_restart_with_the_same_data() {
+    let mut c = Cluster::start(1, 1);
+    c.set("layer-merge-rate", json!("1"));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    let endpoint = c.attach("v", "node-1");
+    let live = Expected::new(c.dir.path(), "live", SIZE);
+    live.write(&endpoint, 0, 24 << 20, 0x31);
+    snapshot(&c, "s", "v");
+    live.write(&endpoint, 20 << 20, 8 << 20, 0x32);
+    snapshot(&c, "t", "v");
+    live.write(&endpoint, 40 << 20, 1 << 20, 0x33);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let replica = c.replicas("v")[0]["name"].as_str().unwrap().to_string();
+    let dir = c
+        .path("node-1")
+        .join("disk-1")
+        .join("replicas")
+        .join(&replica);
+
+    // s's 20 MiB that t does not cover move up at 1 MiB/s: the node is
+    // killed once the merge is recorded and some of it copied.
+    c.ok("DELETE", "/v1/snapshots/s", None);
+    wait_for(Duration::from_secs(30), "the merge under way", || {
+        let meta = std::fs::read_to_string(dir.join("meta.json")).ok()?;
+        meta.contains("\"merging\"").then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    c.kill_node(0);
+    let meta = std::fs::read_to_string(dir.join("meta.json")).unwrap();
+    assert!(meta.contains("\"merging\""), "killed mid-way: {meta}");
+
+    c.restart_node(0);
+    wait_for(Duration::from_secs(60), "the merge finished", || {
+        let meta = std::fs::read_to_string(dir.join("meta.json")).ok()?;
+        (!meta.contains("\"merging\"") && !meta.contains("layer-000001.img")).then_some(())
+    });
+    let endpoint = c.attach("v", "node-1");
+    verify_data(c.dir.path(), &endpoint, &live.data());
+    verify_replicas(&c, "v", &live.data());
+    c.ok("POST", "/v1/volumes/v/detach", None);
 }

@@ -3,8 +3,8 @@
 //! snapshots and at most two more layers however often it was rebuilt.
 //! One replica per node at a time, at `layer-merge-rate`, round robin
 //! over the node's replicas; a deleted snapshot's replicas go first. A
-//! replica lent to its engine (the attached volume's own node) merges
-//! once the volume is detached.
+//! replica lent to its engine (on the attached volume's own node) is
+//! merged by that engine, between its I/O.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -92,15 +92,11 @@ async fn records(ctx: &Context) -> Result<Records, Error> {
     })
 }
 
-/// Whether `r` can be merged now: not failed or being rebuilt, its volume
-/// not copied from, and not lent to an engine on its node.
+/// Whether `r` can be merged now: not failed or being rebuilt, and its
+/// volume not copied from.
 fn mergeable(r: &Replica, volumes: &HashMap<String, Volume>, busy: &HashSet<String>) -> bool {
-    let lent = volumes
-        .get(&r.spec.volume)
-        .and_then(|v| v.status.attached_node.as_ref())
-        .is_some_and(|n| n == &r.spec.node_id);
-    !matches!(r.status.mode, Some(ReplicaMode::Err | ReplicaMode::Wo))
-        && !lent
+    volumes.contains_key(&r.spec.volume)
+        && !matches!(r.status.mode, Some(ReplicaMode::Err | ReplicaMode::Wo))
         && !busy.contains(&r.spec.volume)
 }
 

@@ -396,13 +396,6 @@ impl NodeAgent for NodeAgentService {
     ) -> Result<Response<MergeReplicaResponse>, Status> {
         let req = request.into_inner();
         let server = self.replica_server()?;
-        if server.replicas().is_lent(&req.name) {
-            return Err(Error::Busy(format!(
-                "replica {} is in use by its volume's engine; it merges once detached",
-                req.name
-            ))
-            .into());
-        }
         if let Some(bad) = req
             .keep
             .iter()
@@ -413,6 +406,25 @@ impl NodeAgent for NodeAgentService {
                 message: format!("{bad:?} is not a snapshot id"),
             }
             .into());
+        }
+        if server.replicas().is_lent(&req.name) {
+            // Its engine holds it: the engine merges it, between its I/O.
+            let dir = server
+                .replicas()
+                .dir_of(&req.name)
+                .map_err(Error::NotFound)?;
+            let volume = Meta::read(&dir)
+                .map_err(|e| Error::Internal(e.to_string()))?
+                .volume;
+            self.ctx
+                .engines
+                .merge(&volume, &req.name, req.keep, req.bytes_per_second)
+                .await?;
+            let view = Replica::open_view(&dir).map_err(|e| Error::Internal(e.to_string()))?;
+            return Ok(Response::new(MergeReplicaResponse {
+                layers: view.chain().len() as u32,
+                ..Default::default()
+            }));
         }
         server.replicas().find(&req.name).map_err(Error::NotFound)?;
         let done = server

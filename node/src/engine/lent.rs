@@ -154,6 +154,23 @@ impl Lent {
         .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
     }
 
+    /// Merges the layers no snapshot in `keep` needs (see
+    /// `replica::merge_paced`), on a blocking thread, while the engine
+    /// goes on serving between steps.
+    pub async fn merge(
+        self: &Arc<Self>,
+        keep: Vec<String>,
+        rate: u64,
+    ) -> Result<crate::replica::MergeReport, ClientError> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::replica::merge_paced(&me.replica, &keep, rate, &|| false)
+                .map_err(|e| me.error(e))
+        })
+        .await
+        .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
+    }
+
     /// Grows the replica (see `Replica::grow`), on a blocking thread.
     pub async fn grow(self: &Arc<Self>, size: u64) -> Result<(), ClientError> {
         let me = self.clone();

@@ -990,6 +990,35 @@ impl Engine {
         self.mutate(Op::Flush, 0, 0, 0, Bytes::new()).await
     }
 
+    /// Merges the layers of `replica`, the local replica lent to this
+    /// engine, that no snapshot in `keep` needs (its server merges the
+    /// others).
+    #[tracing::instrument(skip_all, fields(volume = %self.volume, replica))]
+    pub async fn merge(
+        &self,
+        replica: &str,
+        keep: Vec<String>,
+        rate: u64,
+    ) -> Result<crate::replica::MergeReport, EngineError> {
+        let lent = {
+            let m = self.members.lock().await;
+            m.iter()
+                .find(|m| m.at.name == replica)
+                .and_then(|m| match &m.link {
+                    Some(Link::Lent(l)) => Some(l.clone()),
+                    _ => None,
+                })
+        };
+        let lent = lent.ok_or_else(|| {
+            EngineError::Invalid(format!(
+                "replica {replica} is not lent to this engine: its server merges it"
+            ))
+        })?;
+        lent.merge(keep, rate)
+            .await
+            .map_err(|e| EngineError::of_replica(replica, e))
+    }
+
     /// The volume's size in bytes.
     pub fn size(&self) -> u64 {
         self.size.load(Ordering::SeqCst)

@@ -6,6 +6,8 @@
 //! `{"op":"remove","replica":"NAME"}`, `{"op":"snapshot","snapshot":"ID"}`
 //! (every rw replica frozen at one point as that user snapshot),
 //! `{"op":"grow","size":BYTES}` (the volume grows while it serves),
+//! `{"op":"merge","replica":"NAME","keep":["ID"],"rate":BYTES}` (the lent
+//! local replica's layers no snapshot needs are merged),
 //! `{"op":"export","dir":"/path"}` (the
 //! file is `<dir>/volume`), `{"op":"unexport"}`, `{"op":"device"}` (the
 //! export's FUSE connection, passed as a file descriptor with the answer,
@@ -40,6 +42,11 @@ pub enum ControlRequest {
     },
     Grow {
         size: u64,
+    },
+    Merge {
+        replica: String,
+        keep: Vec<String>,
+        rate: u64,
     },
     Export {
         dir: std::path::PathBuf,
@@ -133,6 +140,14 @@ async fn handle(
                 m.size_changed()
                     .map_err(|e| failed(format!("telling FUSE the new size: {e}")))?;
             }
+            Ok(None)
+        }
+        ControlRequest::Merge {
+            replica,
+            keep,
+            rate,
+        } => {
+            engine.merge(&replica, keep, rate).await?;
             Ok(None)
         }
         ControlRequest::Ping => Ok(None),

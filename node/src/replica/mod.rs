@@ -31,7 +31,7 @@ pub use layers::{JoinReport, LayerSpec};
 pub use merge::{MERGE_CHUNK, MergeJournal, MergeStep};
 pub use meta::{META_FILE, Meta, valid_snapshot_id};
 pub use revision::{LOG_ENTRIES, LogEntry, LogOp};
-pub use table::{LoanGuard, MergeReport, Replicas, Shared, replica_dir};
+pub use table::{LoanGuard, MergeReport, Replicas, Shared, merge_paced, replica_dir};
 
 /// The unit of allocation and of the allocation maps.
 pub const BLOCK: u64 = 4096;

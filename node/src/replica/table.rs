@@ -124,7 +124,14 @@ impl Replicas {
                 revoke: revoke.clone(),
             },
         );
-        open.remove(name);
+        let old = open.remove(name);
+        drop(lent);
+        drop(open);
+        // A merge step under way on the server's copy ends before the
+        // engine opens the files; the next one sees the loan and stops.
+        if let Some(old) = old {
+            drop(old.write());
+        }
         tracing::info!(replica = name, loan = id, "replica lent to its engine");
         Ok(LoanGuard {
             table: self.clone(),
@@ -240,14 +247,16 @@ impl Replicas {
     /// `merge`), copying at most `bytes_per_second`. Each chunk holds the
     /// replica only while it copies, so its server goes on serving.
     pub async fn merge(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         keep: Vec<String>,
         bytes_per_second: u64,
     ) -> Result<MergeReport, ReplicaError> {
         let replica = self.find(name).map_err(ReplicaError::Invalid)?;
-        let rate = bytes_per_second.max(1 << 20);
-        tokio::task::spawn_blocking(move || merge_paced(&replica, &keep, rate))
+        let (table, name) = (self.clone(), name.to_string());
+        // Lent meanwhile: the engine owns the files now, and merges them.
+        let lent = move || table.is_lent(&name);
+        tokio::task::spawn_blocking(move || merge_paced(&replica, &keep, bytes_per_second, &lent))
             .await
             .map_err(|e| ReplicaError::Invalid(e.to_string()))?
     }
@@ -333,12 +342,26 @@ pub struct MergeReport {
     pub layers: u32,
 }
 
-fn merge_paced(replica: &Shared, keep: &[String], rate: u64) -> Result<MergeReport, ReplicaError> {
+/// Merges every layer of `replica` that no snapshot in `keep` needs, one
+/// 4 MiB step at a time under its lock, copying at most `rate` bytes per
+/// second (by its server, or by the engine it is lent to). Stops, leaving
+/// the merge to whoever opens the replica next, once `stop` says so
+/// (asked under the lock before each step).
+pub fn merge_paced(
+    replica: &RwLock<Replica>,
+    keep: &[String],
+    rate: u64,
+    stop: &dyn Fn() -> bool,
+) -> Result<MergeReport, ReplicaError> {
+    let rate = rate.max(1 << 20);
     let poisoned = || ReplicaError::Invalid("replica lock poisoned".into());
     let allocated = |r: &Replica| r.layers().iter().map(|l| l.allocated).sum::<u64>();
     let mut report = MergeReport::default();
     {
         let mut r = replica.write().map_err(|_| poisoned())?;
+        if stop() {
+            return Ok(report);
+        }
         r.keep_snapshots(keep)?;
         report.allocated_before = allocated(&r);
     }
@@ -346,6 +369,9 @@ fn merge_paced(replica: &Shared, keep: &[String], rate: u64) -> Result<MergeRepo
     loop {
         let next = {
             let mut r = replica.write().map_err(|_| poisoned())?;
+            if stop() {
+                return Ok(report);
+            }
             let Some(j) = r.next_merge() else { break };
             r.begin_merge(&j)?;
             j
@@ -355,7 +381,7 @@ fn merge_paced(replica: &Shared, keep: &[String], rate: u64) -> Result<MergeRepo
         while let Some(b) = at {
             let step = {
                 let mut r = replica.write().map_err(|_| poisoned())?;
-                if r.next_merge().as_ref() != Some(&next) {
+                if stop() || r.next_merge().as_ref() != Some(&next) {
                     // A join replaced the chain: nothing left to merge.
                     return Ok(report);
                 }
@@ -368,7 +394,13 @@ fn merge_paced(replica: &Shared, keep: &[String], rate: u64) -> Result<MergeRepo
             }
             at = step.next;
         }
-        replica.write().map_err(|_| poisoned())?.finish_merge()?;
+        {
+            let mut r = replica.write().map_err(|_| poisoned())?;
+            if stop() {
+                return Ok(report);
+            }
+            r.finish_merge()?;
+        }
         report.merged += 1;
     }
     let r = replica.read().map_err(|_| poisoned())?;
