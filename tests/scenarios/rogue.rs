@@ -72,8 +72,8 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
         let name = r["name"].as_str().unwrap();
         let node = c.node(r["spec"]["nodeId"].as_str().unwrap());
         let addr = node["status"]["replicaEndpoint"].as_str().unwrap();
-        // A node's certificate is not the volume's engine's: JOIN and
-        // FILL are refused before they are read.
+        // A node's certificate is not the volume's engine's: JOIN, FILL
+        // and GROW are refused before they are read.
         rt.block_on(async {
             let client = ReplicaClient::dial(&node_3, addr, name).await.unwrap();
             let join = JoinSpec {
@@ -84,10 +84,13 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
             let refused = [
                 client.join(&join).await.map(drop).unwrap_err(),
                 client.fill("x@127.0.0.1:1").await.map(drop).unwrap_err(),
+                client.grow(2 * SIZE).await.map(drop).unwrap_err(),
             ];
             for e in refused {
                 assert!(e.to_string().contains("only for the engine"), "{name}: {e}");
             }
+            let info = client.info().await.unwrap();
+            assert_eq!(info["size"], SIZE, "{name}: the size stays");
         });
         for why in rt.block_on(rogue_joins(&engine_on_3, addr, name)) {
             assert!(
