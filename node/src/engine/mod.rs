@@ -180,6 +180,8 @@ pub struct MemberStatus {
 
 pub struct Engine {
     pub volume: String,
+    /// What it served (`io`).
+    counters: Arc<IoCounters>,
     /// Bytes; grows while the engine runs (`grow`).
     size: AtomicU64,
     members: Mutex<Vec<Member>>,
@@ -221,6 +223,57 @@ type Writers = Vec<(String, Link, bool)>;
 /// What is called with a write's outcome.
 pub type WriteDone = Box<dyn FnOnce(Result<(), EngineError>) + Send>;
 
+/// The I/O an engine served, counted since it started: operations, bytes
+/// and the time they took (nanoseconds, summed), for reads and writes.
+#[derive(Debug, Default)]
+pub struct IoCounters {
+    read_ops: AtomicU64,
+    read_bytes: AtomicU64,
+    read_ns: AtomicU64,
+    write_ops: AtomicU64,
+    write_bytes: AtomicU64,
+    write_ns: AtomicU64,
+}
+
+/// What `IoCounters` held at one moment.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IoStats {
+    pub read_ops: u64,
+    pub read_bytes: u64,
+    pub read_ns: u64,
+    pub write_ops: u64,
+    pub write_bytes: u64,
+    pub write_ns: u64,
+}
+
+impl IoCounters {
+    fn read(&self, bytes: u64, took: std::time::Duration) {
+        self.read_ops.fetch_add(1, Ordering::Relaxed);
+        self.read_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.read_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn write(&self, bytes: u64, took: std::time::Duration) {
+        self.write_ops.fetch_add(1, Ordering::Relaxed);
+        self.write_bytes.fetch_add(bytes, Ordering::Relaxed);
+        self.write_ns
+            .fetch_add(took.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn stats(&self) -> IoStats {
+        IoStats {
+            read_ops: self.read_ops.load(Ordering::Relaxed),
+            read_bytes: self.read_bytes.load(Ordering::Relaxed),
+            read_ns: self.read_ns.load(Ordering::Relaxed),
+            write_ops: self.write_ops.load(Ordering::Relaxed),
+            write_bytes: self.write_bytes.load(Ordering::Relaxed),
+            write_ns: self.write_ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// The answers to one write from every replica, gathered as they come.
 struct FanIn {
     engine: Arc<Engine>,
@@ -231,6 +284,9 @@ struct FanInState {
     remaining: usize,
     /// rw replicas that have the write.
     acked: Vec<String>,
+    /// Replicas being rebuilt (wo) that have it: one may turn rw, and be
+    /// recorded, before the write is answered.
+    held: Vec<String>,
     /// Replicas that failed it, and whether each is rw.
     failed: Vec<(String, ClientError, bool)>,
     done: Option<WriteDone>,
@@ -247,7 +303,7 @@ impl FanIn {
             };
             match r {
                 Ok(()) if rw => s.acked.push(name),
-                Ok(()) => {}
+                Ok(()) => s.held.push(name),
                 Err(e) => s.failed.push((name, e, rw)),
             }
             s.remaining = s.remaining.saturating_sub(1);
@@ -256,17 +312,18 @@ impl FanIn {
             }
             (
                 std::mem::take(&mut s.acked),
+                std::mem::take(&mut s.held),
                 std::mem::take(&mut s.failed),
                 s.done.take(),
                 s.guard.take(),
             )
         };
-        let (acked, failed, done, guard) = finished;
+        let (acked, held, failed, done, guard) = finished;
         let Some(done) = done else {
             return;
         };
         if failed.is_empty() {
-            let names: Vec<&str> = acked.iter().map(String::as_str).collect();
+            let names: Vec<&str> = acked.iter().chain(&held).map(String::as_str).collect();
             if self.engine.freshness.covers(&names) {
                 drop(guard);
                 return done(Ok(()));
@@ -277,7 +334,7 @@ impl FanIn {
         // the store's replica set holds only replicas that have it.
         let engine = self.engine.clone();
         tokio::spawn(async move {
-            let outcome = engine.conclude(acked, failed).await;
+            let outcome = engine.conclude(acked, held, failed).await;
             drop(guard);
             done(outcome);
         });
@@ -357,6 +414,7 @@ impl Engine {
         let keeps_record = recorder.is_some();
         let engine = Arc::new(Engine {
             volume: volume.to_string(),
+            counters: Arc::default(),
             size: AtomicU64::new(size),
             members: Mutex::new(members),
             local,
@@ -530,7 +588,17 @@ impl Engine {
             return Err(EngineError::NotRecorded(format!("engine fenced: {why}")));
         }
         let _io = self.io.read().await;
-        self.read_now(offset, len).await
+        let start = std::time::Instant::now();
+        let read = self.read_now(offset, len).await;
+        if read.is_ok() {
+            self.counters.read(u64::from(len), start.elapsed());
+        }
+        read
+    }
+
+    /// The I/O served since the engine started.
+    pub fn io(&self) -> IoStats {
+        self.counters.stats()
     }
 
     /// How many reads were served straight from the local replica's files.
@@ -671,8 +739,9 @@ impl Engine {
         }
         let mut waits = Vec::new();
         let mut failed = Vec::new();
-        // rw replicas that have the mutation.
+        // rw replicas that have the mutation, and wo ones.
         let mut acked: Vec<String> = Vec::new();
+        let mut held: Vec<String> = Vec::new();
         // Lent replicas to flush once the order lock is let go.
         let mut flushes = Vec::new();
         {
@@ -709,7 +778,7 @@ impl Engine {
                 match done {
                     Ok(()) if sync => flushes.push((name.clone(), l.clone(), *rw)),
                     Ok(()) if *rw => acked.push(name.clone()),
-                    Ok(()) => {}
+                    Ok(()) => held.push(name.clone()),
                     Err(e) => failed.push((name.clone(), e, *rw)),
                 }
             }
@@ -717,18 +786,18 @@ impl Engine {
         for (name, l, rw) in flushes {
             match l.flush().await {
                 Ok(()) if rw => acked.push(name),
-                Ok(()) => {}
+                Ok(()) => held.push(name),
                 Err(e) => failed.push((name, e, rw)),
             }
         }
         for (name, w, rw) in waits {
             match w.await {
                 Ok(_) if rw => acked.push(name),
-                Ok(_) => {}
+                Ok(_) => held.push(name),
                 Err(e) => failed.push((name, e, rw)),
             }
         }
-        self.conclude(acked, failed).await
+        self.conclude(acked, held, failed).await
     }
 
     /// The outcome of a mutation that the rw replicas `acked` have and the
@@ -739,6 +808,7 @@ impl Engine {
     async fn conclude(
         &self,
         acked: Vec<String>,
+        held: Vec<String>,
         failed: Vec<(String, ClientError, bool)>,
     ) -> Result<(), EngineError> {
         let full_disk = acked.is_empty()
@@ -762,7 +832,10 @@ impl Engine {
         if acked.is_empty() {
             return Err(EngineError::NoReplica(last));
         }
-        self.covered(&acked).await
+        // A wo replica that has it may have turned rw, and been recorded,
+        // while the write was out: it counts for the record.
+        let all: Vec<String> = acked.into_iter().chain(held).collect();
+        self.covered(&all).await
     }
 
     /// Ok once a mutation that the rw replicas `acked` have may be
@@ -847,15 +920,21 @@ impl Engine {
         fua: bool,
     ) -> Result<(), EngineError> {
         self.check(offset, data.len() as u64)?;
+        let (start, len) = (std::time::Instant::now(), data.len() as u64);
         let io = self.io.read().await;
         // The flag is read with I/O held: a rebuild sets it before its join,
         // which waits for I/O to pause; so a write that finds it clear here
         // only reaches replicas that can take it as it is.
-        if self.rebuilding.load(Ordering::SeqCst) && Self::unaligned(offset, data.len() as u64) {
+        let written = if self.rebuilding.load(Ordering::SeqCst) && Self::unaligned(offset, len) {
             drop(io);
-            return self.write_aligned(offset, &data, fua).await;
+            self.write_aligned(offset, &data, fua).await
+        } else {
+            self.write_now(offset, data, fua).await
+        };
+        if written.is_ok() {
+            self.counters.write(len, start.elapsed());
         }
-        self.write_now(offset, data, fua).await
+        written
     }
 
     /// Writes `data` at `offset` and calls `done` with the outcome once
@@ -876,12 +955,20 @@ impl Engine {
         if data.len() > MAX_DATA as usize || (self.rebuilding.load(Ordering::SeqCst) && unaligned) {
             return done(self.write_bytes(offset, data, fua).await);
         }
+        let start = std::time::Instant::now();
         let guard = self.io.clone().read_owned().await;
         // Read again with I/O held (see `write_bytes`).
         if unaligned && self.rebuilding.load(Ordering::SeqCst) {
             drop(guard);
             return done(self.write_bytes(offset, data, fua).await);
         }
+        let (len, counters) = (data.len() as u64, self.counters.clone());
+        let done: WriteDone = Box::new(move |r| {
+            if r.is_ok() {
+                counters.write(len, start.elapsed());
+            }
+            done(r)
+        });
         let clients = self.write_clients().await;
         if !clients.iter().any(|(_, _, rw)| *rw) {
             return done(Err(EngineError::NoReplica("no rw replica".into())));
@@ -891,6 +978,7 @@ impl Engine {
             state: std::sync::Mutex::new(FanInState {
                 remaining: clients.len(),
                 acked: Vec::new(),
+                held: Vec::new(),
                 failed: Vec::new(),
                 done: Some(done),
                 guard: Some(guard),

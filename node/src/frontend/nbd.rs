@@ -68,6 +68,7 @@ const IO_BUFFER: usize = 256 * 1024;
 const MAX_OPTION: u32 = 4096;
 
 fn errno(e: &EngineError) -> u32 {
+    tracing::warn!(error = %e, "an NBD request failed");
     match e {
         EngineError::OutOfRange { .. } => EINVAL,
         EngineError::NoSpace(_) => ENOSPC,
