@@ -204,6 +204,10 @@ pub struct NodeArgs {
     /// it, engines are this process's children.
     #[arg(long, env = "BALLAST_ENGINE_HOST")]
     pub engine_host: Option<String>,
+    /// Serve Prometheus metrics (the engines' I/O) over HTTP at
+    /// `http://ADDR/metrics`.
+    #[arg(long, env = "BALLAST_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// The environment variable a pod's downward API sets to its node's name.
@@ -301,6 +305,7 @@ fn node_config(
         max_volumes: a.max_volumes_per_node,
         writeback_every: a.writeback_every,
         engine_host: a.engine_host,
+        metrics_listen: a.metrics_listen,
     }
 }
 

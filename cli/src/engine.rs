@@ -134,7 +134,8 @@ async fn write_status(e: std::sync::Arc<ballast_node::engine::Engine>, path: std
             _ = tick.tick() => {}
             _ = e.changed.notified() => {}
         }
-        let status = serde_json::json!({"volume": e.volume, "replicas": e.status().await});
+        let status =
+            serde_json::json!({"volume": e.volume, "replicas": e.status().await, "io": e.io()});
         let tmp = path.with_extension("tmp");
         if std::fs::write(&tmp, status.to_string()).is_ok() {
             let _ = std::fs::rename(&tmp, &path);

@@ -65,6 +65,11 @@ impl Ports {
             SocketAddr::new(self.api.ip(), base + 1),
         )
     }
+
+    /// Node `i`'s `/metrics` (after the 64 nodes' agent and replica ports).
+    fn metrics(&self, i: u16) -> SocketAddr {
+        SocketAddr::new(self.api.ip(), self.api.port() + 10 + 128 + (i - 1))
+    }
 }
 
 fn mkdir(p: &Path) -> Result<(), String> {
@@ -342,6 +347,8 @@ fn node_args(
         args.kubelet_dir.display().to_string(),
         "--max-volumes-per-node".into(),
         args.max_volumes_per_node.to_string(),
+        "--metrics-listen".into(),
+        ports.metrics(i).to_string(),
     ];
     for j in 1..=args.disks_per_node {
         let disk = node_dir.join(format!("disk-{j}"));
@@ -375,9 +382,14 @@ fn print_endpoints(dir: &Path, ports: &Ports, args: &LocalArgs, nodes: &[(String
     println!("  agent endpoint  http://{}", ports.agent);
     let controller_sock = dir.join("sockets").join("controller.sock");
     println!("  controller CSI  unix://{}", controller_sock.display());
-    for (name, sock) in nodes {
-        println!("  {name:<15} unix://{}", sock.display());
+    for (i, (name, sock)) in (1..).zip(nodes) {
+        println!(
+            "  {name:<15} unix://{}  metrics http://{}/metrics",
+            sock.display(),
+            ports.metrics(i)
+        );
     }
+    println!("  metrics         {api}/metrics");
     if args.store == "kubernetes" {
         println!(
             "  store           kubernetes, namespace {} (kubectl get volumes.ballast.csi.dev -n {})",

@@ -19,6 +19,7 @@ pub mod executor;
 pub mod forward;
 pub mod freshness;
 pub mod kubernetes;
+pub mod metrics;
 pub mod nodes;
 pub mod observe;
 pub mod planner;

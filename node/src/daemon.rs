@@ -49,6 +49,8 @@ pub struct NodeConfig {
     /// The engine host's socket (`unix://…`): engines are started there,
     /// so that they outlive this process's group and container.
     pub engine_host: Option<String>,
+    /// Where `/metrics` is served (HTTP), if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Runs the node plugin until a shutdown signal.
@@ -70,6 +72,10 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     let agent = ballast::grpc::bind_tcp("agent endpoint", config.agent_listen).await?;
     let replica_listener =
         ballast::grpc::bind_tcp("replica endpoint", config.replica_listen).await?;
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(ballast::grpc::bind_tcp("metrics endpoint", addr).await?),
+        None => None,
+    };
     let token = match &config.cluster_token_file {
         Some(path) => ClusterToken::read(path)
             .map_err(|e| ServeError::Config(format!("--cluster-token-file: {e}")))?,
@@ -112,6 +118,14 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
             let _ = rx.wait_for(|s| *s).await;
         }
     };
+    if let Some(l) = metrics_listener {
+        let (ctx, stop) = (ctx.clone(), stopped());
+        tokio::spawn(async move {
+            if let Err(e) = crate::metrics::serve(l, ctx, stop).await {
+                tracing::error!(error = %e, "metrics endpoint ended");
+            }
+        });
+    }
     let csi = tokio::spawn(crate::csi::serve(
         socket.clone(),
         ctx.clone(),

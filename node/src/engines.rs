@@ -667,12 +667,22 @@ impl Engines {
                     .collect()
             })
             .unwrap_or_default();
+        let io: crate::engine::IoStats =
+            serde_json::from_value(file["io"].clone()).unwrap_or_default();
         EngineStatus {
             volume: volume.to_string(),
             endpoint: self.endpoint(volume),
             running,
             replicas,
             problem: problem.to_string(),
+            io: Some(ballast::proto::agent::v1::EngineIo {
+                read_ops: io.read_ops,
+                read_bytes: io.read_bytes,
+                read_ns: io.read_ns,
+                write_ops: io.write_ops,
+                write_bytes: io.write_bytes,
+                write_ns: io.write_ns,
+            }),
         }
     }
 

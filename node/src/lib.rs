@@ -25,6 +25,7 @@ pub mod engine_host;
 pub mod engines;
 pub mod error;
 pub mod frontend;
+pub mod metrics;
 pub mod replica;
 pub mod server;
 pub mod sync;

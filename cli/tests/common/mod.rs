@@ -15,7 +15,21 @@ pub const BALLAST: &str = env!("CARGO_BIN_EXE_ballast");
 pub const BALLASTCTL: &str = env!("CARGO_BIN_EXE_ballastctl");
 
 /// A loopback address with a port that was free a moment ago.
+/// A loopback address whose port was free a moment ago. It is drawn at
+/// random below Linux's ephemeral range (32768 and up), where the kernel
+/// hands out the ports of outgoing connections: a port taken from there
+/// could be given to another test's connection before the daemon binds it
+/// (CI lost runs to "Address already in use" that way).
 pub fn free_addr() -> SocketAddr {
+    use std::hash::{BuildHasher, Hasher};
+    for _ in 0..1000 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(std::process::id().into());
+        let port = 20000 + (h.finish() % 12000) as u16;
+        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            return l.local_addr().unwrap();
+        }
+    }
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
 }
@@ -103,6 +117,23 @@ pub fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A blocking GET of a text body; None when the server is not answering.
+pub fn get_text(url: &str) -> Option<String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let r = reqwest::Client::new()
+            .get(url)
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?;
+        r.text().await.ok()
+    })
 }
 
 /// A blocking JSON GET; None when the server is not answering.
@@ -546,7 +577,9 @@ pub fn local_api_port() -> u16 {
         if p > 60000 {
             continue;
         }
-        let all: Vec<u16> = [0, 1, 10, 11, 12, 13, 14, 15]
+        // The API, the agent endpoint, three nodes' agent and replica
+        // ports, and their metrics ports.
+        let all: Vec<u16> = [0, 1, 10, 11, 12, 13, 14, 15, 138, 139, 140]
             .iter()
             .map(|d| p + d)
             .collect();

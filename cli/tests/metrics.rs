@@ -1,0 +1,148 @@
+//! What operators scrape, on a real `ballast local`: the controller's
+//! `/metrics` (the model and the planner) follows a rebuild from below
+//! 100% to 100%, and a node's `/metrics` counts the I/O its engine served,
+//! byte for byte what qemu-io wrote and read.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+
+/// The value of the sample `name{labels...}` in OpenMetrics text, where
+/// every one of `labels` (`key="value"`) is among the sample's labels.
+fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (head, value) = l.rsplit_once(' ')?;
+            let (metric, rest) = head.split_once('{').unwrap_or((head, ""));
+            (metric == name && labels.iter().all(|want| rest.contains(want)))
+                .then(|| value.parse().ok())
+                .flatten()
+        })
+        .next()
+}
+
+#[test]
+fn metrics_follow_a_rebuild_to_100_and_count_the_io_qemu_io_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = local_api_port();
+    let api = format!("http://127.0.0.1:{port}");
+    let _local = start_local(dir.path(), port);
+    free_space_is_not_the_test(&api);
+    // node-1's metrics endpoint, as `ballast local` gives it.
+    let node_metrics = format!("http://127.0.0.1:{}/metrics", port + 138);
+
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes"),
+        Some(json!({"name": "v", "size": "256Mi", "numberOfReplicas": 1})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let endpoint = attach(&api, "v", "node-1");
+
+    // The engine counts what it served: 96 MiB written, 32 MiB read.
+    let io = |text: &str, what: &str| {
+        sample(
+            text,
+            &format!("ballast_volume_{what}_total"),
+            &["volume=\"v\"", "node=\"node-1\""],
+        )
+        .unwrap_or(0.0) as u64
+    };
+    let before = get_text(&node_metrics).expect("node-1 serves /metrics");
+    assert_eq!(
+        sample(&before, "ballast_engine_up", &["volume=\"v\""]),
+        Some(1.0),
+        "{before}"
+    );
+    let (ok, out) = qemu_io(
+        &endpoint,
+        &[
+            "write -P 0x5a 0 64M",
+            "write -P 0x5b 128M 32M",
+            "read -P 0x5a 0 32M",
+        ],
+    );
+    assert!(ok, "{out}");
+    let after = wait_for(Duration::from_secs(10), "the engine's counters", || {
+        let t = get_text(&node_metrics)?;
+        (io(&t, "write_bytes") >= io(&before, "write_bytes") + (96 << 20)).then_some(t)
+    });
+    assert_eq!(
+        io(&after, "write_bytes") - io(&before, "write_bytes"),
+        96 << 20,
+        "{after}"
+    );
+    let read = io(&after, "read_bytes") - io(&before, "read_bytes");
+    assert!(
+        (32 << 20..(32 << 20) + (1 << 20)).contains(&read),
+        "read {read} bytes: {after}"
+    );
+    assert!(io(&after, "write_ops") > io(&before, "write_ops"));
+    assert!(io(&after, "write_latency_nanoseconds") > io(&before, "write_latency_nanoseconds"));
+
+    // A second replica is rebuilt: its progress, as the controller's
+    // /metrics shows it, goes from below 100 to 100.
+    let original = get_json(&format!("{api}/v1/replicas?volume=v")).unwrap()["items"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (s, v) = call(
+        "PATCH",
+        &format!("{api}/v1/volumes/v"),
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    assert_eq!(s, 200, "{v}");
+    let mut seen = Vec::new();
+    let start = Instant::now();
+    loop {
+        let text = get_text(&format!("{api}/metrics")).expect("the controller serves /metrics");
+        let new: Vec<f64> = text
+            .lines()
+            .filter(|l| l.starts_with("ballast_replica_rebuild_progress{"))
+            .filter(|l| l.contains("volume=\"v\"") && !l.contains(&original))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse().ok())
+            .collect();
+        if let Some(p) = new.first() {
+            if seen.last() != Some(p) {
+                seen.push(*p);
+            }
+            if *p == 100.0 {
+                break;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "the rebuild did not reach 100: {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        seen.iter().any(|p| *p < 100.0),
+        "never seen below 100: {seen:?}"
+    );
+    let text = get_text(&format!("{api}/metrics")).unwrap();
+    assert_eq!(
+        sample(&text, "ballast_volume_robustness", &["volume=\"v\""]),
+        Some(1.0),
+        "healthy: {text}"
+    );
+    assert_eq!(
+        sample(&text, "ballast_volume_capacity_bytes", &["volume=\"v\""]),
+        Some((256u64 << 20) as f64)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "ballast_node_status",
+            &["node=\"node-1\"", "condition=\"ready\""]
+        ),
+        Some(1.0)
+    );
+    assert!(sample(&text, "ballast_disk_capacity_bytes", &["node=\"node-1\""]).unwrap() > 0.0);
+    assert!(text.contains("ballast_nodes{ready=\"true\"} 3"), "{text}");
+    detach(&api, "v");
+}

@@ -1,0 +1,115 @@
+//! The node plugin's `/metrics` (prometheus-client, OpenMetrics text, on
+//! `--metrics-listen`): the I/O each engine started here served — read and
+//! write operations, bytes and the time they took, summed since the
+//! engine started — and whether it runs. The controller's `/metrics` has
+//! the model (volumes, replicas, nodes, disks, the planner). Read only.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+use crate::context::NodeContext;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VolumeLabels {
+    volume: String,
+    node: String,
+}
+
+/// The content type of what `render` writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+fn counters(reg: &mut Registry, name: &str, help: &str) -> Family<VolumeLabels, Counter> {
+    let f = Family::<VolumeLabels, Counter>::default();
+    reg.register(name, help, f.clone());
+    f
+}
+
+/// Every metric of this node, as its engines report themselves now.
+pub async fn render(ctx: &NodeContext) -> Result<String, std::fmt::Error> {
+    let mut reg = Registry::default();
+    let up = Family::<VolumeLabels, Gauge>::default();
+    reg.register(
+        "ballast_engine_up",
+        "1 when the volume's engine on this node runs and answers",
+        up.clone(),
+    );
+    let families = [
+        (
+            "ballast_volume_read_ops",
+            "Reads the volume's engine served",
+        ),
+        (
+            "ballast_volume_read_bytes",
+            "Bytes the volume's engine read",
+        ),
+        (
+            "ballast_volume_read_latency_nanoseconds",
+            "Time the volume's reads took, summed",
+        ),
+        (
+            "ballast_volume_write_ops",
+            "Writes the volume's engine acknowledged",
+        ),
+        (
+            "ballast_volume_write_bytes",
+            "Bytes the volume's engine wrote",
+        ),
+        (
+            "ballast_volume_write_latency_nanoseconds",
+            "Time the volume's writes took, summed",
+        ),
+    ]
+    .map(|(name, help)| counters(&mut reg, name, help));
+    for e in ctx.engines.list().await {
+        let l = VolumeLabels {
+            volume: e.volume.clone(),
+            node: ctx.node_id.clone(),
+        };
+        up.get_or_create(&l).set(i64::from(e.running));
+        let io = e.io.unwrap_or_default();
+        let values = [
+            io.read_ops,
+            io.read_bytes,
+            io.read_ns,
+            io.write_ops,
+            io.write_bytes,
+            io.write_ns,
+        ];
+        for (family, v) in families.iter().zip(values) {
+            family.get_or_create(&l).inc_by(v);
+        }
+    }
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &reg)?;
+    Ok(out)
+}
+
+/// Serves `/metrics` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    ctx: Arc<NodeContext>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    let app = axum::Router::new().route(
+        "/metrics",
+        axum::routing::get(move || {
+            let ctx = ctx.clone();
+            async move {
+                match render(&ctx).await {
+                    Ok(text) => ([(header::CONTENT_TYPE, CONTENT_TYPE)], text).into_response(),
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+                }
+            }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
