@@ -291,6 +291,21 @@ pub fn mark_corrupt_in(dir: &Path, name: &str) -> Result<(), ReplicaError> {
         .map_err(|e| ReplicaError::io(&path, e))
 }
 
+/// Whether frozen layer `name` of the replica in `dir` is no longer what a
+/// reader that found it recorded with checksum `want` read: a merge is
+/// under way into or out of it, or has replaced or removed it.
+fn changed_under(dir: &Path, name: &str, want: &str) -> bool {
+    match Meta::read(dir) {
+        Ok(now) => {
+            now.merging
+                .as_ref()
+                .is_some_and(|j| j.into == name || j.from == name)
+                || now.frozen.get(name).map(String::as_str) != Some(want)
+        }
+        Err(_) => false,
+    }
+}
+
 /// The frozen layer a corruption error names, if it names one.
 pub fn corrupt_layer(e: &ReplicaError) -> Option<&str> {
     match e {
@@ -994,12 +1009,25 @@ impl Replica {
                 }
                 checked += chunk.len() as u64;
                 Ok(())
-            })?;
-            if &got != want {
-                return Err(ReplicaError::CorruptLayer {
-                    layer: name.clone(),
-                    message: format!("checksum {got}, recorded {want}"),
-                });
+            })
+            .and_then(|got| {
+                if &got == want {
+                    Ok(())
+                } else {
+                    Err(ReplicaError::CorruptLayer {
+                        layer: name.clone(),
+                        message: format!("checksum {got}, recorded {want}"),
+                    })
+                }
+            });
+            match got {
+                Ok(()) => {}
+                // A merge that began meanwhile writes into the layer (or
+                // folds it away): what was read is no verdict on it.
+                Err(e) if corrupt_layer(&e).is_some() && changed_under(dir, name, want) => {
+                    tracing::info!(dir = %dir.display(), layer = %name, "layer changed by a merge while it was scrubbed; checked next time");
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(checked)

@@ -107,19 +107,7 @@ pub fn tool(name: &str) -> Result<PathBuf, Error> {
 }
 
 /// A loopback port that was free a moment ago.
-/// Drawn at random below Linux's ephemeral range (32768 and up), where
-/// the kernel hands out the ports of outgoing connections, which could
-/// take it before the process that is to listen there does.
 pub fn free_port() -> Result<u16, Error> {
-    use std::hash::{BuildHasher, Hasher};
-    for _ in 0..1000 {
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(std::process::id().into());
-        let port = 20000 + (h.finish() % 12000) as u16;
-        if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
-            return Ok(l.local_addr().map_err(io("bind a free port"))?.port());
-        }
-    }
     let l = TcpListener::bind("127.0.0.1:0").map_err(io("bind a free port"))?;
     Ok(l.local_addr().map_err(io("bind a free port"))?.port())
 }
