@@ -115,12 +115,26 @@ fn allocated(c: &Cluster, volume: &str) -> u64 {
         .sum()
 }
 
-/// Attaches `volume` at `node`, checks it holds `want` through NBD, and
-/// detaches it; then checks every replica's files.
-fn check_volume(c: &Cluster, volume: &str, node: &str, want: &Expected) {
+/// Attaches `volume` at `node`, checks it holds `want` through NBD (and,
+/// with `files`, every replica's files, once its engine has them all rw),
+/// and detaches it.
+fn check_volume_with(c: &Cluster, volume: &str, node: &str, want: &Expected, files: bool) {
     let endpoint = c.attach(volume, node);
     verify_data(c.dir.path(), &endpoint, &want.data());
+    if files {
+        wait_for(Duration::from_secs(60), "every replica rw", || {
+            let reps = c.replicas(volume);
+            reps.iter()
+                .all(|r| r["status"]["mode"] == "rw")
+                .then_some(())
+        });
+        verify_replicas(c, volume, &want.data());
+    }
     c.ok("POST", &format!("/v1/volumes/{volume}/detach"), None);
+}
+
+fn check_volume(c: &Cluster, volume: &str, node: &str, want: &Expected) {
+    check_volume_with(c, volume, node, want, false);
 }
 
 #[test]
@@ -162,11 +176,9 @@ fn snapshots_restore_their_point_in_time_and_a_clone_the_present() {
     );
     c.create_volume(json!({"name": "c1", "size": SIZE, "numberOfReplicas": 2,
                            "source": {"volume": "v"}}));
-    check_volume(&c, "r1", "node-2", &at_s1);
-    verify_replicas(&c, "r1", &at_s1.data());
+    check_volume_with(&c, "r1", "node-2", &at_s1, true);
     check_volume(&c, "r2", "node-3", &at_s2.copy(dir, "s2-large", 2 * SIZE));
-    check_volume(&c, "c1", "node-3", &live);
-    verify_replicas(&c, "c1", &live.data());
+    check_volume_with(&c, "c1", "node-3", &live, true);
     // The clone's own snapshot of its source is gone once it served.
     let listed = c.ok("GET", "/v1/snapshots?volume=v", None);
     let names: Vec<&str> = listed["items"]
@@ -224,8 +236,7 @@ fn snapshots_restore_their_point_in_time_and_a_clone_the_present() {
     );
     let (status, _) = call("GET", &c.url("/v1/snapshots/s1"), None);
     assert_eq!(status, 404);
-    check_volume(&c, "v", "node-1", &live);
-    verify_replicas(&c, "v", &live.data());
+    check_volume_with(&c, "v", "node-1", &live, true);
     c.create_volume(json!({"name": "r4", "size": SIZE, "numberOfReplicas": 1,
                            "source": {"snapshot": "s2"}}));
     check_volume(&c, "r4", "node-1", &at_s2);
@@ -325,8 +336,7 @@ fn twenty_rebuilds_leave_a_chain_of_the_snapshots_and_two_layers() {
             "{name} lost the snapshot's layer: {layers:?}"
         );
     }
-    verify_replicas(&c, "v", &live.data());
-    check_volume(&c, "v", &here, &live);
+    check_volume_with(&c, "v", &here, &live, true);
     c.create_volume(json!({"name": "r", "size": SIZE, "numberOfReplicas": 1,
                            "source": {"snapshot": "keep"}}));
     check_volume(&c, "r", &here, &at_keep);

@@ -70,8 +70,10 @@ pub async fn offline(
     src.snapshot(None).await.map_err(remote)?;
     let info = src.info().await.map_err(remote)?;
     let layers = src.layers().await.map_err(remote)?;
+    // A source merging has a layer without its checksum until the merge
+    // ends: try again then (not counted as a failed attempt).
     let spec = JoinSpec::following(&layers, info["revision"].as_u64().unwrap_or(0))
-        .map_err(Error::Internal)?;
+        .map_err(Error::Unavailable)?;
     let report = join(target, spec).await?;
     let filled = server.fill(name, source).await.map_err(fill_error)?;
     Ok(RebuildReplicaResponse {

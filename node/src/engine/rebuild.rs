@@ -126,6 +126,13 @@ impl Engine {
         let mut candidates = Vec::new();
         for (name, link) in self.rw_links().await {
             match link.layers().await {
+                // A replica merging reports no checksum for the layer it
+                // merges into: no source until the merge ends.
+                Ok(layers)
+                    if layers
+                        .split_last()
+                        .is_some_and(|(_, frozen)| frozen.iter().any(|l| l.checksum.is_none())) => {
+                }
                 Ok(layers) => candidates.push((name, link, layers)),
                 Err(e) => self.fail(&name, &e).await,
             }
