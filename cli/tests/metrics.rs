@@ -124,11 +124,15 @@ fn metrics_follow_a_rebuild_to_100_and_count_the_io_qemu_io_did() {
         seen.iter().any(|p| *p < 100.0),
         "never seen below 100: {seen:?}"
     );
-    let text = get_text(&format!("{api}/metrics")).unwrap();
-    assert_eq!(
-        sample(&text, "ballast_volume_robustness", &["volume=\"v\""]),
-        Some(1.0),
-        "healthy: {text}"
+    // The volume turns healthy once the controller hears the engine say so.
+    let text = wait_for(
+        Duration::from_secs(30),
+        "the volume healthy in /metrics",
+        || {
+            let text = get_text(&format!("{api}/metrics"))?;
+            (sample(&text, "ballast_volume_robustness", &["volume=\"v\""]) == Some(1.0))
+                .then_some(text)
+        },
     );
     assert_eq!(
         sample(&text, "ballast_volume_capacity_bytes", &["volume=\"v\""]),
