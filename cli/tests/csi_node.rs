@@ -639,7 +639,7 @@ fn a_volume_grows_published_and_unpublished_and_its_filesystem_follows() {
             ..Default::default()
         }));
     let online = total(&mut csi);
-    if may_resize_mounted_ext4() {
+    if ballast_node::csi::has_cap_sys_resource() {
         assert_eq!(answer.unwrap().into_inner().capacity_bytes, 2 * SIZE);
         assert!(
             online > before + SIZE / 2,
@@ -701,18 +701,6 @@ fn a_volume_grows_published_and_unpublished_and_its_filesystem_follows() {
     assert!(std::fs::read(target.join("data")).unwrap() == data);
     assert!(std::fs::read(target.join("more")).unwrap() == more);
     csi.down("growvol", &staging, &target);
-}
-
-/// Whether this test process, as the node plugin it starts, may resize a
-/// mounted ext4 (EXT4_IOC_RESIZE_FS needs CAP_SYS_RESOURCE).
-fn may_resize_mounted_ext4() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            let line = s.lines().find(|l| l.starts_with("CapEff:"))?;
-            u64::from_str_radix(line.split_whitespace().nth(1)?, 16).ok()
-        })
-        .is_some_and(|caps| caps >> 24 & 1 == 1)
 }
 
 /// A mounted xfs grows online: the engine, the loop device and the

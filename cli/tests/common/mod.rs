@@ -124,19 +124,7 @@ pub fn get_text(url: &str) -> Option<String> {
 
 /// A blocking JSON GET; None when the server is not answering.
 pub fn get_json(url: &str) -> Option<Value> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let r = reqwest::Client::new()
-            .get(url)
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await
-            .ok()?;
-        r.json().await.ok()
-    })
+    serde_json::from_str(&get_text(url)?).ok()
 }
 
 pub struct ControllerProc {

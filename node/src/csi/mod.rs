@@ -2,6 +2,7 @@
 //! registered) and the Node service (`node`: stage, publish, stats).
 
 mod node;
+pub use node::has_cap_sys_resource;
 mod paths;
 
 use std::path::PathBuf;

@@ -125,7 +125,7 @@ fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<(), Error> {
 
 /// Whether this process may resize a mounted ext4 (CAP_SYS_RESOURCE in
 /// its effective set).
-fn has_cap_sys_resource() -> bool {
+pub fn has_cap_sys_resource() -> bool {
     const CAP_SYS_RESOURCE: u32 = 24;
     std::fs::read_to_string("/proc/self/status")
         .ok()
