@@ -71,16 +71,14 @@ fn run_csi_sanity(access_type: &str, mutable: Option<&str>) -> Report {
     // spec left mounted is taken down once the cluster has stopped.
     let _teardown = Teardown(dir.path().to_path_buf());
     let cluster = dir.path().join("cluster");
-    let port = local_api_port();
-    let api = format!("http://127.0.0.1:{port}");
     // Its mount and staging directories stand for the kubelet's. The nodes
     // take four volumes each, which the attach limit's spec checks.
     let kubelet = dir.path().display().to_string();
     let local = start_local_with(
         &cluster,
-        port,
         &["--kubelet-dir", &kubelet, "--max-volumes-per-node", "4"],
     );
+    let api = local.api.clone();
     // The disks are directories of this machine's filesystem.
     free_space_is_not_the_test(&api);
 

@@ -12,10 +12,8 @@ use common::*;
 #[test]
 fn local_cluster_has_three_ready_nodes_and_keeps_its_state_across_runs() {
     let dir = tempfile::tempdir().unwrap();
-    let port = local_api_port();
-    let api = format!("http://127.0.0.1:{port}");
-
-    let local = start_local(dir.path(), port);
+    let local = start_local(dir.path());
+    let (port, api) = (local.port, local.api.clone());
     let text = local.seen.join("\n");
     for needle in [
         "REST API",
@@ -65,7 +63,7 @@ fn local_cluster_has_three_ready_nodes_and_keeps_its_state_across_runs() {
     assert!(get_json(&format!("{api}/healthz")).is_none());
 
     let restarted_at = chrono::Utc::now();
-    let local = start_local(dir.path(), port);
+    let local = start_local_at(dir.path(), port, &[]).unwrap_or_else(|e| panic!("{e}"));
     for id in ["node-1", "node-2", "node-3"] {
         let n = node(&api, id).unwrap();
         let beat: chrono::DateTime<chrono::Utc> = n["status"]["lastHeartbeat"]
@@ -194,14 +192,12 @@ fn local_cluster_runs_on_an_api_server_with_the_kubernetes_store() {
         .unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
     let _teardown = Teardown(dir.path().to_path_buf());
-    let port = local_api_port();
-    let api = format!("http://127.0.0.1:{port}");
     let kubeconfig = cp.kubeconfig.to_str().unwrap();
     let local = start_local_with(
         dir.path(),
-        port,
         &["--store", "kubernetes", "--kubeconfig", kubeconfig],
     );
+    let api = local.api.clone();
     wait_for(Duration::from_secs(60), "three ready nodes", || {
         let (_, json, _) = ballastctl(&api, &["-o", "json", "node", "list"]);
         let v: serde_json::Value = serde_json::from_str(&json).ok()?;

@@ -28,9 +28,8 @@ fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
 #[test]
 fn metrics_follow_a_rebuild_to_100_and_count_the_io_qemu_io_did() {
     let dir = tempfile::tempdir().unwrap();
-    let port = local_api_port();
-    let api = format!("http://127.0.0.1:{port}");
-    let _local = start_local(dir.path(), port);
+    let local = start_local(dir.path());
+    let (port, api) = (local.port, local.api.clone());
     free_space_is_not_the_test(&api);
     // node-1's metrics endpoint, as `ballast local` gives it.
     let node_metrics = format!("http://127.0.0.1:{}/metrics", port + 138);

@@ -342,9 +342,8 @@ fn controller_child(parent: u32) -> Option<i32> {
 fn ballast_local_keeps_engines_through_a_controller_crash_and_starts_them_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let cluster = dir.path().join("cluster");
-    let port = local_api_port();
-    let api = format!("http://127.0.0.1:{port}");
-    let local = start_local(&cluster, port);
+    let local = start_local(&cluster);
+    let (port, api) = (local.port, local.api.clone());
     free_space_is_not_the_test(&api);
     let (s, v) = call(
         "POST",
@@ -374,7 +373,7 @@ fn ballast_local_keeps_engines_through_a_controller_crash_and_starts_them_after_
     // A clean stop takes the engines down with the cluster; started again,
     // the volume's engine is started again, with its data.
     stop_with_ctrl_c(local);
-    let _local = start_local(&cluster, port);
+    let _local = start_local_at(&cluster, port, &[]).unwrap_or_else(|e| panic!("{e}"));
     wait_for(Duration::from_secs(60), "the engine started again", || {
         let reasons = event_reasons(&api, "volume/v");
         reasons

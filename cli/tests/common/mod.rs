@@ -14,10 +14,44 @@ use serde_json::Value;
 pub const BALLAST: &str = env!("CARGO_BIN_EXE_ballast");
 pub const BALLASTCTL: &str = env!("CARGO_BIN_EXE_ballastctl");
 
-/// A loopback address with a port that was free a moment ago.
+/// A loopback address whose port is free and stays this test's: see
+/// [`reserve_ports`].
 pub fn free_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    SocketAddr::from(([127, 0, 0, 1], reserve_ports(SINGLE_PORTS, 1)))
+}
+
+/// Ports handed out one by one, and blocks of [`LOCAL_SPAN`] for
+/// `ballast local`. Both lie below the kernel's ephemeral range (32768 and
+/// up), which port-0 listeners and outgoing connections take from.
+const SINGLE_PORTS: std::ops::Range<u16> = 20000..28000;
+const LOCAL_BLOCKS: std::ops::Range<u16> = 28000..32000;
+const LOCAL_SPAN: u16 = 150;
+
+/// Reserves `span` ports in a row within `range` for the rest of this test
+/// process, and returns the first. Each test runs in a process of its own
+/// and the daemons it starts bind their ports later, so a port that is
+/// merely free now can be taken meanwhile. A reservation is an exclusive
+/// lock on a file named after the block, under the temp directory; the
+/// kernel drops it when the process ends, however it ends. A block whose
+/// ports some other program holds is skipped.
+pub fn reserve_ports(range: std::ops::Range<u16>, span: u16) -> u16 {
+    static HELD: std::sync::Mutex<Vec<std::fs::File>> = std::sync::Mutex::new(Vec::new());
+    let locks = std::env::temp_dir().join("ballast-test-ports");
+    std::fs::create_dir_all(&locks).unwrap();
+    let blocks = (range.end - range.start) / span;
+    let first = (std::process::id() % u32::from(blocks)) as u16;
+    for i in 0..blocks {
+        let port = range.start + (first + i) % blocks * span;
+        let file = std::fs::File::create(locks.join(format!("{port}.lock"))).unwrap();
+        if file.try_lock().is_err() {
+            continue;
+        }
+        if (port..port + span).all(|q| TcpListener::bind(("127.0.0.1", q)).is_ok()) {
+            HELD.lock().unwrap().push(file);
+            return port;
+        }
+    }
+    panic!("no free block of {span} port(s) in {range:?}");
 }
 
 /// A running daemon; SIGKILLed on drop.
@@ -543,28 +577,11 @@ pub fn call(method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
     })
 }
 
-/// An API port for `ballast local` whose followers (+1 for the agent,
-/// +10..+15 for three nodes) are free too.
+/// An API port for `ballast local`, its followers free too (+1 for the
+/// agent, +10..+15 for three nodes, +138..+140 for their metrics), all of
+/// them reserved for this test ([`reserve_ports`]).
 pub fn local_api_port() -> u16 {
-    for _ in 0..50 {
-        let p = free_addr().port();
-        if p > 60000 {
-            continue;
-        }
-        // The API, the agent endpoint, three nodes' agent and replica
-        // ports, and their metrics ports.
-        let all: Vec<u16> = [0, 1, 10, 11, 12, 13, 14, 15, 138, 139, 140]
-            .iter()
-            .map(|d| p + d)
-            .collect();
-        if all
-            .iter()
-            .all(|q| TcpListener::bind(("127.0.0.1", *q)).is_ok())
-        {
-            return p;
-        }
-    }
-    panic!("no free port range");
+    reserve_ports(LOCAL_BLOCKS, LOCAL_SPAN)
 }
 
 /// A running `ballast local`, with the lines it printed; killed on drop
@@ -574,6 +591,10 @@ pub struct Local {
     pub lines: std::sync::mpsc::Receiver<String>,
     /// Every line read so far.
     pub seen: Vec<String>,
+    /// Its API port (`--api-listen`).
+    pub port: u16,
+    /// Its REST API, `http://127.0.0.1:PORT`.
+    pub api: String,
 }
 
 impl Drop for Local {
@@ -585,12 +606,31 @@ impl Drop for Local {
 
 /// Starts `ballast local` with three nodes in three zones on `dir`, and
 /// waits until it says it is up.
-pub fn start_local(dir: &Path, port: u16) -> Local {
-    start_local_with(dir, port, &[])
+pub fn start_local(dir: &Path) -> Local {
+    start_local_with(dir, &[])
 }
 
-/// [`start_local`] with more arguments, e.g. `--store kubernetes`.
-pub fn start_local_with(dir: &Path, port: u16, more: &[&str]) -> Local {
+/// [`start_local`] with more arguments, e.g. `--store kubernetes`. A start
+/// that failed because a port was taken meanwhile is tried again on other
+/// ports; any other failed start panics with what `ballast local` said.
+pub fn start_local_with(dir: &Path, more: &[&str]) -> Local {
+    let mut last = String::new();
+    for _ in 0..5 {
+        match start_local_at(dir, local_api_port(), more) {
+            Ok(local) => return local,
+            Err(said) if said.contains("Address already in use") => last = said,
+            Err(said) => panic!("{said}"),
+        }
+    }
+    panic!("five port ranges were taken before `ballast local` could bind them:\n{last}")
+}
+
+/// One start of `ballast local` with its API on `port` (a second run on a
+/// cluster's directory keeps its port). Err holds what it said on stderr
+/// and in its logs when it exits before it is up.
+pub fn start_local_at(dir: &Path, port: u16, more: &[&str]) -> Result<Local, String> {
+    std::fs::create_dir_all(dir).unwrap();
+    let stderr_file = dir.join("ballast-local.stderr");
     let mut child = Command::new(BALLAST)
         .args([
             "local",
@@ -606,7 +646,7 @@ pub fn start_local_with(dir: &Path, port: u16, more: &[&str]) -> Local {
         .args(["--api-listen", &format!("127.0.0.1:{port}")])
         .args(more)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&stderr_file).unwrap())
         .spawn()
         .unwrap();
     let stdout = child.stdout.take().unwrap();
@@ -620,22 +660,48 @@ pub fn start_local_with(dir: &Path, port: u16, more: &[&str]) -> Local {
         child,
         lines,
         seen: Vec::new(),
+        port,
+        api: format!("http://127.0.0.1:{port}"),
     };
-    wait_for(
-        Duration::from_secs(60),
-        "`ballast local` to say it is up",
+    // `ballast local` gives up by itself after 60 s; the test waits longer
+    // so that it hears why.
+    let up = wait_for(
+        Duration::from_secs(120),
+        "`ballast local` to say it is up or exit",
         || {
             while let Ok(l) = local.lines.try_recv() {
                 local.seen.push(l);
             }
-            local
+            if local
                 .seen
                 .iter()
                 .any(|l| l.contains("Press Ctrl-C to stop"))
-                .then_some(())
+            {
+                return Some(true);
+            }
+            local.child.try_wait().unwrap().map(|_| false)
         },
     );
-    local
+    if up {
+        return Ok(local);
+    }
+    let mut said = format!(
+        "`ballast local` exited before it was up; it said:\n{}\n{}",
+        local.seen.join("\n"),
+        std::fs::read_to_string(&stderr_file).unwrap_or_default()
+    );
+    if let Ok(logs) = std::fs::read_dir(dir.join("logs")) {
+        for log in logs.flatten() {
+            let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            said.push_str(&format!("\n--- {} (last lines)\n", log.path().display()));
+            for l in tail.iter().rev() {
+                said.push_str(l);
+                said.push('\n');
+            }
+        }
+    }
+    Err(said)
 }
 
 /// Stops `ballast local` as a user does, and asserts a clean exit.
