@@ -212,12 +212,18 @@ fn qemu_io_round_trip_through_three_replicas_and_qemu_img_compare() {
     assert!(st.success());
     let (ok, out) = qemu_io(local.to_str().unwrap(), &WRITES);
     assert!(ok, "{out}");
-    let cmp = Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "raw"])
-        .arg(&local)
-        .arg(&target)
-        .output()
-        .unwrap();
+    let cmp = qemu(
+        "qemu-img",
+        [
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            local.to_str().unwrap(),
+            &target,
+        ],
+    );
     assert!(
         cmp.status.success(),
         "{}{}",

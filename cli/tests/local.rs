@@ -143,12 +143,18 @@ fn round_trip(dir: &std::path::Path, api: &str) {
             .success()
     );
     qemu_io(local.to_str().unwrap(), &writes);
-    let cmp = Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "raw"])
-        .arg(&local)
-        .arg(&endpoint)
-        .output()
-        .unwrap();
+    let cmp = qemu(
+        "qemu-img",
+        [
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            local.to_str().unwrap(),
+            &endpoint,
+        ],
+    );
     assert!(
         cmp.status.success(),
         "{}",

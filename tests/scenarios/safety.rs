@@ -32,14 +32,11 @@ fn replica_size(c: &Cluster, r: &serde_json::Value) -> u64 {
         .join(r["spec"]["diskId"].as_str().unwrap())
         .join("replicas")
         .join(r["name"].as_str().unwrap());
-    ballast_node::replica::Replica::open(&dir).unwrap().size()
+    ballast_node::replica::Replica::open_view(&dir).unwrap().size()
 }
 
 fn virtual_size(endpoint: &str) -> u64 {
-    let out = std::process::Command::new("qemu-img")
-        .args(["info", "--output=json", endpoint])
-        .output()
-        .unwrap();
+    let out = qemu("qemu-img", ["info", "--output=json", endpoint]);
     let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     info["virtual-size"].as_u64().unwrap()
 }
@@ -395,7 +392,7 @@ fn replica_sums(c: &Cluster, volume: &str) -> Vec<(String, String)> {
                 .join(r["spec"]["diskId"].as_str().unwrap())
                 .join("replicas")
                 .join(&name);
-            let replica = ballast_node::replica::Replica::open(&dir).unwrap();
+            let replica = ballast_node::replica::Replica::open_view(&dir).unwrap();
             let mut buf = vec![0u8; replica.size() as usize];
             replica.read(0, &mut buf).unwrap();
             (name, blake3::hash(&buf).to_hex().to_string())

@@ -533,16 +533,42 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-pub fn qemu_io(target: &str, cmds: &[&str]) -> (bool, String) {
-    let mut c = Command::new("qemu-io");
-    c.args(["-f", "raw"]);
-    for cmd in cmds {
-        c.args(["-c", cmd]);
-    }
-    let out = c
-        .arg(target)
+/// How long one qemu-img or qemu-io run may take before the test calls its
+/// endpoint hung.
+pub const QEMU_LIMIT: Duration = Duration::from_secs(120);
+
+/// Runs `tool` (qemu-img, qemu-io) with `args` to its end, killed after
+/// [`QEMU_LIMIT`]: an NBD request that is never answered fails the test,
+/// naming the command, instead of holding it until nextest gives up.
+pub fn qemu<S: AsRef<std::ffi::OsStr>>(
+    tool: &str,
+    args: impl IntoIterator<Item = S>,
+) -> std::process::Output {
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().into()).collect();
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", &QEMU_LIMIT.as_secs().to_string(), tool])
+        .args(&args)
         .output()
-        .expect("qemu-io (package qemu-utils) is installed");
+        .expect("timeout (coreutils) runs");
+    let line = format!("{tool} {}", args.join(std::ffi::OsStr::new(" ")).display());
+    match out.status.code() {
+        Some(127) => panic!("{tool} is not installed: ./test installs it (package qemu-utils)"),
+        // `timeout -s KILL` answers 128 + 9 for a command it killed.
+        Some(137) | None => panic!(
+            "`{line}` did not finish in {}s: its endpoint stopped answering",
+            QEMU_LIMIT.as_secs()
+        ),
+        _ => out,
+    }
+}
+
+pub fn qemu_io(target: &str, cmds: &[&str]) -> (bool, String) {
+    let mut args = vec!["-f", "raw"];
+    for cmd in cmds {
+        args.extend(["-c", cmd]);
+    }
+    args.push(target);
+    let out = qemu("qemu-io", args);
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
