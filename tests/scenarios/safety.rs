@@ -32,7 +32,9 @@ fn replica_size(c: &Cluster, r: &serde_json::Value) -> u64 {
         .join(r["spec"]["diskId"].as_str().unwrap())
         .join("replicas")
         .join(r["name"].as_str().unwrap());
-    ballast_node::replica::Replica::open_view(&dir).unwrap().size()
+    ballast_node::replica::Replica::open_view(&dir)
+        .unwrap()
+        .size()
 }
 
 fn virtual_size(endpoint: &str) -> u64 {
