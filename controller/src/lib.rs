@@ -25,6 +25,7 @@ pub mod observe;
 pub mod planner;
 pub mod settings_check;
 pub mod sim;
+pub mod ui;
 pub mod volumes;
 
 pub use context::Context;

@@ -5,7 +5,7 @@
 use ballast::api::{ReplicaSummary, SettingView};
 use ballast::model::{Event, Node, RebuildProgress, Replica, Snapshot, Volume};
 use ballast::quantity::format_size;
-use ballast_controller::planner::{Action, ActionKind};
+use ballast_controller::planner::Action;
 
 /// A kind shown as a table.
 pub trait Row {
@@ -195,45 +195,10 @@ impl Row for Action {
     const HEADER: &'static [&'static str] = &["RULE", "ACTION", "WHY"];
     fn cells(&self) -> Vec<String> {
         vec![
-            serde_json::to_value(self.rule)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_default(),
-            describe(&self.kind),
+            self.rule.name().to_string(),
+            self.kind.describe(),
             self.reason.clone(),
         ]
-    }
-}
-
-/// An action in a few words.
-fn describe(kind: &ActionKind) -> String {
-    match kind {
-        ActionKind::CreateReplica {
-            volume,
-            node,
-            disk,
-            reuse,
-            copy_from,
-            ..
-        } => {
-            let how = match (reuse, copy_from) {
-                (Some(r), _) => format!(" (reuse {r})"),
-                (None, Some(c)) => format!(" (local copy from {c})"),
-                (None, None) => String::new(),
-            };
-            format!("create replica of {volume} on {node}/{disk}{how}")
-        }
-        ActionKind::DeleteReplica { replica, .. } => format!("delete replica {replica}"),
-        ActionKind::SetReplicaEviction { replica, requested } => {
-            format!("set eviction of {replica} to {requested}")
-        }
-        ActionKind::SetNodeStatus {
-            node,
-            auto_evicting,
-            drain_blocked,
-            ..
-        } => format!("node {node}: autoEvicting={auto_evicting} drainBlocked={drain_blocked}"),
-        ActionKind::RecordEvent { object, reason, .. } => format!("event {reason} on {object}"),
     }
 }
 

@@ -189,6 +189,7 @@ pub fn router_with(ctx: Arc<Context>, gate: gate::Gate) -> Router {
         )
         .route("/v1/events", get(objects::list_events))
         .route("/v1/plan", get(plan::get))
+        .merge(crate::ui::router())
         .fallback(meta::no_route)
         .layer(axum::middleware::from_fn_with_state(
             ctx.clone(),

@@ -21,6 +21,24 @@ pub enum Rule {
     Cleanup,
 }
 
+impl Rule {
+    /// Its name as the plan's JSON writes it (`zone-balance`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Rule::Schedule => "schedule",
+            Rule::Replenish => "replenish",
+            Rule::Reuse => "reuse",
+            Rule::ZoneBalance => "zone-balance",
+            Rule::NodeBalance => "node-balance",
+            Rule::DiskPressure => "disk-pressure",
+            Rule::Locality => "locality",
+            Rule::Eviction => "eviction",
+            Rule::Drain => "drain",
+            Rule::Cleanup => "cleanup",
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", tag = "type")]
 pub enum ActionKind {
@@ -59,6 +77,40 @@ pub enum ActionKind {
         reason: String,
         message: String,
     },
+}
+
+impl ActionKind {
+    /// The action in a few words (ballastctl's plan and the web view).
+    pub fn describe(&self) -> String {
+        match self {
+            ActionKind::CreateReplica {
+                volume,
+                node,
+                disk,
+                reuse,
+                copy_from,
+                ..
+            } => {
+                let how = match (reuse, copy_from) {
+                    (Some(r), _) => format!(" (reuse {r})"),
+                    (None, Some(c)) => format!(" (local copy from {c})"),
+                    (None, None) => String::new(),
+                };
+                format!("create replica of {volume} on {node}/{disk}{how}")
+            }
+            ActionKind::DeleteReplica { replica, .. } => format!("delete replica {replica}"),
+            ActionKind::SetReplicaEviction { replica, requested } => {
+                format!("set eviction of {replica} to {requested}")
+            }
+            ActionKind::SetNodeStatus {
+                node,
+                auto_evicting,
+                drain_blocked,
+                ..
+            } => format!("node {node}: autoEvicting={auto_evicting} drainBlocked={drain_blocked}"),
+            ActionKind::RecordEvent { object, reason, .. } => format!("event {reason} on {object}"),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -155,5 +207,28 @@ impl Plan {
                     | ActionKind::SetReplicaEviction { .. }
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Rule;
+
+    #[test]
+    fn a_rules_name_is_the_one_its_json_carries() {
+        for rule in [
+            Rule::Schedule,
+            Rule::Replenish,
+            Rule::Reuse,
+            Rule::ZoneBalance,
+            Rule::NodeBalance,
+            Rule::DiskPressure,
+            Rule::Locality,
+            Rule::Eviction,
+            Rule::Drain,
+            Rule::Cleanup,
+        ] {
+            assert_eq!(serde_json::to_value(rule).unwrap(), rule.name());
+        }
     }
 }

@@ -24,7 +24,8 @@ pub fn threshold(pass: &Pass, vs: &VolumeState) -> Option<u64> {
         .then_some(u64::from(pct))
 }
 
-fn is_pressured(disk: &DiskView, pct: u64) -> bool {
+/// Whether `disk` is at or past `pct` percent used (the web view marks it).
+pub fn is_pressured(disk: &DiskView, pct: u64) -> bool {
     disk.used_percent() >= pct
 }
 
