@@ -212,18 +212,7 @@ fn qemu_io_round_trip_through_three_replicas_and_qemu_img_compare() {
     assert!(st.success());
     let (ok, out) = qemu_io(local.to_str().unwrap(), &WRITES);
     assert!(ok, "{out}");
-    let cmp = qemu(
-        "qemu-img",
-        [
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            local.to_str().unwrap(),
-            &target,
-        ],
-    );
+    let cmp = qemu_compare(local.to_str().unwrap(), &target);
     assert!(
         cmp.status.success(),
         "{}{}",

@@ -143,18 +143,7 @@ fn round_trip(dir: &std::path::Path, api: &str) {
             .success()
     );
     qemu_io(local.to_str().unwrap(), &writes);
-    let cmp = qemu(
-        "qemu-img",
-        [
-            "compare",
-            "-f",
-            "raw",
-            "-F",
-            "raw",
-            local.to_str().unwrap(),
-            &endpoint,
-        ],
-    );
+    let cmp = qemu_compare(local.to_str().unwrap(), &endpoint);
     assert!(
         cmp.status.success(),
         "{}",

@@ -108,7 +108,7 @@ fn state(s: VolumeState) -> i64 {
 fn progress(r: &Replica) -> i64 {
     match (r.status.mode, &r.status.rebuild_progress) {
         (Some(ReplicaMode::Rw), _) => 100,
-        (_, Some(p)) if p.total > 0 => gauge((p.done.min(p.total) * 100) / p.total),
+        (_, Some(p)) => gauge(p.percent()),
         _ => 0,
     }
 }

@@ -69,3 +69,13 @@ pub struct RebuildProgress {
     pub done: u64,
     pub total: u64,
 }
+
+impl RebuildProgress {
+    /// Percent done, 0 to 100; 0 while the total is not known yet.
+    pub fn percent(&self) -> u64 {
+        if self.total == 0 {
+            return 0;
+        }
+        self.done.min(self.total).saturating_mul(100) / self.total
+    }
+}

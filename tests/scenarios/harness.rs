@@ -398,13 +398,12 @@ pub fn write_data(dir: &Path, endpoint: &str, seed: u64) -> Data {
         f.write_all_at(&buf, at).unwrap();
     }
     f.sync_all().unwrap();
-    let convert = ["convert", "-n", "-f", "raw", "-O", "raw"];
+    let image_path = image.to_str().unwrap();
     let out = qemu(
         "qemu-img",
-        convert
-            .iter()
-            .map(std::ffi::OsStr::new)
-            .chain([image.as_os_str(), endpoint.as_ref()]),
+        [
+            "convert", "-n", "-f", "raw", "-O", "raw", image_path, endpoint,
+        ],
     );
     assert!(
         out.status.success(),
@@ -420,13 +419,10 @@ pub fn write_data(dir: &Path, endpoint: &str, seed: u64) -> Data {
 pub fn verify_data(dir: &Path, endpoint: &str, data: &Data) {
     let back = dir.join("read-back.img");
     let _ = std::fs::remove_file(&back);
-    let convert = ["convert", "-f", "raw", "-O", "raw"];
+    let back_path = back.to_str().unwrap();
     let out = qemu(
         "qemu-img",
-        convert
-            .iter()
-            .map(std::ffi::OsStr::new)
-            .chain([endpoint.as_ref(), back.as_os_str()]),
+        ["convert", "-f", "raw", "-O", "raw", endpoint, back_path],
     );
     assert!(
         out.status.success(),

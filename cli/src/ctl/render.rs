@@ -207,7 +207,7 @@ pub fn rebuild_cell(p: Option<&RebuildProgress>) -> String {
     match p {
         Some(p) if p.total > 0 => format!(
             "{}% ({} of {})",
-            p.done.saturating_mul(100) / p.total,
+            p.percent(),
             format_size(p.done),
             format_size(p.total)
         ),

@@ -562,6 +562,11 @@ pub fn qemu<S: AsRef<std::ffi::OsStr>>(
     }
 }
 
+/// `qemu-img compare` of two raw images (files or NBD endpoints).
+pub fn qemu_compare(a: &str, b: &str) -> std::process::Output {
+    qemu("qemu-img", ["compare", "-f", "raw", "-F", "raw", a, b])
+}
+
 pub fn qemu_io(target: &str, cmds: &[&str]) -> (bool, String) {
     let mut args = vec!["-f", "raw"];
     for cmd in cmds {

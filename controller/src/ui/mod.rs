@@ -27,22 +27,12 @@ use tokio_stream::{Stream, StreamExt};
 use crate::context::Context;
 use crate::error::Error;
 
-/// Every route of the page: (path, what it serves).
-pub const ROUTES: &[(&str, &str)] = &[
-    ("/ui", "The web view"),
-    ("/ui/live", "The page's live part, as HTML"),
-    (
-        "/ui/events",
-        "Server-sent events: `change` whenever the store changes",
-    ),
-    ("/ui/app.js", "The page's script"),
-    ("/ui/app.css", "The page's style sheet"),
-];
-
 /// How often the page is told to refresh with no change heard: times in
 /// the plan (a wait ending) move without one.
 const TICK: Duration = Duration::from_secs(5);
 
+/// `/ui` (the page), `/ui/live` (its live part as HTML), `/ui/events`
+/// (server-sent `change` events), `/ui/app.js` and `/ui/app.css`.
 pub fn router() -> Router<Arc<Context>> {
     Router::new()
         .route("/ui", get(page))

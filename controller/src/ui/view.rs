@@ -178,11 +178,7 @@ pub async fn live(ctx: &Context) -> Result<Live, Error> {
                         .mode
                         .map(|m| m.to_string())
                         .unwrap_or_else(|| "none".into()),
-                    progress: r
-                        .status
-                        .rebuild_progress
-                        .as_ref()
-                        .map(|p| pct(p.done, p.total)),
+                    progress: r.status.rebuild_progress.as_ref().map(|p| p.percent()),
                 })
                 .collect(),
         })
