@@ -68,7 +68,11 @@ fn metrics_follow_a_rebuild_to_100_and_count_the_io_qemu_io_did() {
     assert!(ok, "{out}");
     let after = wait_for(Duration::from_secs(10), "the engine's counters", || {
         let t = get_text(&node_metrics)?;
-        (io(&t, "write_bytes") >= io(&before, "write_bytes") + (96 << 20)).then_some(t)
+        // The engine publishes its counters now and then: wait for the
+        // read's as well as the writes'.
+        (io(&t, "write_bytes") >= io(&before, "write_bytes") + (96 << 20)
+            && io(&t, "read_bytes") >= io(&before, "read_bytes") + (32 << 20))
+            .then_some(t)
     });
     assert_eq!(
         io(&after, "write_bytes") - io(&before, "write_bytes"),
