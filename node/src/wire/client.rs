@@ -102,8 +102,14 @@ struct Frame {
 }
 
 /// Writes every frame of `batch`, headers and payloads, with vectored
-/// writes.
-async fn write_frames(wr: &mut super::tls::Writer, batch: &[Frame]) -> std::io::Result<()> {
+/// writes, then flushes. The flush matters over TLS: a write that finds
+/// the socket full leaves the tail of its records inside the TLS session,
+/// and only a flush (or a later write) sends them. Without it the last
+/// frame of a burst could wait there for ever, and its request with it.
+async fn write_frames<W: tokio::io::AsyncWrite + Unpin + ?Sized>(
+    wr: &mut W,
+    batch: &[Frame],
+) -> std::io::Result<()> {
     use std::io::IoSlice;
     let mut slices: Vec<IoSlice> = Vec::with_capacity(batch.len() * 2);
     for f in batch {
@@ -120,7 +126,7 @@ async fn write_frames(wr: &mut super::tls::Writer, batch: &[Frame]) -> std::io::
         }
         IoSlice::advance_slices(&mut rest, n);
     }
-    Ok(())
+    wr.flush().await
 }
 
 pub struct ReplicaClient {
@@ -478,5 +484,67 @@ impl ReplicaClient {
             .call(Op::Fill, 0, source.len() as u32, 0, 0, source.as_bytes())
             .await?;
         self.json(&body)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use super::*;
+
+    /// A writer like a TLS session on a full socket: it takes every byte
+    /// it is given, but only a flush sends them on.
+    #[derive(Default)]
+    struct Session {
+        held: Vec<u8>,
+        sent: Vec<u8>,
+    }
+
+    impl tokio::io::AsyncWrite for Session {
+        fn poll_write(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<std::io::Result<usize>> {
+            self.held.extend_from_slice(buf);
+            Poll::Ready(Ok(buf.len()))
+        }
+
+        fn poll_flush(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            let held = std::mem::take(&mut self.held);
+            self.sent.extend_from_slice(&held);
+            Poll::Ready(Ok(()))
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+            self.poll_flush(cx)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_frames_leaves_nothing_held_in_the_session() {
+        let frame = |id: u64, payload: &'static [u8]| Frame {
+            head: Request {
+                op: Op::Write,
+                flags: 0,
+                id,
+                offset: 0,
+                len: payload.len() as u32,
+                revision: id,
+            }
+            .encode(),
+            payload: bytes::Bytes::from_static(payload),
+        };
+        let batch = [frame(1, b"first"), frame(2, b""), frame(3, b"last")];
+        let mut session = Session::default();
+        write_frames(&mut session, &batch).await.unwrap();
+        assert!(session.held.is_empty(), "bytes left unsent in the session");
+        let want: Vec<u8> = batch
+            .iter()
+            .flat_map(|f| f.head.iter().chain(f.payload.iter()).copied())
+            .collect();
+        assert_eq!(session.sent, want);
     }
 }
