@@ -269,7 +269,7 @@ pub fn validate(name: &str, value: &str) -> Result<String, SettingError> {
 /// store holds. Values in the store were validated when they were written;
 /// one that no longer validates (an older release's) falls back to the
 /// default rather than breaking every reconcile.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
     values: BTreeMap<&'static str, String>,
 }

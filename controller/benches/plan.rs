@@ -1,14 +1,62 @@
-//! One planning pass over large healthy clusters: 1k volumes on 100 nodes,
-//! 10k on 1k and 100k on 3k, each volume with 3 replicas spread over 3
-//! zones. Prints the median time of several passes and the cost per
-//! volume. Run: `cargo bench -p ballast-controller --bench plan`.
+//! Planning passes over healthy clusters of 1k to 100k volumes (3 replicas
+//! each, spread over 3 zones; 100 to 3k nodes): the median time of a full
+//! pass and of an incremental one (`plan_incremental`, after a first pass
+//! filled its memo), the cost per volume of each, and the memory: the peak
+//! heap a full pass takes, and what the memo keeps, per volume. Draws the
+//! cost per volume against the volume count into
+//! docs/images/planner-cost.png. Run:
+//! `cargo bench -p ballast-controller --bench plan`.
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
 use ballast::model::ReplicaMode;
 use ballast::settings::Settings;
-use ballast_controller::planner::{self, ClusterView, DiskView, NodeView, ReplicaView, VolumeView};
-use chrono::{TimeZone, Utc};
+use ballast_controller::planner::{
+    self, ClusterView, DiskView, Memo, NodeView, ReplicaView, VolumeView,
+};
+use chrono::{DateTime, TimeZone, Utc};
+
+/// The system allocator, counting the bytes in use and their peak while
+/// `COUNTING` is set (off while passes are timed).
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static IN_USE: AtomicIsize = AtomicIsize::new(0);
+static PEAK: AtomicIsize = AtomicIsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            let size = layout.size() as isize;
+            let now = IN_USE.fetch_add(size, Ordering::Relaxed) + size;
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        if COUNTING.load(Ordering::Relaxed) {
+            IN_USE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        }
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+/// The peak heap `f` takes above where it starts, and what it leaves.
+fn heap<T>(f: impl FnOnce() -> T) -> (T, usize, usize) {
+    IN_USE.store(0, Ordering::Relaxed);
+    PEAK.store(0, Ordering::Relaxed);
+    COUNTING.store(true, Ordering::Relaxed);
+    let out = f();
+    COUNTING.store(false, Ordering::Relaxed);
+    let (peak, left) = (PEAK.load(Ordering::Relaxed), IN_USE.load(Ordering::Relaxed));
+    (out, peak.max(0) as usize, left.max(0) as usize)
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
 
 const GIB: u64 = 1 << 30;
 
@@ -48,6 +96,149 @@ fn cluster(volumes: usize, nodes: usize) -> ClusterView {
     view
 }
 
+/// The median of `runs` timings of `f`.
+fn median(runs: usize, mut f: impl FnMut() -> Duration) -> Duration {
+    let mut times: Vec<Duration> = (0..runs).map(|_| f()).collect();
+    times.sort();
+    times[times.len() / 2]
+}
+
+struct Row {
+    volumes: usize,
+    full_us: f64,
+    incremental_us: f64,
+}
+
+fn measure(
+    volumes: usize,
+    nodes: usize,
+    runs: usize,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) -> Row {
+    let view = cluster(volumes, nodes);
+    let full = median(runs, || {
+        let start = Instant::now();
+        let plan = planner::plan(&view, settings, now);
+        let took = start.elapsed();
+        if let Some(a) = plan.changes().next() {
+            panic!("a healthy cluster needs nothing, but: {a:?}");
+        }
+        took
+    });
+    let (_, pass_bytes, _) = heap(|| planner::plan(&view, settings, now));
+    let mut memo = Memo::default();
+    // What the first incremental pass leaves behind is its memo.
+    let (plan, _, memo_bytes) = heap(|| planner::plan_incremental(&view, settings, now, &mut memo));
+    drop(plan);
+    assert_eq!(
+        memo.settled(),
+        volumes,
+        "every volume of a healthy cluster settles"
+    );
+    let incremental = median(runs, || {
+        let start = Instant::now();
+        let plan = planner::plan_incremental(&view, settings, now, &mut memo);
+        let took = start.elapsed();
+        assert!(plan.is_empty(), "{plan:?}");
+        took
+    });
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / volumes as f64;
+    println!(
+        "{volumes:>7} volumes on {nodes:>5} nodes: full pass {:>8.2} ms ({:>5.2} us per volume), incremental {:>8.2} ms ({:>5.2} us per volume); a pass's peak heap {:>5} B per volume, the memo {:>5} B per volume",
+        full.as_secs_f64() * 1e3,
+        per(full),
+        incremental.as_secs_f64() * 1e3,
+        per(incremental),
+        pass_bytes / volumes,
+        memo_bytes / volumes,
+    );
+    Row {
+        volumes,
+        full_us: per(full),
+        incremental_us: per(incremental),
+    }
+}
+
+/// Cost per volume against the volume count, full and incremental.
+fn draw(rows: &[Row], path: &std::path::Path) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    // The font the labels are drawn with (Debian: fonts-dejavu-core).
+    let font = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+    let bytes = std::fs::read(font)
+        .map_err(|e| format!("{font}: {e} (apt-get install fonts-dejavu-core)"))?;
+    plotters::style::register_font("sans-serif", FontStyle::Normal, Box::leak(bytes.into()))
+        .map_err(|_| format!("{font}: not a font"))?;
+    let root = BitMapBackend::new(path, (900, 520)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let top = rows
+        .iter()
+        .map(|r| r.full_us.max(r.incremental_us))
+        .fold(0.0, f64::max)
+        * 1.2;
+    let (lo, hi) = (
+        rows.first().map_or(1_000, |r| r.volumes),
+        rows.last().map_or(100_000, |r| r.volumes),
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "Planner: cost per volume of one pass (3 replicas per volume)",
+            ("sans-serif", 22),
+        )
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d(
+            ((lo as f64) * 0.8..(hi as f64) * 1.25).log_scale(),
+            0.0..top,
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc("volumes in the cluster (log scale)")
+        .y_desc("microseconds per volume")
+        .x_label_formatter(&|v| format!("{:.0}k", v / 1000.0))
+        .label_style(("sans-serif", 15))
+        .draw()?;
+    let series = [
+        (
+            "full pass",
+            RGBColor(0x1f, 0x5f, 0xa8),
+            rows.iter()
+                .map(|r| (r.volumes as f64, r.full_us))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "incremental pass (nothing changed)",
+            RGBColor(0xc0, 0x50, 0x10),
+            rows.iter()
+                .map(|r| (r.volumes as f64, r.incremental_us))
+                .collect(),
+        ),
+    ];
+    for (label, color, points) in series {
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(3)))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 24, y)], color.stroke_width(3))
+            });
+        chart.draw_series(
+            points
+                .into_iter()
+                .map(|p| Circle::new(p, 5, color.filled())),
+        )?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 15))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
 fn main() {
     let settings = Settings::from_overrides([
         ("replica-auto-balance", "best-effort"),
@@ -60,25 +251,23 @@ fn main() {
     println!(
         "planner: one pass over a healthy cluster, 3 replicas per volume, best-effort balance"
     );
-    for (volumes, nodes, runs) in [(1_000, 100, 9), (10_000, 1_000, 7), (100_000, 3_000, 3)] {
-        let view = cluster(volumes, nodes);
-        let mut times: Vec<Duration> = (0..runs)
-            .map(|_| {
-                let start = Instant::now();
-                let plan = planner::plan(&view, &settings, now);
-                let took = start.elapsed();
-                if let Some(a) = plan.changes().next() {
-                    panic!("a healthy cluster needs nothing, but: {a:?}");
-                }
-                took
-            })
-            .collect();
-        times.sort();
-        let median = times[times.len() / 2];
-        println!(
-            "{volumes:>7} volumes on {nodes:>5} nodes: {:>9.2} ms per pass, {:>6.2} us per volume",
-            median.as_secs_f64() * 1e3,
-            median.as_secs_f64() * 1e6 / volumes as f64
-        );
+    let rows: Vec<Row> = [
+        (1_000, 100, 9),
+        (3_000, 300, 9),
+        (10_000, 1_000, 7),
+        (30_000, 1_000, 5),
+        (100_000, 3_000, 5),
+    ]
+    .into_iter()
+    .map(|(volumes, nodes, runs)| measure(volumes, nodes, runs, &settings, now))
+    .collect();
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/images/planner-cost.png");
+    match draw(&rows, &path) {
+        Ok(()) => println!("plot: {}", path.display()),
+        Err(e) => {
+            eprintln!("the plot was not drawn: {e}");
+            std::process::exit(1);
+        }
     }
 }

@@ -162,6 +162,15 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// How many actions, waits and blocked items it holds.
+    pub fn len(&self) -> usize {
+        self.actions.len() + self.waits.len() + self.blocked.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn act(&mut self, rule: Rule, kind: ActionKind, reason: impl Into<String>) {
         self.actions.push(Action {
             kind,

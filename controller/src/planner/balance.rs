@@ -66,6 +66,19 @@ pub fn moves(pass: &Pass, vs: &VolumeState, layout: &[&str], freed: &[&str]) -> 
         return Vec::new();
     }
     let wanted = vs.wanted();
+    // Fast path, before any map is built: every replica in its own zone,
+    // as many zones as wanted (the same test as below, on the layout).
+    if layout.len() >= wanted && layout.len() <= 8 {
+        let mut zones = [""; 8];
+        for (k, n) in layout.iter().enumerate() {
+            zones[k] = pass.zone_of(n);
+        }
+        let zones = &mut zones[..layout.len()];
+        zones.sort_unstable();
+        if zones.windows(2).all(|w| w[0] != w[1]) {
+            return Vec::new();
+        }
+    }
     let mut node_count: BTreeMap<&str, usize> = BTreeMap::new();
     let mut zone_count: BTreeMap<&str, usize> = BTreeMap::new();
     for n in layout {

@@ -31,7 +31,7 @@ pub fn stale(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
     let timeout = Duration::minutes(vs.volume.stale_replica_timeout as i64);
     for r in &vs.failed {
         let Some(failed) = r.failed_at else { continue };
-        if failed + timeout > pass.now {
+        if failed + timeout > pass.now() {
             continue;
         }
         pass.busy.insert(vs.volume.name.clone());

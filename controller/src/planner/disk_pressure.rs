@@ -40,8 +40,14 @@ pub fn pressured_for(pass: &Pass, vs: &VolumeState, r: &ReplicaView) -> bool {
 pub fn plan(pass: &mut Pass, plan: &mut Plan) {
     let view = pass.view;
     let in_flight_from = moves_in_flight(pass);
+    // Every volume's threshold is this one or none (see `threshold`): a
+    // disk below it has no replica to move, and is not looked into.
+    let pct = u64::from(pass.settings.disk_pressure_percentage());
+    if pct == 0 || !pass.settings.replica_soft_anti_affinity() {
+        return;
+    }
     for node in &view.nodes {
-        for disk in &node.disks {
+        for disk in node.disks.iter().filter(|d| is_pressured(d, pct)) {
             let key = (node.id.clone(), disk.id.clone());
             if in_flight_from.contains(&key) || pass.freed.contains(&key) {
                 continue;
@@ -77,7 +83,7 @@ fn moves_in_flight(pass: &mut Pass) -> std::collections::BTreeSet<(String, Strin
 /// can take it, the node says why.
 fn relieve(pass: &mut Pass, plan: &mut Plan, node: &str, disk: &DiskView) {
     let mut tried = Vec::new();
-    for r in pass.replicas_on(node, &disk.id).to_vec() {
+    for r in pass.replicas_on(node, &disk.id) {
         let Some(volume) = pass.volume(&r.volume) else {
             continue;
         };

@@ -16,9 +16,9 @@ use super::pass::Pass;
 /// live on it; with `running_only`, counting only running replicas.
 fn last_holders(pass: &Pass, running_only: bool) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    for v in &pass.view.volumes {
+    for (i, v) in pass.view.volumes.iter().enumerate() {
         let mut nodes = pass
-            .replicas_of(&v.name)
+            .replicas_at(i)
             .iter()
             .filter(|r| r.is_rw() && r.held_data() && (!running_only || r.running))
             .map(|r| r.node.as_str());

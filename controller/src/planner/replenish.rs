@@ -58,11 +58,11 @@ impl Slots {
 }
 
 pub fn plan(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
-    let keep: Vec<&ReplicaView> = vs.keep(pass).collect();
     let wanted = vs.wanted();
-    if keep.len() >= wanted {
+    if vs.keep(pass).count() >= wanted {
         return;
     }
+    let keep: Vec<&ReplicaView> = vs.keep(pass).collect();
     let degraded = wanted.saturating_sub(vs.usable().count());
     let mut slots = Slots {
         degraded,
@@ -154,7 +154,7 @@ fn wait_for_a_return(
     let waiting_for = vs.failed.iter().find(|r| reuse::potential(pass, r));
     if let (Some(r), Some(since)) = (waiting_for, vs.volume.last_degraded_at) {
         let until = since + interval;
-        if pass.now < until {
+        if pass.now() < until {
             plan.waits.push(Wait {
                 volume: name.clone(),
                 rule: Rule::Replenish,

@@ -61,7 +61,7 @@ pub fn reusable(pass: &Pass, vs: &VolumeState, r: &ReplicaView) -> Result<(), St
     }
     if let Some(failed) = r.failed_at {
         let until = failed + backoff(r.rebuild_retry_count);
-        if pass.now < until {
+        if pass.now() < until {
             return Err(format!("{}: in reuse backoff until {until}", r.name));
         }
     }

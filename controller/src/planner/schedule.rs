@@ -316,6 +316,8 @@ pub fn choose(pass: &Pass, req: &Request) -> Result<Placement, Vec<String>> {
 /// Nodes that could take a replica of `volume` (node checks and one disk
 /// that fits), computed once per kind of volume per pass (cached in it).
 pub fn eligible(pass: &Pass, volume: &VolumeView, below_used: Option<u64>) -> Rc<Eligible> {
+    // What is eligible depends on every disk's scheduled bytes, cached or not.
+    pass.read_shared.set(true);
     let key = (
         volume.node_selector.clone(),
         volume.pinned_node.clone(),

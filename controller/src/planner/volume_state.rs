@@ -20,15 +20,36 @@ pub struct VolumeState<'a> {
 
 impl<'a> VolumeState<'a> {
     pub fn new(pass: &Pass<'a>, volume: &'a VolumeView) -> Self {
-        let all: Vec<&ReplicaView> = pass.replicas_of(&volume.name).to_vec();
-        let rw = all.iter().copied().filter(|r| r.is_rw()).collect();
-        let rebuilding = all.iter().copied().filter(|r| r.is_rebuilding()).collect();
-        let failed = all.iter().copied().filter(|r| r.is_failed()).collect();
-        let locality = volume
-            .data_locality
-            .unwrap_or_else(|| pass.settings.default_data_locality());
+        Self::of(pass, volume, pass.replicas_of(&volume.name))
+    }
+
+    /// The state of `view.volumes[i]`, found by place rather than name.
+    pub fn at(pass: &Pass<'a>, i: usize) -> Self {
+        let volume = &pass.view.volumes[i];
+        Self::of(pass, volume, pass.replicas_at(i))
+    }
+
+    fn of(pass: &Pass<'a>, volume: &'a VolumeView, replicas: &[&'a ReplicaView]) -> Self {
+        let all: Vec<&ReplicaView> = replicas.to_vec();
+        let mut rw = Vec::with_capacity(all.len());
+        let mut rebuilding = Vec::new();
+        let mut failed = Vec::new();
+        for r in &all {
+            // A replica may be rw and failed at once (a failure not yet
+            // seen by its mode): it is in both lists.
+            if r.is_rw() {
+                rw.push(*r);
+            }
+            if r.is_failed() {
+                failed.push(*r);
+            }
+            if r.is_rebuilding() {
+                rebuilding.push(*r);
+            }
+        }
+        let locality = volume.data_locality.unwrap_or(pass.default_locality);
         let balance = match volume.auto_balance {
-            VolumeAutoBalance::Ignored => pass.settings.replica_auto_balance(),
+            VolumeAutoBalance::Ignored => pass.default_balance,
             VolumeAutoBalance::Disabled => AutoBalance::Disabled,
             VolumeAutoBalance::LeastEffort => AutoBalance::LeastEffort,
             VolumeAutoBalance::BestEffort => AutoBalance::BestEffort,
