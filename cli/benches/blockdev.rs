@@ -7,7 +7,11 @@
 //! - peer: a loop device (direct I/O) on a raw file of the same disk.
 //!
 //! 4k random and 64k sequential, write then read; prints each figure and
-//! the ratio. Needs root, FUSE and fio. Run:
+//! the ratio. Reads run twice: warm, as a pod would see them (the engine
+//! reads its replica through the page cache, the peer's loop device reads
+//! its file with direct I/O), and cold, like for like: the page cache
+//! dropped before each run, and each block read once, so both read the
+//! disk. Needs root, FUSE and fio. Run:
 //! `cargo bench -p ballast-cli --bench blockdev`.
 
 #[allow(dead_code)] // shared by the benchmarks; each uses a part
@@ -20,20 +24,30 @@ use std::time::{Duration, Instant};
 use ballast_node::frontend::blockdev::LoopDevice;
 use common::{Kill, SIZE, engine, fio_json, node_with};
 
-/// fio on `dev`; returns operations per second.
-fn fio(dev: &Path, rw: &str, bs: &str) -> f64 {
+/// Writes the dirty pages out and drops the page cache.
+fn drop_caches() {
+    nix::unistd::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop the page cache (root)");
+}
+
+/// fio on `dev`; returns operations per second. `cold`: the page cache
+/// is dropped first, and the 512 MiB are read once (not for a time).
+fn fio(dev: &Path, rw: &str, bs: &str, cold: bool) -> f64 {
     let mut cmd = Command::new("fio");
     cmd.args([
         "--name=bench",
         "--ioengine=libaio",
         "--direct=1",
         "--iodepth=16",
-        "--runtime=4",
-        "--time_based",
         "--size=512M",
         "--output-format=json",
     ])
     .arg(format!("--filename={}", dev.display()));
+    if cold {
+        drop_caches();
+    } else {
+        cmd.args(["--runtime=4", "--time_based"]);
+    }
     let v = fio_json(&mut cmd, rw, bs);
     let job = &v["jobs"][0];
     let side = if rw.contains("write") {
@@ -74,21 +88,24 @@ fn main() {
     let ours = LoopDevice::attach(&file).unwrap();
 
     println!("fio, libaio, direct, QD16, operations per second (median of 3)");
-    for (rw, bs) in [
-        ("randwrite", "4k"),
-        ("randread", "4k"),
-        ("write", "64k"),
-        ("read", "64k"),
+    for (rw, bs, cold) in [
+        ("randwrite", "4k", false),
+        ("randread", "4k", false),
+        ("randread", "4k", true),
+        ("write", "64k", false),
+        ("read", "64k", false),
+        ("read", "64k", true),
     ] {
         let median = |dev: &Path| {
-            let mut v: Vec<f64> = (0..3).map(|_| fio(dev, rw, bs)).collect();
+            let mut v: Vec<f64> = (0..3).map(|_| fio(dev, rw, bs, cold)).collect();
             v.sort_by(|a, b| a.total_cmp(b));
             v[1]
         };
         let p = median(&peer.path);
         let b = median(&ours.path);
+        let case = format!("{bs} {rw}{}", if cold { " (cold)" } else { "" });
         println!(
-            "{bs:>3} {rw:<9}  loop on a raw file {p:>8.0}  ballast block device, 1 replica {b:>8.0} ({:.2}x)",
+            "{case:<17}  loop on a raw file {p:>8.0}  ballast block device, 1 replica {b:>8.0} ({:.2}x)",
             b / p
         );
     }
