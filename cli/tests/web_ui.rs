@@ -108,13 +108,17 @@ async fn js(page: &Client, script: &str) -> Value {
 
 /// Types `keys` into the element `css` finds. The live part of the page
 /// is swapped on every change, so an element found a moment ago may be
-/// gone: it is found again.
+/// gone: it is found again. Chromium calls an element that is swapped out
+/// during the command either stale or "not interactable" (it is detached,
+/// so it has no size), and both are retried.
 async fn type_into(page: &Client, css: &str, keys: &str) {
     for _ in 0..50 {
         match page.find(Locator::Css(css)).await {
             Ok(el) => match el.send_keys(keys).await {
                 Ok(()) => return,
-                Err(e) if e.to_string().contains("stale element") => {}
+                Err(e)
+                    if e.to_string().contains("stale element")
+                        || e.to_string().contains("not interactable") => {}
                 Err(e) => panic!("{css}: {e}"),
             },
             Err(e) => panic!("{css}: {e}"),
