@@ -1,16 +1,27 @@
-//! Rebuild copy paths against `cp`, in one run, on one disk, median of 3:
+//! Rebuild copy paths against their peers, in one run, on one disk,
+//! median of 3. Two layers of 8 GiB apparent size:
 //!
-//! - Local copy of an 8 GiB sparse layer holding ~800 MiB of scattered data
-//!   (Ballast's `copy_layer`) vs `cp --sparse=always`.
-//! - The same on an xfs filesystem with reflink=1 (a loop device; needs
-//!   root and mkfs.xfs), where Ballast clones instead of copying.
-//! - Remote sync (the layer over the replica protocol on loopback TCP,
-//!   checked by checksum on arrival) vs the local copy.
+//! - even: 800 extents of 1 MiB, spread evenly;
+//! - fragmented: 46k extents of 16 KiB, written in random order with a
+//!   flush every few thousand, so that they lie scattered on the disk too
+//!   (like the layer measured in ../shared/MEASURED.md).
 //!
-//! Prints each time, the ratios, and the allocated bytes of every target.
+//! What is compared:
+//!
+//! - Ballast's local copy (`copy_layer`) vs `cp --sparse=always`: warm on
+//!   the even layer; cold on the fragmented one (the page cache dropped
+//!   before each run, and the target fsynced within the time).
+//! - A remote fill (the layer over the replica protocol on loopback TCP)
+//!   vs a local fill (the source on the same node): both through replica
+//!   servers, both ending the same way (the layer synced and checked by
+//!   checksum), both cold.
+//! - The local copy on an xfs filesystem with reflink=1 (a loop device;
+//!   needs root and mkfs.xfs), where Ballast clones instead of copying.
+//!
+//! Prints each time, the ratios, and the bytes every target holds in data
+//! extents, which must equal the source's. Dropping the cache needs root.
 //! Run: `cargo bench -p ballast-node --bench copy` (BENCH_DIR picks the disk).
 
-use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -23,60 +34,140 @@ use ballast_node::wire::JoinSpec;
 use ballast_node::wire::client::ReplicaClient;
 
 const SIZE: u64 = 8 << 30;
-/// 800 extents of 1 MiB, spread over the 8 GiB.
-const EXTENTS: u64 = 800;
+
+/// Where a layer's data lies.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// 800 extents of 1 MiB, spread evenly.
+    Even,
+    /// 46k extents of 16 KiB, written in random order.
+    Fragmented,
+}
+
+impl Layout {
+    fn label(self) -> &'static str {
+        match self {
+            Layout::Even => "even layer (800 extents of 1 MiB)",
+            Layout::Fragmented => "fragmented layer (46k extents of 16 KiB)",
+        }
+    }
+
+    /// The extents (offset, length), in the order they are written.
+    fn extents(self, rng: &mut Rng) -> Vec<(u64, u64)> {
+        let (count, len) = match self {
+            Layout::Even => (800u64, 1u64 << 20),
+            Layout::Fragmented => (46_000, 16 << 10),
+        };
+        let region = SIZE / count / BLOCK * BLOCK;
+        let mut out: Vec<(u64, u64)> = (0..count)
+            .map(|k| {
+                // Somewhere in its region, never touching the next one.
+                let slack = (region - len) / BLOCK - 1;
+                let jitter = match self {
+                    Layout::Even => 0,
+                    Layout::Fragmented => rng.next() % slack,
+                };
+                (k * region + jitter * BLOCK, len)
+            })
+            .collect();
+        if let Layout::Fragmented = self {
+            for i in (1..out.len()).rev() {
+                out.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+            }
+        }
+        out
+    }
+}
+
+/// xorshift64: the same layers on every run.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
 }
 
+/// The bytes the file holds in data extents (SEEK_DATA / SEEK_HOLE).
+/// `st_blocks` also counts a file's extent tree, which depends on how it
+/// was written, not on what it holds.
 fn allocated(p: &Path) -> u64 {
-    std::fs::metadata(p).map(|m| m.blocks() * 512).unwrap_or(0)
+    std::fs::File::open(p)
+        .and_then(|f| allocation(&f, SIZE / BLOCK))
+        .map(|m| m.count() * BLOCK)
+        .unwrap_or(0)
 }
 
 fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
 }
 
-/// A replica at `disk` whose first layer is frozen with the data.
-fn source_replica(disk: &Path) -> PathBuf {
-    let dir = replica_dir(disk, "src");
+/// Writes back every dirty page and drops the page cache, so that the
+/// next read comes from the disk.
+fn drop_caches() {
+    nix::unistd::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", "3")
+        .unwrap_or_else(|e| panic!("dropping the page cache needs root: {e}"));
+}
+
+/// A replica `name` at `disk` whose first layer is frozen with the data
+/// of `layout`; the layer's path.
+fn source_replica(disk: &Path, name: &str, layout: Layout) -> PathBuf {
+    let dir = replica_dir(disk, name);
     let mut r = Replica::create(&dir, SIZE).unwrap();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let extents = layout.extents(&mut rng);
     let mut buf = vec![0u8; 1 << 20];
-    for k in 0..EXTENTS {
-        for b in buf.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
+    for (k, &(at, len)) in extents.iter().enumerate() {
+        let data = &mut buf[..len as usize];
+        for b in data.iter_mut() {
+            *b = rng.next() as u8;
         }
-        let at = k * (SIZE / EXTENTS) / BLOCK * BLOCK;
-        r.write(at, &buf, None).unwrap();
+        r.write(at, data, None).unwrap();
+        // Flushed in batches: each batch is allocated where the disk is
+        // free then, so extents near in the file lie apart on the disk.
+        if k % 4000 == 3999 {
+            r.flush().unwrap();
+        }
     }
     r.snapshot(None).unwrap();
     dir.join("layer-000001.img")
 }
 
 /// Ballast's local copy and `cp --sparse=always` of `src`, median of 3.
-fn local_vs_cp(src: &Path, label: &str) -> Duration {
+/// Cold: the cache is dropped before each run and the target is fsynced
+/// within the time.
+fn local_vs_cp(src: &Path, label: &str, cold: bool) -> Duration {
     let f = std::fs::File::open(src).unwrap();
     let map = allocation(&f, SIZE / BLOCK).unwrap();
     let dst = src.with_file_name("copy.img");
     let cp_dst = src.with_file_name("cp.img");
     let sync = |p: &Path| std::fs::File::open(p).unwrap().sync_all().unwrap();
-    let (mut ours, mut theirs, mut ours_synced, mut theirs_synced) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
     let mut way = None;
     for _ in 0..3 {
         let _ = std::fs::remove_file(&dst);
+        if cold {
+            drop_caches();
+        }
         let t = Instant::now();
         way = Some(copy_layer(src, &map, &dst, SIZE).unwrap());
+        if cold {
+            sync(&dst);
+        }
         ours.push(t.elapsed());
-        sync(&dst);
-        ours_synced.push(t.elapsed());
         let _ = std::fs::remove_file(&cp_dst);
+        if cold {
+            drop_caches();
+        }
         let t = Instant::now();
         let ok = Command::new("cp")
             .arg("--sparse=always")
@@ -85,68 +176,96 @@ fn local_vs_cp(src: &Path, label: &str) -> Duration {
             .status()
             .unwrap();
         assert!(ok.success());
+        if cold {
+            sync(&cp_dst);
+        }
         theirs.push(t.elapsed());
-        sync(&cp_dst);
-        theirs_synced.push(t.elapsed());
     }
     let (o, t) = (median(ours), median(theirs));
-    let (os, ts) = (median(ours_synced), median(theirs_synced));
+    let how = if cold {
+        "cold, target fsynced"
+    } else {
+        "warm, not synced"
+    };
     println!(
-        "{label}: Ballast local copy ({}) {o:.2?} vs cp --sparse=always {t:.2?}: {:.2}x cp's time",
+        "{label}, {how}: Ballast local copy ({}) {o:.2?} vs cp --sparse=always {t:.2?}: {:.2}x cp's time",
         way.map(|w| w.as_str()).unwrap_or_default(),
         o.as_secs_f64() / t.as_secs_f64()
     );
-    println!(
-        "{label}: with the target fsynced: Ballast {os:.2?} vs cp {ts:.2?}: {:.2}x",
-        os.as_secs_f64() / ts.as_secs_f64()
-    );
+    let (a_src, a_ours, a_cp) = (allocated(src), allocated(&dst), allocated(&cp_dst));
     println!(
         "{label}: allocated: source {}, Ballast target {}, cp target {}",
-        mib(allocated(src)),
-        mib(allocated(&dst)),
-        mib(allocated(&cp_dst))
+        mib(a_src),
+        mib(a_ours),
+        mib(a_cp)
+    );
+    assert_eq!(
+        a_ours, a_src,
+        "the local copy allocates what the source does"
     );
     let _ = std::fs::remove_file(&dst);
     let _ = std::fs::remove_file(&cp_dst);
     o
 }
 
-/// The layer over the replica protocol from one replica server to another.
-fn remote(disk: &Path) -> (Duration, u64) {
+/// A local fill and a remote fill of the layer of replica `source`, cold,
+/// median of 3 each: both through replica servers, both ending with the
+/// layer synced and checked.
+fn fills(disk: &Path, source: &str, label: &str, local_copy: Duration) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let src_disk = disk.to_path_buf();
-        let dst_disk = disk.join("remote-target");
-        std::fs::create_dir_all(&dst_disk).unwrap();
+        let far_disk = disk.join(format!("{source}-far"));
+        std::fs::create_dir_all(&far_disk).unwrap();
         let serve = |d: PathBuf| async move {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
             let addr = l.local_addr().unwrap().to_string();
             tokio::spawn(ReplicaServer::new(vec![d]).serve(l));
             addr
         };
-        let (sa, da) = (serve(src_disk).await, serve(dst_disk.clone()).await);
-        let src = ReplicaClient::connect(&sa, "src").await.unwrap();
+        // The near server holds the source; the far one, a disk of its own
+        // on the same filesystem, is another node.
+        let (near, far) = (serve(disk.to_path_buf()).await, serve(far_disk.clone()).await);
+        let src = ReplicaClient::connect(&near, source).await.unwrap();
         let info = src.info().await.unwrap();
         let spec = JoinSpec::following(
             &src.layers().await.unwrap(),
             info["revision"].as_u64().unwrap(),
         )
         .unwrap();
-        let mut times = Vec::new();
-        let mut target_alloc = 0;
+        let source_alloc = allocated(&replica_dir(disk, source).join("layer-000001.img"));
+        let mut times = [Vec::new(), Vec::new()];
         for i in 0..3 {
-            let name = format!("dst{i}");
-            Replica::create(&replica_dir(&dst_disk, &name), SIZE).unwrap();
-            let dst = ReplicaClient::connect(&da, &name).await.unwrap();
-            dst.join(&spec).await.unwrap();
-            let t = Instant::now();
-            let report = dst.fill(&format!("src@{sa}")).await.unwrap();
-            times.push(t.elapsed());
-            assert_eq!(report["path"], "remote");
-            target_alloc = allocated(&replica_dir(&dst_disk, &name).join("layer-000001.img"));
-            std::fs::remove_dir_all(replica_dir(&dst_disk, &name)).unwrap();
+            for (k, (addr, d, path)) in [
+                (&near, disk, "copy-file-range"),
+                (&far, far_disk.as_path(), "remote"),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let name = format!("{source}-fill{k}{i}");
+                Replica::create(&replica_dir(d, &name), SIZE).unwrap();
+                let dst = ReplicaClient::connect(addr, &name).await.unwrap();
+                dst.join(&spec).await.unwrap();
+                drop_caches();
+                let t = Instant::now();
+                let report = dst.fill(&format!("{source}@{near}")).await.unwrap();
+                times[k].push(t.elapsed());
+                assert_eq!(report["path"], path, "{report}");
+                let a = allocated(&replica_dir(d, &name).join("layer-000001.img"));
+                assert_eq!(a, source_alloc, "the {path} fill allocates what the source does");
+                std::fs::remove_dir_all(replica_dir(d, &name)).unwrap();
+            }
         }
-        (median(times), target_alloc)
+        let [local, remote] = times.map(median);
+        println!(
+            "{label}, cold: remote fill over loopback TCP {remote:.2?} vs local fill {local:.2?}: {:.2}x the local fill's time; both allocate {}",
+            remote.as_secs_f64() / local.as_secs_f64(),
+            mib(source_alloc)
+        );
+        println!(
+            "{label}, cold: remote fill {remote:.2?} vs the local copy alone (copy_layer, target fsynced) {local_copy:.2?}: {:.2}x its time",
+            remote.as_secs_f64() / local_copy.as_secs_f64()
+        );
     })
 }
 
@@ -198,30 +317,24 @@ fn main() {
         .map(PathBuf::from)
         .unwrap_or_else(|_| std::env::temp_dir());
     let work = tempfile::tempdir_in(&base).unwrap();
-    println!(
-        "layer: {} apparent, {EXTENTS} extents of 1 MiB ({}), on {}",
-        mib(SIZE),
-        mib(EXTENTS << 20),
-        base.display()
-    );
-    let src = source_replica(work.path());
-    // A sanity check on the source: what a copy must match.
-    let mut probe = vec![0u8; 16];
-    std::fs::File::open(&src)
-        .unwrap()
-        .read_exact_at(&mut probe, 0)
-        .unwrap();
-    let local = local_vs_cp(&src, "local (same filesystem)");
-    let (r, alloc) = remote(work.path());
-    println!(
-        "remote sync over loopback TCP {r:.2?} vs the local copy {local:.2?}: {:.2}x the local copy's time; target allocated {}",
-        r.as_secs_f64() / local.as_secs_f64(),
-        mib(alloc)
-    );
+    println!("layers of {} apparent, on {}", mib(SIZE), base.display());
+    for (name, layout) in [("even", Layout::Even), ("frag", Layout::Fragmented)] {
+        let src = source_replica(work.path(), name, layout);
+        let f = std::fs::File::open(&src).unwrap();
+        let extents = allocation(&f, SIZE / BLOCK).unwrap().runs().len();
+        let label = layout.label();
+        println!(
+            "{label}: {extents} extents, {} allocated",
+            mib(allocated(&src))
+        );
+        local_vs_cp(&src, label, false);
+        let cold = local_vs_cp(&src, label, true);
+        fills(work.path(), name, label, cold);
+    }
     match Xfs::mount(work.path()) {
         Ok(xfs) => {
-            let src = source_replica(&xfs.dir);
-            local_vs_cp(&src, "xfs reflink=1");
+            let src = source_replica(&xfs.dir, "src", Layout::Even);
+            local_vs_cp(&src, "xfs reflink=1, even layer", false);
             drop(xfs);
         }
         Err(why) => println!("xfs reflink=1: skipped: {why}"),
