@@ -12,7 +12,8 @@
 //! its file with direct I/O), and cold, like for like: the page cache
 //! dropped before each run, and each block read once, so both read the
 //! disk. Needs root, FUSE and fio. Run:
-//! `cargo bench -p ballast-cli --bench blockdev`.
+//! `cargo bench -p ballast-cli --bench blockdev` (add `-- "64k write"` to
+//! run only the cases whose name holds it).
 
 #[allow(dead_code)] // shared by the benchmarks; each uses a part
 mod common;
@@ -46,6 +47,9 @@ fn fio(dev: &Path, rw: &str, bs: &str, cold: bool) -> f64 {
     if cold {
         drop_caches();
     } else {
+        // Each run starts with nothing dirty: what one left behind would
+        // be written back during the next, whoever's it is.
+        nix::unistd::sync();
         cmd.args(["--runtime=4", "--time_based"]);
     }
     let v = fio_json(&mut cmd, rw, bs);
@@ -87,6 +91,11 @@ fn main() {
     }
     let ours = LoopDevice::attach(&file).unwrap();
 
+    // Arguments pick cases by name ("64k write"), for profiling one.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
     println!("fio, libaio, direct, QD16, operations per second (median of 3)");
     for (rw, bs, cold) in [
         ("randwrite", "4k", false),
@@ -96,13 +105,22 @@ fn main() {
         ("read", "64k", false),
         ("read", "64k", true),
     ] {
-        let median = |dev: &Path| {
-            let mut v: Vec<f64> = (0..3).map(|_| fio(dev, rw, bs, cold)).collect();
+        let name = format!("{bs} {rw}");
+        if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
+            continue;
+        }
+        // Runs alternate, peer then Ballast, three times: what drifts
+        // during the case (the disk's cache, writeback) falls on both.
+        let (mut peer_runs, mut ours_runs) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            peer_runs.push(fio(&peer.path, rw, bs, cold));
+            ours_runs.push(fio(&ours.path, rw, bs, cold));
+        }
+        let median = |mut v: Vec<f64>| {
             v.sort_by(|a, b| a.total_cmp(b));
             v[1]
         };
-        let p = median(&peer.path);
-        let b = median(&ours.path);
+        let (p, b) = (median(peer_runs), median(ours_runs));
         let case = format!("{bs} {rw}{}", if cold { " (cold)" } else { "" });
         println!(
             "{case:<17}  loop on a raw file {p:>8.0}  ballast block device, 1 replica {b:>8.0} ({:.2}x)",

@@ -208,6 +208,23 @@ fn buffer_size() -> usize {
     MAX_WRITE as usize + 4096
 }
 
+/// One read(2) of the FUSE device into the spare capacity of `buf`, which
+/// then holds what was read.
+fn read_into(dev: &File, buf: &mut bytes::BytesMut) -> std::io::Result<usize> {
+    let spare = buf.spare_capacity_mut();
+    // SAFETY: read(2) writes at most `spare.len()` bytes into memory that
+    // `buf` owns and nothing else uses.
+    let n = unsafe { libc::read(dev.as_raw_fd(), spare.as_mut_ptr().cast(), spare.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let n = n as usize;
+    // SAFETY: the kernel initialised the first `n` bytes of the spare
+    // capacity, and `n` is at most its length.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
 fn start(server: Server, dir: &Path) -> FuseMount {
     let server = Arc::new(server);
     let threads = (0..THREADS)
@@ -306,10 +323,17 @@ impl Server {
 
     /// One thread's loop: read a request, answer it, until the filesystem
     /// is unmounted.
+    ///
+    /// Each request is read into a buffer of its own, so that a write's
+    /// data goes to the engine as it is, never copied. The buffer is used
+    /// again once the engine is done with the last request's bytes.
     fn serve(&self) {
-        let mut buf = vec![0u8; buffer_size()];
+        let size = buffer_size();
+        let mut buf = bytes::BytesMut::with_capacity(size);
         loop {
-            let n = match (&*self.dev).read(&mut buf) {
+            buf.clear();
+            buf.reserve(size);
+            let n = match read_into(&self.dev, &mut buf) {
                 Ok(n) => n,
                 Err(e) => match e.raw_os_error() {
                     // Interrupted, or the request was taken back.
@@ -322,14 +346,15 @@ impl Server {
                     }
                 },
             };
-            let Some(h) = Header::parse(&buf[..n]) else {
+            let request = buf.split_to(n).freeze();
+            let Some(h) = Header::parse(&request) else {
                 continue;
             };
             if h.opcode == DESTROY {
                 self.reply(h.unique, &[]);
                 return;
             }
-            self.dispatch(&h, &buf[IN_HEADER.min(n)..n]);
+            self.dispatch(&h, request.slice(IN_HEADER.min(n)..n));
         }
     }
 
@@ -408,7 +433,7 @@ impl Server {
             .u32(0) // flags
     }
 
-    fn dispatch(&self, h: &Header, b: &[u8]) {
+    fn dispatch(&self, h: &Header, b: bytes::Bytes) {
         let known = h.nodeid == ROOT_INO || h.nodeid == FILE_INO;
         match h.opcode {
             FORGET | BATCH_FORGET | INTERRUPT => {}
@@ -442,7 +467,7 @@ impl Server {
                 self.reply(h.unique, &Body::default().u64(0).u32(0).u32(0).0);
             }
             OPENDIR => self.reply_error(h.unique, libc::ENOTDIR),
-            READDIR => self.readdir(h, b),
+            READDIR => self.readdir(h, &b),
             RELEASE | RELEASEDIR | FLUSH | FSYNCDIR | ACCESS => self.reply(h.unique, &[]),
             STATFS => {
                 let out = Body::default()
@@ -453,13 +478,13 @@ impl Server {
                     .zeros(4 + 6 * 4);
                 self.reply(h.unique, &out.0);
             }
-            READ => self.read(h, b),
+            READ => self.read(h, &b),
             WRITE => self.write(h, b),
             FSYNC => match self.rt.block_on(self.engine.flush()) {
                 Ok(()) => self.reply(h.unique, &[]),
                 Err(_) => self.reply_error(h.unique, libc::EIO),
             },
-            FALLOCATE => self.fallocate(h, b),
+            FALLOCATE => self.fallocate(h, &b),
             GETATTR => self.reply_error(h.unique, libc::ENOENT),
             _ => self.reply_error(h.unique, libc::ENOSYS),
         }
@@ -513,21 +538,26 @@ impl Server {
         }
     }
 
-    fn write(&self, h: &Header, b: &[u8]) {
+    fn write(&self, h: &Header, b: bytes::Bytes) {
         const WRITE_IN: usize = 40;
-        let (Some(offset), Some(size)) = (u64_at(b, 8), u32_at(b, 16)) else {
+        let (Some(offset), Some(size)) = (u64_at(&b, 8), u32_at(&b, 16)) else {
             return self.reply_error(h.unique, libc::EINVAL);
         };
-        let Some(data) = b.get(WRITE_IN..WRITE_IN + size as usize) else {
+        let end = WRITE_IN + size as usize;
+        if b.len() < end {
             return self.reply_error(h.unique, libc::EINVAL);
-        };
+        }
+        let data = b.slice(WRITE_IN..end);
         if offset
             .checked_add(data.len() as u64)
             .is_none_or(|end| end > self.engine.size())
         {
             return self.reply_error(h.unique, libc::ENOSPC);
         }
-        match self.rt.block_on(self.engine.write(offset, data, false)) {
+        match self
+            .rt
+            .block_on(self.engine.write_bytes(offset, data, false))
+        {
             Ok(()) => self.reply(h.unique, &Body::default().u32(size).u32(0).0),
             Err(e) => {
                 tracing::warn!(error = %e, offset, "write failed");
