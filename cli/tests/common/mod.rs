@@ -629,7 +629,25 @@ pub struct Local {
 }
 
 impl Drop for Local {
+    /// Stops it as an operator would (SIGTERM), so that it stops its
+    /// nodes' process groups, engines included; SIGKILL only if it has not
+    /// stopped in 30 s. A SIGKILL alone stops the nodes (their parent-death
+    /// signal) but leaves their engines running, as an engine outlives its
+    /// node agent by design.
     fn drop(&mut self) {
+        // Already stopped (and reaped): its pid may be another's now.
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let end = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < end {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
