@@ -194,6 +194,8 @@ impl<'a> Pass<'a> {
             let mut disks: FxHashMap<String, Vec<DiskIndex>> = FxHashMap::default();
             for (k, r) in self.view.replicas.iter().enumerate() {
                 let size = self.volume(&r.volume).map(|v| v.size).unwrap_or(0);
+                // `entry` takes an owned key, which would clone the node's
+                // name for every replica; this clones it once per node.
                 if !disks.contains_key(&r.node) {
                     disks.insert(r.node.clone(), Vec::new());
                 }
