@@ -13,7 +13,9 @@
 //! dropped before each run, and each block read once, so both read the
 //! disk. Needs root, FUSE and fio. Run:
 //! `cargo bench -p ballast-cli --bench blockdev` (add `-- "64k write"` to
-//! run only the cases whose name holds it).
+//! run only the cases whose name holds it). A read case reads what the
+//! write case of its size wrote: picked alone, it reads holes, which cost
+//! neither side a disk read.
 
 #[allow(dead_code)] // shared by the benchmarks; each uses a part
 mod common;
