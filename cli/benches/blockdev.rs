@@ -12,10 +12,11 @@
 //! its file with direct I/O), and cold, like for like: the page cache
 //! dropped before each run, and each block read once, so both read the
 //! disk. Needs root, FUSE and fio. Run:
-//! `cargo bench -p ballast-cli --bench blockdev` (add `-- "64k write"` to
-//! run only the cases whose name holds it). A read case reads what the
-//! write case of its size wrote: picked alone, it reads holes, which cost
-//! neither side a disk read.
+//! `cargo bench -p ballast-cli --bench blockdev`. Words after `--` pick
+//! cases, as for the nbd bench: a size (`4k`, `64k`) and/or a kind
+//! (`randwrite`, `randread`, `write`, `read`), e.g. `-- 64k write`. A read
+//! case reads what the write case of its size wrote: picked alone, it
+//! reads holes, which cost neither side a disk read.
 
 #[allow(dead_code)] // shared by the benchmarks; each uses a part
 mod common;
@@ -93,11 +94,7 @@ fn main() {
     }
     let ours = LoopDevice::attach(&file).unwrap();
 
-    // Arguments pick cases by name ("64k write"), for profiling one.
-    let only: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with("--"))
-        .collect();
+    let picked = common::Picked::from_args();
     println!("fio, libaio, direct, QD16, operations per second (median of 3)");
     for (rw, bs, cold) in [
         ("randwrite", "4k", false),
@@ -107,8 +104,9 @@ fn main() {
         ("read", "64k", false),
         ("read", "64k", true),
     ] {
-        let name = format!("{bs} {rw}");
-        if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
+        if !picked.wanted(bs, &["4k", "64k"])
+            || !picked.wanted(rw, &["randwrite", "randread", "write", "read"])
+        {
             continue;
         }
         // Runs alternate, peer then Ballast, three times: what drifts

@@ -46,11 +46,7 @@ fn check_incremental(c: &Cluster) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    // 64 cases in CI; PROPTEST_CASES=5000 explores further.
-    #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(random::config())]
 
     #[test]
     fn incremental_plans_equal_full_plans_on_random_clusters_and_changes(c in cluster()) {

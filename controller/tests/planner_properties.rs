@@ -9,11 +9,7 @@ use proptest::prelude::*;
 use random::{Cluster, check_cluster, cluster};
 
 proptest! {
-    // 64 cases in CI; PROPTEST_CASES=5000 explores further.
-    #![proptest_config(ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(random::config())]
 
     #[test]
     fn planner_invariants_hold_on_random_clusters(c in cluster()) {

@@ -23,6 +23,18 @@ pub struct Cluster {
 
 const GI: u64 = 1 << 30;
 
+/// The property tests' configuration: 64 cases in CI; PROPTEST_CASES=5000
+/// explores further.
+pub fn config() -> ProptestConfig {
+    ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(64),
+        ..ProptestConfig::default()
+    }
+}
+
 pub fn cluster() -> impl Strategy<Value = Cluster> {
     (
         1usize..=30,
