@@ -61,26 +61,25 @@ fn fio(target: Result<&Path, &str>, rw: &str, bs: &str) -> f64 {
         .expect("fio reports iops")
 }
 
-/// Medians of five runs of `with` and `without`, taken in turns (which one
-/// goes first alternates), each after a sync: neither inherits the other's
-/// writeback.
-fn compare(mut with: impl FnMut() -> f64, mut without: impl FnMut() -> f64) -> (f64, f64) {
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for round in 0..5 {
-        for first in [round % 2 == 0, round % 2 != 0] {
+/// `with` and `without`, in turns (see `common::in_turns`), each after a
+/// sync, so that neither inherits the other's writeback: the medians of
+/// their rates, and the median ratio of a round's two.
+fn compare(mut with: impl FnMut() -> f64, mut without: impl FnMut() -> f64) -> (f64, f64, f64) {
+    let runs = common::in_turns(&mut [
+        &mut || {
             nix::unistd::sync();
-            if first {
-                a.push(with());
-            } else {
-                b.push(without());
-            }
-        }
-    }
-    let mid = |v: &mut Vec<f64>| {
-        v.sort_by(|x, y| x.total_cmp(y));
-        v[v.len() / 2]
-    };
-    (mid(&mut a), mid(&mut b))
+            with()
+        },
+        &mut || {
+            nix::unistd::sync();
+            without()
+        },
+    ]);
+    (
+        common::median(runs[0].clone()),
+        common::median(runs[1].clone()),
+        common::ratio(&runs[0], &runs[1]),
+    )
 }
 
 /// Waits for the engine's FUSE export and puts a loop device on it.
@@ -118,19 +117,19 @@ fn main() {
     }
 
     println!(
-        "per-block checksums vs none, 1 replica, QD16, operations per second (median of 5, in turns)"
+        "per-block checksums vs none, 1 replica, QD16, operations per second (medians of 5 in turns; a ratio is the median of each round's)"
     );
     for (rw, bs) in CASES {
         if !wanted("nbd", &["nbd", "block"]) || !wanted(rw, &rws) {
             continue;
         }
-        let (with, without) = compare(
+        let (with, without, ratio) = compare(
             || fio(Err(&engines[0].1), rw, bs),
             || fio(Err(&engines[1].1), rw, bs),
         );
         println!(
             "NBD          {bs:>3} {rw:<9}  without {without:>8.0}  with {with:>8.0}  ({:.2}x)",
-            with / without
+            ratio
         );
     }
     if !root {
@@ -148,13 +147,13 @@ fn main() {
         if !wanted(rw, &rws) {
             continue;
         }
-        let (with, without) = compare(
+        let (with, without, ratio) = compare(
             || fio(Ok(&devs[0].path), rw, bs),
             || fio(Ok(&devs[1].path), rw, bs),
         );
         println!(
             "block device {bs:>3} {rw:<9}  without {without:>8.0}  with {with:>8.0}  ({:.2}x)",
-            with / without
+            ratio
         );
     }
     // Teardown in order: the loop devices, then the engines (which unmount

@@ -169,7 +169,7 @@ fn main() {
         let _ = std::io::stdin().read_line(&mut String::new());
         return;
     }
-    println!("qemu-img bench, QD16, unix socket, operations per second (median of 3)");
+    println!("qemu-img bench, QD16, unix socket, operations per second (medians of 5 in turns; a ratio is the median of each round's)");
     for (size, count) in [("4k", 40_000u32), ("64k", 8_000)] {
         // Writes first fill the images, so that reads read data.
         for write in [true, false] {
@@ -177,42 +177,58 @@ fn main() {
             if !wanted(size, &["4k", "64k"]) || !wanted(kind, &["read", "write"]) {
                 continue;
             }
-            let median = |targets: &[&str]| {
-                let runs: Vec<Rate> = (0..3)
-                    .map(|_| bench_at_once(targets, size, write, count))
-                    .collect();
-                let mid = |f: fn(&Rate) -> f64| {
-                    let mut v: Vec<f64> = runs.iter().map(f).collect();
-                    v.sort_by(|a, b| a.total_cmp(b));
-                    v[1]
-                };
-                Rate {
-                    wall: mid(|r| r.wall),
-                    io: mid(|r| r.io),
-                }
-            };
-            let p = median(&[&peer]);
-            let a = median(&[&one]);
-            let b = median(&[&three]);
-            let t = median(&[&tls]);
-            let c = write.then(|| median(&peers3));
+            // In turns (see `common::in_turns`); the three nbdkit servers
+            // run for writes only.
+            let run = |targets: &[&str]| bench_at_once(targets, size, write, count);
+            let mut turns: Vec<&mut dyn FnMut() -> Rate> = Vec::new();
+            let (mut p, mut a, mut b, mut t, mut c) = (
+                || run(&[&peer]),
+                || run(&[&one]),
+                || run(&[&three]),
+                || run(&[&tls]),
+                || run(&peers3),
+            );
+            turns.extend([
+                &mut p as &mut dyn FnMut() -> Rate,
+                &mut a,
+                &mut b,
+                &mut t,
+            ]);
+            if write {
+                turns.push(&mut c);
+            }
+            let runs = common::in_turns(&mut turns);
             for (what, get) in [
                 ("", (|r: &Rate| r.wall) as fn(&Rate) -> f64),
                 ("  I/O phase only", |r: &Rate| r.io),
             ] {
-                let (p, a, b, t) = (get(&p), get(&a), get(&b), get(&t));
+                let rates: Vec<Vec<f64>> = runs
+                    .iter()
+                    .map(|rs| rs.iter().map(get).collect())
+                    .collect();
+                let mid = |i: usize| common::median(rates[i].clone());
+                let of_peer = |i: usize| common::ratio(&rates[i], &rates[0]);
                 print!(
-                    "{size:>3} {kind:<5}{what}  nbdkit file {p:>8.0}  ballast 1 replica {a:>8.0} ({:.2}x)  ballast 3 replicas {b:>8.0} ({:.2}x)",
-                    a / p,
-                    b / p
+                    "{size:>3} {kind:<5}{what}  nbdkit file {:>8.0}  ballast 1 replica {:>8.0} ({:.2}x)  ballast 3 replicas {:>8.0} ({:.2}x)",
+                    mid(0),
+                    mid(1),
+                    of_peer(1),
+                    mid(2),
+                    of_peer(2),
                 );
-                if let Some(c) = c.as_ref().map(get) {
-                    print!("  3 nbdkit file at once {c:>8.0} ({:.2}x)", c / p);
+                if write {
+                    print!(
+                        "  3 nbdkit file at once {:>8.0} ({:.2}x); 3 replicas: {:.2}x of them",
+                        mid(4),
+                        of_peer(4),
+                        common::ratio(&rates[2], &rates[4]),
+                    );
                 }
                 println!();
                 println!(
-                    "{size:>3} {kind:<5}{what}  ballast 3 replicas, TLS on the replica protocol {t:>8.0}: {:.2}x of TLS off",
-                    t / b
+                    "{size:>3} {kind:<5}{what}  ballast 3 replicas, TLS on the replica protocol {:>8.0}: {:.2}x of TLS off",
+                    mid(3),
+                    common::ratio(&rates[3], &rates[2]),
                 );
             }
         }

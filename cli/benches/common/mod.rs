@@ -140,6 +140,36 @@ impl Picked {
     }
 }
 
+/// How many rounds `in_turns` runs.
+pub const ROUNDS: usize = 5;
+
+/// Runs each of `runs` once per round, `ROUNDS` rounds, each round starting
+/// one further along, so that what drifts during a case (the page cache,
+/// writeback, the host under this virtual machine) falls on all of them
+/// alike. Returns each run's results, in rounds.
+pub fn in_turns<T>(runs: &mut [&mut dyn FnMut() -> T]) -> Vec<Vec<T>> {
+    let mut out: Vec<Vec<T>> = runs.iter().map(|_| Vec::new()).collect();
+    for round in 0..ROUNDS {
+        for k in 0..runs.len() {
+            let i = (round + k) % runs.len();
+            out[i].push(runs[i]());
+        }
+    }
+    out
+}
+
+/// The middle one of `v`.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// `ours` against `peer`: the median over rounds of the ratio of the two
+/// runs of the same round, which a drift between rounds does not move.
+pub fn ratio(ours: &[f64], peer: &[f64]) -> f64 {
+    median(ours.iter().zip(peer).map(|(o, p)| o / p).collect())
+}
+
 /// Runs fio with `cmd`'s arguments plus the case's; its JSON output
 /// (after any notices the nbd engine prints first).
 pub fn fio_json(cmd: &mut Command, rw: &str, bs: &str) -> serde_json::Value {
