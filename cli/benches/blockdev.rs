@@ -95,7 +95,9 @@ fn main() {
     let ours = LoopDevice::attach(&file).unwrap();
 
     let picked = common::Picked::from_args();
-    println!("fio, libaio, direct, QD16, operations per second (medians of 5 in turns; a ratio is the median of each round's)");
+    println!(
+        "fio, libaio, direct, QD16, operations per second (medians of 5 in turns; a ratio is the median of each round's)"
+    );
     for (rw, bs, cold) in [
         ("randwrite", "4k", false),
         ("randread", "4k", false),
@@ -111,11 +113,13 @@ fn main() {
         }
         // In turns (see `common::in_turns`): what drifts during the case
         // (the disk's cache, writeback, the host) falls on both.
-        let runs = common::in_turns(&mut [
-            &mut || fio(&peer.path, rw, bs, cold),
-            &mut || fio(&ours.path, rw, bs, cold),
-        ]);
-        let (p, b) = (common::median(runs[0].clone()), common::median(runs[1].clone()));
+        let runs = common::in_turns(&mut [&mut || fio(&peer.path, rw, bs, cold), &mut || {
+            fio(&ours.path, rw, bs, cold)
+        }]);
+        let (p, b) = (
+            common::median(runs[0].clone()),
+            common::median(runs[1].clone()),
+        );
         let case = format!("{bs} {rw}{}", if cold { " (cold)" } else { "" });
         println!(
             "{case:<17}  loop on a raw file {p:>8.0}  ballast block device, 1 replica {b:>8.0} ({:.2}x)",

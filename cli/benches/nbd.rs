@@ -169,7 +169,9 @@ fn main() {
         let _ = std::io::stdin().read_line(&mut String::new());
         return;
     }
-    println!("qemu-img bench, QD16, unix socket, operations per second (medians of 5 in turns; a ratio is the median of each round's)");
+    println!(
+        "qemu-img bench, QD16, unix socket, operations per second (medians of 5 in turns; a ratio is the median of each round's)"
+    );
     for (size, count) in [("4k", 40_000u32), ("64k", 8_000)] {
         // Writes first fill the images, so that reads read data.
         for write in [true, false] {
@@ -188,12 +190,7 @@ fn main() {
                 || run(&[&tls]),
                 || run(&peers3),
             );
-            turns.extend([
-                &mut p as &mut dyn FnMut() -> Rate,
-                &mut a,
-                &mut b,
-                &mut t,
-            ]);
+            turns.extend([&mut p as &mut dyn FnMut() -> Rate, &mut a, &mut b, &mut t]);
             if write {
                 turns.push(&mut c);
             }
@@ -202,10 +199,8 @@ fn main() {
                 ("", (|r: &Rate| r.wall) as fn(&Rate) -> f64),
                 ("  I/O phase only", |r: &Rate| r.io),
             ] {
-                let rates: Vec<Vec<f64>> = runs
-                    .iter()
-                    .map(|rs| rs.iter().map(get).collect())
-                    .collect();
+                let rates: Vec<Vec<f64>> =
+                    runs.iter().map(|rs| rs.iter().map(get).collect()).collect();
                 let mid = |i: usize| common::median(rates[i].clone());
                 let of_peer = |i: usize| common::ratio(&rates[i], &rates[0]);
                 print!(
