@@ -179,8 +179,13 @@ fn main() {
             if !wanted(size, &["4k", "64k"]) || !wanted(kind, &["read", "write"]) {
                 continue;
             }
-            // In turns (see `common::in_turns`); the three nbdkit servers
-            // run for writes only.
+            // In turns (see `common::in_turns`), in this order (the indexes
+            // below); the three nbdkit servers run for writes only.
+            const PEER: usize = 0;
+            const ONE: usize = 1;
+            const THREE: usize = 2;
+            const TLS: usize = 3;
+            const PEERS3: usize = 4;
             let run = |targets: &[&str]| bench_at_once(targets, size, write, count);
             let mut turns: Vec<&mut dyn FnMut() -> Rate> = Vec::new();
             let (mut p, mut a, mut b, mut t, mut c) = (
@@ -202,28 +207,28 @@ fn main() {
                 let rates: Vec<Vec<f64>> =
                     runs.iter().map(|rs| rs.iter().map(get).collect()).collect();
                 let mid = |i: usize| common::median(rates[i].clone());
-                let of_peer = |i: usize| common::ratio(&rates[i], &rates[0]);
+                let of_peer = |i: usize| common::ratio(&rates[i], &rates[PEER]);
                 print!(
                     "{size:>3} {kind:<5}{what}  nbdkit file {:>8.0}  ballast 1 replica {:>8.0} ({:.2}x)  ballast 3 replicas {:>8.0} ({:.2}x)",
-                    mid(0),
-                    mid(1),
-                    of_peer(1),
-                    mid(2),
-                    of_peer(2),
+                    mid(PEER),
+                    mid(ONE),
+                    of_peer(ONE),
+                    mid(THREE),
+                    of_peer(THREE),
                 );
                 if write {
                     print!(
                         "  3 nbdkit file at once {:>8.0} ({:.2}x); 3 replicas: {:.2}x of them",
-                        mid(4),
-                        of_peer(4),
-                        common::ratio(&rates[2], &rates[4]),
+                        mid(PEERS3),
+                        of_peer(PEERS3),
+                        common::ratio(&rates[THREE], &rates[PEERS3]),
                     );
                 }
                 println!();
                 println!(
                     "{size:>3} {kind:<5}{what}  ballast 3 replicas, TLS on the replica protocol {:>8.0}: {:.2}x of TLS off",
-                    mid(3),
-                    common::ratio(&rates[3], &rates[2]),
+                    mid(TLS),
+                    common::ratio(&rates[TLS], &rates[THREE]),
                 );
             }
         }
