@@ -96,7 +96,8 @@ fn main() {
 
     let picked = common::Picked::from_args();
     println!(
-        "fio, libaio, direct, QD16, operations per second (medians of 5 in turns; a ratio is the median of each round's)"
+        "fio, libaio, direct, QD16, operations per second ({})",
+        common::in_turns_said()
     );
     for (rw, bs, cold) in [
         ("randwrite", "4k", false),

@@ -117,7 +117,8 @@ fn main() {
     }
 
     println!(
-        "per-block checksums vs none, 1 replica, QD16, operations per second (medians of 5 in turns; a ratio is the median of each round's)"
+        "per-block checksums vs none, 1 replica, QD16, operations per second ({})",
+        common::in_turns_said()
     );
     for (rw, bs) in CASES {
         if !wanted("nbd", &["nbd", "block"]) || !wanted(rw, &rws) {

@@ -170,7 +170,8 @@ fn main() {
         return;
     }
     println!(
-        "qemu-img bench, QD16, unix socket, operations per second (medians of 5 in turns; a ratio is the median of each round's)"
+        "qemu-img bench, QD16, unix socket, operations per second ({})",
+        common::in_turns_said()
     );
     for (size, count) in [("4k", 40_000u32), ("64k", 8_000)] {
         // Writes first fill the images, so that reads read data.

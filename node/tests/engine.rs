@@ -103,7 +103,10 @@ async fn concurrent_overlapping_writes_with_a_lent_local_replica_leave_every_rep
     overlapping_writes(true).await;
 }
 
-async fn overlapping_writes(lend: bool) {
+/// Three replica servers of 64 blocks and an engine over them, on the
+/// node of the first, which with `lend` is lent to it. The directories
+/// live as long as what is returned.
+async fn three_replicas(lend: bool) -> (Vec<tempfile::TempDir>, Vec<ReplicaAddr>, Arc<Engine>) {
     let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
     let mut addrs = Vec::new();
     for (i, d) in dirs.iter().enumerate() {
@@ -116,6 +119,11 @@ async fn overlapping_writes(lend: bool) {
             .await
             .unwrap();
     }
+    (dirs, addrs, engine)
+}
+
+async fn overlapping_writes(lend: bool) {
+    let (_dirs, addrs, engine) = three_replicas(lend).await;
     // Many writes racing on the same blocks.
     let tasks: Vec<_> = (0..200u32)
         .map(|i| {
@@ -160,24 +168,15 @@ async fn assert_identical(engine: Arc<Engine>, addrs: &[ReplicaAddr], lend: bool
 /// every replica, the lent one too, applies them in one order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_and_small_writes_and_trims_racing_on_a_lent_replica_leave_every_replica_identical() {
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut addrs = Vec::new();
-    for (i, d) in dirs.iter().enumerate() {
-        addrs.push(replica_server(d.path(), &format!("v-r{i}"), 64 * BLOCK).await);
-    }
-    let engine = engine_over(64 * BLOCK, &addrs, Some("v-r0")).await;
-    engine
-        .lend_local(replica_dir(dirs[0].path(), "v-r0"), WRITEBACK_EVERY)
-        .await
-        .unwrap();
+    let (_dirs, addrs, engine) = three_replicas(true).await;
     let tasks: Vec<_> = (0..300u32)
         .map(|i| {
             let e = engine.clone();
             tokio::spawn(async move {
                 let offset = u64::from(i % 8) * BLOCK + u64::from(i % 3) * 512;
                 match i % 4 {
-                    // As NBD writes: answered from the task or thread that
-                    // takes the last replica's answer.
+                    // As NBD writes: answered from the task that takes the
+                    // last replica's answer.
                     0 | 1 => {
                         let (tx, rx) = tokio::sync::oneshot::channel();
                         let data = bytes::Bytes::from(vec![i as u8; 64 << 10]);

@@ -158,6 +158,11 @@ pub fn in_turns<T>(runs: &mut [&mut dyn FnMut() -> T]) -> Vec<Vec<T>> {
     out
 }
 
+/// How `in_turns` figures are made, for a bench's heading.
+pub fn in_turns_said() -> String {
+    format!("medians of {ROUNDS} in turns; a ratio is the median of each round's own")
+}
+
 /// The middle one of `v`.
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
