@@ -7,6 +7,12 @@
 //! controller has held, for the node-down timeout is failed (not counted as
 //! an attempt), so that the planner reuses it and the rebuild starts again.
 //!
+//! On Kubernetes a record's status is a request of its own, after the
+//! create: a controller killed between the two leaves a replica with no
+//! mode at all. In a volume that has held data no replica is made without
+//! one (only an empty volume's are), so such a replica is a rebuild whose
+//! driver is gone too, and is treated as one.
+//!
 //! It owns that one decision; what happens next is the planner's.
 
 use std::time::Instant;
@@ -17,8 +23,20 @@ use super::effects;
 use crate::context::Context;
 use crate::error::Error;
 
-/// Fails every `wo` replica whose rebuild no one has driven for the
-/// node-down timeout. Returns their names.
+/// Whether `r` is to be filled: `wo`, or (its status lost) no mode in a
+/// volume one of whose `replicas` has held data.
+fn to_be_filled(r: &Replica, replicas: &[Replica]) -> bool {
+    match r.status.mode {
+        Some(ReplicaMode::Wo) => true,
+        None => replicas
+            .iter()
+            .any(|o| o.spec.volume == r.spec.volume && o.spec.healthy_at.is_some()),
+        Some(_) => false,
+    }
+}
+
+/// Fails every replica to be filled whose rebuild no one has driven for
+/// the node-down timeout. Returns their names.
 #[tracing::instrument(skip_all)]
 pub async fn fail_interrupted(ctx: &Context) -> Result<Vec<String>, Error> {
     let replicas = ctx.store.list::<Replica>().await?;
@@ -30,11 +48,11 @@ pub async fn fail_interrupted(ctx: &Context) -> Result<Vec<String>, Error> {
         seen.retain(|name, _| {
             replicas
                 .iter()
-                .any(|r| r.name == *name && r.status.mode == Some(ReplicaMode::Wo))
+                .any(|r| r.name == *name && to_be_filled(r, &replicas))
         });
         replicas
             .iter()
-            .filter(|r| r.status.mode == Some(ReplicaMode::Wo))
+            .filter(|r| to_be_filled(r, &replicas))
             .filter(|r| {
                 if ctx.volume_busy(&r.spec.volume) {
                     seen.insert(r.name.clone(), now);
@@ -53,7 +71,7 @@ pub async fn fail_interrupted(ctx: &Context) -> Result<Vec<String>, Error> {
             .modify::<Replica, Error>(&r.name, |rep| {
                 // Re-check on the fresh copy: its engine may have just
                 // reported it.
-                changed = rep.status.mode == Some(ReplicaMode::Wo);
+                changed = rep.status.mode == r.status.mode;
                 if changed {
                     effects::failed(rep, at, true);
                 }
@@ -86,19 +104,32 @@ mod tests {
 
     use super::*;
 
-    async fn wo(store: &Arc<dyn Store>, name: &str, volume: &str) {
-        let r = effects::new_replica(name, volume, "n1", "d1", Some(ReplicaMode::Wo));
+    async fn replica(store: &Arc<dyn Store>, name: &str, volume: &str, mode: Option<ReplicaMode>) {
+        let r = effects::new_replica(name, volume, "n1", "d1", mode);
         store.create(&r).await.unwrap();
     }
 
+    async fn wo(store: &Arc<dyn Store>, name: &str, volume: &str) {
+        replica(store, name, volume, Some(ReplicaMode::Wo)).await;
+    }
+
     #[tokio::test]
-    async fn a_rebuild_no_one_drives_for_the_timeout_is_failed_and_one_reported_or_held_is_not() {
+    async fn a_rebuild_no_one_drives_or_whose_status_was_lost_is_failed_after_the_timeout_and_one_reported_or_held_is_not()
+     {
         let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
         let ctx = Context::new(store.clone(), Duration::from_millis(100));
         wo(&store, "orphan-r1", "orphan").await;
         wo(&store, "reported-r1", "reported").await;
         wo(&store, "held-r1", "held").await;
         let _guard = ctx.lock_volume("held").unwrap();
+        // Its status lost (a controller killed between the create and the
+        // status write): no mode, in a volume that has held data.
+        let mut rw = effects::new_replica("lost-r1", "lost", "n1", "d1", Some(ReplicaMode::Rw));
+        rw.spec.healthy_at = Some(ctx.now());
+        store.create(&rw).await.unwrap();
+        replica(&store, "lost-r2", "lost", None).await;
+        // No mode in a volume that never held data: an empty replica.
+        replica(&store, "empty-r1", "empty", None).await;
 
         // First seen now: each has the timeout from here.
         assert!(fail_interrupted(&ctx).await.unwrap().is_empty());
@@ -106,15 +137,24 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(40)).await;
             ctx.saw_rebuilding("reported-r1");
         }
-        assert_eq!(fail_interrupted(&ctx).await.unwrap(), ["orphan-r1"]);
-        let r: Replica = store.fetch("orphan-r1").await.unwrap();
-        assert_eq!(r.status.mode, Some(ReplicaMode::Err));
-        assert!(r.spec.failed_at.is_some());
-        assert_eq!(r.spec.rebuild_retry_count, 0, "not counted as an attempt");
+        assert_eq!(
+            fail_interrupted(&ctx).await.unwrap(),
+            ["lost-r2", "orphan-r1"]
+        );
+        for name in ["lost-r2", "orphan-r1"] {
+            let r: Replica = store.fetch(name).await.unwrap();
+            assert_eq!(r.status.mode, Some(ReplicaMode::Err), "{name}");
+            assert!(r.spec.failed_at.is_some(), "{name}");
+            assert_eq!(r.spec.rebuild_retry_count, 0, "{name}: not an attempt");
+        }
         for name in ["reported-r1", "held-r1"] {
             let r: Replica = store.fetch(name).await.unwrap();
             assert_eq!(r.status.mode, Some(ReplicaMode::Wo), "{name}");
         }
+        let r: Replica = store.fetch("empty-r1").await.unwrap();
+        assert_eq!(r.status.mode, None, "an empty volume's replica stays");
+        let r: Replica = store.fetch("lost-r1").await.unwrap();
+        assert_eq!(r.status.mode, Some(ReplicaMode::Rw));
         let events: Vec<ballast::model::Event> = store.list().await.unwrap();
         assert!(
             events
