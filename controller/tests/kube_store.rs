@@ -1,7 +1,8 @@
 //! The Kubernetes store passes the store contract against a real API
 //! server (the test bench's etcd and kube-apiserver), and what is its own:
 //! a watch resumed from a forgotten resource version lists again, events
-//! are Kubernetes Events, and the CRD schema refuses a bad setting.
+//! are Kubernetes Events, the CRD schema refuses a bad setting, and a
+//! create cut off before its status write is never taken for a whole one.
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -248,4 +249,79 @@ async fn the_crd_schema_refuses_a_bad_setting_naming_the_accepted_values() {
     };
     db(&store).create(&good).await.unwrap();
     assert_eq!(db(&store).list::<Setting>().await.unwrap().len(), 1);
+}
+
+/// A record and its status are two requests to the API server. A
+/// controller killed between them leaves an object with a spec only: a
+/// volume reads back as still being created (so CreateVolume's retry makes
+/// it again), never as a whole, empty, detached one; a replica reads back
+/// with no mode (the controller's interrupted-rebuild rule takes it up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_create_cut_off_before_its_status_reads_back_as_unfinished() {
+    use ballast::model::{
+        Replica, ReplicaResource, ReplicaSpec, Volume, VolumeResource, VolumeSpec, VolumeState,
+    };
+    let (cp, store) = store().await;
+    let client = cp.client().await.unwrap();
+    let volumes: kube::Api<VolumeResource> = kube::Api::namespaced(client.clone(), NAMESPACE);
+    let spec = VolumeSpec::new(1 << 30, 2);
+    volumes
+        .create(
+            &Default::default(),
+            &VolumeResource::new("cut-off", spec.clone()),
+        )
+        .await
+        .unwrap();
+    let v: Volume = seen(&store, "cut-off").await;
+    assert_eq!(v.spec, spec);
+    assert_eq!(v.status.state, VolumeState::Creating);
+    assert!(v.status.current_replicas.is_empty());
+
+    let replicas: kube::Api<ReplicaResource> = kube::Api::namespaced(client, NAMESPACE);
+    let spec = ReplicaSpec {
+        volume: "cut-off".into(),
+        node_id: "node-1".into(),
+        disk_id: "disk-1".into(),
+        data_directory: "replicas/cut-off-r1".into(),
+        desired_state: ballast::model::DesiredState::Running,
+        eviction_requested: false,
+        rebuild_retry_count: 0,
+        failed_at: None,
+        healthy_at: None,
+    };
+    replicas
+        .create(
+            &Default::default(),
+            &ReplicaResource::new("cut-off-r1", spec),
+        )
+        .await
+        .unwrap();
+    let r: Replica = seen(&store, "cut-off-r1").await;
+    assert_eq!(r.status.mode, None);
+
+    // What the store itself creates keeps its status, as always.
+    let whole = Volume {
+        name: "whole".into(),
+        resource_version: 0,
+        spec: VolumeSpec::new(1 << 30, 2),
+        status: Default::default(),
+    };
+    db(&store).create(&whole).await.unwrap();
+    let v: Volume = db(&store).fetch("whole").await.unwrap();
+    assert_eq!(v.status.state, VolumeState::Detached);
+}
+
+/// Record `name` once the store's watch has seen it (written by someone
+/// else, it is there a moment later).
+async fn seen<T: ballast::model::Object>(store: &Arc<KubeStore>, name: &str) -> T {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match db(store).fetch::<T>(name).await {
+            Ok(r) => return r,
+            Err(StoreError::NotFound { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
 }

@@ -21,7 +21,10 @@ pub struct Volume {
     #[serde(default)]
     pub resource_version: u64,
     pub spec: VolumeSpec,
-    #[serde(default)]
+    /// Absent only from a record whose create was cut off before its status
+    /// was written (on Kubernetes the status is a request of its own): such
+    /// a volume is still being created, and never taken for a whole one.
+    #[serde(default = "VolumeStatus::unwritten")]
     pub status: VolumeStatus,
 }
 
@@ -165,6 +168,16 @@ pub struct VolumeStatus {
     /// counts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub actual_size: Option<u64>,
+}
+
+impl VolumeStatus {
+    /// The status of a volume whose record has none: being created.
+    pub fn unwritten() -> Self {
+        VolumeStatus {
+            state: VolumeState::Creating,
+            ..Default::default()
+        }
+    }
 }
 
 impl Default for VolumeStatus {
