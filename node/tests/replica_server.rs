@@ -322,3 +322,98 @@ async fn a_client_gives_up_on_a_server_that_never_answers_its_open() {
     let e = ReplicaClient::connect(&addr, "v-r1").await.err().unwrap();
     assert!(e.to_string().contains("no answer to OPEN"), "{e}");
 }
+
+/// A write's block checksums, taken once by the engine, travel with it
+/// (FLAG_SUMS) to a replica that said at OPEN that it keeps them; the
+/// replica records them as sent. A block that reached it other than the
+/// engine sent it (here: a checksum that does not match the bytes, as a
+/// corruption on the way would leave) then fails its check when read and
+/// is never served. A replica without checksums is sent none; a write
+/// with checksums that is not whole blocks is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn block_checksums_sent_with_a_write_are_recorded_as_sent_and_checked_on_read() {
+    use ballast_node::replica::block_sums;
+    use ballast_node::wire::client::Waiter;
+    use ballast_node::wire::protocol::FLAG_SUMS;
+
+    let disk = tempfile::tempdir().unwrap();
+    Replica::create(&replica_dir(disk.path(), "v1-r1"), 64 * BLOCK).unwrap();
+    Replica::create_without_block_sums(&replica_dir(disk.path(), "v1-r2"), 64 * BLOCK).unwrap();
+    let (addr, _s) = serve(disk.path()).await;
+    let c = ReplicaClient::connect(&addr, "v1-r1").await.unwrap();
+    assert!(c.takes_sums());
+    let old = ReplicaClient::connect(&addr, "v1-r2").await.unwrap();
+    assert!(!old.takes_sums(), "a replica without checksums takes none");
+
+    let write = |c: &ReplicaClient, offset: u64, data: Vec<u8>, sums: Vec<u8>, rev: u64| {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sums = bytes::Bytes::from(sums);
+        c.send_write(
+            offset,
+            bytes::Bytes::from(data),
+            Some(&sums),
+            (rev, false),
+            Waiter::Task(tx),
+        )
+        .unwrap();
+        async move { rx.await.unwrap() }
+    };
+
+    // Right checksums: read back whole.
+    let data: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 251) as u8).collect();
+    write(&c, 0, data.clone(), block_sums(&data), 1)
+        .await
+        .unwrap();
+    assert_eq!(c.read(0, 4 * BLOCK as u32).await.unwrap(), data);
+
+    // A checksum that does not match its block: taken as sent, so the
+    // block is found corrupt when read, and never served.
+    let mut sums = block_sums(&data);
+    sums[4] ^= 0xff; // the second block's
+    write(&c, 8 * BLOCK, data.clone(), sums, 2).await.unwrap();
+    assert_eq!(
+        c.read(8 * BLOCK, BLOCK as u32).await.unwrap(),
+        data[..BLOCK as usize]
+    );
+    let e = c.read(9 * BLOCK, BLOCK as u32).await.unwrap_err();
+    assert!(e.is_corrupt(), "{e}");
+
+    // To a replica without checksums the same write goes without them.
+    write(&old, 0, data.clone(), block_sums(&data), 1)
+        .await
+        .unwrap();
+    assert_eq!(old.read(0, 4 * BLOCK as u32).await.unwrap(), data);
+
+    // FLAG_SUMS on a write that is not whole blocks: refused, with the
+    // reason, before its payload is read.
+    let mut frame = Request {
+        op: Op::Open,
+        flags: 0,
+        id: 1,
+        offset: 0,
+        len: 5,
+        revision: 0,
+    }
+    .encode()
+    .to_vec();
+    frame.extend_from_slice(b"v1-r1");
+    frame.extend_from_slice(
+        &Request {
+            op: Op::Write,
+            flags: FLAG_SUMS,
+            id: 2,
+            offset: 512,
+            len: BLOCK as u32,
+            revision: 3,
+        }
+        .encode(),
+    );
+    let out = raw(&addr, &frame).await;
+    let opened = response(&out);
+    assert_eq!((opened.id, opened.status), (1, status::OK));
+    let rest = &out[RESPONSE_HEADER + opened.len as usize..];
+    let refused = response(rest);
+    assert_eq!((refused.id, refused.status), (2, status::INVALID));
+    let why = String::from_utf8_lossy(&rest[RESPONSE_HEADER..]);
+    assert!(why.contains("whole blocks"), "{why}");
+}

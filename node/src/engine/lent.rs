@@ -26,6 +26,8 @@ pub struct Lent {
     tls: crate::wire::tls::WireTls,
     dir: PathBuf,
     replica: RwLock<Replica>,
+    /// Whether the replica keeps block checksums (its format's, fixed).
+    keeps_sums: bool,
     /// The connection that holds the loan.
     lease: Mutex<Arc<ReplicaClient>>,
     /// The task that keeps the loan; stopped with the replica.
@@ -94,6 +96,7 @@ impl Lent {
             addr: lease.addr().to_string(),
             tls: lease.tls().clone(),
             dir: dir.to_path_buf(),
+            keeps_sums: replica.keeps_sums(),
             replica: RwLock::new(replica),
             lease: Mutex::new(lease),
             keeper: Mutex::new(None),
@@ -128,6 +131,25 @@ impl Lent {
         let mut r = self.replica.write().map_err(|_| self.poisoned())?;
         r.write(offset, data, (revision != 0).then_some(revision))
             .map_err(|e| self.error(e))
+    }
+
+    /// `write` of whole blocks with their checksums, as the engine took
+    /// them once for every replica (see `Replica::write_summed`).
+    pub fn write_summed(
+        &self,
+        offset: u64,
+        data: &[u8],
+        sums: &[u8],
+        revision: u64,
+    ) -> Result<(), ClientError> {
+        let mut r = self.replica.write().map_err(|_| self.poisoned())?;
+        r.write_summed(offset, data, sums, (revision != 0).then_some(revision))
+            .map_err(|e| self.error(e))
+    }
+
+    /// Whether the replica keeps block checksums.
+    pub fn keeps_sums(&self) -> bool {
+        self.keeps_sums
     }
 
     /// Trims, or with `zeroes` writes zeros (see `Replica::discard`).

@@ -984,6 +984,14 @@ impl Engine {
                 guard: Some(guard),
             }),
         });
+        // Whole blocks' checksums are taken once, here, for every replica
+        // that keeps them (each would take the same from the same bytes).
+        let sums = (!unaligned
+            && clients.iter().any(|(_, link, _)| match link {
+                Link::Remote(c) => c.takes_sums(),
+                Link::Lent(l) => l.keeps_sums(),
+            }))
+        .then(|| Bytes::from(crate::replica::block_sums(&data)));
         let Ok(order) = self.order.lock() else {
             return fan.answer_all(EngineError::NoReplica("engine order lock poisoned".into()));
         };
@@ -995,15 +1003,7 @@ impl Engine {
             };
             let (f, n, rw) = (fan.clone(), name.clone(), *rw);
             let waiter = Waiter::Callback(Box::new(move |r| f.one(n, rw, r.map(drop))));
-            let sent = c.send(
-                Op::Write,
-                offset,
-                data.len() as u32,
-                revision,
-                u8::from(fua),
-                data.clone(),
-                waiter,
-            );
+            let sent = c.send_write(offset, data.clone(), sums.as_ref(), (revision, fua), waiter);
             if let Err(e) = sent {
                 fan.one(name.clone(), rw, Err(e));
             }
@@ -1015,7 +1015,10 @@ impl Engine {
                     name.clone(),
                     l.clone(),
                     *rw,
-                    l.write(offset, &data, revision),
+                    match &sums {
+                        Some(s) if l.keeps_sums() => l.write_summed(offset, &data, s, revision),
+                        _ => l.write(offset, &data, revision),
+                    },
                 )),
                 Link::Remote(_) => None,
             })

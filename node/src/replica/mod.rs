@@ -31,6 +31,7 @@ pub use layers::{JoinReport, LayerSpec};
 pub use merge::{MERGE_CHUNK, MergeJournal, MergeStep};
 pub use meta::{META_FILE, Meta, valid_snapshot_id};
 pub use revision::{LOG_ENTRIES, LogEntry, LogOp};
+pub use sums::of_blocks as block_sums;
 pub use table::{LoanGuard, MergeReport, Replicas, Shared, merge_paced, replica_dir};
 
 /// The unit of allocation and of the allocation maps.
@@ -728,10 +729,20 @@ impl Replica {
     /// Records the head's checksums of the blocks a write of `data` at
     /// `offset` touched: from the data for whole blocks, from the file for
     /// the partial ones at its ends.
-    fn sum_written(&mut self, offset: u64, data: &[u8]) -> Result<(), ReplicaError> {
+    fn sum_written(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        given: Option<&[u8]>,
+    ) -> Result<(), ReplicaError> {
         let head_idx = self.layers.len() - 1;
         let head = &mut self.layers[head_idx];
         if head.sums.is_none() {
+            return Ok(());
+        }
+        if let (Some(given), Some(s)) = (given, &mut head.sums) {
+            // Whole blocks (`write_summed` checked): as the engine took them.
+            s.set_given(offset / BLOCK, given);
             return Ok(());
         }
         let end = offset + data.len() as u64;
@@ -781,12 +792,50 @@ impl Replica {
         self.check(offset, data.len() as u64)?;
         let rev = self.next_revision(revision);
         self.log_intent(rev, LogOp::Write, offset, data.len() as u64);
-        self.write_data(offset, data)?;
+        self.write_data(offset, data, None)?;
+        self.bump(Some(rev))
+    }
+
+    /// Whether its layers keep per-block checksums (a replica made before
+    /// them does not; fixed for a replica's life).
+    pub fn keeps_sums(&self) -> bool {
+        self.meta.block_sums
+    }
+
+    /// `write` of whole blocks with their checksums as the engine computed
+    /// them (`sums::of_blocks`), recorded as given rather than taken
+    /// again. A block that reached this replica other than the engine sent
+    /// it then fails its checksum when read, and is never served.
+    pub fn write_summed(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        sums: &[u8],
+        revision: Option<u64>,
+    ) -> Result<(), ReplicaError> {
+        let whole = offset.is_multiple_of(BLOCK) && (data.len() as u64).is_multiple_of(BLOCK);
+        if !whole || sums.len() as u64 != data.len() as u64 / BLOCK * 4 {
+            return Err(ReplicaError::Invalid(format!(
+                "a write with checksums must be whole blocks with 4 bytes of checksum each: {offset}+{} with {} bytes",
+                data.len(),
+                sums.len()
+            )));
+        }
+        self.check(offset, data.len() as u64)?;
+        let rev = self.next_revision(revision);
+        self.log_intent(rev, LogOp::Write, offset, data.len() as u64);
+        self.write_data(offset, data, Some(sums))?;
         self.bump(Some(rev))
     }
 
     /// The write itself, with no revision of its own.
-    fn write_data(&mut self, offset: u64, data: &[u8]) -> Result<(), ReplicaError> {
+    /// `given`: the whole blocks' checksums, as sent with the write.
+    fn write_data(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        given: Option<&[u8]>,
+    ) -> Result<(), ReplicaError> {
         self.check(offset, data.len() as u64)?;
         let end = offset + data.len() as u64;
         let first = offset / BLOCK;
@@ -818,7 +867,7 @@ impl Replica {
             .write_all_at(data, offset)
             .map_err(|e| ReplicaError::io(&head.path, e))?;
         self.layers[head_idx].map.set_range(first, last, true);
-        self.sum_written(offset, data)?;
+        self.sum_written(offset, data, given)?;
         self.unstarted += data.len() as u64;
         if self.writeback_every > 0 && self.unstarted >= self.writeback_every {
             self.unstarted = 0;
@@ -878,7 +927,7 @@ impl Replica {
                 }
             } else {
                 let zeros = vec![0u8; (chunk_end - pos) as usize];
-                self.write_data(pos, &zeros)?;
+                self.write_data(pos, &zeros, None)?;
             }
             pos = chunk_end;
         }

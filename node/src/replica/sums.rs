@@ -23,6 +23,17 @@ pub fn of(block: &[u8]) -> u32 {
     crc32c::crc32c(block)
 }
 
+/// The checksums of `data`'s 4 KiB blocks (its length a multiple of
+/// them), 4 bytes each, little endian, as the table holds them: what an
+/// engine computes once per write and sends with it to every replica.
+pub fn of_blocks(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() / BLOCK as usize * 4);
+    for block in data.chunks(BLOCK as usize) {
+        out.extend_from_slice(&of(block).to_le_bytes());
+    }
+    out
+}
+
 pub struct BlockSums {
     path: PathBuf,
     file: File,
@@ -84,6 +95,18 @@ impl BlockSums {
         {
             let at = (b * 4) as usize;
             m[at..at + 4].copy_from_slice(&sum.to_le_bytes());
+        }
+    }
+
+    /// Records checksums as given (`of_blocks`'s form) for the blocks from
+    /// `first`.
+    pub fn set_given(&mut self, first: u64, given: &[u8]) {
+        if let Some(m) = &mut self.map {
+            let at = (first * 4) as usize;
+            let end = at + given.len();
+            if end <= (self.blocks * 4) as usize {
+                m[at..end].copy_from_slice(given);
+            }
         }
     }
 

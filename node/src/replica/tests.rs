@@ -4,6 +4,7 @@ use std::os::unix::fs::MetadataExt;
 
 use proptest::prelude::*;
 
+use super::sums::of_blocks;
 use super::*;
 
 #[derive(Clone, Debug)]
@@ -163,6 +164,52 @@ fn a_read_comes_from_the_newest_layer_that_holds_the_block() {
     assert_eq!(
         (layers[0].allocated, layers[1].allocated),
         (2 * BLOCK, BLOCK)
+    );
+}
+
+/// Checksums given with a write are recorded as given, and survive a
+/// reopen; a write with checksums that is not whole blocks, or whose
+/// checksums do not cover its blocks, is refused and changes nothing.
+#[test]
+fn a_write_with_its_checksums_records_them_as_given_and_refuses_a_mismatch_in_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(dir.path(), 16 * BLOCK).unwrap();
+    assert!(r.keeps_sums());
+    let data: Vec<u8> = (0..2 * BLOCK).map(|i| (i % 7) as u8).collect();
+    r.write_summed(0, &data, &of_blocks(&data), Some(1))
+        .unwrap();
+    let mut wrong = of_blocks(&data);
+    wrong[4..].copy_from_slice(&of_blocks(&[9u8; BLOCK as usize]));
+    r.write_summed(4 * BLOCK, &data, &wrong, Some(2)).unwrap();
+    r.flush().unwrap();
+    drop(r);
+    let r = Replica::open(dir.path()).unwrap();
+    let mut buf = vec![0u8; 2 * BLOCK as usize];
+    r.read(0, &mut buf).unwrap();
+    assert_eq!(buf, data);
+    let mut one = vec![0u8; BLOCK as usize];
+    r.read(4 * BLOCK, &mut one).unwrap();
+    let e = r.read(5 * BLOCK, &mut one).unwrap_err();
+    assert!(matches!(e, ReplicaError::CorruptBlock { .. }), "{e}");
+    assert_eq!(r.revision(), 2);
+
+    let mut r = r;
+    for (offset, len, sums) in [
+        (512, BLOCK as usize, 4),
+        (0, 100, 4),
+        (0, BLOCK as usize, 8),
+    ] {
+        let e = r
+            .write_summed(offset, &vec![1u8; len], &vec![0u8; sums], Some(3))
+            .unwrap_err();
+        assert!(e.to_string().contains("whole blocks"), "{e}");
+    }
+    assert_eq!(r.revision(), 2, "a refused write changes nothing");
+    let old = tempfile::tempdir().unwrap();
+    assert!(
+        !Replica::create_without_block_sums(old.path(), 16 * BLOCK)
+            .unwrap()
+            .keeps_sums()
     );
 }
 

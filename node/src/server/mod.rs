@@ -27,8 +27,8 @@ use crate::budget::{Budget, Share};
 use crate::replica::{LoanGuard, Replica, ReplicaError, Replicas, Shared};
 use crate::sync::{Fills, SyncError};
 use crate::wire::protocol::{
-    FLAG_FUA, FLAG_RETURN, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER, Request, Response, status,
-    status_of,
+    FLAG_FUA, FLAG_RETURN, FLAG_SUMS, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER, Request,
+    Response, status, status_of,
 };
 use crate::wire::tls::{Peer, WireTls, Writer};
 use crate::wire::{HANDSHAKE_TIMEOUT, IO_BUFFER, JoinSpec};
@@ -449,12 +449,15 @@ impl Connection {
     }
 
     /// OPEN: binds the connection to a replica.
+    /// The reply says what the replica takes: `{"sums": true}` when it
+    /// keeps block checksums, so that writes may bring them (FLAG_SUMS).
     async fn open(&mut self, id: u64, payload: &[u8]) -> Flow {
         let name = String::from_utf8_lossy(payload).into_owned();
         let reply = match self.server.replicas.find(&name) {
             Ok(r) => {
+                let sums = r.read().is_ok_and(|r| r.keeps_sums());
                 self.bound = Some((name, r));
-                (ok_empty(id), Vec::new())
+                ok_json(id, &serde_json::json!({ "sums": sums }))
             }
             Err(e) => error(id, status::NOT_FOUND, &e),
         };
@@ -707,7 +710,10 @@ fn write_op(r: &mut Replica, req: &Request, payload: &[u8]) -> Result<Vec<u8>, R
     match req.op {
         Op::Write | Op::Trim => {
             let rev = (req.revision != 0).then_some(req.revision);
-            if req.op == Op::Write {
+            if req.op == Op::Write && req.flags & FLAG_SUMS != 0 {
+                let (data, sums) = payload.split_at(req.len as usize);
+                r.write_summed(req.offset, data, sums, rev)?;
+            } else if req.op == Op::Write {
                 r.write(req.offset, payload, rev)?;
             } else {
                 let zeroes = req.flags & FLAG_ZEROES != 0;

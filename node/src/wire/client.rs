@@ -99,6 +99,8 @@ fn close_all(closed: &Ended, pending: &Pending, addr: &str, reason: &str) {
 struct Frame {
     head: [u8; super::protocol::REQUEST_HEADER],
     payload: bytes::Bytes,
+    /// A write's block checksums (FLAG_SUMS), or empty.
+    sums: bytes::Bytes,
 }
 
 /// Writes every frame of `batch`, headers and payloads, with vectored
@@ -111,11 +113,13 @@ async fn write_frames<W: tokio::io::AsyncWrite + Unpin + ?Sized>(
     batch: &[Frame],
 ) -> std::io::Result<()> {
     use std::io::IoSlice;
-    let mut slices: Vec<IoSlice> = Vec::with_capacity(batch.len() * 2);
+    let mut slices: Vec<IoSlice> = Vec::with_capacity(batch.len() * 3);
     for f in batch {
         slices.push(IoSlice::new(&f.head));
-        if !f.payload.is_empty() {
-            slices.push(IoSlice::new(&f.payload));
+        for part in [&f.payload, &f.sums] {
+            if !part.is_empty() {
+                slices.push(IoSlice::new(part));
+            }
         }
     }
     let mut rest: &mut [IoSlice] = &mut slices;
@@ -127,6 +131,13 @@ async fn write_frames<W: tokio::io::AsyncWrite + Unpin + ?Sized>(
         IoSlice::advance_slices(&mut rest, n);
     }
     wr.flush().await
+}
+
+/// What follows a request's header: its payload, and a write's block
+/// checksums (or nothing).
+struct Parts {
+    payload: bytes::Bytes,
+    sums: bytes::Bytes,
 }
 
 pub struct ReplicaClient {
@@ -143,6 +154,9 @@ pub struct ReplicaClient {
     pending: Pending,
     next: AtomicU64,
     reader: tokio::task::JoinHandle<()>,
+    /// The replica takes writes with their block checksums (its OPEN
+    /// reply said so; a server from before FLAG_SUMS says nothing).
+    takes_sums: bool,
 }
 
 impl Drop for ReplicaClient {
@@ -229,7 +243,7 @@ impl ReplicaClient {
             };
             close_all(&c, &p, &a, &reason);
         });
-        let client = ReplicaClient {
+        let mut client = ReplicaClient {
             addr: addr.to_string(),
             tls: tls.clone(),
             outbox,
@@ -238,17 +252,25 @@ impl ReplicaClient {
             pending,
             next: AtomicU64::new(1),
             reader,
+            takes_sums: false,
         };
         // A server that takes the connection but never answers the OPEN
         // does not hold the caller (an engine starting, a rebuild).
         let open = client.call(Op::Open, 0, name.len() as u32, 0, 0, name.as_bytes());
-        tokio::time::timeout(super::HANDSHAKE_TIMEOUT, open)
+        let opened = tokio::time::timeout(super::HANDSHAKE_TIMEOUT, open)
             .await
             .map_err(|_| ClientError::Closed {
                 addr: addr.to_string(),
                 reason: format!("no answer to OPEN within {:?}", super::HANDSHAKE_TIMEOUT),
             })??;
+        client.takes_sums = serde_json::from_slice::<serde_json::Value>(&opened)
+            .is_ok_and(|v| v["sums"] == serde_json::Value::Bool(true));
         Ok(client)
+    }
+
+    /// Whether writes to it may bring their block checksums (`send_write`).
+    pub fn takes_sums(&self) -> bool {
+        self.takes_sums
     }
 
     pub fn addr(&self) -> &str {
@@ -322,7 +344,11 @@ impl ReplicaClient {
         ClientError,
     > {
         let (tx, rx) = oneshot::channel();
-        self.send(op, offset, len, revision, flags, payload, Waiter::Task(tx))?;
+        let parts = Parts {
+            payload,
+            sums: bytes::Bytes::new(),
+        };
+        self.send(op, offset, len, revision, flags, parts, Waiter::Task(tx))?;
         let addr = self.addr.clone();
         Ok(async move {
             rx.await.map_err(|_| ClientError::Closed {
@@ -332,17 +358,44 @@ impl ReplicaClient {
         })
     }
 
+    /// Sends a WRITE of `data` at `offset` now, with `sums` (its blocks'
+    /// checksums, `replica::block_sums`) when given and the replica takes
+    /// them; `waiter` gets its reply.
+    pub fn send_write(
+        &self,
+        offset: u64,
+        data: bytes::Bytes,
+        sums: Option<&bytes::Bytes>,
+        (revision, fua): (u64, bool),
+        waiter: Waiter,
+    ) -> Result<(), ClientError> {
+        let len = data.len() as u32;
+        let mut flags = u8::from(fua);
+        let sums = match sums {
+            Some(s) if self.takes_sums => {
+                flags |= super::protocol::FLAG_SUMS;
+                s.clone()
+            }
+            _ => bytes::Bytes::new(),
+        };
+        let parts = Parts {
+            payload: data,
+            sums,
+        };
+        self.send(Op::Write, offset, len, revision, flags, parts, waiter)
+    }
+
     /// Sends a request now; `waiter` gets its reply (or the connection's
     /// end). On an error here the waiter is dropped unrun.
     #[allow(clippy::too_many_arguments)]
-    pub fn send(
+    fn send(
         &self,
         op: Op,
         offset: u64,
         len: u32,
         revision: u64,
         flags: u8,
-        payload: bytes::Bytes,
+        parts: Parts,
         waiter: Waiter,
     ) -> Result<(), ClientError> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
@@ -369,7 +422,16 @@ impl ReplicaClient {
             revision,
         }
         .encode();
-        if self.outbox.send(Frame { head, payload }).is_err() {
+        let Parts { payload, sums } = parts;
+        if self
+            .outbox
+            .send(Frame {
+                head,
+                payload,
+                sums,
+            })
+            .is_err()
+        {
             if let Ok(mut m) = self.pending.lock() {
                 m.remove(&id);
             }
@@ -536,6 +598,7 @@ mod tests {
             }
             .encode(),
             payload: bytes::Bytes::from_static(payload),
+            sums: bytes::Bytes::new(),
         };
         let batch = [frame(1, b"first"), frame(2, b""), frame(3, b"last")];
         let mut session = Session::default();

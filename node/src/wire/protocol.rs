@@ -15,6 +15,8 @@
 pub const REQUEST_MAGIC: u32 = u32::from_le_bytes(*b"BREQ");
 pub const RESPONSE_MAGIC: u32 = u32::from_le_bytes(*b"BRSP");
 pub const REQUEST_HEADER: usize = 40;
+/// The block checksums of FLAG_SUMS are of this many bytes each.
+const BLOCK: u64 = crate::replica::BLOCK;
 pub const RESPONSE_HEADER: usize = 24;
 /// Largest READ or WRITE payload, and largest reply.
 pub const MAX_DATA: u32 = 32 << 20;
@@ -26,6 +28,12 @@ pub const FLAG_FUA: u8 = 1;
 pub const FLAG_ZEROES: u8 = 2;
 /// LEND flag: give the replica back instead of borrowing it.
 pub const FLAG_RETURN: u8 = 4;
+/// WRITE flag: the `length` bytes of data are followed by the CRC32C of
+/// each of their 4 KiB blocks, 4 bytes each, little endian, as the engine
+/// computed them once for every replica: the replica records them instead
+/// of computing its own. Only for whole blocks (offset and length), and
+/// only to a replica whose OPEN reply said `{"sums": true}`.
+pub const FLAG_SUMS: u8 = 8;
 /// Largest JOIN or FILL payload.
 pub const MAX_CONTROL: u32 = 1 << 20;
 
@@ -198,9 +206,18 @@ impl Request {
         if offset.checked_add(u64::from(len)).is_none() {
             return Err(refuse(format!("offset {offset} + length {len} overflows")));
         }
+        let flags = b[5];
+        if op == Op::Write
+            && flags & FLAG_SUMS != 0
+            && !(offset.is_multiple_of(BLOCK) && u64::from(len).is_multiple_of(BLOCK))
+        {
+            return Err(refuse(format!(
+                "a write with checksums must be whole blocks: offset {offset}, length {len}"
+            )));
+        }
         Ok(Request {
             op,
-            flags: b[5],
+            flags,
             id,
             offset,
             len,
@@ -211,8 +228,18 @@ impl Request {
     /// Bytes of payload that follow this header.
     pub fn payload_len(&self) -> usize {
         match self.op {
-            Op::Write | Op::Open | Op::Join | Op::Fill | Op::Snapshot => self.len as usize,
+            Op::Write => self.len as usize + self.sums_len(),
+            Op::Open | Op::Join | Op::Fill | Op::Snapshot => self.len as usize,
             _ => 0,
+        }
+    }
+
+    /// Bytes of block checksums at the end of a WRITE's payload.
+    pub fn sums_len(&self) -> usize {
+        if self.op == Op::Write && self.flags & FLAG_SUMS != 0 {
+            (u64::from(self.len) / BLOCK * 4) as usize
+        } else {
+            0
         }
     }
 }
@@ -288,16 +315,21 @@ mod tests {
         }
 
         #[test]
-        fn random_bytes_behind_a_valid_magic_are_validated(op in any::<u8>(), id in any::<u64>(), offset in any::<u64>(), len in any::<u32>()) {
+        fn random_bytes_behind_a_valid_magic_are_validated(op in any::<u8>(), flags in any::<u8>(), id in any::<u64>(), offset in any::<u64>(), len in any::<u32>()) {
             let mut b = [0u8; REQUEST_HEADER];
             b[0..4].copy_from_slice(&REQUEST_MAGIC.to_le_bytes());
             b[4] = op;
+            b[5] = flags;
             b[8..16].copy_from_slice(&id.to_le_bytes());
             b[16..24].copy_from_slice(&offset.to_le_bytes());
             b[24..28].copy_from_slice(&len.to_le_bytes());
             match Request::decode(&b) {
                 Ok(r) => {
-                    prop_assert!(r.payload_len() <= MAX_DATA as usize);
+                    prop_assert!(r.payload_len() <= MAX_DATA as usize + MAX_DATA as usize / 1024);
+                    if r.sums_len() > 0 {
+                        prop_assert!(offset % BLOCK == 0 && u64::from(len) % BLOCK == 0);
+                        prop_assert_eq!(r.payload_len(), len as usize + len as usize / 1024);
+                    }
                     prop_assert!(offset.checked_add(u64::from(len)).is_some());
                     prop_assert_eq!(Request::decode(&r.encode()), Ok(r));
                 }
