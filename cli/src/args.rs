@@ -199,6 +199,11 @@ pub struct NodeArgs {
     /// rest; 0 leaves it to the kernel.
     #[arg(long, env = "BALLAST_WRITEBACK_EVERY", default_value = "8Mi", value_parser = parse_size)]
     pub writeback_every: u64,
+    /// Async worker threads of each engine this node starts (0: one per
+    /// core). On a node of few cores shared by many volumes, 1 takes less
+    /// CPU per write; more let one busy volume use more cores.
+    #[arg(long, env = "BALLAST_ENGINE_WORKERS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
+    pub engine_workers: u16,
     /// Start engines in the engine host listening here (`unix:///path`),
     /// so that they outlive this process's group and container; without
     /// it, engines are this process's children.
@@ -304,6 +309,7 @@ fn node_config(
         tls_dir: a.tls_dir,
         max_volumes: a.max_volumes_per_node,
         writeback_every: a.writeback_every,
+        engine_workers: a.engine_workers,
         engine_host: a.engine_host,
         metrics_listen: a.metrics_listen,
     }
@@ -375,6 +381,9 @@ pub struct EngineArgs {
     /// many bytes written to it; 0 leaves it to the kernel.
     #[arg(long, env = "BALLAST_WRITEBACK_EVERY", default_value = "8Mi", value_parser = parse_size)]
     pub writeback_every: u64,
+    /// Async worker threads (0: one per core).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
+    pub workers: u16,
     /// Where to write the engine's status (JSON) every second.
     #[arg(long, env = "BALLAST_STATUS_FILE")]
     pub status_file: Option<PathBuf>,

@@ -134,8 +134,10 @@ async fn write_status(e: std::sync::Arc<ballast_node::engine::Engine>, path: std
             _ = tick.tick() => {}
             _ = e.changed.notified() => {}
         }
-        let status =
-            serde_json::json!({"volume": e.volume, "replicas": e.status().await, "io": e.io()});
+        let workers = tokio::runtime::Handle::current().metrics().num_workers();
+        let status = serde_json::json!({
+            "volume": e.volume, "replicas": e.status().await, "io": e.io(), "workers": workers
+        });
         let tmp = path.with_extension("tmp");
         if std::fs::write(&tmp, status.to_string()).is_ok() {
             let _ = std::fs::rename(&tmp, &path);

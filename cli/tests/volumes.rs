@@ -17,6 +17,38 @@ fn replica_dir_in(dir: &std::path::Path, r: &serde_json::Value) -> std::path::Pa
         .join(r["name"].as_str().unwrap())
 }
 
+/// A controller (`node_down` its node-down timeout) and `n` nodes
+/// (`node-1`...), each with `flags`, all ready. The disks are directories
+/// on this machine's filesystem, whatever its free space: the 25% free
+/// minimum is set to 0, so that it does not decide the tests.
+fn cluster(
+    dir: &std::path::Path,
+    node_down: &str,
+    n: usize,
+    flags: &[&str],
+) -> (ControllerProc, Vec<NodeProc>) {
+    let ctl = start_controller(dir, node_down);
+    let agent = format!("http://{}", ctl.agent);
+    let nodes: Vec<NodeProc> = (1..=n)
+        .map(|i| start_node_with(dir, &format!("node-{i}"), &agent, flags))
+        .collect();
+    for n in &nodes {
+        wait_for(Duration::from_secs(30), "node ready", || {
+            node(&ctl.api, &n.id).filter(node_is_up)
+        });
+    }
+    let (s, _) = call(
+        "PUT",
+        &format!(
+            "{}/v1/settings/storage-minimal-available-percentage",
+            ctl.api
+        ),
+        Some(json!({"value": 0})),
+    );
+    assert_eq!(s, 200);
+    (ctl, nodes)
+}
+
 /// Waits until `volume`'s robustness is `want`.
 fn wait_robustness(api: &str, volume: &str, want: &str) {
     wait_for(
@@ -34,25 +66,8 @@ fn wait_robustness(api: &str, volume: &str, want: &str) {
 #[test]
 fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
     let dir = tempfile::tempdir().unwrap();
-    let ctl = start_controller(dir.path(), "3s");
-    let agent = format!("http://{}", ctl.agent);
-    let mut nodes: Vec<NodeProc> = (1..=3)
-        .map(|i| start_node(dir.path(), &format!("node-{i}"), &agent))
-        .collect();
-    for n in &nodes {
-        wait_for(Duration::from_secs(30), "node ready", || {
-            node(&ctl.api, &n.id).filter(node_is_up)
-        });
-    }
+    let (ctl, mut nodes) = cluster(dir.path(), "3s", 3, &[]);
     let api = &ctl.api;
-    // The disks are directories on this machine's filesystem, whatever its
-    // free space: do not let the 25% free minimum decide the test.
-    let (s, _) = call(
-        "PUT",
-        &format!("{api}/v1/settings/storage-minimal-available-percentage"),
-        Some(json!({"value": 0})),
-    );
-    assert_eq!(s, 200);
 
     // More replicas than nodes (hard node anti-affinity): 422 with reasons.
     let (s, v) = call(
@@ -287,4 +302,35 @@ fn ballastctl_prints_yaml_watches_a_volume_and_writes_completions() {
             "{shell}: {script}"
         );
     }
+}
+
+/// A node's `--engine-workers` reaches the engines it starts: the engine of
+/// a volume attached there runs that many async workers (its status file
+/// says how many its runtime has), and serves the volume's data.
+#[test]
+fn a_nodes_engine_workers_flag_sets_its_engines_async_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, _nodes) = cluster(dir.path(), "30s", 1, &["--engine-workers", "1"]);
+    let api = &ctl.api;
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes"),
+        Some(json!({"name": "w1", "size": "64Mi", "numberOfReplicas": 1})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let endpoint = attach(api, "w1", "node-1");
+    let status = dir.path().join("node-1/state/frontends/w1.status.json");
+    wait_for(Duration::from_secs(30), "the engine's status", || {
+        let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).ok()?).ok()?;
+        s["workers"].as_u64()
+    });
+    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&status).unwrap()).unwrap();
+    assert_eq!(s["workers"], 1, "{s}");
+    let (ok, out) = qemu_io(
+        &endpoint,
+        &["write -P 0x3c 0 1M", "write -P 0x4d 32M 4k", "flush"],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = qemu_io(&endpoint, &["read -P 0x3c 0 1M", "read -P 0x4d 32M 4k"]);
+    assert!(ok, "{out}");
 }

@@ -46,6 +46,8 @@ pub struct NodeConfig {
     /// Start a replica head's writeback after this many bytes written (0:
     /// left to the kernel).
     pub writeback_every: u64,
+    /// Async worker threads of each engine (0: one per core).
+    pub engine_workers: u16,
     /// The engine host's socket (`unix://…`): engines are started there,
     /// so that they outlive this process's group and container.
     pub engine_host: Option<String>,
@@ -245,7 +247,10 @@ fn context(
             state_dir,
             exe,
             disk_paths,
-            config.writeback_every,
+            crate::engines::Tuning {
+                writeback_every: config.writeback_every,
+                workers: config.engine_workers,
+            },
             crate::engines::RecordAt {
                 controller: config.controller.clone(),
                 node_id: config.node_id.clone(),

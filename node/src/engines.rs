@@ -49,13 +49,23 @@ pub struct RecordAt {
     pub tls_dir: Option<PathBuf>,
 }
 
+/// How each engine runs, as the node's flags say.
+#[derive(Clone, Copy, Debug)]
+pub struct Tuning {
+    /// `--writeback-every`: start the lent replica's writeback after this
+    /// many bytes written (0: left to the kernel).
+    pub writeback_every: u64,
+    /// `--workers`: async worker threads (0: one per core).
+    pub workers: u16,
+}
+
 pub struct Engines {
     dir: PathBuf,
     exe: PathBuf,
     /// This node's disks, where a local replica's files are.
     disks: Vec<PathBuf>,
-    /// Passed to each engine (`--writeback-every`).
-    writeback_every: u64,
+    /// Passed to each engine.
+    tuning: Tuning,
     record_at: RecordAt,
     /// The engine host's socket; None: engines are this process's children.
     host: Option<PathBuf>,
@@ -92,7 +102,7 @@ impl Engines {
         state_dir: &Path,
         exe: PathBuf,
         disks: Vec<PathBuf>,
-        writeback_every: u64,
+        tuning: Tuning,
         record_at: RecordAt,
         host: Option<PathBuf>,
     ) -> Self {
@@ -100,7 +110,7 @@ impl Engines {
             dir: state_dir.join("frontends"),
             exe,
             disks,
-            writeback_every,
+            tuning,
             record_at,
             host,
             running: Mutex::new(BTreeMap::new()),
@@ -337,7 +347,8 @@ impl Engines {
             .arg("--control-socket")
             .arg(self.control(&spec.volume))
             .arg("--writeback-every")
-            .arg(self.writeback_every.to_string())
+            .arg(self.tuning.writeback_every.to_string())
+            .args(["--workers", &self.tuning.workers.to_string()])
             .args(["--controller", &self.record_at.controller])
             .args(["--node-id", &self.record_at.node_id])
             .args(["--generation", &spec.generation.to_string()]);

@@ -52,7 +52,16 @@ fn main() -> ExitCode {
         };
     }
     ballast::logging::init(cli.log_format == LogFormat::Json);
-    let runtime = match tokio::runtime::Runtime::new() {
+    // An engine runs as many async workers as asked (0: one per core).
+    let workers = match &cli.command {
+        Command::Engine(a) => a.workers,
+        _ => 0,
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if workers > 0 {
+        builder.worker_threads(usize::from(workers));
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the runtime: {e}");
