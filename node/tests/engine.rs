@@ -602,3 +602,83 @@ async fn a_replica_the_record_leaves_out_is_never_served_whatever_revision_it_cl
     );
     assert_eq!(engine.read(0, 4096).await.unwrap(), vec![1u8; 4096]);
 }
+
+/// Between the engine and `to`: passes every request on, but flips the
+/// first byte of each WRITE's data, as a fault on the way would.
+async fn corrupting_proxy(to: &ReplicaAddr) -> ReplicaAddr {
+    use ballast_node::wire::protocol::{Op, REQUEST_HEADER, Request};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let upstream = to.addr.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move { tokio::io::copy(&mut sr, &mut cw).await });
+            tokio::spawn(async move {
+                let mut head = [0u8; REQUEST_HEADER];
+                while cr.read_exact(&mut head).await.is_ok() {
+                    let req = Request::decode(&head).unwrap();
+                    let mut payload = vec![0u8; req.payload_len()];
+                    if cr.read_exact(&mut payload).await.is_err() {
+                        return;
+                    }
+                    if req.op == Op::Write && req.len > 0 {
+                        payload[0] ^= 0xff;
+                    }
+                    if sw.write_all(&head).await.is_err() || sw.write_all(&payload).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    ReplicaAddr {
+        name: to.name.clone(),
+        addr,
+    }
+}
+
+/// A block changed on its way to a replica is never served: the engine
+/// takes a write's checksums before the bytes leave it and sends them
+/// along, so the changed block fails its check at the replica when read,
+/// the replica is dropped, and the read is served from another. Both
+/// write paths: the awaited one (the block device's) and NBD's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_changed_on_its_way_to_a_replica_is_never_served() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let sound = replica_server(d1.path(), "v-r1", 64 * BLOCK).await;
+    let hurt = replica_server(d2.path(), "v-r2", 64 * BLOCK).await;
+    let hurt = corrupting_proxy(&hurt).await;
+    // The hurt one is read first.
+    let engine = engine_over(64 * BLOCK, &[sound, hurt], Some("v-r2")).await;
+
+    let awaited: Vec<u8> = (0..2 * BLOCK).map(|i| (i % 253) as u8).collect();
+    engine.write(0, &awaited, false).await.unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let nbd: Vec<u8> = (0..2 * BLOCK).map(|i| (i % 241) as u8).collect();
+    engine
+        .write_then(
+            8 * BLOCK,
+            bytes::Bytes::from(nbd.clone()),
+            false,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )
+        .await;
+    rx.await.unwrap().unwrap();
+
+    let got = engine.read(0, 2 * BLOCK as u32).await.unwrap();
+    assert!(
+        got == awaited,
+        "the awaited write's block was served changed"
+    );
+    let got = engine.read(8 * BLOCK, 2 * BLOCK as u32).await.unwrap();
+    assert!(got == nbd, "the NBD write's block was served changed");
+    let status = engine.status().await;
+    let hurt = status.iter().find(|s| s.name == "v-r2").unwrap();
+    assert_eq!(hurt.mode, ReplicaMode::Err, "{status:?}");
+}

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use crate::replica::{LayerInfo, Replica, ReplicaError};
 use crate::wire::client::ClientError;
 use crate::wire::client::ReplicaClient;
@@ -133,15 +135,19 @@ impl Lent {
             .map_err(|e| self.error(e))
     }
 
-    /// `write` of whole blocks with their checksums, as the engine took
-    /// them once for every replica (see `Replica::write_summed`).
-    pub fn write_summed(
+    /// `write`, with the checksums of its whole blocks when the engine
+    /// took them once for every replica and this one keeps them (see
+    /// `Replica::write_summed`).
+    pub fn write_maybe_summed(
         &self,
         offset: u64,
         data: &[u8],
-        sums: &[u8],
+        sums: Option<&Bytes>,
         revision: u64,
     ) -> Result<(), ClientError> {
+        let (Some(sums), true) = (sums, self.keeps_sums) else {
+            return self.write(offset, data, revision);
+        };
         let mut r = self.replica.write().map_err(|_| self.poisoned())?;
         r.write_summed(offset, data, sums, (revision != 0).then_some(revision))
             .map_err(|e| self.error(e))

@@ -220,6 +220,19 @@ impl Drop for Engine {
 /// Name, link, and whether its answer counts (rw, not wo).
 type Writers = Vec<(String, Link, bool)>;
 
+/// The block checksums of a write of `data` at `offset`, taken once for
+/// every replica in `clients` that keeps them (each would take the same
+/// from the same bytes); None for a write that is not whole blocks, or
+/// when no replica keeps them.
+fn sums_for(clients: &Writers, offset: u64, data: &[u8]) -> Option<Bytes> {
+    let whole = offset.is_multiple_of(BLOCK) && (data.len() as u64).is_multiple_of(BLOCK);
+    let wanted = clients.iter().any(|(_, link, _)| match link {
+        Link::Remote(c) => c.takes_sums(),
+        Link::Lent(l) => l.keeps_sums(),
+    });
+    (whole && wanted).then(|| Bytes::from(crate::replica::block_sums(data)))
+}
+
 /// What is called with a write's outcome.
 pub type WriteDone = Box<dyn FnOnce(Result<(), EngineError>) + Send>;
 
@@ -754,10 +767,23 @@ impl Engine {
             } else {
                 0
             };
+            let sums = if op == Op::Write {
+                sums_for(&clients, offset, &data)
+            } else {
+                None
+            };
             // Remote replicas first, so they work while the local one does.
             for (name, link, rw) in clients.iter() {
                 if let Link::Remote(c) = link {
-                    match c.submit(op, offset, len, revision, flags, data.clone()) {
+                    let sent = c.submit_summed(
+                        op,
+                        offset,
+                        len,
+                        (revision, flags),
+                        data.clone(),
+                        sums.as_ref(),
+                    );
+                    match sent {
                         Ok(w) => waits.push((name.clone(), w, *rw)),
                         Err(e) => failed.push((name.clone(), e, *rw)),
                     }
@@ -768,7 +794,7 @@ impl Engine {
                     continue;
                 };
                 let done = match op {
-                    Op::Write => l.write(offset, &data, revision),
+                    Op::Write => l.write_maybe_summed(offset, &data, sums.as_ref(), revision),
                     Op::Trim => {
                         l.discard(offset, u64::from(len), revision, flags & FLAG_ZEROES != 0)
                     }
@@ -984,14 +1010,7 @@ impl Engine {
                 guard: Some(guard),
             }),
         });
-        // Whole blocks' checksums are taken once, here, for every replica
-        // that keeps them (each would take the same from the same bytes).
-        let sums = (!unaligned
-            && clients.iter().any(|(_, link, _)| match link {
-                Link::Remote(c) => c.takes_sums(),
-                Link::Lent(l) => l.keeps_sums(),
-            }))
-        .then(|| Bytes::from(crate::replica::block_sums(&data)));
+        let sums = sums_for(&clients, offset, &data);
         let Ok(order) = self.order.lock() else {
             return fan.answer_all(EngineError::NoReplica("engine order lock poisoned".into()));
         };
@@ -1015,10 +1034,7 @@ impl Engine {
                     name.clone(),
                     l.clone(),
                     *rw,
-                    match &sums {
-                        Some(s) if l.keeps_sums() => l.write_summed(offset, &data, s, revision),
-                        _ => l.write(offset, &data, revision),
-                    },
+                    l.write_maybe_summed(offset, &data, sums.as_ref(), revision),
                 )),
                 Link::Remote(_) => None,
             })

@@ -343,11 +343,25 @@ impl ReplicaClient {
         impl std::future::Future<Output = Result<bytes::Bytes, ClientError>> + use<>,
         ClientError,
     > {
+        self.submit_summed(op, offset, len, (revision, flags), payload, None)
+    }
+
+    /// `submit`, with a WRITE's block checksums (`replica::block_sums`)
+    /// when given and the replica takes them.
+    pub fn submit_summed(
+        &self,
+        op: Op,
+        offset: u64,
+        len: u32,
+        (revision, flags): (u64, u8),
+        payload: bytes::Bytes,
+        sums: Option<&bytes::Bytes>,
+    ) -> Result<
+        impl std::future::Future<Output = Result<bytes::Bytes, ClientError>> + use<>,
+        ClientError,
+    > {
         let (tx, rx) = oneshot::channel();
-        let parts = Parts {
-            payload,
-            sums: bytes::Bytes::new(),
-        };
+        let (flags, parts) = self.parts(op, flags, payload, sums);
         self.send(op, offset, len, revision, flags, parts, Waiter::Task(tx))?;
         let addr = self.addr.clone();
         Ok(async move {
@@ -356,6 +370,33 @@ impl ReplicaClient {
                 reason: "reader stopped".into(),
             })?
         })
+    }
+
+    /// The flags and the parts of a request: a WRITE's checksums go with
+    /// it (flag SUMS) when given and the replica takes them.
+    fn parts(
+        &self,
+        op: Op,
+        flags: u8,
+        payload: bytes::Bytes,
+        sums: Option<&bytes::Bytes>,
+    ) -> (u8, Parts) {
+        match sums {
+            Some(s) if op == Op::Write && self.takes_sums => (
+                flags | super::protocol::FLAG_SUMS,
+                Parts {
+                    payload,
+                    sums: s.clone(),
+                },
+            ),
+            _ => (
+                flags,
+                Parts {
+                    payload,
+                    sums: bytes::Bytes::new(),
+                },
+            ),
+        }
     }
 
     /// Sends a WRITE of `data` at `offset` now, with `sums` (its blocks'
@@ -370,18 +411,7 @@ impl ReplicaClient {
         waiter: Waiter,
     ) -> Result<(), ClientError> {
         let len = data.len() as u32;
-        let mut flags = u8::from(fua);
-        let sums = match sums {
-            Some(s) if self.takes_sums => {
-                flags |= super::protocol::FLAG_SUMS;
-                s.clone()
-            }
-            _ => bytes::Bytes::new(),
-        };
-        let parts = Parts {
-            payload: data,
-            sums,
-        };
+        let (flags, parts) = self.parts(Op::Write, u8::from(fua), data, sums);
         self.send(Op::Write, offset, len, revision, flags, parts, waiter)
     }
 
