@@ -59,7 +59,12 @@ fn two_nodes_register_and_a_killed_node_turns_not_ready_then_ready_again() {
         node_is_up(&node(&ctl.api, "node-1").unwrap()),
         "node-1 stays ready"
     );
-    assert!(event_reasons(&ctl.api, "node/node-2").contains(&"NodeDown".to_string()));
+    // The event is written after the status that it tells of.
+    wait_for(Duration::from_secs(10), "a NodeDown event", || {
+        event_reasons(&ctl.api, "node/node-2")
+            .contains(&"NodeDown".to_string())
+            .then_some(())
+    });
 
     // Restart it with the same flags: ready again, same disk id.
     let since = chrono::Utc::now();
@@ -75,6 +80,11 @@ fn two_nodes_register_and_a_killed_node_turns_not_ready_then_ready_again() {
             .collect::<Vec<_>>(),
         ["disk-1"]
     );
+    wait_for(Duration::from_secs(10), "a NodeReady event", || {
+        event_reasons(&ctl.api, "node/node-2")
+            .contains(&"NodeReady".to_string())
+            .then_some(())
+    });
     let reasons = event_reasons(&ctl.api, "node/node-2");
     assert_eq!(
         reasons,

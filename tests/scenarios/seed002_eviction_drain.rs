@@ -219,15 +219,13 @@ fn block_for_eviction_with_nowhere_to_go_blocks_the_drain_until_uncordoned() {
     });
     c.wait_settled("vol", 3, SETTLE);
     assert_eq!(robustness(&c, "vol"), "healthy");
-    let reasons = c.event_reasons(&format!("replica/{evicted}"));
-    assert!(
-        reasons.contains(&"EvictionAutomatic".to_string()),
-        "{reasons:?}"
-    );
-    assert!(
-        reasons.contains(&"EvictionCanceled".to_string()),
-        "{reasons:?}"
-    );
+    // Each event is written after the change it tells of.
+    wait_for(SETTLE, "the eviction's events", || {
+        let reasons = c.event_reasons(&format!("replica/{evicted}"));
+        (reasons.contains(&"EvictionAutomatic".to_string())
+            && reasons.contains(&"EvictionCanceled".to_string()))
+        .then_some(())
+    });
     verify_data(c.dir.path(), &endpoint, &data);
     verify_replicas(&c, "vol", &data);
 }
