@@ -129,10 +129,12 @@ fn kube_a_drain_waits_while_the_node_holds_the_last_replica_and_goes_through_onc
     let data = write_data(c.dir.path(), &endpoint, 31);
 
     drain_waits(&k, &node);
-    assert!(
+    // The event is written after the guard it tells of.
+    wait_for(SETTLE, "a DrainGuardRaised event", || {
         c.event_reasons(&format!("node/{node}"))
             .contains(&"DrainGuardRaised".to_string())
-    );
+            .then_some(())
+    });
 
     // The operator allows the drain: the guard goes, the drain goes on.
     c.set("node-drain-policy", json!("always-allow"));
