@@ -757,6 +757,12 @@ impl Engine {
         let mut held: Vec<String> = Vec::new();
         // Lent replicas to flush once the order lock is let go.
         let mut flushes = Vec::new();
+        // Taken before the order lock: the lock is held only to send.
+        let sums = if op == Op::Write {
+            sums_for(&clients, offset, &data)
+        } else {
+            None
+        };
         {
             let _order = self
                 .order
@@ -766,11 +772,6 @@ impl Engine {
                 self.revision.fetch_add(1, Ordering::SeqCst) + 1
             } else {
                 0
-            };
-            let sums = if op == Op::Write {
-                sums_for(&clients, offset, &data)
-            } else {
-                None
             };
             // Remote replicas first, so they work while the local one does.
             for (name, link, rw) in clients.iter() {
