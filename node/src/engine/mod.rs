@@ -225,12 +225,12 @@ type Writers = Vec<(String, Link, bool)>;
 /// from the same bytes); None for a write that is not whole blocks, or
 /// when no replica keeps them.
 fn sums_for(clients: &Writers, offset: u64, data: &[u8]) -> Option<Bytes> {
-    let whole = offset.is_multiple_of(BLOCK) && (data.len() as u64).is_multiple_of(BLOCK);
     let wanted = clients.iter().any(|(_, link, _)| match link {
         Link::Remote(c) => c.takes_sums(),
         Link::Lent(l) => l.keeps_sums(),
     });
-    (whole && wanted).then(|| Bytes::from(crate::replica::block_sums(data)))
+    (!Engine::unaligned(offset, data.len() as u64) && wanted)
+        .then(|| Bytes::from(crate::replica::block_sums(data)))
 }
 
 /// What is called with a write's outcome.

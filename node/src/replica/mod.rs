@@ -789,11 +789,7 @@ impl Replica {
         data: &[u8],
         revision: Option<u64>,
     ) -> Result<(), ReplicaError> {
-        self.check(offset, data.len() as u64)?;
-        let rev = self.next_revision(revision);
-        self.log_intent(rev, LogOp::Write, offset, data.len() as u64);
-        self.write_data(offset, data, None)?;
-        self.bump(Some(rev))
+        self.write_logged(offset, data, None, revision)
     }
 
     /// Whether its layers keep per-block checksums (a replica made before
@@ -821,10 +817,22 @@ impl Replica {
                 sums.len()
             )));
         }
+        self.write_logged(offset, data, Some(sums), revision)
+    }
+
+    /// A write's intent logged, its data (with `given` checksums, if any)
+    /// written, and the revision moved on: `write` and `write_summed`.
+    fn write_logged(
+        &mut self,
+        offset: u64,
+        data: &[u8],
+        given: Option<&[u8]>,
+        revision: Option<u64>,
+    ) -> Result<(), ReplicaError> {
         self.check(offset, data.len() as u64)?;
         let rev = self.next_revision(revision);
         self.log_intent(rev, LogOp::Write, offset, data.len() as u64);
-        self.write_data(offset, data, Some(sums))?;
+        self.write_data(offset, data, given)?;
         self.bump(Some(rev))
     }
 
