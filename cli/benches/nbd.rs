@@ -2,7 +2,11 @@
 //! one disk: `qemu-img bench` at queue depth 16, 4k and 64k, read and
 //! write, through a unix socket. Prints each figure and the ratio, twice:
 //! over each `qemu-img` run as a whole (its closing flush included: the
-//! time until the data is durable), and over its I/O phase alone.
+//! time until the data is durable), and over its I/O phase alone. Then
+//! the CPU time the whole machine spent busy per operation over the whole
+//! run: a measure of the work done that the host's stolen time does not
+//! move (for three replicas, and for three nbdkit servers, an operation
+//! is one write of the same bytes to all three).
 //!
 //! - Ballast, 1 replica: `ballast node` (replica server on loopback TCP)
 //!   and `ballast engine` serving NBD; the replica is on the engine's node,
@@ -31,16 +35,19 @@ use common::{Kill, SIZE, engine, node_as, node_with, quiet, wait_for};
 
 /// Operations per second: over the whole run of `qemu-img` (its closing
 /// flush included), and over its I/O phase alone (what it prints as "Run
-/// completed in").
+/// completed in"); and the machine's busy CPU time per operation over the
+/// whole run, in µs (`common::machine_busy`).
 #[derive(Clone, Copy)]
 struct Rate {
     wall: f64,
     io: f64,
+    cpu: f64,
 }
 
 /// One qemu-img bench per target, all at once; returns the operations per
 /// second of one of them (`count` over the time until the last ends).
 fn bench_at_once(targets: &[&str], size: &str, write: bool, count: u32) -> Rate {
+    let busy = common::machine_busy();
     let start = Instant::now();
     let running: Vec<Child> = targets
         .iter()
@@ -72,6 +79,7 @@ fn bench_at_once(targets: &[&str], size: &str, write: bool, count: u32) -> Rate 
     Rate {
         wall: f64::from(count) / start.elapsed().as_secs_f64(),
         io: f64::from(count) / io,
+        cpu: (common::machine_busy() - busy) * 1e6 / f64::from(count),
     }
 }
 
@@ -232,6 +240,34 @@ fn main() {
                     common::ratio(&rates[TLS], &rates[THREE]),
                 );
             }
+            // The work done, whatever the host took: the machine's CPU per
+            // operation, and the peer's over ours (above 1: Ballast spends
+            // less).
+            let cpu: Vec<Vec<f64>> = runs
+                .iter()
+                .map(|rs| rs.iter().map(|r| r.cpu).collect())
+                .collect();
+            let mid = |i: usize| common::median(cpu[i].clone());
+            let peer_over = |i: usize, peer: usize| common::ratio(&cpu[peer], &cpu[i]);
+            print!(
+                "{size:>3} {kind:<5}  CPU per operation, whole machine, until durable (µs; peer's over ours)  nbdkit file {:>6.1}  ballast 1 replica {:>6.1} ({:.2}x)  ballast 3 replicas {:>6.1}",
+                mid(PEER),
+                mid(ONE),
+                peer_over(ONE, PEER),
+                mid(THREE),
+            );
+            if write {
+                print!(
+                    "  3 nbdkit file at once {:>6.1}; 3 replicas: {:.2}x of them",
+                    mid(PEERS3),
+                    peer_over(THREE, PEERS3),
+                );
+            }
+            println!(
+                "  TLS {:>6.1} ({:.2}x of TLS off)",
+                mid(TLS),
+                peer_over(TLS, THREE)
+            );
         }
     }
     drop(peers3_kill);

@@ -192,3 +192,31 @@ pub fn fio_json(cmd: &mut Command, rw: &str, bs: &str) -> serde_json::Value {
     let json = &text[text.find('{').unwrap_or(0)..];
     serde_json::from_str(json).expect("fio's JSON")
 }
+
+/// The CPU time the whole machine has spent busy so far (user, nice,
+/// system, irq and softirq in `/proc/stat`; not idle, iowait or steal),
+/// in seconds. Taken around a run, it counts every process and kernel
+/// thread the run kept busy (node processes, writeback, the loopback's
+/// softirq), whoever's they are, and not the time the host took from
+/// this virtual machine, which moves rates but not the work done.
+pub fn machine_busy() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .map(|n| n.parse().unwrap_or(0))
+        .collect();
+    // user nice system idle iowait irq softirq steal ...
+    let busy: u64 = [0, 1, 2, 5, 6]
+        .iter()
+        .map(|&i| ticks.get(i).copied().unwrap_or(0))
+        .sum();
+    let per_sec = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100);
+    busy as f64 / per_sec as f64
+}
