@@ -11,7 +11,10 @@
 //! reads its replica through the page cache, the peer's loop device reads
 //! its file with direct I/O), and cold, like for like: the page cache
 //! dropped before each run, and each block read once, so both read the
-//! disk. Needs root, FUSE and fio. Run:
+//! disk. Each case also prints the whole machine's busy CPU per operation
+//! (with the writeback of what a run left dirty), a measure of the work
+//! that the host's stolen time does not move. Needs root, FUSE and fio.
+//! Run:
 //! `cargo bench -p ballast-cli --bench blockdev`. Words after `--` pick
 //! cases, as for the nbd bench: a size (`4k`, `64k`) and/or a kind
 //! (`randwrite`, `randread`, `write`, `read`), e.g. `-- 64k write`. A read
@@ -34,9 +37,18 @@ fn drop_caches() {
     std::fs::write("/proc/sys/vm/drop_caches", "3").expect("drop the page cache (root)");
 }
 
-/// fio on `dev`; returns operations per second. `cold`: the page cache
-/// is dropped first, and the 512 MiB are read once (not for a time).
-fn fio(dev: &Path, rw: &str, bs: &str, cold: bool) -> f64 {
+/// One fio run: operations per second, and the whole machine's busy CPU
+/// per operation in µs (`common::machine_busy`), the writeback of what
+/// the run left dirty included.
+#[derive(Clone, Copy)]
+struct Run {
+    iops: f64,
+    cpu: f64,
+}
+
+/// fio on `dev`. `cold`: the page cache is dropped first, and the 512 MiB
+/// are read once (not for a time).
+fn fio(dev: &Path, rw: &str, bs: &str, cold: bool) -> Run {
     let mut cmd = Command::new("fio");
     cmd.args([
         "--name=bench",
@@ -55,14 +67,25 @@ fn fio(dev: &Path, rw: &str, bs: &str, cold: bool) -> f64 {
         nix::unistd::sync();
         cmd.args(["--runtime=4", "--time_based"]);
     }
+    let busy = common::machine_busy();
     let v = fio_json(&mut cmd, rw, bs);
+    // What the run left dirty (the engine's replica is written through
+    // the page cache) is part of its work.
+    nix::unistd::sync();
+    let busy = common::machine_busy() - busy;
     let job = &v["jobs"][0];
     let side = if rw.contains("write") {
         "write"
     } else {
         "read"
     };
-    job[side]["iops"].as_f64().expect("fio reports iops")
+    let ios = job[side]["total_ios"]
+        .as_f64()
+        .expect("fio reports total_ios");
+    Run {
+        iops: job[side]["iops"].as_f64().expect("fio reports iops"),
+        cpu: busy * 1e6 / ios.max(1.0),
+    }
 }
 
 fn main() {
@@ -117,14 +140,20 @@ fn main() {
         let runs = common::in_turns(&mut [&mut || fio(&peer.path, rw, bs, cold), &mut || {
             fio(&ours.path, rw, bs, cold)
         }]);
-        let (p, b) = (
-            common::median(runs[0].clone()),
-            common::median(runs[1].clone()),
-        );
+        let of = |get: fn(&Run) -> f64| -> Vec<Vec<f64>> {
+            runs.iter().map(|r| r.iter().map(get).collect()).collect()
+        };
+        let (iops, cpu) = (of(|r| r.iops), of(|r| r.cpu));
+        let mid = |v: &Vec<f64>| common::median(v.clone());
         let case = format!("{bs} {rw}{}", if cold { " (cold)" } else { "" });
         println!(
-            "{case:<17}  loop on a raw file {p:>8.0}  ballast block device, 1 replica {b:>8.0} ({:.2}x)",
-            common::ratio(&runs[1], &runs[0])
+            "{case:<17}  loop on a raw file {:>8.0}  ballast block device, 1 replica {:>8.0} ({:.2}x)  CPU per operation, whole machine {:>6.1} / {:>6.1} µs (loop's over ours: {:.2}x)",
+            mid(&iops[0]),
+            mid(&iops[1]),
+            common::ratio(&iops[1], &iops[0]),
+            mid(&cpu[0]),
+            mid(&cpu[1]),
+            common::ratio(&cpu[0], &cpu[1]),
         );
     }
 
