@@ -19,7 +19,8 @@
 //! cases, as for the nbd bench: a size (`4k`, `64k`) and/or a kind
 //! (`randwrite`, `randread`, `write`, `read`), e.g. `-- 64k write`. A read
 //! case reads what the write case of its size wrote: picked alone, it
-//! reads holes, which cost neither side a disk read.
+//! reads holes, which cost neither side a disk read. `-- hold` prints the
+//! two devices and keeps them up until Enter, for profiling by hand.
 
 #[allow(dead_code)] // shared by the benchmarks; each uses a part
 mod common;
@@ -118,10 +119,20 @@ fn main() {
     let ours = LoopDevice::attach(&file).unwrap();
 
     let picked = common::Picked::from_args();
-    println!(
-        "fio, libaio, direct, QD16, operations per second ({})",
-        common::in_turns_said()
-    );
+    if picked.has("hold") {
+        println!(
+            "loop on a raw file: {}\nballast block device: {} (engine pid {})\nEnter ends.",
+            peer.path.display(),
+            ours.path.display(),
+            eng.0.id()
+        );
+        let _ = std::io::stdin().read_line(&mut String::new());
+    } else {
+        println!(
+            "fio, libaio, direct, QD16, operations per second ({})",
+            common::in_turns_said()
+        );
+    }
     for (rw, bs, cold) in [
         ("randwrite", "4k", false),
         ("randread", "4k", false),
@@ -130,7 +141,8 @@ fn main() {
         ("read", "64k", false),
         ("read", "64k", true),
     ] {
-        if !picked.wanted(bs, &["4k", "64k"])
+        if picked.has("hold")
+            || !picked.wanted(bs, &["4k", "64k"])
             || !picked.wanted(rw, &["randwrite", "randread", "write", "read"])
         {
             continue;
