@@ -22,7 +22,9 @@
 //! Needs qemu-img and nbdkit. Run: `cargo bench -p ballast-cli --bench nbd`.
 //! Words after `--` pick cases: a size (`4k`, `64k`) and/or a kind
 //! (`read`, `write`), e.g. `-- 64k write`; `-- hold` prints the three
-//! endpoints and keeps them up until Enter, for profiling by hand.
+//! endpoints and keeps them up until Enter, for profiling by hand;
+//! `-- ab=PATH` compares this build's engine with the one of another
+//! `ballast` binary on the same three node processes (see `ab`).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -31,7 +33,7 @@ use std::time::Instant;
 #[allow(dead_code)] // shared by the benchmarks; each uses a part
 mod common;
 
-use common::{Kill, SIZE, engine, node_as, node_with, quiet, wait_for};
+use common::{Kill, SIZE, engine, engine_of, node_as, node_with, quiet, wait_for};
 
 /// Operations per second: over the whole run of `qemu-img` (its closing
 /// flush included), and over its I/O phase alone (what it prints as "Run
@@ -42,6 +44,66 @@ struct Rate {
     wall: f64,
     io: f64,
     cpu: f64,
+}
+
+/// `-- ab=PATH`: this build's engine against the one of the `ballast`
+/// binary at PATH, for the three-replica volume, against the same three
+/// node processes (this build's): each engine started in turn, five
+/// rounds, two runs each after a warm-up; prints the medians of the rate
+/// (until durable, I/O phase) and of the machine's CPU per operation, and
+/// the ratios of this build's over the other's. The picked sizes apply
+/// (writes only).
+fn ab(dir: &Path, replicas: &[String], other: &Path, picked: &common::Picked) {
+    let this = Path::new(env!("CARGO_BIN_EXE_ballast"));
+    assert!(other.is_file(), "no ballast binary at {}", other.display());
+    println!(
+        "A/B, 3 replicas, writes, QD16: this build against {} ({})",
+        other.display(),
+        common::in_turns_said()
+    );
+    for (size, count) in [("4k", 40_000u32), ("64k", 8_000)] {
+        if !picked.wanted(size, &["4k", "64k"]) {
+            continue;
+        }
+        let side = |bin: &Path| {
+            let (_engine, socket) = engine_of(bin, dir, "three", replicas, 2, &[]);
+            let target = format!("nbd+unix:///three?socket={}", socket.display());
+            bench_at_once(&[&target], size, true, count / 4);
+            [0, 1].map(|_| bench_at_once(&[&target], size, true, count))
+        };
+        let (mut a, mut b) = (|| side(this), || side(other));
+        let runs = common::in_turns(&mut [&mut a, &mut b]);
+        let of = |i: usize, get: fn(&Rate) -> f64| -> Vec<f64> {
+            runs[i].iter().flatten().map(get).collect()
+        };
+        for (what, get, better) in [
+            (
+                "until durable, op/s",
+                (|r: &Rate| r.wall) as fn(&Rate) -> f64,
+                1,
+            ),
+            ("I/O phase, op/s", |r: &Rate| r.io, 1),
+            ("CPU per op, whole machine, µs", |r: &Rate| r.cpu, -1),
+        ] {
+            let (x, y) = (of(0, get), of(1, get));
+            let ratio = if better > 0 {
+                common::ratio(&x, &y)
+            } else {
+                common::ratio(&y, &x)
+            };
+            println!(
+                "{size:>3} write  {what:<30} this {:>9.1}  other {:>9.1}  this over other {:.2}x{}",
+                common::median(x.clone()),
+                common::median(y.clone()),
+                ratio,
+                if better > 0 {
+                    ""
+                } else {
+                    " (other's CPU over this one's)"
+                }
+            );
+        }
+    }
 }
 
 /// One qemu-img bench per target, all at once; returns the operations per
@@ -170,6 +232,11 @@ fn main() {
 
     let picked = common::Picked::from_args();
     let wanted = |word: &str, all: &[&str]| picked.wanted(word, all);
+    if let Some(other) = picked.0.iter().find_map(|w| w.strip_prefix("ab=")) {
+        drop(_e3);
+        ab(dir.path(), &three_replicas, Path::new(other), &picked);
+        return;
+    }
     if picked.has("hold") {
         println!(
             "nbdkit file: {peer}\n1 replica: {one}\n3 replicas: {three}\n3 replicas, TLS: {tls}\nEnter ends."

@@ -94,8 +94,23 @@ pub fn engine(
     local_node: usize,
     extra: &[&str],
 ) -> (Kill, PathBuf) {
+    engine_of(Path::new(BALLAST), dir, volume, replicas, local_node, extra)
+}
+
+/// Like `engine`, run from the `ballast` binary `bin` (another build, for
+/// an A/B against the same node processes).
+pub fn engine_of(
+    bin: &Path,
+    dir: &Path,
+    volume: &str,
+    replicas: &[String],
+    local_node: usize,
+    extra: &[&str],
+) -> (Kill, PathBuf) {
     let socket = dir.join(format!("{volume}.sock"));
-    let mut c = Command::new(BALLAST);
+    // A socket left by an engine before this one would look ready.
+    let _ = std::fs::remove_file(&socket);
+    let mut c = Command::new(bin);
     c.args(["engine", "--volume", volume, "--size", "1Gi"])
         .arg("--socket")
         .arg(&socket);
