@@ -23,8 +23,8 @@
 //! Words after `--` pick cases: a size (`4k`, `64k`) and/or a kind
 //! (`read`, `write`), e.g. `-- 64k write`; `-- hold` prints the three
 //! endpoints and keeps them up until Enter, for profiling by hand;
-//! `-- ab=PATH` compares this build's engine with the one of another
-//! `ballast` binary on the same three node processes (see `ab`).
+//! `-- ab=PATH` compares this build with another `ballast` binary, three
+//! replicas each (see `ab`).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -46,16 +46,33 @@ struct Rate {
     cpu: f64,
 }
 
-/// `-- ab=PATH`: this build's engine against the one of the `ballast`
-/// binary at PATH, for the three-replica volume, against the same three
-/// node processes (this build's): each engine started in turn, five
+/// `-- ab=PATH`: this build against the `ballast` binary at PATH, on a
+/// volume of three replicas each: three node processes and an engine
+/// from each binary, both sets up side by side. They run in turns, five
 /// rounds, two runs each after a warm-up; prints the medians of the rate
 /// (until durable, I/O phase) and of the machine's CPU per operation, and
 /// the ratios of this build's over the other's. The picked sizes apply
 /// (writes only).
-fn ab(dir: &Path, replicas: &[String], other: &Path, picked: &common::Picked) {
+fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
     let this = Path::new(env!("CARGO_BIN_EXE_ballast"));
     assert!(other.is_file(), "no ballast binary at {}", other.display());
+    let set = |bin: &Path, first: usize, volume: &str| {
+        let mut kept = Vec::new();
+        let mut replicas = Vec::new();
+        for i in first..first + 3 {
+            let (k, r) = common::node_of(bin, dir, i, volume, true, &[]);
+            kept.push(k);
+            replicas.push(r);
+        }
+        let (e, socket) = engine_of(bin, dir, volume, &replicas, first, &[]);
+        kept.push(e);
+        (
+            kept,
+            format!("nbd+unix:///{volume}?socket={}", socket.display()),
+        )
+    };
+    let (_a, a) = set(this, 11, "a");
+    let (_b, b) = set(other, 21, "b");
     println!(
         "A/B, 3 replicas, writes, QD16: this build against {} ({})",
         other.display(),
@@ -65,39 +82,37 @@ fn ab(dir: &Path, replicas: &[String], other: &Path, picked: &common::Picked) {
         if !picked.wanted(size, &["4k", "64k"]) {
             continue;
         }
-        let side = |bin: &Path| {
-            let (_engine, socket) = engine_of(bin, dir, "three", replicas, 2, &[]);
-            let target = format!("nbd+unix:///three?socket={}", socket.display());
-            bench_at_once(&[&target], size, true, count / 4);
-            [0, 1].map(|_| bench_at_once(&[&target], size, true, count))
+        let side = |target: &str| {
+            bench_at_once(&[target], size, true, count / 4);
+            [0, 1].map(|_| bench_at_once(&[target], size, true, count))
         };
-        let (mut a, mut b) = (|| side(this), || side(other));
-        let runs = common::in_turns(&mut [&mut a, &mut b]);
+        let (mut x, mut y) = (|| side(&a), || side(&b));
+        let runs = common::in_turns(&mut [&mut x, &mut y]);
         let of = |i: usize, get: fn(&Rate) -> f64| -> Vec<f64> {
             runs[i].iter().flatten().map(get).collect()
         };
-        for (what, get, better) in [
+        for (what, get, more_is_better) in [
             (
                 "until durable, op/s",
                 (|r: &Rate| r.wall) as fn(&Rate) -> f64,
-                1,
+                true,
             ),
-            ("I/O phase, op/s", |r: &Rate| r.io, 1),
-            ("CPU per op, whole machine, µs", |r: &Rate| r.cpu, -1),
+            ("I/O phase, op/s", |r: &Rate| r.io, true),
+            ("CPU per op, whole machine, µs", |r: &Rate| r.cpu, false),
         ] {
             let (x, y) = (of(0, get), of(1, get));
-            let ratio = if better > 0 {
+            let ratio = if more_is_better {
                 common::ratio(&x, &y)
             } else {
                 common::ratio(&y, &x)
             };
             println!(
-                "{size:>3} write  {what:<30} this {:>9.1}  other {:>9.1}  this over other {:.2}x{}",
+                "{size:>3} write  {what:<30} this {:>9.1}  other {:>9.1}  {:.2}x{}",
                 common::median(x.clone()),
                 common::median(y.clone()),
                 ratio,
-                if better > 0 {
-                    ""
+                if more_is_better {
+                    " (this over other)"
                 } else {
                     " (other's CPU over this one's)"
                 }
@@ -188,6 +203,11 @@ fn nbdkit_file(dir: &Path, name: &str) -> (Kill, String) {
 
 fn main() {
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let picked = common::Picked::from_args();
+    if let Some(other) = picked.0.iter().find_map(|w| w.strip_prefix("ab=")) {
+        ab(dir.path(), Path::new(other), &picked);
+        return;
+    }
     // The peer: nbdkit's file plugin on a file of the same disk; and three
     // more, for the three-replica reference.
     let (_peer, peer) = nbdkit_file(dir.path(), "peer");
@@ -230,13 +250,7 @@ fn main() {
     let (_e5, tls_sock) = engine(dir.path(), "tls", &tls_replicas, 5, &engine_tls);
     let tls = format!("nbd+unix:///tls?socket={}", tls_sock.display());
 
-    let picked = common::Picked::from_args();
     let wanted = |word: &str, all: &[&str]| picked.wanted(word, all);
-    if let Some(other) = picked.0.iter().find_map(|w| w.strip_prefix("ab=")) {
-        drop(_e3);
-        ab(dir.path(), &three_replicas, Path::new(other), &picked);
-        return;
-    }
     if picked.has("hold") {
         println!(
             "nbdkit file: {peer}\n1 replica: {one}\n3 replicas: {three}\n3 replicas, TLS: {tls}\nEnter ends."

@@ -53,6 +53,19 @@ pub fn node_as(
     block_sums: bool,
     extra: &[&str],
 ) -> (Kill, String) {
+    node_of(Path::new(BALLAST), dir, i, volume, block_sums, extra)
+}
+
+/// Like `node_as`, run from the `ballast` binary `bin` (another build, for
+/// an A/B).
+pub fn node_of(
+    bin: &Path,
+    dir: &Path,
+    i: usize,
+    volume: &str,
+    block_sums: bool,
+    extra: &[&str],
+) -> (Kill, String) {
     let disk = dir.join(format!("node-{i}/disk"));
     std::fs::create_dir_all(&disk).unwrap();
     let name = format!("{volume}-r{i}");
@@ -64,7 +77,7 @@ pub fn node_as(
     }
     let replica_port = free_port();
     let child = quiet(
-        Command::new(BALLAST)
+        Command::new(bin)
             .args(["node", "--node-id", &format!("bench-{i}")])
             .arg("--disk")
             .arg(&disk)
