@@ -37,13 +37,18 @@ use common::{Kill, SIZE, engine, engine_of, node_as, node_with, quiet, wait_for}
 
 /// Operations per second: over the whole run of `qemu-img` (its closing
 /// flush included), and over its I/O phase alone (what it prints as "Run
-/// completed in"); and the machine's busy CPU time per operation over the
-/// whole run, in µs (`common::machine_busy`).
+/// completed in"); the machine's busy CPU time per operation over the
+/// whole run, in µs (`common::machine_busy`); and, over the I/O phase
+/// alone, the machine's busy and idle time per operation, in µs (sampled
+/// every 5 ms, `common::Sampler`): idle is what the two cores had no task
+/// for.
 #[derive(Clone, Copy)]
 struct Rate {
     wall: f64,
     io: f64,
     cpu: f64,
+    io_busy: f64,
+    io_idle: f64,
 }
 
 /// `-- ab=PATH`: this build against the `ballast` binary at PATH, on a
@@ -99,6 +104,7 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
             ),
             ("I/O phase, op/s", |r: &Rate| r.io, true),
             ("CPU per op, whole machine, µs", |r: &Rate| r.cpu, false),
+            ("CPU per op, I/O phase, µs", |r: &Rate| r.io_busy, false),
         ] {
             let (x, y) = (of(0, get), of(1, get));
             let ratio = if more_is_better {
@@ -118,6 +124,12 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
                 }
             );
         }
+        println!(
+            "{size:>3} write  {:<30} this {:>9.1}  other {:>9.1}",
+            "idle cores per op, I/O phase, µs",
+            common::median(of(0, |r| r.io_idle)),
+            common::median(of(1, |r| r.io_idle)),
+        );
     }
 }
 
@@ -125,6 +137,7 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
 /// second of one of them (`count` over the time until the last ends).
 fn bench_at_once(targets: &[&str], size: &str, write: bool, count: u32) -> Rate {
     let busy = common::machine_busy();
+    let sampler = common::Sampler::start();
     let start = Instant::now();
     let running: Vec<Child> = targets
         .iter()
@@ -153,10 +166,15 @@ fn bench_at_once(targets: &[&str], size: &str, write: bool, count: u32) -> Rate 
             .unwrap_or_else(|| panic!("no run time in qemu-img's output: {printed}"));
         io = io.max(secs);
     }
+    let wall = start.elapsed().as_secs_f64();
+    let cpu = (common::machine_busy() - busy) * 1e6 / f64::from(count);
+    let phase = sampler.until(std::time::Duration::from_secs_f64(io));
     Rate {
-        wall: f64::from(count) / start.elapsed().as_secs_f64(),
+        wall: f64::from(count) / wall,
         io: f64::from(count) / io,
-        cpu: (common::machine_busy() - busy) * 1e6 / f64::from(count),
+        cpu,
+        io_busy: phase.busy * 1e6 / f64::from(count),
+        io_idle: phase.idle * 1e6 / f64::from(count),
     }
 }
 
@@ -349,6 +367,24 @@ fn main() {
                 mid(TLS),
                 peer_over(TLS, THREE)
             );
+            // Inside the I/O phase alone: what the two cores did per
+            // operation, and how long they had nothing to run.
+            let phase = |i: usize| {
+                let of = |get: fn(&Rate) -> f64| -> f64 {
+                    common::median(runs[i].iter().map(get).collect())
+                };
+                format!("{:.1} / {:.1}", of(|r| r.io_busy), of(|r| r.io_idle))
+            };
+            print!(
+                "{size:>3} {kind:<5}  I/O phase, whole machine per operation (µs busy / idle)  nbdkit file {}  ballast 1 replica {}  ballast 3 replicas {}",
+                phase(PEER),
+                phase(ONE),
+                phase(THREE),
+            );
+            if write {
+                print!("  3 nbdkit file at once {}", phase(PEERS3));
+            }
+            println!("  TLS {}", phase(TLS));
         }
     }
     drop(peers3_kill);

@@ -228,6 +228,29 @@ pub fn fio_json(cmd: &mut Command, rw: &str, bs: &str) -> serde_json::Value {
 /// softirq), whoever's they are, and not the time the host took from
 /// this virtual machine, which moves rates but not the work done.
 pub fn machine_busy() -> f64 {
+    machine_times().busy
+}
+
+/// The whole machine's CPU time so far, in seconds: busy (see
+/// `machine_busy`) and idle (idle and iowait: no task to run).
+#[derive(Clone, Copy, Default)]
+pub struct MachineTimes {
+    pub busy: f64,
+    pub idle: f64,
+}
+
+impl std::ops::Sub for MachineTimes {
+    type Output = MachineTimes;
+    fn sub(self, earlier: MachineTimes) -> MachineTimes {
+        MachineTimes {
+            busy: self.busy - earlier.busy,
+            idle: self.idle - earlier.idle,
+        }
+    }
+}
+
+/// `/proc/stat`'s first line, in seconds.
+pub fn machine_times() -> MachineTimes {
     let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
     let ticks: Vec<u64> = stat
         .lines()
@@ -238,13 +261,56 @@ pub fn machine_busy() -> f64 {
         .map(|n| n.parse().unwrap_or(0))
         .collect();
     // user nice system idle iowait irq softirq steal ...
-    let busy: u64 = [0, 1, 2, 5, 6]
-        .iter()
-        .map(|&i| ticks.get(i).copied().unwrap_or(0))
-        .sum();
+    let sum = |fields: &[usize]| -> u64 {
+        fields
+            .iter()
+            .map(|&i| ticks.get(i).copied().unwrap_or(0))
+            .sum()
+    };
     let per_sec = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
         .ok()
         .flatten()
-        .unwrap_or(100);
-    busy as f64 / per_sec as f64
+        .unwrap_or(100) as f64;
+    MachineTimes {
+        busy: sum(&[0, 1, 2, 5, 6]) as f64 / per_sec,
+        idle: sum(&[3, 4]) as f64 / per_sec,
+    }
+}
+
+/// `machine_times` every 5 ms on a thread of its own, from `start` until
+/// `stop`: to count what the machine did in part of a run (up to a time
+/// known only when the run ends, such as qemu-img's I/O phase).
+pub struct Sampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<(Instant, MachineTimes)>>,
+}
+
+impl Sampler {
+    pub fn start() -> Sampler {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut samples = vec![(Instant::now(), machine_times())];
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(5));
+                samples.push((Instant::now(), machine_times()));
+            }
+            samples
+        });
+        Sampler { stop, thread }
+    }
+
+    /// Ends the sampling; what the machine did from the first sample to
+    /// the one nearest `until` after it.
+    pub fn until(self, until: Duration) -> MachineTimes {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let samples = self.thread.join().expect("the sampler thread");
+        let (first, at_first) = samples[0];
+        let nearest = samples
+            .iter()
+            .min_by_key(|(t, _)| t.duration_since(first).abs_diff(until))
+            .map(|(_, m)| *m)
+            .unwrap_or(at_first);
+        nearest - at_first
+    }
 }
