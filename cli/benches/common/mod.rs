@@ -278,8 +278,9 @@ pub fn machine_times() -> MachineTimes {
 }
 
 /// `machine_times` every 5 ms on a thread of its own, from `start` until
-/// `stop`: to count what the machine did in part of a run (up to a time
-/// known only when the run ends, such as qemu-img's I/O phase).
+/// `until`: to count what the machine did in part of a run (up to a time
+/// known only when the run ends, such as qemu-img's I/O phase). Reading
+/// `/proc/stat` 200 times a second costs both sides of a run alike.
 pub struct Sampler {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: std::thread::JoinHandle<Vec<(Instant, MachineTimes)>>,
