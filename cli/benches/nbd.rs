@@ -59,7 +59,7 @@ struct Rate {
 /// the ratios of this build's over the other's. The picked sizes apply
 /// (writes only).
 fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
-    let this = Path::new(env!("CARGO_BIN_EXE_ballast"));
+    let this = Path::new(common::BALLAST);
     assert!(other.is_file(), "no ballast binary at {}", other.display());
     let set = |bin: &Path, first: usize, volume: &str| {
         let mut kept = Vec::new();

@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BALLAST: &str = env!("CARGO_BIN_EXE_ballast");
+/// The `ballast` binary of this build.
+pub const BALLAST: &str = env!("CARGO_BIN_EXE_ballast");
 pub const SIZE: u64 = 1 << 30;
 
 pub struct Kill(pub Child);
