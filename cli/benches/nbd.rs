@@ -18,6 +18,11 @@
 //! - For writes, a reference for three replicas: three `nbdkit file`
 //!   servers written at once by three clients, the same bytes as three
 //!   replicas to the same disk, with writeback left to the kernel.
+//! - With 64k writes, the transport's own cost: the machine's CPU per
+//!   64 KiB frame over loopback TCP (the replica protocol) and over a unix
+//!   socket (the peers' clients) (`transport_floor`); and what three
+//!   replicas' I/O phase would be against three nbdkit servers with no
+//!   core idle, and with no core idle and TCP at a unix socket's cost.
 //!
 //! Needs qemu-img and nbdkit. Run: `cargo bench -p ballast-cli --bench nbd`.
 //! Words after `--` pick cases: a size (`4k`, `64k`) and/or a kind
@@ -196,6 +201,52 @@ fn qemu_img_bench(target: &str, size: &str, write: bool, count: u32) -> Command 
     }
     c.arg(target);
     c
+}
+
+/// The transport's own cost: the whole machine's busy CPU per frame of
+/// `payload` bytes (and a replica request's header) written by one thread
+/// and read by another over a connected pair of sockets, loopback TCP (as
+/// the replica protocol, `TCP_NODELAY`, read 256 KiB at a time like its
+/// server) against a unix socket (as `qemu-img` talks to nbdkit). In
+/// turns; returns the medians, in µs, TCP then unix.
+fn transport_floor(payload: usize, frames: usize) -> (f64, f64) {
+    use std::io::{Read, Write};
+    fn pump<S: Read + Write + Send + 'static>(mut tx: S, mut rx: S, frame: usize, n: usize) -> f64 {
+        let busy = common::machine_busy();
+        let reader = std::thread::spawn(move || {
+            let mut buf = vec![0u8; ballast_node::wire::IO_BUFFER];
+            let mut left = frame * n;
+            while left > 0 {
+                let got = rx.read(&mut buf).unwrap();
+                assert!(got > 0, "the sender closed early");
+                left -= got.min(left);
+            }
+        });
+        let bytes = vec![0x5au8; frame];
+        for _ in 0..n {
+            tx.write_all(&bytes).unwrap();
+        }
+        reader.join().unwrap();
+        (common::machine_busy() - busy) / n as f64 * 1e6
+    }
+    let frame = payload + ballast_node::wire::protocol::REQUEST_HEADER;
+    let mut tcp = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        tx.set_nodelay(true).unwrap();
+        rx.set_nodelay(true).unwrap();
+        pump(tx, rx, frame, frames)
+    };
+    let mut unix = || {
+        let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        pump(tx, rx, frame, frames)
+    };
+    let runs = common::in_turns(&mut [&mut tcp, &mut unix]);
+    (
+        common::median(runs[0].clone()),
+        common::median(runs[1].clone()),
+    )
 }
 
 /// `nbdkit file` on a new file `name`.img of the disk; returns it and its URI.
@@ -385,6 +436,27 @@ fn main() {
                 print!("  3 nbdkit file at once {}", phase(PEERS3));
             }
             println!("  TLS {}", phase(TLS));
+            if write && size == "64k" {
+                // What three replicas cannot avoid on one box: their two
+                // frames cross loopback TCP where the peers' cross unix
+                // sockets.
+                let (tcp, unix) = transport_floor(64 * 1024, 16_000);
+                let extra = 2.0 * (tcp - unix);
+                let of = |i: usize, get: fn(&Rate) -> f64| -> f64 {
+                    common::median(runs[i].iter().map(get).collect())
+                };
+                // Two cores' time per write, over the I/O phase: the peers'
+                // busy and idle, against the three replicas' busy alone
+                // (no core idle), and without the transport's extra too.
+                let peers = of(PEERS3, |r| r.io_busy) + of(PEERS3, |r| r.io_idle);
+                let busy = of(THREE, |r| r.io_busy);
+                println!(
+                    "{size:>3} {kind:<5}  transport, whole machine's CPU per 64 KiB frame (µs): loopback TCP {tcp:.1}, unix socket {unix:.1} ({:.2}x); a write to 3 replicas sends 2 over TCP where 3 nbdkit servers' clients use unix sockets: {extra:+.1} µs per write. 3 replicas against them in the I/O phase, from the busy and idle time above: with no core idle {:.2}x, with no core idle and no transport's extra {:.2}x",
+                    tcp / unix,
+                    peers / busy,
+                    peers / (busy - extra),
+                );
+            }
         }
     }
     drop(peers3_kill);
