@@ -206,8 +206,9 @@ fn qemu_img_bench(target: &str, size: &str, write: bool, count: u32) -> Command 
 /// The transport's own cost: the whole machine's busy CPU per frame of
 /// `payload` bytes (and a replica request's header) written by one thread
 /// and read by another over a connected pair of sockets, loopback TCP (as
-/// the replica protocol, `TCP_NODELAY`, read 256 KiB at a time like its
-/// server) against a unix socket (as `qemu-img` talks to nbdkit). In
+/// the replica protocol: `TCP_NODELAY`, the host's congestion control,
+/// read 256 KiB at a time like its server) against a unix socket (as
+/// `qemu-img` talks to nbdkit). In
 /// turns; returns the medians, in µs, TCP then unix.
 fn transport_floor(payload: usize, frames: usize) -> (f64, f64) {
     use std::io::{Read, Write};
@@ -437,9 +438,9 @@ fn main() {
             }
             println!("  TLS {}", phase(TLS));
             if write && size == "64k" {
-                // What three replicas cannot avoid on one box: their two
-                // frames cross loopback TCP where the peers' cross unix
-                // sockets.
+                // What the transport costs three replicas on one box: their
+                // two frames cross loopback TCP where the peers' cross unix
+                // sockets (measured alone, so an estimate of its share).
                 let (tcp, unix) = transport_floor(64 * 1024, 16_000);
                 let extra = 2.0 * (tcp - unix);
                 let of = |i: usize, get: fn(&Rate) -> f64| -> f64 {
