@@ -208,8 +208,8 @@ fn qemu_img_bench(target: &str, size: &str, write: bool, count: u32) -> Command 
 /// and read by another over a connected pair of sockets, loopback TCP (as
 /// the replica protocol: `TCP_NODELAY`, the host's congestion control,
 /// read 256 KiB at a time like its server) against a unix socket (as
-/// `qemu-img` talks to nbdkit). In
-/// turns; returns the medians, in µs, TCP then unix.
+/// `qemu-img` talks to nbdkit). In turns; returns the medians, in µs, TCP
+/// then unix.
 fn transport_floor(payload: usize, frames: usize) -> (f64, f64) {
     use std::io::{Read, Write};
     fn pump<S: Read + Write + Send + 'static>(mut tx: S, mut rx: S, frame: usize, n: usize) -> f64 {
@@ -421,12 +421,11 @@ fn main() {
             );
             // Inside the I/O phase alone: what the two cores did per
             // operation, and how long they had nothing to run.
-            let phase = |i: usize| {
-                let of = |get: fn(&Rate) -> f64| -> f64 {
-                    common::median(runs[i].iter().map(get).collect())
-                };
-                format!("{:.1} / {:.1}", of(|r| r.io_busy), of(|r| r.io_idle))
+            let of = |i: usize, get: fn(&Rate) -> f64| -> f64 {
+                common::median(runs[i].iter().map(get).collect())
             };
+            let phase =
+                |i: usize| format!("{:.1} / {:.1}", of(i, |r| r.io_busy), of(i, |r| r.io_idle));
             print!(
                 "{size:>3} {kind:<5}  I/O phase, whole machine per operation (µs busy / idle)  nbdkit file {}  ballast 1 replica {}  ballast 3 replicas {}",
                 phase(PEER),
@@ -443,9 +442,6 @@ fn main() {
                 // sockets (measured alone, so an estimate of its share).
                 let (tcp, unix) = transport_floor(64 * 1024, 16_000);
                 let extra = 2.0 * (tcp - unix);
-                let of = |i: usize, get: fn(&Rate) -> f64| -> f64 {
-                    common::median(runs[i].iter().map(get).collect())
-                };
                 // Two cores' time per write, over the I/O phase: the peers'
                 // busy and idle, against the three replicas' busy alone
                 // (no core idle), and without the transport's extra too.
