@@ -19,8 +19,9 @@
 //!   servers written at once by three clients, the same bytes as three
 //!   replicas to the same disk, with writeback left to the kernel.
 //! - With 64k writes, the transport's own cost: the machine's CPU per
-//!   64 KiB frame over loopback TCP (the replica protocol) and over a unix
-//!   socket (the peers' clients) (`transport_floor`); and what three
+//!   64 KiB frame over loopback TCP (the replica protocol), sent one at a
+//!   time and three at a time, and over a unix socket (the peers'
+//!   clients) (`transport_floor`); and what three
 //!   replicas' I/O phase would be against three nbdkit servers with no
 //!   core idle, and with no core idle and TCP at a unix socket's cost.
 //!
@@ -208,11 +209,20 @@ fn qemu_img_bench(target: &str, size: &str, write: bool, count: u32) -> Command 
 /// and read by another over a connected pair of sockets, loopback TCP (as
 /// the replica protocol: `TCP_NODELAY`, the host's congestion control,
 /// read 256 KiB at a time like its server) against a unix socket (as
-/// `qemu-img` talks to nbdkit). In turns; returns the medians, in µs, TCP
-/// then unix.
-fn transport_floor(payload: usize, frames: usize) -> (f64, f64) {
+/// `qemu-img` talks to nbdkit). TCP twice: a frame per write, and
+/// [`FRAMES_PER_SEND`] frames per write, as the engine's writer sends the
+/// frames that queued meanwhile (a frame a little over 64 KiB does not fit
+/// one loopback segment, so one frame alone takes two). In turns; returns
+/// the medians, in µs per frame: TCP one at a time, TCP batched, unix.
+fn transport_floor(payload: usize, frames: usize) -> (f64, f64, f64) {
     use std::io::{Read, Write};
-    fn pump<S: Read + Write + Send + 'static>(mut tx: S, mut rx: S, frame: usize, n: usize) -> f64 {
+    fn pump<S: Read + Write + Send + 'static>(
+        mut tx: S,
+        mut rx: S,
+        frame: usize,
+        n: usize,
+        per_send: usize,
+    ) -> f64 {
         let busy = common::machine_busy();
         let reader = std::thread::spawn(move || {
             let mut buf = vec![0u8; ballast_node::wire::IO_BUFFER];
@@ -223,32 +233,36 @@ fn transport_floor(payload: usize, frames: usize) -> (f64, f64) {
                 left -= got.min(left);
             }
         });
-        let bytes = vec![0x5au8; frame];
-        for _ in 0..n {
+        let bytes = vec![0x5au8; frame * per_send];
+        for _ in 0..n / per_send {
             tx.write_all(&bytes).unwrap();
         }
         reader.join().unwrap();
         (common::machine_busy() - busy) / n as f64 * 1e6
     }
     let frame = payload + ballast_node::wire::protocol::REQUEST_HEADER;
-    let mut tcp = || {
+    let tcp = |per_send: usize| {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (rx, _) = l.accept().unwrap();
         tx.set_nodelay(true).unwrap();
         rx.set_nodelay(true).unwrap();
-        pump(tx, rx, frame, frames)
+        pump(tx, rx, frame, frames, per_send)
     };
     let mut unix = || {
         let (tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
-        pump(tx, rx, frame, frames)
+        pump(tx, rx, frame, frames, 1)
     };
-    let runs = common::in_turns(&mut [&mut tcp, &mut unix]);
-    (
-        common::median(runs[0].clone()),
-        common::median(runs[1].clone()),
-    )
+    let runs = common::in_turns(&mut [&mut || tcp(1), &mut || tcp(FRAMES_PER_SEND), &mut unix]);
+    let mid = |i: usize| common::median(runs[i].clone());
+    (mid(0), mid(1), mid(2))
 }
+
+/// Frames per send in `transport_floor`'s batched case: about what the
+/// engine's writer sends at a time to each replica with 64k writes at QD16
+/// (1.37 loopback segments per frame counted with `ss -ti` on 2026-11-26,
+/// which is batches of 2.7 frames).
+const FRAMES_PER_SEND: usize = 3;
 
 /// `nbdkit file` on a new file `name`.img of the disk; returns it and its URI.
 fn nbdkit_file(dir: &Path, name: &str) -> (Kill, String) {
@@ -440,18 +454,21 @@ fn main() {
                 // What the transport costs three replicas on one box: their
                 // two frames cross loopback TCP where the peers' cross unix
                 // sockets (measured alone, so an estimate of its share).
-                let (tcp, unix) = transport_floor(64 * 1024, 16_000);
+                let (tcp, batched, unix) = transport_floor(64 * 1024, 15_000);
                 let extra = 2.0 * (tcp - unix);
+                let extra_batched = 2.0 * (batched - unix);
                 // Two cores' time per write, over the I/O phase: the peers'
                 // busy and idle, against the three replicas' busy alone
                 // (no core idle), and without the transport's extra too.
                 let peers = of(PEERS3, |r| r.io_busy) + of(PEERS3, |r| r.io_idle);
                 let busy = of(THREE, |r| r.io_busy);
                 println!(
-                    "{size:>3} {kind:<5}  transport, whole machine's CPU per 64 KiB frame (µs): loopback TCP {tcp:.1}, unix socket {unix:.1} ({:.2}x); a write to 3 replicas sends 2 over TCP where 3 nbdkit servers' clients use unix sockets: {extra:+.1} µs per write. 3 replicas against them in the I/O phase, from the busy and idle time above: with no core idle {:.2}x, with no core idle and no transport's extra {:.2}x",
+                    "{size:>3} {kind:<5}  transport, whole machine's CPU per 64 KiB frame (µs): loopback TCP {tcp:.1} one frame per send, {batched:.1} {FRAMES_PER_SEND} per send; unix socket {unix:.1} ({:.2}x, {:.2}x); a write to 3 replicas sends 2 over TCP where 3 nbdkit servers' clients use unix sockets: {extra:+.1} µs per write one at a time, {extra_batched:+.1} batched. 3 replicas against them in the I/O phase, from the busy and idle time above: with no core idle {:.2}x, with no core idle and no transport's extra {:.2}x (batched: {:.2}x)",
                     tcp / unix,
+                    batched / unix,
                     peers / busy,
                     peers / (busy - extra),
+                    peers / (busy - extra_batched),
                 );
             }
         }
