@@ -209,8 +209,8 @@ fn qemu_img_bench(target: &str, size: &str, write: bool, count: u32) -> Command 
 /// and read by another over a connected pair of sockets, loopback TCP (as
 /// the replica protocol: `TCP_NODELAY`, the host's congestion control,
 /// read 256 KiB at a time like its server) against a unix socket (as
-/// `qemu-img` talks to nbdkit). TCP twice: a frame per write, and
-/// [`FRAMES_PER_SEND`] frames per write, as the engine's writer sends the
+/// `qemu-img` talks to nbdkit). TCP twice: a frame per send, and
+/// [`FRAMES_PER_SEND`] frames per send, as the engine's writer sends the
 /// frames that queued meanwhile (a frame a little over 64 KiB does not fit
 /// one loopback segment, so one frame alone takes two). In turns; returns
 /// the medians, in µs per frame: TCP one at a time, TCP batched, unix.
@@ -223,6 +223,7 @@ fn transport_floor(payload: usize, frames: usize) -> (f64, f64, f64) {
         n: usize,
         per_send: usize,
     ) -> f64 {
+        assert_eq!(n % per_send, 0, "{n} frames do not go {per_send} per send");
         let busy = common::machine_busy();
         let reader = std::thread::spawn(move || {
             let mut buf = vec![0u8; ballast_node::wire::IO_BUFFER];
