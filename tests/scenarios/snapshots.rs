@@ -384,6 +384,9 @@ fn a_merge_killed_mid_way_is_finished_after_the_restart_with_the_same_data() {
     });
     let endpoint = c.attach("v", "node-1");
     verify_data(c.dir.path(), &endpoint, &live.data());
+    // The replica has no mode on record until its engine's first report
+    // (the volume was detached before any heartbeat carried one).
+    c.wait_settled("v", 1, Duration::from_secs(30));
     verify_replicas(&c, "v", &live.data());
     c.ok("POST", "/v1/volumes/v/detach", None);
 }
