@@ -2,8 +2,10 @@
 //! each, spread over 3 zones; 100 to 3k nodes): the median time of a full
 //! pass and of an incremental one (`plan_incremental`, after a first pass
 //! filled its memo), the cost per volume of each, and the memory: the peak
-//! heap a full pass takes, and what the memo keeps, per volume. Draws the
-//! cost per volume against the volume count into
+//! heap a full pass takes, and what the memo keeps, per volume. Beside it,
+//! the time to build that view from the same cluster's records
+//! (`observe::view_of`, what the controller does before every pass).
+//! Draws the cost per volume against the volume count into
 //! docs/images/planner-cost.png. Run:
 //! `cargo bench -p ballast-controller --bench plan`.
 
@@ -11,8 +13,10 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 
-use ballast::model::ReplicaMode;
+use ballast::model::{Node, Replica, ReplicaMode, Volume, VolumeSpec};
 use ballast::settings::Settings;
+use ballast_controller::executor::effects;
+use ballast_controller::observe;
 use ballast_controller::planner::{
     self, ClusterView, DiskView, Memo, NodeView, ReplicaView, VolumeView,
 };
@@ -58,7 +62,9 @@ fn heap<T>(f: impl FnOnce() -> T) -> (T, usize, usize) {
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
-const GIB: u64 = 1 << 30;
+mod common;
+
+use common::GIB;
 
 fn cluster(volumes: usize, nodes: usize) -> ClusterView {
     let zones = 3;
@@ -94,6 +100,49 @@ fn cluster(volumes: usize, nodes: usize) -> ClusterView {
     }
     view.replicas.sort_by(|a, b| a.name.cmp(&b.name));
     view
+}
+
+/// The records of the same cluster as `cluster` builds, as the store
+/// lists them (each kind sorted by name).
+fn records(volumes: usize, nodes: usize) -> (Vec<Node>, Vec<Volume>, Vec<Replica>) {
+    let zones = 3;
+    let t0 = Utc
+        .timestamp_opt(1_700_000_000, 0)
+        .single()
+        .unwrap_or_default();
+    let node_records = (0..nodes)
+        .map(|n| common::node(format!("node-{n:05}"), format!("zone-{}", n % zones), None))
+        .collect();
+    let mut volume_records = Vec::with_capacity(volumes);
+    let mut replica_records = Vec::with_capacity(3 * volumes);
+    for v in 0..volumes {
+        let name = format!("vol-{v:06}");
+        let mut volume = Volume {
+            name: name.clone(),
+            resource_version: 1,
+            spec: VolumeSpec::new(10 * GIB, 3),
+            status: Default::default(),
+        };
+        volume.status.attached_node = Some(format!("node-{:05}", v % nodes));
+        volume.status.generation = 1;
+        let group = v % (nodes / zones);
+        for k in 0..3 {
+            let replica = format!("{name}-r{k}");
+            let mut r = effects::new_replica(
+                &replica,
+                &name,
+                &format!("node-{:05}", group * zones + k),
+                &format!("d{}", v % 2),
+                Some(ReplicaMode::Rw),
+            );
+            r.spec.healthy_at = Some(t0);
+            volume.status.current_replicas.push(replica);
+            replica_records.push(r);
+        }
+        volume_records.push(volume);
+    }
+    replica_records.sort_by(|a, b| a.name.cmp(&b.name));
+    (node_records, volume_records, replica_records)
 }
 
 /// The median of `runs` timings of `f`.
@@ -143,15 +192,29 @@ fn measure(
         assert!(plan.is_empty(), "{plan:?}");
         took
     });
+    let (n, v, r) = records(volumes, nodes);
+    let built = median(runs, || {
+        let start = Instant::now();
+        let built = observe::view_of(&n, &v, &r);
+        let took = start.elapsed();
+        assert_eq!(built.replicas.len(), 3 * volumes);
+        assert!(
+            built.replicas.iter().all(|r| r.is_rw()),
+            "a current replica read as stale"
+        );
+        took
+    });
     let per = |d: Duration| d.as_secs_f64() * 1e6 / volumes as f64;
     println!(
-        "{volumes:>7} volumes on {nodes:>5} nodes: full pass {:>8.2} ms ({:>5.2} us per volume), incremental {:>8.2} ms ({:>5.2} us per volume); a pass's peak heap {:>5} B per volume, the memo {:>5} B per volume",
+        "{volumes:>7} volumes on {nodes:>5} nodes: full pass {:>8.2} ms ({:>5.2} us per volume), incremental {:>8.2} ms ({:>5.2} us per volume); a pass's peak heap {:>5} B per volume, the memo {:>5} B per volume; the view from the records {:>8.2} ms ({:>5.2} us per volume)",
         full.as_secs_f64() * 1e3,
         per(full),
         incremental.as_secs_f64() * 1e3,
         per(incremental),
         pass_bytes / volumes,
         memo_bytes / volumes,
+        built.as_secs_f64() * 1e3,
+        per(built),
     );
     Row {
         volumes,

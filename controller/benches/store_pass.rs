@@ -11,9 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ballast::model::{
-    DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus, ReplicaMode, Volume, VolumeSpec, VolumeState,
-};
+use ballast::model::{Node, ReplicaMode, Volume, VolumeSpec, VolumeState};
 use ballast::settings::Settings;
 use ballast::store::{RedbStore, Store, StoreError};
 use ballast_controller::executor::effects;
@@ -23,7 +21,10 @@ use ballast_k8s_harness::ControlPlane;
 use chrono::Utc;
 use tokio::task::JoinSet;
 
-const GIB: u64 = 1 << 30;
+mod common;
+
+use common::GIB;
+
 const VOLUMES: usize = 1_000;
 const NODES: usize = 100;
 const ZONES: usize = 3;
@@ -31,40 +32,12 @@ const PASSES: usize = 15;
 
 fn nodes() -> Vec<Node> {
     (0..NODES)
-        .map(|n| Node {
-            id: format!("node-{n:03}"),
-            resource_version: 0,
-            spec: NodeSpec {
-                zone: format!("zone-{}", n % ZONES),
-                tags: vec![],
-                allow_scheduling: true,
-                eviction_requested: false,
-                disks: (0..2)
-                    .map(|d| {
-                        (
-                            format!("d{d}"),
-                            DiskSpec::new(format!("/disks/{d}"), vec![]),
-                        )
-                    })
-                    .collect(),
-            },
-            status: NodeStatus {
-                ready: true,
-                last_heartbeat: Some(Utc::now()),
-                disks: (0..2)
-                    .map(|d| {
-                        let st = DiskStatus {
-                            ready: true,
-                            storage_maximum: 100_000 * GIB,
-                            storage_available: 60_000 * GIB,
-                            ..Default::default()
-                        };
-                        (format!("d{d}"), st)
-                    })
-                    .collect(),
-                disk_count: 2,
-                ..Default::default()
-            },
+        .map(|n| {
+            common::node(
+                format!("node-{n:03}"),
+                format!("zone-{}", n % ZONES),
+                Some(Utc::now()),
+            )
         })
         .collect()
 }

@@ -92,13 +92,16 @@ pub async fn cluster_view(store: &dyn Store) -> Result<ClusterView, Error> {
 /// of who holds the latest data is failed, whatever its last report said:
 /// it must be rebuilt, never copied from.
 pub fn view_of(nodes: &[Node], volumes: &[Volume], replicas: &[Replica]) -> ClusterView {
+    // Looked up once per replica: an index, so that the view costs the
+    // same per record at 100k volumes as at 1k.
+    let by_name: rustc_hash::FxHashMap<&str, &Volume> =
+        volumes.iter().map(|v| (v.name.as_str(), v)).collect();
     let replicas = replicas
         .iter()
         .map(|r| {
             let mut view = replica_view(r);
-            let stale = volumes
-                .iter()
-                .find(|v| v.name == r.spec.volume)
+            let stale = by_name
+                .get(r.spec.volume.as_str())
                 .is_some_and(|v| !crate::freshness::is_current(v, &r.name));
             if stale && view.mode == Some(ReplicaMode::Rw) {
                 view.mode = Some(ReplicaMode::Err);

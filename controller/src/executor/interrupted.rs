@@ -18,19 +18,18 @@
 use std::time::Instant;
 
 use ballast::model::{Kind, Replica, ReplicaMode};
+use rustc_hash::FxHashSet;
 
 use super::effects;
 use crate::context::Context;
 use crate::error::Error;
 
 /// Whether `r` is to be filled: `wo`, or (its status lost) no mode in a
-/// volume one of whose `replicas` has held data.
-fn to_be_filled(r: &Replica, replicas: &[Replica]) -> bool {
+/// volume that has held data (one of `held_data`).
+fn to_be_filled(r: &Replica, held_data: &FxHashSet<&str>) -> bool {
     match r.status.mode {
         Some(ReplicaMode::Wo) => true,
-        None => replicas
-            .iter()
-            .any(|o| o.spec.volume == r.spec.volume && o.spec.healthy_at.is_some()),
+        None => held_data.contains(r.spec.volume.as_str()),
         Some(_) => false,
     }
 }
@@ -40,19 +39,25 @@ fn to_be_filled(r: &Replica, replicas: &[Replica]) -> bool {
 #[tracing::instrument(skip_all)]
 pub async fn fail_interrupted(ctx: &Context) -> Result<Vec<String>, Error> {
     let replicas = ctx.store.list::<Replica>().await?;
+    // Sets, not searches: a pass costs the same per replica at any count.
+    let held_data: FxHashSet<&str> = replicas
+        .iter()
+        .filter(|r| r.spec.healthy_at.is_some())
+        .map(|r| r.spec.volume.as_str())
+        .collect();
+    let filled: Vec<&Replica> = replicas
+        .iter()
+        .filter(|r| to_be_filled(r, &held_data))
+        .collect();
     let now = Instant::now();
     let stalled: Vec<&Replica> = {
         let Ok(mut seen) = ctx.rebuilding_seen.lock() else {
             return Ok(Vec::new());
         };
-        seen.retain(|name, _| {
-            replicas
-                .iter()
-                .any(|r| r.name == *name && to_be_filled(r, &replicas))
-        });
-        replicas
-            .iter()
-            .filter(|r| to_be_filled(r, &replicas))
+        let names: FxHashSet<&str> = filled.iter().map(|r| r.name.as_str()).collect();
+        seen.retain(|name, _| names.contains(name.as_str()));
+        filled
+            .into_iter()
             .filter(|r| {
                 if ctx.volume_busy(&r.spec.volume) {
                     seen.insert(r.name.clone(), now);

@@ -108,6 +108,12 @@ async fn start_next(ctx: &Arc<Context>, merges: &Arc<Merges>) -> Result<(), Erro
         volumes,
         busy,
     } = records(ctx).await?;
+    // Grouped by node once (in the store's order, by name): a tick costs
+    // the same per replica however many nodes there are.
+    let mut by_node: rustc_hash::FxHashMap<&str, Vec<&Replica>> = Default::default();
+    for r in &replicas {
+        by_node.entry(r.spec.node_id.as_str()).or_default().push(r);
+    }
     for node in ctx
         .store
         .list::<Node>()
@@ -116,9 +122,12 @@ async fn start_next(ctx: &Arc<Context>, merges: &Arc<Merges>) -> Result<(), Erro
         .filter(|n| n.status.ready)
     {
         // A volume a call holds (being deleted, attached, ...) waits.
-        let mut mine: Vec<&Replica> = replicas
-            .iter()
-            .filter(|r| r.spec.node_id == node.id && mergeable(r, &volumes, &busy))
+        let mut mine: Vec<&Replica> = by_node
+            .get(node.id.as_str())
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|r| mergeable(r, &volumes, &busy))
             .filter(|r| !ctx.volume_busy(&r.spec.volume))
             .collect();
         mine.sort_by(|a, b| a.name.cmp(&b.name));

@@ -36,6 +36,12 @@ async fn start_due(ctx: &Arc<Context>, busy: &Arc<Mutex<HashSet<String>>>) -> Re
     }
     let due_before = ctx.now() - chrono::Duration::hours(hours as i64);
     let replicas: Vec<Replica> = ctx.store.list().await?;
+    // Grouped by node once: a pass costs the same per replica however
+    // many nodes there are.
+    let mut by_node: rustc_hash::FxHashMap<&str, Vec<&Replica>> = Default::default();
+    for r in &replicas {
+        by_node.entry(r.spec.node_id.as_str()).or_default().push(r);
+    }
     for node in ctx
         .store
         .list::<Node>()
@@ -46,9 +52,11 @@ async fn start_due(ctx: &Arc<Context>, busy: &Arc<Mutex<HashSet<String>>>) -> Re
         if busy.lock().map(|b| b.contains(&node.id)).unwrap_or(true) {
             continue;
         }
-        let next = replicas
-            .iter()
-            .filter(|r| r.spec.node_id == node.id && r.status.mode == Some(ReplicaMode::Rw))
+        let next = by_node
+            .get(node.id.as_str())
+            .into_iter()
+            .flatten()
+            .filter(|r| r.status.mode == Some(ReplicaMode::Rw))
             .filter(|r| r.status.scrubbed_at.is_none_or(|t| t < due_before))
             .min_by_key(|r| r.status.scrubbed_at);
         let Some(r) = next else {
