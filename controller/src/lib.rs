@@ -20,6 +20,7 @@ pub mod forward;
 pub mod freshness;
 pub mod kubernetes;
 pub mod metrics;
+pub mod mirror;
 pub mod nodes;
 pub mod observe;
 pub mod planner;

@@ -91,13 +91,20 @@ pub async fn cluster_view(store: &dyn Store) -> Result<ClusterView, Error> {
 /// the simulator (from its model). A replica outside its volume's record
 /// of who holds the latest data is failed, whatever its last report said:
 /// it must be rebuilt, never copied from.
-pub fn view_of(nodes: &[Node], volumes: &[Volume], replicas: &[Replica]) -> ClusterView {
+pub fn view_of<'a>(
+    nodes: impl IntoIterator<Item = &'a Node>,
+    volumes: impl IntoIterator<Item = &'a Volume> + Clone,
+    replicas: impl IntoIterator<Item = &'a Replica>,
+) -> ClusterView {
     // Looked up once per replica: an index, so that the view costs the
     // same per record at 100k volumes as at 1k.
-    let by_name: rustc_hash::FxHashMap<&str, &Volume> =
-        volumes.iter().map(|v| (v.name.as_str(), v)).collect();
+    let by_name: rustc_hash::FxHashMap<&str, &Volume> = volumes
+        .clone()
+        .into_iter()
+        .map(|v| (v.name.as_str(), v))
+        .collect();
     let replicas = replicas
-        .iter()
+        .into_iter()
         .map(|r| {
             let mut view = replica_view(r);
             let stale = by_name
@@ -111,8 +118,8 @@ pub fn view_of(nodes: &[Node], volumes: &[Volume], replicas: &[Replica]) -> Clus
         })
         .collect();
     ClusterView {
-        nodes: nodes.iter().map(node_view).collect(),
-        volumes: volumes.iter().map(volume_view).collect(),
+        nodes: nodes.into_iter().map(node_view).collect(),
+        volumes: volumes.into_iter().map(volume_view).collect(),
         replicas,
     }
 }

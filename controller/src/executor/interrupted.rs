@@ -35,18 +35,23 @@ fn to_be_filled(r: &Replica, held_data: &FxHashSet<&str>) -> bool {
 }
 
 /// Fails every replica to be filled whose rebuild no one has driven for
-/// the node-down timeout. Returns their names.
+/// the node-down timeout, of `replicas` (all of them, as the control
+/// loop's copy has them: each is checked again on the store's copy before
+/// it is failed). Returns their names.
 #[tracing::instrument(skip_all)]
-pub async fn fail_interrupted(ctx: &Context) -> Result<Vec<String>, Error> {
-    let replicas = ctx.store.list::<Replica>().await?;
+pub async fn fail_interrupted<'a>(
+    ctx: &Context,
+    replicas: impl IntoIterator<Item = &'a Replica> + Clone,
+) -> Result<Vec<String>, Error> {
     // Sets, not searches: a pass costs the same per replica at any count.
     let held_data: FxHashSet<&str> = replicas
-        .iter()
+        .clone()
+        .into_iter()
         .filter(|r| r.spec.healthy_at.is_some())
         .map(|r| r.spec.volume.as_str())
         .collect();
     let filled: Vec<&Replica> = replicas
-        .iter()
+        .into_iter()
         .filter(|r| to_be_filled(r, &held_data))
         .collect();
     let now = Instant::now();
@@ -137,13 +142,20 @@ mod tests {
         replica(&store, "empty-r1", "empty", None).await;
 
         // First seen now: each has the timeout from here.
-        assert!(fail_interrupted(&ctx).await.unwrap().is_empty());
+        assert!(
+            fail_interrupted(&ctx, &ctx.store.list::<Replica>().await.unwrap())
+                .await
+                .unwrap()
+                .is_empty()
+        );
         for _ in 0..4 {
             tokio::time::sleep(Duration::from_millis(40)).await;
             ctx.saw_rebuilding("reported-r1");
         }
         assert_eq!(
-            fail_interrupted(&ctx).await.unwrap(),
+            fail_interrupted(&ctx, &ctx.store.list::<Replica>().await.unwrap())
+                .await
+                .unwrap(),
             ["lost-r2", "orphan-r1"]
         );
         for name in ["lost-r2", "orphan-r1"] {

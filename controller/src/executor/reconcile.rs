@@ -1,5 +1,7 @@
 //! The control loop: observe the store, plan, act — on every change to the
-//! store and on every resync tick.
+//! store and on every resync tick. It plans on its copy of the records
+//! (`mirror`), which each pass brings up to date by reading only what
+//! changed.
 //!
 //! Actions run in tasks of their own, so that a long offline rebuild does
 //! not hold up the rest of the cluster; the volume guard keeps one action
@@ -16,7 +18,7 @@ use tokio::sync::broadcast::error::RecvError;
 use super::actions::carry_out;
 use crate::context::Context;
 use crate::error::Error;
-use crate::observe;
+use crate::mirror::Mirror;
 use crate::planner::{self, Action, ActionKind};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
@@ -75,12 +77,18 @@ fn key(a: &Action) -> String {
     }
 }
 
-/// One pass: plan on the store as it is now and start what is due.
+/// One pass: plan on the store as it is now (the loop's copy of it,
+/// brought up to date) and start what is due.
 #[tracing::instrument(skip_all)]
-async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<usize, Error> {
-    super::interrupted::fail_interrupted(ctx).await?;
+async fn reconcile_once(
+    ctx: &Arc<Context>,
+    backoff: &Arc<Mutex<Backoff>>,
+    mirror: &mut Mirror,
+) -> Result<usize, Error> {
+    mirror.refresh(ctx.store.as_ref()).await?;
+    super::interrupted::fail_interrupted(ctx, mirror.replicas()).await?;
     crate::settings_check::check_settings(ctx).await?;
-    let view = observe::cluster_view(ctx.store.as_ref()).await?;
+    let view = mirror.view();
     let plan = planner::plan(&view, &ctx.settings().await?, ctx.now());
     let now = Instant::now();
     let mut started = 0;
@@ -133,6 +141,7 @@ async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Re
 /// Runs the loop until the task is dropped.
 pub async fn run_reconcile(ctx: Arc<Context>, resync: Duration) {
     let mut changes = ctx.store.subscribe();
+    let mut mirror = Mirror::new(ctx.store.as_ref());
     let backoff = Arc::new(Mutex::new(Backoff::default()));
     let mut tick = tokio::time::interval(resync);
     loop {
@@ -149,7 +158,7 @@ pub async fn run_reconcile(ctx: Arc<Context>, resync: Duration) {
                 while changes.try_recv().is_ok() {}
             }
         }
-        if let Err(e) = reconcile_once(&ctx, &backoff).await {
+        if let Err(e) = reconcile_once(&ctx, &backoff, &mut mirror).await {
             tracing::warn!(error = %e, "reconcile pass failed");
         }
     }

@@ -29,6 +29,7 @@ use super::scenario::{DiskPatch, NodePatch, NodeSpec, Scenario, Step, VolumePatc
 use crate::context::Context;
 use crate::error::Error;
 use crate::executor::{carry_out, effects};
+use crate::mirror::Mirror;
 use crate::planner::{self, ActionKind, ClusterView, Plan};
 
 pub struct SimVolume {
@@ -54,6 +55,9 @@ pub struct Sim {
     agents: Arc<ModelAgents>,
     tasks: Vec<JoinHandle<()>>,
     rt: Runtime,
+    /// The control loop's copy of the records, kept as the loop keeps it
+    /// (taken out while it is brought up to date).
+    mirror: std::cell::Cell<Option<Mirror>>,
 }
 
 fn check_setting(name: &str, value: &str) -> Result<String, String> {
@@ -159,6 +163,7 @@ impl Sim {
             .single()
             .unwrap_or_default();
         let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let mirror = std::cell::Cell::new(Some(Mirror::new(store.as_ref())));
         let mut s = Sim {
             nodes: Vec::new(),
             volumes: Vec::new(),
@@ -168,6 +173,7 @@ impl Sim {
             agents,
             tasks: Vec::new(),
             rt,
+            mirror,
         };
         for (name, value) in &scenario.settings {
             s.set(name, &value.to_string())?;
@@ -384,10 +390,20 @@ impl Sim {
     }
 
     /// The planner's view of the model: the controller's, of its records as
-    /// last observed.
+    /// last observed, from the control loop's copy of them brought up to
+    /// date as the loop does it.
     pub fn view(&self) -> ClusterView {
-        self.block(crate::observe::cluster_view(self.ctx.store.as_ref()))
-            .unwrap_or_default()
+        let store = self.ctx.store.as_ref();
+        let mut mirror = self.mirror.take().unwrap_or_else(|| Mirror::new(store));
+        let view = match self.block(mirror.refresh(store)) {
+            Ok(()) => mirror.view(),
+            Err(e) => {
+                tracing::warn!(error = %e, "the model's records cannot be read");
+                ClusterView::default()
+            }
+        };
+        self.mirror.set(Some(mirror));
+        view
     }
 
     /// Plans once on the current state.
