@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use crate::agents::{Agents, GrpcAgents};
 use crate::error::Error;
 use crate::events::Recorder;
+use crate::mirror::Mirror;
 
 pub struct Context {
     pub store: Arc<dyn Store>,
@@ -53,6 +54,10 @@ pub struct Context {
     pub member: Member,
     /// The cluster's CA, which signs nodes' certificates, when TLS is on.
     pub ca: Option<Arc<Ca>>,
+    /// The copy of the records the control loop plans on and heartbeats
+    /// look into, kept by the store's change stream; whoever reads it
+    /// brings it up to date first (`Mirror::refresh`).
+    pub mirror: tokio::sync::Mutex<Mirror>,
 }
 
 /// Who leads, as this controller knows it.
@@ -119,6 +124,7 @@ impl Context {
         let heartbeat_interval =
             (node_down_timeout / 4).clamp(Duration::from_millis(200), Duration::from_secs(5));
         Context {
+            mirror: tokio::sync::Mutex::new(Mirror::new(store.as_ref())),
             store,
             node_down_timeout,
             heartbeat_interval,

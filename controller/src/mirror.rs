@@ -1,7 +1,9 @@
-//! The control loop's copy of the records it plans on: every node, volume
+//! The controller's copy of the records it plans on: every node, volume
 //! and replica, decoded once and then kept current from the store's change
-//! stream, so that a pass re-reads only what changed since the last one
-//! instead of decoding the whole store (at 100k volumes, 1.5 s a pass).
+//! stream, so that a pass of the control loop (or a heartbeat's check of
+//! its node's engines) re-reads only what changed since the last reader
+//! instead of decoding the whole store (at 100k volumes, 1.5 s each time).
+//! One lives in the context; whoever reads it refreshes it first.
 //!
 //! It only reads the store. A change it may have missed (the stream lagged
 //! behind, or it is the first refresh) is answered by reading everything
@@ -118,6 +120,11 @@ impl Mirror {
             }
         }
         Ok(())
+    }
+
+    /// The volumes as of the last refresh, by name.
+    pub fn volumes(&self) -> impl Iterator<Item = &Volume> + Clone {
+        self.tables.iter().flat_map(|t| t.volumes.0.values())
     }
 
     /// The replicas as of the last refresh, by name.

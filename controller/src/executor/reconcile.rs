@@ -1,7 +1,7 @@
 //! The control loop: observe the store, plan, act — on every change to the
-//! store and on every resync tick. It plans on its copy of the records
-//! (`mirror`), which each pass brings up to date by reading only what
-//! changed.
+//! store and on every resync tick. It plans on the context's copy of the
+//! records (`mirror`), which each pass brings up to date by reading only
+//! what changed.
 //!
 //! Actions run in tasks of their own, so that a long offline rebuild does
 //! not hold up the rest of the cluster; the volume guard keeps one action
@@ -18,7 +18,6 @@ use tokio::sync::broadcast::error::RecvError;
 use super::actions::carry_out;
 use crate::context::Context;
 use crate::error::Error;
-use crate::mirror::Mirror;
 use crate::planner::{self, Action, ActionKind};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(500);
@@ -80,15 +79,14 @@ fn key(a: &Action) -> String {
 /// One pass: plan on the store as it is now (the loop's copy of it,
 /// brought up to date) and start what is due.
 #[tracing::instrument(skip_all)]
-async fn reconcile_once(
-    ctx: &Arc<Context>,
-    backoff: &Arc<Mutex<Backoff>>,
-    mirror: &mut Mirror,
-) -> Result<usize, Error> {
-    mirror.refresh(ctx.store.as_ref()).await?;
-    super::interrupted::fail_interrupted(ctx, mirror.replicas()).await?;
+async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<usize, Error> {
+    let view = {
+        let mut mirror = ctx.mirror.lock().await;
+        mirror.refresh(ctx.store.as_ref()).await?;
+        super::interrupted::fail_interrupted(ctx, mirror.replicas()).await?;
+        mirror.view()
+    };
     crate::settings_check::check_settings(ctx).await?;
-    let view = mirror.view();
     let plan = planner::plan(&view, &ctx.settings().await?, ctx.now());
     let now = Instant::now();
     let mut started = 0;
@@ -141,7 +139,6 @@ async fn reconcile_once(
 /// Runs the loop until the task is dropped.
 pub async fn run_reconcile(ctx: Arc<Context>, resync: Duration) {
     let mut changes = ctx.store.subscribe();
-    let mut mirror = Mirror::new(ctx.store.as_ref());
     let backoff = Arc::new(Mutex::new(Backoff::default()));
     let mut tick = tokio::time::interval(resync);
     loop {
@@ -158,7 +155,7 @@ pub async fn run_reconcile(ctx: Arc<Context>, resync: Duration) {
                 while changes.try_recv().is_ok() {}
             }
         }
-        if let Err(e) = reconcile_once(&ctx, &backoff, &mut mirror).await {
+        if let Err(e) = reconcile_once(&ctx, &backoff).await {
             tracing::warn!(error = %e, "reconcile pass failed");
         }
     }

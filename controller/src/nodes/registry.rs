@@ -335,12 +335,25 @@ async fn restart_dead_engines(
     engines: &[ballast::proto::agent::v1::EngineStatus],
 ) {
     use ballast::model::{Volume, VolumeState};
-    let Ok(volumes) = ctx.store.list::<Volume>().await else {
-        return;
+    // From the context's copy of the records, not the store: a heartbeat
+    // comes from every node every second or so, and reading every volume
+    // from the store each time would not scale.
+    let attached: Vec<Volume> = {
+        let mut mirror = ctx.mirror.lock().await;
+        if let Err(e) = mirror.refresh(ctx.store.as_ref()).await {
+            tracing::warn!(error = %e, "cannot read the volumes to check their engines");
+            return;
+        }
+        mirror
+            .volumes()
+            .filter(|v| {
+                v.status.attached_node.as_deref() == Some(node)
+                    && v.status.state == VolumeState::Attached
+            })
+            .cloned()
+            .collect()
     };
-    for v in volumes.into_iter().filter(|v| {
-        v.status.attached_node.as_deref() == Some(node) && v.status.state == VolumeState::Attached
-    }) {
+    for v in attached {
         let problem = match engines.iter().find(|e| e.volume == v.name) {
             Some(e) if e.running => continue,
             Some(e) => e.problem.clone(),

@@ -29,7 +29,6 @@ use super::scenario::{DiskPatch, NodePatch, NodeSpec, Scenario, Step, VolumePatc
 use crate::context::Context;
 use crate::error::Error;
 use crate::executor::{carry_out, effects};
-use crate::mirror::Mirror;
 use crate::planner::{self, ActionKind, ClusterView, Plan};
 
 pub struct SimVolume {
@@ -55,9 +54,6 @@ pub struct Sim {
     agents: Arc<ModelAgents>,
     tasks: Vec<JoinHandle<()>>,
     rt: Runtime,
-    /// The control loop's copy of the records, kept as the loop keeps it
-    /// (taken out while it is brought up to date).
-    mirror: std::cell::Cell<Option<Mirror>>,
 }
 
 fn check_setting(name: &str, value: &str) -> Result<String, String> {
@@ -163,7 +159,6 @@ impl Sim {
             .single()
             .unwrap_or_default();
         let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
-        let mirror = std::cell::Cell::new(Some(Mirror::new(store.as_ref())));
         let mut s = Sim {
             nodes: Vec::new(),
             volumes: Vec::new(),
@@ -173,7 +168,6 @@ impl Sim {
             agents,
             tasks: Vec::new(),
             rt,
-            mirror,
         };
         for (name, value) in &scenario.settings {
             s.set(name, &value.to_string())?;
@@ -393,17 +387,18 @@ impl Sim {
     /// last observed, from the control loop's copy of them brought up to
     /// date as the loop does it.
     pub fn view(&self) -> ClusterView {
-        let store = self.ctx.store.as_ref();
-        let mut mirror = self.mirror.take().unwrap_or_else(|| Mirror::new(store));
-        let view = match self.block(mirror.refresh(store)) {
-            Ok(()) => mirror.view(),
-            Err(e) => {
-                tracing::warn!(error = %e, "the model's records cannot be read");
-                ClusterView::default()
-            }
-        };
-        self.mirror.set(Some(mirror));
-        view
+        let ctx = &self.ctx;
+        let view = self.block(async {
+            let mut mirror = ctx.mirror.lock().await;
+            mirror
+                .refresh(ctx.store.as_ref())
+                .await
+                .map(|()| mirror.view())
+        });
+        view.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "the model's records cannot be read");
+            ClusterView::default()
+        })
     }
 
     /// Plans once on the current state.
