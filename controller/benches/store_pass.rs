@@ -164,7 +164,7 @@ async fn mirror_pass(store: &dyn Store) -> Duration {
             .expect("change a replica");
         let start = Instant::now();
         mirror.refresh(store).await.expect("refresh the copy");
-        let view = mirror.view();
+        let view = observe::mirrored_view(&mirror);
         let plan = planner::plan(&view, &settings, Utc::now());
         times.push(start.elapsed());
         assert_eq!(view.replicas.len(), 3 * VOLUMES);

@@ -18,7 +18,6 @@ use ballast::store::{Change, Store};
 use tokio::sync::broadcast::{self, error::TryRecvError};
 
 use crate::error::Error;
-use crate::planner::ClusterView;
 
 /// How often the copy is read again whole, changes or not.
 const FULL_READ: Duration = Duration::from_secs(300);
@@ -122,6 +121,11 @@ impl Mirror {
         Ok(())
     }
 
+    /// The nodes as of the last refresh, by id.
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> + Clone {
+        self.tables.iter().flat_map(|t| t.nodes.0.values())
+    }
+
     /// The volumes as of the last refresh, by name.
     pub fn volumes(&self) -> impl Iterator<Item = &Volume> + Clone {
         self.tables.iter().flat_map(|t| t.volumes.0.values())
@@ -130,17 +134,6 @@ impl Mirror {
     /// The replicas as of the last refresh, by name.
     pub fn replicas(&self) -> impl Iterator<Item = &Replica> + Clone {
         self.tables.iter().flat_map(|t| t.replicas.0.values())
-    }
-
-    /// The planner's view as of the last refresh (`observe::view_of`, the
-    /// one way a view is built).
-    pub fn view(&self) -> ClusterView {
-        match &self.tables {
-            Some(t) => {
-                crate::observe::view_of(t.nodes.0.values(), t.volumes.0.values(), self.replicas())
-            }
-            None => ClusterView::default(),
-        }
     }
 }
 
@@ -241,7 +234,10 @@ mod tests {
         assert_eq!(t.nodes.0.values().cloned().collect::<Vec<_>>(), nodes);
         assert_eq!(t.volumes.0.values().cloned().collect::<Vec<_>>(), volumes);
         assert_eq!(m.replicas().cloned().collect::<Vec<_>>(), replicas);
-        assert_eq!(m.view(), crate::observe::cluster_view(store).await.unwrap());
+        assert_eq!(
+            crate::observe::mirrored_view(m),
+            crate::observe::cluster_view(store).await.unwrap()
+        );
     }
 
     /// Whole reads and single reads `refresh` made.

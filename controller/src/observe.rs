@@ -6,6 +6,7 @@ use ballast::model::{Node, Replica, ReplicaMode, Volume};
 use ballast::store::Store;
 
 use crate::error::Error;
+use crate::mirror::Mirror;
 use crate::planner::{ClusterView, DiskView, NodeView, ReplicaView, VolumeView};
 
 pub fn node_view(n: &Node) -> NodeView {
@@ -84,6 +85,11 @@ pub async fn cluster_view(store: &dyn Store) -> Result<ClusterView, Error> {
         &store.list::<Volume>().await?,
         &store.list::<Replica>().await?,
     ))
+}
+
+/// The view of the records in `mirror` as of its last refresh.
+pub fn mirrored_view(mirror: &Mirror) -> ClusterView {
+    view_of(mirror.nodes(), mirror.volumes(), mirror.replicas())
 }
 
 /// The view of these records (each list sorted by name): the one way the

@@ -84,7 +84,7 @@ async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Re
         let mut mirror = ctx.mirror.lock().await;
         mirror.refresh(ctx.store.as_ref()).await?;
         super::interrupted::fail_interrupted(ctx, mirror.replicas()).await?;
-        mirror.view()
+        crate::observe::mirrored_view(&mirror)
     };
     crate::settings_check::check_settings(ctx).await?;
     let plan = planner::plan(&view, &ctx.settings().await?, ctx.now());

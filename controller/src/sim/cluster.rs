@@ -393,7 +393,7 @@ impl Sim {
             mirror
                 .refresh(ctx.store.as_ref())
                 .await
-                .map(|()| mirror.view())
+                .map(|()| crate::observe::mirrored_view(&mirror))
         });
         view.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "the model's records cannot be read");
