@@ -302,7 +302,7 @@ pub async fn render(ctx: &Context) -> Result<String, Error> {
     volumes(&mut reg, &all_volumes);
     replicas(&mut reg, &all_replicas);
     nodes(&mut reg, &all_nodes);
-    let view = crate::observe::cluster_view(ctx.store.as_ref()).await?;
+    let view = crate::observe::view_of(&all_nodes, &all_volumes, &all_replicas);
     let plan = crate::planner::plan(&view, &ctx.settings().await?, ctx.now());
     let next = family(
         &mut reg,

@@ -5,6 +5,7 @@
 use ballast::model::{Node, Replica, ReplicaMode, Volume};
 use ballast::store::Store;
 
+use crate::context::Context;
 use crate::error::Error;
 use crate::mirror::Mirror;
 use crate::planner::{ClusterView, DiskView, NodeView, ReplicaView, VolumeView};
@@ -85,6 +86,15 @@ pub async fn cluster_view(store: &dyn Store) -> Result<ClusterView, Error> {
         &store.list::<Volume>().await?,
         &store.list::<Replica>().await?,
     ))
+}
+
+/// The view as the context's copy of the records has it, brought up to
+/// date first: what a call plans on (placing a volume, growing one, the
+/// plan `GET /v1/plan` shows) without reading the whole store.
+pub async fn current_view(ctx: &Context) -> Result<ClusterView, Error> {
+    let mut mirror = ctx.mirror.lock().await;
+    mirror.refresh(ctx.store.as_ref()).await?;
+    Ok(mirrored_view(&mirror))
 }
 
 /// The view of the records in `mirror` as of its last refresh.

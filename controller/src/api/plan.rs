@@ -31,7 +31,7 @@ pub async fn get(
     State(ctx): State<Arc<Context>>,
     QueryArgs(f): QueryArgs<PlanFilter>,
 ) -> Result<Json<PlanView>, Error> {
-    let view = crate::observe::cluster_view(ctx.store.as_ref()).await?;
+    let view = crate::observe::current_view(&ctx).await?;
     if let Some(v) = &f.volume
         && !view.volumes.iter().any(|x| &x.name == v)
     {

@@ -44,7 +44,7 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
         Some(s) => Some(source_of(ctx, s, volume.spec.size).await?),
         None => None,
     };
-    let view = observe::cluster_view(ctx.store.as_ref()).await?;
+    let view = observe::current_view(ctx).await?;
     let placements = planner::place_new(
         &view,
         &ctx.settings().await?,
@@ -484,7 +484,7 @@ pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume,
     if size == from {
         return Ok(volume);
     }
-    let view = observe::cluster_view(ctx.store.as_ref()).await?;
+    let view = observe::current_view(ctx).await?;
     planner::growth::check(
         &view,
         &ctx.settings().await?,

@@ -384,17 +384,10 @@ impl Sim {
     }
 
     /// The planner's view of the model: the controller's, of its records as
-    /// last observed, from the control loop's copy of them brought up to
-    /// date as the loop does it.
+    /// last observed, from the context's copy of them brought up to date
+    /// as the control loop does it.
     pub fn view(&self) -> ClusterView {
-        let ctx = &self.ctx;
-        let view = self.block(async {
-            let mut mirror = ctx.mirror.lock().await;
-            mirror
-                .refresh(ctx.store.as_ref())
-                .await
-                .map(|()| crate::observe::mirrored_view(&mirror))
-        });
+        let view = self.block(crate::observe::current_view(&self.ctx));
         view.unwrap_or_else(|e| {
             tracing::warn!(error = %e, "the model's records cannot be read");
             ClusterView::default()
