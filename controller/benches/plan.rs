@@ -4,7 +4,8 @@
 //! filled its memo), the cost per volume of each, and the memory: the peak
 //! heap a full pass takes, and what the memo keeps, per volume. Beside it,
 //! the time to build that view from the same cluster's records
-//! (`observe::view_of`, what the controller does before every pass).
+//! (`observe::view_of`, what the controller does before every pass), and
+//! the heap the controller's copy of those records keeps (`mirror`).
 //! Draws the cost per volume against the volume count into
 //! docs/images/planner-cost.png. Run:
 //! `cargo bench -p ballast-controller --bench plan`.
@@ -193,6 +194,23 @@ fn measure(
         took
     });
     let (n, v, r) = records(volumes, nodes);
+    // What the controller's copy of these records keeps (`mirror`: each
+    // kind in a map by name).
+    let (copy, _, copy_bytes) = heap(|| {
+        let (n, v, r) = records(volumes, nodes);
+        (
+            n.into_iter()
+                .map(|x| (x.id.clone(), x))
+                .collect::<std::collections::BTreeMap<_, _>>(),
+            v.into_iter()
+                .map(|x| (x.name.clone(), x))
+                .collect::<std::collections::BTreeMap<_, _>>(),
+            r.into_iter()
+                .map(|x| (x.name.clone(), x))
+                .collect::<std::collections::BTreeMap<_, _>>(),
+        )
+    });
+    drop(copy);
     let built = median(runs, || {
         let start = Instant::now();
         let built = observe::view_of(&n, &v, &r);
@@ -206,7 +224,7 @@ fn measure(
     });
     let per = |d: Duration| d.as_secs_f64() * 1e6 / volumes as f64;
     println!(
-        "{volumes:>7} volumes on {nodes:>5} nodes: full pass {:>8.2} ms ({:>5.2} us per volume), incremental {:>8.2} ms ({:>5.2} us per volume); a pass's peak heap {:>5} B per volume, the memo {:>5} B per volume; the view from the records {:>8.2} ms ({:>5.2} us per volume)",
+        "{volumes:>7} volumes on {nodes:>5} nodes: full pass {:>8.2} ms ({:>5.2} us per volume), incremental {:>8.2} ms ({:>5.2} us per volume); a pass's peak heap {:>5} B per volume, the memo {:>5} B per volume; the view from the records {:>8.2} ms ({:>5.2} us per volume); the controller's copy of the records {:>5} B per volume",
         full.as_secs_f64() * 1e3,
         per(full),
         incremental.as_secs_f64() * 1e3,
@@ -215,6 +233,7 @@ fn measure(
         memo_bytes / volumes,
         built.as_secs_f64() * 1e3,
         per(built),
+        copy_bytes / volumes,
     );
     Row {
         volumes,

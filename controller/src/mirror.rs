@@ -47,7 +47,7 @@ impl<T: Object> Table<T> {
     }
 }
 
-/// What the loop plans on; see the module's header.
+/// What the controller plans on; see the module's header.
 pub struct Mirror {
     changes: broadcast::Receiver<Change>,
     tables: Option<Tables>,
@@ -112,10 +112,16 @@ impl Mirror {
             return Ok(());
         };
         for (kind, name) in dirty {
-            match kind {
-                Kind::Node => tables.nodes.reread(store, &name).await?,
-                Kind::Volume => tables.volumes.reread(store, &name).await?,
-                _ => tables.replicas.reread(store, &name).await?,
+            let read = match kind {
+                Kind::Node => tables.nodes.reread(store, &name).await,
+                Kind::Volume => tables.volumes.reread(store, &name).await,
+                _ => tables.replicas.reread(store, &name).await,
+            };
+            if let Err(e) = read {
+                // The changes read from the stream are gone with this
+                // refresh: the next one reads everything.
+                self.tables = None;
+                return Err(e);
             }
         }
         Ok(())
@@ -140,10 +146,10 @@ impl Mirror {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
     use ballast::model::{Kind, Node, NodeSpec, NodeStatus, ReplicaMode, Volume, VolumeSpec};
-    use ballast::store::{Change, MemoryStore, Raw, Store, StoreResult};
+    use ballast::store::{Change, MemoryStore, Raw, Store, StoreError, StoreResult};
     use proptest::prelude::*;
     use serde_json::Value;
     use tokio::sync::broadcast;
@@ -151,18 +157,23 @@ mod tests {
     use super::*;
     use crate::executor::effects;
 
-    /// A store that counts its whole reads and its single reads.
+    /// A store that counts its whole reads and its single reads, and can
+    /// fail its next single read.
     #[derive(Default)]
     struct Counting {
         inner: MemoryStore,
         lists: AtomicUsize,
         gets: AtomicUsize,
+        fail_next_get: AtomicBool,
     }
 
     #[async_trait::async_trait]
     impl Store for Counting {
         async fn get_raw(&self, kind: Kind, name: &str) -> StoreResult<Option<Raw>> {
             self.gets.fetch_add(1, Ordering::SeqCst);
+            if self.fail_next_get.swap(false, Ordering::SeqCst) {
+                return Err(StoreError::Backend("a read failed".into()));
+            }
             self.inner.get_raw(kind, name).await
         }
         async fn list_raw(&self, kind: Kind) -> StoreResult<Vec<Raw>> {
@@ -295,6 +306,22 @@ mod tests {
 
         // Nothing changed: nothing read.
         assert_eq!(refresh_counted(&mut m, &counting).await, (0, 0));
+    }
+
+    #[tokio::test]
+    async fn a_refresh_that_failed_is_followed_by_a_whole_read() {
+        let counting = Arc::new(Counting::default());
+        let store: Arc<dyn Store> = counting.clone();
+        store.create(&volume("v")).await.unwrap();
+        let mut m = Mirror::new(store.as_ref());
+        m.refresh(store.as_ref()).await.unwrap();
+        store.create(&replica("v-r1", "v")).await.unwrap();
+        store.create(&replica("v-r2", "v")).await.unwrap();
+        counting.fail_next_get.store(true, Ordering::SeqCst);
+        assert!(m.refresh(store.as_ref()).await.is_err());
+        // The changes it had taken from the stream are not lost.
+        assert_eq!(refresh_counted(&mut m, &counting).await, (3, 0));
+        assert_same(&m, store.as_ref()).await;
     }
 
     #[tokio::test]
