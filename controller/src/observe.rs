@@ -1,6 +1,7 @@
 //! Observing: the planner's view of the cluster, built from the records
-//! (the store's, or the simulator's model). The reconcile loop plans on
-//! it; `GET /v1/plan` shows the plan; the simulator plans on it too.
+//! (the context's copy of them, `mirror`, or a list of them). The
+//! reconcile loop plans on it; `GET /v1/plan` shows the plan; the
+//! simulator plans on it too. `view_of` is the one way a view is built.
 
 use ballast::model::{Node, Replica, ReplicaMode, Volume};
 use ballast::store::Store;
