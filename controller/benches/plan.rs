@@ -322,10 +322,7 @@ fn draw(rows: &[Row], path: &std::path::Path) -> Result<(), Box<dyn std::error::
 }
 
 fn main() {
-    let settings = Settings::from_overrides([
-        ("replica-auto-balance", "best-effort"),
-        ("replica-soft-anti-affinity", "true"),
-    ]);
+    let settings = common::settings();
     let now = Utc
         .timestamp_opt(1_700_000_100, 0)
         .single()

@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ballast::model::{Node, ReplicaMode, Volume, VolumeSpec, VolumeState};
-use ballast::settings::Settings;
 use ballast::store::{RedbStore, Store, StoreError};
 use ballast_controller::executor::effects;
 use ballast_controller::kubernetes::{self, KubeStore};
@@ -123,10 +122,7 @@ fn done(r: Option<Result<Result<(), StoreError>, tokio::task::JoinError>>) {
 
 /// The median of `PASSES` passes: read, view, plan.
 async fn pass(store: &dyn Store) -> Duration {
-    let settings = Settings::from_overrides([
-        ("replica-auto-balance", "best-effort"),
-        ("replica-soft-anti-affinity", "true"),
-    ]);
+    let settings = common::settings();
     let mut times = Vec::new();
     for _ in 0..PASSES {
         let start = Instant::now();
@@ -146,10 +142,7 @@ async fn pass(store: &dyn Store) -> Duration {
 /// The median of `PASSES` passes on the control loop's copy, each after
 /// one replica changed: refresh (one record read again), view, plan.
 async fn mirror_pass(store: &dyn Store) -> Duration {
-    let settings = Settings::from_overrides([
-        ("replica-auto-balance", "best-effort"),
-        ("replica-soft-anti-affinity", "true"),
-    ]);
+    let settings = common::settings();
     let mut mirror = Mirror::new(store);
     mirror.refresh(store).await.expect("read the store");
     let mut times = Vec::new();

@@ -98,8 +98,10 @@ impl Mirror {
                 .is_none_or(|t| t.read_at.elapsed() >= FULL_READ);
         if whole {
             // Changes from here on are in the stream: the whole read below
-            // sees everything before them.
+            // sees everything before them. Until it succeeds there is no
+            // copy, so that a read that fails is made again next time.
             while self.changes.try_recv().is_ok() {}
+            self.tables = None;
             self.tables = Some(Tables {
                 nodes: Table::read(store).await?,
                 volumes: Table::read(store).await?,
@@ -158,13 +160,14 @@ mod tests {
     use crate::executor::effects;
 
     /// A store that counts its whole reads and its single reads, and can
-    /// fail its next single read.
+    /// fail its next one of either.
     #[derive(Default)]
     struct Counting {
         inner: MemoryStore,
         lists: AtomicUsize,
         gets: AtomicUsize,
         fail_next_get: AtomicBool,
+        fail_next_list: AtomicBool,
     }
 
     #[async_trait::async_trait]
@@ -178,6 +181,9 @@ mod tests {
         }
         async fn list_raw(&self, kind: Kind) -> StoreResult<Vec<Raw>> {
             self.lists.fetch_add(1, Ordering::SeqCst);
+            if self.fail_next_list.swap(false, Ordering::SeqCst) {
+                return Err(StoreError::Backend("a read failed".into()));
+            }
             self.inner.list_raw(kind).await
         }
         async fn create_raw(&self, kind: Kind, name: &str, value: &Value) -> StoreResult<u64> {
@@ -320,6 +326,19 @@ mod tests {
         counting.fail_next_get.store(true, Ordering::SeqCst);
         assert!(m.refresh(store.as_ref()).await.is_err());
         // The changes it had taken from the stream are not lost.
+        assert_eq!(refresh_counted(&mut m, &counting).await, (3, 0));
+        assert_same(&m, store.as_ref()).await;
+
+        // A whole read (the stream dropped changes) that fails is made
+        // again by the next refresh.
+        for i in 0..1_500 {
+            store
+                .create(&replica(&format!("v-x{i:04}"), "v"))
+                .await
+                .unwrap();
+        }
+        counting.fail_next_list.store(true, Ordering::SeqCst);
+        assert!(m.refresh(store.as_ref()).await.is_err());
         assert_eq!(refresh_counted(&mut m, &counting).await, (3, 0));
         assert_same(&m, store.as_ref()).await;
     }

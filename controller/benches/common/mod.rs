@@ -1,9 +1,19 @@
 //! Records the controller's benches build their clusters from.
 
 use ballast::model::{DiskSpec, DiskStatus, Node, NodeSpec, NodeStatus};
+use ballast::settings::Settings;
 use chrono::{DateTime, Utc};
 
 pub const GIB: u64 = 1 << 30;
+
+/// The settings the benches plan with: best-effort balance, soft
+/// anti-affinity.
+pub fn settings() -> Settings {
+    Settings::from_overrides([
+        ("replica-auto-balance", "best-effort"),
+        ("replica-soft-anti-affinity", "true"),
+    ])
+}
 
 /// A ready, schedulable node `id` in `zone` with two disks, d0 and d1, of
 /// 100,000 GiB with 60,000 free, last heard from at `heard`.

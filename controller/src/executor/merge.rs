@@ -108,12 +108,7 @@ async fn start_next(ctx: &Arc<Context>, merges: &Arc<Merges>) -> Result<(), Erro
         volumes,
         busy,
     } = records(ctx).await?;
-    // Grouped by node once (in the store's order, by name): a tick costs
-    // the same per replica however many nodes there are.
-    let mut by_node: rustc_hash::FxHashMap<&str, Vec<&Replica>> = Default::default();
-    for r in &replicas {
-        by_node.entry(r.spec.node_id.as_str()).or_default().push(r);
-    }
+    let by_node = super::by_node(&replicas);
     for node in ctx
         .store
         .list::<Node>()

@@ -27,3 +27,16 @@ pub use merge::run_merge;
 pub use reconcile::run_reconcile;
 pub use scrub::{run_scrub, scrub_now};
 pub use volume::{attach, create, delete, detach, expand, restart_engine};
+
+use ballast::model::Replica;
+
+/// `replicas` grouped by their node, each group in the order given: the
+/// passes that go node by node (merge, scrub) look a node's replicas up
+/// instead of walking them all per node.
+fn by_node(replicas: &[Replica]) -> rustc_hash::FxHashMap<&str, Vec<&Replica>> {
+    let mut groups: rustc_hash::FxHashMap<&str, Vec<&Replica>> = Default::default();
+    for r in replicas {
+        groups.entry(r.spec.node_id.as_str()).or_default().push(r);
+    }
+    groups
+}

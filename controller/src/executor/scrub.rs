@@ -36,12 +36,7 @@ async fn start_due(ctx: &Arc<Context>, busy: &Arc<Mutex<HashSet<String>>>) -> Re
     }
     let due_before = ctx.now() - chrono::Duration::hours(hours as i64);
     let replicas: Vec<Replica> = ctx.store.list().await?;
-    // Grouped by node once: a pass costs the same per replica however
-    // many nodes there are.
-    let mut by_node: rustc_hash::FxHashMap<&str, Vec<&Replica>> = Default::default();
-    for r in &replicas {
-        by_node.entry(r.spec.node_id.as_str()).or_default().push(r);
-    }
+    let by_node = super::by_node(&replicas);
     for node in ctx
         .store
         .list::<Node>()
