@@ -350,6 +350,27 @@ fn least_loaded<'n>(
         .map(|(n, _)| *n)
 }
 
+/// `moves`' first fast path for a volume of `wanted` rw replicas, read from
+/// the replicas' `Facts` (their records are not read): every rw replica in
+/// a zone of its own. False when it cannot tell.
+fn rw_in_zones_of_their_own(pass: &Pass, vs: &VolumeState) -> bool {
+    let Some(i) = vs.place else {
+        return false;
+    };
+    let mut zones = [""; 8];
+    let mut n = 0;
+    for f in pass.facts_at(i).filter(|f| f.rw()) {
+        let Some(slot) = zones.get_mut(n) else {
+            return false;
+        };
+        *slot = pass.node_of(f).map_or("", |node| node.zone.as_str());
+        n += 1;
+    }
+    let zones = &mut zones[..n];
+    zones.sort_unstable();
+    n == vs.rw.len() && zones.windows(2).all(|w| w[0] != w[1])
+}
+
 /// Issues the creates balance wants for a healthy, settled volume.
 pub fn plan(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
     if pass.busy.contains(&vs.volume.name)
@@ -357,6 +378,9 @@ pub fn plan(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
         || !vs.rebuilding.is_empty()
         || vs.rw.iter().any(|r| pass.evicting.contains(&r.name))
     {
+        return;
+    }
+    if rw_in_zones_of_their_own(pass, vs) {
         return;
     }
     let layout: Vec<&str> = vs.rw.iter().map(|r| r.node.as_str()).collect();

@@ -63,10 +63,8 @@ pub fn plan(pass: &mut Pass, plan: &mut Plan) {
 fn moves_in_flight(pass: &mut Pass) -> std::collections::BTreeSet<(String, String)> {
     let mut in_flight_from = std::collections::BTreeSet::new();
     let mut receiving = Vec::new();
-    for r in &pass.view.replicas {
-        if !r.is_rebuilding() {
-            continue;
-        }
+    for &k in pass.rebuilding() {
+        let r = &pass.view.replicas[k as usize];
         for o in pass.replicas_of(&r.volume) {
             if o.node == r.node && o.disk != r.disk && o.is_rw() {
                 in_flight_from.insert((o.node.clone(), o.disk.clone()));

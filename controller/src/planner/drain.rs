@@ -17,15 +17,16 @@ use super::pass::Pass;
 fn last_holders(pass: &Pass, running_only: bool) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for (i, v) in pass.view.volumes.iter().enumerate() {
+        // By the replicas' `Facts`: a node out of the view holds no node's
+        // last replica (a drain is only ever reported for nodes in it).
         let mut nodes = pass
-            .replicas_at(i)
-            .iter()
-            .filter(|r| r.is_rw() && r.held_data() && (!running_only || r.running))
-            .map(|r| r.node.as_str());
-        if let Some(first) = nodes.next()
-            && nodes.all(|n| n == first)
+            .facts_at(i)
+            .filter(|f| f.rw() && f.held_data() && (!running_only || f.running()))
+            .map(|f| pass.node_of(f));
+        if let Some(Some(first)) = nodes.next()
+            && nodes.all(|n| n.is_some_and(|n| std::ptr::eq(n, first)))
         {
-            out.entry(first.to_string())
+            out.entry(first.id.clone())
                 .or_insert_with(|| format!("holds the last healthy replica of volume {}", v.name));
         }
     }
@@ -35,9 +36,13 @@ fn last_holders(pass: &Pass, running_only: bool) -> BTreeMap<String, String> {
 /// For each node, its first replica (by name) that holds data.
 fn any_holders(pass: &Pass) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    for r in &pass.view.replicas {
-        if r.held_data() && !r.is_failed() {
-            out.entry(r.node.clone()).or_insert_with(|| {
+    for (k, f) in pass.facts().iter().enumerate() {
+        let Some(node) = pass.node_of(f) else {
+            continue;
+        };
+        if f.held_data() && !f.failed() {
+            let r = &pass.view.replicas[k];
+            out.entry(node.id.clone()).or_insert_with(|| {
                 format!(
                     "holds replica {} of volume {} (block-for-eviction)",
                     r.name, r.volume

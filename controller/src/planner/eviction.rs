@@ -29,13 +29,19 @@ fn other_healthy_elsewhere(pass: &Pass, r: &ReplicaView) -> bool {
 pub fn mark(pass: &mut Pass, plan: &mut Plan) -> BTreeSet<String> {
     let policy = pass.settings.node_drain_policy();
     let mut auto_nodes = BTreeSet::new();
-    for r in &pass.view.replicas {
-        let Some(node) = pass.node(&r.node) else {
+    let view = pass.view;
+    for k in 0..pass.facts().len() {
+        let f = pass.facts()[k];
+        let Some(node) = pass.node_of(&f) else {
             continue;
         };
-        let disk_evicting = pass
-            .disk(&r.node, &r.disk)
-            .is_some_and(|d| d.eviction_requested);
+        let disk_evicting = pass.disk_of(&f).is_some_and(|d| d.eviction_requested);
+        // Most replicas: nothing asks them to leave, and no request of
+        // theirs is to cancel. Their records are not read.
+        if !node.eviction_requested && !disk_evicting && !node.cordoned && !f.eviction_requested() {
+            continue;
+        }
+        let r = &view.replicas[k];
         let manual = node.eviction_requested || disk_evicting;
         let auto = node.cordoned
             && match policy {

@@ -16,20 +16,28 @@ pub struct VolumeState<'a> {
     pub is_new: bool,
     pub locality: DataLocality,
     pub balance: AutoBalance,
+    /// The volume's place in the view, when it was found by place: its
+    /// replicas' `Facts` are then `pass.facts_at(place)`.
+    pub place: Option<usize>,
 }
 
 impl<'a> VolumeState<'a> {
     pub fn new(pass: &Pass<'a>, volume: &'a VolumeView) -> Self {
-        Self::of(pass, volume, pass.replicas_of(&volume.name))
+        Self::of(pass, volume, pass.replicas_of(&volume.name), None)
     }
 
     /// The state of `view.volumes[i]`, found by place rather than name.
     pub fn at(pass: &Pass<'a>, i: usize) -> Self {
         let volume = &pass.view.volumes[i];
-        Self::of(pass, volume, pass.replicas_at(i))
+        Self::of(pass, volume, pass.replicas_at(i), Some(i))
     }
 
-    fn of(pass: &Pass<'a>, volume: &'a VolumeView, replicas: &[&'a ReplicaView]) -> Self {
+    fn of(
+        pass: &Pass<'a>,
+        volume: &'a VolumeView,
+        replicas: &[&'a ReplicaView],
+        place: Option<usize>,
+    ) -> Self {
         let all: Vec<&ReplicaView> = replicas.to_vec();
         let mut rw = Vec::with_capacity(all.len());
         let mut rebuilding = Vec::new();
@@ -63,6 +71,7 @@ impl<'a> VolumeState<'a> {
             failed,
             locality,
             balance,
+            place,
         }
     }
 
