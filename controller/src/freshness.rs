@@ -37,6 +37,29 @@ pub fn current<'a>(volume: &Volume, replicas: &'a [Replica]) -> Vec<&'a Replica>
         .collect()
 }
 
+/// The records of the replicas that hold the latest data of `volume`, in
+/// the record's order (by name): each read from the store by name, so that
+/// attaching one volume reads its own few records, however many volumes
+/// there are. A name whose record is gone, or is another volume's, is
+/// left out. A volume from before the record (generation 0) lists every
+/// replica, as `current` does.
+async fn current_records(ctx: &Context, volume: &Volume) -> Result<Vec<Replica>, Error> {
+    if volume.status.generation == 0 {
+        let all: Vec<Replica> = ctx.store.list().await?;
+        return Ok(current(volume, &all).into_iter().cloned().collect());
+    }
+    let mut out = Vec::with_capacity(volume.status.current_replicas.len());
+    for name in &volume.status.current_replicas {
+        if let Some(r) = ctx.store.get::<Replica>(name).await?
+            && r.spec.volume == volume.name
+        {
+            out.push(r);
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
 /// Records what an engine reports as its set of replicas holding the
 /// latest data. Refused (FAILED_PRECONDITION) when the engine's generation
 /// is not the store's or the volume is not attached at its node.
@@ -55,16 +78,14 @@ pub async fn record(
             "a replica set that holds the data is never empty",
         ));
     }
-    let known: Vec<Replica> = ctx.store.list().await?;
-    if let Some(stranger) = replicas.iter().find(|n| {
-        !known
-            .iter()
-            .any(|r| &r.name == *n && r.spec.volume == volume)
-    }) {
-        return Err(Error::invalid(
-            "replicas",
-            format!("{stranger} is not a replica of volume {volume}"),
-        ));
+    for name in replicas {
+        let known = ctx.store.get::<Replica>(name).await?;
+        if known.is_none_or(|r| r.spec.volume != volume) {
+            return Err(Error::invalid(
+                "replicas",
+                format!("{name} is not a replica of volume {volume}"),
+            ));
+        }
     }
     let mut set: Vec<String> = replicas.to_vec();
     set.sort();
@@ -167,8 +188,21 @@ pub struct Serving {
     pub replicas: Vec<String>,
     pub generation: u64,
     pub current: Vec<String>,
+    /// The node of each current replica, as `current` lists them.
+    pub nodes: Vec<String>,
     /// "NAME on NODE" of each current replica, for messages.
     pub holders: Vec<String>,
+}
+
+impl Serving {
+    /// The first current replica on `node`, if any.
+    pub fn on(&self, node: &str) -> Option<&str> {
+        self.current
+            .iter()
+            .zip(&self.nodes)
+            .find(|(_, n)| *n == node)
+            .map(|(r, _)| r.as_str())
+    }
 }
 
 /// Marks the volume faulted, records why, and returns the refusal.
@@ -190,13 +224,11 @@ pub async fn fault(ctx: &Context, volume: &str, why: String) -> Error {
 /// ready nodes. When there is none, the volume is marked faulted and the
 /// error names where the latest data is.
 pub async fn serving(ctx: &Context, volume: &Volume) -> Result<Serving, Error> {
-    let replicas: Vec<Replica> = ctx.store.list().await?;
-    let nodes: Vec<Node> = ctx.store.list().await?;
-    let current = current(volume, &replicas);
+    let current = current_records(ctx, volume).await?;
     let mut reachable = Vec::new();
     let mut away = Vec::new();
     for r in &current {
-        match nodes.iter().find(|n| n.id == r.spec.node_id) {
+        match ctx.store.get::<Node>(&r.spec.node_id).await? {
             Some(n) if n.status.ready && !n.status.replica_endpoint.is_empty() => {
                 reachable.push(format!("{}@{}", r.name, n.status.replica_endpoint));
             }
@@ -222,6 +254,7 @@ pub async fn serving(ctx: &Context, volume: &Volume) -> Result<Serving, Error> {
         replicas: reachable,
         generation: volume.status.generation,
         current: current.iter().map(|r| r.name.clone()).collect(),
+        nodes: current.iter().map(|r| r.spec.node_id.clone()).collect(),
         holders: current
             .iter()
             .map(|r| format!("{} on {}", r.name, r.spec.node_id))
@@ -303,6 +336,15 @@ async fn change(
     Ok(())
 }
 
+/// Whether node `id` is in the store and ready.
+async fn ready(ctx: &Context, id: &str) -> Result<bool, Error> {
+    Ok(ctx
+        .store
+        .get::<Node>(id)
+        .await?
+        .is_some_and(|n| n.status.ready))
+}
+
 /// Makes `replica` the only replica that counts as holding the volume's
 /// data: what the other current replicas held beyond it is given up. For a
 /// detached volume none of whose current replicas is on a ready node;
@@ -320,33 +362,33 @@ pub async fn salvage(
             "volume {volume} is attached to {n}; detach it first"
         )));
     }
-    let replicas: Vec<Replica> = ctx.store.list().await?;
-    let chosen = replicas
-        .iter()
-        .find(|r| r.name == replica && r.spec.volume == volume)
+    let chosen = ctx
+        .store
+        .get::<Replica>(replica)
+        .await?
+        .filter(|r| r.spec.volume == volume)
         .ok_or_else(|| {
             Error::invalid("replica", format!("{replica} is not a replica of {volume}"))
         })?;
-    let nodes: Vec<Node> = ctx.store.list().await?;
-    let ready = |node: &str| nodes.iter().any(|n| n.id == node && n.status.ready);
-    if let Some(r) = current(&v, &replicas)
-        .into_iter()
-        .find(|r| ready(&r.spec.node_id) && r.name != replica)
-        .filter(|_| !force)
-    {
-        return Err(Error::Unprocessable(format!(
-            "replica {} holds the latest data of {volume} and its node {} is ready: attach the \
-             volume instead (or salvage with force if its data is gone)",
-            r.name, r.spec.node_id
-        )));
+    let current = current_records(ctx, &v).await?;
+    if !force {
+        for r in current.iter().filter(|r| r.name != replica) {
+            if ready(ctx, &r.spec.node_id).await? {
+                return Err(Error::Unprocessable(format!(
+                    "replica {} holds the latest data of {volume} and its node {} is ready: attach the \
+                     volume instead (or salvage with force if its data is gone)",
+                    r.name, r.spec.node_id
+                )));
+            }
+        }
     }
-    if !ready(&chosen.spec.node_id) {
+    if !ready(ctx, &chosen.spec.node_id).await? {
         return Err(Error::Unprocessable(format!(
             "replica {replica}'s node {} is not ready",
             chosen.spec.node_id
         )));
     }
-    let given_up: Vec<String> = current(&v, &replicas)
+    let given_up: Vec<String> = current
         .iter()
         .filter(|r| r.name != replica)
         .map(|r| r.name.clone())
@@ -383,4 +425,179 @@ pub async fn salvage(
     ctx.event(Kind::Volume, volume, "VolumeSalvaged", message)
         .await;
     Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use ballast::model::{NodeSpec, NodeStatus, VolumeSpec};
+    use ballast::store::Store;
+
+    use super::*;
+    use crate::executor::effects;
+    use crate::test_store::Counting;
+
+    fn node(id: &str, ready: bool) -> Node {
+        Node {
+            id: id.into(),
+            resource_version: 0,
+            spec: NodeSpec {
+                zone: "z".into(),
+                tags: vec![],
+                allow_scheduling: true,
+                eviction_requested: false,
+                disks: Default::default(),
+            },
+            status: NodeStatus {
+                ready,
+                replica_endpoint: format!("{id}:9500"),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// Twenty volumes of two replicas, on n1 (ready) and n2 (not); v3 is
+    /// attached at n1.
+    async fn cluster(store: &dyn Store) {
+        store.create(&node("n1", true)).await.unwrap();
+        store.create(&node("n2", false)).await.unwrap();
+        for v in 0..20 {
+            let name = format!("v{v}");
+            let mut volume = Volume {
+                name: name.clone(),
+                resource_version: 0,
+                spec: VolumeSpec::new(1 << 30, 2),
+                status: Default::default(),
+            };
+            let mut replicas = Vec::new();
+            for (k, n) in ["n1", "n2"].into_iter().enumerate() {
+                let r = format!("{name}-r{k}");
+                replicas.push(effects::new_replica(
+                    &r,
+                    &name,
+                    n,
+                    "d1",
+                    Some(ReplicaMode::Rw),
+                ));
+            }
+            initial(&mut volume, &replicas);
+            if v == 3 {
+                volume.status.attached_node = Some("n1".into());
+            }
+            store.create(&volume).await.unwrap();
+            for r in &replicas {
+                store.create(r).await.unwrap();
+            }
+        }
+    }
+
+    /// Whole reads of the store `f` made.
+    async fn lists<T>(counting: &Counting, f: impl std::future::Future<Output = T>) -> (T, usize) {
+        let before = counting.lists.load(Ordering::SeqCst);
+        let out = f.await;
+        (out, counting.lists.load(Ordering::SeqCst) - before)
+    }
+
+    /// Choosing who serves, recording an engine's replica set and salvaging
+    /// read the volume's own records by name: no whole read of the store,
+    /// however many volumes it holds. What they decide is as before.
+    #[tokio::test]
+    async fn who_serves_is_read_from_the_volumes_own_records() {
+        let counting = Arc::new(Counting::default());
+        let store: Arc<dyn Store> = counting.clone();
+        cluster(store.as_ref()).await;
+        let ctx = Context::new(store.clone(), Duration::from_secs(30));
+
+        let v3: Volume = store.fetch("v3").await.unwrap();
+        let (s, whole) = lists(&counting, serving(&ctx, &v3)).await;
+        let s = s.unwrap();
+        assert_eq!(whole, 0, "serving read the store whole");
+        assert_eq!(
+            s.replicas,
+            ["v3-r0@n1:9500"],
+            "only the ready node's replica serves"
+        );
+        assert_eq!(s.current, ["v3-r0", "v3-r1"]);
+        assert_eq!(s.holders, ["v3-r0 on n1", "v3-r1 on n2"]);
+        assert_eq!(
+            (s.on("n1"), s.on("n2"), s.on("n3")),
+            (Some("v3-r0"), Some("v3-r1"), None)
+        );
+
+        // The engine drops v3-r1: recorded, and v3-r1 is failed.
+        let (g, whole) = lists(
+            &counting,
+            record(&ctx, "v3", "n1", 1, &["v3-r0".into()], "v3-r1 dropped"),
+        )
+        .await;
+        assert_eq!(g.unwrap(), 2);
+        assert_eq!(whole, 0, "recording read the store whole");
+        let r1: Replica = store.fetch("v3-r1").await.unwrap();
+        assert_eq!(r1.status.mode, Some(ReplicaMode::Err));
+        // A replica of another volume, or none at all, is refused by name.
+        for stranger in ["v4-r0", "nowhere"] {
+            let e = record(&ctx, "v3", "n1", 2, &[stranger.into()], "")
+                .await
+                .unwrap_err();
+            assert!(e.to_string().contains(stranger), "{e}");
+        }
+
+        // v5's only current replica is on the node that is not ready: no
+        // one serves, the volume is faulted, and the refusal says where the
+        // data is.
+        store
+            .modify::<Volume, Error>("v5", |v| {
+                v.status.current_replicas = vec!["v5-r1".into()];
+                Ok(true)
+            })
+            .await
+            .unwrap();
+        let v5: Volume = store.fetch("v5").await.unwrap();
+        let (e, whole) = lists(&counting, serving(&ctx, &v5)).await;
+        let e = e.err().expect("no current replica is reachable");
+        assert_eq!(whole, 0);
+        assert!(e.to_string().contains("v5-r1 on n2 (not ready)"), "{e}");
+        let v5: Volume = store.fetch("v5").await.unwrap();
+        assert_eq!(v5.status.robustness, Robustness::Faulted);
+
+        // Salvage from v5-r0 (on the ready node) gives up v5-r1.
+        let (v, whole) = lists(&counting, salvage(&ctx, "v5", "v5-r0", false)).await;
+        assert_eq!(whole, 0, "salvage read the store whole");
+        assert_eq!(v.unwrap().status.current_replicas, ["v5-r0"]);
+        // Salvaging from a replica whose node is not ready is refused.
+        let e = salvage(&ctx, "v6", "v6-r1", false).await.unwrap_err();
+        assert!(e.to_string().contains("v6-r0 holds the latest data"), "{e}");
+        let e = salvage(&ctx, "v6", "v6-r1", true).await.unwrap_err();
+        assert!(e.to_string().contains("is not ready"), "{e}");
+    }
+
+    /// A volume from before the record (generation 0): every replica of it
+    /// counts, read by listing them.
+    #[tokio::test]
+    async fn a_volume_from_before_the_record_serves_from_every_replica() {
+        let counting = Arc::new(Counting::default());
+        let store: Arc<dyn Store> = counting.clone();
+        cluster(store.as_ref()).await;
+        store
+            .modify::<Node, Error>("n2", |n| {
+                n.status.ready = true;
+                Ok(true)
+            })
+            .await
+            .unwrap();
+        store
+            .modify::<Volume, Error>("v7", |v| {
+                v.status.generation = 0;
+                v.status.current_replicas.clear();
+                Ok(true)
+            })
+            .await
+            .unwrap();
+        let ctx = Context::new(store.clone(), Duration::from_secs(30));
+        let v7: Volume = store.fetch("v7").await.unwrap();
+        let s = serving(&ctx, &v7).await.unwrap();
+        assert_eq!(s.replicas, ["v7-r0@n1:9500", "v7-r1@n2:9500"]);
+    }
 }

@@ -26,6 +26,8 @@ pub mod observe;
 pub mod planner;
 pub mod settings_check;
 pub mod sim;
+#[cfg(test)]
+mod test_store;
 pub mod ui;
 pub mod volumes;
 

@@ -148,68 +148,15 @@ impl Mirror {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
 
-    use ballast::model::{Kind, Node, NodeSpec, NodeStatus, ReplicaMode, Volume, VolumeSpec};
-    use ballast::store::{Change, MemoryStore, Raw, Store, StoreError, StoreResult};
+    use ballast::model::{Node, NodeSpec, NodeStatus, ReplicaMode, Volume, VolumeSpec};
+    use ballast::store::{MemoryStore, Store};
     use proptest::prelude::*;
-    use serde_json::Value;
-    use tokio::sync::broadcast;
 
     use super::*;
     use crate::executor::effects;
-
-    /// A store that counts its whole reads and its single reads, and can
-    /// fail its next one of either.
-    #[derive(Default)]
-    struct Counting {
-        inner: MemoryStore,
-        lists: AtomicUsize,
-        gets: AtomicUsize,
-        fail_next_get: AtomicBool,
-        fail_next_list: AtomicBool,
-    }
-
-    #[async_trait::async_trait]
-    impl Store for Counting {
-        async fn get_raw(&self, kind: Kind, name: &str) -> StoreResult<Option<Raw>> {
-            self.gets.fetch_add(1, Ordering::SeqCst);
-            if self.fail_next_get.swap(false, Ordering::SeqCst) {
-                return Err(StoreError::Backend("a read failed".into()));
-            }
-            self.inner.get_raw(kind, name).await
-        }
-        async fn list_raw(&self, kind: Kind) -> StoreResult<Vec<Raw>> {
-            self.lists.fetch_add(1, Ordering::SeqCst);
-            if self.fail_next_list.swap(false, Ordering::SeqCst) {
-                return Err(StoreError::Backend("a read failed".into()));
-            }
-            self.inner.list_raw(kind).await
-        }
-        async fn create_raw(&self, kind: Kind, name: &str, value: &Value) -> StoreResult<u64> {
-            self.inner.create_raw(kind, name, value).await
-        }
-        async fn update_raw(
-            &self,
-            kind: Kind,
-            name: &str,
-            value: &Value,
-            rv: u64,
-        ) -> StoreResult<u64> {
-            self.inner.update_raw(kind, name, value, rv).await
-        }
-        async fn delete_raw(
-            &self,
-            kind: Kind,
-            name: &str,
-            expected: Option<u64>,
-        ) -> StoreResult<()> {
-            self.inner.delete_raw(kind, name, expected).await
-        }
-        fn subscribe(&self) -> broadcast::Receiver<Change> {
-            self.inner.subscribe()
-        }
-    }
+    use crate::test_store::Counting;
 
     fn node(id: &str) -> Node {
         Node {

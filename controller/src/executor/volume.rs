@@ -321,18 +321,7 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
 /// faulted and the error says where the latest data is.
 async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Result<String, Error> {
     let serving = crate::freshness::serving(ctx, volume).await?;
-    let local = ctx
-        .store
-        .list::<Replica>()
-        .await?
-        .into_iter()
-        .find(|r| {
-            r.spec.volume == volume.name
-                && r.spec.node_id == node.id
-                && serving.current.contains(&r.name)
-        })
-        .map(|r| r.name)
-        .unwrap_or_default();
+    let local = serving.on(&node.id).unwrap_or_default().to_string();
     let holders = serving.holders.join(", ");
     // With TLS on, the engine gets credentials for this volume on this
     // node: the replicas take JOIN and FILL only from them.
@@ -629,6 +618,9 @@ async fn within_limit(ctx: &Context, node: &Node, volume: &str) -> Result<(), Er
     if limit == 0 {
         return Ok(());
     }
+    // A whole read of the volumes, not the controller's copy: the copy of
+    // a Kubernetes store can be a watch event behind, and an attach just
+    // made at this node must count.
     let published = ctx
         .store
         .list::<Volume>()
