@@ -432,31 +432,12 @@ mod tests {
     use std::sync::atomic::Ordering;
     use std::time::Duration;
 
-    use ballast::model::{NodeSpec, NodeStatus, VolumeSpec};
+    use ballast::model::VolumeSpec;
     use ballast::store::Store;
 
     use super::*;
     use crate::executor::effects;
-    use crate::test_store::Counting;
-
-    fn node(id: &str, ready: bool) -> Node {
-        Node {
-            id: id.into(),
-            resource_version: 0,
-            spec: NodeSpec {
-                zone: "z".into(),
-                tags: vec![],
-                allow_scheduling: true,
-                eviction_requested: false,
-                disks: Default::default(),
-            },
-            status: NodeStatus {
-                ready,
-                replica_endpoint: format!("{id}:9500"),
-                ..Default::default()
-            },
-        }
-    }
+    use crate::test_store::{Counting, node};
 
     /// Twenty volumes of two replicas, on n1 (ready) and n2 (not); v3 is
     /// attached at n1.

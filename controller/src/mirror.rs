@@ -150,31 +150,13 @@ mod tests {
     use std::sync::Arc;
     use std::sync::atomic::Ordering;
 
-    use ballast::model::{Node, NodeSpec, NodeStatus, ReplicaMode, Volume, VolumeSpec};
+    use ballast::model::{Node, ReplicaMode, Volume, VolumeSpec};
     use ballast::store::{MemoryStore, Store};
     use proptest::prelude::*;
 
     use super::*;
     use crate::executor::effects;
-    use crate::test_store::Counting;
-
-    fn node(id: &str) -> Node {
-        Node {
-            id: id.into(),
-            resource_version: 0,
-            spec: NodeSpec {
-                zone: "z".into(),
-                tags: vec![],
-                allow_scheduling: true,
-                eviction_requested: false,
-                disks: Default::default(),
-            },
-            status: NodeStatus {
-                ready: true,
-                ..Default::default()
-            },
-        }
-    }
+    use crate::test_store::{Counting, node};
 
     fn volume(name: &str) -> Volume {
         Volume {
@@ -221,7 +203,7 @@ mod tests {
     async fn a_refresh_reads_only_the_records_that_changed() {
         let counting = Arc::new(Counting::default());
         let store: Arc<dyn Store> = counting.clone();
-        store.create(&node("n1")).await.unwrap();
+        store.create(&node("n1", true)).await.unwrap();
         for v in ["a", "b", "c"] {
             store.create(&volume(v)).await.unwrap();
             store.create(&replica(&format!("{v}-r1"), v)).await.unwrap();
@@ -371,7 +353,7 @@ mod tests {
             }
             Op::Ready(n, ready) => {
                 let id = format!("n{n}");
-                put(store, node(&id), true).await;
+                put(store, node(&id, true), true).await;
                 store
                     .modify::<Node, Error>(&id, |n| {
                         n.status.ready = *ready;

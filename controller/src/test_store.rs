@@ -1,11 +1,11 @@
 //! A store for tests that counts its reads: the whole reads (`list`) and
-//! the single ones (`get`), and can fail the next of either. It owns
-//! nothing else; tests of the copy of the records and of who may serve
-//! use it to show what a call reads.
+//! the single ones (`get`), and can fail the next of either; and the node
+//! record those tests put in it. Tests of the copy of the records and of
+//! who may serve use it to show what a call reads.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use ballast::model::Kind;
+use ballast::model::{Kind, Node, NodeSpec, NodeStatus};
 use ballast::store::{Change, MemoryStore, Raw, Store, StoreError, StoreResult};
 use serde_json::Value;
 use tokio::sync::broadcast;
@@ -48,5 +48,25 @@ impl Store for Counting {
     }
     fn subscribe(&self) -> broadcast::Receiver<Change> {
         self.inner.subscribe()
+    }
+}
+
+/// Node `id` in zone `z`, `ready` or not, serving replicas at `ID:9500`.
+pub fn node(id: &str, ready: bool) -> Node {
+    Node {
+        id: id.into(),
+        resource_version: 0,
+        spec: NodeSpec {
+            zone: "z".into(),
+            tags: vec![],
+            allow_scheduling: true,
+            eviction_requested: false,
+            disks: Default::default(),
+        },
+        status: NodeStatus {
+            ready,
+            replica_endpoint: format!("{id}:9500"),
+            ..Default::default()
+        },
     }
 }
