@@ -57,7 +57,51 @@ struct Tables {
     nodes: Table<Node>,
     volumes: Table<Volume>,
     replicas: Table<Replica>,
+    /// The names of the volumes attached at each node: a node's heartbeat
+    /// checks its own volumes' engines without walking every volume.
+    attached: BTreeMap<String, BTreeSet<String>>,
     read_at: Instant,
+}
+
+impl Tables {
+    fn new(nodes: Table<Node>, volumes: Table<Volume>, replicas: Table<Replica>) -> Tables {
+        let mut t = Tables {
+            nodes,
+            volumes,
+            replicas,
+            attached: BTreeMap::new(),
+            read_at: Instant::now(),
+        };
+        let names: Vec<String> = t.volumes.0.keys().cloned().collect();
+        for name in names {
+            t.index(&name, true);
+        }
+        t
+    }
+
+    /// Enters (`on`) or takes out volume `name` where its record says it
+    /// is attached.
+    fn index(&mut self, name: &str, on: bool) {
+        let Some(node) = self
+            .volumes
+            .0
+            .get(name)
+            .and_then(|v| v.status.attached_node.clone())
+        else {
+            return;
+        };
+        if on {
+            self.attached
+                .entry(node)
+                .or_default()
+                .insert(name.to_string());
+        } else if let Some(set) = self.attached.get_mut(&node) {
+            set.remove(name);
+            if set.is_empty() {
+                self.attached.remove(&node);
+            }
+        }
+    }
 }
 
 impl Mirror {
@@ -102,12 +146,11 @@ impl Mirror {
             // copy, so that a read that fails is made again next time.
             while self.changes.try_recv().is_ok() {}
             self.tables = None;
-            self.tables = Some(Tables {
-                nodes: Table::read(store).await?,
-                volumes: Table::read(store).await?,
-                replicas: Table::read(store).await?,
-                read_at: Instant::now(),
-            });
+            self.tables = Some(Tables::new(
+                Table::read(store).await?,
+                Table::read(store).await?,
+                Table::read(store).await?,
+            ));
             return Ok(());
         }
         let Some(tables) = self.tables.as_mut() else {
@@ -116,7 +159,12 @@ impl Mirror {
         for (kind, name) in dirty {
             let read = match kind {
                 Kind::Node => tables.nodes.reread(store, &name).await,
-                Kind::Volume => tables.volumes.reread(store, &name).await,
+                Kind::Volume => {
+                    tables.index(&name, false);
+                    let read = tables.volumes.reread(store, &name).await;
+                    tables.index(&name, true);
+                    read
+                }
                 _ => tables.replicas.reread(store, &name).await,
             };
             if let Err(e) = read {
@@ -137,6 +185,13 @@ impl Mirror {
     /// The volumes as of the last refresh, by name.
     pub fn volumes(&self) -> impl Iterator<Item = &Volume> + Clone {
         self.tables.iter().flat_map(|t| t.volumes.0.values())
+    }
+
+    /// The volumes whose records say they are attached at `node`, by name.
+    pub fn attached_at(&self, node: &str) -> impl Iterator<Item = &Volume> + '_ {
+        let t = self.tables.as_ref();
+        let names = t.and_then(|t| t.attached.get(node)).into_iter().flatten();
+        names.filter_map(move |name| t.and_then(|t| t.volumes.0.get(name)))
     }
 
     /// The replicas as of the last refresh, by name.
@@ -180,6 +235,20 @@ mod tests {
         assert_eq!(t.nodes.0.values().cloned().collect::<Vec<_>>(), nodes);
         assert_eq!(t.volumes.0.values().cloned().collect::<Vec<_>>(), volumes);
         assert_eq!(m.replicas().cloned().collect::<Vec<_>>(), replicas);
+        for n in ["n0", "n1", "n2", "n3"] {
+            let at: Vec<&Volume> = volumes
+                .iter()
+                .filter(|v| v.status.attached_node.as_deref() == Some(n))
+                .collect();
+            assert_eq!(m.attached_at(n).collect::<Vec<_>>(), at, "attached at {n}");
+        }
+        let indexed: usize = t.attached.values().map(BTreeSet::len).sum();
+        let attached = volumes.iter().filter(|v| v.status.attached_node.is_some());
+        assert_eq!(
+            indexed,
+            attached.count(),
+            "a volume indexed twice or left behind"
+        );
         assert_eq!(
             crate::observe::mirrored_view(m),
             crate::observe::cluster_view(store).await.unwrap()
@@ -298,6 +367,8 @@ mod tests {
         Replica(u8, u8, bool),
         Mode(u8, bool),
         Ready(u8, bool),
+        /// Volume `v` attached at node `n`, or detached (None).
+        Attach(u8, Option<u8>),
         Refresh,
     }
 
@@ -307,6 +378,7 @@ mod tests {
             (0..4u8, 0..3u8, any::<bool>()).prop_map(|(v, r, keep)| Op::Replica(v, r, keep)),
             (0..4u8, any::<bool>()).prop_map(|(v, rw)| Op::Mode(v, rw)),
             (0..3u8, any::<bool>()).prop_map(|(n, ready)| Op::Ready(n, ready)),
+            (0..4u8, proptest::option::of(0..3u8)).prop_map(|(v, n)| Op::Attach(v, n)),
             Just(Op::Refresh),
         ]
     }
@@ -361,6 +433,18 @@ mod tests {
                     })
                     .await
                     .unwrap();
+            }
+            Op::Attach(v, n) => {
+                let name = format!("v{v}");
+                if store.get::<Volume>(&name).await.unwrap().is_some() {
+                    store
+                        .modify::<Volume, Error>(&name, |v| {
+                            v.status.attached_node = n.map(|n| format!("n{n}"));
+                            Ok(true)
+                        })
+                        .await
+                        .unwrap();
+                }
             }
             Op::Refresh => {
                 m.refresh(store).await.unwrap();

@@ -335,9 +335,10 @@ async fn restart_dead_engines(
     engines: &[ballast::proto::agent::v1::EngineStatus],
 ) {
     use ballast::model::{Volume, VolumeState};
-    // From the context's copy of the records, not the store: a heartbeat
-    // comes from every node every second or so, and reading every volume
-    // from the store each time would not scale.
+    // From the context's copy of the records, not the store, and only the
+    // volumes attached here: a heartbeat comes from every node every few
+    // seconds, and reading (or walking) every volume each time would not
+    // scale.
     let attached: Vec<Volume> = {
         let mut mirror = ctx.mirror.lock().await;
         if let Err(e) = mirror.refresh(ctx.store.as_ref()).await {
@@ -345,11 +346,8 @@ async fn restart_dead_engines(
             return;
         }
         mirror
-            .volumes()
-            .filter(|v| {
-                v.status.attached_node.as_deref() == Some(node)
-                    && v.status.state == VolumeState::Attached
-            })
+            .attached_at(node)
+            .filter(|v| v.status.state == VolumeState::Attached)
             .cloned()
             .collect()
     };
