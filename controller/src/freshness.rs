@@ -39,11 +39,11 @@ pub fn current<'a>(volume: &Volume, replicas: &'a [Replica]) -> Vec<&'a Replica>
 
 /// The records of the replicas that hold the latest data of `volume`, in
 /// the record's order (by name): each read from the store by name, so that
-/// attaching one volume reads its own few records, however many volumes
-/// there are. A name whose record is gone, or is another volume's, is
+/// attaching a volume, rebuilding a replica of it or snapshotting it reads
+/// its own few records, however many volumes there are. A name whose record is gone, or is another volume's, is
 /// left out. A volume from before the record (generation 0) lists every
 /// replica, as `current` does.
-async fn current_records(ctx: &Context, volume: &Volume) -> Result<Vec<Replica>, Error> {
+pub async fn current_records(ctx: &Context, volume: &Volume) -> Result<Vec<Replica>, Error> {
     if volume.status.generation == 0 {
         let all: Vec<Replica> = ctx.store.list().await?;
         return Ok(current(volume, &all).into_iter().cloned().collect());

@@ -129,14 +129,17 @@ async fn build_replica(
 ) -> Result<(), Error> {
     let vol: Volume = ctx.store.fetch(volume).await?;
     let target = ready_node(ctx, node).await?;
-    let replicas: Vec<Replica> = ctx
-        .store
-        .list::<Replica>()
-        .await?
-        .into_iter()
-        .filter(|r| r.spec.volume == volume)
-        .collect();
-    let has_data = replicas.iter().any(|r| r.spec.healthy_at.is_some());
+    // The replicas with the latest data, read by name. Whether the volume
+    // ever held data is asked of them first, and of every replica of it
+    // (a whole read) only when none of them ever did: a new volume's.
+    let current = crate::freshness::current_records(ctx, &vol).await?;
+    let has_data = current.iter().any(|r| r.spec.healthy_at.is_some())
+        || ctx
+            .store
+            .list::<Replica>()
+            .await?
+            .iter()
+            .any(|r| r.spec.volume == volume && r.spec.healthy_at.is_some());
     // A replica of a volume that never held data is just made empty.
     let mode = has_data.then_some(ReplicaMode::Wo);
     let name = match reuse {
@@ -182,7 +185,7 @@ async fn build_replica(
         }
         match &vol.status.attached_node {
             Some(attached) => add_to_engine(ctx, volume, attached, &at, copy_from).await,
-            None => rebuild_offline(ctx, &vol, &replicas, &name, &target, copy_from).await,
+            None => rebuild_offline(ctx, &vol, &current, &name, &target, copy_from).await,
         }
     }
     .await;
@@ -213,15 +216,12 @@ async fn add_to_engine(
 async fn rebuild_offline(
     ctx: &Context,
     vol: &Volume,
-    replicas: &[Replica],
+    current: &[Replica],
     name: &str,
     target: &Node,
     copy_from: Option<&str>,
 ) -> Result<(), Error> {
-    let mut sources: Vec<&Replica> = crate::freshness::current(vol, replicas)
-        .into_iter()
-        .filter(|r| r.name != name)
-        .collect();
+    let mut sources: Vec<&Replica> = current.iter().filter(|r| r.name != name).collect();
     sources.sort_by_key(|r| {
         (
             Some(r.name.as_str()) != copy_from,

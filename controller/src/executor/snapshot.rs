@@ -148,23 +148,9 @@ async fn through_engine(
     Ok(None)
 }
 
-/// The replicas holding the volume's latest data, by the record (every
-/// replica of a volume from before the record).
-async fn current_replicas(ctx: &Context, volume: &Volume) -> Result<Vec<Replica>, Error> {
-    let current = &volume.status.current_replicas;
-    Ok(ctx
-        .store
-        .list::<Replica>()
-        .await?
-        .into_iter()
-        .filter(|r| r.spec.volume == volume.name)
-        .filter(|r| current.is_empty() || current.contains(&r.name))
-        .collect())
-}
-
 /// Each current replica of the detached volume takes it; every one must.
 async fn on_each_replica(ctx: &Context, volume: &Volume, id: &str) -> Result<Option<u64>, Error> {
-    let replicas = current_replicas(ctx, volume).await?;
+    let replicas = crate::freshness::current_records(ctx, volume).await?;
     if replicas.is_empty() {
         return Err(Error::Unprocessable(format!(
             "volume {:?} has no replica holding its data",
@@ -233,7 +219,7 @@ pub async fn restore(
     snapshot: &str,
     made: &[Replica],
 ) -> Result<(), Error> {
-    let holders = current_replicas(ctx, source).await?;
+    let holders = crate::freshness::current_records(ctx, source).await?;
     for target in made {
         let mut order: Vec<&Replica> = holders.iter().collect();
         // Same disk, then same node, then the rest.
