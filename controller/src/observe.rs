@@ -113,19 +113,37 @@ pub fn view_of<'a>(
     volumes: impl IntoIterator<Item = &'a Volume> + Clone,
     replicas: impl IntoIterator<Item = &'a Replica>,
 ) -> ClusterView {
-    // Looked up once per replica: an index, so that the view costs the
-    // same per record at 100k volumes as at 1k.
-    let by_name: rustc_hash::FxHashMap<&str, &Volume> = volumes
-        .clone()
-        .into_iter()
-        .map(|v| (v.name.as_str(), v))
-        .collect();
+    let volumes: Vec<&Volume> = volumes.into_iter().collect();
+    // Each replica's volume, to tell a current replica from a stale one:
+    // sought where the last one's was, or just after it (the store lists
+    // a volume's replicas together, in its volumes' order: a replica is
+    // named after its volume), and looked up by name only when it is not
+    // there, in an index built then.
+    let mut by_name: Option<rustc_hash::FxHashMap<&str, usize>> = None;
+    let mut cursor = 0usize;
+    let mut volume_of = |name: &str| -> Option<&Volume> {
+        for i in [cursor, cursor + 1] {
+            if volumes.get(i).is_some_and(|v| v.name == name) {
+                cursor = i;
+                return volumes.get(i).copied();
+            }
+        }
+        let index = by_name.get_or_insert_with(|| {
+            volumes
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (v.name.as_str(), i))
+                .collect()
+        });
+        let i = *index.get(name)?;
+        cursor = i;
+        volumes.get(i).copied()
+    };
     let replicas = replicas
         .into_iter()
         .map(|r| {
             let mut view = replica_view(r);
-            let stale = by_name
-                .get(r.spec.volume.as_str())
+            let stale = volume_of(&r.spec.volume)
                 .is_some_and(|v| !crate::freshness::is_current(v, &r.name));
             if stale && view.mode == Some(ReplicaMode::Rw) {
                 view.mode = Some(ReplicaMode::Err);
@@ -138,5 +156,64 @@ pub fn view_of<'a>(
         nodes: nodes.into_iter().map(node_view).collect(),
         volumes: volumes.into_iter().map(volume_view).collect(),
         replicas,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ballast::model::VolumeSpec;
+
+    use super::*;
+    use crate::executor::effects;
+
+    fn volume(name: &str, current: &[&str]) -> Volume {
+        let mut v = Volume {
+            name: name.into(),
+            resource_version: 0,
+            spec: VolumeSpec::new(1 << 30, 2),
+            status: Default::default(),
+        };
+        v.status.generation = 1;
+        v.status.current_replicas = current.iter().map(|c| c.to_string()).collect();
+        v
+    }
+
+    /// A replica outside its volume's record is failed in the view, and one
+    /// in it is not, whatever order the replicas come in: together after
+    /// their volume's (as the store lists them) or not.
+    #[test]
+    fn a_replica_outside_its_volumes_record_is_failed_in_any_order() {
+        let volumes = [
+            volume("a", &["a-r1"]),
+            volume("b", &["b-r1"]),
+            volume("c", &["c-r1", "c-r2"]),
+        ];
+        let rw = |name: &str, volume: &str| {
+            effects::new_replica(name, volume, "n1", "d1", Some(ReplicaMode::Rw))
+        };
+        let listed = [
+            rw("a-r1", "a"),
+            rw("a-r2", "a"),
+            rw("c-r1", "c"),
+            rw("c-r2", "c"),
+            rw("c-r3", "c"),
+            rw("x-r1", "x"),
+        ];
+        let stale = ["a-r2", "c-r3"];
+        let mut orders = vec![listed.to_vec()];
+        orders.push(listed.iter().rev().cloned().collect());
+        orders.push([3, 0, 5, 1, 4, 2].map(|i| listed[i].clone()).to_vec());
+        for replicas in orders {
+            let view = view_of(&[], &volumes, &replicas);
+            for (r, v) in replicas.iter().zip(&view.replicas) {
+                assert_eq!(r.name, v.name);
+                let want = if stale.contains(&r.name.as_str()) {
+                    ReplicaMode::Err
+                } else {
+                    ReplicaMode::Rw
+                };
+                assert_eq!(v.mode, Some(want), "{}", r.name);
+            }
+        }
     }
 }
