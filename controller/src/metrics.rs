@@ -3,8 +3,8 @@
 //! volumes (robustness, state, capacity, actual size), replicas (mode,
 //! rebuild progress), nodes and disks (status, capacity, usage,
 //! reservation, scheduled), and the planner (what it would do next, by
-//! rule, and what waits blocked) — read from the store and planned at
-//! scrape time. It writes nothing. The node plugin's `/metrics` has the
+//! rule, and what waits blocked) — read from the controller's copy of the
+//! records and planned at scrape time. It writes nothing. The node plugin's `/metrics` has the
 //! engines' I/O.
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -113,7 +113,7 @@ fn progress(r: &Replica) -> i64 {
     }
 }
 
-fn volumes(reg: &mut Registry, volumes: &[Volume]) {
+fn volumes<'a>(reg: &mut Registry, volumes: impl Iterator<Item = &'a Volume>) {
     let rob = family(
         reg,
         "ballast_volume_robustness",
@@ -143,7 +143,7 @@ fn volumes(reg: &mut Registry, volumes: &[Volume]) {
     }
 }
 
-fn replicas(reg: &mut Registry, replicas: &[Replica]) {
+fn replicas<'a>(reg: &mut Registry, replicas: impl Iterator<Item = &'a Replica>) {
     let mode = family(
         reg,
         "ballast_replica_mode",
@@ -174,7 +174,7 @@ fn replicas(reg: &mut Registry, replicas: &[Replica]) {
     }
 }
 
-fn nodes(reg: &mut Registry, nodes: &[Node]) {
+fn nodes<'a>(reg: &mut Registry, nodes: impl Iterator<Item = &'a Node>) {
     let status = family(
         reg,
         "ballast_node_status",
@@ -239,7 +239,12 @@ struct RobustnessLabels {
 }
 
 /// The first release's counts, under their names (kept: scrapers use them).
-fn counts(reg: &mut Registry, nodes: &[Node], volumes: &[Volume], replicas: &[Replica]) {
+fn counts<'a>(
+    reg: &mut Registry,
+    nodes: impl Iterator<Item = &'a Node> + Clone,
+    volumes: impl Iterator<Item = &'a Volume> + Clone,
+    replicas: impl Iterator<Item = &'a Replica>,
+) {
     let by_ready = family(
         reg,
         "ballast_nodes",
@@ -251,7 +256,7 @@ fn counts(reg: &mut Registry, nodes: &[Node], volumes: &[Volume], replicas: &[Re
                 ready: ready.to_string(),
             })
             .set(gauge(
-                nodes.iter().filter(|n| n.status.ready == ready).count() as u64,
+                nodes.clone().filter(|n| n.status.ready == ready).count() as u64,
             ));
     }
     let by_rob = family(reg, "ballast_volumes", "Volumes, by robustness");
@@ -261,11 +266,14 @@ fn counts(reg: &mut Registry, nodes: &[Node], volumes: &[Volume], replicas: &[Re
                 robustness: r.to_string(),
             })
             .set(gauge(
-                volumes.iter().filter(|v| v.status.robustness == *r).count() as u64,
+                volumes
+                    .clone()
+                    .filter(|v| v.status.robustness == *r)
+                    .count() as u64,
             ));
     }
     let count = Gauge::<i64>::default();
-    count.set(gauge(replicas.len() as u64));
+    count.set(gauge(replicas.count() as u64));
     reg.register("ballast_replicas", "Replica records", count);
     let max = family(
         reg,
@@ -294,16 +302,22 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 
 /// The registry of every metric, filled from the store and a dry-run plan.
 pub async fn render(ctx: &Context) -> Result<String, Error> {
-    let all_nodes: Vec<Node> = ctx.store.list().await?;
-    let all_volumes: Vec<Volume> = ctx.store.list().await?;
-    let all_replicas: Vec<Replica> = ctx.store.list().await?;
+    let settings = ctx.settings().await?;
     let mut reg = Registry::default();
-    counts(&mut reg, &all_nodes, &all_volumes, &all_replicas);
-    volumes(&mut reg, &all_volumes);
-    replicas(&mut reg, &all_replicas);
-    nodes(&mut reg, &all_nodes);
-    let view = crate::observe::view_of(&all_nodes, &all_volumes, &all_replicas);
-    let plan = crate::planner::plan(&view, &ctx.settings().await?, ctx.now());
+    // From the controller's copy of the records, brought up to date first
+    // (on Kubernetes it can be a watch event behind): a scrape does not
+    // decode the whole store.
+    let view = {
+        let mut mirror = ctx.mirror.lock().await;
+        mirror.refresh(ctx.store.as_ref()).await?;
+        let (n, v, r) = (mirror.nodes(), mirror.volumes(), mirror.replicas());
+        counts(&mut reg, n.clone(), v.clone(), r.clone());
+        volumes(&mut reg, v);
+        replicas(&mut reg, r);
+        nodes(&mut reg, n);
+        crate::observe::mirrored_view(&mirror)
+    };
+    let plan = crate::planner::plan(&view, &settings, ctx.now());
     let next = family(
         &mut reg,
         "ballast_planner_actions",

@@ -1,10 +1,11 @@
-//! What the page shows, built from the store and the planner: the same
-//! records the REST API serves and the same numbers the planner decides
-//! on (`observe::view_of`, `Pass::scheduled`, `disk_pressure`). Nothing
+//! What the page shows, built from the controller's copy of the records
+//! (`mirror`; the events from the store) and the planner: the same records
+//! the REST API serves and the same numbers the planner decides on
+//! (`observe::view_of`, `Pass::scheduled`, `disk_pressure`). Nothing
 //! here is computed twice or kept between requests.
 
 use askama::Template;
-use ballast::model::{Event, Node, Replica, Volume};
+use ballast::model::{Event, Replica, Volume};
 use ballast::quantity::format_size;
 use ballast::settings::DEFINITIONS;
 
@@ -108,15 +109,60 @@ fn pct(part: u64, whole: u64) -> u64 {
     (part.saturating_mul(100) / whole).min(100)
 }
 
-/// The live part, as the store holds it now.
+/// A row per volume, with its replicas (grouped once: each volume's
+/// replicas are not sought among all of them).
+fn volume_rows<'a>(
+    volumes: impl Iterator<Item = &'a Volume>,
+    replicas: impl Iterator<Item = &'a Replica>,
+) -> Vec<VolumeRow> {
+    let mut by_volume: std::collections::HashMap<&str, Vec<&Replica>> = Default::default();
+    for r in replicas {
+        by_volume.entry(r.spec.volume.as_str()).or_default().push(r);
+    }
+    volumes
+        .map(|v| VolumeRow {
+            name: v.name.clone(),
+            size: format_size(v.spec.size),
+            state: v.status.state.to_string(),
+            robustness: v.status.robustness.to_string(),
+            attached: v.status.attached_node.clone().unwrap_or_default(),
+            number_of_replicas: v.spec.number_of_replicas,
+            replicas: by_volume
+                .get(v.name.as_str())
+                .into_iter()
+                .flatten()
+                .map(|r| ReplicaRow {
+                    name: r.name.clone(),
+                    node: r.spec.node_id.clone(),
+                    disk: r.spec.disk_id.clone(),
+                    mode: r
+                        .status
+                        .mode
+                        .map(|m| m.to_string())
+                        .unwrap_or_else(|| "none".into()),
+                    progress: r.status.rebuild_progress.as_ref().map(|p| p.percent()),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// The live part, as the controller's copy of the records has it now.
 pub async fn live(ctx: &Context) -> Result<Live, Error> {
-    let nodes: Vec<Node> = ctx.store.list().await?;
-    let volumes: Vec<Volume> = ctx.store.list().await?;
-    let replicas: Vec<Replica> = ctx.store.list().await?;
     let mut events: Vec<Event> = ctx.store.list().await?;
     let settings = ctx.settings().await?;
     let now = ctx.now();
-    let view = crate::observe::view_of(&nodes, &volumes, &replicas);
+    // From the controller's copy of the records, brought up to date first
+    // (on Kubernetes it can be a watch event behind): a look at the page
+    // does not decode the whole store.
+    let (view, volumes) = {
+        let mut mirror = ctx.mirror.lock().await;
+        mirror.refresh(ctx.store.as_ref()).await?;
+        (
+            crate::observe::mirrored_view(&mirror),
+            volume_rows(mirror.volumes(), mirror.replicas()),
+        )
+    };
     let plan = planner::plan(&view, &settings, now);
     let pass = Pass::new(&view, &settings, now);
     let pressure = u64::from(settings.disk_pressure_percentage());
@@ -152,33 +198,6 @@ pub async fn live(ctx: &Context) -> Result<Live, Error> {
                         scheduled: format_size(scheduled),
                         maximum: format_size(d.maximum),
                     }
-                })
-                .collect(),
-        })
-        .collect();
-
-    let volumes = volumes
-        .iter()
-        .map(|v| VolumeRow {
-            name: v.name.clone(),
-            size: format_size(v.spec.size),
-            state: v.status.state.to_string(),
-            robustness: v.status.robustness.to_string(),
-            attached: v.status.attached_node.clone().unwrap_or_default(),
-            number_of_replicas: v.spec.number_of_replicas,
-            replicas: replicas
-                .iter()
-                .filter(|r| r.spec.volume == v.name)
-                .map(|r| ReplicaRow {
-                    name: r.name.clone(),
-                    node: r.spec.node_id.clone(),
-                    disk: r.spec.disk_id.clone(),
-                    mode: r
-                        .status
-                        .mode
-                        .map(|m| m.to_string())
-                        .unwrap_or_else(|| "none".into()),
-                    progress: r.status.rebuild_progress.as_ref().map(|p| p.percent()),
                 })
                 .collect(),
         })
