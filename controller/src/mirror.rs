@@ -187,6 +187,11 @@ impl Mirror {
         self.tables.iter().flat_map(|t| t.volumes.0.values())
     }
 
+    /// Volume `name` as of the last refresh.
+    pub fn volume(&self, name: &str) -> Option<&Volume> {
+        self.tables.as_ref()?.volumes.0.get(name)
+    }
+
     /// The volumes whose records say they are attached at `node`, by name.
     pub fn attached_at(&self, node: &str) -> impl Iterator<Item = &Volume> + '_ {
         let t = self.tables.as_ref();

@@ -16,6 +16,7 @@ use ballast::proto::agent::v1::{MergeReplicaRequest, MergeReplicaResponse};
 use crate::agents::client as agent;
 use crate::context::Context;
 use crate::error::Error;
+use crate::mirror::Mirror;
 
 /// How long one replica's merges may take.
 const MERGE_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -41,17 +42,15 @@ pub async fn run_merge(ctx: Arc<Context>, tick: Duration) {
 /// Volumes whose replicas are copied from now: one of them is rebuilt, or
 /// a new volume is filled from them. A merge would change the chain a copy
 /// reads (the copy would fail its checksum and start again), so they wait.
-fn copied_from(
-    replicas: &[Replica],
-    volumes: &HashMap<String, Volume>,
+fn copied_from<'a>(
+    replicas: impl Iterator<Item = &'a Replica>,
+    volumes: impl Iterator<Item = &'a Volume>,
     snapshots: &[Snapshot],
 ) -> HashSet<String> {
     let rebuilding = replicas
-        .iter()
         .filter(|r| r.status.mode == Some(ReplicaMode::Wo) || r.status.rebuild_progress.is_some())
         .map(|r| r.spec.volume.clone());
     let sources = volumes
-        .values()
         .filter(|v| v.status.state == ballast::model::VolumeState::Creating)
         .filter_map(|v| v.spec.source.as_ref())
         .filter_map(|s| {
@@ -66,36 +65,25 @@ fn copied_from(
     rebuilding.chain(sources).collect()
 }
 
-/// What the merges are chosen from.
-struct Records {
-    replicas: Vec<Replica>,
-    volumes: HashMap<String, Volume>,
-    /// Volumes copied from now (`copied_from`).
-    busy: HashSet<String>,
-}
-
-async fn records(ctx: &Context) -> Result<Records, Error> {
-    let replicas: Vec<Replica> = ctx.store.list().await?;
-    let volumes: HashMap<String, Volume> = ctx
-        .store
-        .list::<Volume>()
-        .await?
-        .into_iter()
-        .map(|v| (v.name.clone(), v))
-        .collect();
+/// Chooses with `f` from the controller's copy of the records (brought
+/// up to date first, so a pass does not decode the whole store) and the
+/// volumes copied from now. `f` runs with the copy held: it chooses, and
+/// whatever calls a node comes after.
+async fn choose<T>(
+    ctx: &Context,
+    f: impl FnOnce(&Mirror, &HashSet<String>) -> T,
+) -> Result<T, Error> {
     let snapshots: Vec<Snapshot> = ctx.store.list().await?;
-    let busy = copied_from(&replicas, &volumes, &snapshots);
-    Ok(Records {
-        replicas,
-        volumes,
-        busy,
-    })
+    let mut mirror = ctx.mirror.lock().await;
+    mirror.refresh(ctx.store.as_ref()).await?;
+    let busy = copied_from(mirror.replicas(), mirror.volumes(), &snapshots);
+    Ok(f(&mirror, &busy))
 }
 
 /// Whether `r` can be merged now: not failed or being rebuilt, and its
 /// volume not copied from.
-fn mergeable(r: &Replica, volumes: &HashMap<String, Volume>, busy: &HashSet<String>) -> bool {
-    volumes.contains_key(&r.spec.volume)
+fn mergeable(r: &Replica, mirror: &Mirror, busy: &HashSet<String>) -> bool {
+    mirror.volume(&r.spec.volume).is_some()
         && !matches!(r.status.mode, Some(ReplicaMode::Err | ReplicaMode::Wo))
         && !busy.contains(&r.spec.volume)
 }
@@ -103,42 +91,39 @@ fn mergeable(r: &Replica, volumes: &HashMap<String, Volume>, busy: &HashSet<Stri
 /// Starts, on each ready node not merging already, the merge of its next
 /// replica after the last one merged.
 async fn start_next(ctx: &Arc<Context>, merges: &Arc<Merges>) -> Result<(), Error> {
-    let Records {
-        replicas,
-        volumes,
-        busy,
-    } = records(ctx).await?;
-    let by_node = super::by_node(&replicas);
-    for node in ctx
-        .store
-        .list::<Node>()
-        .await?
-        .into_iter()
-        .filter(|n| n.status.ready)
-    {
-        // A volume a call holds (being deleted, attached, ...) waits.
-        let mut mine: Vec<&Replica> = by_node
-            .get(node.id.as_str())
-            .into_iter()
-            .flatten()
-            .copied()
-            .filter(|r| mergeable(r, &volumes, &busy))
-            .filter(|r| !ctx.volume_busy(&r.spec.volume))
-            .collect();
-        mine.sort_by(|a, b| a.name.cmp(&b.name));
-        let last = merges
-            .last
-            .lock()
-            .ok()
-            .and_then(|l| l.get(&node.id).cloned())
-            .unwrap_or_default();
-        let Some(r) = mine.iter().find(|r| r.name > last).or_else(|| mine.first()) else {
-            continue;
-        };
-        if let Ok(mut l) = merges.last.lock() {
-            l.insert(node.id.clone(), r.name.clone());
+    let chosen = choose(ctx, |mirror, busy| {
+        let by_node = super::by_node(mirror.replicas());
+        let mut chosen = Vec::new();
+        for node in mirror.nodes().filter(|n| n.status.ready) {
+            // A volume a call holds (being deleted, attached, ...) waits.
+            let mut mine: Vec<&Replica> = by_node
+                .get(node.id.as_str())
+                .into_iter()
+                .flatten()
+                .copied()
+                .filter(|r| mergeable(r, mirror, busy))
+                .filter(|r| !ctx.volume_busy(&r.spec.volume))
+                .collect();
+            mine.sort_by(|a, b| a.name.cmp(&b.name));
+            let last = merges
+                .last
+                .lock()
+                .ok()
+                .and_then(|l| l.get(&node.id).cloned())
+                .unwrap_or_default();
+            let Some(r) = mine.iter().find(|r| r.name > last).or_else(|| mine.first()) else {
+                continue;
+            };
+            if let Ok(mut l) = merges.last.lock() {
+                l.insert(node.id.clone(), r.name.clone());
+            }
+            chosen.push((node.clone(), (*r).clone()));
         }
-        spawn_merge(ctx, merges, node, (*r).clone());
+        chosen
+    })
+    .await?;
+    for (node, r) in chosen {
+        spawn_merge(ctx, merges, node, r);
     }
     Ok(())
 }
@@ -204,15 +189,15 @@ pub async fn merge(ctx: &Context, node: &Node, r: &Replica) -> Result<MergeRepli
 /// Merges every replica of `volume` that can be now (after one of its
 /// snapshots was deleted), one after another.
 pub async fn merge_volume(ctx: &Context, volume: &str) -> Result<(), Error> {
-    let Records {
-        replicas,
-        volumes,
-        busy,
-    } = records(ctx).await?;
-    for r in replicas
-        .iter()
-        .filter(|r| r.spec.volume == volume && mergeable(r, &volumes, &busy))
-    {
+    let replicas: Vec<Replica> = choose(ctx, |mirror, busy| {
+        mirror
+            .replicas()
+            .filter(|r| r.spec.volume == volume && mergeable(r, mirror, busy))
+            .cloned()
+            .collect()
+    })
+    .await?;
+    for r in &replicas {
         let node: Node = ctx.store.fetch(&r.spec.node_id).await?;
         if node.status.ready {
             merge(ctx, &node, r).await?;

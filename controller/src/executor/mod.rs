@@ -33,7 +33,9 @@ use ballast::model::Replica;
 /// `replicas` grouped by their node, each group in the order given: the
 /// passes that go node by node (merge, scrub) look a node's replicas up
 /// instead of walking them all per node.
-fn by_node(replicas: &[Replica]) -> rustc_hash::FxHashMap<&str, Vec<&Replica>> {
+fn by_node<'a>(
+    replicas: impl IntoIterator<Item = &'a Replica>,
+) -> rustc_hash::FxHashMap<&'a str, Vec<&'a Replica>> {
     let mut groups: rustc_hash::FxHashMap<&str, Vec<&Replica>> = Default::default();
     for r in replicas {
         groups.entry(r.spec.node_id.as_str()).or_default().push(r);

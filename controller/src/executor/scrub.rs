@@ -35,43 +35,39 @@ async fn start_due(ctx: &Arc<Context>, busy: &Arc<Mutex<HashSet<String>>>) -> Re
         return Ok(());
     }
     let due_before = ctx.now() - chrono::Duration::hours(hours as i64);
-    let replicas: Vec<Replica> = ctx.store.list().await?;
-    let by_node = super::by_node(&replicas);
-    for node in ctx
-        .store
-        .list::<Node>()
-        .await?
-        .into_iter()
-        .filter(|n| n.status.ready)
-    {
-        if busy.lock().map(|b| b.contains(&node.id)).unwrap_or(true) {
-            continue;
-        }
-        let next = by_node
-            .get(node.id.as_str())
-            .into_iter()
-            .flatten()
-            .filter(|r| r.status.mode == Some(ReplicaMode::Rw))
-            .filter(|r| r.status.scrubbed_at.is_none_or(|t| t < due_before))
-            .min_by_key(|r| r.status.scrubbed_at);
-        let Some(r) = next else {
-            continue;
-        };
+    // Chosen in the controller's copy of the records, brought up to date
+    // first: a pass does not decode the whole store.
+    let chosen: Vec<(String, String)> = {
+        let mut mirror = ctx.mirror.lock().await;
+        mirror.refresh(ctx.store.as_ref()).await?;
+        let by_node = super::by_node(mirror.replicas());
+        mirror
+            .nodes()
+            .filter(|n| n.status.ready)
+            .filter(|n| !busy.lock().map(|b| b.contains(&n.id)).unwrap_or(true))
+            .filter_map(|node| {
+                by_node
+                    .get(node.id.as_str())
+                    .into_iter()
+                    .flatten()
+                    .filter(|r| r.status.mode == Some(ReplicaMode::Rw))
+                    .filter(|r| r.status.scrubbed_at.is_none_or(|t| t < due_before))
+                    .min_by_key(|r| r.status.scrubbed_at)
+                    .map(|r| (node.id.clone(), r.name.clone()))
+            })
+            .collect()
+    };
+    for (node, name) in chosen {
         if let Ok(mut b) = busy.lock() {
-            b.insert(node.id.clone());
+            b.insert(node.clone());
         }
-        let (ctx, busy, name, rate) = (
-            ctx.clone(),
-            busy.clone(),
-            r.name.clone(),
-            settings.scrub_rate_bytes(),
-        );
+        let (ctx, busy, rate) = (ctx.clone(), busy.clone(), settings.scrub_rate_bytes());
         tokio::spawn(async move {
             if let Err(e) = scrub(&ctx, &name, rate).await {
                 tracing::warn!(replica = %name, error = %e, "scrub failed");
             }
             if let Ok(mut b) = busy.lock() {
-                b.remove(&node.id);
+                b.remove(&node);
             }
         });
     }
