@@ -65,7 +65,7 @@ fn moves_in_flight(pass: &mut Pass) -> std::collections::BTreeSet<(String, Strin
     let mut receiving = Vec::new();
     for &k in pass.rebuilding() {
         let r = &pass.view.replicas[k as usize];
-        for o in pass.replicas_of(&r.volume) {
+        for o in pass.replicas_with(k as usize) {
             if o.node == r.node && o.disk != r.disk && o.is_rw() {
                 in_flight_from.insert((o.node.clone(), o.disk.clone()));
                 receiving.push((r.node.clone(), r.disk.clone()));

@@ -290,7 +290,7 @@ impl<'a> Pass<'a> {
         // holds data (a new volume's first replicas copy nothing).
         for &k in &pass.rebuilding {
             let r = &view.replicas[k as usize];
-            if pass.volume_has_data(&r.volume) {
+            if pass.replicas_with(k as usize).iter().any(|o| o.held_data()) {
                 *pass.rebuilds.entry(r.node.clone()).or_default() += 1;
             }
         }
@@ -330,6 +330,19 @@ impl<'a> Pass<'a> {
         match (self.at.get(i), self.at.get(i + 1)) {
             (Some(&from), Some(&to)) => &self.by_volume[from as usize..to as usize],
             _ => &[],
+        }
+    }
+
+    /// The replicas of the volume of `view.replicas[k]` (found by place,
+    /// not by name, when the volume is in the view).
+    pub fn replicas_with(&self, k: usize) -> &[&'a ReplicaView] {
+        match self.facts.get(k) {
+            Some(f) if f.volume != NONE => self.replicas_at(f.volume as usize),
+            _ => self
+                .view
+                .replicas
+                .get(k)
+                .map_or(&[], |r| self.replicas_of(&r.volume)),
         }
     }
 
@@ -419,11 +432,6 @@ impl<'a> Pass<'a> {
 
     pub fn zone_of(&self, node: &str) -> &'a str {
         self.node(node).map(|n| n.zone.as_str()).unwrap_or("")
-    }
-
-    /// Whether any replica of the volume has ever held data.
-    pub fn volume_has_data(&self, volume: &str) -> bool {
-        self.replicas_of(volume).iter().any(|r| r.held_data())
     }
 
     /// Scheduled bytes on a disk, including this pass's placements.
@@ -575,6 +583,9 @@ mod tests {
                 .filter(|&k| view.replicas[k as usize].is_rebuilding())
                 .collect();
             prop_assert_eq!(pass.rebuilding(), rebuilding.as_slice());
+            for (k, r) in view.replicas.iter().enumerate() {
+                prop_assert_eq!(pass.replicas_with(k), pass.replicas_of(&r.volume));
+            }
             for (i, v) in view.volumes.iter().enumerate() {
                 let expected: Vec<&ReplicaView> =
                     view.replicas.iter().filter(|r| r.volume == v.name).collect();
