@@ -17,8 +17,8 @@ use super::pass::Pass;
 fn last_holders(pass: &Pass, running_only: bool) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for (i, v) in pass.view.volumes.iter().enumerate() {
-        // By the replicas' `Facts`: a node out of the view holds no node's
-        // last replica (a drain is only ever reported for nodes in it).
+        // Read from the replicas' `Facts`. A replica on a node out of the
+        // view makes no entry: drain reports only the view's nodes.
         let mut nodes = pass
             .facts_at(i)
             .filter(|f| f.rw() && f.held_data() && (!running_only || f.running()))

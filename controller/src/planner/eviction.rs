@@ -16,10 +16,10 @@ use super::action::{ActionKind, Plan, Rule};
 use super::pass::Pass;
 use super::view::ReplicaView;
 
-/// Whether another healthy replica of the volume lives on a node that is
-/// not cordoned (and is ready).
-fn other_healthy_elsewhere(pass: &Pass, r: &ReplicaView) -> bool {
-    pass.replicas_of(&r.volume).iter().any(|o| {
+/// Whether another healthy replica of the volume of `r` (the view's
+/// replica `k`) lives on a node that is not cordoned (and is ready).
+fn other_healthy_elsewhere(pass: &Pass, k: usize, r: &ReplicaView) -> bool {
+    pass.replicas_with(k).iter().any(|o| {
         o.name != r.name && o.is_rw() && pass.node(&o.node).is_some_and(|n| n.ready && !n.cordoned)
     })
 }
@@ -47,7 +47,7 @@ pub fn mark(pass: &mut Pass, plan: &mut Plan) -> BTreeSet<String> {
             && match policy {
                 NodeDrainPolicy::BlockForEviction => true,
                 NodeDrainPolicy::BlockForEvictionIfContainsLastReplica => {
-                    r.eviction_requested || !other_healthy_elsewhere(pass, r)
+                    r.eviction_requested || !other_healthy_elsewhere(pass, k, r)
                 }
                 _ => false,
             };
