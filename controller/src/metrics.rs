@@ -4,8 +4,8 @@
 //! rebuild progress), nodes and disks (status, capacity, usage,
 //! reservation, scheduled), and the planner (what it would do next, by
 //! rule, and what waits blocked) — read from the controller's copy of the
-//! records and planned at scrape time. It writes nothing. The node plugin's `/metrics` has the
-//! engines' I/O.
+//! records and planned at scrape time. It writes nothing. The node
+//! plugin's `/metrics` has the engines' I/O.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
