@@ -1,9 +1,11 @@
 //! The controller's copy of the records it plans on: every node, volume
 //! and replica, decoded once and then kept current from the store's change
 //! stream, so that a pass of the control loop (or a heartbeat's check of
-//! its node's engines) re-reads only what changed since the last reader
-//! instead of decoding the whole store (at 100k volumes, 1.5 s each time).
-//! One lives in the context; whoever reads it refreshes it first.
+//! its node's engines, a scrape of the metrics, a look at the web view,
+//! a merge or scrub pass) re-reads only what changed since the last
+//! reader instead of decoding the whole store (at 100k volumes, 1.5 s each
+//! time). It also keeps the volumes attached at each node. One lives in
+//! the context; whoever reads it refreshes it first.
 //!
 //! It only reads the store. A change it may have missed (the stream lagged
 //! behind, or it is the first refresh) is answered by reading everything
