@@ -260,3 +260,45 @@ pub async fn live(ctx: &Context) -> Result<Live, Error> {
         settings,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use ballast::model::{ReplicaMode, VolumeSpec};
+
+    use super::*;
+    use crate::executor::effects;
+
+    /// Each volume's row lists its own replicas, in the order given, however
+    /// the replicas of different volumes are interleaved; a volume with none
+    /// lists none.
+    #[test]
+    fn each_volume_row_lists_its_own_replicas() {
+        let volume = |name: &str| Volume {
+            name: name.into(),
+            resource_version: 0,
+            spec: VolumeSpec::new(1 << 30, 2),
+            status: Default::default(),
+        };
+        let volumes = [volume("a"), volume("b"), volume("c")];
+        let replicas: Vec<Replica> = [("a-r1", "a"), ("c-r1", "c"), ("a-r2", "a"), ("x-r1", "x")]
+            .into_iter()
+            .map(|(r, v)| effects::new_replica(r, v, "n1", "d1", Some(ReplicaMode::Rw)))
+            .collect();
+        let rows = volume_rows(volumes.iter(), replicas.iter());
+        let names: Vec<(String, Vec<String>)> = rows
+            .into_iter()
+            .map(|v| (v.name, v.replicas.into_iter().map(|r| r.name).collect()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                (
+                    "a".to_string(),
+                    vec!["a-r1".to_string(), "a-r2".to_string()]
+                ),
+                ("b".to_string(), vec![]),
+                ("c".to_string(), vec!["c-r1".to_string()]),
+            ]
+        );
+    }
+}
