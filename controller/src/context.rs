@@ -56,7 +56,7 @@ pub struct Context {
     pub ca: Option<Arc<Ca>>,
     /// The copy of the records the control loop plans on and heartbeats
     /// look into, kept by the store's change stream; whoever reads it
-    /// brings it up to date first (`Mirror::refresh`).
+    /// brings it up to date first (`Context::records`).
     pub mirror: tokio::sync::Mutex<Mirror>,
 }
 
@@ -253,6 +253,14 @@ impl Context {
             .take_within(name, patience)
             .await
             .ok_or_else(|| busy(name))
+    }
+
+    /// The copy of the records, brought up to date from the store's change
+    /// stream, held until the guard is dropped.
+    pub async fn records(&self) -> Result<tokio::sync::MutexGuard<'_, Mirror>, Error> {
+        let mut mirror = self.mirror.lock().await;
+        mirror.refresh(self.store.as_ref()).await?;
+        Ok(mirror)
     }
 
     /// Whether a call holds the volume now.

@@ -308,8 +308,7 @@ pub async fn render(ctx: &Context) -> Result<String, Error> {
     // (on Kubernetes it can be a watch event behind): a scrape does not
     // decode the whole store.
     let view = {
-        let mut mirror = ctx.mirror.lock().await;
-        mirror.refresh(ctx.store.as_ref()).await?;
+        let mirror = ctx.records().await?;
         let (n, v, r) = (mirror.nodes(), mirror.volumes(), mirror.replicas());
         counts(&mut reg, n.clone(), v.clone(), r.clone());
         volumes(&mut reg, v);

@@ -93,8 +93,7 @@ pub async fn cluster_view(store: &dyn Store) -> Result<ClusterView, Error> {
 /// date first: what a call plans on (placing a volume, growing one, the
 /// plan `GET /v1/plan` shows) without reading the whole store.
 pub async fn current_view(ctx: &Context) -> Result<ClusterView, Error> {
-    let mut mirror = ctx.mirror.lock().await;
-    mirror.refresh(ctx.store.as_ref()).await?;
+    let mirror = ctx.records().await?;
     Ok(mirrored_view(&mirror))
 }
 
@@ -110,7 +109,7 @@ pub fn mirrored_view(mirror: &Mirror) -> ClusterView {
 /// it must be rebuilt, never copied from.
 pub fn view_of<'a>(
     nodes: impl IntoIterator<Item = &'a Node>,
-    volumes: impl IntoIterator<Item = &'a Volume> + Clone,
+    volumes: impl IntoIterator<Item = &'a Volume>,
     replicas: impl IntoIterator<Item = &'a Replica>,
 ) -> ClusterView {
     let volumes: Vec<&Volume> = volumes.into_iter().collect();

@@ -74,8 +74,7 @@ async fn choose<T>(
     f: impl FnOnce(&Mirror, &HashSet<String>) -> T,
 ) -> Result<T, Error> {
     let snapshots: Vec<Snapshot> = ctx.store.list().await?;
-    let mut mirror = ctx.mirror.lock().await;
-    mirror.refresh(ctx.store.as_ref()).await?;
+    let mirror = ctx.records().await?;
     let busy = copied_from(mirror.replicas(), mirror.volumes(), &snapshots);
     Ok(f(&mirror, &busy))
 }

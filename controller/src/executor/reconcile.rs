@@ -81,8 +81,7 @@ fn key(a: &Action) -> String {
 #[tracing::instrument(skip_all)]
 async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<usize, Error> {
     let view = {
-        let mut mirror = ctx.mirror.lock().await;
-        mirror.refresh(ctx.store.as_ref()).await?;
+        let mirror = ctx.records().await?;
         super::interrupted::fail_interrupted(ctx, mirror.replicas()).await?;
         crate::observe::mirrored_view(&mirror)
     };

@@ -38,8 +38,7 @@ async fn start_due(ctx: &Arc<Context>, busy: &Arc<Mutex<HashSet<String>>>) -> Re
     // Chosen in the controller's copy of the records, brought up to date
     // first: a pass does not decode the whole store.
     let chosen: Vec<(String, String)> = {
-        let mut mirror = ctx.mirror.lock().await;
-        mirror.refresh(ctx.store.as_ref()).await?;
+        let mirror = ctx.records().await?;
         let by_node = super::by_node(mirror.replicas());
         mirror
             .nodes()

@@ -340,11 +340,13 @@ async fn restart_dead_engines(
     // seconds, and reading (or walking) every volume each time would not
     // scale.
     let attached: Vec<Volume> = {
-        let mut mirror = ctx.mirror.lock().await;
-        if let Err(e) = mirror.refresh(ctx.store.as_ref()).await {
-            tracing::warn!(error = %e, "cannot read the volumes to check their engines");
-            return;
-        }
+        let mirror = match ctx.records().await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the volumes to check their engines");
+                return;
+            }
+        };
         mirror
             .attached_at(node)
             .filter(|v| v.status.state == VolumeState::Attached)

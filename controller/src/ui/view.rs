@@ -156,8 +156,7 @@ pub async fn live(ctx: &Context) -> Result<Live, Error> {
     // (on Kubernetes it can be a watch event behind): a look at the page
     // does not decode the whole store.
     let (view, volumes) = {
-        let mut mirror = ctx.mirror.lock().await;
-        mirror.refresh(ctx.store.as_ref()).await?;
+        let mirror = ctx.records().await?;
         (
             crate::observe::mirrored_view(&mirror),
             volume_rows(mirror.volumes(), mirror.replicas()),
