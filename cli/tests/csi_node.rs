@@ -848,9 +848,10 @@ fn a_mounted_volume_keeps_working_while_the_node_plugin_restarts() {
 
 /// With an engine host, the engine is the host's child: the death of the
 /// node plugin's whole process group (as of its container) spares it. A
-/// writer goes on writing through the mount while the group is SIGKILLed,
-/// and a new node plugin re-adopts the engine (same pid) and tears down
-/// what its predecessor set up; every file reads back.
+/// writer goes on writing and syncing through the mount while the group is
+/// SIGKILLed, while no plugin runs and after a new one is up. The new
+/// plugin re-adopts the engine (same pid) and tears down what its
+/// predecessor set up; every file reads back.
 #[test]
 fn a_written_volume_survives_the_node_plugins_whole_process_group_with_an_engine_host() {
     let dir = tempfile::tempdir().unwrap();
@@ -876,30 +877,45 @@ fn a_written_volume_survives_the_node_plugins_whole_process_group_with_an_engine
         host.log_text()
     );
 
-    // A writer: a new file and a sync, over and over, until told to stop.
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // A writer: a new file and a sync, over and over, until told to stop;
+    // `synced` counts the files that are written and synced.
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let (stop, synced) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicUsize::new(0)),
+    );
     let writer = {
-        let (stop, target) = (stop.clone(), target.clone());
+        let (stop, synced, target) = (stop.clone(), synced.clone(), target.clone());
         std::thread::spawn(move || {
             let mut written = Vec::new();
             let mut i = 0u8;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 let p = target.join(format!("w{i}"));
                 let data = pattern((256 << 10) + usize::from(i), i);
                 std::fs::write(&p, &data).unwrap();
-                let synced = std::process::Command::new("sync")
+                let done = std::process::Command::new("sync")
                     .arg("-f")
                     .arg(&target)
                     .status();
-                assert!(synced.unwrap().success(), "sync failed after {i} files");
+                assert!(done.unwrap().success(), "sync failed after {i} files");
                 written.push((p, data));
+                synced.fetch_add(1, Ordering::SeqCst);
                 i = i.wrapping_add(1);
                 std::thread::sleep(Duration::from_millis(50));
             }
             written
         })
     };
-    std::thread::sleep(Duration::from_millis(500));
+    // Wait for `more` files synced after `from`, however long the machine
+    // takes (it is busy when the whole suite runs).
+    let synced_past = |from: usize, more: usize, what: &str| {
+        wait_for(Duration::from_secs(60), what, || {
+            assert!(!writer.is_finished(), "the writer stopped early: {what}");
+            (synced.load(Ordering::SeqCst) >= from + more).then_some(())
+        })
+    };
+    synced_past(0, 3, "the writer's first files");
     // The node plugin's whole process group dies, as its container would.
     nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(n.proc.pid()),
@@ -907,11 +923,13 @@ fn a_written_volume_survives_the_node_plugins_whole_process_group_with_an_engine
     )
     .unwrap();
     n.proc.wait_exit(Duration::from_secs(5)).unwrap();
+    let at_kill = synced.load(Ordering::SeqCst);
     assert!(
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(engine), None).is_ok(),
         "the engine outlived the node plugin's group"
     );
-    std::thread::sleep(Duration::from_secs(2));
+    // Writes go on, synced, while no node plugin runs.
+    synced_past(at_kill, 5, "files synced while the node plugin is dead");
     let restarted = chrono::Utc::now();
     n.proc = Proc::spawn(&n.args, dir.path().join("node-1.restarted.log"));
     back_with(&ctl, &n, restarted, "re-adopted a running engine");
@@ -920,13 +938,14 @@ fn a_written_volume_survives_the_node_plugins_whole_process_group_with_an_engine
         Some(engine),
         "the same engine"
     );
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let written = writer.join().unwrap();
-    assert!(
-        written.len() > 20,
-        "the writer went on: {} files",
-        written.len()
+    // And after the new plugin re-adopted the engine.
+    synced_past(
+        synced.load(Ordering::SeqCst),
+        3,
+        "files synced after the restart",
     );
+    stop.store(true, Ordering::Relaxed);
+    let written = writer.join().unwrap();
     // The new plugin tears down what its predecessor set up, and the files
     // are there on the next stage.
     csi.after_restart(&n.socket, "hosted", (&staging, &target), &written);

@@ -213,7 +213,9 @@ fn a_replica_that_missed_acknowledged_writes_never_serves_them() {
     c.restart_node(1);
     let endpoint = c.attach("v", "node-1");
     verify_data(c.dir.path(), &endpoint, &b);
-    c.wait_settled("v", 2, Duration::from_secs(60));
+    // The budget covers one failed rebuild and its retry, which waits
+    // `reuse::backoff` (60 s) first; the event below says from where.
+    c.wait_settled("v", 2, Duration::from_secs(150));
     let rebuilt: Vec<serde_json::Value> = c
         .events(&format!("replica/{stale}"))
         .into_iter()
