@@ -183,6 +183,7 @@ impl NodeAgent for NodeAgentService {
         Ok(Response::new(DeleteReplicaResponse {}))
     }
 
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id))]
     async fn list_replicas(
         &self,
         _request: Request<ListReplicasRequest>,
@@ -458,6 +459,7 @@ impl NodeAgent for NodeAgentService {
         Ok(Response::new(GrowEngineResponse {}))
     }
 
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id))]
     async fn list_engines(
         &self,
         _request: Request<ListEnginesRequest>,
