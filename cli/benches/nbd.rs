@@ -14,6 +14,9 @@
 //! - Ballast, 3 replicas: three node processes, writes to all three.
 //! - The same with mutual TLS on the replica protocol (certificates of a
 //!   CA made for the run), against TLS off.
+//! - For writes, Ballast with 1 replica again with its writeback left to
+//!   the kernel (`--writeback-every 0`), as nbdkit's is: the early
+//!   writeback's share of the I/O phase, in the same run.
 //! - Peer: `nbdkit file` serving a file on the same disk.
 //! - For writes, a reference for three replicas: three `nbdkit file`
 //!   servers written at once by three clients, the same bytes as three
@@ -305,6 +308,19 @@ fn main() {
     let (_e1, one_sock) = engine(dir.path(), "one", std::slice::from_ref(&r1), 1, &[]);
     let one = format!("nbd+unix:///one?socket={}", one_sock.display());
 
+    // One replica again, its writeback left to the kernel (as nbdkit's):
+    // the early writeback's share of the I/O phase, in the same run.
+    let (_n8, r8) = node_with(dir.path(), 8, "lazy", true);
+    let no_writeback = ["--writeback-every", "0"];
+    let (_e8, lazy_sock) = engine(
+        dir.path(),
+        "lazy",
+        std::slice::from_ref(&r8),
+        8,
+        &no_writeback,
+    );
+    let lazy = format!("nbd+unix:///lazy?socket={}", lazy_sock.display());
+
     let mut three_replicas = Vec::new();
     let mut keep = Vec::new();
     for i in 2..=4 {
@@ -338,7 +354,7 @@ fn main() {
     let wanted = |word: &str, all: &[&str]| picked.wanted(word, all);
     if picked.has("hold") {
         println!(
-            "nbdkit file: {peer}\n1 replica: {one}\n3 replicas: {three}\n3 replicas, TLS: {tls}\nEnter ends."
+            "nbdkit file: {peer}\n1 replica: {one}\n1 replica, writeback left to the kernel: {lazy}\n3 replicas: {three}\n3 replicas, TLS: {tls}\nEnter ends."
         );
         let _ = std::io::stdin().read_line(&mut String::new());
         return;
@@ -361,18 +377,20 @@ fn main() {
             const THREE: usize = 2;
             const TLS: usize = 3;
             const PEERS3: usize = 4;
+            const LAZY: usize = 5;
             let run = |targets: &[&str]| bench_at_once(targets, size, write, count);
             let mut turns: Vec<&mut dyn FnMut() -> Rate> = Vec::new();
-            let (mut p, mut a, mut b, mut t, mut c) = (
+            let (mut p, mut a, mut b, mut t, mut c, mut l) = (
                 || run(&[&peer]),
                 || run(&[&one]),
                 || run(&[&three]),
                 || run(&[&tls]),
                 || run(&peers3),
+                || run(&[&lazy]),
             );
             turns.extend([&mut p as &mut dyn FnMut() -> Rate, &mut a, &mut b, &mut t]);
             if write {
-                turns.push(&mut c);
+                turns.extend([&mut c as &mut dyn FnMut() -> Rate, &mut l]);
             }
             let runs = common::in_turns(&mut turns);
             for (what, get) in [
@@ -400,6 +418,13 @@ fn main() {
                     );
                 }
                 println!();
+                if write {
+                    println!(
+                        "{size:>3} {kind:<5}{what}  ballast 1 replica, writeback left to the kernel (--writeback-every 0) {:>8.0} ({:.2}x of nbdkit file)",
+                        mid(LAZY),
+                        of_peer(LAZY),
+                    );
+                }
                 println!(
                     "{size:>3} {kind:<5}{what}  ballast 3 replicas, TLS on the replica protocol {:>8.0}: {:.2}x of TLS off",
                     mid(TLS),
@@ -424,9 +449,11 @@ fn main() {
             );
             if write {
                 print!(
-                    "  3 nbdkit file at once {:>6.1}; 3 replicas: {:.2}x of them",
+                    "  3 nbdkit file at once {:>6.1}; 3 replicas: {:.2}x of them; 1 replica, writeback left to the kernel {:>6.1} ({:.2}x)",
                     mid(PEERS3),
                     peer_over(THREE, PEERS3),
+                    mid(LAZY),
+                    peer_over(LAZY, PEER),
                 );
             }
             println!(
@@ -448,7 +475,11 @@ fn main() {
                 phase(THREE),
             );
             if write {
-                print!("  3 nbdkit file at once {}", phase(PEERS3));
+                print!(
+                    "  3 nbdkit file at once {}  ballast 1 replica, writeback left to the kernel {}",
+                    phase(PEERS3),
+                    phase(LAZY)
+                );
             }
             println!("  TLS {}", phase(TLS));
             if write && size == "64k" {
