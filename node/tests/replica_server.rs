@@ -323,6 +323,67 @@ async fn a_client_gives_up_on_a_server_that_never_answers_its_open() {
     assert!(e.to_string().contains("no answer to OPEN"), "{e}");
 }
 
+/// A client dropped while its server has stopped reading (the socket
+/// full, 64 MiB of writes queued) sends nothing more: the connection ends
+/// without the rest of its frames, which must not reach a replica that
+/// may be opened again on a new connection, and nothing of it is left
+/// waiting for the server to read again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_dropped_while_its_server_stops_reading_sends_nothing_more() {
+    use ballast_node::wire::client::Waiter;
+    use ballast_node::wire::protocol::REQUEST_HEADER;
+    use std::time::Duration;
+    const QUEUED: u64 = 64 << 20;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let (drain, drained) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        let mut head = [0u8; REQUEST_HEADER];
+        s.read_exact(&mut head).await.unwrap();
+        let open = Request::decode(&head).unwrap();
+        let mut name = vec![0u8; open.len as usize];
+        s.read_exact(&mut name).await.unwrap();
+        let body = br#"{"sums":false}"#;
+        let reply = Response {
+            status: status::OK,
+            id: open.id,
+            len: body.len() as u32,
+        };
+        s.write_all(&reply.encode()).await.unwrap();
+        s.write_all(body).await.unwrap();
+        // It stops reading until told to read to the connection's end.
+        drained.await.unwrap();
+        let mut sink = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut sink))
+            .await
+            .expect("the connection ends once the client is dropped")
+            .unwrap();
+        sink.len() as u64
+    });
+    let c = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    for i in 0..QUEUED >> 20 {
+        let waiter = Waiter::Callback(Box::new(|_| {}));
+        c.send_write(
+            i << 20,
+            vec![7u8; 1 << 20].into(),
+            None,
+            (i + 1, false),
+            waiter,
+        )
+        .unwrap();
+    }
+    // Let the sending side fill the socket and wait on it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(c);
+    drain.send(()).unwrap();
+    let got = server.await.unwrap();
+    assert!(
+        got < QUEUED,
+        "the dropped client's frames went on: {got} bytes of {QUEUED} queued"
+    );
+}
+
 /// A write's block checksums, taken once by the engine, travel with it
 /// (FLAG_SUMS) to a replica that said at OPEN that it keeps them; the
 /// replica records them as sent. A block that reached it other than the
