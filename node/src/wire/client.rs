@@ -175,14 +175,14 @@ fn send_thread(
     let mut batch = Vec::new();
     while let Some(first) = frames.blocking_recv() {
         take_batch(first, &mut frames, &mut batch);
-        // A client dropped (or a connection lost) sends nothing more: the
-        // frames still queued are the dropped client's, and must not reach
-        // a replica that may be opened again on a new connection.
         let mut slices = frame_slices(&batch);
         let mut rest: &mut [std::io::IoSlice] = &mut slices;
         while !rest.is_empty() {
-            // Not a byte more once the client is gone, even mid-batch (a
-            // frame cut short fails at the server, unapplied).
+            // A client dropped (or a connection lost) sends not a byte
+            // more, even mid-batch: the frames still queued are the
+            // dropped client's, and must not reach a replica that may be
+            // opened again on a new connection (a frame cut short fails
+            // at the server, unapplied).
             if closed.flag.load(Ordering::SeqCst) {
                 return;
             }
@@ -242,7 +242,7 @@ pub struct ReplicaClient {
 
 impl Drop for ReplicaClient {
     fn drop(&mut self) {
-        // Seen by the sending thread before its next batch.
+        // Seen by the sending thread before its next send.
         self.closed.flag.store(true, Ordering::SeqCst);
         self.reader.abort();
         if let Some(w) = &self.writer {
