@@ -228,25 +228,20 @@ impl Cluster {
     /// On a timeout it prints the replicas and the events of the volume
     /// and of each replica, which say why it did not settle.
     pub fn wait_settled(&self, volume: &str, n: usize, limit: Duration) -> Vec<Value> {
-        let end = std::time::Instant::now() + limit;
-        loop {
+        let settled = || {
             let reps = self.replicas(volume);
-            if reps.len() == n && reps.iter().all(|r| r["status"]["mode"] == "rw") {
-                return reps;
+            (reps.len() == n && reps.iter().all(|r| r["status"]["mode"] == "rw")).then_some(reps)
+        };
+        let why = || {
+            let reps = self.replicas(volume);
+            let mut events = self.events(&format!("volume/{volume}"));
+            for r in &reps {
+                let name = r["name"].as_str().unwrap_or_default();
+                events.extend(self.events(&format!("replica/{name}")));
             }
-            if std::time::Instant::now() >= end {
-                let mut why = self.events(&format!("volume/{volume}"));
-                for r in &reps {
-                    let name = r["name"].as_str().unwrap_or_default();
-                    why.extend(self.events(&format!("replica/{name}")));
-                }
-                panic!(
-                    "timed out after {limit:?} waiting for {volume}: {n} rw replicas\n\
-                     replicas: {reps:#?}\nevents: {why:#?}"
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+            format!("replicas: {reps:#?}\nevents: {events:#?}")
+        };
+        wait_for_or(limit, &format!("{volume}: {n} rw replicas"), settled, why)
     }
 
     /// The changes the controller would make to `volume` now (`/v1/plan`,

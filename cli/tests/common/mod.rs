@@ -125,16 +125,26 @@ impl Drop for Proc {
 
 /// Polls `f` every 50 ms until it returns Some, or panics with `what`
 /// after `limit`.
-pub fn wait_for<T>(limit: Duration, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(limit: Duration, what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_or(limit, what, f, String::new)
+}
+
+/// Like `wait_for`; on a timeout the panic also carries what `why`
+/// returns then (the state that says why it never came).
+pub fn wait_for_or<T>(
+    limit: Duration,
+    what: &str,
+    mut f: impl FnMut() -> Option<T>,
+    why: impl FnOnce() -> String,
+) -> T {
     let end = Instant::now() + limit;
     loop {
         if let Some(v) = f() {
             return v;
         }
-        assert!(
-            Instant::now() < end,
-            "timed out after {limit:?} waiting for {what}"
-        );
+        if Instant::now() >= end {
+            panic!("timed out after {limit:?} waiting for {what}\n{}", why());
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
 }
