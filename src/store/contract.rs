@@ -206,6 +206,39 @@ pub async fn subscriptions(store: &dyn Store) {
     assert!(seen[2].revision > seen[1].revision);
 }
 
+/// For a store on this machine: a change a read sees is in the stream
+/// already, so that a reader of the stream (the controller's copy of the
+/// records) is never behind what was read from the store before. One
+/// task writes a setting over and over; another reads it and, each time,
+/// finds that version announced.
+pub async fn announced_before_seen(store: Arc<dyn Store>) {
+    let mut rx = store.subscribe();
+    let first = store.create(&setting(A, "0")).await.unwrap();
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut s = first;
+            for i in 1..=300 {
+                s.value = i.to_string();
+                s = store.update(&s).await.unwrap();
+            }
+        })
+    };
+    let mut announced = 0;
+    while !writer.is_finished() {
+        let seen = store.fetch::<Setting>(A).await.unwrap().resource_version;
+        while let Ok(c) = rx.try_recv() {
+            announced = announced.max(c.revision);
+        }
+        assert!(
+            announced >= seen,
+            "version {seen} was read before it was announced (announced up to {announced})"
+        );
+        tokio::task::yield_now().await;
+    }
+    writer.await.unwrap();
+}
+
 /// What survives a reopen of the same location.
 pub async fn persists(open: impl AsyncFn() -> Box<dyn Store>) {
     let v = {

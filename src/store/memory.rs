@@ -39,18 +39,16 @@ fn poisoned() -> StoreError {
 }
 
 impl MemoryStore {
-    /// Runs one change under the lock and announces it once done.
+    /// Runs one change under the lock and announces it before letting go
+    /// of the lock: whoever reads the change has it in the stream already.
     fn write<T>(
         &self,
         f: impl FnOnce(&mut State, u64) -> Result<(T, Change), StoreError>,
     ) -> Result<T, StoreError> {
-        let (out, change) = {
-            let mut s = self.state.lock().map_err(|_| poisoned())?;
-            let next = s.revision + 1;
-            let done = f(&mut s, next)?;
-            s.revision = next;
-            done
-        };
+        let mut s = self.state.lock().map_err(|_| poisoned())?;
+        let next = s.revision + 1;
+        let (out, change) = f(&mut s, next)?;
+        s.revision = next;
         let _ = self.changes.send(change);
         Ok(out)
     }
@@ -156,5 +154,10 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn contract_subscriptions() {
         contract::subscriptions(&MemoryStore::default()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn contract_announced_before_seen() {
+        contract::announced_before_seen(Arc::new(MemoryStore::default())).await;
     }
 }

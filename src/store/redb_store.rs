@@ -30,6 +30,12 @@ pub struct RedbStore {
     db: Database,
     path: PathBuf,
     changes: broadcast::Sender<Change>,
+    /// Held for writing from a commit until its change is announced, and
+    /// for reading while a read transaction begins: a read that sees a
+    /// change finds it in the stream already (a reader of the stream, such
+    /// as the controller's copy of the records, is never behind what was
+    /// read from the store before it).
+    announced: std::sync::RwLock<()>,
 }
 
 impl std::fmt::Debug for RedbStore {
@@ -68,11 +74,23 @@ impl RedbStore {
         }
         txn.commit().map_err(backend)?;
         let (changes, _) = broadcast::channel(1024);
-        Ok(RedbStore { db, path, changes })
+        Ok(RedbStore {
+            db,
+            path,
+            changes,
+            announced: std::sync::RwLock::default(),
+        })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A read transaction, begun while no commit waits to be announced
+    /// (see `announced`).
+    fn begin_read(&self) -> Result<redb::ReadTransaction, StoreError> {
+        let _announced = self.announced.read().unwrap_or_else(|e| e.into_inner());
+        self.db.begin_read().map_err(backend)
     }
 
     /// Runs one write transaction: `f` gets the kind's table and the next
@@ -98,6 +116,8 @@ impl RedbStore {
             }
             (out, change)
         };
+        // The guard holds only (): a poisoned lock is as good as any.
+        let _announcing = self.announced.write().unwrap_or_else(|e| e.into_inner());
         txn.commit().map_err(backend)?;
         if let Some(c) = change {
             // Nobody listening is fine.
@@ -151,14 +171,14 @@ fn version_of(kind: Kind, name: &str, bytes: &[u8]) -> Result<u64, StoreError> {
 #[async_trait::async_trait]
 impl Store for RedbStore {
     async fn get_raw(&self, kind: Kind, name: &str) -> Result<Option<Raw>, StoreError> {
-        let txn = self.db.begin_read().map_err(backend)?;
+        let txn = self.begin_read()?;
         let t = txn.open_table(table(kind)).map_err(backend)?;
         let found = t.get(name).map_err(backend)?;
         found.map(|g| unpack(kind, name, g.value())).transpose()
     }
 
     async fn list_raw(&self, kind: Kind) -> Result<Vec<Raw>, StoreError> {
-        let txn = self.db.begin_read().map_err(backend)?;
+        let txn = self.begin_read()?;
         let t = txn.open_table(table(kind)).map_err(backend)?;
         let mut out = Vec::new();
         for item in t.iter().map_err(backend)? {
@@ -245,6 +265,12 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn contract_subscriptions() {
         contract::subscriptions(&fresh().1).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn contract_announced_before_seen() {
+        let (_dir, store) = fresh();
+        contract::announced_before_seen(Arc::new(store)).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
