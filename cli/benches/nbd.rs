@@ -33,7 +33,7 @@
 //! (`read`, `write`), e.g. `-- 64k write`; `-- hold` prints the three
 //! endpoints and keeps them up until Enter, for profiling by hand;
 //! `-- ab=PATH` compares this build with another `ballast` binary, three
-//! replicas each (see `ab`).
+//! replicas each, or one with `1r` (see `ab`).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -61,8 +61,8 @@ struct Rate {
 }
 
 /// `-- ab=PATH`: this build against the `ballast` binary at PATH, on a
-/// volume of three replicas each: three node processes and an engine
-/// from each binary, both sets up side by side. They run in turns, five
+/// volume of three replicas each (one with the word `1r`): its node
+/// processes and an engine from each binary, both sets up side by side. They run in turns, five
 /// rounds, two runs each after a warm-up; prints the medians of the rate
 /// (until durable, I/O phase) and of the machine's CPU per operation, and
 /// the ratios of this build's over the other's. The picked sizes apply
@@ -70,10 +70,11 @@ struct Rate {
 fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
     let this = Path::new(common::BALLAST);
     assert!(other.is_file(), "no ballast binary at {}", other.display());
+    let copies = if picked.has("1r") { 1 } else { 3 };
     let set = |bin: &Path, first: usize, volume: &str| {
         let mut kept = Vec::new();
         let mut replicas = Vec::new();
-        for i in first..first + 3 {
+        for i in first..first + copies {
             let (k, r) = common::node_of(bin, dir, i, volume, true, &[]);
             kept.push(k);
             replicas.push(r);
@@ -88,7 +89,7 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
     let (_a, a) = set(this, 11, "a");
     let (_b, b) = set(other, 21, "b");
     println!(
-        "A/B, 3 replicas, writes, QD16: this build against {} ({})",
+        "A/B, {copies} replica(s), writes, QD16: this build against {} ({})",
         other.display(),
         common::in_turns_said()
     );
