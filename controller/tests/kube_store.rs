@@ -59,6 +59,12 @@ async fn contract_subscriptions() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contract_announced_before_seen() {
+    let (_cp, store) = store().await;
+    contract::announced_before_seen(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn contract_persists_across_reconnect() {
     let (cp, first) = store().await;
     drop(first);

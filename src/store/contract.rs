@@ -206,20 +206,22 @@ pub async fn subscriptions(store: &dyn Store) {
     assert!(seen[2].revision > seen[1].revision);
 }
 
-/// For a store on this machine: a change a read sees is in the stream
+/// A change a read sees is in the stream
 /// already, so that a reader of the stream (the controller's copy of the
 /// records) is never behind what was read from the store before. One
 /// task writes a setting over and over; another reads it and, each time,
 /// finds that version announced.
 pub async fn announced_before_seen(store: Arc<dyn Store>) {
     let mut rx = store.subscribe();
-    let first = store.create(&setting(A, "0")).await.unwrap();
+    let first = store.create(&setting(A, "1")).await.unwrap();
     let writer = {
         let store = store.clone();
         tokio::spawn(async move {
             let mut s = first;
             for i in 1..=300 {
-                s.value = i.to_string();
+                // Each a change, and each a valid replica count (the
+                // Kubernetes store's schema checks it).
+                s.value = (i % 20 + 1).to_string();
                 s = store.update(&s).await.unwrap();
             }
         })

@@ -89,25 +89,29 @@ impl Cache {
         self.objects.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Applies one watch event and announces it.
+    /// Applies one watch event and announces it. The announcement is sent
+    /// before the cache's lock is let go: a read that sees the change
+    /// finds it in the stream already (the store's contract,
+    /// `announced_before_seen`), so the controller's copy of the records
+    /// is never behind what a plan read.
     fn apply(&self, obj: DynamicObject, deleted: bool, changes: &broadcast::Sender<Change>) {
         let Some(entry) = entry_of(self.kind, obj) else {
             return;
         };
         let name = entry.raw.name.clone();
         let rv = entry.raw.resource_version;
-        let op = {
+        {
             let mut objects = self.write();
-            if deleted {
+            let op = if deleted {
                 objects.remove(&name);
                 ChangeOp::Deleted
             } else if objects.insert(name.clone(), entry).is_some() {
                 ChangeOp::Updated
             } else {
                 ChangeOp::Created
-            }
-        };
-        let _ = changes.send(Change::new(self.kind, &name, op, rv));
+            };
+            let _ = changes.send(Change::new(self.kind, &name, op, rv));
+        }
         self.saw(rv);
     }
 
@@ -121,8 +125,8 @@ impl Cache {
         });
     }
 
-    /// Replaces the cache by a list, announcing the difference. Returns
-    /// the list's resource version.
+    /// Replaces the cache by a list, announcing the difference (under the
+    /// cache's lock, as `apply`). Returns the list's resource version.
     pub async fn relist(
         &self,
         api: &Api<DynamicObject>,
@@ -166,9 +170,9 @@ impl Cache {
                 announce.push(Change::new(self.kind, name, ChangeOp::Deleted, list_rv));
             }
             *objects = fresh;
-        }
-        for c in announce {
-            let _ = changes.send(c);
+            for c in announce {
+                let _ = changes.send(c);
+            }
         }
         self.saw(list_rv);
         Ok(list_rv)
