@@ -33,7 +33,7 @@
 //! (`read`, `write`), e.g. `-- 64k write`; `-- hold` prints the three
 //! endpoints and keeps them up until Enter, for profiling by hand;
 //! `-- ab=PATH` compares this build with another `ballast` binary, three
-//! replicas each, or one with `1r` (see `ab`).
+//! replicas each, or one with `1r`, over mutual TLS with `tls` (see `ab`).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -61,8 +61,9 @@ struct Rate {
 }
 
 /// `-- ab=PATH`: this build against the `ballast` binary at PATH, on a
-/// volume of three replicas each (one with the word `1r`): its node
-/// processes and an engine from each binary, both sets up side by side. They run in turns, five
+/// volume of three replicas each (one with the word `1r`; speaking mutual
+/// TLS with the word `tls`): its node processes and an engine from each
+/// binary, both sets up side by side. They run in turns, five
 /// rounds, two runs each after a warm-up; prints the medians of the rate
 /// (until durable, I/O phase) and of the machine's CPU per operation, and
 /// the ratios of this build's over the other's. The picked sizes apply
@@ -71,15 +72,35 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
     let this = Path::new(common::BALLAST);
     assert!(other.is_file(), "no ballast binary at {}", other.display());
     let copies = if picked.has("1r") { 1 } else { 3 };
+    let ca = ballast::tls::Ca::generate().unwrap();
+    // Each node's credentials, when the sets speak TLS.
+    let tls = |i: usize| -> Vec<String> {
+        if !picked.has("tls") {
+            return Vec::new();
+        }
+        let d = dir.join(format!("tls-{i}"));
+        ca.issue(&ballast::tls::Role::Node(format!("bench-{i}")))
+            .unwrap()
+            .save(&d)
+            .unwrap();
+        vec!["--tls-dir".into(), d.display().to_string()]
+    };
     let set = |bin: &Path, first: usize, volume: &str| {
         let mut kept = Vec::new();
         let mut replicas = Vec::new();
         for i in first..first + copies {
-            let (k, r) = common::node_of(bin, dir, i, volume, true, &[]);
+            let extra = tls(i);
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            let (k, r) = common::node_of(bin, dir, i, volume, true, &extra);
             kept.push(k);
             replicas.push(r);
         }
-        let (e, socket) = engine_of(bin, dir, volume, &replicas, first, &[]);
+        let mut extra = tls(first);
+        if !extra.is_empty() {
+            extra.extend(["--node-id".into(), format!("bench-{first}")]);
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let (e, socket) = engine_of(bin, dir, volume, &replicas, first, &extra);
         kept.push(e);
         (
             kept,
@@ -89,7 +110,12 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
     let (_a, a) = set(this, 11, "a");
     let (_b, b) = set(other, 21, "b");
     println!(
-        "A/B, {copies} replica(s), writes, QD16: this build against {} ({})",
+        "A/B, {copies} replica(s){}, writes, QD16: this build against {} ({})",
+        if picked.has("tls") {
+            ", mutual TLS"
+        } else {
+            ""
+        },
         other.display(),
         common::in_turns_said()
     );
