@@ -7,6 +7,7 @@ use ballast_node::replica::{BLOCK, Replica};
 use ballast_node::server::ReplicaServer;
 use ballast_node::wire::client::{ClientError, ReplicaClient};
 use ballast_node::wire::protocol::{Op, RESPONSE_HEADER, Request, Response, status};
+use ballast_node::wire::tls::WireTls;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -330,6 +331,18 @@ async fn a_client_gives_up_on_a_server_that_never_answers_its_open() {
 /// waiting for the server to read again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_dropped_while_its_server_stops_reading_sends_nothing_more() {
+    dropped_client_sends_nothing_more(WireTls::default()).await;
+}
+
+/// The same over mutual TLS, whose frames leave through the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_client_dropped_while_its_server_stops_reading_sends_nothing_more() {
+    let ca = ballast::tls::Ca::generate().unwrap();
+    let node = ca.issue(&ballast::tls::Role::Node("n1".into())).unwrap();
+    dropped_client_sends_nothing_more(WireTls::new(&node, "n1").unwrap()).await;
+}
+
+async fn dropped_client_sends_nothing_more(tls: WireTls) {
     use ballast_node::wire::client::Waiter;
     use ballast_node::wire::protocol::REQUEST_HEADER;
     use std::time::Duration;
@@ -337,31 +350,41 @@ async fn a_client_dropped_while_its_server_stops_reading_sends_nothing_more() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (drain, drained) = tokio::sync::oneshot::channel::<()>();
+    let server_tls = tls.clone();
     let server = tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        let (mut rd, mut wr, _) = server_tls.accept(tcp).await.unwrap();
         let mut head = [0u8; REQUEST_HEADER];
-        s.read_exact(&mut head).await.unwrap();
+        rd.read_exact(&mut head).await.unwrap();
         let open = Request::decode(&head).unwrap();
         let mut name = vec![0u8; open.len as usize];
-        s.read_exact(&mut name).await.unwrap();
+        rd.read_exact(&mut name).await.unwrap();
         let body = br#"{"sums":false}"#;
         let reply = Response {
             status: status::OK,
             id: open.id,
             len: body.len() as u32,
         };
-        s.write_all(&reply.encode()).await.unwrap();
-        s.write_all(body).await.unwrap();
-        // It stops reading until told to read to the connection's end.
+        wr.write_all(&reply.encode()).await.unwrap();
+        wr.write_all(body).await.unwrap();
+        wr.flush().await.unwrap();
+        // It stops reading until told to read to the connection's end
+        // (over TLS, a session cut mid-record ends in an error: what was
+        // read before it counts).
         drained.await.unwrap();
-        let mut sink = Vec::new();
-        tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut sink))
+        let mut got = 0u64;
+        let mut buf = vec![0u8; 1 << 20];
+        let all = async {
+            while let Ok(n @ 1..) = rd.read(&mut buf).await {
+                got += n as u64;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), all)
             .await
-            .expect("the connection ends once the client is dropped")
-            .unwrap();
-        sink.len() as u64
+            .expect("the connection ends once the client is dropped");
+        got
     });
-    let c = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    let c = ReplicaClient::dial(&tls, &addr, "v-r1").await.unwrap();
     for i in 0..QUEUED >> 20 {
         let waiter = Waiter::Callback(Box::new(|_| {}));
         c.send_write(

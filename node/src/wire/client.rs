@@ -212,6 +212,44 @@ fn send_thread(
     }
 }
 
+/// The sending side of a TLS connection, on a thread of its own as over
+/// plain TCP (see `send_thread`): takes the frames from `frames` and
+/// writes them through the session's write half, batching what queues,
+/// until the client ends or the connection does. The records are sealed
+/// here, beside the engine's next request rather than after it on the
+/// same worker. The write half is a tokio resource: `runtime` (the one it
+/// was made on, whose workers drive its socket) runs each batch's writes
+/// to the end on this thread. A client dropped sends nothing more: the
+/// batch's writes stop at its drop (`Ended::notify`).
+fn tls_send_thread(
+    runtime: tokio::runtime::Handle,
+    mut wr: super::tls::Writer,
+    mut frames: mpsc::UnboundedReceiver<Frame>,
+    (closed, pending, addr): (&Ended, &Pending, &str),
+) {
+    let mut batch = Vec::new();
+    while let Some(first) = frames.blocking_recv() {
+        take_batch(first, &mut frames, &mut batch);
+        let sent = runtime.block_on(async {
+            let ended = closed.notify.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if closed.flag.load(Ordering::SeqCst) {
+                return None;
+            }
+            tokio::select! {
+                r = write_frames(&mut wr, &batch) => Some(r),
+                () = ended => None,
+            }
+        });
+        match sent {
+            None => return,
+            Some(Err(e)) => return close_all(closed, pending, addr, &e.to_string()),
+            Some(Ok(())) => batch.clear(),
+        }
+    }
+}
+
 /// What follows a request's header: its payload, and a write's block
 /// checksums (or nothing).
 struct Parts {
@@ -223,13 +261,12 @@ pub struct ReplicaClient {
     addr: String,
     /// How it connected (to connect again the same way).
     tls: WireTls,
-    /// Frames to send, in order; one task writes them, batching what queues.
-    /// Unbounded: what waits in it is bounded by the requests in flight,
-    /// and sending never waits, so callers may send under a plain lock.
+    /// Frames to send, in order; a thread of the connection writes them
+    /// (`send_thread`, `tls_send_thread`), batching what queues, and ends
+    /// with the outbox. Unbounded: what waits in it is bounded by the
+    /// requests in flight, and sending never waits, so callers may send
+    /// under a plain lock.
     outbox: mpsc::UnboundedSender<Frame>,
-    /// The task that writes them over TLS; None over plain TCP, where a
-    /// thread of its own does (`send_thread`), ending with the outbox.
-    writer: Option<tokio::task::JoinHandle<()>>,
     /// Set once the connection is gone.
     closed: Arc<Ended>,
     pending: Pending,
@@ -242,12 +279,11 @@ pub struct ReplicaClient {
 
 impl Drop for ReplicaClient {
     fn drop(&mut self) {
-        // Seen by the sending thread before its next send.
+        // Seen by the sending thread before its next send (over TLS, it
+        // also stops the write under way).
         self.closed.flag.store(true, Ordering::SeqCst);
+        self.closed.notify.notify_waiters();
         self.reader.abort();
-        if let Some(w) = &self.writer {
-            w.abort();
-        }
     }
 }
 
@@ -269,7 +305,9 @@ impl ReplicaClient {
                 .map_err(|_| lost("connect timed out".into()))?
                 .map_err(|e| lost(e.to_string()))?;
         // Plain TCP: the frames leave from a thread of their own (see
-        // `send_thread`), on a descriptor of the same socket.
+        // `send_thread`), on a descriptor of the same socket; over TLS (or
+        // without that descriptor) the thread writes through the session's
+        // write half (`tls_send_thread`).
         let raw = if tls.is_on() {
             None
         } else {
@@ -280,30 +318,18 @@ impl ReplicaClient {
             .map_err(|_| lost("the TLS handshake timed out".into()))?
             .map_err(|e| lost(format!("TLS: {e}")))?;
         let mut rd = crate::bufio::FrameReader::new(rd, super::IO_BUFFER);
-        let (outbox, mut frames) = mpsc::unbounded_channel::<Frame>();
+        let (outbox, frames) = mpsc::unbounded_channel::<Frame>();
         let pending: Pending = Arc::default();
         let closed = Arc::new(Ended::default());
         let (wp, wa, wc) = (pending.clone(), addr.to_string(), closed.clone());
-        let writer = if let Some(fd) = raw {
-            std::thread::Builder::new()
-                .name("replica-send".into())
-                .spawn(move || send_thread(fd, wr, frames, (&wc, &wp, &wa)))
-                .map_err(|e| lost(format!("no thread to send: {e}")))?;
-            None
-        } else {
-            Some(tokio::spawn(async move {
-                let mut wr = wr;
-                let mut batch = Vec::new();
-                while let Some(first) = frames.recv().await {
-                    take_batch(first, &mut frames, &mut batch);
-                    if let Err(e) = write_frames(&mut wr, &batch).await {
-                        close_all(&wc, &wp, &wa, &e.to_string());
-                        return;
-                    }
-                    batch.clear();
-                }
-            }))
-        };
+        let runtime = tokio::runtime::Handle::current();
+        std::thread::Builder::new()
+            .name("replica-send".into())
+            .spawn(move || match raw {
+                Some(fd) => send_thread(fd, wr, frames, (&wc, &wp, &wa)),
+                None => tls_send_thread(runtime, wr, frames, (&wc, &wp, &wa)),
+            })
+            .map_err(|e| lost(format!("no thread to send: {e}")))?;
         let (p, a, c) = (pending.clone(), addr.to_string(), closed.clone());
         let reader = tokio::spawn(async move {
             let reason = loop {
@@ -339,7 +365,6 @@ impl ReplicaClient {
             addr: addr.to_string(),
             tls: tls.clone(),
             outbox,
-            writer,
             closed,
             pending,
             next: AtomicU64::new(1),

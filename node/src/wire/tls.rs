@@ -63,6 +63,14 @@ impl Peer {
     }
 }
 
+/// The socket under a TLS session, read ahead: the session reads at most
+/// 4 KiB at a time (rustls's deframer), which from the socket itself made
+/// 16 system calls of each 64 KiB frame; from this buffer one receive
+/// serves a whole burst of records. Writes pass through.
+fn read_ahead(tcp: TcpStream) -> tokio::io::BufReader<TcpStream> {
+    tokio::io::BufReader::with_capacity(super::IO_BUFFER, tcp)
+}
+
 impl WireTls {
     /// Mutual TLS with `credentials`, those of node `node_id`.
     pub fn new(credentials: &Credentials, node_id: &str) -> Result<WireTls, TlsError> {
@@ -87,7 +95,7 @@ impl WireTls {
         };
         let name = ServerName::try_from(Role::AnyNode.name())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        let stream = s.connector.connect(name, tcp).await?;
+        let stream = s.connector.connect(name, read_ahead(tcp)).await?;
         let (r, w) = tokio::io::split(stream);
         Ok((Box::new(r), Box::new(w)))
     }
@@ -100,7 +108,7 @@ impl WireTls {
             let (r, w) = tcp.into_split();
             return Ok((Box::new(r), Box::new(w), Peer::Plain));
         };
-        let stream = s.acceptor.accept(tcp).await?;
+        let stream = s.acceptor.accept(read_ahead(tcp)).await?;
         let certs: Vec<CertificateDer<'static>> = {
             let (_, session) = stream.get_ref();
             session
