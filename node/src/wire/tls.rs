@@ -72,6 +72,10 @@ fn read_ahead(tcp: TcpStream) -> tokio::io::BufReader<TcpStream> {
     tokio::io::BufReader::with_capacity(super::IO_BUFFER, tcp)
 }
 
+/// How much a client's session seals before its records go to the
+/// socket: four 64 KiB frames, about what the engine queues at once.
+const SEAL_AHEAD: usize = 4 * 65_640;
+
 impl WireTls {
     /// Mutual TLS with `credentials`, those of node `node_id`.
     pub fn new(credentials: &Credentials, node_id: &str) -> Result<WireTls, TlsError> {
@@ -96,7 +100,10 @@ impl WireTls {
         };
         let name = ServerName::try_from(Role::AnyNode.name())
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-        let stream = s.connector.connect(name, read_ahead(tcp)).await?;
+        let mut stream = s.connector.connect(name, read_ahead(tcp)).await?;
+        // Seal a whole batch of frames before writing the socket, not 64
+        // KiB (rustls's default) at a time.
+        stream.get_mut().1.set_buffer_limit(Some(SEAL_AHEAD));
         let (r, w) = tokio::io::split(stream);
         Ok((Box::new(r), Box::new(w)))
     }
