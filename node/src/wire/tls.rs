@@ -73,7 +73,8 @@ fn read_ahead(tcp: TcpStream) -> tokio::io::BufReader<TcpStream> {
 }
 
 /// How much a client's session seals before its records go to the
-/// socket: four 64 KiB frames, about what the engine queues at once.
+/// socket: four 64 KiB writes' frames (65,640 bytes each with its header
+/// and block checksums), about what the engine queues at once.
 const SEAL_AHEAD: usize = 4 * 65_640;
 
 impl WireTls {
