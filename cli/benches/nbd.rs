@@ -85,21 +85,25 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
             .unwrap();
         vec!["--tls-dir".into(), d.display().to_string()]
     };
+    fn strs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
     let set = |bin: &Path, first: usize, volume: &str| {
         let mut kept = Vec::new();
         let mut replicas = Vec::new();
+        let mut engine_extra = Vec::new();
         for i in first..first + copies {
             let extra = tls(i);
-            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-            let (k, r) = common::node_of(bin, dir, i, volume, true, &extra);
+            let (k, r) = common::node_of(bin, dir, i, volume, true, &strs(&extra));
+            if i == first && !extra.is_empty() {
+                // The engine is of the first node, with its credentials.
+                engine_extra = extra;
+                engine_extra.extend(["--node-id".into(), format!("bench-{first}")]);
+            }
             kept.push(k);
             replicas.push(r);
         }
-        let mut extra = tls(first);
-        if !extra.is_empty() {
-            extra.extend(["--node-id".into(), format!("bench-{first}")]);
-        }
-        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let extra = strs(&engine_extra);
         let (e, socket) = engine_of(bin, dir, volume, &replicas, first, &extra);
         kept.push(e);
         (

@@ -206,11 +206,10 @@ pub async fn subscriptions(store: &dyn Store) {
     assert!(seen[2].revision > seen[1].revision);
 }
 
-/// A change a read sees is in the stream
-/// already, so that a reader of the stream (the controller's copy of the
-/// records) is never behind what was read from the store before. One
-/// task writes a setting over and over; another reads it and, each time,
-/// finds that version announced.
+/// A change a read sees is in the stream already, so that a reader of
+/// the stream (the controller's copy of the records) is never behind what
+/// was read from the store before. One task writes a setting over and
+/// over; another reads it and, each time, finds that version announced.
 pub async fn announced_before_seen(store: Arc<dyn Store>) {
     let mut rx = store.subscribe();
     let first = store.create(&setting(A, "1")).await.unwrap();

@@ -76,6 +76,19 @@ struct Ended {
     notify: tokio::sync::Notify,
 }
 
+impl Ended {
+    /// Returns once the flag is set (at once if it is already).
+    async fn wait(&self) {
+        let ended = self.notify.notified();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        if self.flag.load(Ordering::SeqCst) {
+            return;
+        }
+        ended.await;
+    }
+}
+
 /// Marks the connection closed, then fails every request still waiting.
 /// (A request registered after this sees the flag and fails at once.)
 fn close_all(closed: &Ended, pending: &Pending, addr: &str, reason: &str) {
@@ -212,8 +225,9 @@ fn send_thread(
     }
 }
 
-/// The sending side of a TLS connection, on a thread of its own as over
-/// plain TCP (see `send_thread`): takes the frames from `frames` and
+/// The sending side of a TLS connection (or of a plain one whose
+/// descriptor could not be copied), on a thread of its own as over plain
+/// TCP (see `send_thread`): takes the frames from `frames` and
 /// writes them through the session's write half, batching what queues,
 /// until the client ends or the connection does. The records are sealed
 /// here, beside the engine's next request rather than after it on the
@@ -221,7 +235,7 @@ fn send_thread(
 /// was made on, whose workers drive its socket) runs each batch's writes
 /// to the end on this thread. A client dropped sends nothing more: the
 /// batch's writes stop at its drop (`Ended::notify`).
-fn tls_send_thread(
+fn session_send_thread(
     runtime: tokio::runtime::Handle,
     mut wr: super::tls::Writer,
     mut frames: mpsc::UnboundedReceiver<Frame>,
@@ -231,15 +245,11 @@ fn tls_send_thread(
     while let Some(first) = frames.blocking_recv() {
         take_batch(first, &mut frames, &mut batch);
         let sent = runtime.block_on(async {
-            let ended = closed.notify.notified();
-            tokio::pin!(ended);
-            ended.as_mut().enable();
-            if closed.flag.load(Ordering::SeqCst) {
-                return None;
-            }
             tokio::select! {
+                // First: nothing is written once the client is gone.
+                biased;
+                () = closed.wait() => None,
                 r = write_frames(&mut wr, &batch) => Some(r),
-                () = ended => None,
             }
         });
         match sent {
@@ -262,7 +272,7 @@ pub struct ReplicaClient {
     /// How it connected (to connect again the same way).
     tls: WireTls,
     /// Frames to send, in order; a thread of the connection writes them
-    /// (`send_thread`, `tls_send_thread`), batching what queues, and ends
+    /// (`send_thread`, `session_send_thread`), batching what queues, and ends
     /// with the outbox. Unbounded: what waits in it is bounded by the
     /// requests in flight, and sending never waits, so callers may send
     /// under a plain lock.
@@ -306,8 +316,8 @@ impl ReplicaClient {
                 .map_err(|e| lost(e.to_string()))?;
         // Plain TCP: the frames leave from a thread of their own (see
         // `send_thread`), on a descriptor of the same socket; over TLS (or
-        // without that descriptor) the thread writes through the session's
-        // write half (`tls_send_thread`).
+        // without that descriptor) the thread writes through the
+        // connection's write half (`session_send_thread`).
         let raw = if tls.is_on() {
             None
         } else {
@@ -327,7 +337,7 @@ impl ReplicaClient {
             .name("replica-send".into())
             .spawn(move || match raw {
                 Some(fd) => send_thread(fd, wr, frames, (&wc, &wp, &wa)),
-                None => tls_send_thread(runtime, wr, frames, (&wc, &wp, &wa)),
+                None => session_send_thread(runtime, wr, frames, (&wc, &wp, &wa)),
             })
             .map_err(|e| lost(format!("no thread to send: {e}")))?;
         let (p, a, c) = (pending.clone(), addr.to_string(), closed.clone());
@@ -401,13 +411,7 @@ impl ReplicaClient {
 
     /// Returns once the connection is gone.
     pub async fn closed(&self) {
-        let ended = self.closed.notify.notified();
-        tokio::pin!(ended);
-        ended.as_mut().enable();
-        if self.closed.flag.load(Ordering::SeqCst) {
-            return;
-        }
-        ended.await;
+        self.closed.wait().await;
     }
 
     /// Borrows the opened replica (see `Op::Lend`): from now on the
