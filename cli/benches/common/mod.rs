@@ -175,16 +175,31 @@ pub const ROUNDS: usize = 5;
 /// Runs each of `runs` once per round, `ROUNDS` rounds, each round starting
 /// one further along, so that what drifts during a case (the page cache,
 /// writeback, the host under this virtual machine) falls on all of them
-/// alike. Returns each run's results, in rounds.
+/// alike. Every other round goes the other way round, so that no run
+/// always follows the same one: what a run leaves behind (the host still
+/// writing a flush out) would otherwise fall on one side every round.
+/// Returns each run's results, in rounds.
 pub fn in_turns<T>(runs: &mut [&mut dyn FnMut() -> T]) -> Vec<Vec<T>> {
     let mut out: Vec<Vec<T>> = runs.iter().map(|_| Vec::new()).collect();
     for round in 0..ROUNDS {
-        for k in 0..runs.len() {
-            let i = (round + k) % runs.len();
+        for i in turn_order(round, runs.len()) {
             out[i].push(runs[i]());
         }
     }
     out
+}
+
+/// The order of `n` runs in round `round` of `in_turns`.
+fn turn_order(round: usize, n: usize) -> Vec<usize> {
+    (0..n)
+        .map(|k| {
+            if round.is_multiple_of(2) {
+                (round + k) % n
+            } else {
+                (round + n - k % n) % n
+            }
+        })
+        .collect()
 }
 
 /// How `in_turns` figures are made, for a bench's heading.
