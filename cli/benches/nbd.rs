@@ -176,10 +176,9 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
 /// One qemu-img bench per target, all at once; returns the operations per
 /// second of one of them (`count` over the time until the last ends).
 /// Each run starts settled (`sync`): a run's closing flush has made its
-/// own data durable, but what the kernel and the host still do after it
-/// (the files' metadata, the virtual disk's cache) fell on the next run.
-/// The run after three nbdkit servers' 1.5 GB took up to twice as long
-/// without it (data-plane.md, "the run before").
+/// own data durable, but what was still under way after it fell on the
+/// next run. The run after three nbdkit servers' 1.5 GB took up to twice
+/// as long without it (data-plane.md, "the run before").
 fn bench_at_once(targets: &[&str], size: &str, write: bool, count: u32) -> Rate {
     nix::unistd::sync();
     let busy = common::machine_busy();

@@ -196,7 +196,7 @@ fn turn_order(round: usize, n: usize) -> Vec<usize> {
             if round.is_multiple_of(2) {
                 (round + k) % n
             } else {
-                (round + n - k % n) % n
+                (round + n - k) % n
             }
         })
         .collect()
