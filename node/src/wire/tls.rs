@@ -73,9 +73,14 @@ fn read_ahead(tcp: TcpStream) -> tokio::io::BufReader<TcpStream> {
 }
 
 /// How much a client's session seals before its records go to the
-/// socket: four 64 KiB writes' frames (65,640 bytes each with its header
-/// and block checksums), about what the engine queues at once.
-const SEAL_AHEAD: usize = 4 * 65_640;
+/// socket: four 64 KiB writes' frames (65,640 bytes each: its header, the
+/// data and a crc32c per block), about what the engine queues at once.
+const SEAL_AHEAD: usize = {
+    const WRITE: usize = 64 << 10;
+    const SUMS: usize = WRITE / crate::replica::BLOCK as usize * 4;
+    4 * (super::protocol::REQUEST_HEADER + WRITE + SUMS)
+};
+const _: () = assert!(SEAL_AHEAD == 4 * 65_640);
 
 impl WireTls {
     /// Mutual TLS with `credentials`, those of node `node_id`.
