@@ -164,6 +164,35 @@ async fn write_frames<W: tokio::io::AsyncWrite + Unpin + ?Sized>(
     wr.flush().await
 }
 
+/// How long a sending thread that has sent all it had looks for the next
+/// frame before it sleeps (`next_frame`).
+const LOOK_FOR: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// The next frame for a sending thread, or `None` once the client is gone.
+/// With none queued, the thread looks again for up to `LOOK_FOR`, giving
+/// its core to any other task that can run meanwhile (a yield), and only
+/// then sleeps until one comes. Under a stream of writes the next frame
+/// most often comes within that time, and the engine's task that queues
+/// it then has no sleeping thread to wake (a wake-up across the cores,
+/// while one of them sits idle, is the pipeline's hand-off). Measured
+/// with three replicas (`-- ab=`, data-plane.md): 4k 1.06x and 1.12x the
+/// rate, 64k 1.00x to 1.05x, with about the same CPU per write. An idle
+/// volume's threads sleep: they look only after a batch. Plain TCP only:
+/// over TLS the looking took a core from the sealing (0.91x).
+fn next_frame(frames: &mut mpsc::UnboundedReceiver<Frame>) -> Option<Frame> {
+    let since = std::time::Instant::now();
+    loop {
+        match frames.try_recv() {
+            Ok(f) => return Some(f),
+            Err(mpsc::error::TryRecvError::Disconnected) => return None,
+            Err(mpsc::error::TryRecvError::Empty) if since.elapsed() < LOOK_FOR => {
+                std::thread::yield_now();
+            }
+            Err(mpsc::error::TryRecvError::Empty) => return frames.blocking_recv(),
+        }
+    }
+}
+
 /// The sending side of a plain TCP connection, on a thread of its own:
 /// takes the frames from `frames` and writes them to `fd` (a descriptor of
 /// the connection's socket, non-blocking as tokio set it), batching what
@@ -186,7 +215,7 @@ fn send_thread(
     use nix::sys::socket::{MsgFlags, sendmsg};
     use std::os::fd::{AsFd, AsRawFd};
     let mut batch = Vec::new();
-    while let Some(first) = frames.blocking_recv() {
+    while let Some(first) = next_frame(&mut frames) {
         take_batch(first, &mut frames, &mut batch);
         let mut slices = frame_slices(&batch);
         let mut rest: &mut [std::io::IoSlice] = &mut slices;
@@ -234,7 +263,8 @@ fn send_thread(
 /// same worker. The write half is a tokio resource: `runtime` (the one it
 /// was made on, whose workers drive its socket) runs each batch's writes
 /// to the end on this thread. A client dropped sends nothing more: the
-/// batch's writes stop at its drop (`Ended::notify`).
+/// batch's writes stop at its drop (`Ended::notify`). With nothing
+/// queued it sleeps at once (see `next_frame`).
 fn session_send_thread(
     runtime: tokio::runtime::Handle,
     mut wr: super::tls::Writer,
