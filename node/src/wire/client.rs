@@ -791,4 +791,40 @@ mod tests {
             .collect();
         assert_eq!(session.sent, want);
     }
+
+    /// A frame with this id and no payload.
+    fn bare(id: u64) -> Frame {
+        Frame {
+            head: Request {
+                op: Op::Write,
+                flags: 0,
+                id,
+                offset: 0,
+                len: 0,
+                revision: id,
+            }
+            .encode(),
+            payload: bytes::Bytes::new(),
+            sums: bytes::Bytes::new(),
+        }
+    }
+
+    #[test]
+    fn a_sending_thread_gets_frames_that_come_while_it_looks_or_after_it_sleeps() {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Frame>();
+        let feeder = std::thread::spawn(move || {
+            // One at once, one long after the look has ended (the thread
+            // is asleep by then), then the client goes.
+            tx.send(bare(1)).unwrap();
+            std::thread::sleep(LOOK_FOR * 40);
+            tx.send(bare(2)).unwrap();
+            std::thread::sleep(LOOK_FOR * 40);
+        });
+        let mut got = Vec::new();
+        while let Some(f) = next_frame(&mut rx) {
+            got.push(Request::decode(&f.head).unwrap().id);
+        }
+        feeder.join().unwrap();
+        assert_eq!(got, [1, 2], "frames lost or out of order");
+    }
 }
