@@ -766,9 +766,9 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn a_batch_of_frames_leaves_nothing_held_in_the_session() {
-        let frame = |id: u64, payload: &'static [u8]| Frame {
+    /// A write's frame with this id and payload, without checksums.
+    fn frame(id: u64, payload: &'static [u8]) -> Frame {
+        Frame {
             head: Request {
                 op: Op::Write,
                 flags: 0,
@@ -780,7 +780,11 @@ mod tests {
             .encode(),
             payload: bytes::Bytes::from_static(payload),
             sums: bytes::Bytes::new(),
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_frames_leaves_nothing_held_in_the_session() {
         let batch = [frame(1, b"first"), frame(2, b""), frame(3, b"last")];
         let mut session = Session::default();
         write_frames(&mut session, &batch).await.unwrap();
@@ -792,32 +796,15 @@ mod tests {
         assert_eq!(session.sent, want);
     }
 
-    /// A frame with this id and no payload.
-    fn bare(id: u64) -> Frame {
-        Frame {
-            head: Request {
-                op: Op::Write,
-                flags: 0,
-                id,
-                offset: 0,
-                len: 0,
-                revision: id,
-            }
-            .encode(),
-            payload: bytes::Bytes::new(),
-            sums: bytes::Bytes::new(),
-        }
-    }
-
     #[test]
     fn a_sending_thread_gets_frames_that_come_while_it_looks_or_after_it_sleeps() {
         let (tx, mut rx) = mpsc::unbounded_channel::<Frame>();
         let feeder = std::thread::spawn(move || {
             // One at once, one long after the look has ended (the thread
             // is asleep by then), then the client goes.
-            tx.send(bare(1)).unwrap();
+            tx.send(frame(1, b"")).unwrap();
             std::thread::sleep(LOOK_FOR * 40);
-            tx.send(bare(2)).unwrap();
+            tx.send(frame(2, b"")).unwrap();
             std::thread::sleep(LOOK_FOR * 40);
         });
         let mut got = Vec::new();
