@@ -27,6 +27,11 @@
 //!   clients) (`transport_floor`); and what three
 //!   replicas' I/O phase would be against three nbdkit servers with no
 //!   core idle, and with no core idle and TCP at a unix socket's cost.
+//! - For writes, the bare pipeline of three replicas (`common/floor.rs`):
+//!   the same shape (one NBD endpoint sending each write to two processes
+//!   over loopback TCP and writing it to a file, the two writing it to
+//!   theirs) in plain blocking threads, with nothing of Ballast in it:
+//!   what the shape costs on this machine, apart from the implementation.
 //!
 //! Needs qemu-img and nbdkit. Run: `cargo bench -p ballast-cli --bench nbd`.
 //! Words after `--` pick cases: a size (`4k`, `64k`) and/or a kind
@@ -326,6 +331,7 @@ fn nbdkit_file(dir: &Path, name: &str) -> (Kill, String) {
 }
 
 fn main() {
+    common::floor::run_if_asked();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let picked = common::Picked::from_args();
     if let Some(other) = picked.0.iter().find_map(|w| w.strip_prefix("ab=")) {
@@ -366,6 +372,8 @@ fn main() {
     }
     let (_e3, three_sock) = engine(dir.path(), "three", &three_replicas, 2, &[]);
     let three = format!("nbd+unix:///three?socket={}", three_sock.display());
+    // The same shape with nothing of Ballast in it (`common::floor`).
+    let (_floor, floor) = common::floor::start(dir.path());
 
     // Three replicas again, with mutual TLS between the engine and them.
     let ca = ballast::tls::Ca::generate().unwrap();
@@ -390,7 +398,7 @@ fn main() {
     let wanted = |word: &str, all: &[&str]| picked.wanted(word, all);
     if picked.has("hold") {
         println!(
-            "nbdkit file: {peer}\n1 replica: {one}\n1 replica, writeback left to the kernel: {lazy}\n3 replicas: {three}\n3 replicas, TLS: {tls}\nEnter ends."
+            "bare pipeline of three replicas: {floor}\nnbdkit file: {peer}\n1 replica: {one}\n1 replica, writeback left to the kernel: {lazy}\n3 replicas: {three}\n3 replicas, TLS: {tls}\nEnter ends."
         );
         let _ = std::io::stdin().read_line(&mut String::new());
         return;
@@ -414,19 +422,21 @@ fn main() {
             const TLS: usize = 3;
             const PEERS3: usize = 4;
             const LAZY: usize = 5;
+            const FLOOR: usize = 6;
             let run = |targets: &[&str]| bench_at_once(targets, size, write, count);
             let mut turns: Vec<&mut dyn FnMut() -> Rate> = Vec::new();
-            let (mut p, mut a, mut b, mut t, mut c, mut l) = (
+            let (mut p, mut a, mut b, mut t, mut c, mut l, mut f) = (
                 || run(&[&peer]),
                 || run(&[&one]),
                 || run(&[&three]),
                 || run(&[&tls]),
                 || run(&peers3),
                 || run(&[&lazy]),
+                || run(&[&floor]),
             );
             turns.extend([&mut p as &mut dyn FnMut() -> Rate, &mut a, &mut b, &mut t]);
             if write {
-                turns.extend([&mut c as &mut dyn FnMut() -> Rate, &mut l]);
+                turns.extend([&mut c as &mut dyn FnMut() -> Rate, &mut l, &mut f]);
             }
             let runs = common::in_turns(&mut turns);
             for (what, get) in [
@@ -459,6 +469,12 @@ fn main() {
                         "{size:>3} {kind:<5}{what}  ballast 1 replica, writeback left to the kernel (--writeback-every 0) {:>8.0} ({:.2}x of nbdkit file)",
                         mid(LAZY),
                         of_peer(LAZY),
+                    );
+                    println!(
+                        "{size:>3} {kind:<5}{what}  bare pipeline of three replicas' shape, nothing of Ballast (common/floor.rs) {:>8.0} ({:.2}x of 3 nbdkit file at once); 3 replicas: {:.2}x of it",
+                        mid(FLOOR),
+                        common::ratio(&rates[FLOOR], &rates[PEERS3]),
+                        common::ratio(&rates[THREE], &rates[FLOOR]),
                     );
                 }
                 println!(
@@ -512,9 +528,10 @@ fn main() {
             );
             if write {
                 print!(
-                    "  3 nbdkit file at once {}  ballast 1 replica, writeback left to the kernel {}",
+                    "  3 nbdkit file at once {}  ballast 1 replica, writeback left to the kernel {}  bare pipeline {}",
                     phase(PEERS3),
-                    phase(LAZY)
+                    phase(LAZY),
+                    phase(FLOOR)
                 );
             }
             println!("  TLS {}", phase(TLS));

@@ -1,5 +1,7 @@
 //! What the benchmarks share: node and engine processes on one disk.
 
+pub mod floor;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
