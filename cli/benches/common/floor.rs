@@ -157,7 +157,10 @@ impl Inbox {
         let mut at = self.at;
         while self.end - at >= HEADER {
             let r = Request::parse(&self.buf[at..at + HEADER]);
-            assert!(r.len <= CHUNK, "the floor takes writes of up to {CHUNK} bytes");
+            assert!(
+                r.len <= CHUNK,
+                "the floor takes writes of up to {CHUNK} bytes"
+            );
             let frame = at..at + HEADER + r.len;
             if frame.end > self.end {
                 break;
