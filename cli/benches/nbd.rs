@@ -27,11 +27,12 @@
 //!   clients) (`transport_floor`); and what three
 //!   replicas' I/O phase would be against three nbdkit servers with no
 //!   core idle, and with no core idle and TCP at a unix socket's cost.
-//! - For writes, the bare pipeline of three replicas (`common/floor.rs`):
-//!   the same shape (one NBD endpoint sending each write to two processes
-//!   over loopback TCP and writing it to a file, the two writing it to
-//!   theirs) in plain blocking threads, with nothing of Ballast in it:
-//!   what the shape costs on this machine, apart from the implementation.
+//! - For writes, the bare pipeline of three replicas
+//!   (`common/bare_pipeline.rs`): the same shape (one NBD endpoint sending
+//!   each write to two processes over loopback TCP and writing it to a
+//!   file, the two writing it to theirs) in plain blocking threads, with
+//!   nothing of Ballast in it: what the shape costs on this machine,
+//!   apart from the implementation.
 //!
 //! Needs qemu-img and nbdkit. Run: `cargo bench -p ballast-cli --bench nbd`.
 //! Words after `--` pick cases: a size (`4k`, `64k`) and/or a kind
@@ -331,7 +332,7 @@ fn nbdkit_file(dir: &Path, name: &str) -> (Kill, String) {
 }
 
 fn main() {
-    common::floor::run_if_asked();
+    common::bare_pipeline::run_if_asked();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let picked = common::Picked::from_args();
     if let Some(other) = picked.0.iter().find_map(|w| w.strip_prefix("ab=")) {
@@ -372,8 +373,8 @@ fn main() {
     }
     let (_e3, three_sock) = engine(dir.path(), "three", &three_replicas, 2, &[]);
     let three = format!("nbd+unix:///three?socket={}", three_sock.display());
-    // The same shape with nothing of Ballast in it (`common::floor`).
-    let (_floor, floor) = common::floor::start(dir.path());
+    // The same shape with nothing of Ballast in it (`common::bare_pipeline`).
+    let (_bare, bare) = common::bare_pipeline::start(dir.path());
 
     // Three replicas again, with mutual TLS between the engine and them.
     let ca = ballast::tls::Ca::generate().unwrap();
@@ -398,7 +399,7 @@ fn main() {
     let wanted = |word: &str, all: &[&str]| picked.wanted(word, all);
     if picked.has("hold") {
         println!(
-            "bare pipeline of three replicas: {floor}\nnbdkit file: {peer}\n1 replica: {one}\n1 replica, writeback left to the kernel: {lazy}\n3 replicas: {three}\n3 replicas, TLS: {tls}\nEnter ends."
+            "bare pipeline of three replicas: {bare}\nnbdkit file: {peer}\n1 replica: {one}\n1 replica, writeback left to the kernel: {lazy}\n3 replicas: {three}\n3 replicas, TLS: {tls}\nEnter ends."
         );
         let _ = std::io::stdin().read_line(&mut String::new());
         return;
@@ -422,7 +423,7 @@ fn main() {
             const TLS: usize = 3;
             const PEERS3: usize = 4;
             const LAZY: usize = 5;
-            const FLOOR: usize = 6;
+            const BARE: usize = 6;
             let run = |targets: &[&str]| bench_at_once(targets, size, write, count);
             let mut turns: Vec<&mut dyn FnMut() -> Rate> = Vec::new();
             let (mut p, mut a, mut b, mut t, mut c, mut l, mut f) = (
@@ -432,7 +433,7 @@ fn main() {
                 || run(&[&tls]),
                 || run(&peers3),
                 || run(&[&lazy]),
-                || run(&[&floor]),
+                || run(&[&bare]),
             );
             turns.extend([&mut p as &mut dyn FnMut() -> Rate, &mut a, &mut b, &mut t]);
             if write {
@@ -471,10 +472,10 @@ fn main() {
                         of_peer(LAZY),
                     );
                     println!(
-                        "{size:>3} {kind:<5}{what}  bare pipeline of three replicas' shape, nothing of Ballast (common/floor.rs) {:>8.0} ({:.2}x of 3 nbdkit file at once); 3 replicas: {:.2}x of it",
-                        mid(FLOOR),
-                        common::ratio(&rates[FLOOR], &rates[PEERS3]),
-                        common::ratio(&rates[THREE], &rates[FLOOR]),
+                        "{size:>3} {kind:<5}{what}  bare pipeline of three replicas' shape, nothing of Ballast (common/bare_pipeline.rs) {:>8.0} ({:.2}x of 3 nbdkit file at once); 3 replicas: {:.2}x of it",
+                        mid(BARE),
+                        common::ratio(&rates[BARE], &rates[PEERS3]),
+                        common::ratio(&rates[THREE], &rates[BARE]),
                     );
                 }
                 println!(
@@ -531,7 +532,7 @@ fn main() {
                     "  3 nbdkit file at once {}  ballast 1 replica, writeback left to the kernel {}  bare pipeline {}",
                     phase(PEERS3),
                     phase(LAZY),
-                    phase(FLOOR)
+                    phase(BARE)
                 );
             }
             println!("  TLS {}", phase(TLS));

@@ -1,6 +1,6 @@
 //! What the benchmarks share: node and engine processes on one disk.
 
-pub mod floor;
+pub mod bare_pipeline;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -16,8 +16,8 @@
 //! no revisions, no async runtime, no checks beyond the framing, no
 //! answer to a lost sink. It keeps none of the promises a storage system
 //! must: a measure, not a product. The processes are this bench binary
-//! run again with the first argument `floor-engine` or `floor-sink`
-//! (`run_if_asked`).
+//! run again with the first argument `bare-pipeline-engine` or
+//! `bare-pipeline-sink` (`run_if_asked`).
 
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -38,16 +38,16 @@ const CMD_WRITE: u16 = 1;
 const CMD_DISC: u16 = 2;
 const CMD_FLUSH: u16 = 3;
 
-/// Starts the floor in `dir`: two sinks and the NBD endpoint. Returns
+/// Starts the bare pipeline in `dir`: two sinks and the NBD endpoint. Returns
 /// what keeps the processes up and the endpoint's URI.
 pub fn start(dir: &Path) -> (Vec<Kill>, String) {
     let me = std::env::current_exe().unwrap();
     let mut keep = Vec::new();
     let mut ports = Vec::new();
     for i in 1..=2 {
-        let file = dir.join(format!("floor-sink-{i}.img"));
+        let file = dir.join(format!("bare-sink-{i}.img"));
         let mut child = Command::new(&me)
-            .arg("floor-sink")
+            .arg("bare-pipeline-sink")
             .arg(&file)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -62,26 +62,28 @@ pub fn start(dir: &Path) -> (Vec<Kill>, String) {
         ports.push(port);
         keep.push(Kill(child));
     }
-    let sock = dir.join("floor.sock");
+    let sock = dir.join("bare.sock");
     let child = Command::new(&me)
-        .arg("floor-engine")
+        .arg("bare-pipeline-engine")
         .arg(&sock)
-        .arg(dir.join("floor-local.img"))
+        .arg(dir.join("bare-local.img"))
         .args(&ports)
         .stdin(Stdio::null())
         .spawn()
         .unwrap();
     keep.push(Kill(child));
     wait_for(&sock);
-    (keep, format!("nbd+unix:///floor?socket={}", sock.display()))
+    (keep, format!("nbd+unix:///bare?socket={}", sock.display()))
 }
 
-/// Runs a floor process and exits, when this binary was started as one.
+/// Runs a process of the bare pipeline and exits, when this binary was started as one.
 pub fn run_if_asked() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
-        Some("floor-sink") => sink(Path::new(&args[2])),
-        Some("floor-engine") => engine(Path::new(&args[2]), Path::new(&args[3]), &args[4..6]),
+        Some("bare-pipeline-sink") => sink(Path::new(&args[2])),
+        Some("bare-pipeline-engine") => {
+            engine(Path::new(&args[2]), Path::new(&args[3]), &args[4..6])
+        }
         _ => return,
     }
     std::process::exit(0);
@@ -110,7 +112,7 @@ impl Request {
     fn parse(h: &[u8]) -> Request {
         let be64 = |at: usize| u64::from_be_bytes(h[at..at + 8].try_into().unwrap());
         let magic = u32::from_be_bytes(h[0..4].try_into().unwrap());
-        assert_eq!(magic, REQUEST_MAGIC, "the floor lost the framing");
+        assert_eq!(magic, REQUEST_MAGIC, "the bare pipeline lost the framing");
         let cmd = u16::from_be_bytes([h[6], h[7]]);
         let len = u32::from_be_bytes(h[24..28].try_into().unwrap()) as usize;
         Request {
@@ -159,7 +161,7 @@ impl Inbox {
             let r = Request::parse(&self.buf[at..at + HEADER]);
             assert!(
                 r.len <= CHUNK,
-                "the floor takes writes of up to {CHUNK} bytes"
+                "the bare pipeline takes writes of up to {CHUNK} bytes"
             );
             let frame = at..at + HEADER + r.len;
             if frame.end > self.end {
@@ -176,7 +178,7 @@ fn write_all_vectored(to: &mut impl Write, slices: &mut [IoSlice<'_>]) {
     let mut rest = slices;
     while !rest.is_empty() {
         let n = to.write_vectored(rest).unwrap();
-        assert!(n > 0, "a floor sink stopped taking frames");
+        assert!(n > 0, "a sink of the bare pipeline stopped taking frames");
         IoSlice::advance_slices(&mut rest, n);
     }
 }
@@ -227,7 +229,7 @@ fn engine(sock: &Path, file: &Path, ports: &[String]) {
         conn.set_nonblocking(true).unwrap();
         let (entered, conn) = rt.block_on(async {
             let mut s = tokio::net::UnixStream::from_std(conn).unwrap();
-            let entered = ballast_node::frontend::nbd::handshake(&mut s, "floor", SIZE)
+            let entered = ballast_node::frontend::nbd::handshake(&mut s, "bare", SIZE)
                 .await
                 .unwrap_or(false);
             (entered, s.into_std().unwrap())
@@ -296,7 +298,9 @@ fn serve(mut client: UnixStream, f: &std::fs::File, ports: &[String]) {
                     .unwrap(),
                 CMD_FLUSH => f.sync_data().unwrap(),
                 CMD_DISC => break 'conn,
-                other => panic!("the floor serves writes and flushes only, not command {other}"),
+                other => {
+                    panic!("the bare pipeline serves writes and flushes only, not command {other}")
+                }
             }
             local.fetch_add(1, Ordering::Release);
         }
