@@ -106,10 +106,19 @@ pub fn tool(name: &str) -> Result<PathBuf, Error> {
     }
 }
 
-/// A loopback port that was free a moment ago.
-pub fn free_port() -> Result<u16, Error> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(io("bind a free port"))?;
-    Ok(l.local_addr().map_err(io("bind a free port"))?.port())
+/// `N` different loopback ports that were free a moment ago. They are
+/// held all at once while picked: ports picked one after another can come
+/// back the same (etcd was once given one port for its clients and its
+/// peers, and failed with "address already in use").
+pub fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+    let mut held = Vec::with_capacity(N);
+    let mut ports = [0u16; N];
+    for port in ports.iter_mut() {
+        let l = TcpListener::bind("127.0.0.1:0").map_err(io("bind a free port"))?;
+        *port = l.local_addr().map_err(io("bind a free port"))?.port();
+        held.push(l);
+    }
+    Ok(ports)
 }
 
 /// A process of the control plane; killed on drop.
@@ -265,7 +274,25 @@ impl ControlPlane {
 
     /// Starts a control plane whose files (certificates, etcd's data, the
     /// kubeconfig and every process's log) are in `dir`, which is kept.
+    /// Its ports are picked free, but another process may take one before
+    /// etcd or the API server binds it: then it starts again, on new
+    /// ports, up to twice more.
     pub async fn start_in(dir: &Path) -> Result<ControlPlane, Error> {
+        let mut again = 2;
+        loop {
+            match Self::start_once(dir).await {
+                Err(Error::NotReady { log, .. })
+                    if again > 0 && log.contains("address already in use") =>
+                {
+                    again -= 1;
+                    let _ = std::fs::remove_dir_all(dir.join("etcd"));
+                }
+                started => return started,
+            }
+        }
+    }
+
+    async fn start_once(dir: &Path) -> Result<ControlPlane, Error> {
         let (etcd, apiserver, kcm) = (
             tool("etcd")?,
             tool("kube-apiserver")?,
@@ -284,7 +311,7 @@ impl ControlPlane {
             _temp: None,
         };
 
-        let (client, peer) = (free_port()?, free_port()?);
+        let [client, peer, port, kcm_port] = free_ports()?;
         let etcd_url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let s = |v: &str| v.to_string();
@@ -312,7 +339,6 @@ impl ControlPlane {
             &dir,
         )?);
 
-        let port = free_port()?;
         cp.server = format!("https://127.0.0.1:{port}");
         let path = |p: &Path| p.display().to_string();
         cp.procs.push(Proc::spawn(
@@ -371,7 +397,7 @@ impl ControlPlane {
                 s("--bind-address"),
                 s("127.0.0.1"),
                 s("--secure-port"),
-                free_port()?.to_string(),
+                kcm_port.to_string(),
                 s("--service-account-private-key-file"),
                 path(&pki.sa_key),
                 s("--root-ca-file"),
@@ -485,6 +511,18 @@ impl Drop for ControlPlane {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ports_picked_together_are_all_different() {
+        for _ in 0..200 {
+            let ports = free_ports::<4>().unwrap();
+            let mut seen = ports.to_vec();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen.len(), 4, "a port picked twice: {ports:?}");
+            assert!(ports.iter().all(|p| *p > 0), "{ports:?}");
+        }
+    }
 
     #[test]
     fn request_counts_sum_over_codes_by_verb_group_and_resource() {
