@@ -38,8 +38,8 @@ const CMD_WRITE: u16 = 1;
 const CMD_DISC: u16 = 2;
 const CMD_FLUSH: u16 = 3;
 
-/// Starts the bare pipeline in `dir`: two sinks and the NBD endpoint. Returns
-/// what keeps the processes up and the endpoint's URI.
+/// Starts the bare pipeline in `dir`: two sinks and the NBD endpoint.
+/// Returns what keeps the processes up and the endpoint's URI.
 pub fn start(dir: &Path) -> (Vec<Kill>, String) {
     let me = std::env::current_exe().unwrap();
     let mut keep = Vec::new();
@@ -76,7 +76,8 @@ pub fn start(dir: &Path) -> (Vec<Kill>, String) {
     (keep, format!("nbd+unix:///bare?socket={}", sock.display()))
 }
 
-/// Runs a process of the bare pipeline and exits, when this binary was started as one.
+/// Runs a process of the bare pipeline and exits, when this binary was
+/// started as one.
 pub fn run_if_asked() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
