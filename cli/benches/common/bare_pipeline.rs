@@ -28,11 +28,12 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use ballast_node::frontend::nbd;
+
 use super::{Kill, SIZE, wait_for};
 
 const HEADER: usize = 28;
 const CHUNK: usize = 256 * 1024;
-const REQUEST_MAGIC: u32 = 0x2560_9513;
 const REPLY_MAGIC: u32 = 0x6744_6698;
 const CMD_WRITE: u16 = 1;
 const CMD_DISC: u16 = 2;
@@ -102,30 +103,6 @@ fn sparse_file(path: &Path) -> std::fs::File {
     f
 }
 
-struct Request {
-    cmd: u16,
-    handle: u64,
-    offset: u64,
-    len: usize,
-}
-
-impl Request {
-    fn parse(h: &[u8]) -> Request {
-        let be64 = |at: usize| u64::from_be_bytes(h[at..at + 8].try_into().unwrap());
-        let magic = u32::from_be_bytes(h[0..4].try_into().unwrap());
-        assert_eq!(magic, REQUEST_MAGIC, "the bare pipeline lost the framing");
-        let cmd = u16::from_be_bytes([h[6], h[7]]);
-        let len = u32::from_be_bytes(h[24..28].try_into().unwrap()) as usize;
-        Request {
-            cmd,
-            handle: be64(8),
-            offset: be64(16),
-            // Only a write's length is a payload.
-            len: if cmd == CMD_WRITE { len } else { 0 },
-        }
-    }
-}
-
 /// Bytes read from a stream and not yet taken: `buf[at..end]`.
 struct Inbox {
     buf: Vec<u8>,
@@ -155,16 +132,23 @@ impl Inbox {
 
     /// The whole requests buffered, from `at` on: each with where its
     /// frame (header and payload) lies in `buf`.
-    fn whole(&self) -> Vec<(Request, std::ops::Range<usize>)> {
+    fn whole(&self) -> Vec<(nbd::Command, std::ops::Range<usize>)> {
         let mut out = Vec::new();
         let mut at = self.at;
         while self.end - at >= HEADER {
-            let r = Request::parse(&self.buf[at..at + HEADER]);
+            let head = self.buf[at..at + HEADER].try_into().unwrap();
+            let r = nbd::Command::decode(head, SIZE).expect("the bare pipeline lost the framing");
+            // Only a write's length is a payload.
+            let len = if r.cmd == CMD_WRITE {
+                r.len as usize
+            } else {
+                0
+            };
             assert!(
-                r.len <= CHUNK,
+                len <= CHUNK,
                 "the bare pipeline takes writes of up to {CHUNK} bytes"
             );
-            let frame = at..at + HEADER + r.len;
+            let frame = at..at + HEADER + len;
             if frame.end > self.end {
                 break;
             }
