@@ -16,7 +16,8 @@
 //!   CA made for the run), against TLS off.
 //! - For writes, Ballast with 1 replica again with its writeback left to
 //!   the kernel (`--writeback-every 0`), as nbdkit's is: the early
-//!   writeback's share of the I/O phase, in the same run.
+//!   writeback's share of the I/O phase, in the same run; and 3 replicas
+//!   again the same way (their nodes and engine).
 //! - Peer: `nbdkit file` serving a file on the same disk.
 //! - For writes, a reference for three replicas: three `nbdkit file`
 //!   servers written at once by three clients, the same bytes as three
@@ -373,6 +374,15 @@ fn main() {
     }
     let (_e3, three_sock) = engine(dir.path(), "three", &three_replicas, 2, &[]);
     let three = format!("nbd+unix:///three?socket={}", three_sock.display());
+    // Three replicas again, their writeback left to the kernel everywhere.
+    let mut lazy3_replicas = Vec::new();
+    for i in 9..=11 {
+        let (k, r) = node_as(dir.path(), i, "lazy3", true, &no_writeback);
+        keep.push(k);
+        lazy3_replicas.push(r);
+    }
+    let (_e9, lazy3_sock) = engine(dir.path(), "lazy3", &lazy3_replicas, 9, &no_writeback);
+    let lazy3 = format!("nbd+unix:///lazy3?socket={}", lazy3_sock.display());
     // The same shape with nothing of Ballast in it (`common::bare_pipeline`).
     let (_bare, bare) = common::bare_pipeline::start(dir.path());
 
@@ -399,7 +409,7 @@ fn main() {
     let wanted = |word: &str, all: &[&str]| picked.wanted(word, all);
     if picked.has("hold") {
         println!(
-            "bare pipeline of three replicas: {bare}\nnbdkit file: {peer}\n1 replica: {one}\n1 replica, writeback left to the kernel: {lazy}\n3 replicas: {three}\n3 replicas, TLS: {tls}\nEnter ends."
+            "bare pipeline of three replicas: {bare}\nnbdkit file: {peer}\n1 replica: {one}\n1 replica, writeback left to the kernel: {lazy}\n3 replicas: {three}\n3 replicas, writeback left to the kernel: {lazy3}\n3 replicas, TLS: {tls}\nEnter ends."
         );
         let _ = std::io::stdin().read_line(&mut String::new());
         return;
@@ -424,9 +434,10 @@ fn main() {
             const PEERS3: usize = 4;
             const LAZY: usize = 5;
             const BARE: usize = 6;
+            const LAZY3: usize = 7;
             let run = |targets: &[&str]| bench_at_once(targets, size, write, count);
             let mut turns: Vec<&mut dyn FnMut() -> Rate> = Vec::new();
-            let (mut p, mut a, mut b, mut t, mut c, mut l, mut f) = (
+            let (mut p, mut a, mut b, mut t, mut c, mut l, mut f, mut l3) = (
                 || run(&[&peer]),
                 || run(&[&one]),
                 || run(&[&three]),
@@ -434,10 +445,11 @@ fn main() {
                 || run(&peers3),
                 || run(&[&lazy]),
                 || run(&[&bare]),
+                || run(&[&lazy3]),
             );
             turns.extend([&mut p as &mut dyn FnMut() -> Rate, &mut a, &mut b, &mut t]);
             if write {
-                turns.extend([&mut c as &mut dyn FnMut() -> Rate, &mut l, &mut f]);
+                turns.extend([&mut c as &mut dyn FnMut() -> Rate, &mut l, &mut f, &mut l3]);
             }
             let runs = common::in_turns(&mut turns);
             for (what, get) in [
@@ -472,6 +484,12 @@ fn main() {
                         of_peer(LAZY),
                     );
                     println!(
+                        "{size:>3} {kind:<5}{what}  ballast 3 replicas, writeback left to the kernel (--writeback-every 0) {:>8.0} ({:.2}x of 3 nbdkit file at once; {:.2}x of the default)",
+                        mid(LAZY3),
+                        common::ratio(&rates[LAZY3], &rates[PEERS3]),
+                        common::ratio(&rates[LAZY3], &rates[THREE]),
+                    );
+                    println!(
                         "{size:>3} {kind:<5}{what}  bare pipeline of three replicas' shape, nothing of Ballast (common/bare_pipeline.rs) {:>8.0} ({:.2}x of 3 nbdkit file at once); 3 replicas: {:.2}x of it",
                         mid(BARE),
                         common::ratio(&rates[BARE], &rates[PEERS3]),
@@ -502,11 +520,13 @@ fn main() {
             );
             if write {
                 print!(
-                    "  3 nbdkit file at once {:>6.1}; 3 replicas: {:.2}x of them; 1 replica, writeback left to the kernel {:>6.1} ({:.2}x)",
+                    "  3 nbdkit file at once {:>6.1}; 3 replicas: {:.2}x of them; 1 replica, writeback left to the kernel {:>6.1} ({:.2}x); 3 replicas, writeback left to the kernel {:>6.1} ({:.2}x of the three)",
                     mid(PEERS3),
                     peer_over(THREE, PEERS3),
                     mid(LAZY),
                     peer_over(LAZY, PEER),
+                    mid(LAZY3),
+                    peer_over(LAZY3, PEERS3),
                 );
             }
             println!(
@@ -529,9 +549,10 @@ fn main() {
             );
             if write {
                 print!(
-                    "  3 nbdkit file at once {}  ballast 1 replica, writeback left to the kernel {}  bare pipeline {}",
+                    "  3 nbdkit file at once {}  ballast 1 replica, writeback left to the kernel {}  ballast 3 replicas, writeback left to the kernel {}  bare pipeline {}",
                     phase(PEERS3),
                     phase(LAZY),
+                    phase(LAZY3),
                     phase(BARE)
                 );
             }
