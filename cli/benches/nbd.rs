@@ -520,7 +520,7 @@ fn main() {
             );
             if write {
                 print!(
-                    "  3 nbdkit file at once {:>6.1}; 3 replicas: {:.2}x of them; 1 replica, writeback left to the kernel {:>6.1} ({:.2}x); 3 replicas, writeback left to the kernel {:>6.1} ({:.2}x of the three)",
+                    "  3 nbdkit file at once {:>6.1}; 3 replicas: {:.2}x of them; 1 replica, writeback left to the kernel {:>6.1} ({:.2}x); 3 replicas, writeback left to the kernel {:>6.1} (3 nbdkit file at once over it: {:.2}x)",
                     mid(PEERS3),
                     peer_over(THREE, PEERS3),
                     mid(LAZY),
