@@ -178,16 +178,20 @@ fn ballastctl_ends_quietly_when_its_reader_goes_away() {
     let dir = tempfile::tempdir().unwrap();
     let ctl = start_controller(dir.path(), "30s");
     for args in [&["setting", "list"][..], &["-o", "json", "setting", "list"]] {
-        let mut child = Command::new(BALLASTCTL)
+        // The reader is gone before anything is printed: `| head -0`. Its
+        // end of the pipe is closed before the child starts (closed after
+        // the spawn, a fast child could print into the pipe first, and end
+        // well).
+        let (reader, writer) = nix::unistd::pipe().unwrap();
+        drop(reader);
+        let child = Command::new(BALLASTCTL)
             .arg("--api")
             .arg(&ctl.api)
             .args(args)
-            .stdout(Stdio::piped())
+            .stdout(Stdio::from(writer))
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // The reader is gone before anything is printed: `| head -0`.
-        drop(child.stdout.take());
         let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.is_empty(), "{args:?}: it said {err:?}");
