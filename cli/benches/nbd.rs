@@ -37,8 +37,8 @@
 //!
 //! Needs qemu-img and nbdkit. Run: `cargo bench -p ballast-cli --bench nbd`.
 //! Words after `--` pick cases: a size (`4k`, `64k`) and/or a kind
-//! (`read`, `write`), e.g. `-- 64k write`; `-- hold` prints the three
-//! endpoints and keeps them up until Enter, for profiling by hand;
+//! (`read`, `write`), e.g. `-- 64k write`; `-- hold` prints every
+//! endpoint and keeps them up until Enter, for profiling by hand;
 //! `-- ab=PATH` compares this build with another `ballast` binary, three
 //! replicas each, or one with `1r`, over mutual TLS with `tls` (see `ab`).
 
@@ -49,7 +49,7 @@ use std::time::Instant;
 #[allow(dead_code)] // shared by the benchmarks; each uses a part
 mod common;
 
-use common::{Kill, SIZE, engine, engine_of, node_as, node_with, quiet, wait_for};
+use common::{Kill, SIZE, engine_of, quiet, wait_for};
 
 /// Operations per second: over the whole run of `qemu-img` (its closing
 /// flush included), and over its I/O phase alone (what it prints as "Run
@@ -65,6 +65,35 @@ struct Rate {
     cpu: f64,
     io_busy: f64,
     io_idle: f64,
+}
+
+/// A volume of `copies` replicas on the node processes of `bin` numbered
+/// from `first`, each started with `node_extra(i)`, and its engine on the
+/// first of them, started with `engine_extra`: what keeps them up, and the
+/// volume's NBD URI.
+fn volume_set(
+    bin: &Path,
+    dir: &Path,
+    (volume, first, copies): (&str, usize, usize),
+    node_extra: &dyn Fn(usize) -> Vec<String>,
+    engine_extra: &[String],
+) -> (Vec<Kill>, String) {
+    fn strs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    let mut kept = Vec::new();
+    let mut replicas = Vec::new();
+    for i in first..first + copies {
+        let (k, r) = common::node_of(bin, dir, i, volume, true, &strs(&node_extra(i)));
+        kept.push(k);
+        replicas.push(r);
+    }
+    let (e, socket) = engine_of(bin, dir, volume, &replicas, first, &strs(engine_extra));
+    kept.push(e);
+    (
+        kept,
+        format!("nbd+unix:///{volume}?socket={}", socket.display()),
+    )
 }
 
 /// `-- ab=PATH`: this build against the `ballast` binary at PATH, on a
@@ -92,31 +121,13 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
             .unwrap();
         vec!["--tls-dir".into(), d.display().to_string()]
     };
-    fn strs(v: &[String]) -> Vec<&str> {
-        v.iter().map(String::as_str).collect()
-    }
     let set = |bin: &Path, first: usize, volume: &str| {
-        let mut kept = Vec::new();
-        let mut replicas = Vec::new();
-        let mut engine_extra = Vec::new();
-        for i in first..first + copies {
-            let extra = tls(i);
-            let (k, r) = common::node_of(bin, dir, i, volume, true, &strs(&extra));
-            if i == first && !extra.is_empty() {
-                // The engine is of the first node, with its credentials.
-                engine_extra = extra;
-                engine_extra.extend(["--node-id".into(), format!("bench-{first}")]);
-            }
-            kept.push(k);
-            replicas.push(r);
+        // The engine is of the first node, with its credentials.
+        let mut engine_extra = tls(first);
+        if !engine_extra.is_empty() {
+            engine_extra.extend(["--node-id".into(), format!("bench-{first}")]);
         }
-        let extra = strs(&engine_extra);
-        let (e, socket) = engine_of(bin, dir, volume, &replicas, first, &extra);
-        kept.push(e);
-        (
-            kept,
-            format!("nbd+unix:///{volume}?socket={}", socket.display()),
-        )
+        volume_set(bin, dir, (volume, first, copies), &tls, &engine_extra)
     };
     let (_a, a) = set(this, 11, "a");
     let (_b, b) = set(other, 21, "b");
@@ -348,41 +359,17 @@ fn main() {
         .unzip();
     let peers3: Vec<&str> = peers3.iter().map(String::as_str).collect();
 
-    let (_n1, r1) = node_with(dir.path(), 1, "one", true);
-    let (_e1, one_sock) = engine(dir.path(), "one", std::slice::from_ref(&r1), 1, &[]);
-    let one = format!("nbd+unix:///one?socket={}", one_sock.display());
-
+    let bin = Path::new(common::BALLAST);
+    let none = |_: usize| Vec::new();
+    let (_one, one) = volume_set(bin, dir.path(), ("one", 1, 1), &none, &[]);
     // One replica again, its writeback left to the kernel (as nbdkit's):
     // the early writeback's share of the I/O phase, in the same run.
-    let (_n8, r8) = node_with(dir.path(), 8, "lazy", true);
-    let no_writeback = ["--writeback-every", "0"];
-    let (_e8, lazy_sock) = engine(
-        dir.path(),
-        "lazy",
-        std::slice::from_ref(&r8),
-        8,
-        &no_writeback,
-    );
-    let lazy = format!("nbd+unix:///lazy?socket={}", lazy_sock.display());
-
-    let mut three_replicas = Vec::new();
-    let mut keep = Vec::new();
-    for i in 2..=4 {
-        let (k, r) = node_with(dir.path(), i, "three", true);
-        keep.push(k);
-        three_replicas.push(r);
-    }
-    let (_e3, three_sock) = engine(dir.path(), "three", &three_replicas, 2, &[]);
-    let three = format!("nbd+unix:///three?socket={}", three_sock.display());
+    let no_writeback: Vec<String> = vec!["--writeback-every".into(), "0".into()];
+    let (_lazy, lazy) = volume_set(bin, dir.path(), ("lazy", 8, 1), &none, &no_writeback);
+    let (_three, three) = volume_set(bin, dir.path(), ("three", 2, 3), &none, &[]);
     // Three replicas again, their writeback left to the kernel everywhere.
-    let mut lazy3_replicas = Vec::new();
-    for i in 9..=11 {
-        let (k, r) = node_as(dir.path(), i, "lazy3", true, &no_writeback);
-        keep.push(k);
-        lazy3_replicas.push(r);
-    }
-    let (_e9, lazy3_sock) = engine(dir.path(), "lazy3", &lazy3_replicas, 9, &no_writeback);
-    let lazy3 = format!("nbd+unix:///lazy3?socket={}", lazy3_sock.display());
+    let lazy_nodes = |_: usize| no_writeback.clone();
+    let (_lazy3, lazy3) = volume_set(bin, dir.path(), ("lazy3", 9, 3), &lazy_nodes, &no_writeback);
     // The same shape with nothing of Ballast in it (`common::bare_pipeline`).
     let (_bare, bare) = common::bare_pipeline::start(dir.path());
 
@@ -394,17 +381,11 @@ fn main() {
             .unwrap()
             .save(&d)
             .unwrap();
-        d.display().to_string()
+        vec!["--tls-dir".into(), d.display().to_string()]
     };
-    let mut tls_replicas = Vec::new();
-    for i in 5..=7 {
-        let (k, r) = node_as(dir.path(), i, "tls", true, &["--tls-dir", &tls_dir(i)]);
-        keep.push(k);
-        tls_replicas.push(r);
-    }
-    let engine_tls = ["--node-id", "bench-5", "--tls-dir", &tls_dir(5)];
-    let (_e5, tls_sock) = engine(dir.path(), "tls", &tls_replicas, 5, &engine_tls);
-    let tls = format!("nbd+unix:///tls?socket={}", tls_sock.display());
+    let mut engine_tls = tls_dir(5);
+    engine_tls.extend(["--node-id".into(), "bench-5".into()]);
+    let (_tls, tls) = volume_set(bin, dir.path(), ("tls", 5, 3), &tls_dir, &engine_tls);
 
     let wanted = |word: &str, all: &[&str]| picked.wanted(word, all);
     if picked.has("hold") {
