@@ -65,6 +65,7 @@ struct Rate {
     cpu: f64,
     io_busy: f64,
     io_idle: f64,
+    io_steal: f64,
 }
 
 /// A volume of `copies` replicas on the node processes of `bin` numbered
@@ -188,6 +189,12 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
             common::median(of(0, |r| r.io_idle)),
             common::median(of(1, |r| r.io_idle)),
         );
+        println!(
+            "{size:>3} write  {:<30} this {:>9.1}  other {:>9.1}",
+            "steal per op, I/O phase, µs",
+            common::median(of(0, |r| r.io_steal)),
+            common::median(of(1, |r| r.io_steal)),
+        );
     }
 }
 
@@ -238,6 +245,7 @@ fn bench_at_once(targets: &[&str], size: &str, write: bool, count: u32) -> Rate 
         cpu,
         io_busy: phase.busy * 1e6 / f64::from(count),
         io_idle: phase.idle * 1e6 / f64::from(count),
+        io_steal: phase.steal * 1e6 / f64::from(count),
     }
 }
 
@@ -520,10 +528,12 @@ fn main() {
             let of = |i: usize, get: fn(&Rate) -> f64| -> f64 {
                 common::median(runs[i].iter().map(get).collect())
             };
-            let phase =
-                |i: usize| format!("{:.1} / {:.1}", of(i, |r| r.io_busy), of(i, |r| r.io_idle));
+            let phase = |i: usize| {
+                let (busy, idle) = (of(i, |r| r.io_busy), of(i, |r| r.io_idle));
+                format!("{busy:.1} / {idle:.1} / {:.1}", of(i, |r| r.io_steal))
+            };
             print!(
-                "{size:>3} {kind:<5}  I/O phase, whole machine per operation (µs busy / idle)  nbdkit file {}  ballast 1 replica {}  ballast 3 replicas {}",
+                "{size:>3} {kind:<5}  I/O phase, whole machine per operation (µs busy / idle / steal)  nbdkit file {}  ballast 1 replica {}  ballast 3 replicas {}",
                 phase(PEER),
                 phase(ONE),
                 phase(THREE),

@@ -250,11 +250,14 @@ pub fn machine_busy() -> f64 {
 }
 
 /// The whole machine's CPU time so far, in seconds: busy (see
-/// `machine_busy`) and idle (idle and iowait: no task to run).
+/// `machine_busy`), idle (idle and iowait: no task to run) and steal (the
+/// host ran something else on this machine's cores, such as its own work
+/// for the virtual disk).
 #[derive(Clone, Copy, Default)]
 pub struct MachineTimes {
     pub busy: f64,
     pub idle: f64,
+    pub steal: f64,
 }
 
 impl std::ops::Sub for MachineTimes {
@@ -263,6 +266,7 @@ impl std::ops::Sub for MachineTimes {
         MachineTimes {
             busy: self.busy - earlier.busy,
             idle: self.idle - earlier.idle,
+            steal: self.steal - earlier.steal,
         }
     }
 }
@@ -292,6 +296,7 @@ pub fn machine_times() -> MachineTimes {
     MachineTimes {
         busy: sum(&[0, 1, 2, 5, 6]) as f64 / per_sec,
         idle: sum(&[3, 4]) as f64 / per_sec,
+        steal: sum(&[7]) as f64 / per_sec,
     }
 }
 
