@@ -45,22 +45,11 @@ pub fn quiet(cmd: &mut Command) -> &mut Command {
 /// Without `block_sums`, the replica is in the format from before
 /// per-block checksums.
 pub fn node_with(dir: &Path, i: usize, volume: &str, block_sums: bool) -> (Kill, String) {
-    node_as(dir, i, volume, block_sums, &[])
+    node_of(Path::new(BALLAST), dir, i, volume, block_sums, &[])
 }
 
-/// Like `node_with`, with more flags for the node.
-pub fn node_as(
-    dir: &Path,
-    i: usize,
-    volume: &str,
-    block_sums: bool,
-    extra: &[&str],
-) -> (Kill, String) {
-    node_of(Path::new(BALLAST), dir, i, volume, block_sums, extra)
-}
-
-/// Like `node_as`, run from the `ballast` binary `bin` (another build, for
-/// an A/B).
+/// Like `node_with`, run from the `ballast` binary `bin` (another build, for
+/// an A/B), with more flags for the node.
 pub fn node_of(
     bin: &Path,
     dir: &Path,
