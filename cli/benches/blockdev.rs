@@ -13,7 +13,9 @@
 //! dropped before each run, and each block read once, so both read the
 //! disk. Each case also prints the whole machine's busy CPU per operation
 //! (with the writeback of what a run left dirty), a measure of the work
-//! that the host's stolen time does not move. Needs root, FUSE and fio.
+//! that the host's stolen time does not move. First, what the host
+//! takes from the cores to write the disk (`common::host_disk_steal`).
+//! Needs root, FUSE and fio.
 //! Run:
 //! `cargo bench -p ballast-cli --bench blockdev`. Words after `--` pick
 //! cases, as for the nbd bench: a size (`4k`, `64k`) and/or a kind
@@ -132,6 +134,7 @@ fn main() {
             "fio, libaio, direct, QD16, operations per second ({})",
             common::in_turns_said()
         );
+        println!("{}", common::host_disk_steal_said(dir.path()));
     }
     for (rw, bs, cold) in [
         ("randwrite", "4k", false),

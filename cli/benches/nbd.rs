@@ -34,6 +34,10 @@
 //!   file, the two writing it to theirs) in plain blocking threads, with
 //!   nothing of Ballast in it: what the shape costs on this machine,
 //!   apart from the implementation.
+//! - For writes, first, what the host takes from the cores to write the
+//!   disk, while they are busy and while they are idle, with nothing of
+//!   Ballast running (`common::host_disk_steal`): what disk work inside
+//!   an I/O phase costs on this machine.
 //!
 //! Needs qemu-img and nbdkit. Run: `cargo bench -p ballast-cli --bench nbd`.
 //! Words after `--` pick cases: a size (`4k`, `64k`) and/or a kind
@@ -407,6 +411,9 @@ fn main() {
         "qemu-img bench, QD16, unix socket, operations per second ({})",
         common::in_turns_said()
     );
+    if wanted("write", &["read", "write"]) {
+        println!("{}", common::host_disk_steal_said(dir.path()));
+    }
     for (size, count) in [("4k", 40_000u32), ("64k", 8_000)] {
         // Writes first fill the images, so that reads read data.
         for write in [true, false] {

@@ -327,3 +327,72 @@ impl Sampler {
         nearest - at_first
     }
 }
+
+/// What the host takes from this machine's cores to write its disk: the
+/// steal (`/proc/stat`) that writing 512 MiB to a file in `dir` and
+/// syncing it adds, in ms per GiB, while both cores are kept busy (two
+/// threads spinning; their own steal over the same time, measured alone
+/// just before, taken off) and while they are idle. On a virtual machine
+/// whose disk the host emulates on the cores it also runs the machine
+/// on, the first is what disk work done inside a run's I/O phase costs
+/// it, and the second what the same work costs in a closing flush, while
+/// the cores wait. Nothing of Ballast runs.
+pub fn host_disk_steal(dir: &Path) -> (f64, f64) {
+    use std::io::Write;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const BYTES: usize = 512 << 20;
+    let path = dir.join("host-disk-steal");
+    let write = || {
+        let chunk: Vec<u8> = (0..1usize << 20).map(|i| (i % 251) as u8 + 1).collect();
+        let mut f = std::fs::File::create(&path).expect("create the probe's file");
+        for _ in 0..BYTES / chunk.len() {
+            f.write_all(&chunk).expect("write the probe's file");
+        }
+        f.sync_data().expect("sync the probe's file");
+    };
+    // Both cores spinning while `work` runs; the steal over that time.
+    let spinning = |work: &dyn Fn()| -> (f64, Duration) {
+        let stop = Arc::new(AtomicBool::new(false));
+        let spinners: Vec<_> = (0..2)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                })
+            })
+            .collect();
+        let (before, t) = (machine_times(), Instant::now());
+        work();
+        let (after, took) = (machine_times(), t.elapsed());
+        stop.store(true, Ordering::Relaxed);
+        for s in spinners {
+            s.join().expect("a spinning thread");
+        }
+        ((after - before).steal, took)
+    };
+    nix::unistd::sync();
+    write();
+    let _ = std::fs::remove_file(&path);
+    nix::unistd::sync();
+    let (with_writes, took) = spinning(&write);
+    let (alone, _) = spinning(&|| std::thread::sleep(took));
+    let _ = std::fs::remove_file(&path);
+    nix::unistd::sync();
+    let before = machine_times();
+    write();
+    let idle = (machine_times() - before).steal;
+    let _ = std::fs::remove_file(&path);
+    let per_gib = (1u64 << 30) as f64 / BYTES as f64 * 1000.0;
+    (((with_writes - alone).max(0.0)) * per_gib, idle * per_gib)
+}
+
+/// `host_disk_steal`, as one line for a bench's output.
+pub fn host_disk_steal_said(dir: &Path) -> String {
+    let (busy, idle) = host_disk_steal(dir);
+    format!(
+        "the host's steal for disk writes (512 MiB written and synced, no Ballast): {busy:.0} ms per GiB with both cores busy, {idle:.0} ms with them idle"
+    )
+}
