@@ -332,7 +332,8 @@ impl Sampler {
 /// steal (`/proc/stat`) that writing 512 MiB to a file in `dir` and
 /// syncing it adds, in ms per GiB, while both cores are kept busy (two
 /// threads spinning; their own steal over the same time, measured alone
-/// just before, taken off) and while they are idle. On a virtual machine
+/// just before, taken off) and while they are idle (the writing thread
+/// alone, which mostly waits for the disk). On a virtual machine
 /// whose disk the host emulates on the cores it also runs the machine
 /// on, the first is what disk work done inside a run's I/O phase costs
 /// it, and the second what the same work costs in a closing flush, while
@@ -373,6 +374,8 @@ pub fn host_disk_steal(dir: &Path) -> (f64, f64) {
         }
         ((after - before).steal, took)
     };
+    // A first write, not counted, so that neither measure pays for a
+    // first use (the file's blocks, the page cache's pages).
     nix::unistd::sync();
     write();
     let _ = std::fs::remove_file(&path);
