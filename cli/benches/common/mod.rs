@@ -351,6 +351,7 @@ pub fn host_disk_steal(dir: &Path) -> (f64, f64) {
             f.write_all(&chunk).expect("write the probe's file");
         }
         f.sync_data().expect("sync the probe's file");
+        let _ = std::fs::remove_file(&path);
     };
     // Both cores spinning while `work` runs; the steal over that time.
     let spinning = |work: &dyn Fn()| -> (f64, Duration) {
@@ -378,16 +379,13 @@ pub fn host_disk_steal(dir: &Path) -> (f64, f64) {
     // first use (the file's blocks, the page cache's pages).
     nix::unistd::sync();
     write();
-    let _ = std::fs::remove_file(&path);
     nix::unistd::sync();
     let (with_writes, took) = spinning(&write);
     let (alone, _) = spinning(&|| std::thread::sleep(took));
-    let _ = std::fs::remove_file(&path);
     nix::unistd::sync();
     let before = machine_times();
     write();
     let idle = (machine_times() - before).steal;
-    let _ = std::fs::remove_file(&path);
     let per_gib = (1u64 << 30) as f64 / BYTES as f64 * 1000.0;
     (((with_writes - alone).max(0.0)) * per_gib, idle * per_gib)
 }
