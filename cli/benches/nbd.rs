@@ -38,6 +38,8 @@
 //!   disk, while they are busy and while they are idle, with nothing of
 //!   Ballast running (`common::host_disk_steal`): what disk work inside
 //!   an I/O phase costs on this machine.
+//! - With 64k writes, the goals for them, each as this run's
+//!   ratio, met or not (`goals`).
 //!
 //! Needs qemu-img and nbdkit. Run: `cargo bench -p ballast-cli --bench nbd`.
 //! Words after `--` pick cases: a size (`4k`, `64k`) and/or a kind
@@ -70,6 +72,47 @@ struct Rate {
     io_busy: f64,
     io_idle: f64,
     io_steal: f64,
+}
+
+// The targets of a case, in the order they run in turns: their places in
+// what `common::in_turns` returns. The last four run for writes only.
+const PEER: usize = 0;
+const ONE: usize = 1;
+const THREE: usize = 2;
+const TLS: usize = 3;
+const PEERS3: usize = 4;
+const LAZY: usize = 5;
+const BARE: usize = 6;
+const LAZY3: usize = 7;
+
+/// The goals for 64k writes, each a ratio of this run and met or
+/// not (at least 1.00x): three replicas against three nbdkit servers at
+/// once, until durable and in the I/O phase, both in the same run; one
+/// replica against nbdkit in the I/O phase. Each for the default and for
+/// the writeback left to the kernel (`--writeback-every 0`).
+fn goals(runs: &[Vec<Rate>]) -> String {
+    let ratio = |ours: usize, peer: usize, get: fn(&Rate) -> f64| {
+        let col = |i: usize| runs[i].iter().map(get).collect::<Vec<f64>>();
+        common::ratio(&col(ours), &col(peer))
+    };
+    let met = |ok: bool| if ok { "met" } else { "not met" };
+    let wall: fn(&Rate) -> f64 = |r| r.wall;
+    let io: fn(&Rate) -> f64 = |r| r.io;
+    let three = |i: usize| {
+        let (w, o) = (ratio(i, PEERS3, wall), ratio(i, PEERS3, io));
+        format!("{w:.2}x / {o:.2}x ({})", met(w >= 1.0 && o >= 1.0))
+    };
+    let one = |i: usize| {
+        let o = ratio(i, PEER, io);
+        format!("{o:.2}x ({})", met(o >= 1.0))
+    };
+    format!(
+        "64k write  goals, at least 1.00x: 3 replicas of 3 nbdkit file at once, until durable / I/O phase, in this run: default {}, writeback left to the kernel {}; 1 replica of nbdkit file, I/O phase: default {}, writeback left to the kernel {}",
+        three(THREE),
+        three(LAZY3),
+        one(ONE),
+        one(LAZY),
+    )
 }
 
 /// A volume of `copies` replicas on the node processes of `bin` numbered
@@ -421,16 +464,8 @@ fn main() {
             if !wanted(size, &["4k", "64k"]) || !wanted(kind, &["read", "write"]) {
                 continue;
             }
-            // In turns (see `common::in_turns`), in this order (the indexes
-            // below); the three nbdkit servers run for writes only.
-            const PEER: usize = 0;
-            const ONE: usize = 1;
-            const THREE: usize = 2;
-            const TLS: usize = 3;
-            const PEERS3: usize = 4;
-            const LAZY: usize = 5;
-            const BARE: usize = 6;
-            const LAZY3: usize = 7;
+            // In turns (see `common::in_turns`), in the order of the
+            // indexes (`PEER` ...); the last four run for writes only.
             let run = |targets: &[&str]| bench_at_once(targets, size, write, count);
             let mut turns: Vec<&mut dyn FnMut() -> Rate> = Vec::new();
             let (mut p, mut a, mut b, mut t, mut c, mut l, mut f, mut l3) = (
@@ -497,6 +532,9 @@ fn main() {
                     mid(TLS),
                     common::ratio(&rates[TLS], &rates[THREE]),
                 );
+            }
+            if write && size == "64k" {
+                println!("{}", goals(&runs));
             }
             // The work done, whatever the host took: the machine's CPU per
             // operation, and the peer's over ours (above 1: Ballast spends
