@@ -265,15 +265,25 @@ async fn a_failed_local_copy_falls_back_to_remote_sync_with_a_clean_target() {
     assert!(image(&r0).await == image(&r1).await);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rebuild_cut_off_resumes_from_the_layers_it_had_finished() {
+/// Two servers, source `v-r0` with two frozen layers of 1 MiB each, and
+/// target `v-r1` after a first fill whose second layer arrived wrong (the
+/// join named another checksum for it): the first layer complete, the
+/// second filled but pending.
+struct CutOff {
+    disks: (tempfile::TempDir, tempfile::TempDir),
+    source: (String, ReplicaAddr),
+    target: ReplicaAddr,
+    src: ReplicaClient,
+    dst: ReplicaClient,
+}
+
+async fn cut_off_after_one_layer() -> CutOff {
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
     let r0 = replica(d1.path(), "v-r0", &s1);
     let r1 = replica(d2.path(), "v-r1", &s2);
     let src = ReplicaClient::connect(&s1, "v-r0").await.unwrap();
     let dst = ReplicaClient::connect(&s2, "v-r1").await.unwrap();
-    // Two frozen layers of 1 MiB each.
     src.write(0, &pattern(0, 1 << 20, 4), 1, false)
         .await
         .unwrap();
@@ -282,8 +292,6 @@ async fn a_rebuild_cut_off_resumes_from_the_layers_it_had_finished() {
         .await
         .unwrap();
     src.snapshot(None).await.unwrap();
-    // A first attempt whose second layer arrives wrong (its checksum does
-    // not match): the first layer is kept, the second stays pending.
     let mut spec = following(&src).await;
     spec.frozen[1].checksum = "0".repeat(64);
     dst.join(&spec).await.unwrap();
@@ -291,12 +299,34 @@ async fn a_rebuild_cut_off_resumes_from_the_layers_it_had_finished() {
     assert!(err.to_string().contains("checksum"), "{err}");
     let pending = dst.info().await.unwrap()["pending"].as_u64().unwrap();
     assert_eq!(pending, 1);
-    // The next attempt keeps the finished layer and copies only the other.
+    CutOff {
+        disks: (d1, d2),
+        source: (format!("v-r0@{s1}"), r0),
+        target: r1,
+        src,
+        dst,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_cut_off_resumes_from_the_layers_it_had_finished() {
+    let CutOff {
+        disks: _disks,
+        source: (s1, r0),
+        target: r1,
+        src,
+        dst,
+    } = cut_off_after_one_layer().await;
+    // The next attempt keeps the finished layer and fills only the other,
+    // from what the first attempt left in it: its blocks are the source's,
+    // so none travels again, and the layer's checksum now matches.
     let report = join(&src, &dst).await;
     assert_eq!(report["kept"], serde_json::json!(["layer-000001.img"]));
     assert_eq!(report["keptBytes"], 1 << 20);
-    let filled = dst.fill(&format!("v-r0@{s1}")).await.unwrap();
-    assert_eq!(filled["bytes"], 1 << 20, "{filled}");
+    assert_eq!(report["seeded"], serde_json::json!(["layer-000002.img"]));
+    let filled = dst.fill(&s1).await.unwrap();
+    assert_eq!(filled["bytes"], 0, "{filled}");
+    assert_eq!(filled["reused"], 1 << 20, "{filled}");
     assert_eq!(dst.info().await.unwrap()["pending"], 0);
     assert_eq!(layers(&r0).await[..3], layers(&r1).await[..3]);
     assert!(image(&r0).await == image(&r1).await);
@@ -522,4 +552,149 @@ async fn a_source_whose_frozen_layer_is_corrupt_is_failed_and_never_copied() {
     engine.add_replica(r2.clone(), None).await.unwrap();
     wait_rw(&engine, "v-r2").await;
     assert_eq!(image(&r2).await, image(&r1).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_replica_copies_only_the_blocks_that_changed_while_it_was_out() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
+    let r0 = replica(d1.path(), "v-r0", &s1);
+    let r1 = replica(d2.path(), "v-r1", &s2);
+    let engine = engine_over(SIZE, std::slice::from_ref(&r0), None).await;
+    let mib = |n: u64| n << 20;
+    engine
+        .write(0, &pattern(0, 1 << 20, 1), false)
+        .await
+        .unwrap();
+    engine.add_replica(r1.clone(), None).await.unwrap();
+    wait_rw(&engine, "v-r1").await;
+    // Both replicas' heads get 8 MiB: the layer a later rebuild has to
+    // bring r1 up to.
+    for n in 2..10 {
+        engine
+            .write(mib(n), &pattern(mib(n), 1 << 20, 2), false)
+            .await
+            .unwrap();
+    }
+    engine.flush().await.unwrap();
+    // r1 is out; the volume goes on: one MiB rewritten, one trimmed (a
+    // hole in the source's head where r1's holds data), one new.
+    engine.remove_replica("v-r1").await.unwrap();
+    engine
+        .write(mib(3), &pattern(mib(3), 1 << 20, 3), false)
+        .await
+        .unwrap();
+    engine.trim(mib(5), 1 << 20).await.unwrap();
+    engine
+        .write(mib(12), &pattern(mib(12), 1 << 20, 3), false)
+        .await
+        .unwrap();
+    engine.flush().await.unwrap();
+    let want = blake3::hash(&engine.read(0, SIZE as u32).await.unwrap());
+    engine.add_replica(r1.clone(), None).await.unwrap();
+    let m = wait_rw(&engine, "v-r1").await;
+    let rebuild = m.rebuild.unwrap();
+    assert_eq!(rebuild.path, "remote", "{rebuild:?}");
+    // The rewritten and the new MiB travel; the six MiB it held alike do not.
+    assert_eq!(rebuild.copied_bytes, mib(2), "{rebuild:?}");
+    assert_eq!(rebuild.kept_bytes, mib(1) + mib(6), "{rebuild:?}");
+    assert_eq!(blake3::hash(&image(&r1).await), want);
+    engine.snapshot(None).await.unwrap();
+    assert_eq!(layers(&r0).await, layers(&r1).await, "layer chains differ");
+    for layer in ["layer-000002.img", "layer-000003.img"] {
+        let src = replica_dir(d1.path(), "v-r0").join(layer);
+        let dst = replica_dir(d2.path(), "v-r1").join(layer);
+        assert_eq!(
+            allocated(&dst),
+            allocated(&src),
+            "{layer}: allocation differs"
+        );
+    }
+}
+
+/// `block` changed so that its CRC32C stays the same: a few bytes flipped
+/// near its start, and four bytes at its end set to cancel them (CRC32C is
+/// linear over GF(2) for blocks of one length, so that is a 32-bit linear
+/// system).
+fn crc_collision(block: &[u8]) -> Vec<u8> {
+    use ballast_node::replica::block_sum;
+    let zero = vec![0u8; block.len()];
+    let base = block_sum(&zero);
+    let f = |d: &[u8]| block_sum(d) ^ base;
+    let tail = block.len() - 4;
+    let mut diff = zero.clone();
+    diff[10..18].copy_from_slice(b"tampered");
+    let target = f(&diff);
+    // Row j: what flipping bit j of the tail does to the CRC.
+    let mut rows: Vec<(u32, u32)> = (0..32)
+        .map(|j| {
+            let mut d = zero.clone();
+            d[tail + j / 8] ^= 1 << (j % 8);
+            (f(&d), 1u32 << j)
+        })
+        .collect();
+    // Gaussian elimination: reduce the rows to one per leading bit.
+    let mut basis: Vec<(u32, u32)> = Vec::new();
+    for bit in (0..32).rev() {
+        if let Some(i) = rows.iter().position(|r| r.0 >> bit & 1 == 1) {
+            let pivot = rows.remove(i);
+            for r in rows.iter_mut().chain(basis.iter_mut()) {
+                if r.0 >> bit & 1 == 1 {
+                    *r = (r.0 ^ pivot.0, r.1 ^ pivot.1);
+                }
+            }
+            basis.push(pivot);
+        }
+    }
+    assert_eq!(basis.len(), 32, "the tail's bits span every CRC");
+    let x = basis
+        .iter()
+        .filter(|(v, _)| (target & v) != 0 && v.is_power_of_two())
+        .fold(0u32, |x, (_, combo)| x ^ combo);
+    for j in 0..32 {
+        if x >> j & 1 == 1 {
+            diff[tail + j / 8] ^= 1 << (j % 8);
+        }
+    }
+    assert_eq!(f(&diff), 0);
+    let out: Vec<u8> = block.iter().zip(&diff).map(|(a, b)| a ^ b).collect();
+    assert_ne!(out, block);
+    assert_eq!(block_sum(&out), block_sum(block));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seeded_block_whose_checksum_agrees_on_other_data_is_caught_and_the_layer_copied_whole() {
+    let CutOff {
+        disks: (_d1, d2),
+        source: (s1, r0),
+        target: r1,
+        src,
+        dst,
+    } = cut_off_after_one_layer().await;
+    // One of its blocks is changed on the disk without changing its CRC32C.
+    let seed = replica_dir(d2.path(), "v-r1").join("layer-000002.img");
+    let at = (4 << 20) + 7 * 4096;
+    let block = pattern(at, 4096, 5);
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new().write(true).open(&seed).unwrap();
+        f.write_all_at(&crc_collision(&block), at).unwrap();
+        f.sync_all().unwrap();
+    }
+    let report = join(&src, &dst).await;
+    assert_eq!(report["seeded"], serde_json::json!(["layer-000002.img"]));
+    let filled = dst.fill(&s1).await.unwrap();
+    // The compare kept the block, the layer's checksum did not match, and
+    // the layer was copied whole.
+    assert_eq!(filled["bytes"], 1 << 20, "{filled}");
+    assert_eq!(filled["reused"], 0, "{filled}");
+    assert_eq!(dst.info().await.unwrap()["pending"], 0);
+    let c = ReplicaClient::connect(&r1.addr, &r1.name).await.unwrap();
+    assert_eq!(
+        c.read(at, 4096).await.unwrap().to_vec(),
+        block,
+        "the changed block survived the fill"
+    );
+    assert!(image(&r1).await == image(&r0).await);
 }

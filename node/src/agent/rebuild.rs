@@ -77,7 +77,7 @@ pub async fn offline(
     let report = join(target, spec).await?;
     let filled = server.fill(name, source).await.map_err(fill_error)?;
     Ok(RebuildReplicaResponse {
-        kept_bytes: report.kept_bytes,
+        kept_bytes: report.kept_bytes + filled.reused,
         copied_bytes: filled.bytes,
         copy_path: filled.path.as_str().to_string(),
     })

@@ -157,7 +157,9 @@ struct Member {
 pub struct RebuildStatus {
     /// Where the layers came from.
     pub source: String,
-    /// Bytes of frozen layers the replica already held (kept, not copied).
+    /// Bytes the replica already held and kept, not copied: its frozen
+    /// layers that matched the source's, and the blocks of its old layers
+    /// found equal to the source's (a seeded fill).
     pub kept_bytes: u64,
     /// Bytes copied; 0 until the rebuild is done.
     pub copied_bytes: u64,

@@ -191,6 +191,8 @@ impl Engine {
                     }
                     if let Some(r) = x.rebuild.as_mut() {
                         r.copied_bytes = report["bytes"].as_u64().unwrap_or(0);
+                        // Its old data found equal to the source's was kept.
+                        r.kept_bytes += report["reused"].as_u64().unwrap_or(0);
                         r.path = report["path"].as_str().unwrap_or_default().to_string();
                         r.done = true;
                     }

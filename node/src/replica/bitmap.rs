@@ -71,6 +71,13 @@ impl Bitmap {
         }
     }
 
+    /// Takes away every block present in `other`.
+    pub fn subtract(&mut self, other: &Bitmap) {
+        for (w, o) in self.words.iter_mut().zip(&other.words) {
+            *w &= !o;
+        }
+    }
+
     /// How many blocks are present.
     pub fn count(&self) -> u64 {
         self.words.iter().map(|w| u64::from(w.count_ones())).sum()

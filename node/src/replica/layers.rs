@@ -5,10 +5,13 @@
 //! checksum). It keeps the oldest of its own frozen layers that match them
 //! one for one, drops the rest (its old head included), lists the layers it
 //! lacks as `pending`, and starts an empty head under the source's head
-//! name. A pending layer is filled (locally or over the network), checked
-//! against its checksum and then completed; a replica with no pending layer
-//! holds the whole volume. Completed layers survive a restart, so a rebuild
-//! cut off resumes from them.
+//! name. A pending layer of a name it already had (its old head, frozen
+//! since on the source: both began at the same point) keeps its old data
+//! as a seed: the fill copies only the blocks that differ from the
+//! source's. A pending layer is filled (locally or over the network),
+//! checked against its checksum and then completed; a replica with no
+//! pending layer holds the whole volume. Completed layers survive a
+//! restart, so a rebuild cut off resumes from them.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -36,6 +39,10 @@ pub struct JoinReport {
     pub kept_bytes: u64,
     /// Layers to fill, oldest first.
     pub pending: Vec<String>,
+    /// Pending layers that keep the replica's old data of the same name as
+    /// a seed (the fill copies only the blocks that differ).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub seeded: Vec<String>,
 }
 
 /// Creates (or empties) a sparse layer file of `size` bytes.
@@ -108,6 +115,20 @@ impl Replica {
             .map(|l| l.name.clone())
             .collect();
         self.check_claim(frozen, &report, revision)?;
+        // A layer of ours named as a pending one began at the same point
+        // of the volume's history: what it holds is most of what the
+        // source's holds. It stays, pending, as the fill's seed; a block
+        // of it is served only once the layer's checksum has matched.
+        report.seeded = report
+            .pending
+            .iter()
+            .filter(|name| {
+                self.layers
+                    .iter()
+                    .any(|l| &&l.name == name && l.map.count() > 0)
+            })
+            .cloned()
+            .collect();
         // The new chain is recorded first; the files follow (and `open`
         // makes any a crash left out).
         let mut meta = self.meta.clone();
@@ -134,14 +155,20 @@ impl Replica {
         // A layer marked corrupt is never kept: it is filled again, sound.
         self.clear_corrupt_marks()?;
         for l in &self.layers {
-            if !keep.contains(&l.name) {
+            if !keep.contains(&l.name) && !report.seeded.contains(&l.name) {
                 let _ = std::fs::remove_file(&l.path);
                 let _ = std::fs::remove_file(super::sums::path_of(&l.path));
             }
         }
         for name in report.pending.iter().map(String::as_str).chain([head]) {
             let path = self.dir.join(name);
-            empty_layer(&path, self.meta.size)?;
+            if report.seeded.iter().any(|s| s == name) {
+                open_rw(&path)?
+                    .set_len(self.meta.size)
+                    .map_err(|e| ReplicaError::io(&path, e))?;
+            } else {
+                empty_layer(&path, self.meta.size)?;
+            }
             // A filled layer's checksums are taken as it completes.
             let _ = std::fs::remove_file(super::sums::path_of(&path));
         }
@@ -274,6 +301,59 @@ impl Replica {
             }
         }
         Ok(())
+    }
+
+    /// The CRC32C of each 4 KiB block of a complete frozen layer over
+    /// `offset..offset + len` (block aligned), 4 bytes each, little
+    /// endian; 0 for a block the layer does not hold. Taken from the
+    /// layer's table, without reading its data, when it has one; else from
+    /// its data. A rebuild compares them with its seed's blocks.
+    pub fn layer_sums(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>, ReplicaError> {
+        self.check(offset, len)?;
+        if !offset.is_multiple_of(BLOCK) || !len.is_multiple_of(BLOCK) {
+            return Err(ReplicaError::Invalid(format!(
+                "layer sums of {offset}+{len}: not block aligned"
+            )));
+        }
+        let i = self.layer_at(name)?;
+        if !self.meta.frozen.contains_key(name) || self.meta.pending.contains(name) {
+            return Err(ReplicaError::Invalid(format!(
+                "layer {name} is not a complete frozen layer"
+            )));
+        }
+        if self.is_corrupt(name) {
+            return Err(ReplicaError::Corrupt(format!(
+                "layer {name} was found corrupt"
+            )));
+        }
+        let l = &self.layers[i];
+        let mut out = Vec::with_capacity((len / BLOCK * 4) as usize);
+        let mut block = vec![0u8; BLOCK as usize];
+        for b in offset / BLOCK..(offset + len) / BLOCK {
+            let sum = match (&l.sums, l.map.get(b)) {
+                (_, false) => 0,
+                (Some(s), true) => s.get(b),
+                (None, true) => {
+                    l.read_checked(b, &mut block)?;
+                    super::sums::of(&block)
+                }
+            };
+            out.extend_from_slice(&sum.to_le_bytes());
+        }
+        Ok(out)
+    }
+
+    /// Punches blocks `offset..offset + len` out of a pending layer: its
+    /// seed held them, the source's layer does not.
+    pub fn punch_layer(&mut self, name: &str, offset: u64, len: u64) -> Result<(), ReplicaError> {
+        self.check(offset, len)?;
+        if !offset.is_multiple_of(BLOCK) || !len.is_multiple_of(BLOCK) {
+            return Err(ReplicaError::Invalid(format!(
+                "layer punch {offset}+{len} is not block aligned"
+            )));
+        }
+        let i = self.pending_at(name)?;
+        self.layers[i].punch(offset / BLOCK, (offset + len) / BLOCK)
     }
 
     fn pending_at(&self, name: &str) -> Result<usize, ReplicaError> {

@@ -31,7 +31,7 @@ pub use layers::{JoinReport, LayerSpec};
 pub use merge::{MERGE_CHUNK, MergeJournal, MergeStep};
 pub use meta::{META_FILE, Meta, valid_snapshot_id};
 pub use revision::{LOG_ENTRIES, LogEntry, LogOp};
-pub use sums::of_blocks as block_sums;
+pub use sums::{of as block_sum, of_blocks as block_sums};
 pub use table::{LoanGuard, MergeReport, Replicas, Shared, merge_paced, replica_dir};
 
 /// The unit of allocation and of the allocation maps.
@@ -133,6 +133,20 @@ impl Layer {
         {
             return Err(self.corrupt(b));
         }
+        Ok(())
+    }
+
+    /// Punches blocks `first..last` out of the file: holes, no longer held.
+    fn punch(&mut self, first: u64, last: u64) -> Result<(), ReplicaError> {
+        nix::fcntl::fallocate(
+            self.file.as_fd(),
+            nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            (first * BLOCK) as i64,
+            ((last - first) * BLOCK) as i64,
+        )
+        .map_err(|e| ReplicaError::io(&self.path, e.into()))?;
+        self.map.set_range(first, last, false);
         Ok(())
     }
 
@@ -922,16 +936,7 @@ impl Replica {
                 || (0..head_idx).any(|i| self.layers[i].map.get(b));
             if whole && !below {
                 if self.layers[head_idx].map.get(b) {
-                    let head = self.head();
-                    nix::fcntl::fallocate(
-                        head.file.as_fd(),
-                        nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
-                            | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
-                        bs as i64,
-                        BLOCK as i64,
-                    )
-                    .map_err(|e| ReplicaError::io(&head.path, e.into()))?;
-                    self.layers[head_idx].map.set(b, false);
+                    self.layers[head_idx].punch(b, b + 1)?;
                 }
             } else {
                 let zeros = vec![0u8; (chunk_end - pos) as usize];

@@ -431,7 +431,8 @@ impl Connection {
         }
         let replicas = &self.server.replicas;
         let fresh = matches!(req.op, Op::Info | Op::Layers | Op::WriteLog);
-        let from_files = fresh || matches!(req.op, Op::LayerExtents | Op::LayerRead);
+        let from_files =
+            fresh || matches!(req.op, Op::LayerExtents | Op::LayerRead | Op::LayerSums);
         if !from_files && replicas.is_lent(&name) {
             let why = format!("replica {name} is lent to its engine");
             return Ok(self.reply(error(req.id, status::BUSY, &why)).await);
@@ -542,9 +543,21 @@ impl Connection {
             });
         } else if matches!(
             req.op,
-            Op::Read | Op::Info | Op::Layers | Op::LayerExtents | Op::LayerRead | Op::WriteLog
+            Op::Read
+                | Op::Info
+                | Op::Layers
+                | Op::LayerExtents
+                | Op::LayerRead
+                | Op::LayerSums
+                | Op::WriteLog
         ) {
-            let Some(share) = self.share(u64::from(req.len)).await else {
+            // What the reply holds: LAYER_SUMS answers 4 bytes a block.
+            let reply = if req.op == Op::LayerSums {
+                u64::from(req.len) / crate::replica::BLOCK * 4
+            } else {
+                u64::from(req.len)
+            };
+            let Some(share) = self.share(reply).await else {
                 return Flow::Stop;
             };
             let tx = self.tx.clone();
@@ -639,7 +652,8 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> R
         | Op::Layers
         | Op::WriteLog
         | Op::LayerExtents
-        | Op::LayerRead => match replica.read() {
+        | Op::LayerRead
+        | Op::LayerSums => match replica.read() {
             Ok(r) => read_op(&r, req),
             Err(_) => return poisoned(),
         },
@@ -695,6 +709,10 @@ fn read_op(r: &Replica, req: &Request) -> Result<Vec<u8>, ReplicaError> {
         Op::LayerRead => {
             let layer = r.layer_name_at(req.revision)?;
             read(Some(&layer))
+        }
+        Op::LayerSums => {
+            let layer = r.layer_name_at(req.revision)?;
+            r.layer_sums(&layer, req.offset, u64::from(req.len))
         }
         _ => Err(ReplicaError::Invalid(format!("{:?} is not a read", req.op))),
     };

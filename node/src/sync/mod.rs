@@ -56,6 +56,9 @@ pub struct FillReport {
     pub path: CopyPath,
     /// Bytes of layer data copied.
     pub bytes: u64,
+    /// Bytes of the target's own old data found equal to the source's
+    /// and kept (a seeded layer's blocks), not copied.
+    pub reused: u64,
     /// Layers filled.
     pub layers: Vec<String>,
 }
@@ -162,6 +165,7 @@ async fn fill(
     let mut report = FillReport {
         path: CopyPath::Remote,
         bytes: 0,
+        reused: 0,
         layers: pending.clone(),
     };
     // The source is on this node when the table can open it.
@@ -217,9 +221,10 @@ async fn fill(
         }
     }
     for (index, layer) in remaining {
-        let n = remote::pull_layer(&client, *index, &layer.name, &target, &progress).await?;
+        let pulled = remote::pull_layer(&client, *index, &layer.name, &target, &progress).await?;
         report.path = CopyPath::Remote;
-        report.bytes += n;
+        report.bytes += pulled.copied;
+        report.reused += pulled.reused;
     }
     Ok(report)
 }

@@ -2,14 +2,23 @@
 //! replica server in pipelined chunks (many requests in flight, the source
 //! reading them on several threads) and written into the target's pending
 //! layer by a writer thread; then the layer's checksum is checked.
+//!
+//! A pending layer that holds data already (the target's old layer of the
+//! same name, kept by the join as a seed, or a fill cut off) is compared
+//! first: the source sends the CRC32C of each block of its layer from its
+//! table (LAYER_SUMS, no data read), the target takes those of its seed,
+//! and only the blocks that differ or that the seed lacks travel; what the
+//! source's layer does not hold is punched out. The layer's checksum is
+//! then checked as for any fill; should it not match (a CRC32C that agreed
+//! on different data), the layer is emptied and copied whole.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::replica::Shared;
-use crate::wire::client::ReplicaClient;
-use crate::wire::protocol::Op;
+use crate::replica::{BLOCK, Bitmap, ReplicaError, Shared, block_sum};
+use crate::wire::client::{ClientError, ReplicaClient};
+use crate::wire::protocol::{MAX_DATA, Op, status};
 
 use super::{Progress, SyncError, blocking, lock_err};
 
@@ -25,30 +34,229 @@ const IN_FLIGHT: u64 = 32 << 20;
 /// Bytes the writer writes under one lock of the target, at most.
 const LOCK_BATCH: u64 = 4 << 20;
 
+/// What one layer's pull did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pulled {
+    /// Bytes that came over the network.
+    pub copied: u64,
+    /// Bytes of the target's seed found equal to the source's, kept.
+    pub reused: u64,
+}
+
 /// Copies the layer at chain index `index` of the source into the target's
-/// pending layer `name`, and completes it. Returns the bytes copied.
-///
-/// Reads are pipelined; what arrives goes to one writer thread, which
-/// writes every reply it has in one go, under one lock of the target.
+/// pending layer `name`, and completes it.
 pub async fn pull_layer(
     source: &ReplicaClient,
     index: u64,
     name: &str,
     target: &Shared,
     progress: &Arc<Progress>,
-) -> Result<u64, SyncError> {
+) -> Result<Pulled, SyncError> {
     let body = source.call(Op::LayerExtents, 0, 0, index, 0, &[]).await?;
     let extents: Vec<(u64, u64)> = serde_json::from_slice(&body)
         .map_err(|e| SyncError::Source(format!("layer {name}: bad extent list: {e}")))?;
-    let mut chunks = VecDeque::new();
-    for (start, len) in extents {
+    let held = {
+        let (t, layer) = (target.clone(), name.to_string());
+        blocking(move || Ok(t.read().map_err(|_| lock_err())?.layer_map(&layer)?)).await?
+    };
+    if held.count() > 0 {
+        let before = progress.done.load(Ordering::SeqCst);
+        match pull_seeded(source, index, name, target, &extents, &held, progress).await {
+            Ok(pulled) => return Ok(pulled),
+            // The seed misled the compare (the layer's checksum did not
+            // match), or the source predates LAYER_SUMS: copy it whole.
+            Err(e @ SyncError::Replica(ReplicaError::Corrupt(_))) => {
+                tracing::warn!(layer = name, error = %e, "the seeded layer did not match the source's; copying it whole");
+            }
+            Err(SyncError::Client(ClientError::Failed {
+                status: status::INVALID,
+                message,
+                ..
+            })) => {
+                tracing::warn!(layer = name, error = %message, "the source cannot compare blocks; copying the layer whole");
+            }
+            Err(e) => return Err(e),
+        }
+        progress.done.store(before, Ordering::SeqCst);
+        let (t, layer) = (target.clone(), name.to_string());
+        blocking(move || {
+            t.write()
+                .map_err(|_| lock_err())?
+                .reset_layer(&layer)
+                .map_err(SyncError::from)
+        })
+        .await?;
+    }
+    let copied = fetch(
+        source,
+        index,
+        name,
+        target,
+        progress,
+        chunks(&extents, CHUNK),
+    )
+    .await?;
+    complete(target, name).await?;
+    Ok(Pulled { copied, reused: 0 })
+}
+
+/// The byte ranges of `extents`, cut into pieces of at most `most` bytes.
+fn chunks(extents: &[(u64, u64)], most: u64) -> VecDeque<(u64, u64)> {
+    let mut out = VecDeque::new();
+    for &(start, len) in extents {
         let mut at = start;
         while at < start + len {
-            let n = (start + len - at).min(CHUNK);
-            chunks.push_back((at, n));
+            let n = (start + len - at).min(most);
+            out.push_back((at, n));
             at += n;
         }
     }
+    out
+}
+
+/// Block runs `[start, end)` as byte ranges.
+fn byte_ranges(runs: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    runs.iter()
+        .map(|&(s, e)| (s * BLOCK, (e - s) * BLOCK))
+        .collect()
+}
+
+/// Pulls a layer into a pending layer that holds `held` already: compares
+/// block checksums, punches what the source's layer lacks, fetches what
+/// differs, and completes the layer.
+async fn pull_seeded(
+    source: &ReplicaClient,
+    index: u64,
+    name: &str,
+    target: &Shared,
+    extents: &[(u64, u64)],
+    held: &Bitmap,
+    progress: &Arc<Progress>,
+) -> Result<Pulled, SyncError> {
+    let blocks = held.len();
+    let mut wanted = Bitmap::new(blocks);
+    for &(start, len) in extents {
+        wanted.set_range(start / BLOCK, (start + len).div_ceil(BLOCK), true);
+    }
+    // The source's sums of each piece, in order, to a comparer thread that
+    // reads the seed's blocks and answers which to fetch.
+    let (tx, rx) = tokio::sync::mpsc::channel::<(u64, bytes::Bytes)>(DEPTH);
+    let comparer = {
+        let (t, layer, held, progress) = (
+            target.clone(),
+            name.to_string(),
+            held.clone(),
+            progress.clone(),
+        );
+        tokio::task::spawn_blocking(move || compare(rx, &t, &layer, &held, &progress))
+    };
+    let ask = async {
+        let mut pieces = chunks(extents, u64::from(MAX_DATA));
+        let mut in_flight = VecDeque::new();
+        loop {
+            while in_flight.len() < DEPTH {
+                let Some((at, n)) = pieces.pop_front() else {
+                    break;
+                };
+                let wait =
+                    source.submit(Op::LayerSums, at, n as u32, index, 0, bytes::Bytes::new())?;
+                in_flight.push_back((at, wait));
+            }
+            let Some((at, wait)) = in_flight.pop_front() else {
+                return Ok(());
+            };
+            let sums = wait.await?;
+            if tx.send((at, sums)).await.is_err() {
+                // The comparer stopped: its error says why.
+                return Ok(());
+            }
+        }
+    };
+    let asked: Result<(), SyncError> = ask.await;
+    drop(tx);
+    let compared = comparer
+        .await
+        .map_err(|e| SyncError::Source(format!("compare task failed: {e}")))?;
+    asked?;
+    let (same, reused) = compared?;
+    // What the seed holds and the source's layer does not, goes.
+    let mut extra = held.clone();
+    extra.subtract(&wanted);
+    let (t, layer) = (target.clone(), name.to_string());
+    let punch = byte_ranges(&extra.runs());
+    blocking(move || {
+        let mut t = t.write().map_err(|_| lock_err())?;
+        for (at, n) in punch {
+            t.punch_layer(&layer, at, n)?;
+        }
+        Ok(())
+    })
+    .await?;
+    wanted.subtract(&same);
+    let todo = chunks(&byte_ranges(&wanted.runs()), CHUNK);
+    let copied = fetch(source, index, name, target, progress, todo).await?;
+    complete(target, name).await?;
+    Ok(Pulled { copied, reused })
+}
+
+/// Compares the source's sums of each piece, as they arrive, with the
+/// seed's blocks. Returns the blocks found equal, and their bytes.
+fn compare(
+    mut rx: tokio::sync::mpsc::Receiver<(u64, bytes::Bytes)>,
+    target: &Shared,
+    layer: &str,
+    held: &Bitmap,
+    progress: &Progress,
+) -> Result<(Bitmap, u64), SyncError> {
+    let mut same = Bitmap::new(held.len());
+    let mut reused = 0u64;
+    let mut buf = Vec::new();
+    while let Some((at, theirs)) = rx.blocking_recv() {
+        let first = at / BLOCK;
+        let count = theirs.len() as u64 / 4;
+        // Read the seed in pieces of at most CHUNK, under a shared lock.
+        let mut b = first;
+        while b < first + count {
+            let n = (first + count - b).min(CHUNK / BLOCK);
+            if (b..b + n).any(|x| held.get(x)) {
+                buf.resize((n * BLOCK) as usize, 0);
+                target
+                    .read()
+                    .map_err(|_| lock_err())?
+                    .read_layer(layer, b * BLOCK, &mut buf)?;
+                for x in (b..b + n).filter(|x| held.get(*x)) {
+                    let at = ((x - b) * BLOCK) as usize;
+                    let ours = block_sum(&buf[at..at + BLOCK as usize]);
+                    let i = ((x - first) * 4) as usize;
+                    let mut w = [0u8; 4];
+                    w.copy_from_slice(&theirs[i..i + 4]);
+                    if ours == u32::from_le_bytes(w) {
+                        same.set(x, true);
+                        reused += BLOCK;
+                        progress.done.fetch_add(BLOCK, Ordering::SeqCst);
+                    }
+                }
+            }
+            b += n;
+        }
+    }
+    Ok((same, reused))
+}
+
+/// Reads `todo` (byte ranges of the layer at chain index `index`) from the
+/// source, pipelined, into the target's pending layer `name`. Returns the
+/// bytes copied.
+///
+/// What arrives goes to one writer thread, which writes every reply it has
+/// in one go, under one lock of the target.
+async fn fetch(
+    source: &ReplicaClient,
+    index: u64,
+    name: &str,
+    target: &Shared,
+    progress: &Arc<Progress>,
+    mut chunks: VecDeque<(u64, u64)>,
+) -> Result<u64, SyncError> {
     let (tx, rx) = tokio::sync::mpsc::channel::<(u64, bytes::Bytes)>(DEPTH);
     let writer = {
         let (t, layer, progress) = (target.clone(), name.to_string(), progress.clone());
@@ -90,7 +298,11 @@ pub async fn pull_layer(
         .await
         .map_err(|e| SyncError::Source(format!("copy task failed: {e}")))?;
     read?;
-    let copied = written?;
+    written
+}
+
+/// Checks the filled layer against its checksum and completes it.
+async fn complete(target: &Shared, name: &str) -> Result<(), SyncError> {
     let (t, layer) = (target.clone(), name.to_string());
     blocking(move || {
         t.write()
@@ -98,8 +310,7 @@ pub async fn pull_layer(
             .complete_layer(&layer)
             .map_err(SyncError::from)
     })
-    .await?;
-    Ok(copied)
+    .await
 }
 
 /// Writes what arrives into the pending layer `layer` until the sender is

@@ -72,6 +72,11 @@ pub enum Op {
     /// Grows the replica to `offset` bytes (online expansion; never
     /// shrinks). Only from the volume's engine.
     Grow = 15,
+    /// The CRC32C of each 4 KiB block of the frozen layer at chain index
+    /// `revision` over `offset..offset + length` (block aligned): 4 bytes
+    /// a block, little endian, 0 where the layer holds none. A rebuild
+    /// compares them with the blocks its seed holds.
+    LayerSums = 16,
 }
 
 impl Op {
@@ -92,6 +97,7 @@ impl Op {
             13 => Op::Lend,
             14 => Op::WriteLog,
             15 => Op::Grow,
+            16 => Op::LayerSums,
             _ => return None,
         })
     }
@@ -174,7 +180,7 @@ impl Request {
         let len = u32_at(b, 24);
         let offset = u64_at(b, 16);
         match op {
-            Op::Read | Op::Write | Op::LayerRead if len > MAX_DATA => {
+            Op::Read | Op::Write | Op::LayerRead | Op::LayerSums if len > MAX_DATA => {
                 return Err(refuse(format!("length {len} over the limit {MAX_DATA}")));
             }
             Op::Snapshot if len > MAX_NAME => {
