@@ -15,6 +15,10 @@
 //!   vs a local fill (the source on the same node): both through replica
 //!   servers, both ending the same way (the layer synced and checked by
 //!   checksum), both cold.
+//! - A reused replica's remote fill, its layer seeded with the source's
+//!   data but for the first block of one extent in a hundred rewritten (a node back after
+//!   its replica missed some writes), vs the full remote fill: cold, the
+//!   same way; it prints the bytes that travelled and those kept.
 //! - The local copy on an xfs filesystem with reflink=1 (a loop device;
 //!   needs root and mkfs.xfs), where Ballast clones instead of copying.
 //!
@@ -108,6 +112,15 @@ fn allocated(p: &Path) -> u64 {
 
 fn mib(b: u64) -> String {
     format!("{:.1} MiB", b as f64 / (1 << 20) as f64)
+}
+
+/// Bytes in MiB, or KiB below one MiB.
+fn size(b: u64) -> String {
+    if b < 1 << 20 {
+        format!("{:.1} KiB", b as f64 / 1024.0)
+    } else {
+        mib(b)
+    }
 }
 
 /// Writes back every dirty page and drops the page cache, so that the
@@ -232,8 +245,14 @@ fn fills(disk: &Path, source: &str, label: &str, local_copy: Duration) {
             info["revision"].as_u64().unwrap(),
         )
         .unwrap();
-        let source_alloc = allocated(&replica_dir(disk, source).join("layer-000001.img"));
-        let mut times = [Vec::new(), Vec::new()];
+        let source_layer = replica_dir(disk, source).join("layer-000001.img");
+        let source_alloc = allocated(&source_layer);
+        let runs = {
+            let f = std::fs::File::open(&source_layer).unwrap();
+            allocation(&f, SIZE / BLOCK).unwrap().runs()
+        };
+        let mut times = [Vec::new(), Vec::new(), Vec::new()];
+        let mut moved = (0, 0);
         for i in 0..3 {
             for (k, (addr, d, path)) in [
                 (&near, disk, "copy-file-range"),
@@ -255,8 +274,38 @@ fn fills(disk: &Path, source: &str, label: &str, local_copy: Duration) {
                 assert_eq!(a, source_alloc, "the {path} fill allocates what the source does");
                 std::fs::remove_dir_all(replica_dir(d, &name)).unwrap();
             }
+            // A reused replica: first a fill that ends pending (the join
+            // named another checksum), so that its layer holds the
+            // source's data; then a block of one extent in a hundred
+            // rewritten in it.
+            let name = format!("{source}-reuse{i}");
+            let dir = replica_dir(&far_disk, &name);
+            Replica::create(&dir, SIZE).unwrap();
+            let dst = ReplicaClient::connect(&far, &name).await.unwrap();
+            let mut wrong = spec.clone();
+            wrong.frozen[0].checksum = "0".repeat(64);
+            dst.join(&wrong).await.unwrap();
+            dst.fill(&format!("{source}@{near}")).await.unwrap_err();
+            let changed = rewrite_every_hundredth(&dir.join("layer-000001.img"), &runs);
+            let joined = dst.join(&spec).await.unwrap();
+            assert_eq!(joined.seeded, ["layer-000001.img"], "{joined:?}");
+            drop_caches();
+            let t = Instant::now();
+            let report = dst.fill(&format!("{source}@{near}")).await.unwrap();
+            times[2].push(t.elapsed());
+            assert_eq!(report["bytes"], changed, "{report}");
+            moved = (changed, report["reused"].as_u64().unwrap());
+            let a = allocated(&dir.join("layer-000001.img"));
+            assert_eq!(a, source_alloc, "the seeded fill allocates what the source does");
+            std::fs::remove_dir_all(&dir).unwrap();
         }
-        let [local, remote] = times.map(median);
+        let [local, remote, reused] = times.map(median);
+        println!(
+            "{label}, cold: a reused replica's remote fill, a block of one extent in a hundred changed {reused:.2?} vs the full remote fill {remote:.2?}: {:.2}x its time; {} travelled, {} kept",
+            reused.as_secs_f64() / remote.as_secs_f64(),
+            size(moved.0),
+            size(moved.1)
+        );
         println!(
             "{label}, cold: remote fill over loopback TCP {remote:.2?} vs local fill {local:.2?}: {:.2}x the local fill's time; both allocate {}",
             remote.as_secs_f64() / local.as_secs_f64(),
@@ -267,6 +316,21 @@ fn fills(disk: &Path, source: &str, label: &str, local_copy: Duration) {
             remote.as_secs_f64() / local_copy.as_secs_f64()
         );
     })
+}
+
+/// Rewrites the first block of every hundredth run of `layer` with other
+/// bytes, synced; returns the bytes changed.
+fn rewrite_every_hundredth(layer: &Path, runs: &[(u64, u64)]) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(layer).unwrap();
+    let other = vec![0x5au8; BLOCK as usize];
+    let mut changed = 0;
+    for &(start, _) in runs.iter().step_by(100) {
+        f.write_all_at(&other, start * BLOCK).unwrap();
+        changed += BLOCK;
+    }
+    f.sync_all().unwrap();
+    changed
 }
 
 /// An xfs filesystem with reflink on a loop device, or why there is none.

@@ -78,6 +78,13 @@ impl Bitmap {
         }
     }
 
+    /// Keeps only the blocks also present in `other`.
+    pub fn intersect(&mut self, other: &Bitmap) {
+        for (i, w) in self.words.iter_mut().enumerate() {
+            *w &= other.words.get(i).copied().unwrap_or(0);
+        }
+    }
+
     /// How many blocks are present.
     pub fn count(&self) -> u64 {
         self.words.iter().map(|w| u64::from(w.count_ones())).sum()

@@ -290,7 +290,7 @@ fn layer_checksum(
 /// `WINDOW` blocks past the run it is on: the reads of many small runs go
 /// to the disk at once instead of one by one (on a fragmented layer, cold,
 /// that is most of the time). The reader stays one thread, in order.
-struct Prefetch<'a> {
+pub struct Prefetch<'a> {
     file: &'a File,
     runs: &'a [(u64, u64)],
     /// The run the reader is on.
@@ -305,7 +305,8 @@ impl<'a> Prefetch<'a> {
     /// Blocks asked for ahead of the reader, at most.
     const WINDOW: u64 = (32 << 20) / BLOCK;
 
-    fn new(file: &'a File, runs: &'a [(u64, u64)]) -> Self {
+    /// For a reader of `runs` (blocks, half-open) of `file`, in order.
+    pub fn new(file: &'a File, runs: &'a [(u64, u64)]) -> Self {
         Prefetch {
             file,
             runs,
@@ -317,7 +318,7 @@ impl<'a> Prefetch<'a> {
 
     /// The reader starts run `i` (runs are started in order): the runs
     /// after it are asked for until the window is full.
-    fn reading(&mut self, i: usize) {
+    pub fn reading(&mut self, i: usize) {
         while self.at < i {
             if self.at < self.next {
                 let (s, e) = self.runs[self.at];

@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::replica::{BLOCK, Bitmap, ReplicaError, Shared, block_sum};
+use crate::replica::{BLOCK, Bitmap, Prefetch, ReplicaError, Shared, block_sum};
 use crate::wire::client::{ClientError, ReplicaClient};
 use crate::wire::protocol::{MAX_DATA, Op, status};
 
@@ -121,6 +121,20 @@ fn byte_ranges(runs: &[(u64, u64)]) -> Vec<(u64, u64)> {
         .collect()
 }
 
+/// Ranges that cover `extents` in order, each spanning at most `most`
+/// bytes (an extent longer than that is cut): one LAYER_SUMS request each,
+/// however many extents it spans.
+fn windows(extents: &[(u64, u64)], most: u64) -> VecDeque<(u64, u64)> {
+    let mut out: VecDeque<(u64, u64)> = VecDeque::new();
+    for (at, n) in chunks(extents, most) {
+        match out.back_mut() {
+            Some((start, len)) if at + n - *start <= most => *len = at + n - *start,
+            _ => out.push_back((at, n)),
+        }
+    }
+    out
+}
+
 /// Pulls a layer into a pending layer that holds `held` already: compares
 /// block checksums, punches what the source's layer lacks, fetches what
 /// differs, and completes the layer.
@@ -133,25 +147,22 @@ async fn pull_seeded(
     held: &Bitmap,
     progress: &Arc<Progress>,
 ) -> Result<Pulled, SyncError> {
-    let blocks = held.len();
-    let mut wanted = Bitmap::new(blocks);
+    let mut wanted = Bitmap::new(held.len());
     for &(start, len) in extents {
         wanted.set_range(start / BLOCK, (start + len).div_ceil(BLOCK), true);
     }
-    // The source's sums of each piece, in order, to a comparer thread that
-    // reads the seed's blocks and answers which to fetch.
+    let path = target.read().map_err(|_| lock_err())?.layer_path(name)?;
+    // The source's sums of each window, in order, to a comparer thread that
+    // reads the seed's blocks and answers which are equal.
     let (tx, rx) = tokio::sync::mpsc::channel::<(u64, bytes::Bytes)>(DEPTH);
     let comparer = {
-        let (t, layer, held, progress) = (
-            target.clone(),
-            name.to_string(),
-            held.clone(),
-            progress.clone(),
-        );
-        tokio::task::spawn_blocking(move || compare(rx, &t, &layer, &held, &progress))
+        let mut both = held.clone();
+        both.intersect(&wanted);
+        let (blocks, progress) = (held.len(), progress.clone());
+        tokio::task::spawn_blocking(move || compare(rx, &path, &both, blocks, &progress))
     };
     let ask = async {
-        let mut pieces = chunks(extents, u64::from(MAX_DATA));
+        let mut pieces = windows(extents, u64::from(MAX_DATA));
         let mut in_flight = VecDeque::new();
         loop {
             while in_flight.len() < DEPTH {
@@ -199,45 +210,61 @@ async fn pull_seeded(
     Ok(Pulled { copied, reused })
 }
 
-/// Compares the source's sums of each piece, as they arrive, with the
-/// seed's blocks. Returns the blocks found equal, and their bytes.
+/// Compares the source's sums of each window, as they arrive (in order),
+/// with the CRC32C of the seed's blocks in `both` (held by the seed and by
+/// the source's layer), read from the pending layer's file at `path` in
+/// order, the kernel reading ahead. Nothing else touches that layer until
+/// the compare ends. Returns the blocks found equal, and their bytes.
 fn compare(
     mut rx: tokio::sync::mpsc::Receiver<(u64, bytes::Bytes)>,
-    target: &Shared,
-    layer: &str,
-    held: &Bitmap,
+    path: &std::path::Path,
+    both: &Bitmap,
+    blocks: u64,
     progress: &Progress,
 ) -> Result<(Bitmap, u64), SyncError> {
-    let mut same = Bitmap::new(held.len());
+    use std::os::unix::fs::FileExt;
+    let io = |e| SyncError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let runs = both.runs();
+    let mut ahead = Prefetch::new(&file, &runs);
+    let mut same = Bitmap::new(blocks);
     let mut reused = 0u64;
-    let mut buf = Vec::new();
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut i = 0;
     while let Some((at, theirs)) = rx.blocking_recv() {
-        let first = at / BLOCK;
-        let count = theirs.len() as u64 / 4;
-        // Read the seed in pieces of at most CHUNK, under a shared lock.
-        let mut b = first;
-        while b < first + count {
-            let n = (first + count - b).min(CHUNK / BLOCK);
-            if (b..b + n).any(|x| held.get(x)) {
-                buf.resize((n * BLOCK) as usize, 0);
-                target
-                    .read()
-                    .map_err(|_| lock_err())?
-                    .read_layer(layer, b * BLOCK, &mut buf)?;
-                for x in (b..b + n).filter(|x| held.get(*x)) {
-                    let at = ((x - b) * BLOCK) as usize;
-                    let ours = block_sum(&buf[at..at + BLOCK as usize]);
-                    let i = ((x - first) * 4) as usize;
+        let (ws, we) = (at / BLOCK, at / BLOCK + theirs.len() as u64 / 4);
+        while i < runs.len() && runs[i].1 <= ws {
+            i += 1;
+        }
+        while i < runs.len() && runs[i].0 < we {
+            ahead.reading(i);
+            let (s, e) = (runs[i].0.max(ws), runs[i].1.min(we));
+            let mut b = s;
+            while b < e {
+                let n = (e - b).min(CHUNK / BLOCK);
+                let chunk = &mut buf[..(n * BLOCK) as usize];
+                file.read_exact_at(chunk, b * BLOCK).map_err(io)?;
+                for (k, block) in chunk.chunks(BLOCK as usize).enumerate() {
+                    let x = b + k as u64;
+                    let at = ((x - ws) * 4) as usize;
                     let mut w = [0u8; 4];
-                    w.copy_from_slice(&theirs[i..i + 4]);
-                    if ours == u32::from_le_bytes(w) {
+                    w.copy_from_slice(&theirs[at..at + 4]);
+                    if block_sum(block) == u32::from_le_bytes(w) {
                         same.set(x, true);
                         reused += BLOCK;
                         progress.done.fetch_add(BLOCK, Ordering::SeqCst);
                     }
                 }
+                b += n;
             }
-            b += n;
+            if runs[i].1 > we {
+                // The run goes on in the next window.
+                break;
+            }
+            i += 1;
         }
     }
     Ok((same, reused))
@@ -343,4 +370,39 @@ fn write_arrivals(
         }
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_take_in_many_extents_and_cut_a_long_one() {
+        let mib = |n: u64| n << 20;
+        let extents = [
+            (0, 4096),
+            (mib(1), 8192),
+            (mib(31), mib(2)),
+            (mib(40), mib(70)),
+        ];
+        let got: Vec<_> = windows(&extents, mib(32)).into_iter().collect();
+        assert_eq!(
+            got,
+            [
+                // The first two extents in one window (the third does not
+                // end within 32 MiB of its start).
+                (0, mib(1) + 8192),
+                (mib(31), mib(2)),
+                // The long one, cut.
+                (mib(40), mib(32)),
+                (mib(72), mib(32)),
+                (mib(104), mib(6)),
+            ]
+        );
+        // Every byte of every extent is in a window.
+        let covered = |at: u64| got.iter().any(|&(s, n)| s <= at && at < s + n);
+        for (s, n) in extents {
+            assert!(covered(s) && covered(s + n - 1));
+        }
+    }
 }
