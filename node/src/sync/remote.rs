@@ -176,7 +176,7 @@ async fn pull_seeded(
             let Some((at, wait)) = in_flight.pop_front() else {
                 return Ok(());
             };
-            let sums = wait.await?;
+            let sums = wait.await.map_err(|e| of_source(name, e))?;
             if tx.send((at, sums)).await.is_err() {
                 // The comparer stopped: its error says why.
                 return Ok(());
@@ -305,13 +305,7 @@ async fn fetch(
             let Some((at, n, wait)) = in_flight.pop_front() else {
                 return Ok(());
             };
-            let data = wait.await.map_err(|e| {
-                if e.is_corrupt() {
-                    SyncError::SourceCorrupt(format!("layer {name}: {e}"))
-                } else {
-                    SyncError::from(e)
-                }
-            })?;
+            let data = wait.await.map_err(|e| of_source(name, e))?;
             bytes -= n;
             if tx.send((at, data)).await.is_err() {
                 // The writer stopped: its error says why.
@@ -326,6 +320,16 @@ async fn fetch(
         .map_err(|e| SyncError::Source(format!("copy task failed: {e}")))?;
     read?;
     written
+}
+
+/// An error of the source's answer about layer `name`: its data failing
+/// its checksums makes the source the replica at fault.
+fn of_source(name: &str, e: ClientError) -> SyncError {
+    if e.is_corrupt() {
+        SyncError::SourceCorrupt(format!("layer {name}: {e}"))
+    } else {
+        SyncError::from(e)
+    }
 }
 
 /// Checks the filled layer against its checksum and completes it.
