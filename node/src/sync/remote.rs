@@ -10,7 +10,9 @@
 //! and only the blocks that differ or that the seed lacks travel; what the
 //! source's layer does not hold is punched out. The layer's checksum is
 //! then checked as for any fill; should it not match (a CRC32C that agreed
-//! on different data), the layer is emptied and copied whole.
+//! on different data), the layer is emptied and copied whole. A source
+//! that does not know LAYER_SUMS fails the attempt, with the layer
+//! emptied: the next one copies it whole.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -61,22 +63,26 @@ pub async fn pull_layer(
     };
     if held.count() > 0 {
         let before = progress.done.load(Ordering::SeqCst);
-        match pull_seeded(source, index, name, target, &extents, &held, progress).await {
+        let unknown = match pull_seeded(source, index, name, target, &extents, &held, progress)
+            .await
+        {
             Ok(pulled) => return Ok(pulled),
             // The seed misled the compare (the layer's checksum did not
-            // match), or the source predates LAYER_SUMS: copy it whole.
+            // match): copy it whole.
             Err(e @ SyncError::Replica(ReplicaError::Corrupt(_))) => {
                 tracing::warn!(layer = name, error = %e, "the seeded layer did not match the source's; copying it whole");
+                None
             }
+            // A source that predates LAYER_SUMS refuses it and closes the
+            // connection: the seed goes, and the next attempt copies the
+            // layer whole.
             Err(SyncError::Client(ClientError::Failed {
                 status: status::INVALID,
                 message,
                 ..
-            })) => {
-                tracing::warn!(layer = name, error = %message, "the source cannot compare blocks; copying the layer whole");
-            }
+            })) => Some(message),
             Err(e) => return Err(e),
-        }
+        };
         progress.done.store(before, Ordering::SeqCst);
         let (t, layer) = (target.clone(), name.to_string());
         blocking(move || {
@@ -86,6 +92,11 @@ pub async fn pull_layer(
                 .map_err(SyncError::from)
         })
         .await?;
+        if let Some(why) = unknown {
+            return Err(SyncError::Source(format!(
+                "layer {name}: the source cannot compare blocks ({why}); the layer was emptied, and the next attempt copies it whole"
+            )));
+        }
     }
     let copied = fetch(
         source,
