@@ -75,6 +75,19 @@ fn lock_err() -> SyncError {
     SyncError::Source("replica lock poisoned".into())
 }
 
+/// Empties the target's pending layer `name` again, for a copy from
+/// scratch.
+async fn reset_layer(target: &Shared, name: &str) -> Result<(), SyncError> {
+    let (t, name) = (target.clone(), name.to_string());
+    blocking(move || {
+        t.write()
+            .map_err(|_| lock_err())?
+            .reset_layer(&name)
+            .map_err(SyncError::from)
+    })
+    .await
+}
+
 /// The fills running on this node, by target replica: one at a time per
 /// replica, with its progress.
 #[derive(Default)]
@@ -207,14 +220,7 @@ async fn fill(
                 Err(e @ SyncError::SourceCorrupt(_)) => return Err(e),
                 Err(e) => {
                     tracing::warn!(layer = %layer.name, error = %e, "local copy failed; cleaning the target and copying over the network");
-                    let (dst, name) = (target.clone(), layer.name.clone());
-                    blocking(move || {
-                        dst.write()
-                            .map_err(|_| lock_err())?
-                            .reset_layer(&name)
-                            .map_err(SyncError::from)
-                    })
-                    .await?;
+                    reset_layer(&target, &layer.name).await?;
                     break;
                 }
             }

@@ -22,7 +22,7 @@ use crate::replica::{BLOCK, Bitmap, Prefetch, ReplicaError, Shared, block_sum};
 use crate::wire::client::{ClientError, ReplicaClient};
 use crate::wire::protocol::{MAX_DATA, Op, status};
 
-use super::{Progress, SyncError, blocking, lock_err};
+use super::{Progress, SyncError, blocking, lock_err, reset_layer};
 
 /// The most bytes one read request asks for.
 const CHUNK: u64 = 4 << 20;
@@ -57,14 +57,18 @@ pub async fn pull_layer(
     let body = source.call(Op::LayerExtents, 0, 0, index, 0, &[]).await?;
     let extents: Vec<(u64, u64)> = serde_json::from_slice(&body)
         .map_err(|e| SyncError::Source(format!("layer {name}: bad extent list: {e}")))?;
-    let held = {
+    let (held, path) = {
         let (t, layer) = (target.clone(), name.to_string());
-        blocking(move || Ok(t.read().map_err(|_| lock_err())?.layer_map(&layer)?)).await?
+        blocking(move || {
+            let t = t.read().map_err(|_| lock_err())?;
+            Ok((t.layer_map(&layer)?, t.layer_path(&layer)?))
+        })
+        .await?
     };
     if held.count() > 0 {
         let before = progress.done.load(Ordering::SeqCst);
-        let unknown = match pull_seeded(source, index, name, target, &extents, &held, progress)
-            .await
+        let seed = (path.as_path(), &held);
+        let unknown = match pull_seeded(source, index, name, target, &extents, seed, progress).await
         {
             Ok(pulled) => return Ok(pulled),
             // The seed misled the compare (the layer's checksum did not
@@ -84,14 +88,7 @@ pub async fn pull_layer(
             Err(e) => return Err(e),
         };
         progress.done.store(before, Ordering::SeqCst);
-        let (t, layer) = (target.clone(), name.to_string());
-        blocking(move || {
-            t.write()
-                .map_err(|_| lock_err())?
-                .reset_layer(&layer)
-                .map_err(SyncError::from)
-        })
-        .await?;
+        reset_layer(target, name).await?;
         if let Some(why) = unknown {
             return Err(SyncError::Source(format!(
                 "layer {name}: the source cannot compare blocks ({why}); the layer was emptied, and the next attempt copies it whole"
@@ -155,22 +152,22 @@ async fn pull_seeded(
     name: &str,
     target: &Shared,
     extents: &[(u64, u64)],
-    held: &Bitmap,
+    (path, held): (&std::path::Path, &Bitmap),
     progress: &Arc<Progress>,
 ) -> Result<Pulled, SyncError> {
     let mut wanted = Bitmap::new(held.len());
     for &(start, len) in extents {
         wanted.set_range(start / BLOCK, (start + len).div_ceil(BLOCK), true);
     }
-    let path = target.read().map_err(|_| lock_err())?.layer_path(name)?;
+    let path = path.to_path_buf();
     // The source's sums of each window, in order, to a comparer thread that
     // reads the seed's blocks and answers which are equal.
     let (tx, rx) = tokio::sync::mpsc::channel::<(u64, bytes::Bytes)>(DEPTH);
     let comparer = {
         let mut both = held.clone();
         both.intersect(&wanted);
-        let (blocks, progress) = (held.len(), progress.clone());
-        tokio::task::spawn_blocking(move || compare(rx, &path, &both, blocks, &progress))
+        let progress = progress.clone();
+        tokio::task::spawn_blocking(move || compare(rx, &path, &both, &progress))
     };
     let ask = async {
         let mut pieces = windows(extents, u64::from(MAX_DATA));
@@ -230,7 +227,6 @@ fn compare(
     mut rx: tokio::sync::mpsc::Receiver<(u64, bytes::Bytes)>,
     path: &std::path::Path,
     both: &Bitmap,
-    blocks: u64,
     progress: &Progress,
 ) -> Result<(Bitmap, u64), SyncError> {
     use std::os::unix::fs::FileExt;
@@ -241,7 +237,7 @@ fn compare(
     let file = std::fs::File::open(path).map_err(io)?;
     let runs = both.runs();
     let mut ahead = Prefetch::new(&file, &runs);
-    let mut same = Bitmap::new(blocks);
+    let mut same = Bitmap::new(both.len());
     let mut reused = 0u64;
     let mut buf = vec![0u8; CHUNK as usize];
     let mut i = 0;
