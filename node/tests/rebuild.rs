@@ -698,3 +698,49 @@ async fn a_seeded_block_whose_checksum_agrees_on_other_data_is_caught_and_the_la
     );
     assert!(image(&r1).await == image(&r0).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_found_corrupt_while_sending_its_sums_is_the_replica_at_fault() {
+    let CutOff {
+        disks: (d1, d2),
+        source: (s1, _r0),
+        target: _r1,
+        src,
+        dst,
+    } = cut_off_after_one_layer().await;
+    let seed = replica_dir(d2.path(), "v-r1").join("layer-000002.img");
+    let seeded = std::fs::read(&seed).unwrap();
+    // The source's second layer goes bad on its disk, and a read finds
+    // it: the layer is marked, and LAYER_SUMS refuses it.
+    let at = (4 << 20) + 3 * 4096;
+    {
+        use std::os::unix::fs::FileExt;
+        let file = replica_dir(d1.path(), "v-r0").join("layer-000002.img");
+        let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
+        f.write_all_at(&[0xeeu8; 4096], at).unwrap();
+    }
+    let err = src.read(at, 4096).await.unwrap_err();
+    assert!(err.is_corrupt(), "{err}");
+    let report = join(&src, &dst).await;
+    assert_eq!(report["seeded"], serde_json::json!(["layer-000002.img"]));
+    // The seeded fill asks for the layer's sums first: the answer says
+    // corrupt, so the fill fails as the source's fault (CORRUPT, which
+    // an engine turns into failing the source, not the target).
+    let err = dst.fill(&s1).await.unwrap_err();
+    assert!(
+        err.is_corrupt(),
+        "the source's fault, not the target's: {err}"
+    );
+    assert!(err.to_string().contains("layer-000002.img"), "{err}");
+    // Nothing of the source reached the target: its layer is still
+    // pending, with the seed it had.
+    let layer = dst
+        .layers()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|l| l.name == "layer-000002.img")
+        .unwrap();
+    assert!(layer.pending, "{layer:?}");
+    assert!(std::fs::read(&seed).unwrap() == seeded, "the seed changed");
+}

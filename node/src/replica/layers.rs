@@ -309,12 +309,7 @@ impl Replica {
     /// layer's table, without reading its data, when it has one; else from
     /// its data. A rebuild compares them with its seed's blocks.
     pub fn layer_sums(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>, ReplicaError> {
-        self.check(offset, len)?;
-        if !offset.is_multiple_of(BLOCK) || !len.is_multiple_of(BLOCK) {
-            return Err(ReplicaError::Invalid(format!(
-                "layer sums of {offset}+{len}: not block aligned"
-            )));
-        }
+        self.check_blocks("layer sums", offset, len)?;
         let i = self.layer_at(name)?;
         if !self.meta.frozen.contains_key(name) || self.meta.pending.contains(name) {
             return Err(ReplicaError::Invalid(format!(
@@ -346,14 +341,21 @@ impl Replica {
     /// Punches blocks `offset..offset + len` out of a pending layer: its
     /// seed held them, the source's layer does not.
     pub fn punch_layer(&mut self, name: &str, offset: u64, len: u64) -> Result<(), ReplicaError> {
+        self.check_blocks("layer punch", offset, len)?;
+        let i = self.pending_at(name)?;
+        self.layers[i].punch(offset / BLOCK, (offset + len) / BLOCK)
+    }
+
+    /// A range of a layer operation (`what`): within the volume, and in
+    /// whole blocks.
+    fn check_blocks(&self, what: &str, offset: u64, len: u64) -> Result<(), ReplicaError> {
         self.check(offset, len)?;
         if !offset.is_multiple_of(BLOCK) || !len.is_multiple_of(BLOCK) {
             return Err(ReplicaError::Invalid(format!(
-                "layer punch {offset}+{len} is not block aligned"
+                "{what} {offset}+{len} is not block aligned"
             )));
         }
-        let i = self.pending_at(name)?;
-        self.layers[i].punch(offset / BLOCK, (offset + len) / BLOCK)
+        Ok(())
     }
 
     fn pending_at(&self, name: &str) -> Result<usize, ReplicaError> {
@@ -372,13 +374,7 @@ impl Replica {
         offset: u64,
         data: &[u8],
     ) -> Result<(), ReplicaError> {
-        self.check(offset, data.len() as u64)?;
-        if !offset.is_multiple_of(BLOCK) || !(data.len() as u64).is_multiple_of(BLOCK) {
-            return Err(ReplicaError::Invalid(format!(
-                "layer write {offset}+{} is not block aligned",
-                data.len()
-            )));
-        }
+        self.check_blocks("layer write", offset, data.len() as u64)?;
         let i = self.pending_at(name)?;
         let l = &mut self.layers[i];
         l.file
