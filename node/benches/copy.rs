@@ -8,9 +8,12 @@
 //!
 //! What is compared:
 //!
-//! - Ballast's local copy (`copy_layer`) vs `cp --sparse=always`: warm on
-//!   the even layer; cold on the fragmented one (the page cache dropped
-//!   before each run, and the target fsynced within the time).
+//! - Ballast's local copy (`copy_layer`) vs `cp --sparse=always`, on both
+//!   layers, warm and cold (the page cache dropped before each run, and
+//!   the target fsynced within the time).
+//! - Both cold copies vs what the disk alone takes for the same work: the
+//!   data extents read with direct I/O on the copy's threads, then as
+//!   many bytes written in order and synced (the floor of a copy).
 //! - A remote fill (the layer over the replica protocol on loopback TCP)
 //!   vs a local fill (the source on the same node): both through replica
 //!   servers, both ending the same way (the layer synced and checked by
@@ -155,10 +158,10 @@ fn source_replica(disk: &Path, name: &str, layout: Layout) -> PathBuf {
     dir.join("layer-000001.img")
 }
 
-/// Ballast's local copy and `cp --sparse=always` of `src`, median of 3.
-/// Cold: the cache is dropped before each run and the target is fsynced
-/// within the time.
-fn local_vs_cp(src: &Path, label: &str, cold: bool) -> Duration {
+/// Ballast's local copy and `cp --sparse=always` of `src`, median of 3;
+/// both times. Cold: the cache is dropped before each run and the target
+/// is fsynced within the time.
+fn local_vs_cp(src: &Path, label: &str, cold: bool) -> (Duration, Duration) {
     let f = std::fs::File::open(src).unwrap();
     let map = allocation(&f, SIZE / BLOCK).unwrap();
     let dst = src.with_file_name("copy.img");
@@ -218,7 +221,106 @@ fn local_vs_cp(src: &Path, label: &str, cold: bool) -> Duration {
     );
     let _ = std::fs::remove_file(&dst);
     let _ = std::fs::remove_file(&cp_dst);
-    o
+    (o, t)
+}
+
+/// A buffer of `len` bytes aligned for direct I/O.
+struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+impl Aligned {
+    fn new(len: usize) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(len, BLOCK as usize).unwrap();
+        // SAFETY: the layout's size is not zero.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Aligned { ptr, layout }
+    }
+
+    fn bytes(&mut self, len: usize) -> &mut [u8] {
+        assert!(len <= self.layout.size());
+        // SAFETY: `ptr` holds `layout.size()` initialised bytes, borrowed
+        // mutably with `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, len) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// What this disk takes, alone, for the work any copy of `src` must do,
+/// median of 3: its data extents read with direct I/O on as many threads
+/// as the local copy runs (no page cache, no copy), then the same number
+/// of bytes written in order to a new file and synced. Reads and writes
+/// one after the other: on this machine's disk they do not overlap (the
+/// copy's writeback started behind its reads gave the same time).
+fn disk_floor(src: &Path, label: &str, ours: Duration, cp: Duration) {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let runs: Vec<(u64, u64)> = {
+        let f = std::fs::File::open(src).unwrap();
+        allocation(&f, SIZE / BLOCK)
+            .unwrap()
+            .runs()
+            .into_iter()
+            .map(|(a, b)| (a * BLOCK, (b - a) * BLOCK))
+            .collect()
+    };
+    let total: u64 = runs.iter().map(|r| r.1).sum();
+    let longest = runs.iter().map(|r| r.1).max().unwrap_or(BLOCK) as usize;
+    let out = src.with_file_name("floor.img");
+    let (mut reads, mut writes) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        drop_caches();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(src)
+            .unwrap();
+        let next = AtomicUsize::new(0);
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..ballast_node::sync::local::STREAMS {
+                s.spawn(|| {
+                    let mut buf = Aligned::new(longest);
+                    while let Some(&(at, len)) = runs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        f.read_exact_at(buf.bytes(len as usize), at).unwrap();
+                    }
+                });
+            }
+        });
+        reads.push(t.elapsed());
+        let _ = std::fs::remove_file(&out);
+        let t = Instant::now();
+        let w = std::fs::File::create(&out).unwrap();
+        let chunk = vec![0x5au8; 1 << 20];
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64);
+            std::io::Write::write_all(&mut &w, &chunk[..n as usize]).unwrap();
+            left -= n;
+        }
+        w.sync_all().unwrap();
+        writes.push(t.elapsed());
+        let _ = std::fs::remove_file(&out);
+    }
+    let (r, w) = (median(reads), median(writes));
+    let floor = r + w;
+    println!(
+        "{label}, cold: the disk alone for this copy's work: {} read direct in {} extents on {} threads {r:.2?} + written in order and synced {w:.2?} = {floor:.2?}; Ballast's local copy {:.2}x of it, cp {:.2}x; this floor is {:.2}x cp's time",
+        mib(total),
+        runs.len(),
+        ballast_node::sync::local::STREAMS,
+        ours.as_secs_f64() / floor.as_secs_f64(),
+        cp.as_secs_f64() / floor.as_secs_f64(),
+        floor.as_secs_f64() / cp.as_secs_f64()
+    );
 }
 
 /// A local fill and a remote fill of the layer of replica `source`, cold,
@@ -392,7 +494,8 @@ fn main() {
             mib(allocated(&src))
         );
         local_vs_cp(&src, label, false);
-        let cold = local_vs_cp(&src, label, true);
+        let (cold, cp) = local_vs_cp(&src, label, true);
+        disk_floor(&src, label, cold, cp);
         fills(work.path(), name, label, cold);
     }
     match Xfs::mount(work.path()) {

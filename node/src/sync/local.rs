@@ -64,7 +64,7 @@ fn reflink(src: &File, dst: &File) -> std::io::Result<()> {
 /// (tens of thousands of small extents) a copy's time goes to cold reads,
 /// and one thread reads at queue depth 1: several keep the disk's queue
 /// full. Each takes the next piece in file order, so reads stay close.
-const STREAMS: usize = 8;
+pub const STREAMS: usize = 8;
 /// The most bytes one piece of work copies: a large extent is cut, so
 /// that it too is read by several threads.
 const PIECE: u64 = 4 << 20;
