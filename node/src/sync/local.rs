@@ -69,20 +69,6 @@ pub const STREAMS: usize = 8;
 /// that it too is read by several threads.
 const PIECE: u64 = 4 << 20;
 
-/// The extents cut into pieces of at most `PIECE` bytes, in file order.
-fn pieces(extents: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut out = Vec::with_capacity(extents.len());
-    for &(start, len) in extents {
-        let mut at = start;
-        while at < start + len {
-            let n = (start + len - at).min(PIECE);
-            out.push((at, n));
-            at += n;
-        }
-    }
-    out
-}
-
 /// Runs `copy` on every piece of `extents`, on up to `STREAMS` threads,
 /// each with state of its own from `init`. The first error stops them all
 /// and is returned.
@@ -91,7 +77,7 @@ fn in_parallel<S>(
     init: impl Fn() -> S + Sync,
     copy: impl Fn(&mut S, u64, u64) -> std::io::Result<()> + Sync,
 ) -> std::io::Result<()> {
-    let pieces = pieces(extents);
+    let pieces = super::pieces(extents, PIECE);
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let work = || -> std::io::Result<()> {
@@ -188,11 +174,7 @@ pub fn copy_layer(src: &Path, map: &Bitmap, dst: &Path, size: u64) -> Result<Cop
 
 fn copy_checked(src: &Path, map: &Bitmap, tmp: &Path, size: u64) -> Result<CopyPath, SyncError> {
     let s = File::open(src).map_err(io(src))?;
-    let extents: Vec<(u64, u64)> = map
-        .runs()
-        .into_iter()
-        .map(|(a, b)| (a * BLOCK, (b - a) * BLOCK))
-        .collect();
+    let extents = super::byte_ranges(&map.runs());
     let mut failures = Vec::new();
     for way in [
         CopyPath::Reflink,
@@ -280,11 +262,7 @@ mod tests {
         let mut extents: Vec<(u64, u64)> = (0..200).map(|k| (k * 128 * 1024, 8192)).collect();
         extents.push((40 << 20, PIECE * 2 + 3 * BLOCK));
         let (src, map) = sparse(dir.path(), size, &extents);
-        let runs: Vec<(u64, u64)> = map
-            .runs()
-            .into_iter()
-            .map(|(a, b)| (a * BLOCK, (b - a) * BLOCK))
-            .collect();
+        let runs = crate::sync::byte_ranges(&map.runs());
         assert!(runs.len() > STREAMS, "{} extents", runs.len());
         let s = File::open(&src).unwrap();
         for (way, copy) in [
@@ -337,7 +315,7 @@ mod tests {
 
     #[test]
     fn pieces_cut_large_extents_and_keep_file_order() {
-        let p = pieces(&[(0, BLOCK), (PIECE, PIECE * 2 + BLOCK)]);
+        let p = crate::sync::pieces(&[(0, BLOCK), (PIECE, PIECE * 2 + BLOCK)], PIECE);
         assert_eq!(
             p,
             vec![

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::replica::{ReplicaError, Replicas, Shared};
+use crate::replica::{BLOCK, Replica, ReplicaError, Replicas, Shared};
 use crate::wire::client::{ClientError, ReplicaClient};
 use crate::wire::tls::WireTls;
 
@@ -75,17 +75,43 @@ fn lock_err() -> SyncError {
     SyncError::Source("replica lock poisoned".into())
 }
 
+/// Runs `f` on the target replica under its write lock, on a blocking
+/// thread.
+async fn on_target<T: Send + 'static>(
+    target: &Shared,
+    f: impl FnOnce(&mut Replica) -> Result<T, ReplicaError> + Send + 'static,
+) -> Result<T, SyncError> {
+    let t = target.clone();
+    blocking(move || Ok(f(&mut *t.write().map_err(|_| lock_err())?)?)).await
+}
+
 /// Empties the target's pending layer `name` again, for a copy from
 /// scratch.
 async fn reset_layer(target: &Shared, name: &str) -> Result<(), SyncError> {
-    let (t, name) = (target.clone(), name.to_string());
-    blocking(move || {
-        t.write()
-            .map_err(|_| lock_err())?
-            .reset_layer(&name)
-            .map_err(SyncError::from)
-    })
-    .await
+    let name = name.to_string();
+    on_target(target, move |r| r.reset_layer(&name)).await
+}
+
+/// The byte ranges of `extents`, in order, cut into pieces of at most
+/// `most` bytes.
+fn pieces(extents: &[(u64, u64)], most: u64) -> Vec<(u64, u64)> {
+    let mut out = Vec::with_capacity(extents.len());
+    for &(start, len) in extents {
+        let mut at = start;
+        while at < start + len {
+            let n = (start + len - at).min(most);
+            out.push((at, n));
+            at += n;
+        }
+    }
+    out
+}
+
+/// Block runs `[start, end)` as byte ranges (offset, length).
+fn byte_ranges(runs: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    runs.iter()
+        .map(|&(s, e)| (s * BLOCK, (e - s) * BLOCK))
+        .collect()
 }
 
 /// The fills running on this node, by target replica: one at a time per

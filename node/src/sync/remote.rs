@@ -22,7 +22,7 @@ use crate::replica::{BLOCK, Bitmap, Prefetch, ReplicaError, Shared, block_sum};
 use crate::wire::client::{ClientError, ReplicaClient};
 use crate::wire::protocol::{MAX_DATA, Op, status};
 
-use super::{Progress, SyncError, blocking, lock_err, reset_layer};
+use super::{Progress, SyncError, blocking, byte_ranges, lock_err, on_target, pieces, reset_layer};
 
 /// The most bytes one read request asks for.
 const CHUNK: u64 = 4 << 20;
@@ -101,32 +101,11 @@ pub async fn pull_layer(
         name,
         target,
         progress,
-        chunks(&extents, CHUNK),
+        pieces(&extents, CHUNK).into(),
     )
     .await?;
     complete(target, name).await?;
     Ok(Pulled { copied, reused: 0 })
-}
-
-/// The byte ranges of `extents`, cut into pieces of at most `most` bytes.
-fn chunks(extents: &[(u64, u64)], most: u64) -> VecDeque<(u64, u64)> {
-    let mut out = VecDeque::new();
-    for &(start, len) in extents {
-        let mut at = start;
-        while at < start + len {
-            let n = (start + len - at).min(most);
-            out.push_back((at, n));
-            at += n;
-        }
-    }
-    out
-}
-
-/// Block runs `[start, end)` as byte ranges.
-fn byte_ranges(runs: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    runs.iter()
-        .map(|&(s, e)| (s * BLOCK, (e - s) * BLOCK))
-        .collect()
 }
 
 /// Ranges that cover `extents` in order, each spanning at most `most`
@@ -134,7 +113,7 @@ fn byte_ranges(runs: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// however many extents it spans.
 fn windows(extents: &[(u64, u64)], most: u64) -> VecDeque<(u64, u64)> {
     let mut out: VecDeque<(u64, u64)> = VecDeque::new();
-    for (at, n) in chunks(extents, most) {
+    for (at, n) in pieces(extents, most) {
         match out.back_mut() {
             Some((start, len)) if at + n - *start <= most => *len = at + n - *start,
             _ => out.push_back((at, n)),
@@ -201,18 +180,15 @@ async fn pull_seeded(
     // What the seed holds and the source's layer does not, goes.
     let mut extra = held.clone();
     extra.subtract(&wanted);
-    let (t, layer) = (target.clone(), name.to_string());
-    let punch = byte_ranges(&extra.runs());
-    blocking(move || {
-        let mut t = t.write().map_err(|_| lock_err())?;
-        for (at, n) in punch {
-            t.punch_layer(&layer, at, n)?;
-        }
-        Ok(())
+    let (layer, punch) = (name.to_string(), byte_ranges(&extra.runs()));
+    on_target(target, move |t| {
+        punch
+            .into_iter()
+            .try_for_each(|(at, n)| t.punch_layer(&layer, at, n))
     })
     .await?;
     wanted.subtract(&same);
-    let todo = chunks(&byte_ranges(&wanted.runs()), CHUNK);
+    let todo = pieces(&byte_ranges(&wanted.runs()), CHUNK).into();
     let copied = fetch(source, index, name, target, progress, todo).await?;
     complete(target, name).await?;
     Ok(Pulled { copied, reused })
@@ -341,14 +317,8 @@ fn of_source(name: &str, e: ClientError) -> SyncError {
 
 /// Checks the filled layer against its checksum and completes it.
 async fn complete(target: &Shared, name: &str) -> Result<(), SyncError> {
-    let (t, layer) = (target.clone(), name.to_string());
-    blocking(move || {
-        t.write()
-            .map_err(|_| lock_err())?
-            .complete_layer(&layer)
-            .map_err(SyncError::from)
-    })
-    .await
+    let layer = name.to_string();
+    on_target(target, move |t| t.complete_layer(&layer)).await
 }
 
 /// Writes what arrives into the pending layer `layer` until the sender is
