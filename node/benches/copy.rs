@@ -12,8 +12,9 @@
 //!   layers, warm and cold (the page cache dropped before each run, and
 //!   the target fsynced within the time).
 //! - Both cold copies vs what the disk alone takes for the same work: the
-//!   data extents read with direct I/O on the copy's threads, then as
-//!   many bytes written in order and synced (the floor of a copy).
+//!   data extents read with direct I/O, as many at once as the copy keeps
+//!   in flight, then as many bytes written in order and synced (the floor
+//!   of a copy).
 //! - A remote fill (the layer over the replica protocol on loopback TCP)
 //!   vs a local fill (the source on the same node): both through replica
 //!   servers, both ending the same way (the layer synced and checked by
@@ -226,11 +227,11 @@ fn local_vs_cp(src: &Path, label: &str, cold: bool) -> (Duration, Duration) {
 
 /// What this disk takes, alone, for the work any copy of `src` must do,
 /// median of 3: its data extents read with direct I/O on as many threads
-/// as the local copy runs (no page cache, no copy), then the same number
-/// of bytes written in order to a new file and synced. Reads and writes
-/// one after the other: on this machine's disk they take no less time
-/// together (the copy's writeback started behind its reads was within
-/// the runs' spread).
+/// as the local copy keeps reads in flight (no page cache, no copy), then
+/// the same number of bytes written in order to a new file and synced.
+/// Reads and writes one after the other, where the copy overlaps them (it
+/// starts its writeback behind its reads): this disk shares its time
+/// between the two, so the overlap gains less than the shorter of them.
 fn disk_floor(src: &Path, label: &str, ours: Duration, cp: Duration) {
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -257,7 +258,7 @@ fn disk_floor(src: &Path, label: &str, ours: Duration, cp: Duration) {
         let next = AtomicUsize::new(0);
         let t = Instant::now();
         std::thread::scope(|s| {
-            for _ in 0..ballast_node::sync::local::STREAMS {
+            for _ in 0..ballast_node::sync::local::RING_DEPTH {
                 s.spawn(|| {
                     // Direct I/O wants a block-aligned buffer.
                     let mut buf = vec![0u8; longest + BLOCK as usize];
@@ -290,7 +291,7 @@ fn disk_floor(src: &Path, label: &str, ours: Duration, cp: Duration) {
         "{label}, cold: the disk alone for this copy's work: {} read direct in {} extents on {} threads {r:.2?} + written in order and synced {w:.2?} = {floor:.2?}; Ballast's local copy {:.2}x of it, cp {:.2}x; this floor is {:.2}x cp's time",
         mib(total),
         runs.len(),
-        ballast_node::sync::local::STREAMS,
+        ballast_node::sync::local::RING_DEPTH,
         ours.as_secs_f64() / floor.as_secs_f64(),
         cp.as_secs_f64() / floor.as_secs_f64(),
         floor.as_secs_f64() / cp.as_secs_f64()
@@ -331,6 +332,8 @@ fn fills(disk: &Path, source: &str, label: &str, local_copy: Duration) {
         let mut moved = (0, 0);
         for i in 0..3 {
             for (k, (addr, d, path)) in [
+                // Verified first, the source's layer is in the page cache:
+                // it is copied from page to page.
                 (&near, disk, "copy-file-range"),
                 (&far, far_disk.as_path(), "remote"),
             ]

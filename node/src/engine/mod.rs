@@ -163,7 +163,8 @@ pub struct RebuildStatus {
     pub kept_bytes: u64,
     /// Bytes copied; 0 until the rebuild is done.
     pub copied_bytes: u64,
-    /// `reflink`, `copy-file-range`, `read-write` or `remote`; empty until done.
+    /// `reflink`, `io-uring`, `copy-file-range`, `read-write` or `remote`;
+    /// empty until done.
     pub path: String,
     pub done: bool,
 }

@@ -1,10 +1,13 @@
 //! Local sparse copy of one frozen layer, for a rebuild whose source and
-//! target replicas are on the same node. Three ways, each the fallback of
-//! the one before: a reflink (FICLONE) of the whole file, `copy_file_range`
-//! per data extent, and pread/pwrite per data extent; the last two on
-//! several threads at once. Holes are never copied. The copy goes to a hidden temp file beside the target, is
-//! checked (apparent size, and the same data extents as the source), and
-//! then renamed over the target; on any error the temp file is removed.
+//! target replicas are on the same node. Four ways, each the fallback of
+//! the one before: a reflink (FICLONE) of the whole file; the data extents
+//! read with direct I/O through an io_uring, many at once, and written
+//! through the page cache (`ring.rs`); `copy_file_range` per data extent;
+//! and pread/pwrite per data extent, the last two on several threads at
+//! once. Holes are never copied. The copy goes to a hidden temp file beside
+//! the target, is checked (apparent size, and the same data extents as the
+//! source), and then renamed over the target; on any error the temp file is
+//! removed.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -21,6 +24,8 @@ use super::SyncError;
 #[serde(rename_all = "kebab-case")]
 pub enum CopyPath {
     Reflink,
+    /// Direct reads through an io_uring (`io-uring`).
+    IoUring,
     CopyFileRange,
     ReadWrite,
     /// Over the network (the source is on another node, or the local copy
@@ -32,6 +37,7 @@ impl CopyPath {
     pub fn as_str(self) -> &'static str {
         match self {
             CopyPath::Reflink => "reflink",
+            CopyPath::IoUring => "io-uring",
             CopyPath::CopyFileRange => "copy-file-range",
             CopyPath::ReadWrite => "read-write",
             CopyPath::Remote => "remote",
@@ -64,7 +70,9 @@ fn reflink(src: &File, dst: &File) -> std::io::Result<()> {
 /// (tens of thousands of small extents) a copy's time goes to cold reads,
 /// and one thread reads at queue depth 1: several keep the disk's queue
 /// full. Each takes the next piece in file order, so reads stay close.
-pub const STREAMS: usize = 8;
+const STREAMS: usize = 8;
+/// Reads the io_uring way keeps in flight at once.
+pub const RING_DEPTH: usize = super::ring::DEPTH;
 /// The most bytes one piece of work copies: a large extent is cut, so
 /// that it too is read by several threads.
 const PIECE: u64 = 4 << 20;
@@ -178,9 +186,22 @@ fn copy_checked(src: &Path, map: &Bitmap, tmp: &Path, size: u64) -> Result<CopyP
     let mut failures = Vec::new();
     for way in [
         CopyPath::Reflink,
+        CopyPath::IoUring,
         CopyPath::CopyFileRange,
         CopyPath::ReadWrite,
     ] {
+        // A layer mostly in the page cache copies fastest from page to
+        // page on several threads (copy_file_range); one mostly on the
+        // disk through the ring's direct reads. Asked only once a reflink
+        // has failed.
+        if way == CopyPath::IoUring {
+            let total: u64 = extents.iter().map(|e| e.1).sum();
+            let cached = super::ring::cached_bytes(src, &extents);
+            tracing::debug!(cached, total, "layer to copy");
+            if cached * 2 > total {
+                continue;
+            }
+        }
         // Each way starts from a new, empty file (truncating one that has
         // data would make ext4 flush it on close). A clone brings its size;
         // a copy gives the target its size first, then the data.
@@ -193,6 +214,11 @@ fn copy_checked(src: &Path, map: &Bitmap, tmp: &Path, size: u64) -> Result<CopyP
             .map_err(io(tmp))?;
         let copied = match way {
             CopyPath::Reflink => reflink(&s, &d),
+            CopyPath::IoUring => d.set_len(size).and_then(|()| {
+                let from = super::ring::copy(src, &d, &extents)?;
+                tracing::debug!(cache = from.cache, disk = from.disk, "layer read");
+                Ok(())
+            }),
             CopyPath::CopyFileRange => d.set_len(size).and_then(|()| copy_ranges(&s, &d, &extents)),
             _ => d.set_len(size).and_then(|()| read_write(&s, &d, &extents)),
         };
@@ -231,6 +257,7 @@ fn copy_checked(src: &Path, map: &Bitmap, tmp: &Path, size: u64) -> Result<CopyP
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sync::ring;
 
     /// A sparse file of `size` with data at `extents` (offset, length),
     /// each byte depending on its offset; and its allocation.
@@ -253,8 +280,9 @@ mod tests {
         assert!(a == b, "the copy's bytes differ from the source's");
     }
 
-    /// Many small extents and one larger than a piece: every way copies
-    /// them all, on several threads, and only them.
+    /// Many small extents and one larger than a piece: every way but the
+    /// reflink copies them all, on several threads or many reads at once,
+    /// and only them.
     #[test]
     fn each_parallel_way_copies_every_extent_and_no_hole() {
         let dir = tempfile::tempdir().unwrap();
@@ -264,6 +292,22 @@ mod tests {
         let (src, map) = sparse(dir.path(), size, &extents);
         let runs = crate::sync::byte_ranges(&map.runs());
         assert!(runs.len() > STREAMS, "{} extents", runs.len());
+        // The ring way first, from a cold source: the other ways' readahead
+        // would leave reads in flight into the page cache.
+        let dst = dir.path().join("io-uring.img");
+        let d = File::create(&dst).unwrap();
+        d.set_len(size).unwrap();
+        uncache(&src);
+        let from = crate::sync::ring::copy(&src, &d, &runs).unwrap();
+        let total: u64 = runs.iter().map(|r| r.1).sum();
+        assert_eq!(
+            from,
+            ring::ReadFrom {
+                cache: 0,
+                disk: total
+            }
+        );
+        check_copy("io_uring", &src, &dst, &d, &map, size);
         let s = File::open(&src).unwrap();
         for (way, copy) in [
             (
@@ -273,24 +317,161 @@ mod tests {
             ("read/write", read_write),
         ] {
             let dst = dir.path().join(format!("{way}.img").replace('/', "-"));
-            let d = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create_new(true)
-                .open(&dst)
-                .unwrap();
+            let d = File::create(&dst).unwrap();
             d.set_len(size).unwrap();
             copy(&s, &d, &runs).unwrap();
-            d.sync_all().unwrap();
-            same_bytes(&src, &dst);
-            let got = crate::replica::allocation(&d, size / BLOCK).unwrap();
-            assert!(
-                got == map,
-                "{way}: {} data blocks, the source has {}",
-                got.count(),
-                map.count()
-            );
+            check_copy(way, &src, &dst, &d, &map, size);
         }
+    }
+
+    /// Bytes of `path` in the page cache.
+    fn resident(path: &Path) -> u64 {
+        let f = File::open(path).unwrap();
+        // SAFETY: the map is only passed to mincore, never read.
+        let map = unsafe { memmap2::Mmap::map(&f) }.unwrap();
+        let mut pages = vec![0u8; map.len().div_ceil(4096)];
+        // SAFETY: the vector has a byte per page of the mapping.
+        let r = unsafe { libc::mincore(map.as_ptr() as *mut _, map.len(), pages.as_mut_ptr()) };
+        assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        pages.iter().filter(|&&p| p & 1 == 1).count() as u64 * 4096
+    }
+
+    /// Drops `path`'s pages from the page cache (they are clean), waiting
+    /// for reads still in flight into it (readahead) to land first.
+    fn uncache(path: &Path) {
+        let f = File::open(path).unwrap();
+        for _ in 0..500 {
+            nix::fcntl::posix_fadvise(
+                &f,
+                0,
+                0,
+                nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+            )
+            .unwrap();
+            if resident(path) == 0 {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("{} stays in the page cache", path.display());
+    }
+
+    /// The ring way reads what the page cache holds from it, and only
+    /// the rest from the disk: a source half warm is read half from each.
+    #[test]
+    fn the_ring_copy_reads_cached_extents_from_the_cache_and_the_rest_direct() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 16 << 20;
+        let extents: Vec<(u64, u64)> = (0..100).map(|k| (k * 64 * 1024, 16384)).collect();
+        let (src, map) = sparse(dir.path(), size, &extents);
+        uncache(&src);
+        // Every other extent read back, without readahead.
+        let warm = File::open(&src).unwrap();
+        nix::fcntl::posix_fadvise(
+            &warm,
+            0,
+            0,
+            nix::fcntl::PosixFadviseAdvice::POSIX_FADV_RANDOM,
+        )
+        .unwrap();
+        let mut buf = vec![0u8; 16384];
+        for &(at, _) in extents.iter().step_by(2) {
+            warm.read_exact_at(&mut buf, at).unwrap();
+        }
+        assert_eq!(resident(&src), 50 * 16384, "the warm half alone is cached");
+        let dst = dir.path().join("dst.img");
+        let d = File::create(&dst).unwrap();
+        d.set_len(size).unwrap();
+        let runs = crate::sync::byte_ranges(&map.runs());
+        let from = crate::sync::ring::copy(&src, &d, &runs).unwrap();
+        assert_eq!(
+            from,
+            ring::ReadFrom {
+                cache: 50 * 16384,
+                disk: 50 * 16384
+            }
+        );
+        check_copy("io_uring", &src, &dst, &d, &map, size);
+    }
+
+    /// `dst` (open as `d`) holds `src`'s bytes, and data exactly where
+    /// `map` says.
+    fn check_copy(way: &str, src: &Path, dst: &Path, d: &File, map: &Bitmap, size: u64) {
+        d.sync_all().unwrap();
+        same_bytes(src, dst);
+        let got = crate::replica::allocation(d, size / BLOCK).unwrap();
+        assert!(
+            got == *map,
+            "{way}: {} data blocks, the source has {}",
+            got.count(),
+            map.count()
+        );
+    }
+
+    /// The ring way with more reads than its depth, the first past the
+    /// source's end: the copy fails with that read's error (after waiting
+    /// for the reads still in flight), and a later copy works.
+    #[test]
+    fn the_ring_copy_fails_on_a_read_past_the_end_and_can_copy_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 16 << 20;
+        let extents: Vec<(u64, u64)> = (0..300).map(|k| (k * 32 * 1024, 16384)).collect();
+        let (src, map) = sparse(dir.path(), size, &extents);
+        let d = File::create(dir.path().join("dst.img")).unwrap();
+        let mut runs = crate::sync::byte_ranges(&map.runs());
+        runs.insert(0, (size + (1 << 20), BLOCK));
+        let e = crate::sync::ring::copy(&src, &d, &runs).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+        runs.remove(0);
+        crate::sync::ring::copy(&src, &d, &runs).unwrap();
+        d.set_len(size).unwrap();
+        check_copy(
+            "io_uring",
+            &src,
+            &dir.path().join("dst.img"),
+            &d,
+            &map,
+            size,
+        );
+    }
+
+    /// Extents that direct reads cannot take are refused before any read.
+    #[test]
+    fn the_ring_copy_refuses_extents_not_on_block_boundaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, _) = sparse(dir.path(), 1 << 20, &[(0, BLOCK)]);
+        let d = File::create(dir.path().join("dst.img")).unwrap();
+        let e = crate::sync::ring::copy(&src, &d, &[(512, BLOCK)]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+        assert!(e.to_string().contains("not aligned"), "{e}");
+    }
+
+    /// On ext4 (no reflink): a cold layer is copied through the ring, a
+    /// warm one from page to page; both exactly.
+    #[test]
+    fn a_cold_layer_is_copied_through_the_ring_and_a_warm_one_page_to_page() {
+        let dir = tempfile::tempdir().unwrap();
+        let size = 16 << 20;
+        let extents: Vec<(u64, u64)> = (0..100).map(|k| (k * 96 * 1024, 16384)).collect();
+        let (src, map) = sparse(dir.path(), size, &extents);
+        let runs = crate::sync::byte_ranges(&map.runs());
+        let total = 100 * 16384;
+        uncache(&src);
+        assert_eq!(ring::cached_bytes(&src, &runs), 0);
+        let dst = dir.path().join("cold.img");
+        assert_eq!(
+            copy_layer(&src, &map, &dst, size).unwrap(),
+            CopyPath::IoUring
+        );
+        check_copy("cold", &src, &dst, &File::open(&dst).unwrap(), &map, size);
+        // Reading it to check the copy brought the source into the cache.
+        assert_eq!(ring::cached_bytes(&src, &runs), total);
+        let dst = dir.path().join("warm.img");
+        assert_eq!(
+            copy_layer(&src, &map, &dst, size).unwrap(),
+            CopyPath::CopyFileRange
+        );
+        check_copy("warm", &src, &dst, &File::open(&dst).unwrap(), &map, size);
     }
 
     /// A piece that fails stops the copy with its error.

@@ -10,6 +10,7 @@
 
 pub mod local;
 mod remote;
+mod ring;
 
 use std::path::PathBuf;
 use std::sync::Arc;
