@@ -238,6 +238,27 @@ pub fn next_layer_name<'a>(chain: impl IntoIterator<Item = &'a str>) -> String {
     layer_name(n + 1)
 }
 
+/// Starts writing `len` bytes of `file`'s dirty pages from `offset` back
+/// to the disk (`len` 0: to the end), without waiting for them. Only a
+/// start: durability is a later sync's.
+pub fn begin_writeback(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    // SAFETY: a plain system call on an open descriptor; no memory is
+    // passed.
+    let r = unsafe {
+        libc::sync_file_range(
+            file.as_raw_fd(),
+            offset as i64,
+            len as i64,
+            libc::SYNC_FILE_RANGE_WRITE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Blocks of `file` that hold data, from its extents.
 pub fn allocation(file: &File, blocks: u64) -> Result<Bitmap, std::io::Error> {
     use nix::unistd::{Whence, lseek};
@@ -706,13 +727,8 @@ impl Replica {
                 .name("writeback".into())
                 .spawn(move || {
                     while let Ok(f) = rx.recv() {
-                        // SAFETY: a plain system call on an open
-                        // descriptor; no memory is passed.
-                        let r = unsafe {
-                            libc::sync_file_range(f.as_raw_fd(), 0, 0, libc::SYNC_FILE_RANGE_WRITE)
-                        };
-                        if r != 0 {
-                            tracing::debug!(error = %std::io::Error::last_os_error(), "starting writeback failed");
+                        if let Err(e) = begin_writeback(&f, 0, 0) {
+                            tracing::debug!(error = %e, "starting writeback failed");
                         }
                     }
                 });

@@ -274,6 +274,17 @@ mod tests {
         (path, map)
     }
 
+    /// The ring tests' source: 16 MiB with `n` extents of 16 KiB, one
+    /// every `stride` bytes; its allocation, and its runs in bytes.
+    fn strided(dir: &Path, n: u64, stride: u64) -> (PathBuf, Bitmap, Vec<(u64, u64)>) {
+        let extents: Vec<(u64, u64)> = (0..n).map(|k| (k * stride, 16384)).collect();
+        let (src, map) = sparse(dir, SMALL, &extents);
+        let runs = crate::sync::byte_ranges(&map.runs());
+        (src, map, runs)
+    }
+
+    const SMALL: u64 = 16 << 20;
+
     fn same_bytes(a: &Path, b: &Path) {
         let (a, b) = (std::fs::read(a).unwrap(), std::fs::read(b).unwrap());
         assert_eq!(a.len(), b.len());
@@ -361,9 +372,7 @@ mod tests {
     #[test]
     fn the_ring_copy_reads_cached_extents_from_the_cache_and_the_rest_direct() {
         let dir = tempfile::tempdir().unwrap();
-        let size = 16 << 20;
-        let extents: Vec<(u64, u64)> = (0..100).map(|k| (k * 64 * 1024, 16384)).collect();
-        let (src, map) = sparse(dir.path(), size, &extents);
+        let (src, map, runs) = strided(dir.path(), 100, 64 * 1024);
         uncache(&src);
         // Every other extent read back, without readahead.
         let warm = File::open(&src).unwrap();
@@ -375,14 +384,13 @@ mod tests {
         )
         .unwrap();
         let mut buf = vec![0u8; 16384];
-        for &(at, _) in extents.iter().step_by(2) {
+        for &(at, _) in runs.iter().step_by(2) {
             warm.read_exact_at(&mut buf, at).unwrap();
         }
         assert_eq!(resident(&src), 50 * 16384, "the warm half alone is cached");
         let dst = dir.path().join("dst.img");
         let d = File::create(&dst).unwrap();
-        d.set_len(size).unwrap();
-        let runs = crate::sync::byte_ranges(&map.runs());
+        d.set_len(SMALL).unwrap();
         let from = crate::sync::ring::copy(&src, &d, &runs).unwrap();
         assert_eq!(
             from,
@@ -391,7 +399,7 @@ mod tests {
                 disk: 50 * 16384
             }
         );
-        check_copy("io_uring", &src, &dst, &d, &map, size);
+        check_copy("io_uring", &src, &dst, &d, &map, SMALL);
     }
 
     /// `dst` (open as `d`) holds `src`'s bytes, and data exactly where
@@ -414,24 +422,21 @@ mod tests {
     #[test]
     fn the_ring_copy_fails_on_a_read_past_the_end_and_can_copy_again() {
         let dir = tempfile::tempdir().unwrap();
-        let size = 16 << 20;
-        let extents: Vec<(u64, u64)> = (0..300).map(|k| (k * 32 * 1024, 16384)).collect();
-        let (src, map) = sparse(dir.path(), size, &extents);
+        let (src, map, mut runs) = strided(dir.path(), 300, 32 * 1024);
         let d = File::create(dir.path().join("dst.img")).unwrap();
-        let mut runs = crate::sync::byte_ranges(&map.runs());
-        runs.insert(0, (size + (1 << 20), BLOCK));
+        runs.insert(0, (SMALL + (1 << 20), BLOCK));
         let e = crate::sync::ring::copy(&src, &d, &runs).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
         runs.remove(0);
         crate::sync::ring::copy(&src, &d, &runs).unwrap();
-        d.set_len(size).unwrap();
+        d.set_len(SMALL).unwrap();
         check_copy(
             "io_uring",
             &src,
             &dir.path().join("dst.img"),
             &d,
             &map,
-            size,
+            SMALL,
         );
     }
 
@@ -451,27 +456,24 @@ mod tests {
     #[test]
     fn a_cold_layer_is_copied_through_the_ring_and_a_warm_one_page_to_page() {
         let dir = tempfile::tempdir().unwrap();
-        let size = 16 << 20;
-        let extents: Vec<(u64, u64)> = (0..100).map(|k| (k * 96 * 1024, 16384)).collect();
-        let (src, map) = sparse(dir.path(), size, &extents);
-        let runs = crate::sync::byte_ranges(&map.runs());
+        let (src, map, runs) = strided(dir.path(), 100, 96 * 1024);
         let total = 100 * 16384;
         uncache(&src);
         assert_eq!(ring::cached_bytes(&src, &runs), 0);
         let dst = dir.path().join("cold.img");
         assert_eq!(
-            copy_layer(&src, &map, &dst, size).unwrap(),
+            copy_layer(&src, &map, &dst, SMALL).unwrap(),
             CopyPath::IoUring
         );
-        check_copy("cold", &src, &dst, &File::open(&dst).unwrap(), &map, size);
+        check_copy("cold", &src, &dst, &File::open(&dst).unwrap(), &map, SMALL);
         // Reading it to check the copy brought the source into the cache.
         assert_eq!(ring::cached_bytes(&src, &runs), total);
         let dst = dir.path().join("warm.img");
         assert_eq!(
-            copy_layer(&src, &map, &dst, size).unwrap(),
+            copy_layer(&src, &map, &dst, SMALL).unwrap(),
             CopyPath::CopyFileRange
         );
-        check_copy("warm", &src, &dst, &File::open(&dst).unwrap(), &map, size);
+        check_copy("warm", &src, &dst, &File::open(&dst).unwrap(), &map, SMALL);
     }
 
     /// A piece that fails stops the copy with its error.

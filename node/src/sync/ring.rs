@@ -20,6 +20,8 @@ use std::sync::mpsc;
 
 use io_uring::{IoUring, opcode, types};
 
+use crate::replica::begin_writeback;
+
 /// Reads in flight at once.
 pub(super) const DEPTH: usize = 64;
 /// The most bytes one read asks for: each read has a buffer of this size.
@@ -70,19 +72,8 @@ fn writeback_behind(dst: &File, marks: mpsc::Receiver<u64>) {
         if mark <= started {
             continue;
         }
-        // SAFETY: a plain system call on an open descriptor; no memory is
-        // passed.
-        let r = unsafe {
-            libc::sync_file_range(
-                dst.as_raw_fd(),
-                started as i64,
-                (mark - started) as i64,
-                libc::SYNC_FILE_RANGE_WRITE,
-            )
-        };
-        if r != 0 {
+        if let Err(e) = begin_writeback(dst, started, mark - started) {
             // The sync that completes the layer reports what matters.
-            let e = std::io::Error::last_os_error();
             tracing::debug!(error = %e, "starting the copy's writeback failed");
             return;
         }
@@ -185,7 +176,7 @@ impl Reads {
                     // and holds len <= SLOT bytes.
                     let data =
                         unsafe { std::slice::from_raw_parts_mut(self.slot(k), len as usize) };
-                    source.cached.read_exact_at(data, at)?;
+                    source.cached.file.read_exact_at(data, at)?;
                     dst.write_all_at(data, at)?;
                     from.cache += len;
                     written.piece(p);
@@ -245,32 +236,20 @@ pub(super) struct ReadFrom {
 }
 
 /// The source, open twice: through the page cache (for what is cached)
-/// and for direct I/O; and mapped, only to ask which of its pages are
-/// cached (a warm source is not read again from the disk).
+/// and for direct I/O.
 struct Source {
-    cached: File,
+    cached: Residency,
     direct: File,
-    map: Option<memmap2::Mmap>,
-    page: u64,
 }
 
 impl Source {
     fn open(path: &Path) -> std::io::Result<Self> {
-        let cached = File::open(path)?;
+        let cached = Residency::open(path)?;
         let direct = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECT)
             .open(path)?;
-        // SAFETY: the map is never read, only passed to mincore.
-        let map = unsafe { memmap2::Mmap::map(&cached) }.ok();
-        // SAFETY: sysconf has no preconditions.
-        let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
-        Ok(Source {
-            cached,
-            direct,
-            map,
-            page,
-        })
+        Ok(Source { cached, direct })
     }
 
     /// Whether every page of `len` bytes at `at` is in the page cache.
@@ -278,9 +257,28 @@ impl Source {
     /// starts one when it finds nothing).
     fn in_cache(&self, at: u64, len: u64) -> bool {
         let mut pages = [0u8; (SLOT / 4096) as usize + 1];
-        let start = at - at % self.page;
-        let count = self.incore(start, at + len, &mut pages);
+        let start = at - at % self.cached.page;
+        let count = self.cached.incore(start, at + len, &mut pages);
         count > 0 && pages[..count].iter().all(|p| p & 1 == 1)
+    }
+}
+
+/// A file open through the page cache, and mapped only to ask which of
+/// its pages are cached (`mincore`).
+struct Residency {
+    file: File,
+    map: Option<memmap2::Mmap>,
+    page: u64,
+}
+
+impl Residency {
+    fn open(path: &Path) -> std::io::Result<Self> {
+        let file = File::open(path)?;
+        // SAFETY: the map is never read, only passed to mincore.
+        let map = unsafe { memmap2::Mmap::map(&file) }.ok();
+        // SAFETY: sysconf has no preconditions.
+        let page = u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        Ok(Residency { file, map, page })
     }
 
     /// Fills `pages` with a byte per page from `start` (on a page) to
@@ -312,7 +310,7 @@ impl Source {
 /// told.
 pub(super) fn cached_bytes(src: &Path, extents: &[(u64, u64)]) -> u64 {
     const WINDOW: u64 = 64 << 20;
-    let Ok(source) = Source::open(src) else {
+    let Ok(source) = Residency::open(src) else {
         return 0;
     };
     let mut pages = vec![0u8; (WINDOW / source.page) as usize];
