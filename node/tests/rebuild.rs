@@ -266,6 +266,47 @@ async fn a_failed_local_copy_falls_back_to_remote_sync_with_a_clean_target() {
     assert!(image(&r0).await == image(&r1).await);
 }
 
+/// A local fill (source and target on two disks of one node) whose
+/// source's frozen layer went bad on its disk: the fill fails as the
+/// source's fault, the source's layer is marked corrupt, and the target's
+/// layer stays pending, so none of it is ever served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_fill_from_a_corrupt_source_is_the_sources_fault_and_completes_nothing() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let s = server(&[d1.path(), d2.path()]).await;
+    replica(d1.path(), "v-r0", &s);
+    replica(d2.path(), "v-r1", &s);
+    let src = ReplicaClient::connect(&s, "v-r0").await.unwrap();
+    let dst = ReplicaClient::connect(&s, "v-r1").await.unwrap();
+    for k in 0..8u64 {
+        src.write(k << 20, &pattern(k << 20, 32 << 10, 6), k + 1, false)
+            .await
+            .unwrap();
+    }
+    join(&src, &dst).await;
+    // A block inside the fourth extent of the source's frozen layer.
+    let frozen = replica_dir(d1.path(), "v-r0").join("layer-000001.img");
+    {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&frozen)
+            .unwrap();
+        f.write_all_at(&[0xeeu8; 4096], (3 << 20) + 8192).unwrap();
+        f.sync_all().unwrap();
+    }
+    let err = dst.fill(&format!("v-r0@{s}")).await.unwrap_err();
+    assert!(err.is_corrupt(), "the source is not blamed: {err}");
+    assert_eq!(dst.info().await.unwrap()["pending"], 1);
+    drop((src, dst));
+    assert!(
+        Replica::open(&replica_dir(d1.path(), "v-r0"))
+            .unwrap()
+            .is_corrupt("layer-000001.img"),
+        "the source's layer is not marked corrupt"
+    );
+}
+
 /// Two servers, source `v-r0` with two frozen layers of 1 MiB each, and
 /// target `v-r1` after a first fill whose second layer arrived wrong (the
 /// join named another checksum for it): the first layer complete, the

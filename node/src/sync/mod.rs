@@ -221,11 +221,10 @@ async fn fill(
             let copied = blocking(move || {
                 let (src_path, map, size) = {
                     let s = src.read().map_err(|_| lock_err())?;
-                    // Verified before use: a copy by reflink or
-                    // copy_file_range never reads what it copies.
-                    if let Err(e) = s.verify_layer(&name) {
-                        s.note_corruption(&e);
-                        return Err(SyncError::SourceCorrupt(e.to_string()));
+                    if s.is_corrupt(&name) {
+                        return Err(SyncError::SourceCorrupt(format!(
+                            "layer {name} was found corrupt"
+                        )));
                     }
                     (s.layer_path(&name)?, s.layer_map(&name)?, s.size())
                 };
@@ -233,8 +232,26 @@ async fn fill(
                 let way = local::copy_layer(&src_path, &map, &dst_path, size)?;
                 let mut d = dst.write().map_err(|_| lock_err())?;
                 d.reopen_layer(&name)?;
-                d.complete_layer(&name)?;
-                Ok(way)
+                // The check of what was copied is the target's: its layer
+                // completes only with the source's recorded checksum (a
+                // reflink or copy_file_range never reads what it copies).
+                // Where it differs, the source is read and checked too, to
+                // say whose fault it is; a sound source is read only once.
+                match d.complete_layer(&name) {
+                    Ok(()) => Ok(way),
+                    Err(e @ ReplicaError::Corrupt(_)) => {
+                        drop(d);
+                        let s = src.read().map_err(|_| lock_err())?;
+                        match s.verify_layer(&name) {
+                            Err(bad) => {
+                                s.note_corruption(&bad);
+                                Err(SyncError::SourceCorrupt(bad.to_string()))
+                            }
+                            Ok(()) => Err(e.into()),
+                        }
+                    }
+                    Err(e) => Err(e.into()),
+                }
             })
             .await;
             match copied {
