@@ -160,6 +160,51 @@ fn allocated(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().blocks() * 512
 }
 
+/// Writes 4 KiB of garbage at `at` into a layer file, behind its
+/// replica's back: the block goes bad on its disk.
+fn spoil(file: &Path, at: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new().write(true).open(file).unwrap();
+    f.write_all_at(&[0xeeu8; 4096], at).unwrap();
+}
+
+/// One server with two disks: `v-r0` on the first holds eight extents of
+/// 32 KiB (one per MiB, from `pattern` with `seed`), and `v-r1` on the
+/// second has joined it, its layer still to fill.
+struct TwoDisks {
+    d1: tempfile::TempDir,
+    d2: tempfile::TempDir,
+    s: String,
+    r0: ReplicaAddr,
+    r1: ReplicaAddr,
+    src: ReplicaClient,
+    dst: ReplicaClient,
+}
+
+async fn two_disks_joined(seed: u8) -> TwoDisks {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let s = server(&[d1.path(), d2.path()]).await;
+    let r0 = replica(d1.path(), "v-r0", &s);
+    let r1 = replica(d2.path(), "v-r1", &s);
+    let src = ReplicaClient::connect(&s, "v-r0").await.unwrap();
+    let dst = ReplicaClient::connect(&s, "v-r1").await.unwrap();
+    for k in 0..8u64 {
+        src.write(k << 20, &pattern(k << 20, 32 << 10, seed), k + 1, false)
+            .await
+            .unwrap();
+    }
+    join(&src, &dst).await;
+    TwoDisks {
+        d1,
+        d2,
+        s,
+        r0,
+        r1,
+        src,
+        dst,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_on_the_same_node_copies_locally_and_keeps_the_holes() {
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -227,18 +272,17 @@ async fn a_failed_local_copy_falls_back_to_remote_sync_with_a_clean_target() {
         nix::unistd::geteuid().is_root(),
         "this test needs root for chattr (CI runs as root)"
     );
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let s = server(&[d1.path(), d2.path()]).await;
-    let r0 = replica(d1.path(), "v-r0", &s);
-    let r1 = replica(d2.path(), "v-r1", &s);
-    let src = ReplicaClient::connect(&s, "v-r0").await.unwrap();
-    let dst = ReplicaClient::connect(&s, "v-r1").await.unwrap();
-    for k in 0..8u64 {
-        src.write(k << 20, &pattern(k << 20, 32 << 10, 3), k + 1, false)
-            .await
-            .unwrap();
-    }
-    join(&src, &dst).await;
+    // Every field bound: what is left out is dropped here (a TempDir
+    // with its replica).
+    let TwoDisks {
+        d1: _d1,
+        d2,
+        s,
+        r0,
+        r1,
+        src: _src,
+        dst,
+    } = two_disks_joined(3).await;
     // The local copy writes a temp file beside the target layer and renames
     // it; an immutable file in its way makes that path unwritable, while
     // the remote sync writes into the layer file itself.
@@ -272,29 +316,18 @@ async fn a_failed_local_copy_falls_back_to_remote_sync_with_a_clean_target() {
 /// layer stays pending, so none of it is ever served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_local_fill_from_a_corrupt_source_is_the_sources_fault_and_completes_nothing() {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let s = server(&[d1.path(), d2.path()]).await;
-    replica(d1.path(), "v-r0", &s);
-    replica(d2.path(), "v-r1", &s);
-    let src = ReplicaClient::connect(&s, "v-r0").await.unwrap();
-    let dst = ReplicaClient::connect(&s, "v-r1").await.unwrap();
-    for k in 0..8u64 {
-        src.write(k << 20, &pattern(k << 20, 32 << 10, 6), k + 1, false)
-            .await
-            .unwrap();
-    }
-    join(&src, &dst).await;
+    let TwoDisks {
+        d1,
+        d2: _d2,
+        s,
+        r0: _,
+        r1: _,
+        src,
+        dst,
+    } = two_disks_joined(6).await;
     // A block inside the fourth extent of the source's frozen layer.
     let frozen = replica_dir(d1.path(), "v-r0").join("layer-000001.img");
-    {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new()
-            .write(true)
-            .open(&frozen)
-            .unwrap();
-        f.write_all_at(&[0xeeu8; 4096], (3 << 20) + 8192).unwrap();
-        f.sync_all().unwrap();
-    }
+    spoil(&frozen, (3 << 20) + 8192);
     let err = dst.fill(&format!("v-r0@{s}")).await.unwrap_err();
     assert!(err.is_corrupt(), "the source is not blamed: {err}");
     assert_eq!(dst.info().await.unwrap()["pending"], 1);
@@ -551,12 +584,7 @@ async fn a_source_whose_frozen_layer_is_corrupt_is_failed_and_never_copied() {
         .find(|(_, sum)| sum.is_some())
         .unwrap()
         .0;
-    let file = replica_dir(d1.path(), "v-r0").join(&frozen);
-    {
-        use std::os::unix::fs::FileExt;
-        let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
-        f.write_all_at(&[0xeeu8; 4096], 8192).unwrap();
-    }
+    spoil(&replica_dir(d1.path(), "v-r0").join(&frozen), 8192);
     // r2 joins, asking for r0 as its source: the copy finds the corrupt
     // block, r0 (the source) is failed as well as the unfinished r2, and
     // nothing corrupt reached r2.
@@ -755,12 +783,7 @@ async fn a_source_found_corrupt_while_sending_its_sums_is_the_replica_at_fault()
     // The source's second layer goes bad on its disk, and a read finds
     // it: the layer is marked, and LAYER_SUMS refuses it.
     let at = (4 << 20) + 3 * 4096;
-    {
-        use std::os::unix::fs::FileExt;
-        let file = replica_dir(d1.path(), "v-r0").join("layer-000002.img");
-        let f = std::fs::OpenOptions::new().write(true).open(&file).unwrap();
-        f.write_all_at(&[0xeeu8; 4096], at).unwrap();
-    }
+    spoil(&replica_dir(d1.path(), "v-r0").join("layer-000002.img"), at);
     let err = src.read(at, 4096).await.unwrap_err();
     assert!(err.is_corrupt(), "{err}");
     let report = join(&src, &dst).await;
