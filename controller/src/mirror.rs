@@ -461,7 +461,10 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
+        // 64 cases in CI; PROPTEST_CASES=5000 explores further.
+        #![proptest_config(ProptestConfig::with_cases(
+            std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64)
+        ))]
 
         /// Whatever changes come between them, a refreshed copy is the store.
         #[test]

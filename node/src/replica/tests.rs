@@ -48,8 +48,19 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// 96 cases in CI; PROPTEST_CASES=5000 explores further.
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    ProptestConfig {
+        cases: cases.unwrap_or(96),
+        ..ProptestConfig::default()
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(config())]
 
     #[test]
     fn reads_always_match_the_model(ops in prop::collection::vec(op(), 1..60)) {
