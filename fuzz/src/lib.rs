@@ -56,13 +56,17 @@ pub fn nbd_request(data: &[u8]) {
 }
 
 /// Replica protocol headers: an accepted request announces no more
-/// payload than the protocol allows, and encodes back to what decodes to
-/// itself; responses decode without panicking.
+/// payload than the protocol allows (at most `MAX_DATA` of data, and for a
+/// write with FLAG_SUMS 4 bytes of checksum per 4 KiB block of it), and
+/// encodes back to what decodes to itself; responses decode without
+/// panicking.
 pub fn replica_frame(data: &[u8]) {
     for h in data.chunks_exact(REQUEST_HEADER) {
         let h: &[u8; REQUEST_HEADER] = h.try_into().expect("a header");
         if let Ok(r) = Request::decode(h) {
-            assert!(r.payload_len() <= MAX_DATA as usize, "{r:?}");
+            let sums = r.sums_len();
+            assert!(sums <= MAX_DATA as usize / 1024, "{r:?}");
+            assert!(r.payload_len() - sums <= MAX_DATA as usize, "{r:?}");
             assert_eq!(Request::decode(&r.encode()).ok(), Some(r));
         }
     }
