@@ -593,6 +593,25 @@ fn main() {
                 );
             }
             println!("  TLS {}", phase(TLS));
+            if write {
+                // After the I/O phase: the closing flush and the clients'
+                // exit, in seconds. The three peers' clients end apart, so
+                // one's flush runs under another's last writes; a volume's
+                // one client flushes every replica at once (data-plane.md).
+                let after = |i: usize| {
+                    let n = f64::from(count);
+                    common::median(runs[i].iter().map(|r| n / r.wall - n / r.io).collect())
+                };
+                println!(
+                    "{size:>3} {kind:<5}  after the I/O phase (the closing flush, s)  3 nbdkit file at once {:.3}  ballast 3 replicas {:.3}  ballast 3 replicas, writeback left to the kernel {:.3}  nbdkit file {:.3}  ballast 1 replica {:.3}  ballast 1 replica, writeback left to the kernel {:.3}",
+                    after(PEERS3),
+                    after(THREE),
+                    after(LAZY3),
+                    after(PEER),
+                    after(ONE),
+                    after(LAZY),
+                );
+            }
             if write && size == "64k" {
                 // What the transport costs three replicas on one box: their
                 // two frames cross loopback TCP where the peers' cross unix
