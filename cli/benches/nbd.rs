@@ -6,7 +6,9 @@
 //! the CPU time the whole machine spent busy per operation over the whole
 //! run: a measure of the work done that the host's stolen time does not
 //! move (for three replicas, and for three nbdkit servers, an operation
-//! is one write of the same bytes to all three).
+//! is one write of the same bytes to all three). For writes, the seconds
+//! from the end of the I/O phase to the end of the run: the closing
+//! flush.
 //!
 //! - Ballast, 1 replica: `ballast node` (replica server on loopback TCP)
 //!   and `ballast engine` serving NBD; the replica is on the engine's node,
