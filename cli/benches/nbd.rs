@@ -7,8 +7,8 @@
 //! run: a measure of the work done that the host's stolen time does not
 //! move (for three replicas, and for three nbdkit servers, an operation
 //! is one write of the same bytes to all three). For writes, the seconds
-//! from the end of the I/O phase to the end of the run: the closing
-//! flush.
+//! of each run outside its I/O phase: the closing flush, with the
+//! client's start and exit (a few milliseconds).
 //!
 //! - Ballast, 1 replica: `ballast node` (replica server on loopback TCP)
 //!   and `ballast engine` serving NBD; the replica is on the engine's node,
@@ -596,8 +596,8 @@ fn main() {
             }
             println!("  TLS {}", phase(TLS));
             if write {
-                // After the I/O phase: the closing flush and the clients'
-                // exit, in seconds. The three peers' clients end apart, so
+                // Outside the I/O phase: the closing flush, with the
+                // clients' start and exit, in seconds. The three peers' clients end apart, so
                 // one's flush runs under another's last writes; a volume's
                 // one client flushes every replica at once (data-plane.md).
                 let after = |i: usize| {
@@ -605,7 +605,7 @@ fn main() {
                     common::median(runs[i].iter().map(|r| n / r.wall - n / r.io).collect())
                 };
                 println!(
-                    "{size:>3} {kind:<5}  after the I/O phase (the closing flush, s)  3 nbdkit file at once {:.3}  ballast 3 replicas {:.3}  ballast 3 replicas, writeback left to the kernel {:.3}  nbdkit file {:.3}  ballast 1 replica {:.3}  ballast 1 replica, writeback left to the kernel {:.3}",
+                    "{size:>3} {kind:<5}  outside the I/O phase (the closing flush, with the client's start and exit; s)  3 nbdkit file at once {:.3}  ballast 3 replicas {:.3}  ballast 3 replicas, writeback left to the kernel {:.3}  nbdkit file {:.3}  ballast 1 replica {:.3}  ballast 1 replica, writeback left to the kernel {:.3}",
                     after(PEERS3),
                     after(THREE),
                     after(LAZY3),
