@@ -597,9 +597,10 @@ fn main() {
             println!("  TLS {}", phase(TLS));
             if write {
                 // Outside the I/O phase: the closing flush, with the
-                // clients' start and exit, in seconds. The three peers' clients end apart, so
-                // one's flush runs under another's last writes; a volume's
-                // one client flushes every replica at once (data-plane.md).
+                // clients' start and exit, in seconds. The three peers'
+                // clients end apart, so one's flush runs under another's
+                // last writes; a volume's one client flushes every replica
+                // at once (data-plane.md).
                 let after = |i: usize| {
                     let n = f64::from(count);
                     common::median(runs[i].iter().map(|r| n / r.wall - n / r.io).collect())
