@@ -7,9 +7,10 @@
 //! Two cases: one 64 KiB write's blocks, hot in the cache as a payload
 //! just read from a socket is, and 64 MiB of blocks read in order (beyond
 //! the cache, as a scrub or a copy's checksum reads them). Five rounds in
-//! turns; prints each side's nanoseconds per block (the medians) and the
-//! peer's time over ours. Checks first that both give the same value for
-//! every block. Run: `cargo bench -p ballast-node --bench sums`.
+//! turns; prints each side's nanoseconds per block (the medians) and our
+//! time over the peer's. Checks first that both give the same value for
+//! blocks all through the data. Run: `cargo bench -p ballast-node --bench
+//! sums`.
 
 use std::hint::black_box;
 use std::time::Instant;

@@ -158,4 +158,19 @@ mod tests {
         let pattern: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
         assert_eq!(of(&pattern), 0x7190_77fc);
     }
+
+    proptest::proptest! {
+        /// Against the SSE4.2 instruction alone (the `crc32c` crate,
+        /// Ballast's CRC until 2026-11-29), at every length and start in
+        /// memory: the vector way must give the same value, or every table
+        /// written before would fail its reads.
+        #[test]
+        fn a_blocks_checksum_equals_the_sse42_crc32c_at_any_length_and_alignment(
+            bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..9000),
+            skip in 0usize..64,
+        ) {
+            let data = &bytes[skip.min(bytes.len())..];
+            proptest::prop_assert_eq!(of(data), crc32c::crc32c(data));
+        }
+    }
 }
