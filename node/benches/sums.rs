@@ -15,21 +15,22 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use ballast_node::replica::block_sum;
+use ballast_node::replica::{BLOCK, block_sum};
 
-const BLOCK: usize = 4096;
+/// The replica's block, as a slice length.
+const BLOCK_LEN: usize = BLOCK as usize;
 
 /// Nanoseconds per block to checksum every block of `data`, `passes` times.
 fn per_block(data: &[u8], passes: usize, f: fn(&[u8]) -> u32) -> f64 {
     let mut acc = 0u32;
     let t = Instant::now();
     for _ in 0..passes {
-        for block in data.chunks(BLOCK) {
+        for block in data.chunks(BLOCK_LEN) {
             acc ^= f(black_box(block));
         }
     }
     black_box(acc);
-    t.elapsed().as_nanos() as f64 / (passes * data.len() / BLOCK) as f64
+    t.elapsed().as_nanos() as f64 / (passes * data.len() / BLOCK_LEN) as f64
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -44,7 +45,7 @@ fn main() {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
         .collect();
     let peer: fn(&[u8]) -> u32 = crc32c::crc32c;
-    for block in data.chunks(BLOCK).step_by(97) {
+    for block in data.chunks(BLOCK_LEN).step_by(97) {
         assert_eq!(block_sum(block), peer(block), "the two CRC32Cs differ");
     }
     println!(
