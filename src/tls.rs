@@ -8,8 +8,10 @@
 //! given.
 //!
 //! Names: a controller's certificate is for `controller.ballast.internal`,
-//! node N's for `N.node.ballast.internal` and `node.ballast.internal`.
-//! A client checks the name of the peer it means to reach; a server reads
+//! node N's for `N.node.ballast.internal` and `node.ballast.internal`;
+//! the engine of volume V, started for its attachment E, holds
+//! `V.volume.ballast.internal` and `E.V.attachment.ballast.internal`
+//! besides its node's names. A client checks the name of the peer it means to reach; a server reads
 //! the role of its client from the same names.
 
 use std::path::{Path, PathBuf};
@@ -74,6 +76,10 @@ pub enum Role {
     /// The engine of a volume: the one the controller started, on the node
     /// it chose. Its certificate also carries that node's names.
     Engine(String),
+    /// The attachment of a volume an engine was started for (the volume's
+    /// `status.engineEpoch` then): replicas fence out the engines of
+    /// earlier attachments, and a claim of one must be in the certificate.
+    Attachment(String, u64),
 }
 
 impl Role {
@@ -85,6 +91,7 @@ impl Role {
             Role::Node(id) => format!("{id}.node.{DOMAIN}"),
             Role::AnyNode => format!("node.{DOMAIN}"),
             Role::Engine(volume) => format!("{volume}.volume.{DOMAIN}"),
+            Role::Attachment(volume, epoch) => format!("{epoch}.{volume}.attachment.{DOMAIN}"),
         }
     }
 
@@ -217,13 +224,21 @@ impl Ca {
     }
 
     /// The credentials of the engine of `volume` that the controller
-    /// starts on node `node_id`: it may JOIN and FILL that volume's
-    /// replicas, and is that node for everything else.
-    pub fn issue_engine(&self, volume: &str, node_id: &str) -> Result<Credentials, TlsError> {
+    /// starts on node `node_id` for the volume's attachment `attachment`
+    /// (its engine epoch): it may JOIN and FILL that volume's replicas,
+    /// fences out the engines of earlier attachments, and is that node for
+    /// everything else.
+    pub fn issue_engine(
+        &self,
+        volume: &str,
+        node_id: &str,
+        attachment: u64,
+    ) -> Result<Credentials, TlsError> {
         crate::model::validate_name(volume).map_err(TlsError::Invalid)?;
         crate::model::validate_name(node_id).map_err(TlsError::Invalid)?;
         self.issue_for(&[
             Role::Engine(volume.to_string()),
+            Role::Attachment(volume.to_string(), attachment),
             Role::Node(node_id.to_string()),
         ])
     }
@@ -575,17 +590,22 @@ mod tests {
     #[test]
     fn an_engine_certificate_names_its_volume_and_its_node() {
         let ca = Ca::generate().unwrap();
-        let c = ca.issue_engine("vol-1", "node-2").unwrap();
+        let c = ca.issue_engine("vol-1", "node-2", 7).unwrap();
         let certs = der(&c.cert_pem);
         assert!(holds(&certs, &Role::Engine("vol-1".into())));
         assert!(!holds(&certs, &Role::Engine("vol-2".into())));
+        // It names its attachment, and no other.
+        assert!(holds(&certs, &Role::Attachment("vol-1".into(), 7)));
+        assert!(!holds(&certs, &Role::Attachment("vol-1".into(), 8)));
+        assert!(!holds(&certs, &Role::Attachment("vol-1".into(), 6)));
+        assert!(!holds(&certs, &Role::Attachment("vol-2".into(), 7)));
         assert!(holds(&certs, &Role::Node("node-2".into())));
         assert!(holds(&certs, &Role::AnyNode));
         assert!(!holds(&certs, &Role::Controller));
         // A node's certificate drives no volume.
         let n = ca.issue(&Role::Node("node-2".into())).unwrap();
         assert!(!holds(&der(&n.cert_pem), &Role::Engine("vol-1".into())));
-        assert!(ca.issue_engine("../v", "node-2").is_err());
+        assert!(ca.issue_engine("../v", "node-2", 1).is_err());
     }
 
     #[test]

@@ -411,6 +411,12 @@ pub struct EngineArgs {
     /// The generation of the replica set the store records.
     #[arg(long, env = "BALLAST_GENERATION", default_value_t = 0)]
     pub generation: u64,
+    /// The attachment the engine is started for (the volume's engine
+    /// epoch): it claims it when it opens a replica, and a replica opened
+    /// for a later one refuses its writes. With TLS on, its certificate
+    /// must name it. 0 (an engine run by hand) claims none.
+    #[arg(long, env = "BALLAST_EPOCH", default_value_t = 0)]
+    pub epoch: u64,
     /// The cluster token its records carry (with --controller).
     #[arg(long, env = "BALLAST_CLUSTER_TOKEN_FILE")]
     pub cluster_token_file: Option<PathBuf>,

@@ -43,6 +43,7 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
         None => Default::default(),
     };
     let (tls, wire) = tls(&a)?;
+    let wire = wire.for_attachment(a.epoch);
     let member = ballast::tls::Member { token, tls };
     let recorder: Option<std::sync::Arc<dyn Recorder>> = match (&a.controller, &a.node_id) {
         (Some(controller), Some(node)) => Some(std::sync::Arc::new(ControllerRecorder::new(

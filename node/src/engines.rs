@@ -206,6 +206,7 @@ impl Engines {
                     local: spec["local"].as_str().unwrap_or_default().to_string(),
                     generation: spec["generation"].as_u64().unwrap_or(0),
                     current: strings(&spec["current"]),
+                    epoch: spec["epoch"].as_u64().unwrap_or(0),
                     // The running engine holds its credentials; they are
                     // not kept in the record.
                     ..Default::default()
@@ -351,7 +352,8 @@ impl Engines {
             .args(["--workers", &self.tuning.workers.to_string()])
             .args(["--controller", &self.record_at.controller])
             .args(["--node-id", &self.record_at.node_id])
-            .args(["--generation", &spec.generation.to_string()]);
+            .args(["--generation", &spec.generation.to_string()])
+            .args(["--epoch", &spec.epoch.to_string()]);
         if let Some(f) = &self.record_at.token_file {
             cmd.arg("--cluster-token-file").arg(f);
         }
@@ -396,6 +398,7 @@ impl Engines {
             "local": spec.local,
             "generation": spec.generation,
             "current": spec.current,
+            "epoch": spec.epoch,
         });
         let _ = std::fs::write(self.pid_file(&spec.volume), format!("{pid}\n{record}\n"));
     }

@@ -164,6 +164,12 @@ pub struct VolumeStatus {
     /// acknowledges a write that a replica it dropped lacks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub current_replicas: Vec<String>,
+    /// The attachment the volume's engine was last started for: it grows by
+    /// one at every start of an engine. The engine carries it to the
+    /// replicas, which refuse the writes of engines started for an earlier
+    /// one (0: none started since the count existed).
+    #[serde(default)]
+    pub engine_epoch: u64,
     /// Bytes the data takes in each replica, when known (else the size
     /// counts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -192,6 +198,7 @@ impl Default for VolumeStatus {
             frontend_endpoint: None,
             generation: 0,
             current_replicas: Vec::new(),
+            engine_epoch: 0,
             actual_size: None,
         }
     }

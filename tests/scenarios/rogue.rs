@@ -67,7 +67,10 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
 
     let rt = runtime();
     let node_3 = wire_as(c.dir.path(), "node-3");
-    let engine_on_3 = engine_wire_as(c.dir.path(), "v", "node-3");
+    // Credentials of the engine of the volume's one attachment so far.
+    let epoch = c.volume("v")["status"]["engineEpoch"].as_u64().unwrap();
+    assert_eq!(epoch, 1, "one attachment, one engine started");
+    let engine_on_3 = engine_wire_as(c.dir.path(), "v", "node-3", epoch);
     for r in c.replicas("v") {
         let name = r["name"].as_str().unwrap();
         let node = c.node(r["spec"]["nodeId"].as_str().unwrap());
@@ -111,6 +114,93 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
         "nothing was rebuilt: {:?}",
         c.rebuilds()
     );
+}
+
+/// The status of a replica client's refusal.
+fn refusal(e: &ballast_node::wire::client::ClientError) -> u32 {
+    match e {
+        ballast_node::wire::client::ClientError::Failed { status, .. } => *status,
+        other => panic!("not a refusal: {other}"),
+    }
+}
+
+#[test]
+fn an_engine_of_an_earlier_attachment_is_fenced_out_and_the_volume_keeps_its_data() {
+    use ballast_node::wire::protocol::status;
+    let c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 3, Duration::from_secs(60));
+    write_data(c.dir.path(), &endpoint, 24);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    // The volume moves to node-2: a second attachment, whose engine opens
+    // every replica for it.
+    let endpoint = c.attach("v", "node-2");
+    c.wait_settled("v", 3, Duration::from_secs(60));
+    let data = write_data(c.dir.path(), &endpoint, 25);
+    assert_eq!(c.volume("v")["status"]["engineEpoch"], 2);
+
+    // An engine of the first attachment, still running on node-1 (a node
+    // the cluster gave up on, say): every replica refuses it at OPEN, the
+    // one lent to the engine on node-2 included. Its credentials cannot
+    // claim the second attachment either, and a node's certificate, which
+    // claims none, opens a replica but changes nothing.
+    let rt = runtime();
+    let first = engine_wire_as(c.dir.path(), "v", "node-1", 1);
+    let forged = first.clone().for_attachment(2);
+    let node_3 = wire_as(c.dir.path(), "node-3");
+    for r in c.replicas("v") {
+        let name = r["name"].as_str().unwrap();
+        let node = c.node(r["spec"]["nodeId"].as_str().unwrap());
+        let addr = node["status"]["replicaEndpoint"].as_str().unwrap();
+        rt.block_on(async {
+            let e = ReplicaClient::dial(&first, addr, name).await.err().unwrap();
+            assert_eq!(refusal(&e), status::FENCED, "{name}: {e}");
+            assert!(e.to_string().contains("attachment 2"), "{e}");
+            let e = ReplicaClient::dial(&forged, addr, name)
+                .await
+                .err()
+                .unwrap();
+            assert_eq!(refusal(&e), status::DENIED, "{name}: {e}");
+            let client = ReplicaClient::dial(&node_3, addr, name).await.unwrap();
+            let block = vec![0xa5u8; 4096];
+            let refused = [
+                client
+                    .write(0, &block, u64::MAX / 2, false)
+                    .await
+                    .unwrap_err(),
+                client.trim(0, 4096, u64::MAX / 2).await.unwrap_err(),
+                client.flush().await.unwrap_err(),
+            ];
+            for e in refused {
+                assert_eq!(refusal(&e), status::FENCED, "{name}: {e}");
+            }
+        });
+    }
+
+    // The engine of the second attachment goes on: every replica stays,
+    // nothing is rebuilt, and the data reads back through NBD and from
+    // every replica's files, whose fence is on disk.
+    let after = write_data(c.dir.path(), &endpoint, 26);
+    assert_ne!(data.sum, after.sum);
+    verify_data(c.dir.path(), &endpoint, &after);
+    let reps = c.replicas("v");
+    assert!(
+        reps.len() == 3 && reps.iter().all(|r| r["status"]["mode"] == "rw"),
+        "{reps:?}"
+    );
+    assert!(c.rebuilds().is_empty(), "{:?}", c.rebuilds());
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &after);
+    for r in c.replicas("v") {
+        let dir = c
+            .path(r["spec"]["nodeId"].as_str().unwrap())
+            .join(r["spec"]["diskId"].as_str().unwrap())
+            .join("replicas")
+            .join(r["name"].as_str().unwrap());
+        let fence = std::fs::read_to_string(dir.join(ballast_node::replica::FENCE_FILE)).unwrap();
+        assert_eq!(fence.trim(), "2", "{}", r["name"]);
+    }
 }
 
 /// Sends OPEN `name` and then LEND to a replica server, from the address

@@ -295,12 +295,20 @@ pub fn wire_as(dir: &Path, node: &str) -> ballast_node::wire::tls::WireTls {
     ballast_node::wire::tls::WireTls::new(&creds, node).unwrap()
 }
 
-/// The replica transport of an engine of `volume` on `node`, with
-/// credentials as the controller issues them, in the cluster of `dir`.
-pub fn engine_wire_as(dir: &Path, volume: &str, node: &str) -> ballast_node::wire::tls::WireTls {
+/// The replica transport of an engine of `volume` on `node`, started for
+/// the volume's attachment `epoch` (which it claims), with credentials as
+/// the controller issues them, in the cluster of `dir`.
+pub fn engine_wire_as(
+    dir: &Path,
+    volume: &str,
+    node: &str,
+    epoch: u64,
+) -> ballast_node::wire::tls::WireTls {
     let ca = ballast::tls::Ca::in_dir(&cluster_ca_dir(dir)).unwrap();
-    let creds = ca.issue_engine(volume, node).unwrap();
-    ballast_node::wire::tls::WireTls::new(&creds, node).unwrap()
+    let creds = ca.issue_engine(volume, node, epoch).unwrap();
+    ballast_node::wire::tls::WireTls::new(&creds, node)
+        .unwrap()
+        .for_attachment(epoch)
 }
 
 /// The header of a replica protocol request `op` at offset 0, with `len`

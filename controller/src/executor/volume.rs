@@ -323,12 +323,26 @@ async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Resul
     let serving = crate::freshness::serving(ctx, volume).await?;
     let local = serving.on(&node.id).unwrap_or_default().to_string();
     let holders = serving.holders.join(", ");
+    // A new attachment, counted before any engine can claim it: the
+    // replicas that its engine opens refuse the writes of every engine
+    // started before it. (A healthy engine the node keeps goes on with
+    // its own; the count only ever grows.)
+    let epoch = ctx
+        .store
+        .modify::<Volume, Error>(&volume.name, |v| {
+            v.status.engine_epoch += 1;
+            Ok(true)
+        })
+        .await?
+        .status
+        .engine_epoch;
     // With TLS on, the engine gets credentials for this volume on this
-    // node: the replicas take JOIN and FILL only from them.
+    // node, naming that attachment: the replicas take JOIN and FILL only
+    // from them, and the claim of the attachment only with them.
     let (tls_cert_pem, tls_key_pem) = match &ctx.ca {
         Some(ca) => {
             let c = ca
-                .issue_engine(&volume.name, &node.id)
+                .issue_engine(&volume.name, &node.id, epoch)
                 .map_err(|e| Error::Internal(format!("the engine's certificate: {e}")))?;
             (c.cert_pem.clone(), c.key_pem().to_string())
         }
@@ -346,6 +360,7 @@ async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Resul
             current: serving.current,
             tls_cert_pem,
             tls_key_pem,
+            epoch,
         }),
     )
     .await;

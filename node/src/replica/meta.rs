@@ -1,5 +1,6 @@
 //! `meta.json` of a replica: size, layer chain, revision, checksums of the
-//! frozen layers. Written crash-safely: temp file, fsync, rename, fsync dir.
+//! frozen layers. Written crash-safely: temp file, fsync, rename, fsync dir
+//! (`write_durably`, which the replica's other small files use too).
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -124,17 +125,23 @@ impl Meta {
     }
 
     pub fn write(&self, dir: &Path) -> Result<(), ReplicaError> {
-        let tmp = dir.join(format!(".{META_FILE}.tmp"));
-        let io = |e| ReplicaError::io(&tmp, e);
         let body =
             serde_json::to_vec_pretty(self).map_err(|e| ReplicaError::Corrupt(e.to_string()))?;
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&body).map_err(io)?;
-        f.sync_all().map_err(io)?;
-        std::fs::rename(&tmp, dir.join(META_FILE)).map_err(io)?;
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io)?;
-        Ok(())
+        write_durably(dir, META_FILE, &body)
     }
+}
+
+/// Replaces `dir/file` with `body` crash-safely: a crash leaves the old
+/// file or the new one, whole.
+pub fn write_durably(dir: &Path, file: &str, body: &[u8]) -> Result<(), ReplicaError> {
+    let tmp = dir.join(format!(".{file}.tmp"));
+    let io = |e| ReplicaError::io(&tmp, e);
+    let mut f = std::fs::File::create(&tmp).map_err(io)?;
+    f.write_all(body).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, dir.join(file)).map_err(io)?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io)?;
+    Ok(())
 }

@@ -3,7 +3,8 @@
 //! A replica is a directory `<disk>/replicas/<volume>-<replicaId>/` with a
 //! chain of sparse layer files — immutable snapshots and one writable head
 //! — plus `meta.json` (size, chain, revision, checksums of frozen layers)
-//! and `revision` (the live revision counter and the write log). A block is
+//! and `revision` (the live revision counter and the write log), and
+//! `engine-epoch` once an engine opened it (`fence`). A block is
 //! read from the newest layer that holds it; a write goes to the head.
 //! Which blocks a layer holds is its allocation, read at open from its
 //! extents (SEEK_DATA/SEEK_HOLE): a hole means "not in this layer". Each
@@ -14,6 +15,7 @@
 //! no engine, no placement.
 
 mod bitmap;
+mod fence;
 mod layers;
 mod merge;
 mod meta;
@@ -27,6 +29,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 pub use bitmap::Bitmap;
+pub use fence::FENCE_FILE;
 pub use layers::{JoinReport, LayerSpec};
 pub use merge::{MERGE_CHUNK, MergeJournal, MergeStep};
 pub use meta::{META_FILE, Meta, valid_snapshot_id};

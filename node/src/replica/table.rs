@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use super::{META_FILE, Replica, ReplicaError};
@@ -24,6 +25,9 @@ pub struct Replicas {
     next_loan: std::sync::atomic::AtomicU64,
     /// The replicas' writeback mark (see `Replica::set_writeback_every`).
     writeback_every: u64,
+    /// Each replica's engine fence (see `fence`), read from its file at
+    /// first use. Locked alone.
+    fences: Mutex<HashMap<String, Arc<AtomicU64>>>,
 }
 
 /// A loan as the borrower holds it; dropping it ends it.
@@ -79,6 +83,7 @@ impl Replicas {
             failed_disks: Mutex::new(Default::default()),
             lent: Mutex::new(HashMap::new()),
             next_loan: std::sync::atomic::AtomicU64::new(1),
+            fences: Mutex::new(HashMap::new()),
         })
     }
 
@@ -194,6 +199,49 @@ impl Replicas {
             open.insert(name.to_string(), r.clone());
         }
         Ok(r)
+    }
+
+    /// The engine fence of replica `name`: the latest attachment an engine
+    /// opened it for (see `fence`). It only ever grows; whoever holds it
+    /// sees it raised.
+    pub fn fence(&self, name: &str) -> Result<Arc<AtomicU64>, String> {
+        let mut fences = self
+            .fences
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?;
+        if let Some(f) = fences.get(name) {
+            return Ok(f.clone());
+        }
+        let dir = self.dir_of(name)?;
+        let epoch = super::fence::read(&dir).map_err(|e| e.to_string())?;
+        let f = Arc::new(AtomicU64::new(epoch));
+        fences.insert(name.to_string(), f.clone());
+        Ok(f)
+    }
+
+    /// Raises the engine fence of replica `name` to `epoch` when it is
+    /// lower, on disk first; returns the fence as it is then.
+    pub fn raise_fence(&self, name: &str, epoch: u64) -> Result<u64, String> {
+        let fence = self.fence(name)?;
+        // One raise at a time, so that the file never goes back.
+        let _one = self
+            .fences
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?;
+        let now = fence.load(Ordering::SeqCst);
+        if epoch <= now {
+            return Ok(now);
+        }
+        let dir = self.dir_of(name)?;
+        super::fence::write(&dir, epoch).map_err(|e| e.to_string())?;
+        fence.store(epoch, Ordering::SeqCst);
+        tracing::info!(
+            replica = name,
+            from = now,
+            to = epoch,
+            "engine fence raised"
+        );
+        Ok(epoch)
     }
 
     /// The directory of replica `name` on this node's disks.
@@ -327,6 +375,9 @@ impl Replicas {
             && let Ok(mut r) = r.write()
         {
             r.break_off(format!("replica {name} is being deleted"));
+        }
+        if let Ok(mut fences) = self.fences.lock() {
+            fences.remove(name);
         }
         std::fs::remove_dir_all(dir)
     }

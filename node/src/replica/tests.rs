@@ -768,3 +768,24 @@ fn labels_travel_with_the_layers_a_join_takes() {
     let labels: Vec<Option<String>> = dst.layers().into_iter().map(|l| l.snapshot).collect();
     assert_eq!(labels, [Some("s1".to_string()), None]);
 }
+
+#[test]
+fn a_replicas_engine_fence_only_rises_and_is_read_back_by_a_new_table() {
+    let disk = tempfile::tempdir().unwrap();
+    let dir = replica_dir(disk.path(), "v-r1");
+    std::fs::create_dir_all(&dir).unwrap();
+    drop(Replica::create(&dir, 16 * BLOCK).unwrap());
+    let table = Replicas::new(vec![disk.path().to_path_buf()]);
+    let fence = table.fence("v-r1").unwrap();
+    assert_eq!(fence.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(table.raise_fence("v-r1", 2).unwrap(), 2);
+    // A lower claim leaves it; whoever holds it sees the raise.
+    assert_eq!(table.raise_fence("v-r1", 1).unwrap(), 2);
+    assert_eq!(fence.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(table.raise_fence("v-r1", 5).unwrap(), 5);
+    assert_eq!(fence.load(std::sync::atomic::Ordering::SeqCst), 5);
+    // On disk before in memory: a node plugin started anew reads it.
+    let again = Replicas::new(vec![disk.path().to_path_buf()]);
+    assert_eq!(again.raise_fence("v-r1", 4).unwrap(), 5);
+    assert!(again.fence("no-such").is_err());
+}

@@ -172,6 +172,8 @@ impl ReplicaServer {
             budget: Budget::default(),
             same_node,
             peer,
+            claimed: 0,
+            fence: None,
         };
         let result = loop {
             // A connection that has not opened a replica yet has
@@ -347,6 +349,10 @@ struct Connection {
     same_node: bool,
     /// Who the peer is (its certificates, with TLS on).
     peer: Peer,
+    /// The attachment its engine claimed at OPEN (0: none), and the bound
+    /// replica's fence: no mutation while the claim is below it.
+    claimed: u64,
+    fence: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl Connection {
@@ -412,7 +418,7 @@ impl Connection {
 
     async fn handle(&mut self, req: Request, payload: bytes::Bytes) -> std::io::Result<Flow> {
         if req.op == Op::Open {
-            return Ok(self.open(req.id, &payload).await);
+            return Ok(self.open(&req, &payload).await);
         }
         let Some((name, replica)) = self.bound.clone() else {
             let e = error(
@@ -422,12 +428,17 @@ impl Connection {
             );
             return Ok(self.reply(e).await);
         };
-        if req.op == Op::Lend {
-            return self.lend(&req, &name).await;
-        }
         if matches!(req.op, Op::Join | Op::Fill | Op::Grow) && !self.drives(&replica) {
             let why = "JOIN, FILL and GROW are only for the engine the controller started for this replica's volume";
             return Ok(self.reply(error(req.id, status::DENIED, why)).await);
+        }
+        if req.op == Op::Lend {
+            return self.lend(&req, &name).await;
+        }
+        if req.op.mutates()
+            && let Some(why) = self.fenced_out(&name)
+        {
+            return Ok(self.reply(error(req.id, status::FENCED, &why)).await);
         }
         let replicas = &self.server.replicas;
         let fresh = matches!(req.op, Op::Info | Op::Layers | Op::WriteLog);
@@ -449,20 +460,74 @@ impl Connection {
         Ok(self.dispatch(req, payload, name, replica).await)
     }
 
-    /// OPEN: binds the connection to a replica.
+    /// OPEN: binds the connection to a replica, for the attachment its
+    /// engine claims (`offset`; see `replica::fence`).
     /// The reply says what the replica takes: `{"sums": true}` when it
     /// keeps block checksums, so that writes may bring them (FLAG_SUMS).
-    async fn open(&mut self, id: u64, payload: &[u8]) -> Flow {
+    async fn open(&mut self, req: &Request, payload: &[u8]) -> Flow {
+        let (id, claimed) = (req.id, req.offset);
         let name = String::from_utf8_lossy(payload).into_owned();
         let reply = match self.server.replicas.find(&name) {
-            Ok(r) => {
-                let sums = r.read().is_ok_and(|r| r.keeps_sums());
-                self.bound = Some((name, r));
-                ok_json(id, &serde_json::json!({ "sums": sums }))
-            }
+            Ok(r) => match self.claim(&name, &r, claimed) {
+                Ok(fence) => {
+                    let sums = r.read().is_ok_and(|r| r.keeps_sums());
+                    self.bound = Some((name, r));
+                    self.claimed = claimed;
+                    self.fence = Some(fence);
+                    ok_json(id, &serde_json::json!({ "sums": sums }))
+                }
+                Err((code, why)) => error(id, code, &why),
+            },
             Err(e) => error(id, status::NOT_FOUND, &e),
         };
         self.reply(reply).await
+    }
+
+    /// Why this connection may not change its replica: its engine's
+    /// attachment is below the replica's fence. None when it may.
+    fn fenced_out(&self, name: &str) -> Option<String> {
+        let latest = self
+            .fence
+            .as_ref()?
+            .load(std::sync::atomic::Ordering::SeqCst);
+        (self.claimed < latest).then(|| fenced(name, self.claimed, latest))
+    }
+
+    /// Takes the claim of attachment `claimed` on `replica`: with TLS, the
+    /// peer's certificate must name it; the fence rises to it; a claim
+    /// below the fence is refused. No claim (0) binds for reading (and
+    /// for mutations while no engine has claimed one).
+    fn claim(
+        &self,
+        name: &str,
+        replica: &Shared,
+        claimed: u64,
+    ) -> Result<Arc<std::sync::atomic::AtomicU64>, (u32, String)> {
+        let replicas = &self.server.replicas;
+        let fence = replicas.fence(name).map_err(|e| (status::NOT_FOUND, e))?;
+        if claimed == 0 {
+            return Ok(fence);
+        }
+        let volume = replica
+            .read()
+            .map(|r| r.volume().to_string())
+            .map_err(|_| (status::IO, "replica lock poisoned".to_string()))?;
+        if !self
+            .peer
+            .is(&ballast::tls::Role::Attachment(volume.clone(), claimed))
+        {
+            let why = format!(
+                "the peer's certificate does not name attachment {claimed} of volume {volume}"
+            );
+            return Err((status::DENIED, why));
+        }
+        let latest = replicas
+            .raise_fence(name, claimed)
+            .map_err(|e| (status::IO, e))?;
+        if claimed < latest {
+            return Err((status::FENCED, fenced(name, claimed, latest)));
+        }
+        Ok(fence)
     }
 
     /// Whether the peer is the engine of `replica`'s volume (its
@@ -487,6 +552,8 @@ impl Connection {
         } else if req.flags & FLAG_RETURN != 0 {
             self.loan = None;
             (ok_empty(req.id), Vec::new())
+        } else if let Some(why) = self.fenced_out(name) {
+            error(req.id, status::FENCED, &why)
         } else if self.loan.is_some() {
             (ok_empty(req.id), Vec::new())
         } else if self.queued.load(std::sync::atomic::Ordering::SeqCst) > 0 {
@@ -606,6 +673,13 @@ async fn send_answered(
         w.write_all(&body).await?;
     }
     w.flush().await
+}
+
+/// Why an engine of attachment `claimed` may not change replica `name`.
+fn fenced(name: &str, claimed: u64, latest: u64) -> String {
+    format!(
+        "replica {name} was opened for attachment {latest} of its volume: the engine of attachment {claimed} may not change it"
+    )
 }
 
 fn ok_empty(id: u64) -> Response {

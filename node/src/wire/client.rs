@@ -413,7 +413,15 @@ impl ReplicaClient {
         };
         // A server that takes the connection but never answers the OPEN
         // does not hold the caller (an engine starting, a rebuild).
-        let open = client.call(Op::Open, 0, name.len() as u32, 0, 0, name.as_bytes());
+        // An engine claims the attachment it was started for.
+        let open = client.call(
+            Op::Open,
+            tls.attachment(),
+            name.len() as u32,
+            0,
+            0,
+            name.as_bytes(),
+        );
         let opened = tokio::time::timeout(super::HANDSHAKE_TIMEOUT, open)
             .await
             .map_err(|_| ClientError::Closed {

@@ -47,7 +47,10 @@ pub enum Op {
     Info = 5,
     Snapshot = 6,
     Layers = 7,
-    /// Binds the connection to a replica, by name (payload).
+    /// Binds the connection to a replica, by name (payload). `offset` is
+    /// the attachment of the replica's volume the engine was started for
+    /// (0: none claimed): the replica's fence rises to it, and a claim
+    /// below the fence is refused (FENCED).
     Open = 8,
     /// Joins a rebuild: payload JSON `{frozen: [{name, checksum}], head,
     /// revision}`; replies a JSON join report.
@@ -80,6 +83,21 @@ pub enum Op {
 }
 
 impl Op {
+    /// Whether it changes the replica (what a fenced engine may not do).
+    pub fn mutates(self) -> bool {
+        matches!(
+            self,
+            Op::Write
+                | Op::Flush
+                | Op::Trim
+                | Op::Snapshot
+                | Op::Join
+                | Op::Fill
+                | Op::Lend
+                | Op::Grow
+        )
+    }
+
     fn from_u8(v: u8) -> Option<Op> {
         Some(match v {
             1 => Op::Read,
@@ -116,6 +134,9 @@ pub mod status {
     pub const BUSY: u32 = 16;
     /// Not for this peer (a LEND from another node).
     pub const DENIED: u32 = 13;
+    /// The replica was opened for a later attachment of its volume: the
+    /// engine of an earlier one may not change it (ESTALE).
+    pub const FENCED: u32 = 116;
     /// Its disk is full: the write did not fit (what it held before stays).
     pub const NO_SPACE: u32 = 28;
     /// Data read does not match its checksum (of a FILL: the source's).

@@ -17,9 +17,15 @@ pub type Reader = Box<dyn AsyncRead + Send + Unpin>;
 pub type Writer = Box<dyn AsyncWrite + Send + Unpin>;
 
 /// How replica connections are made and taken: plain TCP (the default) or
-/// mutual TLS.
+/// mutual TLS; and, for an engine, the attachment it claims when it opens
+/// a replica.
 #[derive(Clone, Default)]
-pub struct WireTls(Option<Arc<Sides>>);
+pub struct WireTls {
+    sides: Option<Arc<Sides>>,
+    /// The volume's attachment this process acts for (an engine's epoch;
+    /// 0: none). With TLS on, its certificate names it.
+    attachment: u64,
+}
 
 struct Sides {
     acceptor: TlsAcceptor,
@@ -31,7 +37,7 @@ struct Sides {
 
 impl std::fmt::Debug for WireTls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
+        f.write_str(if self.sides.is_some() {
             "WireTls(on)"
         } else {
             "WireTls(off)"
@@ -85,22 +91,37 @@ const _: () = assert!(SEAL_AHEAD == 4 * 65_640);
 impl WireTls {
     /// Mutual TLS with `credentials`, those of node `node_id`.
     pub fn new(credentials: &Credentials, node_id: &str) -> Result<WireTls, TlsError> {
-        Ok(WireTls(Some(Arc::new(Sides {
-            acceptor: TlsAcceptor::from(credentials.rustls_server()?),
-            connector: TlsConnector::from(credentials.rustls_client()?),
-            me: Role::Node(node_id.to_string()),
-        }))))
+        Ok(WireTls {
+            attachment: 0,
+            sides: Some(Arc::new(Sides {
+                acceptor: TlsAcceptor::from(credentials.rustls_server()?),
+                connector: TlsConnector::from(credentials.rustls_client()?),
+                me: Role::Node(node_id.to_string()),
+            })),
+        })
+    }
+
+    /// The same, for an engine started for the volume's attachment
+    /// `epoch`: it claims it at every OPEN.
+    pub fn for_attachment(mut self, epoch: u64) -> WireTls {
+        self.attachment = epoch;
+        self
+    }
+
+    /// The attachment claimed at every OPEN (0: none).
+    pub fn attachment(&self) -> u64 {
+        self.attachment
     }
 
     pub fn is_on(&self) -> bool {
-        self.0.is_some()
+        self.sides.is_some()
     }
 
     /// The client side of a new connection: the server must show a node's
     /// certificate of the cluster.
     pub async fn connect(&self, tcp: TcpStream) -> std::io::Result<(Reader, Writer)> {
         let _ = tcp.set_nodelay(true);
-        let Some(s) = &self.0 else {
+        let Some(s) = &self.sides else {
             let (r, w) = tcp.into_split();
             return Ok((Box::new(r), Box::new(w)));
         };
@@ -118,7 +139,7 @@ impl WireTls {
     /// of the cluster fails the handshake, before any request is read.
     pub async fn accept(&self, tcp: TcpStream) -> std::io::Result<(Reader, Writer, Peer)> {
         let _ = tcp.set_nodelay(true);
-        let Some(s) = &self.0 else {
+        let Some(s) = &self.sides else {
             let (r, w) = tcp.into_split();
             return Ok((Box::new(r), Box::new(w), Peer::Plain));
         };
