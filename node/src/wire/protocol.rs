@@ -83,18 +83,13 @@ pub enum Op {
 }
 
 impl Op {
-    /// Whether it changes the replica (what a fenced engine may not do).
+    /// Whether it changes the replica's data (what a fenced engine may not
+    /// do). SNAPSHOT does not: it freezes the head as it is, and an
+    /// offline rebuild asks it of its source with its node's certificate.
     pub fn mutates(self) -> bool {
         matches!(
             self,
-            Op::Write
-                | Op::Flush
-                | Op::Trim
-                | Op::Snapshot
-                | Op::Join
-                | Op::Fill
-                | Op::Lend
-                | Op::Grow
+            Op::Write | Op::Flush | Op::Trim | Op::Join | Op::Fill | Op::Lend | Op::Grow
         )
     }
 
