@@ -589,9 +589,10 @@ impl Engines {
         }
     }
 
-    /// Stops the engine of a volume (nothing to do when none runs).
+    /// Stops the engine of a volume (nothing to do when none runs); says
+    /// whether one ran.
     #[tracing::instrument(skip_all, fields(volume = %volume))]
-    pub async fn stop(&self, volume: &str) -> Result<(), Error> {
+    pub async fn stop(&self, volume: &str) -> Result<bool, Error> {
         let mut running = self.running.lock().await;
         // A staged volume's filesystem or device sits on the engine's
         // export: stopping the engine under it would fail every I/O there.
@@ -602,6 +603,7 @@ impl Engines {
                 "volume {volume} is still staged on this node; NodeUnstageVolume first"
             )));
         }
+        let stopped = running.get(volume).is_some_and(|r| alive(r.pid));
         if let Some(r) = running.remove(volume) {
             let pid = Pid::from_raw(r.pid);
             let _ = kill(pid, Signal::SIGTERM);
@@ -623,7 +625,7 @@ impl Engines {
             let _ = std::fs::remove_file(f);
         }
         let _ = std::fs::remove_dir_all(self.tls_dir(volume));
-        Ok(())
+        Ok(stopped)
     }
 
     /// Where the credentials of the engine of `volume` are kept.

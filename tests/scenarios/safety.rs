@@ -729,3 +729,64 @@ fn a_scrub_finds_a_corrupt_frozen_layer_nobody_read_and_the_replica_is_rebuilt()
     let endpoint = c.attach("v", "node-1");
     verify_data(c.dir.path(), &endpoint, &a);
 }
+
+/// A volume whose node died is detached all the same and attached on
+/// another node. The engine left running on the dead node's machine is
+/// fenced out at the replicas: a write through it is never acknowledged.
+/// Once the node is back its engine is stopped and its replica rebuilt,
+/// and the data reads back throughout.
+#[test]
+fn a_volume_whose_node_died_moves_and_the_engine_left_behind_is_fenced_then_stopped() {
+    let mut c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
+    let old = c.attach("v", "node-1");
+    c.wait_settled("v", 3, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &old, 71);
+    // The node plugin dies; its engine, a process of its own, goes on.
+    let i = c.node_index("node-1");
+    c.kill_node(i);
+    wait_for(Duration::from_secs(30), "node-1 down", || {
+        (node(&c.api, "node-1").unwrap()["status"]["ready"] == false).then_some(())
+    });
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let detached = c.events("volume/v");
+    assert!(
+        detached.iter().any(|e| e["reason"] == "VolumeDetached"
+            && e["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("which is down")),
+        "{detached:?}"
+    );
+    let new = c.attach("v", "node-2");
+    verify_data(c.dir.path(), &new, &a);
+
+    // The engine left behind reaches the replicas on node-2 and node-3,
+    // which the new engine opened for a later attachment.
+    let (ok, out) = qemu_io(&old, &["write -P 0x5a 0 64k", "flush"]);
+    assert!(
+        !ok,
+        "a write through the engine left behind was acknowledged: {out}"
+    );
+    // None of it reached a replica the new engine serves.
+    verify_data(c.dir.path(), &new, &a);
+    verify_replicas(&c, "v", &a);
+    let b = write_data(c.dir.path(), &new, 72);
+
+    // node-1 is back: the engine left there is stopped, and its replica,
+    // out of the record since, is rebuilt.
+    c.restart_node(i);
+    wait_for(
+        Duration::from_secs(60),
+        "the engine left behind stopped",
+        || {
+            c.event_reasons("volume/v")
+                .contains(&"StrayEngineStopped".to_string())
+                .then_some(())
+        },
+    );
+    c.wait_settled("v", 3, Duration::from_secs(120));
+    verify_data(c.dir.path(), &new, &b);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &b);
+}

@@ -426,7 +426,11 @@ pub async fn restart_engine(
     Ok(())
 }
 
-/// Stops the volume's engine.
+/// Stops the volume's engine. When its node is down and cannot be asked,
+/// the volume is detached all the same: an engine still running there is
+/// fenced out at every replica the volume's next engine opens (its
+/// attachment is below theirs), and is stopped once the node is back
+/// (`nodes::registry`).
 #[tracing::instrument(skip_all, fields(volume = %name))]
 pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
     let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
@@ -434,15 +438,24 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
     let Some(node_id) = volume.status.attached_node.clone() else {
         return Ok(volume);
     };
+    let mut left_behind = None;
     if let Some(node) = ctx.store.get::<Node>(&node_id).await? {
-        let mut c = agent(&node, &ctx.member)?;
-        with_timeout(
-            &node_id,
-            c.stop_engine(StopEngineRequest {
-                volume: name.to_string(),
-            }),
-        )
-        .await?;
+        let stopped = async {
+            let mut c = agent(&node, &ctx.member)?;
+            with_timeout(
+                &node_id,
+                c.stop_engine(StopEngineRequest {
+                    volume: name.to_string(),
+                }),
+            )
+            .await
+        }
+        .await;
+        match stopped {
+            Ok(_) => {}
+            Err(e) if !node.status.ready => left_behind = Some(e.to_string()),
+            Err(e) => return Err(e),
+        }
     }
     let volume = ctx
         .store
@@ -455,13 +468,14 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
             Ok(true)
         })
         .await?;
-    ctx.event(
-        Kind::Volume,
-        name,
-        "VolumeDetached",
-        format!("detached from {node_id}"),
-    )
-    .await;
+    let message = match left_behind {
+        None => format!("detached from {node_id}"),
+        Some(why) => format!(
+            "detached from {node_id}, which is down ({why}): an engine still running there is fenced out at every replica the next one opens, and stopped when the node is back"
+        ),
+    };
+    ctx.event(Kind::Volume, name, "VolumeDetached", message)
+        .await;
     Ok(volume)
 }
 

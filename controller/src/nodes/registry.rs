@@ -258,6 +258,7 @@ impl Controlplane for ControlplaneService {
             }
         }
         restart_dead_engines(ctx, &req.node_id, &req.engines).await;
+        stop_stray_engines(ctx, &req.node_id, &req.engines).await;
         Ok(Response::new(HeartbeatResponse { known: true }))
     }
 
@@ -366,6 +367,74 @@ async fn restart_dead_engines(
         tokio::spawn(async move {
             if let Err(e) = crate::executor::restart_engine(&ctx, &v.name, &node, &problem).await {
                 tracing::warn!(volume = %v.name, error = %e, "cannot restart the engine");
+            }
+        });
+    }
+}
+
+/// Engines a node reports for volumes not attached at it (the
+/// node was down when its volume was detached) are stopped: the replicas
+/// already refuse their changes (their attachment is behind), and their
+/// records are refused; this ends the process. An engine of a volume the
+/// store does not know is left alone, as its replicas are.
+async fn stop_stray_engines(
+    ctx: &Arc<Context>,
+    node: &str,
+    engines: &[ballast::proto::agent::v1::EngineStatus],
+) {
+    use ballast::model::Volume;
+    let here: std::collections::HashSet<String> = match ctx.records().await {
+        Ok(m) => m.attached_at(node).map(|v| v.name.clone()).collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the volumes to check their engines");
+            return;
+        }
+    };
+    // Running or not: one fenced out answers its health check with its
+    // fault, and its process still has to end.
+    for e in engines.iter().filter(|e| !here.contains(&e.volume)) {
+        let (ctx, node, volume) = (ctx.clone(), node.to_string(), e.volume.clone());
+        tokio::spawn(async move {
+            // Under the volume's guard, from the store itself: an attach
+            // here records its node before it starts the engine.
+            let Ok(_guard) = ctx.lock_volume(&volume) else {
+                return;
+            };
+            let stray = match ctx.store.get::<Volume>(&volume).await {
+                Ok(Some(v)) => v.status.attached_node.as_deref() != Some(node.as_str()),
+                _ => false,
+            };
+            if !stray {
+                return;
+            }
+            let stopped = async {
+                let n: Node = ctx.store.fetch(&node).await?;
+                let mut c = crate::agents::client(&n, &ctx.member)?;
+                crate::agents::with_timeout(
+                    &node,
+                    c.stop_engine(ballast::proto::agent::v1::StopEngineRequest {
+                        volume: volume.clone(),
+                    }),
+                )
+                .await
+            }
+            .await;
+            match stopped {
+                Ok(r) if !r.get_ref().stopped => {}
+                Ok(_) => {
+                    ctx.event(
+                        Kind::Volume,
+                        &volume,
+                        "StrayEngineStopped",
+                        format!(
+                            "an engine of it still ran on {node}, where it is not attached; stopped"
+                        ),
+                    )
+                    .await
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %volume, node = %node, error = %e, "cannot stop a stray engine")
+                }
             }
         });
     }

@@ -209,8 +209,8 @@ impl NodeAgent for NodeAgentService {
         &self,
         request: Request<StopEngineRequest>,
     ) -> Result<Response<StopEngineResponse>, Status> {
-        self.ctx.engines.stop(&request.into_inner().volume).await?;
-        Ok(Response::new(StopEngineResponse {}))
+        let stopped = self.ctx.engines.stop(&request.into_inner().volume).await?;
+        Ok(Response::new(StopEngineResponse { stopped }))
     }
 
     #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, volume = %request.get_ref().volume, replica = %request.get_ref().replica))]
