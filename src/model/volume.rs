@@ -164,10 +164,11 @@ pub struct VolumeStatus {
     /// acknowledges a write that a replica it dropped lacks.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub current_replicas: Vec<String>,
-    /// The attachment the volume's engine was last started for: it grows by
-    /// one at every start of an engine. The engine carries it to the
-    /// replicas, which refuse the writes of engines started for an earlier
-    /// one (0: none started since the count existed).
+    /// The volume's latest attachment: it grows by one at every start of
+    /// an engine (the engine carries it to the replicas) and at every
+    /// detach (which ends it at the replicas). Replicas refuse the writes
+    /// of engines started for an earlier one (0: none since the count
+    /// existed).
     #[serde(default)]
     pub engine_epoch: u64,
     /// Bytes the data takes in each replica, when known (else the size

@@ -67,9 +67,11 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
 
     let rt = runtime();
     let node_3 = wire_as(c.dir.path(), "node-3");
-    // Credentials of the engine of the volume's one attachment so far.
+    // Credentials of an engine of the volume's latest attachment, which
+    // its replicas take changes from: one attachment, and its end at the
+    // detach, counted.
     let epoch = c.volume("v")["status"]["engineEpoch"].as_u64().unwrap();
-    assert_eq!(epoch, 1, "one attachment, one engine started");
+    assert_eq!(epoch, 2, "an engine started, then detached");
     let engine_on_3 = engine_wire_as(c.dir.path(), "v", "node-3", epoch);
     for r in c.replicas("v") {
         let name = r["name"].as_str().unwrap();
@@ -133,21 +135,34 @@ fn an_engine_of_an_earlier_attachment_is_fenced_out_and_the_volume_keeps_its_dat
     c.wait_settled("v", 3, Duration::from_secs(60));
     write_data(c.dir.path(), &endpoint, 24);
     c.ok("POST", "/v1/volumes/v/detach", None);
-    // The volume moves to node-2: a second attachment, whose engine opens
+    // The detach ends the attachment at every replica: credentials of its
+    // engine are refused at once.
+    let rt = runtime();
+    let first = engine_wire_as(c.dir.path(), "v", "node-1", 1);
+    for r in c.replicas("v") {
+        let name = r["name"].as_str().unwrap();
+        let node = c.node(r["spec"]["nodeId"].as_str().unwrap());
+        let addr = node["status"]["replicaEndpoint"].as_str().unwrap();
+        let e = rt
+            .block_on(ReplicaClient::dial(&first, addr, name))
+            .err()
+            .unwrap();
+        assert_eq!(refusal(&e), status::FENCED, "{name}: {e}");
+        assert!(e.to_string().contains("attachment 2"), "{e}");
+    }
+    // The volume moves to node-2: a later attachment, whose engine opens
     // every replica for it.
     let endpoint = c.attach("v", "node-2");
     c.wait_settled("v", 3, Duration::from_secs(60));
     let data = write_data(c.dir.path(), &endpoint, 25);
-    assert_eq!(c.volume("v")["status"]["engineEpoch"], 2);
+    assert_eq!(c.volume("v")["status"]["engineEpoch"], 3);
 
     // An engine of the first attachment, still running on node-1 (a node
     // the cluster gave up on, say): every replica refuses it at OPEN, the
     // one lent to the engine on node-2 included. Its credentials cannot
-    // claim the second attachment either, and a node's certificate, which
+    // claim the latest attachment either, and a node's certificate, which
     // claims none, opens a replica but changes nothing.
-    let rt = runtime();
-    let first = engine_wire_as(c.dir.path(), "v", "node-1", 1);
-    let forged = first.clone().for_attachment(2);
+    let forged = first.clone().for_attachment(3);
     let node_3 = wire_as(c.dir.path(), "node-3");
     for r in c.replicas("v") {
         let name = r["name"].as_str().unwrap();
@@ -156,7 +171,7 @@ fn an_engine_of_an_earlier_attachment_is_fenced_out_and_the_volume_keeps_its_dat
         rt.block_on(async {
             let e = ReplicaClient::dial(&first, addr, name).await.err().unwrap();
             assert_eq!(refusal(&e), status::FENCED, "{name}: {e}");
-            assert!(e.to_string().contains("attachment 2"), "{e}");
+            assert!(e.to_string().contains("attachment 3"), "{e}");
             let e = ReplicaClient::dial(&forged, addr, name)
                 .await
                 .err()
@@ -199,7 +214,8 @@ fn an_engine_of_an_earlier_attachment_is_fenced_out_and_the_volume_keeps_its_dat
             .join("replicas")
             .join(r["name"].as_str().unwrap());
         let fence = std::fs::read_to_string(dir.join(ballast_node::replica::FENCE_FILE)).unwrap();
-        assert_eq!(fence.trim(), "2", "{}", r["name"]);
+        // The last detach ended the third attachment too.
+        assert_eq!(fence.trim(), "4", "{}", r["name"]);
     }
 }
 

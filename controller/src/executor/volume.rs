@@ -465,18 +465,59 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
             v.status.frontend_endpoint = None;
             v.status.state = VolumeState::Detached;
             v.status.robustness = Robustness::Unknown;
+            // The attachment is over: its engine's claim falls behind.
+            v.status.engine_epoch += 1;
             Ok(true)
         })
         .await?;
+    let fenced = fence_replicas(ctx, &volume).await;
     let message = match left_behind {
         None => format!("detached from {node_id}"),
         Some(why) => format!(
-            "detached from {node_id}, which is down ({why}): an engine still running there is fenced out at every replica the next one opens, and stopped when the node is back"
+            "detached from {node_id}, which is down ({why}): an engine still running there is fenced out at {fenced} of {} current replicas, and at every other one the next engine opens, and stopped when the node is back",
+            volume.status.current_replicas.len()
         ),
     };
     ctx.event(Kind::Volume, name, "VolumeDetached", message)
         .await;
     Ok(volume)
+}
+
+/// Raises the engine fence of each of `volume`'s current replicas on a
+/// ready node to its engine epoch, so that the engine of the attachment
+/// that ended changes none of them from now on, not only once the next
+/// engine opens them. A replica that cannot be reached now keeps its
+/// fence until then. Returns how many were fenced.
+async fn fence_replicas(ctx: &Arc<Context>, volume: &Volume) -> usize {
+    use ballast::proto::agent::v1::FenceReplicaRequest;
+    let epoch = volume.status.engine_epoch;
+    let mut fenced = 0;
+    for name in &volume.status.current_replicas {
+        let done = async {
+            let replica: Replica = ctx.store.fetch(name).await?;
+            let node: Node = ctx.store.fetch(&replica.spec.node_id).await?;
+            if !node.status.ready {
+                return Err(Error::Unavailable(format!("node {} is down", node.id)));
+            }
+            let mut c = agent(&node, &ctx.member)?;
+            with_timeout(
+                &node.id,
+                c.fence_replica(FenceReplicaRequest {
+                    name: name.clone(),
+                    epoch,
+                }),
+            )
+            .await
+        }
+        .await;
+        match done {
+            Ok(_) => fenced += 1,
+            Err(e) => {
+                tracing::warn!(volume = %volume.name, replica = %name, error = %e, "replica not fenced at detach; the next engine fences it")
+            }
+        }
+    }
+    fenced
 }
 
 /// Grows a detached volume to `size` bytes, in two phases. First the

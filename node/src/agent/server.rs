@@ -8,14 +8,15 @@ use std::sync::Arc;
 use ballast::proto::agent::v1::node_agent_server::NodeAgent;
 use ballast::proto::agent::v1::{
     AddEngineReplicaRequest, AddEngineReplicaResponse, CreateReplicaRequest, CreateReplicaResponse,
-    DeleteReplicaRequest, DeleteReplicaResponse, GetNodeStatusRequest, GetNodeStatusResponse,
-    GrowEngineRequest, GrowEngineResponse, GrowReplicaRequest, GrowReplicaResponse,
-    ListEnginesRequest, ListEnginesResponse, ListReplicasRequest, ListReplicasResponse,
-    MergeReplicaRequest, MergeReplicaResponse, RebuildReplicaRequest, RebuildReplicaResponse,
-    RemoveEngineReplicaRequest, RemoveEngineReplicaResponse, ReplicaStatus, RestoreReplicaRequest,
-    RestoreReplicaResponse, ScrubReplicaRequest, ScrubReplicaResponse, SnapshotReplicaRequest,
-    SnapshotReplicaResponse, SnapshotVolumeRequest, SnapshotVolumeResponse, StartEngineRequest,
-    StartEngineResponse, StopEngineRequest, StopEngineResponse,
+    DeleteReplicaRequest, DeleteReplicaResponse, FenceReplicaRequest, FenceReplicaResponse,
+    GetNodeStatusRequest, GetNodeStatusResponse, GrowEngineRequest, GrowEngineResponse,
+    GrowReplicaRequest, GrowReplicaResponse, ListEnginesRequest, ListEnginesResponse,
+    ListReplicasRequest, ListReplicasResponse, MergeReplicaRequest, MergeReplicaResponse,
+    RebuildReplicaRequest, RebuildReplicaResponse, RemoveEngineReplicaRequest,
+    RemoveEngineReplicaResponse, ReplicaStatus, RestoreReplicaRequest, RestoreReplicaResponse,
+    ScrubReplicaRequest, ScrubReplicaResponse, SnapshotReplicaRequest, SnapshotReplicaResponse,
+    SnapshotVolumeRequest, SnapshotVolumeResponse, StartEngineRequest, StartEngineResponse,
+    StopEngineRequest, StopEngineResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -149,6 +150,27 @@ impl NodeAgent for NodeAgentService {
             Err(crate::replica::ReplicaError::Invalid(m)) => Err(invalid("size", m).into()),
             Err(e) => Err(Error::Internal(e.to_string()).into()),
         }
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, replica = %request.get_ref().name, epoch = request.get_ref().epoch))]
+    async fn fence_replica(
+        &self,
+        request: Request<FenceReplicaRequest>,
+    ) -> Result<Response<FenceReplicaResponse>, Status> {
+        let FenceReplicaRequest { name, epoch } = request.into_inner();
+        ballast::model::validate_name(&name).map_err(|m| Error::Invalid {
+            field: "name".into(),
+            message: m,
+        })?;
+        let Some(server) = &self.ctx.replicas else {
+            return Err(Error::Unavailable("this node serves no replicas".into()).into());
+        };
+        server.replicas().dir_of(&name).map_err(Error::NotFound)?;
+        let fence = server
+            .replicas()
+            .raise_fence(&name, epoch)
+            .map_err(Error::Internal)?;
+        Ok(Response::new(FenceReplicaResponse { fence }))
     }
 
     #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, replica = %request.get_ref().name))]
