@@ -145,18 +145,9 @@ fn read_identity(dir: &Path) -> Result<Option<DiskIdentityFile>, Error> {
 
 /// Writes the identity file crash-safely: temp file, fsync, rename.
 fn write_identity(dir: &Path, f: &DiskIdentityFile) -> Result<(), Error> {
-    use std::io::Write;
-    let io = |e: std::io::Error| Error::disk(dir, format!("cannot write {IDENTITY_FILE}: {e}"));
-    let tmp = dir.join(format!(".{IDENTITY_FILE}.tmp"));
-    let mut file = std::fs::File::create(&tmp).map_err(io)?;
     let body = serde_json::to_vec_pretty(f).map_err(|e| Error::disk(dir, e.to_string()))?;
-    file.write_all(&body).map_err(io)?;
-    file.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, dir.join(IDENTITY_FILE)).map_err(io)?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io)?;
-    Ok(())
+    crate::replica::write_durably(dir, IDENTITY_FILE, &body)
+        .map_err(|e| Error::disk(dir, format!("cannot write {IDENTITY_FILE}: {e}")))
 }
 
 /// The disk's directory, canonical; an error naming it when it is missing

@@ -32,7 +32,7 @@ pub use bitmap::Bitmap;
 pub use fence::FENCE_FILE;
 pub use layers::{JoinReport, LayerSpec};
 pub use merge::{MERGE_CHUNK, MergeJournal, MergeStep};
-pub use meta::{META_FILE, Meta, valid_snapshot_id};
+pub use meta::{META_FILE, Meta, valid_snapshot_id, write_durably};
 pub use revision::{LOG_ENTRIES, LogEntry, LogOp};
 pub use sums::{of as block_sum, of_blocks as block_sums};
 pub use table::{LoanGuard, MergeReport, Replicas, Shared, merge_paced, replica_dir};

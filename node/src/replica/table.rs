@@ -201,33 +201,26 @@ impl Replicas {
         Ok(r)
     }
 
-    /// The engine fence of replica `name`: the latest attachment an engine
-    /// opened it for (see `fence`). It only ever grows; whoever holds it
-    /// sees it raised.
+    /// The engine fence of replica `name`: the latest attachment that may
+    /// change it (see `fence`). It only ever grows; whoever holds it sees
+    /// it raised.
     pub fn fence(&self, name: &str) -> Result<Arc<AtomicU64>, String> {
         let mut fences = self
             .fences
             .lock()
             .map_err(|_| "registry poisoned".to_string())?;
-        if let Some(f) = fences.get(name) {
-            return Ok(f.clone());
-        }
-        let dir = self.dir_of(name)?;
-        let epoch = super::fence::read(&dir).map_err(|e| e.to_string())?;
-        let f = Arc::new(AtomicU64::new(epoch));
-        fences.insert(name.to_string(), f.clone());
-        Ok(f)
+        self.fence_in(&mut fences, name)
     }
 
     /// Raises the engine fence of replica `name` to `epoch` when it is
-    /// lower, on disk first; returns the fence as it is then.
+    /// lower, on disk first; returns the fence as it is then. One raise at
+    /// a time (under the table's lock), so that the file never goes back.
     pub fn raise_fence(&self, name: &str, epoch: u64) -> Result<u64, String> {
-        let fence = self.fence(name)?;
-        // One raise at a time, so that the file never goes back.
-        let _one = self
+        let mut fences = self
             .fences
             .lock()
             .map_err(|_| "registry poisoned".to_string())?;
+        let fence = self.fence_in(&mut fences, name)?;
         let now = fence.load(Ordering::SeqCst);
         if epoch <= now {
             return Ok(now);
@@ -242,6 +235,22 @@ impl Replicas {
             "engine fence raised"
         );
         Ok(epoch)
+    }
+
+    /// The fence of `name` in `fences`, read from its file at first use.
+    fn fence_in(
+        &self,
+        fences: &mut HashMap<String, Arc<AtomicU64>>,
+        name: &str,
+    ) -> Result<Arc<AtomicU64>, String> {
+        if let Some(f) = fences.get(name) {
+            return Ok(f.clone());
+        }
+        let dir = self.dir_of(name)?;
+        let epoch = super::fence::read(&dir).map_err(|e| e.to_string())?;
+        let f = Arc::new(AtomicU64::new(epoch));
+        fences.insert(name.to_string(), f.clone());
+        Ok(f)
     }
 
     /// The directory of replica `name` on this node's disks.
