@@ -225,9 +225,9 @@ impl Ca {
 
     /// The credentials of the engine of `volume` that the controller
     /// starts on node `node_id` for the volume's attachment `attachment`
-    /// (its engine epoch): it may JOIN and FILL that volume's replicas,
-    /// fences out the engines of earlier attachments, and is that node for
-    /// everything else.
+    /// (its engine epoch): it may change that volume's replicas (no one
+    /// else may), fences out the engines of earlier attachments, and is
+    /// that node for everything else.
     pub fn issue_engine(
         &self,
         volume: &str,

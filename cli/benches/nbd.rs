@@ -146,6 +146,22 @@ fn volume_set(
     )
 }
 
+/// The flags of an engine of `volume` on node `i` with credentials from
+/// `ca` as the controller issues them (replicas take changes only from
+/// their volume's engine). It claims no attachment, as one started by
+/// hand.
+fn engine_tls(ca: &ballast::tls::Ca, dir: &Path, volume: &str, i: usize) -> Vec<String> {
+    let node = format!("bench-{i}");
+    let d = dir.join(format!("{volume}-engine-tls"));
+    ca.issue_engine(volume, &node, 1).unwrap().save(&d).unwrap();
+    vec![
+        "--tls-dir".into(),
+        d.display().to_string(),
+        "--node-id".into(),
+        node,
+    ]
+}
+
 /// `-- ab=PATH`: this build against the `ballast` binary at PATH, on a
 /// volume of three replicas each (one with the word `1r`; speaking mutual
 /// TLS with the word `tls`): its node processes and an engine from each
@@ -172,11 +188,12 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
         vec!["--tls-dir".into(), d.display().to_string()]
     };
     let set = |bin: &Path, first: usize, volume: &str| {
-        // The engine is of the first node, with its credentials.
-        let mut engine_extra = tls(first);
-        if !engine_extra.is_empty() {
-            engine_extra.extend(["--node-id".into(), format!("bench-{first}")]);
-        }
+        // The engine is on the first node, with its own credentials.
+        let engine_extra = if picked.has("tls") {
+            engine_tls(&ca, dir, volume, first)
+        } else {
+            Vec::new()
+        };
         volume_set(bin, dir, (volume, first, copies), &tls, &engine_extra)
     };
     let (_a, a) = set(this, 11, "a");
@@ -440,8 +457,7 @@ fn main() {
             .unwrap();
         vec!["--tls-dir".into(), d.display().to_string()]
     };
-    let mut engine_tls = tls_dir(5);
-    engine_tls.extend(["--node-id".into(), "bench-5".into()]);
+    let engine_tls = engine_tls(&ca, dir.path(), "tls", 5);
     let (_tls, tls) = volume_set(bin, dir.path(), ("tls", 5, 3), &tls_dir, &engine_tls);
 
     let wanted = |word: &str, all: &[&str]| picked.wanted(word, all);

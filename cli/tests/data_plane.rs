@@ -106,11 +106,17 @@ impl Cluster {
                 .to_string(),
             "--status-file".into(),
             self.status_file(volume).display().to_string(),
-            // As the node agent starts it: with node-1's credentials.
+            // As the node agent starts it: with the credentials the
+            // controller issues for the volume's first attachment on
+            // node-1.
             "--node-id".into(),
             "node-1".into(),
             "--tls-dir".into(),
-            self.tls_dir("node-1").display().to_string(),
+            engine_tls_dir(self.dir.path(), volume, "node-1", 1)
+                .display()
+                .to_string(),
+            "--epoch".into(),
+            "1".into(),
         ];
         for r in replicas {
             args.push("--replica".into());
@@ -121,11 +127,6 @@ impl Cluster {
             socket.exists().then_some(())
         });
         (p, socket)
-    }
-
-    /// Where node `node` keeps its TLS credentials (its engines read them).
-    fn tls_dir(&self, node: &str) -> PathBuf {
-        self.dir.path().join(node).join("state").join("tls")
     }
 
     /// A blocking connection to the replica server at `addr` as node-1.
@@ -497,7 +498,7 @@ fn a_peer_that_never_reads_its_replies_leaves_the_replica_servers_memory_bounded
     );
     let rt = runtime();
     rt.block_on(async {
-        let wire = wire_as(c.dir.path(), "node-1");
+        let wire = engine_wire_as(c.dir.path(), "v6", "node-1", 1);
         let other = ballast_node::wire::client::ReplicaClient::dial(&wire, addr, name)
             .await
             .unwrap();
@@ -553,5 +554,47 @@ fn the_replica_server_limits_connections_per_peer_and_closes_silent_ones() {
             .await
             .unwrap();
         c.read(0, 4096).await.unwrap();
+    });
+}
+
+/// With TLS on, a replica takes changes only from its volume's engine: a
+/// node's certificate (any node's, the replica's own included) reads a
+/// replica that no engine has opened yet, and every WRITE, TRIM and FLUSH
+/// of it is refused; the engine's are taken, and the data is what the
+/// engine wrote.
+#[test]
+fn a_node_certificate_reads_a_replica_and_only_its_volumes_engine_changes_it() {
+    use ballast_node::wire::client::{ClientError, ReplicaClient};
+    use ballast_node::wire::protocol::status;
+    let c = cluster(1);
+    let replicas = c.create_replicas("v8");
+    let (name, addr) = replicas[0].split_once('@').unwrap();
+    let rt = runtime();
+    rt.block_on(async {
+        let node = ReplicaClient::dial(&wire_as(c.dir.path(), "node-1"), addr, name)
+            .await
+            .unwrap();
+        let refused = [
+            node.write(0, &[0xa5; 4096], 1, false).await.unwrap_err(),
+            node.trim(0, 4096, 1).await.unwrap_err(),
+            node.flush().await.unwrap_err(),
+        ];
+        for e in refused {
+            assert!(
+                matches!(e, ClientError::Failed { status: s, .. } if s == status::DENIED),
+                "{e}"
+            );
+        }
+        let engine = engine_wire_as(c.dir.path(), "v8", "node-1", 1);
+        let engine = ReplicaClient::dial(&engine, addr, name).await.unwrap();
+        engine.write(0, &[0x5a; 8192], 1, false).await.unwrap();
+        engine.trim(4096, 4096, 2).await.unwrap();
+        engine.flush().await.unwrap();
+        let back = node.read(0, 8192).await.unwrap();
+        assert!(
+            back[..4096].iter().all(|b| *b == 0x5a),
+            "the engine's write"
+        );
+        assert!(back[4096..].iter().all(|b| *b == 0), "the engine's trim");
     });
 }

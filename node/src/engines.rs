@@ -633,15 +633,19 @@ impl Engines {
         self.dir.join(format!("{volume}.tls"))
     }
 
-    /// The credentials directory the engine of `spec` starts with: its
-    /// own, when the controller sent them (kept beside its socket, with
-    /// the node's CA certificate); else the node's (TLS on), or none.
+    /// The credentials directory the engine of `spec` starts with, TLS on:
+    /// its own, which the controller sent (kept beside its socket, with
+    /// the node's CA certificate). The node's would not do: replicas take
+    /// changes only from their volume's engine.
     fn engine_tls(&self, spec: &StartEngineRequest) -> Result<Option<PathBuf>, Error> {
         let Some(node_dir) = &self.record_at.tls_dir else {
             return Ok(None);
         };
-        if spec.tls_cert_pem.is_empty() {
-            return Ok(Some(node_dir.clone()));
+        if spec.tls_cert_pem.is_empty() || spec.tls_key_pem.is_empty() {
+            return Err(Error::Invalid {
+                field: "tls_cert_pem".into(),
+                message: "this node runs with TLS: the engine needs its own credentials, which replicas take changes from".into(),
+            });
         }
         let failed =
             |e: ballast::tls::TlsError| Error::Internal(format!("the engine's credentials: {e}"));

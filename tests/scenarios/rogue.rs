@@ -58,6 +58,7 @@ async fn rogue_joins(wire: &WireTls, addr: &str, name: &str) -> Vec<String> {
 
 #[test]
 fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
+    use ballast_node::wire::protocol::status;
     let c = Cluster::start(3, 1);
     c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
     let endpoint = c.attach("v", "node-1");
@@ -77,8 +78,9 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
         let name = r["name"].as_str().unwrap();
         let node = c.node(r["spec"]["nodeId"].as_str().unwrap());
         let addr = node["status"]["replicaEndpoint"].as_str().unwrap();
-        // A node's certificate is not the volume's engine's: JOIN, FILL
-        // and GROW are refused before they are read.
+        // A node's certificate is not the volume's engine's: it reads,
+        // and every change (WRITE, TRIM, FLUSH, JOIN, FILL, GROW) is
+        // refused before it is read.
         rt.block_on(async {
             let client = ReplicaClient::dial(&node_3, addr, name).await.unwrap();
             let join = JoinSpec {
@@ -86,14 +88,20 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
                 head: "layer-000099.img".into(),
                 revision: 1_000_000,
             };
+            let [write, trim, flush] = data_changes(&client).await;
             let refused = [
+                write,
+                trim,
+                flush,
                 client.join(&join).await.map(drop).unwrap_err(),
                 client.fill("x@127.0.0.1:1").await.map(drop).unwrap_err(),
                 client.grow(2 * SIZE).await.map(drop).unwrap_err(),
             ];
             for e in refused {
+                assert_eq!(refusal(&e), status::DENIED, "{name}: {e}");
                 assert!(e.to_string().contains("only for the engine"), "{name}: {e}");
             }
+            client.read(0, 4096).await.unwrap();
             let info = client.info().await.unwrap();
             assert_eq!(info["size"], SIZE, "{name}: the size stays");
         });
@@ -116,6 +124,20 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
         "nothing was rebuilt: {:?}",
         c.rebuilds()
     );
+}
+
+/// A WRITE, a TRIM and a FLUSH through `client`, each of which must be
+/// refused: their errors.
+async fn data_changes(client: &ReplicaClient) -> [ballast_node::wire::client::ClientError; 3] {
+    let block = vec![0xa5u8; 4096];
+    [
+        client
+            .write(0, &block, u64::MAX / 2, false)
+            .await
+            .unwrap_err(),
+        client.trim(0, 4096, u64::MAX / 2).await.unwrap_err(),
+        client.flush().await.unwrap_err(),
+    ]
 }
 
 /// The status of a replica client's refusal.
@@ -160,10 +182,10 @@ fn an_engine_of_an_earlier_attachment_is_fenced_out_and_the_volume_keeps_its_dat
     // An engine of the first attachment, still running on node-1 (a node
     // the cluster gave up on, say): every replica refuses it at OPEN, the
     // one lent to the engine on node-2 included. Its credentials cannot
-    // claim the latest attachment either, and a node's certificate, which
-    // claims none, opens a replica but changes nothing.
+    // claim the latest attachment either, and when they claim none, they
+    // open a replica but change nothing.
     let forged = first.clone().for_attachment(3);
-    let node_3 = wire_as(c.dir.path(), "node-3");
+    let unclaimed = first.clone().for_attachment(0);
     for r in c.replicas("v") {
         let name = r["name"].as_str().unwrap();
         let node = c.node(r["spec"]["nodeId"].as_str().unwrap());
@@ -177,17 +199,8 @@ fn an_engine_of_an_earlier_attachment_is_fenced_out_and_the_volume_keeps_its_dat
                 .err()
                 .unwrap();
             assert_eq!(refusal(&e), status::DENIED, "{name}: {e}");
-            let client = ReplicaClient::dial(&node_3, addr, name).await.unwrap();
-            let block = vec![0xa5u8; 4096];
-            let refused = [
-                client
-                    .write(0, &block, u64::MAX / 2, false)
-                    .await
-                    .unwrap_err(),
-                client.trim(0, 4096, u64::MAX / 2).await.unwrap_err(),
-                client.flush().await.unwrap_err(),
-            ];
-            for e in refused {
+            let client = ReplicaClient::dial(&unclaimed, addr, name).await.unwrap();
+            for e in data_changes(&client).await {
                 assert_eq!(refusal(&e), status::FENCED, "{name}: {e}");
             }
         });
@@ -260,8 +273,8 @@ fn a_rogue_lend_from_another_node_is_refused_and_the_volume_keeps_every_replica(
 
     // Every replica, the one lent to the engine on node-1 included, is
     // asked for a loan by a peer on another address (with the replica's
-    // own node's certificate), and by one on its address with another
-    // node's certificate.
+    // own node's certificate), by one on its address with another node's
+    // certificate, and by one on its address with its own node's.
     for r in c.replicas("v") {
         let name = r["name"].as_str().unwrap();
         let owner = r["spec"]["nodeId"].as_str().unwrap();
@@ -285,6 +298,15 @@ fn a_rogue_lend_from_another_node_is_refused_and_the_volume_keeps_every_replica(
                 "{why}"
             );
         }
+        // On the replica's address with its node's certificate, which is
+        // not the engine's.
+        let (opened, lent, why) = lend_from(c.dir.path(), owner, "127.0.0.1", addr, name);
+        assert_eq!(opened, status::OK, "{name}");
+        assert_eq!(lent, status::DENIED, "{name} as {owner}: {why}");
+        assert!(
+            why.contains("only for the engine the controller started"),
+            "{why}"
+        );
     }
 
     // Writes go on to all three replicas, none was dropped, and the data

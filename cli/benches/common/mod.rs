@@ -63,7 +63,7 @@ pub fn node_of(
     let name = format!("{volume}-r{i}");
     let at = ballast_node::replica::replica_dir(&disk, &name);
     if block_sums {
-        ballast_node::replica::Replica::create(&at, SIZE).unwrap();
+        ballast_node::replica::Replica::create_for(&at, volume, SIZE).unwrap();
     } else {
         ballast_node::replica::Replica::create_without_block_sums(&at, SIZE).unwrap();
     }

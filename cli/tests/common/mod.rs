@@ -311,6 +311,19 @@ pub fn engine_wire_as(
         .for_attachment(epoch)
 }
 
+/// A credentials directory (`ballast engine --tls-dir`) of an engine of
+/// `volume` on `node` for the volume's attachment `epoch`, as the
+/// controller issues them, in the cluster of `dir`.
+pub fn engine_tls_dir(dir: &Path, volume: &str, node: &str, epoch: u64) -> PathBuf {
+    let ca = ballast::tls::Ca::in_dir(&cluster_ca_dir(dir)).unwrap();
+    let path = dir.join(format!("{volume}.engine-tls"));
+    ca.issue_engine(volume, node, epoch)
+        .unwrap()
+        .save(&path)
+        .unwrap();
+    path
+}
+
 /// The header of a replica protocol request `op` at offset 0, with `len`
 /// bytes of payload (or of data to read).
 pub fn replica_header(op: ballast_node::wire::protocol::Op, id: u64, len: u32) -> Vec<u8> {

@@ -174,6 +174,7 @@ impl ReplicaServer {
             peer,
             claimed: 0,
             fence: None,
+            engine: false,
         };
         let result = loop {
             // A connection that has not opened a replica yet has
@@ -218,6 +219,9 @@ impl ReplicaServer {
         result
     }
 }
+
+/// Why a mutation from a peer that is not the volume's engine is refused.
+const ONLY_ENGINE: &str = "WRITE, TRIM, FLUSH, JOIN, FILL, GROW and LEND are only for the engine the controller started for this replica's volume";
 
 /// Connections one peer address may have open at once.
 pub const MAX_CONNECTIONS_PER_PEER: usize = 512;
@@ -353,6 +357,9 @@ struct Connection {
     /// replica's fence: no mutation while the claim is below it.
     claimed: u64,
     fence: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// Whether the peer is the engine of the bound replica's volume, the
+    /// only peer that may change it (known at OPEN).
+    engine: bool,
 }
 
 impl Connection {
@@ -428,12 +435,13 @@ impl Connection {
             );
             return Ok(self.reply(e).await);
         };
-        if matches!(req.op, Op::Join | Op::Fill | Op::Grow) && !self.drives(&replica) {
-            let why = "JOIN, FILL and GROW are only for the engine the controller started for this replica's volume";
-            return Ok(self.reply(error(req.id, status::DENIED, why)).await);
-        }
         if req.op == Op::Lend {
             return self.lend(&req, &name).await;
+        }
+        // Only the volume's engine changes a replica: a node's certificate
+        // reads and snapshots (a rebuild's source), nothing more.
+        if req.op.mutates() && !self.engine {
+            return Ok(self.reply(error(req.id, status::DENIED, ONLY_ENGINE)).await);
         }
         if req.op.mutates()
             && let Some(why) = self.fenced_out(&name)
@@ -471,6 +479,7 @@ impl Connection {
             Ok(r) => match self.claim(&name, &r, claimed) {
                 Ok(fence) => {
                     let sums = r.read().is_ok_and(|r| r.keeps_sums());
+                    self.engine = self.drives(&r);
                     self.bound = Some((name, r));
                     self.claimed = claimed;
                     self.fence = Some(fence);
@@ -531,7 +540,7 @@ impl Connection {
     }
 
     /// Whether the peer is the engine of `replica`'s volume (its
-    /// certificate says so; on a plain connection nothing can be known).
+    /// certificate says so; a plain connection, TLS off, is taken for it).
     fn drives(&self, replica: &Shared) -> bool {
         let Ok(r) = replica.read() else {
             return false;
@@ -549,6 +558,8 @@ impl Connection {
                 status::DENIED,
                 "LEND is only for the engine on this replica's node",
             )
+        } else if !self.engine {
+            error(req.id, status::DENIED, ONLY_ENGINE)
         } else if req.flags & FLAG_RETURN != 0 {
             self.loan = None;
             (ok_empty(req.id), Vec::new())

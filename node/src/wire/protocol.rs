@@ -83,9 +83,10 @@ pub enum Op {
 }
 
 impl Op {
-    /// Whether it changes the replica's data (what a fenced engine may not
-    /// do). SNAPSHOT does not: it freezes the head as it is, and an
-    /// offline rebuild asks it of its source with its node's certificate.
+    /// Whether it changes the replica's data: what only the volume's
+    /// engine may do, and a fenced one not. SNAPSHOT does not: it freezes
+    /// the head as it is, and an offline rebuild asks it of its source
+    /// with its node's certificate.
     pub fn mutates(self) -> bool {
         matches!(
             self,
