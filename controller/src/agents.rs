@@ -68,6 +68,23 @@ pub async fn with_timeout<T>(
     }
 }
 
+/// Raises the engine fence of replica `name` on `node` to `epoch` (never
+/// lowers it); the fence as it is then.
+pub async fn fence_replica(
+    node: &Node,
+    member: &Member,
+    name: &str,
+    epoch: u64,
+) -> Result<u64, Error> {
+    let mut c = client(node, member)?;
+    let request = ballast::proto::agent::v1::FenceReplicaRequest {
+        name: name.to_string(),
+        epoch,
+    };
+    let fenced = with_timeout(&node.id, c.fence_replica(request)).await?;
+    Ok(fenced.into_inner().fence)
+}
+
 /// An agent call under way.
 pub type Call<'a, T> = Pin<Box<dyn Future<Output = Result<T, Error>> + Send + 'a>>;
 

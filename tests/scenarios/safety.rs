@@ -790,3 +790,73 @@ fn a_volume_whose_node_died_moves_and_the_engine_left_behind_is_fenced_then_stop
     c.ok("POST", "/v1/volumes/v/detach", None);
     verify_replicas(&c, "v", &b);
 }
+
+/// A replica whose node was down when its volume detached keeps the fence
+/// of the attachment that ended: once the node is back, the controller
+/// raises it to the volume's count at the node's heartbeat, so the old
+/// engine's credentials change nothing there, while no engine has opened
+/// the replica since. The data reads back from every replica.
+#[test]
+fn a_replica_whose_node_was_down_at_the_detach_is_fenced_when_the_node_is_back() {
+    use ballast_node::wire::client::{ClientError, ReplicaClient};
+    use ballast_node::wire::protocol::status;
+    let mut c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 3, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 73);
+    let on_3 = c
+        .replicas("v")
+        .into_iter()
+        .find(|r| r["spec"]["nodeId"] == "node-3")
+        .unwrap();
+    let name = on_3["name"].as_str().unwrap().to_string();
+    let fence_file = c
+        .path("node-3")
+        .join(on_3["spec"]["diskId"].as_str().unwrap())
+        .join("replicas")
+        .join(&name)
+        .join(ballast_node::replica::FENCE_FILE);
+    let fence = || {
+        std::fs::read_to_string(&fence_file)
+            .unwrap()
+            .trim()
+            .to_string()
+    };
+
+    let i = c.node_index("node-3");
+    c.kill_node(i);
+    wait_for(Duration::from_secs(30), "node-3 down", || {
+        (node(&c.api, "node-3").unwrap()["status"]["ready"] == false).then_some(())
+    });
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let count = c.volume("v")["status"]["engineEpoch"].as_u64().unwrap();
+    assert_eq!(count, 2, "one attachment, and its end");
+    assert_eq!(fence(), "1", "the detach could not reach node-3");
+
+    c.restart_node(i);
+    wait_for(
+        Duration::from_secs(60),
+        "node-3's replica fenced at the volume's count",
+        || (fence() == count.to_string()).then_some(()),
+    );
+    let addr = c.node("node-3")["status"]["replicaEndpoint"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let first = engine_wire_as(c.dir.path(), "v", "node-1", 1);
+    let refused = runtime()
+        .block_on(ReplicaClient::dial(&first, &addr, &name))
+        .err()
+        .unwrap();
+    assert!(
+        matches!(refused, ClientError::Failed { status: s, .. } if s == status::FENCED),
+        "{refused}"
+    );
+
+    let endpoint = c.attach("v", "node-1");
+    verify_data(c.dir.path(), &endpoint, &a);
+    c.wait_settled("v", 3, Duration::from_secs(120));
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &a);
+}

@@ -489,7 +489,6 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
 /// engine opens them. A replica that cannot be reached now keeps its
 /// fence until then. Returns how many were fenced.
 async fn fence_replicas(ctx: &Arc<Context>, volume: &Volume) -> usize {
-    use ballast::proto::agent::v1::FenceReplicaRequest;
     let epoch = volume.status.engine_epoch;
     let mut fenced = 0;
     for name in &volume.status.current_replicas {
@@ -499,15 +498,7 @@ async fn fence_replicas(ctx: &Arc<Context>, volume: &Volume) -> usize {
             if !node.status.ready {
                 return Err(Error::Unavailable(format!("node {} is down", node.id)));
             }
-            let mut c = agent(&node, &ctx.member)?;
-            with_timeout(
-                &node.id,
-                c.fence_replica(FenceReplicaRequest {
-                    name: name.clone(),
-                    epoch,
-                }),
-            )
-            .await
+            crate::agents::fence_replica(&node, &ctx.member, name, epoch).await
         }
         .await;
         match done {

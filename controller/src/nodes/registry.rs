@@ -259,6 +259,7 @@ impl Controlplane for ControlplaneService {
         }
         restart_dead_engines(ctx, &req.node_id, &req.engines).await;
         stop_stray_engines(ctx, &req.node_id, &req.engines).await;
+        raise_lagging_fences(ctx, &req.node_id, &req.replicas).await;
         Ok(Response::new(HeartbeatResponse { known: true }))
     }
 
@@ -438,6 +439,54 @@ async fn stop_stray_engines(
             }
         });
     }
+}
+
+/// Replicas a node reports with a fence below their volume's attachment
+/// count (`engineEpoch`) have it raised to the count: one whose node was
+/// down at a detach, say, or whose node was cut off while the volume
+/// moved. From the node's first heartbeat on, an engine of an earlier
+/// attachment changes nothing there, not only once the volume's next
+/// engine opens the replica. The count only rises, and a fence never
+/// falls, so a count read a moment ago is never too high.
+async fn raise_lagging_fences(
+    ctx: &Arc<Context>,
+    node: &str,
+    replicas: &[ballast::proto::agent::v1::ReplicaStatus],
+) {
+    let lagging: Vec<(String, String, u64)> = match ctx.records().await {
+        Ok(m) => replicas
+            .iter()
+            .filter_map(|r| {
+                let count = m.volume(&r.volume)?.status.engine_epoch;
+                (count > r.fence).then(|| (r.name.clone(), r.volume.clone(), count))
+            })
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the volumes to check their replicas' fences");
+            return;
+        }
+    };
+    if lagging.is_empty() {
+        return;
+    }
+    let (ctx, node) = (ctx.clone(), node.to_string());
+    tokio::spawn(async move {
+        for (name, volume, count) in lagging {
+            let raised = async {
+                let n: Node = ctx.store.fetch(&node).await?;
+                crate::agents::fence_replica(&n, &ctx.member, &name, count).await
+            }
+            .await;
+            match raised {
+                Ok(fence) => {
+                    tracing::info!(volume = %volume, replica = %name, node = %node, fence, "replica's fence raised to its volume's attachment count")
+                }
+                Err(e) => {
+                    tracing::warn!(volume = %volume, replica = %name, node = %node, error = %e, "cannot raise a replica's fence")
+                }
+            }
+        }
+    });
 }
 
 /// Replicas a node reports that have no record while their volume has one

@@ -72,6 +72,9 @@ pub fn scan(ctx: &NodeContext) -> Vec<ReplicaStatus> {
             let name = e.file_name().to_string_lossy().into_owned();
             if let Ok(meta) = Meta::read(&e.path()) {
                 let mut st = status_of(&name, &d.id, &meta);
+                // An unreadable fence reads as none: the controller then
+                // asks to raise it, and the error shows there.
+                st.fence = crate::replica::read_fence(&e.path()).unwrap_or(0);
                 if let Some((done, total)) =
                     ctx.replicas.as_ref().and_then(|s| s.fill_progress(&name))
                 {

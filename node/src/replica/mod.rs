@@ -29,7 +29,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 pub use bitmap::Bitmap;
-pub use fence::FENCE_FILE;
+pub use fence::{FENCE_FILE, read as read_fence};
 pub use layers::{JoinReport, LayerSpec};
 pub use merge::{MERGE_CHUNK, MergeJournal, MergeStep};
 pub use meta::{META_FILE, Meta, valid_snapshot_id, write_durably};
