@@ -438,15 +438,15 @@ impl Connection {
         if req.op == Op::Lend {
             return self.lend(&req, &name).await;
         }
-        // Only the volume's engine changes a replica: a node's certificate
-        // reads and snapshots (a rebuild's source), nothing more.
-        if req.op.mutates() && !self.engine {
-            return Ok(self.reply(error(req.id, status::DENIED, ONLY_ENGINE)).await);
-        }
-        if req.op.mutates()
-            && let Some(why) = self.fenced_out(&name)
-        {
-            return Ok(self.reply(error(req.id, status::FENCED, &why)).await);
+        if req.op.mutates() {
+            // Only the volume's engine changes a replica: a node's
+            // certificate reads and snapshots (a rebuild's source).
+            if !self.engine {
+                return Ok(self.reply(error(req.id, status::DENIED, ONLY_ENGINE)).await);
+            }
+            if let Some(why) = self.fenced_out(&name) {
+                return Ok(self.reply(error(req.id, status::FENCED, &why)).await);
+            }
         }
         let replicas = &self.server.replicas;
         let fresh = matches!(req.op, Op::Info | Op::Layers | Op::WriteLog);
