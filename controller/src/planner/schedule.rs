@@ -190,7 +190,7 @@ pub fn capacity_refusal(
         }
         Some(f) if (f as u128) * 100 < min * disk.maximum as u128 => {
             return Some(format!(
-                "{at}: {}% free after placement, minimum {min}%",
+                "{at}: {}% free after placement, minimum {min}% (setting storage-minimal-available-percentage)",
                 f as u128 * 100 / disk.maximum as u128
             ));
         }

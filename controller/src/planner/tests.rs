@@ -451,7 +451,9 @@ fn growth_is_checked_on_every_replica_disk_with_the_placement_rules() {
     let reasons = growth::check(&view, &s, t0(), &v, 30 * GIB).unwrap_err();
     assert_eq!(reasons.len(), 1, "{reasons:?}");
     assert!(
-        reasons[0].starts_with("replica r1: n1/d1: 20% free after placement, minimum 25%"),
+        reasons[0].starts_with(
+            "replica r1: n1/d1: 20% free after placement, minimum 25% (setting storage-minimal-available-percentage)"
+        ),
         "{reasons:?}"
     );
     assert_eq!(growth::check(&view, &s, t0(), &v, 20 * GIB), Ok(()));
