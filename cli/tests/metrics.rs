@@ -153,3 +153,72 @@ fn metrics_follow_a_rebuild_to_100_and_count_the_io_qemu_io_did() {
     assert!(text.contains("ballast_nodes{ready=\"true\"} 3"), "{text}");
     detach(&api, "v");
 }
+
+/// A node's `/metrics` counts the changes of its replicas that the replica
+/// server refused, by volume and reason: an engine of an attachment that
+/// ended (fenced at its OPEN), and a node's certificate's write (denied).
+/// The volume's data is intact.
+#[test]
+fn a_nodes_metrics_count_the_replica_changes_its_server_refused() {
+    use ballast_node::wire::client::ReplicaClient;
+    use ballast_node::wire::tls::WireTls;
+    let dir = tempfile::tempdir().unwrap();
+    let local = start_local(dir.path());
+    let (port, api) = (local.port, local.api.clone());
+    free_space_is_not_the_test(&api);
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes"),
+        Some(json!({"name": "v", "size": "64Mi", "numberOfReplicas": 1})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let replica = wait_for(Duration::from_secs(30), "the replica placed", || {
+        let r = get_json(&format!("{api}/v1/replicas?volume=v"))?["items"][0].clone();
+        r["spec"]["nodeId"].is_string().then_some(r)
+    });
+    let name = replica["name"].as_str().unwrap().to_string();
+    let node = replica["spec"]["nodeId"].as_str().unwrap().to_string();
+    let i: u16 = node.trim_start_matches("node-").parse().unwrap();
+    let node_metrics = format!("http://127.0.0.1:{}/metrics", port + 138 + i - 1);
+    let addr = get_json(&format!("{api}/v1/nodes/{node}")).unwrap()["status"]["replicaEndpoint"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let endpoint = attach(&api, "v", &node);
+    let (ok, out) = qemu_io(&endpoint, &["write -P 0x5a 0 4M", "flush"]);
+    assert!(ok, "{out}");
+    detach(&api, "v");
+
+    // `ballast local` keeps its cluster's CA here.
+    let ca = ballast::tls::Ca::in_dir(&dir.path().join("controller").join("tls")).unwrap();
+    let first = ca.issue_engine("v", &node, 1).unwrap();
+    let first = WireTls::new(&first, &node).unwrap().for_attachment(1);
+    let as_node = ca.issue(&ballast::tls::Role::Node(node.clone())).unwrap();
+    let as_node = WireTls::new(&as_node, &node).unwrap();
+    runtime().block_on(async {
+        let e = ReplicaClient::dial(&first, &addr, &name).await.err();
+        assert!(e.is_some(), "the ended attachment's engine opened {name}");
+        let c = ReplicaClient::dial(&as_node, &addr, &name).await.unwrap();
+        c.write(0, &[0xa5; 4096], u64::MAX / 2, false)
+            .await
+            .unwrap_err();
+    });
+    let text = get_text(&node_metrics).expect("the node serves /metrics");
+    for reason in ["fenced", "denied"] {
+        assert_eq!(
+            sample(
+                &text,
+                "ballast_replica_refusals_total",
+                &["volume=\"v\"", &format!("reason=\"{reason}\"")]
+            ),
+            Some(1.0),
+            "{reason}: {text}"
+        );
+    }
+
+    let endpoint = attach(&api, "v", &node);
+    let (ok, out) = qemu_io(&endpoint, &["read -P 0x5a 0 4M"]);
+    assert!(ok, "the data is intact: {out}");
+    detach(&api, "v");
+}

@@ -1,8 +1,10 @@
 //! The node plugin's `/metrics` (prometheus-client, OpenMetrics text, on
 //! `--metrics-listen`): the I/O each engine started here served — read and
 //! write operations, bytes and the time they took, summed since the
-//! engine started — and whether it runs. The controller's `/metrics` has
-//! the model (volumes, replicas, nodes, disks, the planner). Read only.
+//! engine started — whether it runs, and the changes of its replicas that
+//! the replica server refused (a stale engine still trying, say). The
+//! controller's `/metrics` has the model (volumes, replicas, nodes,
+//! disks, the planner). Read only.
 
 use std::sync::Arc;
 
@@ -18,6 +20,13 @@ use crate::context::NodeContext;
 struct VolumeLabels {
     volume: String,
     node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    volume: String,
+    node: String,
+    reason: String,
 }
 
 /// The content type of what `render` writes.
@@ -82,6 +91,22 @@ pub async fn render(ctx: &NodeContext) -> Result<String, std::fmt::Error> {
         ];
         for (family, v) in families.iter().zip(values) {
             family.get_or_create(&l).inc_by(v);
+        }
+    }
+    let refusals = Family::<RefusalLabels, Counter>::default();
+    reg.register(
+        "ballast_replica_refusals",
+        "Changes of a replica on this node that its server refused: reason denied (not the volume's engine) or fenced (an engine of an earlier attachment)",
+        refusals.clone(),
+    );
+    if let Some(server) = &ctx.replicas {
+        for (volume, why, n) in server.refusals() {
+            let l = RefusalLabels {
+                volume,
+                node: ctx.node_id.clone(),
+                reason: why.label().to_string(),
+            };
+            refusals.get_or_create(&l).inc_by(n);
         }
     }
     let mut out = String::new();

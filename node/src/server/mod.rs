@@ -39,6 +39,30 @@ pub struct ReplicaServer {
     fills: Fills,
     /// How connections are taken, and how its fills reach their sources.
     tls: WireTls,
+    /// Changes refused since the server started, by the replica's volume
+    /// and why (`/metrics`).
+    refusals: std::sync::Mutex<std::collections::BTreeMap<(String, Refusal), u64>>,
+}
+
+/// Why a change of a replica was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Refusal {
+    /// The peer may not (DENIED): it is not the volume's engine, its
+    /// certificate does not name the attachment it claims, or it asks a
+    /// loan from another node.
+    Denied,
+    /// The peer is an engine of an earlier attachment (FENCED).
+    Fenced,
+}
+
+impl Refusal {
+    /// Its label on `/metrics`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Refusal::Denied => "denied",
+            Refusal::Fenced => "fenced",
+        }
+    }
 }
 
 impl ReplicaServer {
@@ -57,7 +81,23 @@ impl ReplicaServer {
             replicas,
             fills: Fills::default(),
             tls,
+            refusals: Default::default(),
         })
+    }
+
+    /// Changes refused since the server started: (volume, why, how many).
+    pub fn refusals(&self) -> Vec<(String, Refusal, u64)> {
+        self.refusals
+            .lock()
+            .map(|m| m.iter().map(|((v, r), n)| (v.clone(), *r, *n)).collect())
+            .unwrap_or_default()
+    }
+
+    /// Counts a refused change of a replica of `volume`.
+    fn refused(&self, volume: &str, why: Refusal) {
+        if let Ok(mut m) = self.refusals.lock() {
+            *m.entry((volume.to_string(), why)).or_default() += 1;
+        }
     }
 
     /// How it takes connections (and its fills make theirs).
@@ -175,6 +215,7 @@ impl ReplicaServer {
             claimed: 0,
             fence: None,
             engine: false,
+            volume: String::new(),
         };
         let result = loop {
             // A connection that has not opened a replica yet has
@@ -358,8 +399,9 @@ struct Connection {
     claimed: u64,
     fence: Option<Arc<std::sync::atomic::AtomicU64>>,
     /// Whether the peer is the engine of the bound replica's volume, the
-    /// only peer that may change it (known at OPEN).
+    /// only peer that may change it (known at OPEN), and that volume.
     engine: bool,
+    volume: String,
 }
 
 impl Connection {
@@ -442,9 +484,11 @@ impl Connection {
             // Only the volume's engine changes a replica: a node's
             // certificate reads and snapshots (a rebuild's source).
             if !self.engine {
+                self.server.refused(&self.volume, Refusal::Denied);
                 return Ok(self.reply(error(req.id, status::DENIED, ONLY_ENGINE)).await);
             }
             if let Some(why) = self.fenced_out(&name) {
+                self.server.refused(&self.volume, Refusal::Fenced);
                 return Ok(self.reply(error(req.id, status::FENCED, &why)).await);
             }
         }
@@ -480,6 +524,7 @@ impl Connection {
                 Ok(fence) => {
                     let sums = r.read().is_ok_and(|r| r.keeps_sums());
                     self.engine = self.drives(&r);
+                    self.volume = r.read().map(|r| r.volume().to_string()).unwrap_or_default();
                     self.bound = Some((name, r));
                     self.claimed = claimed;
                     self.fence = Some(fence);
@@ -528,12 +573,14 @@ impl Connection {
             let why = format!(
                 "the peer's certificate does not name attachment {claimed} of volume {volume}"
             );
+            self.server.refused(&volume, Refusal::Denied);
             return Err((status::DENIED, why));
         }
         let latest = replicas
             .raise_fence(name, claimed)
             .map_err(|e| (status::IO, e))?;
         if claimed < latest {
+            self.server.refused(&volume, Refusal::Fenced);
             return Err((status::FENCED, fenced(name, claimed, latest)));
         }
         Ok(fence)
@@ -552,18 +599,22 @@ impl Connection {
     /// LEND: lends the bound replica to this connection's engine, or takes
     /// it back.
     async fn lend(&mut self, req: &Request, name: &str) -> std::io::Result<Flow> {
+        let refused = |why| self.server.refused(&self.volume, why);
         let reply = if !self.same_node {
+            refused(Refusal::Denied);
             error(
                 req.id,
                 status::DENIED,
                 "LEND is only for the engine on this replica's node",
             )
         } else if !self.engine {
+            refused(Refusal::Denied);
             error(req.id, status::DENIED, ONLY_ENGINE)
         } else if req.flags & FLAG_RETURN != 0 {
             self.loan = None;
             (ok_empty(req.id), Vec::new())
         } else if let Some(why) = self.fenced_out(name) {
+            refused(Refusal::Fenced);
             error(req.id, status::FENCED, &why)
         } else if self.loan.is_some() {
             (ok_empty(req.id), Vec::new())
