@@ -522,9 +522,12 @@ impl Connection {
         let reply = match self.server.replicas.find(&name) {
             Ok(r) => match self.claim(&name, &r, claimed) {
                 Ok(fence) => {
-                    let sums = r.read().is_ok_and(|r| r.keeps_sums());
-                    self.engine = self.drives(&r);
-                    self.volume = r.read().map(|r| r.volume().to_string()).unwrap_or_default();
+                    let (sums, volume) = r
+                        .read()
+                        .map(|r| (r.keeps_sums(), r.volume().to_string()))
+                        .unwrap_or_default();
+                    self.engine = self.drives(&volume);
+                    self.volume = volume;
                     self.bound = Some((name, r));
                     self.claimed = claimed;
                     self.fence = Some(fence);
@@ -586,14 +589,11 @@ impl Connection {
         Ok(fence)
     }
 
-    /// Whether the peer is the engine of `replica`'s volume (its
-    /// certificate says so; a plain connection, TLS off, is taken for it).
-    fn drives(&self, replica: &Shared) -> bool {
-        let Ok(r) = replica.read() else {
-            return false;
-        };
+    /// Whether the peer is the engine of `volume` (its certificate says
+    /// so; a plain connection, TLS off, is taken for it).
+    fn drives(&self, volume: &str) -> bool {
         self.peer
-            .is(&ballast::tls::Role::Engine(r.volume().to_string()))
+            .is(&ballast::tls::Role::Engine(volume.to_string()))
     }
 
     /// LEND: lends the bound replica to this connection's engine, or takes
