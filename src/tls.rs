@@ -11,8 +11,9 @@
 //! node N's for `N.node.ballast.internal` and `node.ballast.internal`;
 //! the engine of volume V, started for its attachment E, holds
 //! `V.volume.ballast.internal` and `E.V.attachment.ballast.internal`
-//! besides its node's names. A client checks the name of the peer it means to reach; a server reads
-//! the role of its client from the same names.
+//! besides its node's names. A client checks the name of the peer it
+//! means to reach; a server reads the role of its client from the same
+//! names.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

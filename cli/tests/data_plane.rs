@@ -564,7 +564,7 @@ fn the_replica_server_limits_connections_per_peer_and_closes_silent_ones() {
 /// engine wrote.
 #[test]
 fn a_node_certificate_reads_a_replica_and_only_its_volumes_engine_changes_it() {
-    use ballast_node::wire::client::{ClientError, ReplicaClient};
+    use ballast_node::wire::client::ReplicaClient;
     use ballast_node::wire::protocol::status;
     let c = cluster(1);
     let replicas = c.create_replicas("v8");
@@ -580,10 +580,7 @@ fn a_node_certificate_reads_a_replica_and_only_its_volumes_engine_changes_it() {
             node.flush().await.unwrap_err(),
         ];
         for e in refused {
-            assert!(
-                matches!(e, ClientError::Failed { status: s, .. } if s == status::DENIED),
-                "{e}"
-            );
+            assert_eq!(refusal(&e), status::DENIED, "{e}");
         }
         let engine = engine_wire_as(c.dir.path(), "v8", "node-1", 1);
         let engine = ReplicaClient::dial(&engine, addr, name).await.unwrap();

@@ -447,6 +447,14 @@ pub fn verify_data(dir: &Path, endpoint: &str, data: &Data) {
 
 /// Reads every `rw` replica of `volume` straight from its files on disk
 /// (the newest layer holding a block wins) and checks each against `data`.
+/// The directory of replica `r` (its record) on its node's disk.
+pub fn replica_dir_of(c: &Cluster, r: &Value) -> PathBuf {
+    c.path(r["spec"]["nodeId"].as_str().unwrap())
+        .join(r["spec"]["diskId"].as_str().unwrap())
+        .join("replicas")
+        .join(r["name"].as_str().unwrap())
+}
+
 pub fn verify_replicas(c: &Cluster, volume: &str, data: &Data) {
     let reps: Vec<Value> = c
         .replicas(volume)
@@ -458,7 +466,7 @@ pub fn verify_replicas(c: &Cluster, volume: &str, data: &Data) {
         let node = r["spec"]["nodeId"].as_str().unwrap();
         let disk = r["spec"]["diskId"].as_str().unwrap();
         let name = r["name"].as_str().unwrap();
-        let dir = c.path(node).join(disk).join("replicas").join(name);
+        let dir = replica_dir_of(c, &r);
         // A view: the replica is live, and its holder may be merging it (an
         // open would finish that merge from here, beside its holder).
         let replica = ballast_node::replica::Replica::open_view(&dir).unwrap();

@@ -140,14 +140,6 @@ async fn data_changes(client: &ReplicaClient) -> [ballast_node::wire::client::Cl
     ]
 }
 
-/// The status of a replica client's refusal.
-fn refusal(e: &ballast_node::wire::client::ClientError) -> u32 {
-    match e {
-        ballast_node::wire::client::ClientError::Failed { status, .. } => *status,
-        other => panic!("not a refusal: {other}"),
-    }
-}
-
 #[test]
 fn an_engine_of_an_earlier_attachment_is_fenced_out_and_the_volume_keeps_its_data() {
     use ballast_node::wire::protocol::status;
@@ -221,14 +213,9 @@ fn an_engine_of_an_earlier_attachment_is_fenced_out_and_the_volume_keeps_its_dat
     c.ok("POST", "/v1/volumes/v/detach", None);
     verify_replicas(&c, "v", &after);
     for r in c.replicas("v") {
-        let dir = c
-            .path(r["spec"]["nodeId"].as_str().unwrap())
-            .join(r["spec"]["diskId"].as_str().unwrap())
-            .join("replicas")
-            .join(r["name"].as_str().unwrap());
-        let fence = std::fs::read_to_string(dir.join(ballast_node::replica::FENCE_FILE)).unwrap();
+        let fence = ballast_node::replica::read_fence(&replica_dir_of(&c, &r)).unwrap();
         // The last detach ended the third attachment too.
-        assert_eq!(fence.trim(), "4", "{}", r["name"]);
+        assert_eq!(fence, 4, "{}", r["name"]);
     }
 }
 

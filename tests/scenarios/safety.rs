@@ -27,12 +27,7 @@ where
 
 /// The size a replica's files record, read from its directory.
 fn replica_size(c: &Cluster, r: &serde_json::Value) -> u64 {
-    let dir = c
-        .path(r["spec"]["nodeId"].as_str().unwrap())
-        .join(r["spec"]["diskId"].as_str().unwrap())
-        .join("replicas")
-        .join(r["name"].as_str().unwrap());
-    ballast_node::replica::Replica::open_view(&dir)
+    ballast_node::replica::Replica::open_view(&replica_dir_of(c, r))
         .unwrap()
         .size()
 }
@@ -583,13 +578,6 @@ fn a_full_disk_fails_only_the_replica_on_it() {
     verify_replicas(&c, "v", &a);
 }
 
-fn replica_dir_of(c: &Cluster, r: &serde_json::Value) -> std::path::PathBuf {
-    c.path(r["spec"]["nodeId"].as_str().unwrap())
-        .join(r["spec"]["diskId"].as_str().unwrap())
-        .join("replicas")
-        .join(r["name"].as_str().unwrap())
-}
-
 /// The layers of a replica as its files hold them (head last).
 fn layers_of(dir: &std::path::Path) -> Vec<ballast_node::replica::LayerInfo> {
     ballast_node::replica::Replica::open_view(dir)
@@ -798,7 +786,7 @@ fn a_volume_whose_node_died_moves_and_the_engine_left_behind_is_fenced_then_stop
 /// the replica since. The data reads back from every replica.
 #[test]
 fn a_replica_whose_node_was_down_at_the_detach_is_fenced_when_the_node_is_back() {
-    use ballast_node::wire::client::{ClientError, ReplicaClient};
+    use ballast_node::wire::client::ReplicaClient;
     use ballast_node::wire::protocol::status;
     let mut c = Cluster::start(3, 1);
     c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
@@ -811,18 +799,8 @@ fn a_replica_whose_node_was_down_at_the_detach_is_fenced_when_the_node_is_back()
         .find(|r| r["spec"]["nodeId"] == "node-3")
         .unwrap();
     let name = on_3["name"].as_str().unwrap().to_string();
-    let fence_file = c
-        .path("node-3")
-        .join(on_3["spec"]["diskId"].as_str().unwrap())
-        .join("replicas")
-        .join(&name)
-        .join(ballast_node::replica::FENCE_FILE);
-    let fence = || {
-        std::fs::read_to_string(&fence_file)
-            .unwrap()
-            .trim()
-            .to_string()
-    };
+    let dir = replica_dir_of(&c, &on_3);
+    let fence = || ballast_node::replica::read_fence(&dir).unwrap();
 
     let i = c.node_index("node-3");
     c.kill_node(i);
@@ -832,13 +810,13 @@ fn a_replica_whose_node_was_down_at_the_detach_is_fenced_when_the_node_is_back()
     c.ok("POST", "/v1/volumes/v/detach", None);
     let count = c.volume("v")["status"]["engineEpoch"].as_u64().unwrap();
     assert_eq!(count, 2, "one attachment, and its end");
-    assert_eq!(fence(), "1", "the detach could not reach node-3");
+    assert_eq!(fence(), 1, "the detach could not reach node-3");
 
     c.restart_node(i);
     wait_for(
         Duration::from_secs(60),
         "node-3's replica fenced at the volume's count",
-        || (fence() == count.to_string()).then_some(()),
+        || (fence() == count).then_some(()),
     );
     let addr = c.node("node-3")["status"]["replicaEndpoint"]
         .as_str()
@@ -849,10 +827,7 @@ fn a_replica_whose_node_was_down_at_the_detach_is_fenced_when_the_node_is_back()
         .block_on(ReplicaClient::dial(&first, &addr, &name))
         .err()
         .unwrap();
-    assert!(
-        matches!(refused, ClientError::Failed { status: s, .. } if s == status::FENCED),
-        "{refused}"
-    );
+    assert_eq!(refusal(&refused), status::FENCED, "{refused}");
 
     let endpoint = c.attach("v", "node-1");
     verify_data(c.dir.path(), &endpoint, &a);

@@ -304,21 +304,39 @@ pub fn engine_wire_as(
     node: &str,
     epoch: u64,
 ) -> ballast_node::wire::tls::WireTls {
-    let ca = ballast::tls::Ca::in_dir(&cluster_ca_dir(dir)).unwrap();
-    let creds = ca.issue_engine(volume, node, epoch).unwrap();
+    let creds = engine_credentials(dir, volume, node, epoch);
     ballast_node::wire::tls::WireTls::new(&creds, node)
         .unwrap()
         .for_attachment(epoch)
+}
+
+/// The credentials of an engine of `volume` on `node` for the volume's
+/// attachment `epoch`, as the controller issues them, in the cluster of
+/// `dir`.
+fn engine_credentials(
+    dir: &Path,
+    volume: &str,
+    node: &str,
+    epoch: u64,
+) -> ballast::tls::Credentials {
+    let ca = ballast::tls::Ca::in_dir(&cluster_ca_dir(dir)).unwrap();
+    ca.issue_engine(volume, node, epoch).unwrap()
+}
+
+/// The status of a replica client's refusal (DENIED, FENCED, ...).
+pub fn refusal(e: &ballast_node::wire::client::ClientError) -> u32 {
+    match e {
+        ballast_node::wire::client::ClientError::Failed { status, .. } => *status,
+        other => panic!("not a refusal: {other}"),
+    }
 }
 
 /// A credentials directory (`ballast engine --tls-dir`) of an engine of
 /// `volume` on `node` for the volume's attachment `epoch`, as the
 /// controller issues them, in the cluster of `dir`.
 pub fn engine_tls_dir(dir: &Path, volume: &str, node: &str, epoch: u64) -> PathBuf {
-    let ca = ballast::tls::Ca::in_dir(&cluster_ca_dir(dir)).unwrap();
     let path = dir.join(format!("{volume}.engine-tls"));
-    ca.issue_engine(volume, node, epoch)
-        .unwrap()
+    engine_credentials(dir, volume, node, epoch)
         .save(&path)
         .unwrap();
     path

@@ -519,13 +519,17 @@ impl Connection {
     async fn open(&mut self, req: &Request, payload: &[u8]) -> Flow {
         let (id, claimed) = (req.id, req.offset);
         let name = String::from_utf8_lossy(payload).into_owned();
-        let reply = match self.server.replicas.find(&name) {
-            Ok(r) => match self.claim(&name, &r, claimed) {
+        let found = self.server.replicas.find(&name).and_then(|r| {
+            let read = r
+                .read()
+                .map_err(|_| format!("replica {name}: lock poisoned"))?;
+            let (sums, volume) = (read.keeps_sums(), read.volume().to_string());
+            drop(read);
+            Ok((r, sums, volume))
+        });
+        let reply = match found {
+            Ok((r, sums, volume)) => match self.claim(&name, &volume, claimed) {
                 Ok(fence) => {
-                    let (sums, volume) = r
-                        .read()
-                        .map(|r| (r.keeps_sums(), r.volume().to_string()))
-                        .unwrap_or_default();
                     self.engine = self.drives(&volume);
                     self.volume = volume;
                     self.bound = Some((name, r));
@@ -550,14 +554,15 @@ impl Connection {
         (self.claimed < latest).then(|| fenced(name, self.claimed, latest))
     }
 
-    /// Takes the claim of attachment `claimed` on `replica`: with TLS, the
-    /// peer's certificate must name it; the fence rises to it; a claim
-    /// below the fence is refused. No claim (0) binds for reading (and
-    /// for mutations while no engine has claimed one).
+    /// Takes the claim of attachment `claimed` on replica `name` of
+    /// `volume`: with TLS, the peer's certificate must name it; the fence
+    /// rises to it; a claim below the fence is refused. No claim (0) binds
+    /// for reading (and, for the volume's engine, for mutations while no
+    /// engine has claimed one).
     fn claim(
         &self,
         name: &str,
-        replica: &Shared,
+        volume: &str,
         claimed: u64,
     ) -> Result<Arc<std::sync::atomic::AtomicU64>, (u32, String)> {
         let replicas = &self.server.replicas;
@@ -565,25 +570,21 @@ impl Connection {
         if claimed == 0 {
             return Ok(fence);
         }
-        let volume = replica
-            .read()
-            .map(|r| r.volume().to_string())
-            .map_err(|_| (status::IO, "replica lock poisoned".to_string()))?;
         if !self
             .peer
-            .is(&ballast::tls::Role::Attachment(volume.clone(), claimed))
+            .is(&ballast::tls::Role::Attachment(volume.to_string(), claimed))
         {
             let why = format!(
                 "the peer's certificate does not name attachment {claimed} of volume {volume}"
             );
-            self.server.refused(&volume, Refusal::Denied);
+            self.server.refused(volume, Refusal::Denied);
             return Err((status::DENIED, why));
         }
         let latest = replicas
             .raise_fence(name, claimed)
             .map_err(|e| (status::IO, e))?;
         if claimed < latest {
-            self.server.refused(&volume, Refusal::Fenced);
+            self.server.refused(volume, Refusal::Fenced);
             return Err((status::FENCED, fenced(name, claimed, latest)));
         }
         Ok(fence)

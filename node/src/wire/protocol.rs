@@ -128,7 +128,9 @@ pub mod status {
     pub const NOT_FOUND: u32 = 2;
     /// The replica is lent to an engine (or already lent, for LEND).
     pub const BUSY: u32 = 16;
-    /// Not for this peer (a LEND from another node).
+    /// Not for this peer: it is not the volume's engine, its certificate
+    /// does not name the attachment it claims, or it asks a LEND from
+    /// another node.
     pub const DENIED: u32 = 13;
     /// The replica was opened for a later attachment of its volume: the
     /// engine of an earlier one may not change it (ESTALE).
