@@ -3,11 +3,14 @@
 //! it (`authorization: Bearer …`), and their servers, when given one,
 //! refuse a call without it (UNAUTHENTICATED) before the call is read.
 //! It proves the caller belongs to the cluster; it neither says which member
-//! it is nor hides the traffic (docs/security.md). It owns the token and
-//! the two interceptors; the daemons decide where they apply.
+//! it is nor hides the traffic (docs/security.md). While it changes, a
+//! member holds two: it sends the first and accepts either. It owns the
+//! tokens, reading their file again, and the two interceptors; the
+//! daemons decide where they apply.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
 
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
@@ -18,9 +21,28 @@ use tonic::{Request, Status};
 /// The shortest token accepted: guessing it must be out of reach.
 pub const MIN_LEN: usize = 16;
 
-/// The cluster's token, or none (nothing sent, nothing required).
+/// How often a token read from a file is read again (`keep_reading`).
+pub const READ_AGAIN_EVERY: Duration = Duration::from_secs(5);
+
+/// The cluster's tokens, or none (nothing sent, nothing required).
+///
+/// A token file (or Secret) holds one token per line: the first is the one
+/// this member sends, and every one is accepted. That is how the token
+/// changes without a window in which members refuse each other: add the
+/// new token as a second line everywhere, then make it the first, then
+/// drop the old one, letting every member pick up each step before the
+/// next (docs/security.md). Clones share the tokens, so a change read
+/// again (`reload`, `replace`) reaches every channel and gate made from
+/// them.
 #[derive(Clone, Default)]
-pub struct ClusterToken(Option<Arc<str>>);
+pub struct ClusterToken(Option<Arc<Live>>);
+
+struct Live {
+    /// Never empty: the first is sent.
+    tokens: RwLock<Arc<[Arc<str>]>>,
+    /// The file they were read from, read again by `reload`.
+    file: Option<PathBuf>,
+}
 
 impl std::fmt::Debug for ClusterToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -32,24 +54,50 @@ impl std::fmt::Debug for ClusterToken {
     }
 }
 
-impl ClusterToken {
-    /// The token in `path` (surrounding whitespace dropped); the error says
-    /// what is wrong with the file, naming it.
-    pub fn read(path: &Path) -> Result<ClusterToken, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        ClusterToken::parse(&text, &path.display().to_string())
-    }
-
-    /// The token in `text` (surrounding whitespace dropped), read from
-    /// `origin`, which the error names.
-    pub fn parse(text: &str, origin: &str) -> Result<ClusterToken, String> {
-        let token = text.trim();
+/// The tokens of `text`, one per non-blank line (surrounding whitespace
+/// dropped), read from `origin`, which an error names with the line.
+fn tokens_of(text: &str, origin: &str) -> Result<Arc<[Arc<str>]>, String> {
+    let mut tokens = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let token = line.trim();
+        if token.is_empty() {
+            continue;
+        }
         if token.len() < MIN_LEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(format!(
-                "{origin}: a cluster token is at least {MIN_LEN} printable characters without spaces"
+                "{origin}, line {}: a cluster token is at least {MIN_LEN} printable characters without spaces",
+                i + 1
             ));
         }
-        Ok(ClusterToken(Some(token.into())))
+        tokens.push(Arc::from(token));
+    }
+    if tokens.is_empty() {
+        return Err(format!(
+            "{origin}: no cluster token (one per line, at least {MIN_LEN} printable characters without spaces)"
+        ));
+    }
+    Ok(tokens.into())
+}
+
+impl ClusterToken {
+    /// The tokens in `path` (see `tokens_of`); the error says what is
+    /// wrong with the file, naming it. `reload` reads it again.
+    pub fn read(path: &Path) -> Result<ClusterToken, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let tokens = tokens_of(&text, &path.display().to_string())?;
+        Ok(ClusterToken::live(tokens, Some(path.to_path_buf())))
+    }
+
+    /// The tokens in `text`, read from `origin`, which the error names.
+    pub fn parse(text: &str, origin: &str) -> Result<ClusterToken, String> {
+        Ok(ClusterToken::live(tokens_of(text, origin)?, None))
+    }
+
+    fn live(tokens: Arc<[Arc<str>]>, file: Option<PathBuf>) -> ClusterToken {
+        ClusterToken(Some(Arc::new(Live {
+            tokens: RwLock::new(tokens),
+            file,
+        })))
     }
 
     /// A new token: 48 hex digits from the kernel's random source.
@@ -62,11 +110,91 @@ impl ClusterToken {
 
     /// A token from its text (tests, and `ballast local`, which makes one).
     pub fn from_text(token: &str) -> ClusterToken {
-        ClusterToken(Some(token.into()))
+        ClusterToken::live(Arc::from([Arc::from(token)]), None)
     }
 
     pub fn is_set(&self) -> bool {
         self.0.is_some()
+    }
+
+    /// The tokens now, the one sent first.
+    fn tokens(&self) -> Option<Arc<[Arc<str>]>> {
+        let live = self.0.as_ref()?;
+        Some(match live.tokens.read() {
+            Ok(t) => t.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        })
+    }
+
+    /// Takes the tokens of `text` (from `origin`, which an error names)
+    /// in place of the ones held, for every clone; whether they changed.
+    /// On an error the tokens held stay. A member with no token stays
+    /// without.
+    pub fn replace(&self, text: &str, origin: &str) -> Result<bool, String> {
+        let Some(live) = &self.0 else {
+            return Ok(false);
+        };
+        let new = tokens_of(text, origin)?;
+        let mut held = match live.tokens.write() {
+            Ok(t) => t,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if *held == new {
+            return Ok(false);
+        }
+        *held = new;
+        Ok(true)
+    }
+
+    /// Reads the token file again (see `replace`); nothing for tokens not
+    /// read from a file.
+    pub fn reload(&self) -> Result<bool, String> {
+        let Some(path) = self.0.as_ref().and_then(|l| l.file.clone()) else {
+            return Ok(false);
+        };
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        self.replace(&text, &path.display().to_string())
+    }
+
+    /// Reads the token file again every `READ_AGAIN_EVERY`, on the
+    /// current tokio runtime, for as long as a clone of these tokens is
+    /// in use; a file that cannot be read or holds no valid token is
+    /// logged and the tokens held stay. Nothing for tokens not read from a
+    /// file.
+    pub fn keep_reading(&self) {
+        let Some(live) = self.0.as_ref().filter(|l| l.file.is_some()) else {
+            return;
+        };
+        let weak: Weak<Live> = Arc::downgrade(live);
+        // Members started together read at different moments: a change
+        // reaches them one after the other, as it would across a cluster.
+        let offset = u64::from(std::process::id()).wrapping_mul(7919)
+            % READ_AGAIN_EVERY.as_millis().max(1) as u64;
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(offset)).await;
+            let mut tick = tokio::time::interval(READ_AGAIN_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let Some(live) = weak.upgrade() else {
+                    return;
+                };
+                let token = ClusterToken(Some(live));
+                match token.reload() {
+                    Ok(true) => tracing::info!(
+                        tokens = token.tokens().map_or(0, |t| t.len()),
+                        "the cluster token file changed: sending its first token, accepting each of them"
+                    ),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "the cluster token file could not be read again; the tokens held stay"
+                    ),
+                }
+            }
+        });
     }
 
     /// The interceptor a client adds to send it.
@@ -89,7 +217,7 @@ pub struct SendToken(ClusterToken);
 
 impl Interceptor for SendToken {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(t) = &self.0.0 {
+        if let Some(t) = self.0.tokens().as_ref().and_then(|t| t.first().cloned()) {
             let value = MetadataValue::try_from(format!("Bearer {t}"))
                 .map_err(|_| Status::internal("the cluster token is not a header value"))?;
             request.metadata_mut().insert("authorization", value);
@@ -104,14 +232,18 @@ pub struct RequireToken(ClusterToken);
 
 impl Interceptor for RequireToken {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(token) = &self.0.0 else {
+        let Some(tokens) = self.0.tokens() else {
             return Ok(request);
         };
         let header = request
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
-        if bearer_is(header, token) {
+        // Each one compared, whichever matches.
+        let matched = tokens
+            .iter()
+            .fold(false, |any, t| bearer_is(header, t) | any);
+        if matched {
             Ok(request)
         } else {
             Err(Status::unauthenticated(
@@ -178,6 +310,86 @@ mod tests {
         assert!(none.gate().call(with(None)).is_ok());
         let sent = none.sender().call(Request::new(())).unwrap();
         assert!(sent.metadata().get("authorization").is_none());
+    }
+
+    const OLD: &str = "0123456789abcdef-old-token";
+    const NEW: &str = "0123456789abcdef-new-token";
+
+    fn sent(t: &ClusterToken) -> String {
+        let r = t.sender().call(Request::new(())).unwrap();
+        r.metadata()
+            .get("authorization")
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .to_string()
+    }
+
+    fn passes(gate: &mut RequireToken, token: &str) -> bool {
+        gate.call(with(Some(&format!("Bearer {token}")))).is_ok()
+    }
+
+    #[test]
+    fn a_file_of_two_tokens_sends_the_first_and_accepts_either() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("token");
+        std::fs::write(&p, format!("{OLD}\n\n  {NEW}  \n")).unwrap();
+        let t = ClusterToken::read(&p).unwrap();
+        assert_eq!(sent(&t), format!("Bearer {OLD}"));
+        let mut gate = t.gate();
+        assert!(passes(&mut gate, OLD) && passes(&mut gate, NEW));
+        assert!(!passes(&mut gate, "0123456789abcdef-other-token"));
+        assert!(gate.call(with(None)).is_err());
+    }
+
+    #[test]
+    fn a_bad_line_or_no_token_is_refused_naming_the_line() {
+        let e = ClusterToken::parse(&format!("{OLD}\nshort\n"), "the file").unwrap_err();
+        assert!(
+            e.contains("the file, line 2") && e.contains("at least 16"),
+            "{e}"
+        );
+        let e = ClusterToken::parse("\n  \n", "the file").unwrap_err();
+        assert!(e.contains("the file: no cluster token"), "{e}");
+    }
+
+    #[test]
+    fn a_token_file_read_again_changes_every_clone_and_a_bad_one_changes_nothing() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("token");
+        std::fs::write(&p, format!("{OLD}\n")).unwrap();
+        let t = ClusterToken::read(&p).unwrap();
+        // Made before the change: they see it.
+        let (sender, mut gate) = (t.clone(), t.gate());
+        assert!(!t.reload().unwrap(), "the same file is no change");
+        std::fs::write(&p, format!("{NEW}\n{OLD}\n")).unwrap();
+        assert!(t.reload().unwrap());
+        assert_eq!(sent(&sender), format!("Bearer {NEW}"));
+        assert!(passes(&mut gate, NEW) && passes(&mut gate, OLD));
+        std::fs::write(&p, format!("{NEW}\n")).unwrap();
+        assert!(t.reload().unwrap());
+        assert!(passes(&mut gate, NEW) && !passes(&mut gate, OLD));
+        // A broken file, or none: the tokens held stay.
+        std::fs::write(&p, "short\n").unwrap();
+        assert!(t.reload().is_err());
+        std::fs::remove_file(&p).unwrap();
+        assert!(t.reload().is_err());
+        assert!(passes(&mut gate, NEW));
+        assert_eq!(sent(&sender), format!("Bearer {NEW}"));
+        // Tokens not read from a file have nothing to read again.
+        assert!(!ClusterToken::from_text(OLD).reload().unwrap());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_file_is_read_again_while_the_tokens_are_in_use() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("token");
+        std::fs::write(&p, format!("{OLD}\n")).unwrap();
+        let t = ClusterToken::read(&p).unwrap();
+        t.keep_reading();
+        std::fs::write(&p, format!("{NEW}\n")).unwrap();
+        tokio::time::sleep(READ_AGAIN_EVERY * 3).await;
+        assert_eq!(sent(&t), format!("Bearer {NEW}"));
     }
 
     #[test]

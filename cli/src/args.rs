@@ -45,7 +45,9 @@ pub struct ControllerArgs {
     pub api_token_file: Option<PathBuf>,
     /// A file holding the cluster token (at least 16 characters) that
     /// every call of the agent endpoint must carry, and that it sends to
-    /// the node agents; the same file as the nodes'.
+    /// the node agents; the same file as the nodes'. While the token
+    /// changes it holds two, one per line: the first is sent, each is
+    /// accepted. Read again every 5 seconds.
     #[arg(long, env = "BALLAST_CLUSTER_TOKEN_FILE")]
     pub cluster_token_file: Option<PathBuf>,
     /// Turns TLS on: the directory of the cluster CA (`ca.crt`, `ca.key`),
@@ -86,7 +88,8 @@ pub struct KubeArgs {
     pub guard_image: Option<String>,
     /// The Secret holding the cluster token (key `token`), made with a
     /// random token when missing; the node plugins mount it as their
-    /// --cluster-token-file. (Or give --cluster-token-file instead.)
+    /// --cluster-token-file. Read again every 15 seconds (one token per
+    /// line while it changes). (Or give --cluster-token-file instead.)
     #[arg(long, env = "BALLAST_CLUSTER_TOKEN_SECRET")]
     pub cluster_token_secret: Option<String>,
     /// Turns TLS on with the cluster CA kept in this Secret (keys `ca.crt`,
@@ -172,7 +175,9 @@ pub struct NodeArgs {
     pub kubelet_dir: PathBuf,
     /// A file holding the cluster token (the controller's): its agent
     /// refuses calls without it, and its calls to the controller, and its
-    /// engines', carry it.
+    /// engines', carry it. While the token changes it holds two, one per
+    /// line: the first is sent, each is accepted. Read again every 5
+    /// seconds.
     #[arg(long, env = "BALLAST_CLUSTER_TOKEN_FILE")]
     pub cluster_token_file: Option<PathBuf>,
     /// Turns TLS on: the cluster CA's certificate (the controller's

@@ -42,6 +42,8 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
             .map_err(|e| EngineExit::Failed(format!("--cluster-token-file: {e}")))?,
         None => Default::default(),
     };
+    // The node's file: a change of it reaches the engine's calls too.
+    token.keep_reading();
     let (tls, wire) = tls(&a)?;
     let wire = wire.for_attachment(a.epoch);
     let member = ballast::tls::Member { token, tls };

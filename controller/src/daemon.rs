@@ -94,8 +94,11 @@ async fn cluster_token(
     client: Option<&kube::Client>,
 ) -> Result<ClusterToken, ServeError> {
     if let Some(path) = &config.cluster_token_file {
-        return ClusterToken::read(path)
-            .map_err(|e| ServeError::Config(format!("--cluster-token-file: {e}")));
+        let token = ClusterToken::read(path)
+            .map_err(|e| ServeError::Config(format!("--cluster-token-file: {e}")))?;
+        // A change of the file reaches every channel and gate.
+        token.keep_reading();
+        return Ok(token);
     }
     let Some(name) = &config.kubernetes.cluster_token_secret else {
         return Ok(ClusterToken::default());
@@ -103,13 +106,21 @@ async fn cluster_token(
     let client = client.ok_or_else(|| {
         ServeError::Config("--cluster-token-secret needs --store kubernetes".into())
     })?;
-    crate::kubernetes::secrets::read_or_make_token(
+    let token = crate::kubernetes::secrets::read_or_make_token(
         client.clone(),
         &config.kubernetes.namespace,
         name,
     )
     .await
-    .map_err(|e| ServeError::Config(format!("--cluster-token-secret: {e}")))
+    .map_err(|e| ServeError::Config(format!("--cluster-token-secret: {e}")))?;
+    // A change of the Secret reaches every channel and gate.
+    crate::kubernetes::secrets::keep_reading_token(
+        client.clone(),
+        &config.kubernetes.namespace,
+        name,
+        &token,
+    );
+    Ok(token)
 }
 
 /// The cluster CA, when TLS is on: from `--cluster-ca-dir`, or from the

@@ -83,6 +83,8 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
             .map_err(|e| ServeError::Config(format!("--cluster-token-file: {e}")))?,
         None => ClusterToken::default(),
     };
+    // A change of the file reaches every channel and gate.
+    token.keep_reading();
     let (tls, tls_dir) = node_tls(&config, &state_dir, &token).await?;
     let wire = match tls.credentials() {
         Some(c) => {

@@ -16,6 +16,7 @@ mod leader;
 mod modify;
 mod orphans;
 mod rogue;
+mod rotation;
 mod safety;
 mod seed000_auto_balance;
 mod seed001_disk_pressure;

@@ -79,6 +79,51 @@ pub async fn read_or_make_token(
     ClusterToken::parse(&text(&data, KEY), &origin).map_err(KubeError::ClusterSecret)
 }
 
+/// How often the token's Secret is read again (`keep_reading_token`).
+const TOKEN_READ_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Reads the token's Secret `name` in `namespace` again every
+/// `TOKEN_READ_AGAIN_EVERY` and gives `token` (and so every channel and
+/// gate made from it) what it holds now: while the token changes it holds
+/// two, one per line (docs/security.md). A Secret that cannot be read, or
+/// holds no valid token, is logged and the tokens held stay.
+pub fn keep_reading_token(client: kube::Client, namespace: &str, name: &str, token: &ClusterToken) {
+    let api: Api<Secret> = Api::namespaced(client, namespace);
+    let (name, token) = (name.to_string(), token.clone());
+    let origin = format!("Secret {namespace}/{name}, key {KEY}");
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(TOKEN_READ_AGAIN_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let read = match api.get_opt(&name).await {
+                Ok(Some(s)) => {
+                    let data: Data = s
+                        .data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.0))
+                        .collect();
+                    token.replace(&text(&data, KEY), &origin)
+                }
+                Ok(None) => Err(format!("{origin}: the Secret is gone")),
+                Err(e) => Err(format!("{origin}: {e}")),
+            };
+            match read {
+                Ok(true) => tracing::info!(
+                    "the cluster token's Secret changed: sending its first token, accepting each of them"
+                ),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "the cluster token's Secret could not be read again; the tokens held stay"
+                ),
+            }
+        }
+    });
+}
+
 /// The CA of Secret `name` in `namespace`, made first when missing; its
 /// certificate is then put into the token's Secret `token_secret` (where
 /// the nodes read it) when it is not there yet.

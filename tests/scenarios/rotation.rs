@@ -1,0 +1,250 @@
+//! The cluster token changes while a volume runs (docs/security.md, "Secrets"):
+//! every member reads its token file again, and with the new token first
+//! added as a second line, then made the first, then the old one dropped,
+//! no call between members is refused at any step. Data is written first
+//! and verified by checksum afterwards.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use ballast::cluster_token::ClusterToken;
+use ballast::tls::{Member, Role};
+use serde_json::json;
+use tonic::Code;
+
+use crate::harness::*;
+
+/// What a member logs each time it takes a changed token file.
+const CHANGED: &str = "the cluster token file changed";
+/// What a controller logs each time it takes a changed token Secret.
+const SECRET_CHANGED: &str = "the cluster token's Secret changed";
+/// What a member is told when a call it made lacked the token.
+const REFUSED: &str = "this cluster's token is required";
+
+/// How many times the log at `path` says its tokens changed.
+fn reloads(path: &Path) -> usize {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    log.matches(CHANGED).count() + log.matches(SECRET_CHANGED).count()
+}
+
+/// Waits until every log of `logs` says its tokens changed `n` times.
+fn wait_reloaded(logs: &[PathBuf], n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let behind: Vec<&PathBuf> = logs.iter().filter(|l| reloads(l) < n).collect();
+        if behind.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the token file was not read again {n} times by {behind:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Every gate of the cluster: each node agent, and the controller's agent
+/// endpoint, with the name a client expects of each.
+fn gates(c: &Cluster) -> Vec<(String, Role)> {
+    let mut out: Vec<(String, Role)> = c
+        .nodes
+        .iter()
+        .map(|n| {
+            let agent = c.node(&n.id)["status"]["agentEndpoint"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            (agent, Role::Node(n.id.clone()))
+        })
+        .collect();
+    out.push((format!("http://{}", c.ctl.agent), Role::Controller));
+    out
+}
+
+/// One call with `token` (and a controller's certificate) to each gate:
+/// GetNodeStatus of a node agent, a forwarded CSI call to the controller;
+/// each outcome with the gate's name.
+async fn gated_calls(
+    gates: &[(String, Role)],
+    member: &Member,
+) -> Vec<(String, Result<(), tonic::Status>)> {
+    use ballast::proto::agent::v1::GetNodeStatusRequest;
+    use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
+    use ballast::proto::csi::v1::ControllerGetCapabilitiesRequest;
+    use ballast::proto::csi::v1::controller_client::ControllerClient;
+    let mut out = Vec::new();
+    for (url, role) in gates {
+        let channel = member.channel(url, role).unwrap();
+        let r = if *role == Role::Controller {
+            ControllerClient::new(channel)
+                .controller_get_capabilities(ControllerGetCapabilitiesRequest {})
+                .await
+                .map(drop)
+        } else {
+            NodeAgentClient::new(channel)
+                .get_node_status(GetNodeStatusRequest {})
+                .await
+                .map(drop)
+        };
+        out.push((role.name(), r));
+    }
+    out
+}
+
+/// What each gate answers a call with `token`.
+fn calls(c: &Cluster, token: &str) -> Vec<(String, Result<(), tonic::Status>)> {
+    let member = Member {
+        token: ClusterToken::from_text(token),
+        tls: member_as(c.dir.path(), Role::Controller).tls,
+    };
+    let gates = gates(c);
+    runtime().block_on(gated_calls(&gates, &member))
+}
+
+fn all_accept(c: &Cluster, token: &str) {
+    for (gate, r) in calls(c, token) {
+        if let Err(e) = r {
+            panic!("{gate} refused a token it should take: {e}");
+        }
+    }
+}
+
+fn all_refuse(c: &Cluster, token: &str) {
+    for (gate, r) in calls(c, token) {
+        let e = r.expect_err(&format!("{gate} took a token it should refuse"));
+        assert_eq!(e.code(), Code::Unauthenticated, "{gate}: {e}");
+    }
+}
+
+/// The three steps from `old` to `new`, each handed to `write` (the text
+/// of the token file or Secret), each awaited in every log of `logs`
+/// (every member's) before the next, with what each gate takes checked
+/// at each step.
+fn three_steps(c: &Cluster, logs: &[PathBuf], (old, new): (&str, &str), write: impl Fn(String)) {
+    for l in logs {
+        assert_eq!(reloads(l), 0, "{}", l.display());
+    }
+    all_accept(c, old);
+    all_refuse(c, new);
+    // 1. Both, the old one first.
+    write(format!("{old}\n{new}\n"));
+    wait_reloaded(logs, 1);
+    all_accept(c, new);
+    all_accept(c, old);
+    // 2. Both, the new one first.
+    write(format!("{new}\n{old}\n"));
+    wait_reloaded(logs, 2);
+    all_accept(c, new);
+    all_accept(c, old);
+    // 3. The new one alone.
+    write(format!("{new}\n"));
+    wait_reloaded(logs, 3);
+    all_accept(c, new);
+    all_refuse(c, old);
+}
+
+/// That no log of `logs` shows a call refused for its token.
+fn no_call_refused(logs: &[PathBuf]) {
+    for l in logs {
+        let log = std::fs::read_to_string(l).unwrap_or_default();
+        assert!(
+            !log.contains(REFUSED),
+            "{} shows a call refused for its token",
+            l.display()
+        );
+    }
+}
+
+/// The token changes in three steps, each written to the one token file
+/// every member reads (as a Secret mounted by every pod would be): the new
+/// token as a second line (accepted everywhere, the old one still sent),
+/// then as the first (sent everywhere, the old one still accepted), then
+/// alone. Each member reads the file again by itself, the engine running
+/// the volume included, and no call between them is refused at any step:
+/// the nodes stay up, and afterwards the engine started before the change
+/// rebuilds a third replica and records it with the new token. The data
+/// reads back by checksum, through NBD and from every replica's files.
+#[test]
+fn the_cluster_token_changes_without_a_window_and_the_volume_keeps_its_data() {
+    let c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let dir = c.dir.path();
+    let data = write_data(dir, &endpoint, 31);
+
+    let file = cluster_token(dir);
+    let old = std::fs::read_to_string(&file).unwrap().trim().to_string();
+    let new = format!("{old}-the-next-one");
+    let mut logs = vec![c.ctl.proc.log.clone()];
+    logs.extend(c.nodes.iter().map(|n| n.proc.log.clone()));
+    // The volume's engine, started by node-1 with the old token.
+    logs.push(dir.join("node-1").join("state/frontends/v.log"));
+    three_steps(&c, &logs, (&old, &new), |text| {
+        std::fs::write(&file, text).unwrap()
+    });
+
+    // The members still talk: every node is up, and the engine started
+    // with the old token records a new replica set.
+    for n in &c.nodes {
+        assert!(node_is_up(&c.node(&n.id)), "{} is not up", n.id);
+    }
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 3})),
+    );
+    c.wait_settled("v", 3, Duration::from_secs(120));
+    let recorded = c.volume("v")["status"]["currentReplicas"].clone();
+    assert_eq!(recorded.as_array().map(Vec::len), Some(3), "{recorded}");
+    // At no step was a member's call refused for its token.
+    no_call_refused(&logs);
+    verify_data(dir, &endpoint, &data);
+    verify_replicas(&c, "v", &data);
+}
+
+/// The same three steps with the controller on the Kubernetes store,
+/// reading its token from the Secret `ballast-cluster-token` (as deploy/
+/// runs it), and the node from a file, as the DaemonSet mounts that
+/// Secret: the controller reads the Secret again by itself, and no call
+/// between it and the node is refused at any step.
+#[test]
+fn a_controller_on_kubernetes_reads_its_changed_token_secret_without_a_window() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+
+    let k = crate::kube_cluster::KubeCluster::start(1);
+    let c = &k.c;
+    let dir = c.dir.path();
+    let file = cluster_token(dir);
+    let old = std::fs::read_to_string(&file).unwrap().trim().to_string();
+    let new = format!("{old}-the-next-one");
+    let logs = vec![c.ctl.proc.log.clone(), c.nodes[0].proc.log.clone()];
+    let secret = |text: String| {
+        k.rt.block_on(async {
+            let api: kube::Api<Secret> =
+                kube::Api::namespaced(k.cp.client().await.unwrap(), "ballast");
+            let patch = json!({"data": {"token": ByteString(text.clone().into_bytes())}});
+            api.patch(
+                "ballast-cluster-token",
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await
+            .unwrap();
+        });
+        // The kubelet would write the mounted file the same way.
+        std::fs::write(&file, text).unwrap();
+    };
+    // The test acts as a controller: it issues itself a certificate from
+    // the CA's Secret, which only controllers read.
+    k.rt.block_on(async {
+        let api: kube::Api<Secret> = kube::Api::namespaced(k.cp.client().await.unwrap(), "ballast");
+        let data = api.get("ballast-cluster-ca").await.unwrap().data.unwrap();
+        let key = ballast::tls::CA_KEY_FILE;
+        std::fs::write(cluster_ca_dir(dir).join(key), &data[key].0).unwrap();
+    });
+    three_steps(c, &logs, (&old, &new), secret);
+    assert!(node_is_up(&c.node("node-1")), "node-1 is not up");
+    no_call_refused(&logs);
+}
