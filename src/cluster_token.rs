@@ -79,12 +79,19 @@ fn tokens_of(text: &str, origin: &str) -> Result<Arc<[Arc<str>]>, String> {
     Ok(tokens.into())
 }
 
+/// The text of the token file at `path`, and its name for errors.
+fn read_file(path: &Path) -> Result<(String, String), String> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{origin}: {e}"))?;
+    Ok((text, origin))
+}
+
 impl ClusterToken {
     /// The tokens in `path` (see `tokens_of`); the error says what is
     /// wrong with the file, naming it. `reload` reads it again.
     pub fn read(path: &Path) -> Result<ClusterToken, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let tokens = tokens_of(&text, &path.display().to_string())?;
+        let (text, origin) = read_file(path)?;
+        let tokens = tokens_of(&text, &origin)?;
         Ok(ClusterToken::live(tokens, Some(path.to_path_buf())))
     }
 
@@ -152,45 +159,61 @@ impl ClusterToken {
         let Some(path) = self.0.as_ref().and_then(|l| l.file.clone()) else {
             return Ok(false);
         };
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-        self.replace(&text, &path.display().to_string())
+        let (text, origin) = read_file(&path)?;
+        self.replace(&text, &origin)
     }
 
-    /// Reads the token file again every `READ_AGAIN_EVERY`, on the
-    /// current tokio runtime, for as long as a clone of these tokens is
-    /// in use; a file that cannot be read or holds no valid token is
-    /// logged and the tokens held stay. Nothing for tokens not read from a
-    /// file.
+    /// Reads the token file again every `READ_AGAIN_EVERY` (see
+    /// `keep_replacing`). Nothing for tokens not read from a file.
     pub fn keep_reading(&self) {
-        let Some(live) = self.0.as_ref().filter(|l| l.file.is_some()) else {
+        let Some(path) = self.0.as_ref().and_then(|l| l.file.clone()) else {
+            return;
+        };
+        self.keep_replacing("the cluster token file", READ_AGAIN_EVERY, move || {
+            std::future::ready(read_file(&path))
+        });
+    }
+
+    /// Every `every`, on the current tokio runtime, takes the tokens of
+    /// what `read` gives (their text, and where it was read, for errors;
+    /// see `replace`), for as long as a clone of these tokens is in use.
+    /// `source` names where they are read in the log: each change is
+    /// logged, and so is a source that cannot be read or holds no valid
+    /// token, whose tokens held then stay. Members started together read
+    /// at different moments (an offset per process): a change reaches
+    /// them one after the other, as it would across a cluster.
+    pub fn keep_replacing<F, R>(&self, source: &'static str, every: Duration, read: F)
+    where
+        F: Fn() -> R + Send + 'static,
+        R: std::future::Future<Output = Result<(String, String), String>> + Send,
+    {
+        let Some(live) = &self.0 else {
             return;
         };
         let weak: Weak<Live> = Arc::downgrade(live);
-        // Members started together read at different moments: a change
-        // reaches them one after the other, as it would across a cluster.
-        let offset = u64::from(std::process::id()).wrapping_mul(7919)
-            % READ_AGAIN_EVERY.as_millis().max(1) as u64;
+        let offset =
+            u64::from(std::process::id()).wrapping_mul(7919) % (every.as_millis().max(1) as u64);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(offset)).await;
-            let mut tick = tokio::time::interval(READ_AGAIN_EVERY);
+            let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
             loop {
                 tick.tick().await;
+                let read = read().await;
                 let Some(live) = weak.upgrade() else {
                     return;
                 };
                 let token = ClusterToken(Some(live));
-                match token.reload() {
+                match read.and_then(|(text, origin)| token.replace(&text, &origin)) {
                     Ok(true) => tracing::info!(
                         tokens = token.tokens().map_or(0, |t| t.len()),
-                        "the cluster token file changed: sending its first token, accepting each of them"
+                        "{source} changed: sending its first token, accepting each of them"
                     ),
                     Ok(false) => {}
                     Err(e) => tracing::warn!(
                         error = %e,
-                        "the cluster token file could not be read again; the tokens held stay"
+                        "{source} could not be read again; the tokens held stay"
                     ),
                 }
             }

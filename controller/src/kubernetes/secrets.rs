@@ -21,6 +21,12 @@ pub const KEY: &str = "token";
 
 type Data = BTreeMap<String, Vec<u8>>;
 
+/// A Secret's data, as bytes.
+fn data_of(s: Secret) -> Data {
+    let data = s.data.unwrap_or_default();
+    data.into_iter().map(|(k, v)| (k, v.0)).collect()
+}
+
 /// The data of Secret `name`, made with `make()` first when missing (when
 /// another controller makes it at the same time, the one made first wins).
 async fn read_or_make(
@@ -30,8 +36,7 @@ async fn read_or_make(
 ) -> Result<Data, KubeError> {
     for _ in 0..3 {
         if let Some(s) = api.get_opt(name).await? {
-            let data = s.data.unwrap_or_default();
-            return Ok(data.into_iter().map(|(k, v)| (k, v.0)).collect());
+            return Ok(data_of(s));
         }
         let secret = Secret {
             metadata: kube::api::ObjectMeta {
@@ -85,43 +90,22 @@ const TOKEN_READ_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_se
 /// Reads the token's Secret `name` in `namespace` again every
 /// `TOKEN_READ_AGAIN_EVERY` and gives `token` (and so every channel and
 /// gate made from it) what it holds now: while the token changes it holds
-/// two, one per line (docs/security.md). A Secret that cannot be read, or
-/// holds no valid token, is logged and the tokens held stay.
+/// two, one per line (docs/security.md; `ClusterToken::keep_replacing`).
 pub fn keep_reading_token(client: kube::Client, namespace: &str, name: &str, token: &ClusterToken) {
     let api: Api<Secret> = Api::namespaced(client, namespace);
-    let (name, token) = (name.to_string(), token.clone());
+    let name = name.to_string();
     let origin = format!("Secret {namespace}/{name}, key {KEY}");
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(TOKEN_READ_AGAIN_EVERY);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            let read = match api.get_opt(&name).await {
-                Ok(Some(s)) => {
-                    let data: Data = s
-                        .data
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|(k, v)| (k, v.0))
-                        .collect();
-                    token.replace(&text(&data, KEY), &origin)
-                }
+    let read = move || {
+        let (api, name, origin) = (api.clone(), name.clone(), origin.clone());
+        async move {
+            match api.get_opt(&name).await {
+                Ok(Some(s)) => Ok((text(&data_of(s), KEY), origin)),
                 Ok(None) => Err(format!("{origin}: the Secret is gone")),
                 Err(e) => Err(format!("{origin}: {e}")),
-            };
-            match read {
-                Ok(true) => tracing::info!(
-                    "the cluster token's Secret changed: sending its first token, accepting each of them"
-                ),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(
-                    error = %e,
-                    "the cluster token's Secret could not be read again; the tokens held stay"
-                ),
             }
         }
-    });
+    };
+    token.keep_replacing("the cluster token's Secret", TOKEN_READ_AGAIN_EVERY, read);
 }
 
 /// The CA of Secret `name` in `namespace`, made first when missing; its
