@@ -4,13 +4,11 @@
 //! refuse a call without it (UNAUTHENTICATED) before the call is read.
 //! It proves the caller belongs to the cluster; it neither says which member
 //! it is nor hides the traffic (docs/security.md). While it changes, a
-//! member holds two: it sends the first and accepts either. It owns the
-//! tokens, reading their file again, and the two interceptors; the
-//! daemons decide where they apply.
+//! member holds two: it sends the first and accepts either (`bearer`). It
+//! owns the cluster token's rule and the two interceptors; the daemons
+//! decide where they apply.
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock, Weak};
-use std::time::Duration;
+use std::path::Path;
 
 use tonic::metadata::MetadataValue;
 use tonic::service::Interceptor;
@@ -18,11 +16,19 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
+use crate::bearer::{Rule, Tokens};
+
+pub use crate::bearer::READ_AGAIN_EVERY;
+
 /// The shortest token accepted: guessing it must be out of reach.
 pub const MIN_LEN: usize = 16;
 
-/// How often a token read from a file is read again (`keep_reading`).
-pub const READ_AGAIN_EVERY: Duration = Duration::from_secs(5);
+/// What a line of a cluster token file must be.
+pub static RULE: Rule = Rule {
+    what: "cluster token",
+    min_len: MIN_LEN,
+    graphic: true,
+};
 
 /// The cluster's tokens, or none (nothing sent, nothing required).
 ///
@@ -34,77 +40,27 @@ pub const READ_AGAIN_EVERY: Duration = Duration::from_secs(5);
 /// next (docs/security.md). Clones share the tokens, so a change read
 /// again (`reload`, `replace`) reaches every channel and gate made from
 /// them.
-#[derive(Clone, Default)]
-pub struct ClusterToken(Option<Arc<Live>>);
+#[derive(Clone, Default, Debug)]
+pub struct ClusterToken(Tokens);
 
-struct Live {
-    /// Never empty: the first is sent.
-    tokens: RwLock<Arc<[Arc<str>]>>,
-    /// The file they were read from, read again by `reload`.
-    file: Option<PathBuf>,
-}
+impl std::ops::Deref for ClusterToken {
+    type Target = Tokens;
 
-impl std::fmt::Debug for ClusterToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_some() {
-            "ClusterToken(set)"
-        } else {
-            "ClusterToken(none)"
-        })
+    fn deref(&self) -> &Tokens {
+        &self.0
     }
-}
-
-/// The tokens of `text`, one per non-blank line (surrounding whitespace
-/// dropped), read from `origin`, which an error names with the line.
-fn tokens_of(text: &str, origin: &str) -> Result<Arc<[Arc<str>]>, String> {
-    let mut tokens = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let token = line.trim();
-        if token.is_empty() {
-            continue;
-        }
-        if token.len() < MIN_LEN || !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(format!(
-                "{origin}, line {}: a cluster token is at least {MIN_LEN} printable characters without spaces",
-                i + 1
-            ));
-        }
-        tokens.push(Arc::from(token));
-    }
-    if tokens.is_empty() {
-        return Err(format!(
-            "{origin}: no cluster token (one per line, at least {MIN_LEN} printable characters without spaces)"
-        ));
-    }
-    Ok(tokens.into())
-}
-
-/// The text of the token file at `path`, and its name for errors.
-fn read_file(path: &Path) -> Result<(String, String), String> {
-    let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{origin}: {e}"))?;
-    Ok((text, origin))
 }
 
 impl ClusterToken {
-    /// The tokens in `path` (see `tokens_of`); the error says what is
-    /// wrong with the file, naming it. `reload` reads it again.
+    /// The tokens in `path`; the error says what is wrong with the file,
+    /// naming it and the line.
     pub fn read(path: &Path) -> Result<ClusterToken, String> {
-        let (text, origin) = read_file(path)?;
-        let tokens = tokens_of(&text, &origin)?;
-        Ok(ClusterToken::live(tokens, Some(path.to_path_buf())))
+        Tokens::read(path, &RULE).map(ClusterToken)
     }
 
     /// The tokens in `text`, read from `origin`, which the error names.
     pub fn parse(text: &str, origin: &str) -> Result<ClusterToken, String> {
-        Ok(ClusterToken::live(tokens_of(text, origin)?, None))
-    }
-
-    fn live(tokens: Arc<[Arc<str>]>, file: Option<PathBuf>) -> ClusterToken {
-        ClusterToken(Some(Arc::new(Live {
-            tokens: RwLock::new(tokens),
-            file,
-        })))
+        Tokens::parse(text, origin, &RULE).map(ClusterToken)
     }
 
     /// A new token: 48 hex digits from the kernel's random source.
@@ -117,107 +73,7 @@ impl ClusterToken {
 
     /// A token from its text (tests, and `ballast local`, which makes one).
     pub fn from_text(token: &str) -> ClusterToken {
-        ClusterToken::live(Arc::from([Arc::from(token)]), None)
-    }
-
-    pub fn is_set(&self) -> bool {
-        self.0.is_some()
-    }
-
-    /// The tokens now, the one sent first.
-    fn tokens(&self) -> Option<Arc<[Arc<str>]>> {
-        let live = self.0.as_ref()?;
-        Some(match live.tokens.read() {
-            Ok(t) => t.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        })
-    }
-
-    /// Takes the tokens of `text` (from `origin`, which an error names)
-    /// in place of the ones held, for every clone; whether they changed.
-    /// On an error the tokens held stay. A member with no token stays
-    /// without.
-    pub fn replace(&self, text: &str, origin: &str) -> Result<bool, String> {
-        let Some(live) = &self.0 else {
-            return Ok(false);
-        };
-        let new = tokens_of(text, origin)?;
-        let mut held = match live.tokens.write() {
-            Ok(t) => t,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        if *held == new {
-            return Ok(false);
-        }
-        *held = new;
-        Ok(true)
-    }
-
-    /// Reads the token file again (see `replace`); nothing for tokens not
-    /// read from a file.
-    pub fn reload(&self) -> Result<bool, String> {
-        let Some(path) = self.0.as_ref().and_then(|l| l.file.clone()) else {
-            return Ok(false);
-        };
-        let (text, origin) = read_file(&path)?;
-        self.replace(&text, &origin)
-    }
-
-    /// Reads the token file again every `READ_AGAIN_EVERY` (see
-    /// `keep_replacing`). Nothing for tokens not read from a file.
-    pub fn keep_reading(&self) {
-        let Some(path) = self.0.as_ref().and_then(|l| l.file.clone()) else {
-            return;
-        };
-        self.keep_replacing("the cluster token file", READ_AGAIN_EVERY, move || {
-            std::future::ready(read_file(&path))
-        });
-    }
-
-    /// Every `every`, on the current tokio runtime, takes the tokens of
-    /// what `read` gives (their text, and where it was read, for errors;
-    /// see `replace`), for as long as a clone of these tokens is in use.
-    /// `source` names where they are read in the log: each change is
-    /// logged, and so is a source that cannot be read or holds no valid
-    /// token, whose tokens held then stay. Members started together read
-    /// at different moments (an offset per process): a change reaches
-    /// them one after the other, as it would across a cluster.
-    pub fn keep_replacing<F, R>(&self, source: &'static str, every: Duration, read: F)
-    where
-        F: Fn() -> R + Send + 'static,
-        R: std::future::Future<Output = Result<(String, String), String>> + Send,
-    {
-        let Some(live) = &self.0 else {
-            return;
-        };
-        let weak: Weak<Live> = Arc::downgrade(live);
-        let offset =
-            u64::from(std::process::id()).wrapping_mul(7919) % (every.as_millis().max(1) as u64);
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(offset)).await;
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            tick.tick().await;
-            loop {
-                tick.tick().await;
-                let read = read().await;
-                let Some(live) = weak.upgrade() else {
-                    return;
-                };
-                let token = ClusterToken(Some(live));
-                match read.and_then(|(text, origin)| token.replace(&text, &origin)) {
-                    Ok(true) => tracing::info!(
-                        tokens = token.tokens().map_or(0, |t| t.len()),
-                        "{source} changed: sending its first token, accepting each of them"
-                    ),
-                    Ok(false) => {}
-                    Err(e) => tracing::warn!(
-                        error = %e,
-                        "{source} could not be read again; the tokens held stay"
-                    ),
-                }
-            }
-        });
+        ClusterToken(Tokens::from_text(token, &RULE))
     }
 
     /// The interceptor a client adds to send it.
@@ -240,7 +96,7 @@ pub struct SendToken(ClusterToken);
 
 impl Interceptor for SendToken {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        if let Some(t) = self.0.tokens().as_ref().and_then(|t| t.first().cloned()) {
+        if let Some(t) = self.0.first() {
             let value = MetadataValue::try_from(format!("Bearer {t}"))
                 .map_err(|_| Status::internal("the cluster token is not a header value"))?;
             request.metadata_mut().insert("authorization", value);
@@ -255,18 +111,11 @@ pub struct RequireToken(ClusterToken);
 
 impl Interceptor for RequireToken {
     fn call(&mut self, request: Request<()>) -> Result<Request<()>, Status> {
-        let Some(tokens) = self.0.tokens() else {
-            return Ok(request);
-        };
         let header = request
             .metadata()
             .get("authorization")
             .and_then(|v| v.to_str().ok());
-        // Each one compared, whichever matches.
-        let matched = tokens
-            .iter()
-            .fold(false, |any, t| bearer_is(header, t) | any);
-        if matched {
+        if self.0.accepts(header) {
             Ok(request)
         } else {
             Err(Status::unauthenticated(
@@ -292,17 +141,6 @@ impl<I: Interceptor> Interceptor for Both<I> {
         let request = self.0.call(request)?;
         self.1.call(request)
     }
-}
-
-/// Whether an `Authorization` header value is `Bearer <token>`, compared
-/// in a time that does not depend on where it differs. (The REST API's
-/// token is checked with it too.)
-pub fn bearer_is(header: Option<&str>, token: &str) -> bool {
-    let given = header.and_then(|v| v.strip_prefix("Bearer "));
-    given.is_some_and(|g| {
-        let (a, b) = (g.as_bytes(), token.as_bytes());
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-    })
 }
 
 #[cfg(test)]

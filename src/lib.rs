@@ -6,6 +6,7 @@
 //! touches no disk beyond the store file.
 
 pub mod api;
+pub mod bearer;
 pub mod cluster_token;
 pub mod crd;
 pub mod csi_caps;

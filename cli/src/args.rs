@@ -40,7 +40,8 @@ pub struct ControllerArgs {
     #[arg(long, env = "BALLAST_NODE_DOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub node_down_timeout: Duration,
     /// A file holding a bearer token that every REST change (POST, PUT,
-    /// PATCH, DELETE) must carry; reads stay open.
+    /// PATCH, DELETE) must carry; reads stay open. One token per line,
+    /// each accepted; read again every 5 seconds.
     #[arg(long, env = "BALLAST_API_TOKEN_FILE")]
     pub api_token_file: Option<PathBuf>,
     /// A file holding the cluster token (at least 16 characters) that

@@ -204,6 +204,51 @@ fn ballastctl_ends_quietly_when_its_reader_goes_away() {
     }
 }
 
+/// The API token changes without a restart: the controller reads its
+/// `--api-token-file` again, takes each token of it (one per line), and
+/// refuses one dropped from it, while it runs.
+#[test]
+fn the_api_token_changes_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("api-token");
+    std::fs::write(&token, "the old token\n").unwrap();
+    let ctl = start_controller_with(
+        dir.path(),
+        "30s",
+        &["--api-token-file", token.to_str().unwrap()],
+    );
+    let set = |with: &str| {
+        let mut args = vec!["--token", with];
+        args.extend(["setting", "set", "replica-auto-balance", "best-effort"]);
+        ballastctl(&ctl.api, &args)
+    };
+    assert!(set("the old token").0);
+    let (ok, _, err) = set("the-new-token");
+    assert!(!ok && err.contains("bearer token"), "{err}");
+    // Both: the new one is taken once the file is read again.
+    std::fs::write(&token, "the old token\nthe-new-token\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !set("the-new-token").0 {
+        assert!(Instant::now() < deadline, "the new token was never taken");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(set("the old token").0, "the old token is still in the file");
+    // The new one alone: the old one is refused once it is read again.
+    std::fs::write(&token, "the-new-token\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while set("the old token").0 {
+        assert!(Instant::now() < deadline, "the old token was still taken");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(set("the-new-token").0);
+    let log = ctl.proc.log_text();
+    assert_eq!(
+        log.matches("the API token file changed").count(),
+        2,
+        "{log}"
+    );
+}
+
 /// A controller with `--api-token-file`: ballastctl changes nothing without
 /// the token, and changes what it is told with it (flag or environment);
 /// reads need none; a `text/plain` POST is refused with 415.

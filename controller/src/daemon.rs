@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use ballast::bearer::Tokens;
 use ballast::cluster_token::ClusterToken;
 use ballast::error::ServeError;
 use ballast::proto::agent::v1::controlplane_server::ControlplaneServer;
@@ -174,20 +175,11 @@ fn gate(config: &ControllerConfig) -> Result<crate::api::gate::Gate, ServeError>
     let Some(path) = &config.api_token_file else {
         return Ok(crate::api::gate::Gate::default());
     };
-    let text = std::fs::read_to_string(path).map_err(|source| ServeError::Io {
-        path: path.clone(),
-        source,
-    })?;
-    let token = text.trim();
-    if token.is_empty() {
-        return Err(ServeError::Config(format!(
-            "--api-token-file: {} is empty",
-            path.display()
-        )));
-    }
-    Ok(crate::api::gate::Gate {
-        token: Some(token.into()),
-    })
+    let token = Tokens::read(path, &crate::api::gate::API_TOKEN)
+        .map_err(|e| ServeError::Config(format!("--api-token-file: {e}")))?;
+    // A change of the file reaches the gate.
+    token.keep_reading();
+    Ok(crate::api::gate::Gate { token })
 }
 
 /// The store, and the cluster's client when the store is Kubernetes.

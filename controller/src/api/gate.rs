@@ -6,22 +6,30 @@
 //! answers, so a page a user opens cannot drive the API with a form or a
 //! `text/plain` request. No CORS header is ever sent.
 
-use std::sync::Arc;
-
 use axum::extract::{Request, State};
 use axum::http::{Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use ballast::cluster_token::bearer_is;
+use ballast::bearer::{Rule, Tokens};
 
 use crate::error::Error;
+
+/// What a line of the API token's file must be: any line that is not
+/// blank (a token, read as it is).
+pub static API_TOKEN: Rule = Rule {
+    what: "API token",
+    min_len: 1,
+    graphic: false,
+};
 
 /// What a mutation must carry.
 #[derive(Clone, Debug, Default)]
 pub struct Gate {
-    /// The bearer token mutations must carry; None: no token is asked.
-    pub token: Option<Arc<str>>,
+    /// The bearer tokens a mutation may carry (one per line of
+    /// `--api-token-file`, read again while the controller runs, so that
+    /// the token changes without a restart); none: no token is asked.
+    pub token: Tokens,
 }
 
 /// Why the request may not go on, if it may not.
@@ -30,16 +38,14 @@ fn refusal(gate: &Gate, req: &Request) -> Option<Error> {
     if matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS) {
         return None;
     }
-    if let Some(token) = &gate.token {
-        let given = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        if !bearer_is(given, token) {
-            return Some(Error::Unauthenticated(
-                "Authorization: a change needs the API's bearer token (ballastctl --token or BALLAST_API_TOKEN)".into(),
-            ));
-        }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    if !gate.token.accepts(given) {
+        return Some(Error::Unauthenticated(
+            "Authorization: a change needs the API's bearer token (ballastctl --token or BALLAST_API_TOKEN)".into(),
+        ));
     }
     if matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
         let json = req

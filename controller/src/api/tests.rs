@@ -609,7 +609,7 @@ async fn a_change_that_is_not_json_is_415_and_changes_nothing() {
 async fn with_a_token_changes_need_it_reads_do_not_and_no_cors_is_answered() {
     let api = Api::new();
     let gate = super::gate::Gate {
-        token: Some("s3cret".into()),
+        token: ballast::bearer::Tokens::from_text("s3cret", &super::gate::API_TOKEN),
     };
     let body = r#"{"value": "best-effort"}"#;
     let path = "/v1/settings/replica-auto-balance";

@@ -90,7 +90,7 @@ const TOKEN_READ_AGAIN_EVERY: std::time::Duration = std::time::Duration::from_se
 /// Reads the token's Secret `name` in `namespace` again every
 /// `TOKEN_READ_AGAIN_EVERY` and gives `token` (and so every channel and
 /// gate made from it) what it holds now: while the token changes it holds
-/// two, one per line (docs/security.md; `ClusterToken::keep_replacing`).
+/// two, one per line (docs/security.md; `bearer::Tokens::keep_replacing`).
 pub fn keep_reading_token(client: kube::Client, namespace: &str, name: &str, token: &ClusterToken) {
     let api: Api<Secret> = Api::namespaced(client, namespace);
     let name = name.to_string();
@@ -105,7 +105,11 @@ pub fn keep_reading_token(client: kube::Client, namespace: &str, name: &str, tok
             }
         }
     };
-    token.keep_replacing("the cluster token's Secret", TOKEN_READ_AGAIN_EVERY, read);
+    token.keep_replacing(
+        "the cluster token's Secret".to_string(),
+        TOKEN_READ_AGAIN_EVERY,
+        read,
+    );
 }
 
 /// The CA of Secret `name` in `namespace`, made first when missing; its
