@@ -11,9 +11,11 @@
 //! node N's for `N.node.ballast.internal` and `node.ballast.internal`;
 //! the engine of volume V, started for its attachment E, holds
 //! `V.volume.ballast.internal` and `E.V.attachment.ballast.internal`
-//! besides its node's names. A client checks the name of the peer it
-//! means to reach; a server reads the role of its client from the same
-//! names.
+//! besides its node's names; a node the controller lets read volume V's
+//! replicas for a rebuild or a restore holds `V.reader.ballast.internal`
+//! besides its own names, for a day or two. A client checks the name of
+//! the peer it means to reach; a server reads the role of its client from
+//! the same names.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,6 +36,9 @@ use tonic::{Request, Status};
 pub const DOMAIN: &str = "ballast.internal";
 /// How long a member's certificate is valid; it is renewed at every start.
 pub const MEMBER_DAYS: i64 = 365;
+/// How long a reader's certificate is valid (it is asked for per fill; a
+/// fill holds one connection, checked at its handshake).
+pub const READER_DAYS: i64 = 2;
 /// How long the CA is valid.
 pub const CA_DAYS: i64 = 3650;
 /// The files of a CA's directory (`--cluster-ca-dir`).
@@ -81,6 +86,9 @@ pub enum Role {
     /// `status.engineEpoch` then): replicas fence out the engines of
     /// earlier attachments, and a claim of one must be in the certificate.
     Attachment(String, u64),
+    /// A node the controller lets read a volume's replicas: the target of
+    /// a rebuild of that volume, or of a restore from it.
+    Reader(String),
 }
 
 impl Role {
@@ -93,6 +101,7 @@ impl Role {
             Role::AnyNode => format!("node.{DOMAIN}"),
             Role::Engine(volume) => format!("{volume}.volume.{DOMAIN}"),
             Role::Attachment(volume, epoch) => format!("{epoch}.{volume}.attachment.{DOMAIN}"),
+            Role::Reader(volume) => format!("{volume}.reader.{DOMAIN}"),
         }
     }
 
@@ -130,8 +139,12 @@ fn date(days: i64) -> time::OffsetDateTime {
 }
 
 /// The parameters of a member's certificate for `roles` (the first names
-/// it).
+/// it), valid for [`MEMBER_DAYS`].
 fn member_params(roles: &[Role]) -> Result<CertificateParams, TlsError> {
+    member_params_for(roles, MEMBER_DAYS)
+}
+
+fn member_params_for(roles: &[Role], days: i64) -> Result<CertificateParams, TlsError> {
     let first = roles
         .first()
         .ok_or_else(|| TlsError::Invalid("a certificate for no role".into()))?;
@@ -149,7 +162,7 @@ fn member_params(roles: &[Role]) -> Result<CertificateParams, TlsError> {
         ExtendedKeyUsagePurpose::ClientAuth,
     ];
     p.not_before = date(-1);
-    p.not_after = date(MEMBER_DAYS);
+    p.not_after = date(days);
     Ok(p)
 }
 
@@ -261,6 +274,29 @@ impl Ca {
         crate::model::validate_name(node_id).map_err(TlsError::Invalid)?;
         let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)?;
         csr.params = member_params(&[Role::Node(node_id.to_string())])?;
+        Ok(csr.signed_by(&self.issuer)?.pem())
+    }
+
+    /// The certificate that lets node `node_id` read the replicas of
+    /// `volume` (a rebuild's or a restore's source), for
+    /// [`READER_DAYS`], for the key of the signing request `csr_pem`:
+    /// the names are the CA's, as in [`Ca::sign`].
+    pub fn sign_reader(
+        &self,
+        node_id: &str,
+        volume: &str,
+        csr_pem: &str,
+    ) -> Result<String, TlsError> {
+        crate::model::validate_name(node_id).map_err(TlsError::Invalid)?;
+        crate::model::validate_name(volume).map_err(TlsError::Invalid)?;
+        let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)?;
+        csr.params = member_params_for(
+            &[
+                Role::Reader(volume.to_string()),
+                Role::Node(node_id.to_string()),
+            ],
+            READER_DAYS,
+        )?;
         Ok(csr.signed_by(&self.issuer)?.pem())
     }
 }
@@ -607,6 +643,33 @@ mod tests {
         let n = ca.issue(&Role::Node("node-2".into())).unwrap();
         assert!(!holds(&der(&n.cert_pem), &Role::Engine("vol-1".into())));
         assert!(ca.issue_engine("../v", "node-2", 1).is_err());
+    }
+
+    #[test]
+    fn a_reader_certificate_names_its_volume_and_its_node_for_two_days() {
+        let ca = Ca::generate().unwrap();
+        // The request asks for another node; the CA names the one it is
+        // told, and the volume.
+        let asked = Enrollment::new("node-9").unwrap();
+        let pem = ca.sign_reader("node-2", "vol-1", &asked.csr_pem).unwrap();
+        let certs = der(&pem);
+        assert!(holds(&certs, &Role::Reader("vol-1".into())));
+        assert!(!holds(&certs, &Role::Reader("vol-2".into())));
+        assert!(holds(&certs, &Role::Node("node-2".into())));
+        assert!(!holds(&certs, &Role::Node("node-9".into())));
+        // It reads; it drives nothing.
+        assert!(!holds(&certs, &Role::Engine("vol-1".into())));
+        assert!(!holds(&certs, &Role::Attachment("vol-1".into(), 0)));
+        assert!(!holds(&certs, &Role::Controller));
+        let (_, parsed) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
+        let cert = parsed.parse_x509().unwrap();
+        let not_after = cert.validity().not_after.timestamp();
+        assert_eq!(not_after, date(READER_DAYS).unix_timestamp());
+        // A node's own certificate reads no volume.
+        let n = ca.issue(&Role::Node("node-2".into())).unwrap();
+        assert!(!holds(&der(&n.cert_pem), &Role::Reader("vol-1".into())));
+        assert!(ca.sign_reader("node-2", "../v", &asked.csr_pem).is_err());
+        assert!(ca.sign_reader("node-2", "vol-1", "not a request").is_err());
     }
 
     #[test]

@@ -557,41 +557,67 @@ fn the_replica_server_limits_connections_per_peer_and_closes_silent_ones() {
     });
 }
 
-/// With TLS on, a replica takes changes only from its volume's engine: a
-/// node's certificate (any node's, the replica's own included) reads a
-/// replica that no engine has opened yet, and every WRITE, TRIM and FLUSH
-/// of it is refused; the engine's are taken, and the data is what the
-/// engine wrote.
+/// With TLS on, a replica opens only for its own node, its volume's
+/// engine, and a reader of its volume (the controller's certificate for
+/// a fill): another node's certificate, an engine of another volume and a
+/// reader of another volume are refused at OPEN. It takes changes only
+/// from its volume's engine: its node and a reader read a replica that no
+/// engine has opened yet, and every WRITE, TRIM and FLUSH of theirs is
+/// refused; the engine's are taken, and the data is what the engine wrote.
 #[test]
-fn a_node_certificate_reads_a_replica_and_only_its_volumes_engine_changes_it() {
+fn a_replica_opens_for_its_node_its_engine_and_its_readers_and_only_its_engine_changes_it() {
     use ballast_node::wire::client::ReplicaClient;
     use ballast_node::wire::protocol::status;
     let c = cluster(1);
     let replicas = c.create_replicas("v8");
     let (name, addr) = replicas[0].split_once('@').unwrap();
     let rt = runtime();
+    let dir = c.dir.path();
     rt.block_on(async {
-        let node = ReplicaClient::dial(&wire_as(c.dir.path(), "node-1"), addr, name)
+        for (who, wire) in [
+            ("another node", wire_as(dir, "node-2")),
+            (
+                "an engine of another volume",
+                engine_wire_as(dir, "v9", "node-2", 1),
+            ),
+            (
+                "a reader of another volume",
+                reader_wire_as(dir, "v9", "node-2"),
+            ),
+        ] {
+            let e = ReplicaClient::dial(&wire, addr, name).await.err();
+            let e = e.unwrap_or_else(|| panic!("{who} opened the replica"));
+            assert_eq!(refusal(&e), status::DENIED, "{who}: {e}");
+            assert!(e.to_string().contains("opens only for"), "{who}: {e}");
+        }
+        let node = ReplicaClient::dial(&wire_as(dir, "node-1"), addr, name)
             .await
             .unwrap();
-        let refused = [
-            node.write(0, &[0xa5; 4096], 1, false).await.unwrap_err(),
-            node.trim(0, 4096, 1).await.unwrap_err(),
-            node.flush().await.unwrap_err(),
-        ];
-        for e in refused {
-            assert_eq!(refusal(&e), status::DENIED, "{e}");
+        let reader = ReplicaClient::dial(&reader_wire_as(dir, "v8", "node-2"), addr, name)
+            .await
+            .unwrap();
+        for client in [&node, &reader] {
+            let refused = [
+                client.write(0, &[0xa5; 4096], 1, false).await.unwrap_err(),
+                client.trim(0, 4096, 1).await.unwrap_err(),
+                client.flush().await.unwrap_err(),
+            ];
+            for e in refused {
+                assert_eq!(refusal(&e), status::DENIED, "{e}");
+            }
         }
         let engine = engine_wire_as(c.dir.path(), "v8", "node-1", 1);
         let engine = ReplicaClient::dial(&engine, addr, name).await.unwrap();
         engine.write(0, &[0x5a; 8192], 1, false).await.unwrap();
         engine.trim(4096, 4096, 2).await.unwrap();
         engine.flush().await.unwrap();
-        let back = node.read(0, 8192).await.unwrap();
-        assert!(
-            back[..4096].iter().all(|b| *b == 0x5a),
-            "the engine's write"
-        );
-        assert!(back[4096..].iter().all(|b| *b == 0), "the engine's trim");
+        for client in [&node, &reader] {
+            let back = client.read(0, 8192).await.unwrap();
+            assert!(
+                back[..4096].iter().all(|b| *b == 0x5a),
+                "the engine's write"
+            );
+            assert!(back[4096..].iter().all(|b| *b == 0), "the engine's trim");
+        }
     });
 }

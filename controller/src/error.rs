@@ -34,6 +34,10 @@ pub enum Error {
     /// A change without the API's token.
     #[error("{0}")]
     Unauthenticated(String),
+    /// A member asked for what is not its to have (a node, a reader's
+    /// certificate for a replica that is not its own).
+    #[error("{0}")]
+    Forbidden(String),
     /// A replica's data failed its checksums (a rebuild's source).
     #[error("{0}")]
     DataLoss(String),
@@ -86,6 +90,7 @@ impl From<Error> for tonic::Status {
             Error::Unavailable(_) => tonic::Status::unavailable(msg),
             Error::UnsupportedMediaType(_) => tonic::Status::invalid_argument(msg),
             Error::Unauthenticated(_) => tonic::Status::unauthenticated(msg),
+            Error::Forbidden(_) => tonic::Status::permission_denied(msg),
             Error::DataLoss(_) => tonic::Status::data_loss(msg),
             Error::Internal(_) => tonic::Status::internal(msg),
         }

@@ -19,8 +19,9 @@ use ballast::cluster_token::Authed;
 use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
 use ballast::proto::agent::v1::controlplane_server::Controlplane;
 use ballast::proto::agent::v1::{
-    HeartbeatRequest, HeartbeatResponse, NodeDisksRequest, NodeDisksResponse,
-    RecordReplicaSetRequest, RecordReplicaSetResponse, RegisterRequest, RegisterResponse,
+    HeartbeatRequest, HeartbeatResponse, IssueReaderRequest, IssueReaderResponse, NodeDisksRequest,
+    NodeDisksResponse, RecordReplicaSetRequest, RecordReplicaSetResponse, RegisterRequest,
+    RegisterResponse,
 };
 use ballast::proto::csi::v1::controller_client::ControllerClient;
 use ballast::proto::csi::v1::controller_server::Controller;
@@ -193,7 +194,8 @@ for_node!(
     RegisterRequest,
     HeartbeatRequest,
     RecordReplicaSetRequest,
-    NodeDisksRequest
+    NodeDisksRequest,
+    IssueReaderRequest
 );
 
 routed!(RoutedControlplane, Controlplane, ControlplaneClient, admit = for_its_node, {
@@ -201,4 +203,5 @@ routed!(RoutedControlplane, Controlplane, ControlplaneClient, admit = for_its_no
     heartbeat(HeartbeatRequest) -> HeartbeatResponse;
     record_replica_set(RecordReplicaSetRequest) -> RecordReplicaSetResponse;
     node_disks(NodeDisksRequest) -> NodeDisksResponse;
+    issue_reader(IssueReaderRequest) -> IssueReaderResponse;
 });

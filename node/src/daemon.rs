@@ -17,6 +17,7 @@ use tokio::sync::watch;
 use crate::agent::{NodeAgentService, run_heartbeats};
 use crate::context::NodeContext;
 use crate::disks::{DiskArg, open_disks};
+use crate::wire::readers::Readers;
 use crate::wire::tls::WireTls;
 
 #[derive(Clone, Debug)]
@@ -86,16 +87,19 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     // A change of the file reaches every channel and gate.
     token.keep_reading();
     let (tls, tls_dir) = node_tls(&config, &state_dir, &token).await?;
-    let wire = match tls.credentials() {
-        Some(c) => {
-            WireTls::new(c, &config.node_id).map_err(|e| ServeError::Config(format!("TLS: {e}")))?
-        }
-        None => WireTls::default(),
-    };
+    let credentials = tls.credentials().cloned();
     let member = Member { token, tls };
     // Every call to the controller carries the cluster token (and this
     // node's certificate).
     let controller = member.channel(&config.controller, &Role::Controller)?;
+    // Fills read other nodes' replicas with readers' certificates, which
+    // the controller gives.
+    let wire = match credentials {
+        Some(c) => WireTls::new(&c, &config.node_id)
+            .map_err(|e| ServeError::Config(format!("TLS: {e}")))?
+            .reading_through(Readers::new(controller.clone(), &config.node_id, &c.ca_pem)),
+        None => WireTls::default(),
+    };
     let disks = open_wanted_disks(&config, &controller).await?;
     let replica_server = crate::server::ReplicaServer::serving_with(
         crate::replica::Replicas::with_writeback(

@@ -68,6 +68,7 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
 
     let rt = runtime();
     let node_3 = wire_as(c.dir.path(), "node-3");
+    let reader_on_3 = reader_wire_as(c.dir.path(), "v", "node-3");
     // Credentials of an engine of the volume's latest attachment, which
     // its replicas take changes from: one attachment, and its end at the
     // detach, counted.
@@ -78,11 +79,15 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
         let name = r["name"].as_str().unwrap();
         let node = c.node(r["spec"]["nodeId"].as_str().unwrap());
         let addr = node["status"]["replicaEndpoint"].as_str().unwrap();
-        // A node's certificate is not the volume's engine's: it reads,
-        // and every change (WRITE, TRIM, FLUSH, JOIN, FILL, GROW) is
-        // refused before it is read.
+        // A node's certificate is not the volume's engine's: it opens the
+        // replica on its own node, a reader's (of the volume, the
+        // controller's word) the others; each reads, and every change
+        // (WRITE, TRIM, FLUSH, JOIN, FILL, GROW) is refused before it is
+        // read.
+        let own = r["spec"]["nodeId"] == "node-3";
         rt.block_on(async {
-            let client = ReplicaClient::dial(&node_3, addr, name).await.unwrap();
+            let wire = if own { &node_3 } else { &reader_on_3 };
+            let client = ReplicaClient::dial(wire, addr, name).await.unwrap();
             let join = JoinSpec {
                 frozen: Vec::new(),
                 head: "layer-000099.img".into(),
@@ -261,7 +266,8 @@ fn a_rogue_lend_from_another_node_is_refused_and_the_volume_keeps_every_replica(
     // Every replica, the one lent to the engine on node-1 included, is
     // asked for a loan by a peer on another address (with the replica's
     // own node's certificate), by one on its address with another node's
-    // certificate, and by one on its address with its own node's.
+    // certificate (which opens nothing there), and by one on its address
+    // with its own node's.
     for r in c.replicas("v") {
         let name = r["name"].as_str().unwrap();
         let owner = r["spec"]["nodeId"].as_str().unwrap();
@@ -272,19 +278,19 @@ fn a_rogue_lend_from_another_node_is_refused_and_the_volume_keeps_every_replica(
         };
         let node = c.node(owner);
         let addr = node["status"]["replicaEndpoint"].as_str().unwrap();
-        for (as_node, from) in [(owner, "127.0.0.2"), (other, "127.0.0.1")] {
-            let (opened, lent, why) = lend_from(c.dir.path(), as_node, from, addr, name);
-            assert_eq!(opened, status::OK, "{name}");
-            assert_eq!(
-                lent,
-                status::DENIED,
-                "{name} as {as_node} from {from}: {why}"
-            );
-            assert!(
-                why.contains("only for the engine on this replica's node"),
-                "{why}"
-            );
-        }
+        let (opened, lent, why) = lend_from(c.dir.path(), owner, "127.0.0.2", addr, name);
+        assert_eq!(opened, status::OK, "{name}");
+        assert_eq!(lent, status::DENIED, "{name} from 127.0.0.2: {why}");
+        assert!(
+            why.contains("only for the engine on this replica's node"),
+            "{why}"
+        );
+        // Another node's certificate does not even open it, so nothing
+        // is lent on that connection.
+        let (opened, lent, why) = lend_from(c.dir.path(), other, "127.0.0.1", addr, name);
+        assert_eq!(opened, status::DENIED, "{name} as {other}");
+        assert_eq!(lent, status::NOT_FOUND, "{name} as {other}: {why}");
+        assert!(why.contains("no replica opened"), "{why}");
         // On the replica's address with its node's certificate, which is
         // not the engine's.
         let (opened, lent, why) = lend_from(c.dir.path(), owner, "127.0.0.1", addr, name);
@@ -529,6 +535,148 @@ fn agent_calls_without_the_token_or_the_controllers_certificate_are_refused_and_
         reps.iter().any(|r| r["name"] == victim.as_str()),
         "{reps:?}"
     );
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &data);
+}
+
+/// Replica `r`'s name and its node's replica endpoint.
+fn name_and_addr(c: &Cluster, r: &serde_json::Value) -> (String, String) {
+    let node = c.node(r["spec"]["nodeId"].as_str().unwrap());
+    (
+        r["name"].as_str().unwrap().to_string(),
+        node["status"]["replicaEndpoint"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+    )
+}
+
+/// A node reads another node's replica only as a reader of its volume,
+/// with a certificate the controller gives it for a fill of a replica of
+/// its own. Its own certificate opens the replicas on its node and no
+/// other (DENIED). The controller refuses a reader's certificate for a
+/// replica that is not on the asking node, for a source of a volume that
+/// replica takes nothing from, and to a node asking for another. A reader
+/// of one volume opens no replica of another. A rebuild then reads its
+/// remote source as a reader, and every replica holds the data.
+#[test]
+fn a_node_reads_another_nodes_replica_only_as_a_reader_the_controller_named() {
+    use ballast::proto::agent::v1::IssueReaderRequest;
+    use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
+    use ballast::tls::{Credentials, Enrollment, Role};
+    use ballast_node::wire::protocol::status;
+    use tonic::Code;
+
+    let c = Cluster::start(3, 1);
+    let dir = c.dir.path();
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
+    c.create_volume(json!({"name": "w", "size": SIZE, "numberOfReplicas": 3}));
+    c.attach("w", "node-2");
+    c.wait_settled("w", 3, Duration::from_secs(60));
+    c.ok("POST", "/v1/volumes/w/detach", None);
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 3, Duration::from_secs(60));
+    let data = write_data(dir, &endpoint, 26);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let on = |volume: &str, node: &str| name_and_addr(&c, &c.replica_on(volume, node).unwrap());
+    let (v1, v2, v3, w1) = (
+        on("v", "node-1"),
+        on("v", "node-2"),
+        on("v", "node-3"),
+        on("w", "node-1"),
+    );
+
+    let rt = runtime();
+    let node_3 = wire_as(dir, "node-3");
+    rt.block_on(async {
+        // Its own certificate: the replica on its node, and no other.
+        for (name, addr) in [&v1, &v2, &w1] {
+            let e = ReplicaClient::dial(&node_3, addr, name)
+                .await
+                .err()
+                .unwrap();
+            assert_eq!(refusal(&e), status::DENIED, "{name}: {e}");
+            assert!(e.to_string().contains("opens only for"), "{name}: {e}");
+        }
+        let own = ReplicaClient::dial(&node_3, &v3.1, &v3.0).await.unwrap();
+        own.read(0, 4096).await.unwrap();
+    });
+
+    // What node-3 gets from the controller.
+    let controller = format!("http://{}", c.ctl.agent);
+    let as_3 = member_as(dir, Role::Node("node-3".into()));
+    let ca_pem = std::fs::read_to_string(cluster_ca_dir(dir).join("ca.crt")).unwrap();
+    let ask = |node: &str, replica: &str, source: &str| {
+        let key = Enrollment::new("node-3").unwrap();
+        let answer = rt.block_on(async {
+            let channel = as_3.channel(&controller, &Role::Controller).unwrap();
+            ControlplaneClient::new(channel)
+                .issue_reader(IssueReaderRequest {
+                    node_id: node.into(),
+                    replica: replica.into(),
+                    source: source.into(),
+                    csr_pem: key.csr_pem.clone(),
+                })
+                .await
+        });
+        answer.map(|a| key.finish(&ca_pem, &a.into_inner().cert_pem))
+    };
+    let refused = |r: Result<Credentials, tonic::Status>, why: &str| {
+        let e = r.expect_err("a reader's certificate was given");
+        assert_eq!(e.code(), Code::PermissionDenied, "{e}");
+        assert!(e.message().contains(why), "{e}");
+    };
+    // For a replica that is not on node-3.
+    refused(ask("node-3", &v1.0, &v2.0), "not on node node-3");
+    // For a source of another volume.
+    refused(ask("node-3", &v3.0, &w1.0), "takes no data of volume w");
+    // As another node.
+    refused(
+        ask("node-2", &v2.0, &v1.0),
+        "only node node-2's certificate",
+    );
+    // For its own replica of v, from v's replica on node-1: it reads that
+    // replica (and v's on node-2), and opens no replica of w.
+    let reader = ask("node-3", &v3.0, &v1.0).unwrap();
+    let reader = WireTls::new(&reader, "node-3").unwrap();
+    rt.block_on(async {
+        for (name, addr) in [&v1, &v2] {
+            let client = ReplicaClient::dial(&reader, addr, name).await.unwrap();
+            client.read(0, 4096).await.unwrap();
+        }
+        let e = ReplicaClient::dial(&reader, &w1.1, &w1.0)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(refusal(&e), status::DENIED, "{e}");
+    });
+
+    // A rebuild onto a node with no other replica of v reads its source
+    // as a reader.
+    let issued = || {
+        c.ctl
+            .proc
+            .log_text()
+            .matches("issued a reader's certificate")
+            .count()
+    };
+    let before = issued();
+    assert_eq!(before, 1, "the one node-3 asked for");
+    let endpoint = c.attach("v", "node-1");
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 3})),
+    );
+    c.wait_settled("v", 3, Duration::from_secs(120));
+    assert!(issued() > before, "the rebuild read its source as a reader");
+    verify_data(dir, &endpoint, &data);
     c.ok("POST", "/v1/volumes/v/detach", None);
     verify_replicas(&c, "v", &data);
 }

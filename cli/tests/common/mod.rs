@@ -295,6 +295,17 @@ pub fn wire_as(dir: &Path, node: &str) -> ballast_node::wire::tls::WireTls {
     ballast_node::wire::tls::WireTls::new(&creds, node).unwrap()
 }
 
+/// Node `node`'s replica transport as a reader of `volume`, with a
+/// certificate as the controller gives one (IssueReader), in the cluster
+/// of `dir`.
+pub fn reader_wire_as(dir: &Path, volume: &str, node: &str) -> ballast_node::wire::tls::WireTls {
+    let ca = ballast::tls::Ca::in_dir(&cluster_ca_dir(dir)).unwrap();
+    let key = ballast::tls::Enrollment::new(node).unwrap();
+    let cert = ca.sign_reader(node, volume, &key.csr_pem).unwrap();
+    let creds = key.finish(ca.cert_pem(), &cert);
+    ballast_node::wire::tls::WireTls::new(&creds, node).unwrap()
+}
+
 /// The replica transport of an engine of `volume` on `node`, started for
 /// the volume's attachment `epoch` (which it claims), with credentials as
 /// the controller issues them, in the cluster of `dir`.

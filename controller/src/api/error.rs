@@ -23,6 +23,7 @@ impl IntoResponse for Error {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
             }
             Error::Unauthenticated(_) => (StatusCode::UNAUTHORIZED, "unauthenticated"),
+            Error::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
             Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             Error::DataLoss(_) => (StatusCode::INTERNAL_SERVER_ERROR, "data_loss"),
         };

@@ -1,5 +1,6 @@
 //! Nodes as the controller knows them: enrollment (a node's certificate,
-//! when TLS is on), registration and heartbeats (the `Controlplane` gRPC
+//! when TLS is on), readers (a node's certificate to read another node's
+//! replica for a fill), registration and heartbeats (the `Controlplane` gRPC
 //! service that node agents call), and liveness (a node silent for
 //! `--node-down-timeout` turns not ready).
 //!
@@ -8,6 +9,7 @@
 
 mod enrollment;
 mod liveness;
+mod readers;
 mod registry;
 
 pub use enrollment::EnrollmentService;

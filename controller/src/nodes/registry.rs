@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use ballast::model::{DiskSpec, DiskStatus, Kind, Node, NodeSpec, NodeStatus};
 use ballast::proto::agent::v1::{
-    DiskPlacement, HeartbeatRequest, HeartbeatResponse, NodeDisksRequest, NodeDisksResponse,
-    RecordReplicaSetRequest, RecordReplicaSetResponse, RegisterRequest, RegisterResponse,
-    controlplane_server::Controlplane,
+    DiskPlacement, HeartbeatRequest, HeartbeatResponse, IssueReaderRequest, IssueReaderResponse,
+    NodeDisksRequest, NodeDisksResponse, RecordReplicaSetRequest, RecordReplicaSetResponse,
+    RegisterRequest, RegisterResponse, controlplane_server::Controlplane,
 };
 use ballast::store::StoreError;
 use tonic::{Request, Response, Status};
@@ -95,6 +95,15 @@ fn mark_alive(node: &mut Node, now: chrono::DateTime<chrono::Utc>) -> bool {
 
 #[tonic::async_trait]
 impl Controlplane for ControlplaneService {
+    async fn issue_reader(
+        &self,
+        request: Request<IssueReaderRequest>,
+    ) -> Result<Response<IssueReaderResponse>, Status> {
+        Ok(Response::new(
+            super::readers::issue(&self.ctx, request.get_ref()).await?,
+        ))
+    }
+
     #[tracing::instrument(skip_all, fields(node = %request.get_ref().node_id))]
     async fn register(
         &self,

@@ -32,6 +32,22 @@ fn remote(e: crate::wire::client::ClientError) -> Error {
     }
 }
 
+/// The source `NAME@HOST:PORT` of the fill of `target` (a replica of this
+/// node), opened as a reader of its volume (see `wire::readers`).
+async fn dial_source(
+    server: &ReplicaServer,
+    target: &str,
+    source: &str,
+) -> Result<ReplicaClient, Error> {
+    let (name, addr) = split_source(source)?;
+    let tls = server
+        .tls()
+        .to_read(target, name)
+        .await
+        .map_err(Error::Unavailable)?;
+    ReplicaClient::dial(&tls, addr, name).await.map_err(remote)
+}
+
 /// The target joins the chain `spec` names (on a blocking thread).
 async fn join(
     target: crate::replica::Shared,
@@ -62,11 +78,9 @@ pub async fn offline(
     name: &str,
     source: &str,
 ) -> Result<RebuildReplicaResponse, Error> {
-    let (src_name, src_addr) = split_source(source)?;
+    split_source(source)?;
     let target = server.replicas().find(name).map_err(Error::NotFound)?;
-    let src = ReplicaClient::dial(server.tls(), src_addr, src_name)
-        .await
-        .map_err(remote)?;
+    let src = dial_source(server, name, source).await?;
     src.snapshot(None).await.map_err(remote)?;
     let info = src.info().await.map_err(remote)?;
     let layers = src.layers().await.map_err(remote)?;
@@ -100,11 +114,9 @@ pub async fn restore(
             message: format!("{snapshot:?} is not a snapshot id"),
         });
     }
-    let (src_name, src_addr) = split_source(source)?;
+    let (src_name, _) = split_source(source)?;
     let target = server.replicas().find(name).map_err(Error::NotFound)?;
-    let src = ReplicaClient::dial(server.tls(), src_addr, src_name)
-        .await
-        .map_err(remote)?;
+    let src = dial_source(server, name, source).await?;
     let layers = src.layers().await.map_err(remote)?;
     let upto = layers
         .iter()

@@ -48,8 +48,8 @@ pub struct ReplicaServer {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Refusal {
     /// The peer may not (DENIED): it is not the volume's engine, its
-    /// certificate does not name the attachment it claims, or it asks a
-    /// loan from another node.
+    /// certificate does not name the attachment it claims, it asks a loan
+    /// from another node, or it opens a replica it may not read.
     Denied,
     /// The peer is an engine of an earlier attachment (FENCED).
     Fenced,
@@ -528,7 +528,10 @@ impl Connection {
             Ok((r, sums, volume))
         });
         let reply = match found {
-            Ok((r, sums, volume)) => match self.claim(&name, &volume, claimed) {
+            Ok((r, sums, volume)) => match self
+                .may_open(&name, &volume)
+                .and_then(|()| self.claim(&name, &volume, claimed))
+            {
                 Ok(fence) => {
                     self.engine = self.drives(&volume);
                     self.volume = volume;
@@ -542,6 +545,24 @@ impl Connection {
             Err(e) => error(id, status::NOT_FOUND, &e),
         };
         self.reply(reply).await
+    }
+
+    /// Refuses (DENIED) to open replica `name` of `volume` for a peer that
+    /// is neither that volume's engine, nor a reader of it, nor on this
+    /// node: a node's certificate reads no other node's replica without
+    /// the controller's word.
+    fn may_open(&self, name: &str, volume: &str) -> Result<(), (u32, String)> {
+        if self.peer.may_open(volume) {
+            return Ok(());
+        }
+        self.server.refused(volume, Refusal::Denied);
+        Err((
+            status::DENIED,
+            format!(
+                "replica {name} opens only for the engine of volume {volume}, a reader of it \
+                 the controller named, or its own node"
+            ),
+        ))
     }
 
     /// Why this connection may not change its replica: its engine's

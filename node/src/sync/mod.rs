@@ -182,7 +182,12 @@ async fn fill(
     progress: Arc<Progress>,
 ) -> Result<FillReport, SyncError> {
     let pending = target.read().map_err(|_| lock_err())?.pending();
-    let client = ReplicaClient::dial(tls, source_addr, source_name).await?;
+    // Another node's replica opens only for a reader of its volume.
+    let tls = tls
+        .to_read(target_name, source_name)
+        .await
+        .map_err(SyncError::Source)?;
+    let client = ReplicaClient::dial(&tls, source_addr, source_name).await?;
     let layers = client.layers().await?;
     let mut todo = Vec::new();
     for name in &pending {

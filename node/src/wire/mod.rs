@@ -1,11 +1,13 @@
 //! The wire: the replica data protocol (`protocol`), its client
-//! (`client`), its transport (`tls`: plain TCP or mutual TLS), and the
+//! (`client`), its transport (`tls`: plain TCP or mutual TLS; `readers`:
+//! the certificates a fill reads another node's replica with), and the
 //! messages both sides share. It sits on the replica
 //! format (it carries its layers and write log) and under sync, the
 //! server and the engine; it opens no replica itself.
 
 pub mod client;
 pub mod protocol;
+pub mod readers;
 pub mod tls;
 
 use crate::replica::{LayerInfo, LayerSpec};

@@ -1,7 +1,8 @@
 //! The replica protocol's transport: plain TCP, or mutual TLS with the
 //! node's credentials (`ballast::tls`). Both sides get a read half and a
 //! write half; the server also learns who the client is. It owns the
-//! handshake and nothing of the protocol above it.
+//! handshake, and which credentials a client dials with (a fill reads its
+//! source with a reader's, `readers`), and nothing of the protocol above.
 
 use std::sync::Arc;
 
@@ -25,6 +26,10 @@ pub struct WireTls {
     /// The volume's attachment this process acts for (an engine's epoch;
     /// 0: none). With TLS on, its certificate names it.
     attachment: u64,
+    /// Where a node gets a reader's certificate to read another node's
+    /// replica (None: it reads with its own, which opens only replicas of
+    /// this node).
+    readers: Option<Arc<super::readers::Readers>>,
 }
 
 struct Sides {
@@ -33,6 +38,7 @@ struct Sides {
     /// This node: a client of the server holding its certificate is on
     /// this node.
     me: Role,
+    node_id: String,
 }
 
 impl std::fmt::Debug for WireTls {
@@ -67,6 +73,20 @@ impl Peer {
             Peer::Member { certs, .. } => holds(certs, role),
         }
     }
+
+    /// Whether the peer may open a replica of `volume`: that volume's
+    /// engine, a reader of it (a fill's source), or a member on this node
+    /// (always, on a plain connection).
+    pub fn may_open(&self, volume: &str) -> bool {
+        match self {
+            Peer::Plain => true,
+            Peer::Member { this_node, certs } => {
+                *this_node
+                    || holds(certs, &Role::Engine(volume.to_string()))
+                    || holds(certs, &Role::Reader(volume.to_string()))
+            }
+        }
+    }
 }
 
 /// The socket under a TLS session, read ahead: the session asks for 4 KiB
@@ -93,12 +113,33 @@ impl WireTls {
     pub fn new(credentials: &Credentials, node_id: &str) -> Result<WireTls, TlsError> {
         Ok(WireTls {
             attachment: 0,
+            readers: None,
             sides: Some(Arc::new(Sides {
                 acceptor: TlsAcceptor::from(credentials.rustls_server()?),
                 connector: TlsConnector::from(credentials.rustls_client()?),
                 me: Role::Node(node_id.to_string()),
+                node_id: node_id.to_string(),
             })),
         })
+    }
+
+    /// The same, reading other nodes' replicas with readers' certificates
+    /// asked of `readers`.
+    pub fn reading_through(mut self, readers: super::readers::Readers) -> WireTls {
+        self.readers = Some(Arc::new(readers));
+        self
+    }
+
+    /// How to dial replica `source` to fill `target`, a replica of this
+    /// node: with TLS on and a controller to ask, with a reader's
+    /// certificate for the source's volume, made for this fill; else as
+    /// this node (over plain TCP, or to a source on this node).
+    pub async fn to_read(&self, target: &str, source: &str) -> Result<WireTls, String> {
+        let (Some(s), Some(readers)) = (&self.sides, &self.readers) else {
+            return Ok(self.clone());
+        };
+        let credentials = readers.credentials(target, source).await?;
+        WireTls::new(&credentials, &s.node_id).map_err(|e| format!("a reader's TLS settings: {e}"))
     }
 
     /// The same, for an engine started for the volume's attachment
