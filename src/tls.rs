@@ -13,7 +13,7 @@
 //! `V.volume.ballast.internal` and `E.V.attachment.ballast.internal`
 //! besides its node's names; a node the controller lets read volume V's
 //! replicas for a rebuild or a restore holds `V.reader.ballast.internal`
-//! besides its own names, for a day or two. A client checks the name of
+//! besides its own names, for an hour. A client checks the name of
 //! the peer it means to reach; a server reads the role of its client from
 //! the same names.
 
@@ -36,9 +36,11 @@ use tonic::{Request, Status};
 pub const DOMAIN: &str = "ballast.internal";
 /// How long a member's certificate is valid; it is renewed at every start.
 pub const MEMBER_DAYS: i64 = 365;
-/// How long a reader's certificate is valid (it is asked for per fill; a
-/// fill holds one connection, checked at its handshake).
-pub const READER_DAYS: i64 = 2;
+/// How long a reader's certificate is valid: it is asked for per fill, and
+/// a fill holds one connection, checked at its handshake (a fill that
+/// loses it fails, and the next asks again). Members' clocks must agree
+/// within it.
+pub const READER_VALID: std::time::Duration = std::time::Duration::from_secs(3600);
 /// How long the CA is valid.
 pub const CA_DAYS: i64 = 3650;
 /// The files of a CA's directory (`--cluster-ca-dir`).
@@ -141,10 +143,13 @@ fn date(days: i64) -> time::OffsetDateTime {
 /// The parameters of a member's certificate for `roles` (the first names
 /// it), valid for [`MEMBER_DAYS`].
 fn member_params(roles: &[Role]) -> Result<CertificateParams, TlsError> {
-    member_params_for(roles, MEMBER_DAYS)
+    member_params_until(roles, date(MEMBER_DAYS))
 }
 
-fn member_params_for(roles: &[Role], days: i64) -> Result<CertificateParams, TlsError> {
+fn member_params_until(
+    roles: &[Role],
+    not_after: time::OffsetDateTime,
+) -> Result<CertificateParams, TlsError> {
     let first = roles
         .first()
         .ok_or_else(|| TlsError::Invalid("a certificate for no role".into()))?;
@@ -162,7 +167,7 @@ fn member_params_for(roles: &[Role], days: i64) -> Result<CertificateParams, Tls
         ExtendedKeyUsagePurpose::ClientAuth,
     ];
     p.not_before = date(-1);
-    p.not_after = date(days);
+    p.not_after = not_after;
     Ok(p)
 }
 
@@ -279,8 +284,8 @@ impl Ca {
 
     /// The certificate that lets node `node_id` read the replicas of
     /// `volume` (a rebuild's or a restore's source), for
-    /// [`READER_DAYS`], for the key of the signing request `csr_pem`:
-    /// the names are the CA's, as in [`Ca::sign`].
+    /// [`READER_VALID`] from now, for the key of the signing request
+    /// `csr_pem`: the names are the CA's, as in [`Ca::sign`].
     pub fn sign_reader(
         &self,
         node_id: &str,
@@ -290,12 +295,12 @@ impl Ca {
         crate::model::validate_name(node_id).map_err(TlsError::Invalid)?;
         crate::model::validate_name(volume).map_err(TlsError::Invalid)?;
         let mut csr = CertificateSigningRequestParams::from_pem(csr_pem)?;
-        csr.params = member_params_for(
+        csr.params = member_params_until(
             &[
                 Role::Reader(volume.to_string()),
                 Role::Node(node_id.to_string()),
             ],
-            READER_DAYS,
+            time::OffsetDateTime::now_utc() + READER_VALID,
         )?;
         Ok(csr.signed_by(&self.issuer)?.pem())
     }
@@ -646,11 +651,12 @@ mod tests {
     }
 
     #[test]
-    fn a_reader_certificate_names_its_volume_and_its_node_for_two_days() {
+    fn a_reader_certificate_names_its_volume_and_its_node_for_an_hour() {
         let ca = Ca::generate().unwrap();
         // The request asks for another node; the CA names the one it is
         // told, and the volume.
         let asked = Enrollment::new("node-9").unwrap();
+        let now = time::OffsetDateTime::now_utc().unix_timestamp();
         let pem = ca.sign_reader("node-2", "vol-1", &asked.csr_pem).unwrap();
         let certs = der(&pem);
         assert!(holds(&certs, &Role::Reader("vol-1".into())));
@@ -664,7 +670,11 @@ mod tests {
         let (_, parsed) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
         let cert = parsed.parse_x509().unwrap();
         let not_after = cert.validity().not_after.timestamp();
-        assert_eq!(not_after, date(READER_DAYS).unix_timestamp());
+        let hour = READER_VALID.as_secs() as i64;
+        assert!(
+            (now + hour..=now + hour + 60).contains(&not_after),
+            "valid until {not_after}, an hour after {now}"
+        );
         // A node's own certificate reads no volume.
         let n = ca.issue(&Role::Node("node-2".into())).unwrap();
         assert!(!holds(&der(&n.cert_pem), &Role::Reader("vol-1".into())));
