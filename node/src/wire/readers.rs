@@ -62,3 +62,32 @@ impl Readers {
         Ok(key.finish(&self.ca_pem, &answer.cert_pem))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node that cannot reach the controller gets no reader's
+    /// certificate, and the fill's error says which source it could not
+    /// read and why.
+    #[tokio::test]
+    async fn without_its_controller_a_fill_gets_no_reader_and_says_why() {
+        // A port nothing listens on.
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let controller = ballast::tls::Member::default()
+            .channel(
+                &format!("http://127.0.0.1:{port}"),
+                &ballast::tls::Role::Controller,
+            )
+            .unwrap();
+        let readers = Readers::new(controller, "node-1", "");
+        let e = readers.credentials("v-r1", "v-r2").await.unwrap_err();
+        assert!(
+            e.contains("the controller gave no reader's certificate to read v-r2"),
+            "{e}"
+        );
+    }
+}
