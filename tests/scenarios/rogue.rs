@@ -635,6 +635,17 @@ fn a_node_reads_another_nodes_replica_only_as_a_reader_the_controller_named() {
         ask("node-2", &v2.0, &v1.0),
         "only node node-2's certificate",
     );
+    // The two that reached the controller's check are warnings on node-3.
+    let events: Vec<String> = c
+        .all_events("ReaderRefused")
+        .iter()
+        .map(|e| format!("{} {}", e["object"], e["message"]))
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(
+        events.iter().all(|e| e.contains("node/node-3")),
+        "{events:?}"
+    );
     // For its own replica of v, from v's replica on node-1: it reads that
     // replica (and v's on node-2), and opens no replica of w.
     let reader = ask("node-3", &v3.0, &v1.0).unwrap();

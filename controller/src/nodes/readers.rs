@@ -8,7 +8,7 @@
 //! controlplane's gate (`forward::for_its_node`), and the replica server
 //! enforces the names.
 
-use ballast::model::{Replica, Snapshot, Volume};
+use ballast::model::{Kind, Replica, Snapshot, Volume};
 use ballast::proto::agent::v1::{IssueReaderRequest, IssueReaderResponse};
 
 use crate::context::Context;
@@ -17,9 +17,21 @@ use crate::error::Error;
 /// The reader's certificate node `req.node_id` asks for: given when its
 /// replica `req.replica` is on it and `req.source` holds the data that
 /// replica is to take (a replica of the same volume, or of the volume it
-/// was restored or cloned from).
+/// was restored or cloned from). A refusal is also a `ReaderRefused`
+/// event on the node: a node that asks for what is not its to read is
+/// worth an operator's look.
 #[tracing::instrument(skip_all, fields(node = %req.node_id, replica = %req.replica, source = %req.source))]
 pub async fn issue(ctx: &Context, req: &IssueReaderRequest) -> Result<IssueReaderResponse, Error> {
+    let issued = grant(ctx, req).await;
+    if let Err(Error::Forbidden(why)) = &issued {
+        tracing::warn!(%why, "refused a reader's certificate");
+        ctx.event(Kind::Node, &req.node_id, "ReaderRefused", why.clone())
+            .await;
+    }
+    issued
+}
+
+async fn grant(ctx: &Context, req: &IssueReaderRequest) -> Result<IssueReaderResponse, Error> {
     for (field, name) in [
         ("nodeId", &req.node_id),
         ("replica", &req.replica),
