@@ -96,7 +96,7 @@ pub async fn render(ctx: &NodeContext) -> Result<String, std::fmt::Error> {
     let refusals = Family::<RefusalLabels, Counter>::default();
     reg.register(
         "ballast_replica_refusals",
-        "Changes of a replica on this node that its server refused: reason denied (not the volume's engine) or fenced (an engine of an earlier attachment)",
+        "Opens and changes of a replica on this node that its server refused: reason denied (a change not from the volume's engine, or an open by a peer that is not its engine, its node or a reader of its volume) or fenced (an engine of an earlier attachment)",
         refusals.clone(),
     );
     if let Some(server) = &ctx.replicas {
