@@ -333,6 +333,18 @@ impl Enrollment {
     }
 }
 
+/// When the certificate `cert_pem` (the first in it) stops being valid, in
+/// seconds since the Unix epoch: what `/metrics` shows, so that an
+/// operator sees a renewal coming.
+pub fn not_after(cert_pem: &str) -> Result<i64, TlsError> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())
+        .map_err(|e| TlsError::Invalid(format!("not a PEM certificate: {e}")))?;
+    let cert = pem
+        .parse_x509()
+        .map_err(|e| TlsError::Invalid(format!("not an X.509 certificate: {e}")))?;
+    Ok(cert.validity().not_after.timestamp())
+}
+
 /// A member's CA certificate, certificate and key, in PEM.
 #[derive(Clone)]
 pub struct Credentials {
@@ -667,14 +679,16 @@ mod tests {
         assert!(!holds(&certs, &Role::Engine("vol-1".into())));
         assert!(!holds(&certs, &Role::Attachment("vol-1".into(), 0)));
         assert!(!holds(&certs, &Role::Controller));
-        let (_, parsed) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
-        let cert = parsed.parse_x509().unwrap();
-        let not_after = cert.validity().not_after.timestamp();
+        let until = not_after(&pem).unwrap();
         let hour = READER_VALID.as_secs() as i64;
         assert!(
-            (now + hour..=now + hour + 60).contains(&not_after),
-            "valid until {not_after}, an hour after {now}"
+            (now + hour..=now + hour + 60).contains(&until),
+            "valid until {until}, an hour after {now}"
         );
+        // A member's own certificate lasts a year (to its last midnight).
+        let member = not_after(&ca.issue(&Role::Controller).unwrap().cert_pem).unwrap();
+        assert_eq!(member, date(MEMBER_DAYS).unix_timestamp());
+        assert!(not_after("not a certificate").is_err());
         // A node's own certificate reads no volume.
         let n = ca.issue(&Role::Node("node-2".into())).unwrap();
         assert!(!holds(&der(&n.cert_pem), &Role::Reader("vol-1".into())));

@@ -25,21 +25,27 @@ fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
         .next()
 }
 
-#[test]
-fn metrics_follow_a_rebuild_to_100_and_count_the_io_qemu_io_did() {
-    let dir = tempfile::tempdir().unwrap();
-    let local = start_local(dir.path());
-    let (port, api) = (local.port, local.api.clone());
+/// A `ballast local` in `dir` with volume `v` of `size` (one replica):
+/// the cluster, its REST API, and node-1's metrics endpoint as `ballast
+/// local` gives it.
+fn local_with_v(dir: &std::path::Path, size: &str) -> (Local, String, String) {
+    let local = start_local(dir);
+    let api = local.api.clone();
     free_space_is_not_the_test(&api);
-    // node-1's metrics endpoint, as `ballast local` gives it.
-    let node_metrics = format!("http://127.0.0.1:{}/metrics", port + 138);
-
+    let node_metrics = format!("http://127.0.0.1:{}/metrics", local.port + 138);
     let (s, v) = call(
         "POST",
         &format!("{api}/v1/volumes"),
-        Some(json!({"name": "v", "size": "256Mi", "numberOfReplicas": 1})),
+        Some(json!({"name": "v", "size": size, "numberOfReplicas": 1})),
     );
     assert_eq!(s, 201, "{v}");
+    (local, api, node_metrics)
+}
+
+#[test]
+fn metrics_follow_a_rebuild_to_100_and_count_the_io_qemu_io_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_local, api, node_metrics) = local_with_v(dir.path(), "256Mi");
     let endpoint = attach(&api, "v", "node-1");
 
     // The engine counts what it served: 96 MiB written, 32 MiB read.
@@ -221,4 +227,50 @@ fn a_nodes_metrics_count_the_replica_changes_its_server_refused() {
     let (ok, out) = qemu_io(&endpoint, &["read -P 0x5a 0 4M"]);
     assert!(ok, "the data is intact: {out}");
     detach(&api, "v");
+}
+
+/// When the certificates expire is on both `/metrics`, as the CA issued
+/// them: on the controller's, its own (a year ahead) and the CA's (ten);
+/// on a node's, its own and its running engine's (a year ahead), the
+/// engine's gone once the volume is detached. An operator's alert sees a
+/// renewal coming.
+#[test]
+fn the_metrics_say_when_each_certificate_expires() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_local, api, node_metrics) = local_with_v(dir.path(), "64Mi");
+    attach(&api, "v", "node-1");
+
+    const NAME: &str = "ballast_certificate_expiry_timestamp_seconds";
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let day = 86_400.0;
+    // Certificates end at a midnight (UTC): up to a day before the date.
+    let ahead = |text: &str, labels: &[&str], days: f64| {
+        let at = sample(text, NAME, labels).unwrap_or_else(|| panic!("no {labels:?}:\n{text}"));
+        assert!(
+            (now + (days - 2.0) * day..now + (days + 1.0) * day).contains(&at),
+            "{labels:?} expires at {at}, not about {days} days after {now}"
+        );
+    };
+    let node = get_text(&node_metrics).expect("node-1 serves /metrics");
+    ahead(&node, &["holder=\"node\"", "node=\"node-1\""], 365.0);
+    ahead(
+        &node,
+        &["holder=\"engine\"", "volume=\"v\"", "node=\"node-1\""],
+        365.0,
+    );
+    let controller = get_text(&format!("{api}/metrics")).expect("the controller serves /metrics");
+    ahead(&controller, &["holder=\"controller\""], 365.0);
+    ahead(&controller, &["holder=\"ca\""], 3650.0);
+
+    detach(&api, "v");
+    let node = get_text(&node_metrics).expect("node-1 serves /metrics");
+    assert_eq!(
+        sample(&node, NAME, &["holder=\"engine\"", "volume=\"v\""]),
+        None,
+        "{node}"
+    );
+    ahead(&node, &["holder=\"node\""], 365.0);
 }

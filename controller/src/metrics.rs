@@ -4,7 +4,8 @@
 //! rebuild progress), nodes and disks (status, capacity, usage,
 //! reservation, scheduled), and the planner (what it would do next, by
 //! rule, and what waits blocked) — read from the controller's copy of the
-//! records and planned at scrape time. It writes nothing. The node
+//! records and planned at scrape time — and when the controller's
+//! certificate and the cluster's CA expire. It writes nothing. The node
 //! plugin's `/metrics` has the engines' I/O.
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -52,6 +53,12 @@ struct DiskLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabels {
     rule: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HolderLabels {
+    /// `controller` or `ca`.
+    holder: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -356,8 +363,30 @@ pub async fn render(ctx: &Context) -> Result<String, Error> {
             })
             .inc();
     }
+    certificates(&mut reg, ctx);
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &reg)
         .map_err(|e| Error::Internal(format!("encoding the metrics: {e}")))?;
     Ok(out)
+}
+
+/// When this controller's certificate (renewed at each start) and the
+/// cluster's CA stop being valid; nothing with TLS off.
+fn certificates(reg: &mut Registry, ctx: &Context) {
+    let expiry = family::<HolderLabels>(
+        reg,
+        "ballast_certificate_expiry_timestamp_seconds",
+        "When a certificate stops being valid: this controller's own (renewed at each start) or the cluster's CA, in seconds since the Unix epoch",
+    );
+    let own = ctx.member.tls.credentials().map(|c| c.cert_pem.clone());
+    let ca = ctx.ca.as_ref().map(|ca| ca.cert_pem().to_string());
+    for (holder, pem) in [("controller", own), ("ca", ca)] {
+        if let Some(at) = pem.and_then(|p| ballast::tls::not_after(&p).ok()) {
+            expiry
+                .get_or_create(&HolderLabels {
+                    holder: holder.to_string(),
+                })
+                .set(at);
+        }
+    }
 }

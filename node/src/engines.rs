@@ -628,6 +628,18 @@ impl Engines {
         Ok(stopped)
     }
 
+    /// When the certificate of this node (None) or of the engine of
+    /// `volume` that runs here expires, in seconds since the Unix epoch;
+    /// None when it has none (TLS off) or it cannot be read.
+    pub fn certificate_expiry(&self, volume: Option<&str>) -> Option<i64> {
+        let dir = match volume {
+            None => self.record_at.tls_dir.clone()?,
+            Some(v) => self.tls_dir(v),
+        };
+        let pem = std::fs::read_to_string(dir.join(ballast::tls::CERT_FILE)).ok()?;
+        ballast::tls::not_after(&pem).ok()
+    }
+
     /// Where the credentials of the engine of `volume` are kept.
     fn tls_dir(&self, volume: &str) -> PathBuf {
         self.dir.join(format!("{volume}.tls"))

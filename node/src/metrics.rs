@@ -1,8 +1,9 @@
 //! The node plugin's `/metrics` (prometheus-client, OpenMetrics text, on
 //! `--metrics-listen`): the I/O each engine started here served — read and
 //! write operations, bytes and the time they took, summed since the
-//! engine started — whether it runs, and the changes of its replicas that
-//! the replica server refused (a stale engine still trying, say). The
+//! engine started — whether it runs, the changes of its replicas that
+//! the replica server refused (a stale engine still trying, say), and
+//! when the node's and the engines' certificates expire. The
 //! controller's `/metrics` has the model (volumes, replicas, nodes,
 //! disks, the planner). Read only.
 
@@ -20,6 +21,14 @@ use crate::context::NodeContext;
 struct VolumeLabels {
     volume: String,
     node: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CertificateLabels {
+    node: String,
+    /// `node`, or `engine` (with its volume).
+    holder: String,
+    volume: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -74,7 +83,25 @@ pub async fn render(ctx: &NodeContext) -> Result<String, std::fmt::Error> {
         ),
     ]
     .map(|(name, help)| counters(&mut reg, name, help));
+    let expiry = Family::<CertificateLabels, Gauge>::default();
+    reg.register(
+        "ballast_certificate_expiry_timestamp_seconds",
+        "When a certificate this node's members hold stops being valid (the node's own, renewed at each start of the node plugin; each engine's, renewed at its next start), in seconds since the Unix epoch",
+        expiry.clone(),
+    );
+    let certificate = |holder: &str, volume: Option<&str>| {
+        if let Some(at) = ctx.engines.certificate_expiry(volume) {
+            let l = CertificateLabels {
+                node: ctx.node_id.clone(),
+                holder: holder.to_string(),
+                volume: volume.unwrap_or_default().to_string(),
+            };
+            expiry.get_or_create(&l).set(at);
+        }
+    };
+    certificate("node", None);
     for e in ctx.engines.list().await {
+        certificate("engine", Some(&e.volume));
         let l = VolumeLabels {
             volume: e.volume.clone(),
             node: ctx.node_id.clone(),
