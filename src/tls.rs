@@ -345,6 +345,13 @@ pub fn not_after(cert_pem: &str) -> Result<i64, TlsError> {
     Ok(cert.validity().not_after.timestamp())
 }
 
+/// When the first of `certs` (a peer's chain, end entity first) stops
+/// being valid, in seconds since the Unix epoch.
+pub fn leaf_not_after(certs: &[CertificateDer<'_>]) -> Option<i64> {
+    let (_, cert) = x509_parser::parse_x509_certificate(certs.first()?).ok()?;
+    Some(cert.validity().not_after.timestamp())
+}
+
 /// A member's CA certificate, certificate and key, in PEM.
 #[derive(Clone)]
 pub struct Credentials {

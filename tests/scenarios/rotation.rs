@@ -248,3 +248,71 @@ fn a_controller_on_kubernetes_reads_its_changed_token_secret_without_a_window() 
     assert!(node_is_up(&c.node("node-1")), "node-1 is not up");
     no_call_refused(&logs);
 }
+
+/// A node whose certificate nears its end is warned of it. Heartbeats for
+/// node-1 made with a certificate of the cluster's CA that names node-1
+/// and expires in ten days record one `CertificateExpiring` event on
+/// node-1 (once a day, however many heartbeats), saying to restart its
+/// node plugin. The node plugin's own certificate, a year ahead, records
+/// none.
+#[test]
+fn a_node_whose_certificate_nears_its_end_is_warned_once_a_day() {
+    use ballast::proto::agent::v1::HeartbeatRequest;
+    use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
+
+    let c = Cluster::start(1, 1);
+    let dir = c.dir.path();
+    // The node's own heartbeats have gone on for a while: no warning.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(c.all_events("CertificateExpiring").is_empty());
+
+    let ca_dir = cluster_ca_dir(dir);
+    let ca_pem = std::fs::read_to_string(ca_dir.join("ca.crt")).unwrap();
+    let ca_key = std::fs::read_to_string(ca_dir.join("ca.key")).unwrap();
+    let issuer =
+        rcgen::Issuer::from_ca_cert_pem(&ca_pem, rcgen::KeyPair::from_pem(&ca_key).unwrap())
+            .unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let names = vec![Role::Node("node-1".into()).name(), Role::AnyNode.name()];
+    let mut params = rcgen::CertificateParams::new(names).unwrap();
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(1);
+    params.not_after = now + time::Duration::days(10);
+    params.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let near_its_end = Member {
+        token: ClusterToken::read(&cluster_token(dir)).unwrap(),
+        tls: ballast::tls::Tls::on(ballast::tls::Credentials::from_pem(
+            &ca_pem,
+            &cert.pem(),
+            &key.serialize_pem(),
+        )),
+    };
+    let controller = format!("http://{}", c.ctl.agent);
+    runtime().block_on(async {
+        let channel = near_its_end
+            .channel(&controller, &Role::Controller)
+            .unwrap();
+        let mut client = ControlplaneClient::new(channel);
+        for _ in 0..3 {
+            client
+                .heartbeat(HeartbeatRequest {
+                    node_id: "node-1".into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+        }
+    });
+    let events = c.all_events("CertificateExpiring");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["object"], "node/node-1", "{events:?}");
+    let message = events[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("in 9 days") && message.contains("restart its node plugin"),
+        "{message}"
+    );
+}

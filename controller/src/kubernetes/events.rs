@@ -154,8 +154,8 @@ fn is_ours(e: &Event) -> bool {
 
 /// Events whose reason says something failed or is at risk are warnings.
 fn event_type(reason: &str) -> &'static str {
-    const WARN: [&str; 8] = [
-        "Fail", "Fault", "Lost", "Corrupt", "Block", "Refus", "Down", "Degraded",
+    const WARN: [&str; 9] = [
+        "Fail", "Fault", "Lost", "Corrupt", "Block", "Refus", "Down", "Degraded", "Expir",
     ];
     if WARN.iter().any(|w| reason.contains(w)) {
         "Warning"

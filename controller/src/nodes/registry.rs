@@ -21,11 +21,15 @@ use crate::error::Error;
 #[derive(Clone)]
 pub struct ControlplaneService {
     ctx: Arc<Context>,
+    expiry: Arc<super::expiry::Warnings>,
 }
 
 impl ControlplaneService {
     pub fn new(ctx: Arc<Context>) -> Self {
-        ControlplaneService { ctx }
+        ControlplaneService {
+            ctx,
+            expiry: Arc::default(),
+        }
     }
 }
 
@@ -205,6 +209,14 @@ impl Controlplane for ControlplaneService {
         &self,
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
+        // The node's own certificate (not a forwarding controller's), as
+        // the handshake verified it: when it expires.
+        let expires = request.peer_certs().and_then(|certs| {
+            let node = ballast::tls::Role::Node(request.get_ref().node_id.clone());
+            ballast::tls::holds(&certs, &node)
+                .then(|| ballast::tls::leaf_not_after(&certs))
+                .flatten()
+        });
         let req = request.into_inner();
         let ctx = &self.ctx;
         if ctx
@@ -215,6 +227,9 @@ impl Controlplane for ControlplaneService {
             .is_none()
         {
             return Ok(Response::new(HeartbeatResponse { known: false }));
+        }
+        if let Some(at) = expires {
+            self.expiry.check(ctx, &req.node_id, at).await;
         }
         ctx.saw_node(&req.node_id);
         let pressure_percent = ctx.settings().await?.disk_pressure_percentage();

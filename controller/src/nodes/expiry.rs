@@ -1,0 +1,104 @@
+//! Certificates near their end. A node's heartbeats show its certificate
+//! (TLS on); from 30 days before it expires, the controller records a
+//! `CertificateExpiring` event on the node, once a day, saying to restart
+//! its node plugin (which enrolls again, for a new year). Nothing renews
+//! a certificate while its process runs. It owns the warning only; the
+//! date is read from the certificate the TLS handshake verified.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use ballast::model::Kind;
+use chrono::{DateTime, Utc};
+
+use crate::context::Context;
+
+/// How long before a node's certificate expires the warnings start.
+pub const WARN_DAYS: i64 = 30;
+
+/// When each node was last warned.
+#[derive(Debug, Default)]
+pub struct Warnings {
+    last: Mutex<HashMap<String, DateTime<Utc>>>,
+}
+
+impl Warnings {
+    /// Warns of node `node_id`'s certificate, valid until `not_after`
+    /// (seconds since the Unix epoch), when it is due.
+    pub async fn check(&self, ctx: &Context, node_id: &str, not_after: i64) {
+        let message = {
+            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            warning(node_id, not_after, ctx.now(), &mut last)
+        };
+        if let Some(m) = message {
+            tracing::warn!(node = %node_id, "{m}");
+            ctx.event(Kind::Node, node_id, "CertificateExpiring", m)
+                .await;
+        }
+    }
+}
+
+/// The warning due at `now` for node `node_id`'s certificate, valid until
+/// `not_after`: from [`WARN_DAYS`] before, once a day (`last` keeps when
+/// each node was last warned).
+fn warning(
+    node_id: &str,
+    not_after: i64,
+    now: DateTime<Utc>,
+    last: &mut HashMap<String, DateTime<Utc>>,
+) -> Option<String> {
+    let until = DateTime::from_timestamp(not_after, 0)?;
+    let left = until - now;
+    if left > chrono::Duration::days(WARN_DAYS) {
+        return None;
+    }
+    if last
+        .get(node_id)
+        .is_some_and(|t| now - *t < chrono::Duration::days(1))
+    {
+        return None;
+    }
+    last.insert(node_id.to_string(), now);
+    Some(if left > chrono::Duration::zero() {
+        format!(
+            "node {node_id}'s certificate expires at {until} (in {} days): restart its node plugin to renew it",
+            left.num_days()
+        )
+    } else {
+        format!(
+            "node {node_id}'s certificate expired at {until}: restart its node plugin to renew it"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn a_node_is_warned_from_thirty_days_before_once_a_day() {
+        let now = Utc.timestamp_opt(1_800_000_000, 0).unwrap();
+        let day = 86_400;
+        let mut last = HashMap::new();
+        let at = |d: i64| now.timestamp() + d * day;
+        // A year ahead, or 31 days: nothing.
+        assert_eq!(warning("n1", at(365), now, &mut last), None);
+        assert_eq!(warning("n1", at(31), now, &mut last), None);
+        // 30 days: a warning naming what to do, then none that day.
+        let m = warning("n1", at(30), now, &mut last).unwrap();
+        assert!(
+            m.contains("in 30 days") && m.contains("restart its node plugin"),
+            "{m}"
+        );
+        assert_eq!(warning("n1", at(30), now, &mut last), None);
+        // Another node is warned for itself.
+        assert!(warning("n2", at(3), now, &mut last).is_some());
+        // A day later, again; and once it has expired, it says so.
+        let later = now + chrono::Duration::days(1);
+        assert!(warning("n1", at(30), later, &mut last).is_some());
+        let gone = now + chrono::Duration::days(40);
+        let m = warning("n1", at(30), gone, &mut last).unwrap();
+        assert!(m.contains("expired at"), "{m}");
+    }
+}
