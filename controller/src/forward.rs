@@ -46,6 +46,10 @@ use crate::context::Context;
 
 /// The metadata key a forwarded call carries.
 const FORWARDED: &str = "x-ballast-forwarded";
+/// When the certificate of the caller a forwarded call came from expires
+/// (seconds since the Unix epoch), as the forwarding controller's
+/// handshake read it: the leader sees only the forwarder's.
+pub const PEER_NOT_AFTER: &str = "x-ballast-peer-not-after";
 
 /// Where a call goes: served here, or sent on to the leader.
 enum Route {
@@ -96,12 +100,18 @@ impl Router {
     }
 }
 
-/// The request as it is sent on: the same message, marked forwarded.
+/// The request as it is sent on: the same message, marked forwarded, with
+/// when its caller's certificate expires.
 fn onward<T>(request: Request<T>) -> Request<T> {
+    let expires = request
+        .peer_certs()
+        .and_then(|certs| ballast::tls::leaf_not_after(&certs));
     let mut onward = Request::new(request.into_inner());
-    onward
-        .metadata_mut()
-        .insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    let metadata = onward.metadata_mut();
+    metadata.insert(FORWARDED, tonic::metadata::MetadataValue::from_static("1"));
+    if let Some(at) = expires {
+        metadata.insert(PEER_NOT_AFTER, at.into());
+    }
     onward
 }
 

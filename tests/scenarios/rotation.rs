@@ -249,23 +249,10 @@ fn a_controller_on_kubernetes_reads_its_changed_token_secret_without_a_window() 
     no_call_refused(&logs);
 }
 
-/// A node whose certificate nears its end is warned of it. Heartbeats for
-/// node-1 made with a certificate of the cluster's CA that names node-1
-/// and expires in ten days record one `CertificateExpiring` event on
-/// node-1 (once a day, however many heartbeats), saying to restart its
-/// node plugin. The node plugin's own certificate, a year ahead, records
-/// none.
-#[test]
-fn a_node_whose_certificate_nears_its_end_is_warned_once_a_day() {
-    use ballast::proto::agent::v1::HeartbeatRequest;
-    use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
-
-    let c = Cluster::start(1, 1);
-    let dir = c.dir.path();
-    // The node's own heartbeats have gone on for a while: no warning.
-    std::thread::sleep(Duration::from_secs(2));
-    assert!(c.all_events("CertificateExpiring").is_empty());
-
+/// node-1's credentials with a certificate of the cluster of `dir`'s CA
+/// that expires in `days` days (the node plugin's own last a year), and
+/// the cluster's token.
+fn node_1_expiring_in(dir: &Path, days: i64) -> Member {
     let ca_dir = cluster_ca_dir(dir);
     let ca_pem = std::fs::read_to_string(ca_dir.join("ca.crt")).unwrap();
     let ca_key = std::fs::read_to_string(ca_dir.join("ca.key")).unwrap();
@@ -277,24 +264,30 @@ fn a_node_whose_certificate_nears_its_end_is_warned_once_a_day() {
     let mut params = rcgen::CertificateParams::new(names).unwrap();
     let now = time::OffsetDateTime::now_utc();
     params.not_before = now - time::Duration::days(1);
-    params.not_after = now + time::Duration::days(10);
+    params.not_after = now + time::Duration::days(days);
     params.extended_key_usages = vec![
         rcgen::ExtendedKeyUsagePurpose::ServerAuth,
         rcgen::ExtendedKeyUsagePurpose::ClientAuth,
     ];
     let cert = params.signed_by(&key, &issuer).unwrap();
-    let near_its_end = Member {
+    Member {
         token: ClusterToken::read(&cluster_token(dir)).unwrap(),
         tls: ballast::tls::Tls::on(ballast::tls::Credentials::from_pem(
             &ca_pem,
             &cert.pem(),
             &key.serialize_pem(),
         )),
-    };
-    let controller = format!("http://{}", c.ctl.agent);
+    }
+}
+
+/// Three heartbeats for node-1 as `member`, to the controller whose agent
+/// endpoint is `agent`.
+fn three_heartbeats(member: &Member, agent: &str) {
+    use ballast::proto::agent::v1::HeartbeatRequest;
+    use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
     runtime().block_on(async {
-        let channel = near_its_end
-            .channel(&controller, &Role::Controller)
+        let channel = member
+            .channel(&format!("http://{agent}"), &Role::Controller)
             .unwrap();
         let mut client = ControlplaneClient::new(channel);
         for _ in 0..3 {
@@ -307,6 +300,11 @@ fn a_node_whose_certificate_nears_its_end_is_warned_once_a_day() {
                 .unwrap();
         }
     });
+}
+
+/// That `c` recorded one `CertificateExpiring` event, on node-1, saying
+/// when and what to do.
+fn warned_once(c: &Cluster) {
     let events = c.all_events("CertificateExpiring");
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0]["object"], "node/node-1", "{events:?}");
@@ -315,4 +313,45 @@ fn a_node_whose_certificate_nears_its_end_is_warned_once_a_day() {
         message.contains("in 9 days") && message.contains("restart its node plugin"),
         "{message}"
     );
+}
+
+/// A node whose certificate nears its end is warned of it. Heartbeats for
+/// node-1 made with a certificate of the cluster's CA that names node-1
+/// and expires in ten days record one `CertificateExpiring` event on
+/// node-1 (once a day, however many heartbeats), saying to restart its
+/// node plugin. The node plugin's own certificate, a year ahead, records
+/// none.
+#[test]
+fn a_node_whose_certificate_nears_its_end_is_warned_once_a_day() {
+    let c = Cluster::start(1, 1);
+    // The node's own heartbeats have gone on for a while: no warning.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(c.all_events("CertificateExpiring").is_empty());
+    three_heartbeats(
+        &node_1_expiring_in(c.dir.path(), 10),
+        &c.ctl.agent.to_string(),
+    );
+    warned_once(&c);
+}
+
+/// The same through a follower: the leader sees only the follower's
+/// certificate on a forwarded heartbeat, and takes the node's expiry from
+/// what the follower's handshake read.
+#[test]
+fn kube_a_node_heartbeating_to_a_follower_is_warned_of_its_certificate_too() {
+    use k8s_openapi::api::core::v1::Secret;
+    let k = crate::kube_cluster::KubeCluster::start_with(2, 1);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(k.c.all_events("CertificateExpiring").is_empty());
+    // The CA's key, from the Secret the controllers keep it in, to sign
+    // with.
+    k.rt.block_on(async {
+        let api: kube::Api<Secret> = kube::Api::namespaced(k.cp.client().await.unwrap(), "ballast");
+        let data = api.get("ballast-cluster-ca").await.unwrap().data.unwrap();
+        let dir = cluster_ca_dir(k.c.dir.path());
+        std::fs::write(dir.join("ca.key"), &data["ca.key"].0).unwrap();
+    });
+    let follower = k.followers[0].agent.to_string();
+    three_heartbeats(&node_1_expiring_in(k.c.dir.path(), 10), &follower);
+    warned_once(&k.c);
 }

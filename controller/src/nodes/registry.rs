@@ -87,6 +87,23 @@ fn worth_writing(
     false
 }
 
+/// When the certificate of node `node_id` expires, from its call: its own,
+/// as the handshake verified it; or, for a call a controller forwarded,
+/// what that controller's handshake read (`forward::PEER_NOT_AFTER`).
+/// None with TLS off.
+fn node_certificate_expiry<T>(request: &Request<T>, node_id: &str) -> Option<i64> {
+    use ballast::tls::{Role, holds, leaf_not_after};
+    let certs = request.peer_certs()?;
+    if holds(&certs, &Role::Node(node_id.to_string())) {
+        return leaf_not_after(&certs);
+    }
+    if !holds(&certs, &Role::Controller) {
+        return None;
+    }
+    let forwarded = request.metadata().get(crate::forward::PEER_NOT_AFTER)?;
+    forwarded.to_str().ok()?.parse().ok()
+}
+
 /// Marks a node ready after hearing from it, with an event when it was not.
 fn mark_alive(node: &mut Node, now: chrono::DateTime<chrono::Utc>) -> bool {
     node.status.last_heartbeat = Some(now);
@@ -209,14 +226,7 @@ impl Controlplane for ControlplaneService {
         &self,
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
-        // The node's own certificate (not a forwarding controller's), as
-        // the handshake verified it: when it expires.
-        let expires = request.peer_certs().and_then(|certs| {
-            let node = ballast::tls::Role::Node(request.get_ref().node_id.clone());
-            ballast::tls::holds(&certs, &node)
-                .then(|| ballast::tls::leaf_not_after(&certs))
-                .flatten()
-        });
+        let expires = node_certificate_expiry(&request, &request.get_ref().node_id);
         let req = request.into_inner();
         let ctx = &self.ctx;
         if ctx
