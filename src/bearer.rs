@@ -170,7 +170,9 @@ impl Tokens {
     }
 
     /// Reads the token file again (see `replace`); nothing for tokens not
-    /// read from a file.
+    /// read from a file. The daemons read it again through `keep_reading`
+    /// (the same `read_file` and `replace`); the tests call it directly.
+    #[cfg(test)]
     pub fn reload(&self) -> Result<bool, String> {
         let Some(path) = self.0.as_ref().and_then(|l| l.file.clone()) else {
             return Ok(false);

@@ -337,12 +337,9 @@ impl Enrollment {
 /// seconds since the Unix epoch: what `/metrics` shows, so that an
 /// operator sees a renewal coming.
 pub fn not_after(cert_pem: &str) -> Result<i64, TlsError> {
-    let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())
+    let cert = CertificateDer::from_pem_slice(cert_pem.as_bytes())
         .map_err(|e| TlsError::Invalid(format!("not a PEM certificate: {e}")))?;
-    let cert = pem
-        .parse_x509()
-        .map_err(|e| TlsError::Invalid(format!("not an X.509 certificate: {e}")))?;
-    Ok(cert.validity().not_after.timestamp())
+    leaf_not_after(&[cert]).ok_or_else(|| TlsError::Invalid("not an X.509 certificate".into()))
 }
 
 /// When the first of `certs` (a peer's chain, end entity first) stops
