@@ -227,19 +227,15 @@ fn the_api_token_changes_without_a_restart() {
     assert!(!ok && err.contains("bearer token"), "{err}");
     // Both: the new one is taken once the file is read again.
     std::fs::write(&token, "the old token\nthe-new-token\n").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !set("the-new-token").0 {
-        assert!(Instant::now() < deadline, "the new token was never taken");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for(Duration::from_secs(30), "the new token taken", || {
+        set("the-new-token").0.then_some(())
+    });
     assert!(set("the old token").0, "the old token is still in the file");
     // The new one alone: the old one is refused once it is read again.
     std::fs::write(&token, "the-new-token\n").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while set("the old token").0 {
-        assert!(Instant::now() < deadline, "the old token was still taken");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for(Duration::from_secs(30), "the old token refused", || {
+        (!set("the old token").0).then_some(())
+    });
     assert!(set("the-new-token").0);
     let log = ctl.proc.log_text();
     assert_eq!(

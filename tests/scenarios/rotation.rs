@@ -5,7 +5,7 @@
 //! and verified by checksum afterwards.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ballast::cluster_token::ClusterToken;
 use ballast::tls::{Member, Role};
@@ -29,18 +29,13 @@ fn reloads(path: &Path) -> usize {
 
 /// Waits until every log of `logs` says its tokens changed `n` times.
 fn wait_reloaded(logs: &[PathBuf], n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let behind: Vec<&PathBuf> = logs.iter().filter(|l| reloads(l) < n).collect();
-        if behind.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the token file was not read again {n} times by {behind:?}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let behind = || -> Vec<&PathBuf> { logs.iter().filter(|l| reloads(l) < n).collect() };
+    wait_for_or(
+        Duration::from_secs(90),
+        &format!("every member to read the token file again {n} times"),
+        || behind().is_empty().then_some(()),
+        || format!("behind: {:?}", behind()),
+    );
 }
 
 /// Every gate of the cluster: each node agent, and the controller's agent
