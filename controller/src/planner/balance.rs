@@ -357,13 +357,13 @@ fn rw_in_zones_of_their_own(pass: &Pass, vs: &VolumeState) -> bool {
     let Some(i) = vs.place else {
         return false;
     };
-    let mut zones = [""; 8];
+    let mut zones = [0u32; 8];
     let mut n = 0;
     for f in pass.facts_at(i).filter(|f| f.rw()) {
         let Some(slot) = zones.get_mut(n) else {
             return false;
         };
-        *slot = pass.node_of(f).map_or("", |node| node.zone.as_str());
+        *slot = pass.zone_number(f);
         n += 1;
     }
     let zones = &mut zones[..n];

@@ -15,7 +15,11 @@ pub fn unreachable(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) -> bool {
     let Some(node) = vs.volume.attached_node.as_deref() else {
         return false;
     };
-    if pass.node(node).is_some_and(|n| n.ready) {
+    let at = match vs.place {
+        Some(i) => pass.attached_at(i),
+        None => pass.node(node),
+    };
+    if at.is_some_and(|n| n.ready) {
         return false;
     }
     pass.busy.insert(vs.volume.name.clone());

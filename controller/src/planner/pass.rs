@@ -38,6 +38,12 @@ pub struct Pass<'a> {
     // plan's order stays the view's.
     /// Each node's place in `view.nodes`.
     nodes: FxHashMap<&'a str, u32>,
+    /// Each node's zone as a number (the same number, the same zone),
+    /// in `view.nodes`' order; `no_zone` is the empty zone's, which a node
+    /// missing from the view is in. Comparing the names read each node's
+    /// zone from the heap, at 100k volumes from memory.
+    zones: Vec<u32>,
+    no_zone: u32,
     /// Each volume's place in `view.volumes`, built on first use: grouping
     /// the replicas of a view listed in its volumes' order (as the store
     /// lists them) needs no lookup by name, and a healthy pass asks for
@@ -53,6 +59,11 @@ pub struct Pass<'a> {
     at: Vec<u32>,
     /// Each replica's `Facts`, in the view's order.
     facts: Vec<Facts>,
+    /// Each volume's attached node's place in `view.nodes` (`NONE` when
+    /// detached or not in the view), resolved in the walk that meets the
+    /// volume's name: a later lookup by name, one per volume, was a walk
+    /// of its own through the volumes' names and the nodes' at 100k.
+    attached: Vec<u32>,
     /// The places of the replicas being rebuilt, in the view's order.
     rebuilding: Vec<u32>,
     /// Replicas whose volume is not in the view.
@@ -124,6 +135,8 @@ fn find_volume(view: &ClusterView, cell: &OnceCell<HashTable<u32>>, name: &str) 
 
 /// No place: a replica's volume, node or disk missing from the view.
 const NONE: u32 = u32::MAX;
+/// A volume's attached node not yet resolved (in `Pass::new` only).
+const UNSEEN: u32 = u32::MAX - 1;
 
 /// What the walks over every replica read, resolved once per pass: its
 /// volume's and node's places in the view, its disk's place among the
@@ -204,7 +217,24 @@ impl<'a> Pass<'a> {
         for (i, n) in view.nodes.iter().enumerate() {
             nodes.insert(n.id.as_str(), i as u32);
         }
+        let mut numbers: FxHashMap<&str, u32> = FxHashMap::default();
+        let zones: Vec<u32> = view
+            .nodes
+            .iter()
+            .map(|n| {
+                let next = numbers.len() as u32;
+                *numbers.entry(n.zone.as_str()).or_insert(next)
+            })
+            .collect();
+        let no_zone = numbers.get("").copied().unwrap_or(numbers.len() as u32);
         let mut rebuilding = Vec::new();
+        let mut attached = vec![UNSEEN; view.volumes.len()];
+        let resolve = |v: &VolumeView| {
+            v.attached_node
+                .as_deref()
+                .and_then(|n| nodes.get(n).copied())
+                .unwrap_or(NONE)
+        };
         let facts: Vec<Facts> = view
             .replicas
             .iter()
@@ -220,6 +250,9 @@ impl<'a> Pass<'a> {
                 let volume = volume.or_else(|| find_volume(view, &volumes, &r.volume));
                 if let Some(i) = volume {
                     cursor = i as usize;
+                    if attached[cursor] == UNSEEN {
+                        attached[cursor] = resolve(&view.volumes[cursor]);
+                    }
                 }
                 let node = nodes.get(r.node.as_str()).copied();
                 let disk = node.and_then(|n| {
@@ -235,6 +268,12 @@ impl<'a> Pass<'a> {
                 f
             })
             .collect();
+        // Volumes with no replica.
+        for (a, v) in attached.iter_mut().zip(&view.volumes) {
+            if *a == UNSEEN {
+                *a = resolve(v);
+            }
+        }
         // Replicas grouped by volume with a counting sort: no allocation
         // per volume, the view's order kept.
         let mut at = vec![0u32; view.volumes.len() + 1];
@@ -268,11 +307,14 @@ impl<'a> Pass<'a> {
             now,
             read_shared: std::cell::Cell::new(false),
             nodes,
+            zones,
+            no_zone,
             volumes,
             by_volume,
             grouped,
             at,
             facts,
+            attached,
             rebuilding,
             orphans,
             disks: OnceCell::new(),
@@ -365,6 +407,21 @@ impl<'a> Pass<'a> {
     /// The node a replica's `Facts` name, when it is in the view.
     pub fn node_of(&self, f: &Facts) -> Option<&'a NodeView> {
         self.view.nodes.get(f.node as usize)
+    }
+
+    /// The zone of the node a replica's `Facts` name, as a number: two
+    /// replicas' are equal when `zone_of` their nodes is.
+    pub fn zone_number(&self, f: &Facts) -> u32 {
+        self.zones
+            .get(f.node as usize)
+            .copied()
+            .unwrap_or(self.no_zone)
+    }
+
+    /// The node `view.volumes[i]` is attached to, when it is in the view.
+    pub fn attached_at(&self, i: usize) -> Option<&'a NodeView> {
+        let n = *self.attached.get(i)?;
+        self.view.nodes.get(n as usize)
     }
 
     /// The disk a replica's `Facts` name, when it is in the view.
@@ -486,8 +543,10 @@ mod tests {
     use proptest::prelude::*;
 
     /// A view of up to 6 volumes (of 8 possible names, so some replicas
-    /// name a volume that is not there) and 4 nodes (of 6 names, two disks
-    /// each of `d0`..`d2`), its replicas in any order.
+    /// name a volume that is not there), each detached or attached to one
+    /// of 7 node names, and 4 nodes (of 6 names, one zone of three, one of
+    /// them the empty one; two disks each of `d0`..`d2`), its replicas in
+    /// any order.
     fn view() -> impl Strategy<Value = ClusterView> {
         let node = (
             0..6usize,
@@ -496,7 +555,7 @@ mod tests {
         );
         let replica = (0..8usize, 0..6usize, 0..3usize, 0..4u8, any::<u8>());
         (
-            proptest::collection::btree_set(0..8usize, 0..6),
+            proptest::collection::btree_map(0..8usize, proptest::option::of(0..7usize), 0..6),
             proptest::collection::vec(node, 0..4),
             proptest::collection::vec(replica, 0..24),
             any::<bool>(),
@@ -507,12 +566,13 @@ mod tests {
                     .single()
                     .unwrap_or_default();
                 let mut view = ClusterView::default();
-                for v in volumes {
-                    view.volumes
-                        .push(VolumeView::plain(&format!("v{v}"), 1 << 30, 3));
+                for (v, attached) in volumes {
+                    let mut volume = VolumeView::plain(&format!("v{v}"), 1 << 30, 3);
+                    volume.attached_node = attached.map(|n| format!("n{n}"));
+                    view.volumes.push(volume);
                 }
                 for (n, disks, bits) in nodes {
-                    let mut node = NodeView::healthy(&format!("n{n}"), &format!("z{}", n % 3));
+                    let mut node = NodeView::healthy(&format!("n{n}"), ["z0", "z1", ""][n % 3]);
                     node.cordoned = bits & 1 != 0;
                     node.eviction_requested = bits & 2 != 0;
                     node.disks = disks
@@ -561,9 +621,10 @@ mod tests {
     }
 
     proptest! {
-        /// What the walks read from `Facts` is what the records say, and
-        /// the replicas are grouped under their volumes in the view's order,
-        /// whatever order the view lists them in.
+        /// What the walks read from `Facts` is what the records say (a
+        /// replica's node, disk, zone and state, a volume's attached node),
+        /// and the replicas are grouped under their volumes in the view's
+        /// order, whatever order the view lists them in.
         #[test]
         fn facts_agree_with_the_records(view in view()) {
             let settings = Settings::default();
@@ -598,6 +659,17 @@ mod tests {
                     prop_assert_eq!(f.rw(), r.is_rw());
                 }
                 prop_assert!(same(pass.volume(&v.name), Some(v)));
+                let attached = v.attached_node.as_deref().and_then(|n| pass.node(n));
+                prop_assert!(same(pass.attached_at(i), attached), "{}: attached", v.name);
+            }
+            for (a, fa) in view.replicas.iter().zip(pass.facts()) {
+                for (b, fb) in view.replicas.iter().zip(pass.facts()) {
+                    prop_assert_eq!(
+                        pass.zone_number(fa) == pass.zone_number(fb),
+                        pass.zone_of(&a.node) == pass.zone_of(&b.node),
+                        "the zones of {} and {}", &a.name, &b.name
+                    );
+                }
             }
             for r in &view.replicas {
                 if pass.volume(&r.volume).is_none() {
