@@ -131,6 +131,25 @@ pub fn holds(certs: &[CertificateDer<'_>], role: &Role) -> bool {
     cert.verify_is_valid_for_subject_name(&name).is_ok()
 }
 
+/// Whether `certs` (a peer's chain, end entity first, already verified
+/// against the CA by the handshake) are an engine's, of whatever volume:
+/// their first names a volume (`Role::Engine`).
+pub fn is_engine(certs: &[CertificateDer<'_>]) -> bool {
+    let Some(leaf) = certs.first() else {
+        return false;
+    };
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(leaf) else {
+        return false;
+    };
+    let Ok(Some(names)) = cert.subject_alternative_name() else {
+        return false;
+    };
+    let suffix = format!(".volume.{DOMAIN}");
+    names.value.general_names.iter().any(
+        |n| matches!(n, x509_parser::extensions::GeneralName::DNSName(d) if d.ends_with(&suffix)),
+    )
+}
+
 /// The date `days` from today, as a certificate date (at midnight UTC,
 /// so that "from yesterday" covers the differences between members'
 /// clocks).
@@ -660,9 +679,19 @@ mod tests {
         assert!(holds(&certs, &Role::Node("node-2".into())));
         assert!(holds(&certs, &Role::AnyNode));
         assert!(!holds(&certs, &Role::Controller));
-        // A node's certificate drives no volume.
+        assert!(is_engine(&certs));
+        // A node's certificate drives no volume, nor does a reader's.
         let n = ca.issue(&Role::Node("node-2".into())).unwrap();
         assert!(!holds(&der(&n.cert_pem), &Role::Engine("vol-1".into())));
+        assert!(!is_engine(&der(&n.cert_pem)));
+        let r = Enrollment::new("node-2").unwrap();
+        let r = ca.sign_reader("node-2", "vol-1", &r.csr_pem).unwrap();
+        assert!(!is_engine(&der(&r)));
+        assert!(!is_engine(&der(&ca
+            .issue(&Role::Controller)
+            .unwrap()
+            .cert_pem)));
+        assert!(!is_engine(&[]));
         assert!(ca.issue_engine("../v", "node-2", 1).is_err());
     }
 

@@ -581,6 +581,10 @@ fn a_replica_opens_for_its_node_its_engine_and_its_readers_and_only_its_engine_c
                 engine_wire_as(dir, "v9", "node-2", 1),
             ),
             (
+                "an engine of another volume on the replica's own node",
+                engine_wire_as(dir, "v9", "node-1", 1),
+            ),
+            (
                 "a reader of another volume",
                 reader_wire_as(dir, "v9", "node-2"),
             ),

@@ -560,7 +560,7 @@ impl Connection {
             status::DENIED,
             format!(
                 "replica {name} opens only for the engine of volume {volume}, a reader of it \
-                 the controller named, or its own node"
+                 the controller named, or its own node's plugin"
             ),
         ))
     }

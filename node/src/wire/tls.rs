@@ -75,15 +75,17 @@ impl Peer {
     }
 
     /// Whether the peer may open a replica of `volume`: that volume's
-    /// engine, a reader of it (a fill's source), or a member on this node
-    /// (always, on a plain connection).
+    /// engine, a reader of it (a fill's source), or this node's plugin
+    /// (always, on a plain connection). An engine carries its node's names
+    /// too, but opens no other volume's replicas there: a pod's engine
+    /// taken over reads its own volume only.
     pub fn may_open(&self, volume: &str) -> bool {
         match self {
             Peer::Plain => true,
             Peer::Member { this_node, certs } => {
-                *this_node
-                    || holds(certs, &Role::Engine(volume.to_string()))
+                holds(certs, &Role::Engine(volume.to_string()))
                     || holds(certs, &Role::Reader(volume.to_string()))
+                    || (*this_node && !ballast::tls::is_engine(certs))
             }
         }
     }
