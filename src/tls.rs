@@ -131,6 +131,14 @@ pub fn holds(certs: &[CertificateDer<'_>], role: &Role) -> bool {
     cert.verify_is_valid_for_subject_name(&name).is_ok()
 }
 
+/// Whether the certificate in `cert_pem` belongs to `role` (its chain not
+/// verified here: for checking what a member was sent is what it asked).
+pub fn pem_holds(cert_pem: &str, role: &Role) -> bool {
+    CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .is_ok_and(|certs| holds(&certs, role))
+}
+
 /// Whether `certs` (a peer's chain, end entity first, already verified
 /// against the CA by the handshake) are an engine's, of whatever volume:
 /// their first names a volume (`Role::Engine`).
@@ -457,9 +465,27 @@ impl Credentials {
         Ok((chain, key))
     }
 
+    /// The certificate and key, ready to sign handshakes.
+    fn certified_key(&self) -> Result<Arc<rustls::sign::CertifiedKey>, TlsError> {
+        let (chain, key) = self.chain_and_key()?;
+        let signing = rustls::crypto::ring::default_provider()
+            .key_provider
+            .load_private_key(key)?;
+        Ok(Arc::new(rustls::sign::CertifiedKey::new(chain, signing)))
+    }
+
     /// A replica server's settings: every client shows a certificate of
     /// the cluster, or the handshake fails.
     pub fn rustls_server(&self) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        self.rustls_server_in(CertSlot::of(self)?)
+    }
+
+    /// The same, showing the certificate in `slot` (which a renewal
+    /// replaces) instead of these credentials'.
+    pub fn rustls_server_in(
+        &self,
+        slot: Arc<CertSlot>,
+    ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
             self.roots()?,
@@ -467,24 +493,83 @@ impl Credentials {
         )
         .build()
         .map_err(|e| TlsError::Invalid(format!("client verifier: {e}")))?;
-        let (chain, key) = self.chain_and_key()?;
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_client_cert_verifier(verifier)
-            .with_single_cert(chain, key)?;
+            .with_cert_resolver(slot);
         Ok(Arc::new(config))
     }
 
     /// A replica client's settings (the server's name is checked per
     /// connection).
     pub fn rustls_client(&self) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+        self.rustls_client_in(CertSlot::of(self)?)
+    }
+
+    /// The same, showing the certificate in `slot`.
+    pub fn rustls_client_in(
+        &self,
+        slot: Arc<CertSlot>,
+    ) -> Result<Arc<rustls::ClientConfig>, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let (chain, key) = self.chain_and_key()?;
-        let config = rustls::ClientConfig::builder_with_provider(provider)
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
             .with_root_certificates(self.roots()?)
-            .with_client_auth_cert(chain, key)?;
+            .with_client_cert_resolver(slot);
+        // No resumption: a resumed session keeps the identity it was made
+        // with, so after a renewal the server would still see the old
+        // certificate. Every connection shows the one held now.
+        config.resumption = rustls::client::Resumption::disabled();
         Ok(Arc::new(config))
+    }
+}
+
+/// The certificate and key a member's TLS sides show, which a renewal
+/// replaces in place: handshakes after it show the new certificate, and
+/// connections already made keep theirs. A renewal keeps the CA: the
+/// peers a member trusts do not change with its own certificate.
+#[derive(Debug)]
+pub struct CertSlot(std::sync::RwLock<Arc<rustls::sign::CertifiedKey>>);
+
+impl CertSlot {
+    pub fn of(credentials: &Credentials) -> Result<Arc<CertSlot>, TlsError> {
+        Ok(Arc::new(CertSlot(std::sync::RwLock::new(
+            credentials.certified_key()?,
+        ))))
+    }
+
+    /// Shows `credentials`' certificate from the next handshake on.
+    pub fn renew(&self, credentials: &Credentials) -> Result<(), TlsError> {
+        let key = credentials.certified_key()?;
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = key;
+        Ok(())
+    }
+
+    fn current(&self) -> Arc<rustls::sign::CertifiedKey> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl rustls::server::ResolvesServerCert for CertSlot {
+    fn resolve(
+        &self,
+        _: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+impl rustls::client::ResolvesClientCert for CertSlot {
+    fn resolve(
+        &self,
+        _: &[&[u8]],
+        _: &[rustls::SignatureScheme],
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(self.current())
+    }
+
+    fn has_certs(&self) -> bool {
+        true
     }
 }
 
@@ -693,6 +778,64 @@ mod tests {
             .cert_pem)));
         assert!(!is_engine(&[]));
         assert!(ca.issue_engine("../v", "node-2", 1).is_err());
+    }
+
+    /// A handshake in memory; the leaf certificates each side was shown
+    /// (the server's, the client's).
+    fn handshake(
+        client: Arc<rustls::ClientConfig>,
+        server: Arc<rustls::ServerConfig>,
+    ) -> (CertificateDer<'static>, CertificateDer<'static>) {
+        let name = ServerName::try_from(Role::AnyNode.name()).unwrap();
+        let mut c = rustls::Connection::from(rustls::ClientConnection::new(client, name).unwrap());
+        let mut s = rustls::Connection::from(rustls::ServerConnection::new(server).unwrap());
+        // What one side has to send, read by the other.
+        fn pump(from: &mut rustls::Connection, to: &mut rustls::Connection) {
+            let mut buf = Vec::new();
+            while from.wants_write() {
+                from.write_tls(&mut buf).unwrap();
+            }
+            let mut rd = &buf[..];
+            while !rd.is_empty() {
+                to.read_tls(&mut rd).unwrap();
+            }
+            to.process_new_packets().unwrap();
+        }
+        for _ in 0..10 {
+            pump(&mut c, &mut s);
+            pump(&mut s, &mut c);
+            if !c.is_handshaking() && !s.is_handshaking() {
+                break;
+            }
+        }
+        let leaf = |certs: Option<&[CertificateDer<'static>]>| certs.unwrap()[0].clone();
+        (leaf(c.peer_certificates()), leaf(s.peer_certificates()))
+    }
+
+    /// A renewal shows the new certificate from the next handshake on, on
+    /// both sides, with the same settings.
+    #[test]
+    fn a_renewed_certificate_is_shown_from_the_next_handshake_on() {
+        let ca = Ca::generate().unwrap();
+        let (first, second) = (
+            ca.issue_engine("vol-1", "node-1", 1).unwrap(),
+            ca.issue_engine("vol-1", "node-1", 1).unwrap(),
+        );
+        let peer = ca.issue(&Role::Node("node-2".into())).unwrap();
+        let leaf = |c: &Credentials| der(&c.cert_pem)[0].clone();
+        assert_ne!(leaf(&first), leaf(&second), "two certificates");
+        let slot = CertSlot::of(&first).unwrap();
+        let server = first.rustls_server_in(slot.clone()).unwrap();
+        let client = first.rustls_client_in(slot.clone()).unwrap();
+        // Fresh settings on the peer's side for each handshake: its own
+        // sessions resumed would carry the certificates of the first.
+        let peer_server = || peer.rustls_server().unwrap();
+        let peer_client = || peer.rustls_client().unwrap();
+        assert_eq!(handshake(client.clone(), peer_server()).1, leaf(&first));
+        assert_eq!(handshake(peer_client(), server.clone()).0, leaf(&first));
+        slot.renew(&second).unwrap();
+        assert_eq!(handshake(client, peer_server()).1, leaf(&second));
+        assert_eq!(handshake(peer_client(), server).0, leaf(&second));
     }
 
     #[test]

@@ -39,6 +39,11 @@ pub struct ControllerArgs {
     /// A node with no heartbeat for this long turns not ready.
     #[arg(long, env = "BALLAST_NODE_DOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub node_down_timeout: Duration,
+    /// With TLS on, a running engine's certificate (valid for a year) is
+    /// renewed in place this many days before it expires: its node's
+    /// heartbeats say when.
+    #[arg(long, env = "BALLAST_RENEW_ENGINE_CERTIFICATES_DAYS", default_value_t = ballast_controller::nodes::RENEW_DAYS, value_parser = clap::value_parser!(i64).range(1..))]
+    pub renew_engine_certificates_days: i64,
     /// A file holding a bearer token that every REST change (POST, PUT,
     /// PATCH, DELETE) must carry; reads stay open. One token per line,
     /// each accepted; read again every 5 seconds.
@@ -128,6 +133,7 @@ impl From<ControllerArgs> for ControllerConfig {
             api_token_file: a.api_token_file,
             cluster_token_file: a.cluster_token_file,
             cluster_ca_dir: a.cluster_ca_dir,
+            renew_engine_certificates_days: a.renew_engine_certificates_days,
         }
     }
 }

@@ -46,11 +46,37 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
     token.keep_reading();
     let (tls, wire) = tls(&a)?;
     let wire = wire.for_attachment(a.epoch);
+    let on = tls.is_on();
     let member = ballast::tls::Member { token, tls };
-    let recorder: Option<std::sync::Arc<dyn Recorder>> = match (&a.controller, &a.node_id) {
+    let controller_recorder = match (&a.controller, &a.node_id) {
         (Some(controller), Some(node)) => Some(std::sync::Arc::new(ControllerRecorder::new(
             controller, &a.volume, node, &member,
         )?)),
+        _ => None,
+    };
+    let recorder = controller_recorder
+        .clone()
+        .map(|r| r as std::sync::Arc<dyn Recorder>);
+    // A renewal: the node agent wrote the engine's new credentials into
+    // --tls-dir; the replicas' connections and the controller's calls
+    // after it show them.
+    let renew: ballast_node::frontend::control::Renew = match (&a.tls_dir, on) {
+        (Some(dir), true) => {
+            let (dir, wire, token) = (dir.clone(), wire.clone(), member.token.clone());
+            Some(std::sync::Arc::new(move || {
+                let credentials =
+                    ballast::tls::Credentials::load(&dir).map_err(|e| format!("--tls-dir: {e}"))?;
+                wire.renew(&credentials).map_err(|e| e.to_string())?;
+                if let Some(r) = &controller_recorder {
+                    let member = ballast::tls::Member {
+                        token: token.clone(),
+                        tls: ballast::tls::Tls::on(credentials),
+                    };
+                    r.renew(&member)?;
+                }
+                Ok(())
+            }))
+        }
         _ => None,
     };
     let recorded = ReplicaSet {
@@ -91,7 +117,9 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
         Some(path) => {
             let e = engine.clone();
             let task = tokio::spawn(async move {
-                if let Err(err) = ballast_node::frontend::control::serve(e, &path, exported).await {
+                if let Err(err) =
+                    ballast_node::frontend::control::serve(e, &path, exported, renew).await
+                {
                     tracing::error!(socket = %path.display(), error = %err, "control socket failed");
                 }
             });

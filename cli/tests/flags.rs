@@ -115,3 +115,13 @@ fn a_node_refuses_to_register_an_unspecified_address_naming_the_flag() {
         );
     }
 }
+
+#[test]
+fn a_renewal_window_of_zero_days_is_refused_naming_the_flag() {
+    let (code, text) = run(
+        "controller --store embedded:/tmp/x --csi-endpoint unix:///tmp/x.sock \
+         --renew-engine-certificates-days 0",
+    );
+    assert_ne!(code, 0);
+    assert!(text.contains("--renew-engine-certificates-days"), "{text}");
+}

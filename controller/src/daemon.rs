@@ -86,6 +86,9 @@ pub struct ControllerConfig {
     /// The directory of the cluster CA (`ca.crt`, `ca.key`; made when
     /// missing): TLS on.
     pub cluster_ca_dir: Option<PathBuf>,
+    /// Running engines' certificates are renewed this many days before
+    /// they expire.
+    pub renew_engine_certificates_days: i64,
 }
 
 /// The cluster token: from `--cluster-token-file`, or from the Secret of
@@ -359,7 +362,11 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
         .tls
         .serve(tonic::transport::Server::builder())?
         .add_service(ControlplaneServer::with_interceptor(
-            RoutedControlplane::new(ControlplaneService::new(ctx.clone()), router.clone()),
+            RoutedControlplane::new(
+                ControlplaneService::new(ctx.clone())
+                    .renewing_engines_within(config.renew_engine_certificates_days),
+                router.clone(),
+            ),
             member.gate(&[Role::AnyNode, Role::Controller]),
         ))
         .add_service(tonic::service::interceptor::InterceptedService::new(

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ballast::proto::agent::v1::{EngineReplica, EngineStatus, StartEngineRequest};
+use ballast::tls::{Role, pem_holds};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::sync::Mutex;
@@ -482,6 +483,46 @@ impl Engines {
         Ok(())
     }
 
+    /// Gives the running engine of `volume` renewed credentials: they must
+    /// name its volume, its attachment and this node. They replace its
+    /// files and its recorded start (an engine started again after a
+    /// crash starts with them), and the engine shows them from its next
+    /// connection on.
+    #[tracing::instrument(skip_all, fields(volume = %volume))]
+    pub async fn renew(&self, volume: &str, cert_pem: &str, key_pem: &str) -> Result<(), Error> {
+        let mut running = self.running.lock().await;
+        let r = running
+            .get_mut(volume)
+            .filter(|r| alive(r.pid))
+            .ok_or_else(|| Error::NotFound(format!("no engine of {volume} runs on this node")))?;
+        let names = [
+            Role::Engine(volume.to_string()),
+            Role::Attachment(volume.to_string(), r.spec.epoch),
+            Role::Node(self.record_at.node_id.clone()),
+        ];
+        if let Some(missing) = names.iter().find(|n| !pem_holds(cert_pem, n)) {
+            return Err(Error::Invalid {
+                field: "tls_cert_pem".into(),
+                message: format!(
+                    "not a certificate for the engine of {volume} here: it does not name {}",
+                    missing.name()
+                ),
+            });
+        }
+        let mut spec = r.spec.clone();
+        spec.tls_cert_pem = cert_pem.to_string();
+        spec.tls_key_pem = key_pem.to_string();
+        self.engine_tls(&spec)?;
+        control::call(&self.control(volume), &ControlRequest::Credentials)
+            .await
+            .map_err(control_error)?;
+        r.spec = spec;
+        let (pid, spec) = (r.pid, r.spec.clone());
+        self.record(pid, &spec);
+        tracing::info!("renewed the engine's credentials");
+        Ok(())
+    }
+
     /// Asks the running engine of `volume` to merge `replica`, the local
     /// replica lent to it (see `Engine::merge`).
     #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]
@@ -715,6 +756,7 @@ impl Engines {
                 write_bytes: io.write_bytes,
                 write_ns: io.write_ns,
             }),
+            certificate_not_after: self.certificate_expiry(Some(volume)).unwrap_or(0),
         }
     }
 

@@ -88,6 +88,16 @@ impl Cluster {
     /// Like `start`; with `loop_size`, every disk is its own ext4
     /// filesystem of that size.
     pub fn start_with(n: usize, disks: usize, loop_size: Option<u64>) -> Cluster {
+        Cluster::start_with_args(n, disks, loop_size, &[])
+    }
+
+    /// Like `start_with`, the controller run with `controller_args` too.
+    pub fn start_with_args(
+        n: usize,
+        disks: usize,
+        loop_size: Option<u64>,
+        controller_args: &[&str],
+    ) -> Cluster {
         let mut dir = tempfile::tempdir().unwrap();
         // BALLAST_KEEP_TEST_DIRS=1 keeps the logs and disks for a post-mortem.
         if std::env::var_os("BALLAST_KEEP_TEST_DIRS").is_some() {
@@ -107,7 +117,9 @@ impl Cluster {
                 }
             }
         }
-        let ctl = start_controller_with(dir.path(), "4s", &["--resync-interval", "1s"]);
+        let mut args = vec!["--resync-interval", "1s"];
+        args.extend_from_slice(controller_args);
+        let ctl = start_controller_with(dir.path(), "4s", &args);
         let agent = format!("http://{}", ctl.agent);
         let nodes: Vec<NodeProc> = (1..=n)
             .map(|i| {

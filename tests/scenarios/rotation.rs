@@ -350,3 +350,75 @@ fn kube_a_node_heartbeating_to_a_follower_is_warned_of_its_certificate_too() {
     three_heartbeats(&node_1_expiring_in(k.c.dir.path(), 10), &follower);
     warned_once(&k.c);
 }
+
+/// A running engine's certificate is renewed in place: with every
+/// certificate within `--renew-engine-certificates-days` of its end (400,
+/// more than the year one lasts), the controller renews the engine's at
+/// the first heartbeat that shows it, through its node, and not again
+/// for an hour. The engine then makes new connections with it (a third
+/// replica built, a replica whose node was killed taken back), and the
+/// data reads back by checksum, through NBD and from every replica's files.
+#[test]
+fn a_running_engines_certificate_is_renewed_in_place_and_it_keeps_serving() {
+    let mut c = Cluster::start_with_args(3, 1, None, &["--renew-engine-certificates-days", "400"]);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let dir = c.dir.path().to_path_buf();
+    let data = write_data(&dir, &endpoint, 41);
+    const RENEWED: &str = "EngineCertificateRenewed";
+    wait_for(
+        Duration::from_secs(60),
+        "the engine's certificate renewed",
+        || (!c.all_events(RENEWED).is_empty()).then_some(()),
+    );
+    let state = dir.join("node-1/state");
+    let engine_log = std::fs::read_to_string(state.join("frontends/v.log")).unwrap();
+    assert!(
+        engine_log.contains("renewed the engine's certificate"),
+        "the engine's log: {engine_log}"
+    );
+    let node_log = std::fs::read_to_string(&c.nodes[0].proc.log).unwrap();
+    assert!(node_log.contains("renewed the engine's credentials"));
+    // What the engine reads again: its volume's, its attachment's and its
+    // node's names.
+    let pem = std::fs::read_to_string(state.join("frontends/v.tls").join(ballast::tls::CERT_FILE))
+        .unwrap();
+    let epoch = c.volume("v")["status"]["engineEpoch"].as_u64().unwrap();
+    for role in [
+        Role::Engine("v".into()),
+        Role::Attachment("v".into(), epoch),
+        Role::Node("node-1".into()),
+    ] {
+        assert!(ballast::tls::pem_holds(&pem, &role), "{role:?}");
+    }
+    // New connections: a third replica, built by the engine (JOIN, FILL).
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 3})),
+    );
+    c.wait_settled("v", 3, Duration::from_secs(120));
+    verify_data(&dir, &endpoint, &data);
+    // And a replica's node killed while the volume is written, and started
+    // again: the engine dials its replica anew to rebuild it.
+    c.kill_node(1);
+    let more = write_data(&dir, &endpoint, 42);
+    c.restart_node(1);
+    c.wait_settled("v", 3, Duration::from_secs(120));
+    let engine_log = std::fs::read_to_string(state.join("frontends/v.log")).unwrap();
+    let (renewed_at, rebuilt) = (
+        engine_log.find("renewed the engine's certificate").unwrap(),
+        engine_log.matches("replica joined").count(),
+    );
+    assert_eq!(rebuilt, 2, "two rebuilds: {engine_log}");
+    assert!(
+        engine_log.find("replica joined").unwrap() > renewed_at,
+        "both after the renewal: {engine_log}"
+    );
+    verify_data(&dir, &endpoint, &more);
+    verify_replicas(&c, "v", &more);
+    // Heartbeats went on all along: one renewal an hour.
+    let renewed = c.all_events(RENEWED);
+    assert_eq!(renewed.len(), 1, "{renewed:#?}");
+}

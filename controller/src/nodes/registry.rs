@@ -22,6 +22,7 @@ use crate::error::Error;
 pub struct ControlplaneService {
     ctx: Arc<Context>,
     expiry: Arc<super::expiry::Warnings>,
+    renewals: Arc<super::renewal::Renewals>,
 }
 
 impl ControlplaneService {
@@ -29,7 +30,15 @@ impl ControlplaneService {
         ControlplaneService {
             ctx,
             expiry: Arc::default(),
+            renewals: Arc::default(),
         }
+    }
+
+    /// Renewing running engines' certificates `days` before they expire
+    /// (`--renew-engine-certificates-days`).
+    pub fn renewing_engines_within(mut self, days: i64) -> Self {
+        self.renewals = Arc::new(super::renewal::Renewals::within(days));
+        self
     }
 }
 
@@ -241,6 +250,7 @@ impl Controlplane for ControlplaneService {
         if let Some(at) = expires {
             self.expiry.check(ctx, &req.node_id, at).await;
         }
+        self.renewals.check(ctx, &req.node_id, &req.engines);
         ctx.saw_node(&req.node_id);
         let pressure_percent = ctx.settings().await?.disk_pressure_percentage();
         let mut became_ready = false;

@@ -13,10 +13,10 @@ use ballast::proto::agent::v1::{
     GrowReplicaRequest, GrowReplicaResponse, ListEnginesRequest, ListEnginesResponse,
     ListReplicasRequest, ListReplicasResponse, MergeReplicaRequest, MergeReplicaResponse,
     RebuildReplicaRequest, RebuildReplicaResponse, RemoveEngineReplicaRequest,
-    RemoveEngineReplicaResponse, ReplicaStatus, RestoreReplicaRequest, RestoreReplicaResponse,
-    ScrubReplicaRequest, ScrubReplicaResponse, SnapshotReplicaRequest, SnapshotReplicaResponse,
-    SnapshotVolumeRequest, SnapshotVolumeResponse, StartEngineRequest, StartEngineResponse,
-    StopEngineRequest, StopEngineResponse,
+    RemoveEngineReplicaResponse, RenewEngineRequest, RenewEngineResponse, ReplicaStatus,
+    RestoreReplicaRequest, RestoreReplicaResponse, ScrubReplicaRequest, ScrubReplicaResponse,
+    SnapshotReplicaRequest, SnapshotReplicaResponse, SnapshotVolumeRequest, SnapshotVolumeResponse,
+    StartEngineRequest, StartEngineResponse, StopEngineRequest, StopEngineResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -482,6 +482,19 @@ impl NodeAgent for NodeAgentService {
         }
         self.ctx.engines.grow(&req.volume, req.size).await?;
         Ok(Response::new(GrowEngineResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, volume = %request.get_ref().volume))]
+    async fn renew_engine(
+        &self,
+        request: Request<RenewEngineRequest>,
+    ) -> Result<Response<RenewEngineResponse>, Status> {
+        let req = request.into_inner();
+        self.ctx
+            .engines
+            .renew(&req.volume, &req.tls_cert_pem, &req.tls_key_pem)
+            .await?;
+        Ok(Response::new(RenewEngineResponse {}))
     }
 
     #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id))]

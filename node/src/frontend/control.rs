@@ -12,7 +12,10 @@
 //! file is `<dir>/volume`), `{"op":"unexport"}`, `{"op":"device"}` (the
 //! export's FUSE connection, passed as a file descriptor with the answer,
 //! which the node agent keeps so that an engine started after a crash
-//! takes it over) or `{"op":"ping"}` (the node agent's health check); the
+//! takes it over), `{"op":"credentials"}` (the engine reads its
+//! credentials again, which the node agent renewed in its `--tls-dir`, and
+//! shows them from its next connection on) or `{"op":"ping"}` (the node
+//! agent's health check); the
 //! answer is
 //! `{"ok":true}` or
 //! `{"kind":"busy|unreachable|refused|invalid|failed","error":"..."}`.
@@ -53,8 +56,13 @@ pub enum ControlRequest {
     },
     Unexport,
     Device,
+    Credentials,
     Ping,
 }
+
+/// How the engine takes its renewed credentials (None: it runs without
+/// TLS).
+pub type Renew = Option<Arc<dyn Fn() -> Result<(), String> + Send + Sync>>;
 
 /// The volume's FUSE export, while there is one.
 type Export = Arc<std::sync::Mutex<Option<super::blockdev::FuseMount>>>;
@@ -110,6 +118,7 @@ impl From<EngineError> for ControlError {
 async fn handle(
     engine: &Arc<Engine>,
     export: &Export,
+    renew: &Renew,
     line: &str,
 ) -> Result<Option<OwnedFd>, ControlError> {
     let invalid = |m: String| ControlError::new(FailureKind::Invalid, m);
@@ -151,6 +160,14 @@ async fn handle(
             Ok(None)
         }
         ControlRequest::Ping => Ok(None),
+        ControlRequest::Credentials => {
+            let renew = renew
+                .as_ref()
+                .ok_or_else(|| invalid("this engine runs without TLS".into()))?;
+            renew().map_err(failed)?;
+            tracing::info!(volume = %engine.volume, "renewed the engine's certificate");
+            Ok(None)
+        }
         ControlRequest::Device => {
             let current = export.lock().map_err(|_| failed("poisoned".into()))?;
             let m = current
@@ -210,6 +227,7 @@ pub async fn serve(
     engine: Arc<Engine>,
     path: &Path,
     exported: Option<super::blockdev::FuseMount>,
+    renew: Renew,
 ) -> std::io::Result<()> {
     let _ = std::fs::remove_file(path);
     let listener = UnixListener::bind(path)?;
@@ -225,12 +243,12 @@ pub async fn serve(
                 continue;
             }
         };
-        let (engine, export) = (engine.clone(), export.clone());
+        let (engine, export, renew) = (engine.clone(), export.clone(), renew.clone());
         tokio::spawn(async move {
             let (rd, mut wr) = stream.into_split();
             let mut lines = BufReader::new(rd).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let (answer, fd) = match handle(&engine, &export, &line).await {
+                let (answer, fd) = match handle(&engine, &export, &renew, &line).await {
                     Ok(fd) => (serde_json::json!({"ok": true}), fd),
                     Err(e) => (serde_json::to_value(&e).unwrap_or_default(), None),
                 };

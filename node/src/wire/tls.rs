@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use ballast::tls::{Credentials, Role, TlsError, holds};
+use ballast::tls::{CertSlot, Credentials, Role, TlsError, holds};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName};
@@ -34,6 +34,8 @@ pub struct WireTls {
 
 struct Sides {
     acceptor: TlsAcceptor,
+    /// The certificate both show; a renewal replaces it.
+    slot: Arc<CertSlot>,
     connector: TlsConnector,
     /// This node: a client of the server holding its certificate is on
     /// this node.
@@ -113,16 +115,29 @@ const _: () = assert!(SEAL_AHEAD == 4 * 65_640);
 impl WireTls {
     /// Mutual TLS with `credentials`, those of node `node_id`.
     pub fn new(credentials: &Credentials, node_id: &str) -> Result<WireTls, TlsError> {
+        let slot = CertSlot::of(credentials)?;
         Ok(WireTls {
             attachment: 0,
             readers: None,
             sides: Some(Arc::new(Sides {
-                acceptor: TlsAcceptor::from(credentials.rustls_server()?),
-                connector: TlsConnector::from(credentials.rustls_client()?),
+                acceptor: TlsAcceptor::from(credentials.rustls_server_in(slot.clone())?),
+                connector: TlsConnector::from(credentials.rustls_client_in(slot.clone())?),
+                slot,
                 me: Role::Node(node_id.to_string()),
                 node_id: node_id.to_string(),
             })),
         })
+    }
+
+    /// Shows `credentials`' certificate (a renewal of this one's: the
+    /// same CA and names) from the next handshake on, on every copy of
+    /// this `WireTls`; connections already made keep theirs. Nothing to
+    /// do with TLS off.
+    pub fn renew(&self, credentials: &Credentials) -> Result<(), TlsError> {
+        match &self.sides {
+            Some(s) => s.slot.renew(credentials),
+            None => Ok(()),
+        }
     }
 
     /// The same, reading other nodes' replicas with readers' certificates
