@@ -465,13 +465,14 @@ impl Credentials {
         Ok((chain, key))
     }
 
-    /// The certificate and key, ready to sign handshakes.
+    /// The certificate and key, ready to sign handshakes: refused when
+    /// the key is not the certificate's, or there is no certificate.
     fn certified_key(&self) -> Result<Arc<rustls::sign::CertifiedKey>, TlsError> {
         let (chain, key) = self.chain_and_key()?;
-        let signing = rustls::crypto::ring::default_provider()
-            .key_provider
-            .load_private_key(key)?;
-        Ok(Arc::new(rustls::sign::CertifiedKey::new(chain, signing)))
+        let provider = rustls::crypto::ring::default_provider();
+        Ok(Arc::new(rustls::sign::CertifiedKey::from_der(
+            chain, key, &provider,
+        )?))
     }
 
     /// A replica server's settings: every client shows a certificate of
@@ -833,6 +834,10 @@ mod tests {
         let peer_client = || peer.rustls_client().unwrap();
         assert_eq!(handshake(client.clone(), peer_server()).1, leaf(&first));
         assert_eq!(handshake(peer_client(), server.clone()).0, leaf(&first));
+        // A certificate with another's key is refused, and changes nothing.
+        let mismatched = Credentials::from_pem(&second.ca_pem, &second.cert_pem, first.key_pem());
+        assert!(slot.renew(&mismatched).is_err());
+        assert_eq!(handshake(client.clone(), peer_server()).1, leaf(&first));
         slot.renew(&second).unwrap();
         assert_eq!(handshake(client, peer_server()).1, leaf(&second));
         assert_eq!(handshake(peer_client(), server).0, leaf(&second));

@@ -49,7 +49,7 @@ impl Renewals {
 
     /// Renews, in the background, the certificates of node `node_id`'s
     /// running `engines` that are due.
-    pub fn check(self: &Arc<Self>, ctx: &Arc<Context>, node_id: &str, engines: &[EngineStatus]) {
+    pub fn check(&self, ctx: &Arc<Context>, node_id: &str, engines: &[EngineStatus]) {
         let Some(ca) = ctx.ca.clone() else {
             return;
         };

@@ -176,11 +176,11 @@ impl Freshness {
     }
 }
 
-/// Records through the controller's `RecordReplicaSet` (agent protocol).
 type ControlplaneClient = ballast::proto::agent::v1::controlplane_client::ControlplaneClient<
     ballast::cluster_token::Authed,
 >;
 
+/// Records through the controller's `RecordReplicaSet` (agent protocol).
 pub struct ControllerRecorder {
     /// Replaced when the engine's certificate is renewed: a channel keeps
     /// the certificate it was made with for every connection it makes.
