@@ -2,7 +2,8 @@
 //! (TLS on); from 30 days before it expires, the controller records a
 //! `CertificateExpiring` event on the node, once a day, saying to restart
 //! its node plugin (which enrolls again, for a new year). Nothing renews
-//! a certificate while its process runs. It owns the warning only; the
+//! a node plugin's certificate while it runs (engines' are renewed in
+//! place: `renewal`). It owns the warning only; the
 //! date is read from the certificate the TLS handshake verified.
 
 use std::collections::HashMap;
