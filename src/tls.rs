@@ -29,13 +29,19 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tonic::service::Interceptor;
 
 use crate::cluster_token::{Authed, Both, ClusterToken};
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, ClientTlsConfig};
 use tonic::{Request, Status};
 
 /// The DNS suffix of every member's certificate names (never resolved).
 pub const DOMAIN: &str = "ballast.internal";
-/// How long a member's certificate is valid; it is renewed at every start.
+/// How long a member's certificate is valid; it is renewed at every start,
+/// and before it expires while its holder runs.
 pub const MEMBER_DAYS: i64 = 365;
+/// When a member first checks whether its certificate is due for renewal,
+/// after its start, and how often after that (at most one renewal an
+/// hour).
+pub const RENEWAL_FIRST_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
+pub const RENEWAL_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 /// How long a reader's certificate is valid: it is asked for per fill, and
 /// a fill holds one connection, checked at its handshake (a fill that
 /// loses it fails, and the next asks again). Members' clocks must agree
@@ -46,6 +52,8 @@ pub const CA_DAYS: i64 = 3650;
 /// The files of a CA's directory (`--cluster-ca-dir`).
 pub const CA_CERT_FILE: &str = "ca.crt";
 pub const CA_KEY_FILE: &str = "ca.key";
+/// The protocol gRPC runs on, as TLS names it (ALPN).
+const ALPN_H2: &[u8] = b"h2";
 /// The files of a member's credentials directory (besides `ca.crt`).
 pub const CERT_FILE: &str = "tls.crt";
 pub const KEY_FILE: &str = "tls.key";
@@ -64,6 +72,10 @@ pub enum TlsError {
     Rustls(#[from] rustls::Error),
     #[error("{0}")]
     Invalid(String),
+    /// A renewal found no certificate to take: its source failed, or gave
+    /// none newer than the one held.
+    #[error("no new certificate: {0}")]
+    NotRenewed(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TlsError + '_ {
@@ -289,9 +301,24 @@ impl Ca {
         ])
     }
 
+    /// New credentials for `roles` whose certificate ends `days` days from
+    /// today (at midnight UTC): how tests make one near its end.
+    #[cfg(any(test, feature = "contract-tests"))]
+    pub fn issue_expiring(&self, roles: &[Role], days: i64) -> Result<Credentials, TlsError> {
+        self.issue_until(roles, date(days))
+    }
+
     fn issue_for(&self, roles: &[Role]) -> Result<Credentials, TlsError> {
+        self.issue_until(roles, date(MEMBER_DAYS))
+    }
+
+    fn issue_until(
+        &self,
+        roles: &[Role],
+        not_after: time::OffsetDateTime,
+    ) -> Result<Credentials, TlsError> {
         let key = KeyPair::generate()?;
-        let cert = member_params(roles)?.signed_by(&key, &self.issuer)?;
+        let cert = member_params_until(roles, not_after)?.signed_by(&key, &self.issuer)?;
         Ok(Credentials {
             ca_pem: self.cert_pem.clone(),
             cert_pem: cert.pem(),
@@ -376,6 +403,15 @@ pub fn leaf_not_after(certs: &[CertificateDer<'_>]) -> Option<i64> {
     Some(cert.validity().not_after.timestamp())
 }
 
+/// Whether a certificate valid until `not_after` (seconds since the Unix
+/// epoch; 0: unknown) is due for renewal at `now`: within `days` of its
+/// end, or past it.
+pub fn due_for_renewal(not_after: i64, now: chrono::DateTime<chrono::Utc>, days: i64) -> bool {
+    not_after > 0
+        && chrono::DateTime::from_timestamp(not_after, 0)
+            .is_some_and(|until| until - now < chrono::Duration::days(days))
+}
+
 /// A member's CA certificate, certificate and key, in PEM.
 #[derive(Clone)]
 pub struct Credentials {
@@ -428,21 +464,33 @@ impl Credentials {
         write_atomically(&dir.join(CA_CERT_FILE), &self.ca_pem, 0o644)
     }
 
-    /// A gRPC server's settings: a client may come without a certificate
-    /// (a node enrolling); the services' gates decide who may call what.
-    pub fn grpc_server(&self) -> ServerTlsConfig {
-        ServerTlsConfig::new()
-            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
-            .client_ca_root(Certificate::from_pem(&self.ca_pem))
-            .client_auth_optional(true)
+    /// A gRPC server's settings, showing the certificate in `slot`: a
+    /// client may come without a certificate (a node enrolling), and the
+    /// services' gates decide who may call what; one with a certificate
+    /// not of the cluster's CA fails the handshake.
+    fn grpc_server_in(&self, slot: Arc<CertSlot>) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            self.roots()?,
+            provider.clone(),
+        )
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| TlsError::Invalid(format!("client verifier: {e}")))?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(verifier)
+            .with_cert_resolver(slot);
+        config.alpn_protocols = vec![ALPN_H2.to_vec()];
+        Ok(Arc::new(config))
     }
 
-    /// A gRPC client's settings toward a server of `peer`.
-    pub fn grpc_client(&self, peer: &Role) -> ClientTlsConfig {
-        ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(&self.ca_pem))
-            .identity(Identity::from_pem(&self.cert_pem, &self.key_pem))
-            .domain_name(peer.name())
+    /// A gRPC client's settings, showing the certificate in `slot` (the
+    /// server's name is checked per connection).
+    fn grpc_client_in(&self, slot: Arc<CertSlot>) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+        let mut config = self.client_config(slot)?;
+        config.alpn_protocols = vec![ALPN_H2.to_vec()];
+        Ok(Arc::new(config))
     }
 
     fn roots(&self) -> Result<Arc<rustls::RootCertStore>, TlsError> {
@@ -512,6 +560,10 @@ impl Credentials {
         &self,
         slot: Arc<CertSlot>,
     ) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+        Ok(Arc::new(self.client_config(slot)?))
+    }
+
+    fn client_config(&self, slot: Arc<CertSlot>) -> Result<rustls::ClientConfig, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()?
@@ -521,7 +573,7 @@ impl Credentials {
         // with, so after a renewal the server would still see the old
         // certificate. Every connection shows the one held now.
         config.resumption = rustls::client::Resumption::disabled();
-        Ok(Arc::new(config))
+        Ok(config)
     }
 }
 
@@ -603,43 +655,138 @@ fn write_private(path: &Path, text: &str) -> Result<(), TlsError> {
 }
 
 /// A process's TLS: its credentials, or none (plain TCP, as before TLS).
+/// Its gRPC servers and channels show the certificate from one
+/// [`CertSlot`], so a renewal reaches every handshake after it.
 #[derive(Clone, Debug, Default)]
-pub struct Tls(Option<Arc<Credentials>>);
+pub struct Tls(Option<Arc<Held>>);
+
+#[derive(Debug)]
+struct Held {
+    credentials: std::sync::RwLock<Arc<Credentials>>,
+    slot: Arc<CertSlot>,
+    server: Arc<rustls::ServerConfig>,
+    client: Arc<rustls::ClientConfig>,
+}
 
 impl Tls {
-    pub fn on(credentials: Credentials) -> Tls {
-        Tls(Some(Arc::new(credentials)))
+    /// TLS with `credentials`: refused when the key is not the
+    /// certificate's, or a certificate does not parse.
+    pub fn on(credentials: Credentials) -> Result<Tls, TlsError> {
+        let slot = CertSlot::of(&credentials)?;
+        let server = credentials.grpc_server_in(slot.clone())?;
+        let client = credentials.grpc_client_in(slot.clone())?;
+        Ok(Tls(Some(Arc::new(Held {
+            credentials: std::sync::RwLock::new(Arc::new(credentials)),
+            slot,
+            server,
+            client,
+        }))))
     }
 
-    pub fn credentials(&self) -> Option<&Arc<Credentials>> {
-        self.0.as_ref()
+    /// The credentials held now (the last renewal's).
+    pub fn credentials(&self) -> Option<Arc<Credentials>> {
+        self.0.as_ref().map(|h| {
+            h.credentials
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        })
+    }
+
+    /// The slot the gRPC sides show their certificate from, for other
+    /// sides (the replica protocol's) to share.
+    pub fn slot(&self) -> Option<Arc<CertSlot>> {
+        self.0.as_ref().map(|h| h.slot.clone())
     }
 
     pub fn is_on(&self) -> bool {
         self.0.is_some()
     }
 
-    /// A channel to the server(s) of `url` (see `grpc::tcp_channel`),
-    /// checked to be `peer` when TLS is on.
+    /// Holds `credentials` from now on, and shows their certificate from
+    /// the next handshake on, on every copy of this `Tls`. Refused, with
+    /// nothing changed, when TLS is off, when they are of another CA (a
+    /// renewal keeps whom a member trusts), or when the key is not the
+    /// certificate's.
+    pub fn renew(&self, credentials: Credentials) -> Result<(), TlsError> {
+        let Some(h) = &self.0 else {
+            return Err(TlsError::Invalid("TLS is off: nothing to renew".into()));
+        };
+        if self
+            .credentials()
+            .is_some_and(|c| c.ca_pem != credentials.ca_pem)
+        {
+            return Err(TlsError::Invalid(
+                "a renewal's CA certificate differs from the one held".into(),
+            ));
+        }
+        h.slot.renew(&credentials)?;
+        *h.credentials.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(credentials);
+        Ok(())
+    }
+
+    /// Renews the certificate when it is due at `now` (within `days` of
+    /// its end): takes what `fresh` gives, if it is a new certificate that
+    /// ends no sooner than the one held, and returns it (to keep). None:
+    /// not due, or TLS off.
+    pub async fn renew_if_due<F>(
+        &self,
+        now: chrono::DateTime<chrono::Utc>,
+        days: i64,
+        fresh: impl FnOnce() -> F,
+    ) -> Result<Option<Credentials>, TlsError>
+    where
+        F: std::future::Future<Output = Result<Credentials, TlsError>>,
+    {
+        let Some(held) = self.credentials() else {
+            return Ok(None);
+        };
+        let until = not_after(&held.cert_pem)?;
+        if !due_for_renewal(until, now, days) {
+            return Ok(None);
+        }
+        let fresh = fresh().await?;
+        if fresh.cert_pem == held.cert_pem {
+            return Err(TlsError::NotRenewed("the one given is the one held".into()));
+        }
+        if not_after(&fresh.cert_pem)? < until {
+            return Err(TlsError::NotRenewed(format!(
+                "the one given ends before the one held (at {})",
+                chrono::DateTime::from_timestamp(until, 0).unwrap_or_default()
+            )));
+        }
+        self.renew(fresh.clone())?;
+        Ok(Some(fresh))
+    }
+
+    /// A channel to the server(s) of `url` (see `grpc::tcp_channel` and
+    /// `grpc::tls_channel`), checked to be `peer` when TLS is on.
     pub fn channel(
         &self,
         url: &str,
         peer: &Role,
     ) -> Result<tonic::transport::Channel, crate::error::ServeError> {
-        crate::grpc::tcp_channel_with(url, self.0.as_ref().map(|c| c.grpc_client(peer)))
+        match &self.0 {
+            None => crate::grpc::tcp_channel(url),
+            Some(h) => crate::grpc::tls_channel(url, h.client.clone(), &peer.name()),
+        }
     }
 
-    /// `builder` serving TLS when it is on.
-    pub fn serve(
+    /// Serves `router` on `listener` until `signal`, over TLS when it is
+    /// on (see `grpc::serve_tcp`).
+    pub async fn serve(
         &self,
-        builder: tonic::transport::Server,
-    ) -> Result<tonic::transport::Server, crate::error::ServeError> {
-        match &self.0 {
-            None => Ok(builder),
-            Some(c) => builder
-                .tls_config(c.grpc_server())
-                .map_err(|e| crate::error::ServeError::Config(format!("TLS: {e}"))),
-        }
+        router: tonic::transport::server::Router,
+        listener: tokio::net::TcpListener,
+        signal: impl std::future::Future<Output = ()> + Send,
+    ) -> Result<(), tonic::transport::Error> {
+        crate::grpc::serve_tcp(
+            router,
+            listener,
+            self.0.as_ref().map(|h| h.server.clone()),
+            signal,
+        )
+        .await
     }
 
     /// The interceptor that lets through only callers whose certificate
@@ -723,6 +870,20 @@ impl Member {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::TimeZone;
+
+    #[test]
+    fn a_certificate_is_due_within_the_days_before_it_expires() {
+        let now = chrono::Utc
+            .with_ymd_and_hms(2026, 11, 29, 12, 0, 0)
+            .unwrap();
+        let at = |days: i64| (now + chrono::Duration::days(days)).timestamp();
+        assert!(!due_for_renewal(at(31), now, 30));
+        assert!(due_for_renewal(at(29), now, 30));
+        assert!(due_for_renewal(at(-1), now, 30), "expired: still renewed");
+        assert!(!due_for_renewal(0, now, 30), "unknown");
+        assert!(due_for_renewal(at(365), now, 400));
+    }
 
     fn der(pem: &str) -> Vec<CertificateDer<'static>> {
         CertificateDer::pem_slice_iter(pem.as_bytes())

@@ -44,6 +44,12 @@ pub struct ControllerArgs {
     /// heartbeats say when.
     #[arg(long, env = "BALLAST_RENEW_ENGINE_CERTIFICATES_DAYS", default_value_t = ballast_controller::nodes::RENEW_DAYS, value_parser = clap::value_parser!(i64).range(1..))]
     pub renew_engine_certificates_days: i64,
+    /// With TLS on, the controller's own certificate (valid for a year,
+    /// issued at each start) is renewed while it runs, this many days
+    /// before it expires. Checked a minute after the start, then every
+    /// hour.
+    #[arg(long, env = "BALLAST_RENEW_CERTIFICATE_DAYS", default_value_t = ballast_controller::certificate::RENEW_DAYS, value_parser = clap::value_parser!(i64).range(1..))]
+    pub renew_certificate_days: i64,
     /// A file holding a bearer token that every REST change (POST, PUT,
     /// PATCH, DELETE) must carry; reads stay open. One token per line,
     /// each accepted; read again every 5 seconds.
@@ -134,6 +140,7 @@ impl From<ControllerArgs> for ControllerConfig {
             cluster_token_file: a.cluster_token_file,
             cluster_ca_dir: a.cluster_ca_dir,
             renew_engine_certificates_days: a.renew_engine_certificates_days,
+            renew_certificate_days: a.renew_certificate_days,
         }
     }
 }
@@ -201,6 +208,12 @@ pub struct NodeArgs {
     /// your own issuer.
     #[arg(long, env = "BALLAST_TLS_DIR", conflicts_with = "cluster_ca_file")]
     pub tls_dir: Option<PathBuf>,
+    /// With TLS on, the node's certificate (valid for a year) is renewed
+    /// while it runs, this many days before it expires: it enrolls again,
+    /// or with --tls-dir reads that directory again for a later one.
+    /// Checked a minute after the start, then every hour.
+    #[arg(long, env = "BALLAST_RENEW_CERTIFICATE_DAYS", default_value_t = ballast_node::agent::renewal::RENEW_DAYS, value_parser = clap::value_parser!(i64).range(1..))]
+    pub renew_certificate_days: i64,
     /// The most volumes that may be published at this node at once (its
     /// attach limit: reported to the CO, which schedules by it, and
     /// enforced by the controller); 0: no limit.
@@ -324,6 +337,7 @@ fn node_config(
         engine_workers: a.engine_workers,
         engine_host: a.engine_host,
         metrics_listen: a.metrics_listen,
+        renew_certificate_days: a.renew_certificate_days,
     }
 }
 

@@ -58,23 +58,15 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
         .clone()
         .map(|r| r as std::sync::Arc<dyn Recorder>);
     // A renewal: the node agent wrote the engine's new credentials into
-    // --tls-dir; the replicas' connections and the controller's calls
-    // after it show them.
+    // --tls-dir; the replicas' connections and the controller's made after
+    // it show them (the wire shares the gRPC sides' slot).
     let renew: ballast_node::frontend::control::Renew = match (&a.tls_dir, on) {
         (Some(dir), true) => {
-            let (dir, wire, token) = (dir.clone(), wire.clone(), member.token.clone());
+            let (dir, tls) = (dir.clone(), member.tls.clone());
             Some(std::sync::Arc::new(move || {
                 let credentials =
                     ballast::tls::Credentials::load(&dir).map_err(|e| format!("--tls-dir: {e}"))?;
-                wire.renew(&credentials).map_err(|e| e.to_string())?;
-                if let Some(r) = &controller_recorder {
-                    let member = ballast::tls::Member {
-                        token: token.clone(),
-                        tls: ballast::tls::Tls::on(credentials),
-                    };
-                    r.renew(&member)?;
-                }
-                Ok(())
+                tls.renew(credentials).map_err(|e| e.to_string())
             }))
         }
         _ => None,
@@ -152,8 +144,13 @@ fn tls(
     let node = a.node_id.as_deref().ok_or_else(|| {
         EngineExit::Failed("--tls-dir needs --node-id (the node whose credentials they are)".into())
     })?;
-    let wire = ballast_node::wire::tls::WireTls::new(&credentials, node).map_err(failed)?;
-    Ok((ballast::tls::Tls::on(credentials), wire))
+    let tls = ballast::tls::Tls::on(credentials.clone()).map_err(failed)?;
+    let slot = tls
+        .slot()
+        .ok_or_else(|| EngineExit::Failed("--tls-dir: TLS is off".into()))?;
+    let wire =
+        ballast_node::wire::tls::WireTls::showing(&credentials, node, slot).map_err(failed)?;
+    Ok((tls, wire))
 }
 
 /// Keeps the engine's status in `path` (for the node agent), written

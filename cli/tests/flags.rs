@@ -124,4 +124,12 @@ fn a_renewal_window_of_zero_days_is_refused_naming_the_flag() {
     );
     assert_ne!(code, 0);
     assert!(text.contains("--renew-engine-certificates-days"), "{text}");
+    for command in [
+        "controller --store embedded:/tmp/x --csi-endpoint unix:///tmp/x.sock",
+        "node --node-id n1 --disk /tmp/x",
+    ] {
+        let (code, text) = run(&format!("{command} --renew-certificate-days 0"));
+        assert_eq!(code, 2, "{text}");
+        assert!(text.contains("--renew-certificate-days"), "{text}");
+    }
 }

@@ -89,6 +89,9 @@ pub struct ControllerConfig {
     /// Running engines' certificates are renewed this many days before
     /// they expire.
     pub renew_engine_certificates_days: i64,
+    /// With TLS on, its own certificate is renewed while it runs this
+    /// many days before it expires (`certificate`).
+    pub renew_certificate_days: i64,
 }
 
 /// The cluster token: from `--cluster-token-file`, or from the Secret of
@@ -164,10 +167,10 @@ async fn cluster_ca(
 /// of its own from the CA (new at every start) when TLS is on.
 fn member(token: ClusterToken, ca: Option<&Ca>) -> Result<Member, ServeError> {
     let tls = match ca {
-        Some(ca) => Tls::on(
-            ca.issue(&Role::Controller)
-                .map_err(|e| ServeError::Config(format!("the controller's certificate: {e}")))?,
-        ),
+        Some(ca) => ca
+            .issue(&Role::Controller)
+            .and_then(Tls::on)
+            .map_err(|e| ServeError::Config(format!("the controller's certificate: {e}")))?,
         None => Tls::default(),
     };
     Ok(Member { token, tls })
@@ -335,6 +338,13 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     let token = cluster_token(&config, client.as_ref()).await?;
     let ca = cluster_ca(&config, client.as_ref(), &token).await?;
     let member = member(token, ca.as_deref())?;
+    let renewal = ca.clone().map(|ca| {
+        tokio::spawn(crate::certificate::keep_renewing(
+            member.tls.clone(),
+            ca,
+            config.renew_certificate_days,
+        ))
+    });
     let ctx = context(&config, store, client.clone(), member.clone(), ca);
     let router = Router::new(ctx.clone());
 
@@ -358,9 +368,7 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     // Nodes (and their engines) and other controllers call the agent
     // protocol; only controllers forward CSI calls; a node without a
     // certificate may only enroll (when TLS is on).
-    let agent_server = member
-        .tls
-        .serve(tonic::transport::Server::builder())?
+    let agent_router = ballast::grpc::server()
         .add_service(ControlplaneServer::with_interceptor(
             RoutedControlplane::new(
                 ControlplaneService::new(ctx.clone())
@@ -376,11 +384,11 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
         .add_service(EnrollmentServer::with_interceptor(
             crate::nodes::EnrollmentService::new(ctx.clone()),
             member.token.gate(),
-        ))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(agent),
-            stopped(),
-        );
+        ));
+    let agent_server = {
+        let (tls, stop) = (member.tls.clone(), stopped());
+        async move { tls.serve(agent_router, agent, stop).await }
+    };
     let api_server = axum::serve(api, crate::api::router_with(ctx.clone(), gate(&config)?))
         .with_graceful_shutdown(stopped());
     lead(
@@ -406,6 +414,9 @@ pub async fn run(config: ControllerConfig) -> Result<(), ServeError> {
     let api_task = tokio::spawn(async move { api_server.await });
     ballast::grpc::shutdown_signal().await;
     let _ = stop_tx.send(true);
+    if let Some(r) = renewal {
+        r.abort();
+    }
     let (c, a, h) = tokio::join!(csi, agent_task, api_task);
     let _ = std::fs::remove_file(&socket);
     ballast::grpc::ended("CSI server", c);

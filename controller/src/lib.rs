@@ -3,13 +3,15 @@
 //! liveness), the pure planner (`planner`, and `sim` to run it on a model),
 //! the executor with the control loop that carries its plans out
 //! (`executor`), how it reaches the node agents (`agents`), and the record
-//! of which replicas may serve (`freshness`).
+//! of which replicas may serve (`freshness`), and its own certificate
+//! (`certificate`).
 //!
 //! It never touches a disk and never imports the node crate: nodes are
 //! reached only through the agent protocol in the core crate.
 
 pub mod agents;
 pub mod api;
+pub mod certificate;
 pub mod context;
 pub mod csi;
 pub mod daemon;

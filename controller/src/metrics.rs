@@ -370,13 +370,13 @@ pub async fn render(ctx: &Context) -> Result<String, Error> {
     Ok(out)
 }
 
-/// When this controller's certificate (renewed at each start) and the
+/// When this controller's certificate (renewed at each start and while it runs) and the
 /// cluster's CA stop being valid; nothing with TLS off.
 fn certificates(reg: &mut Registry, ctx: &Context) {
     let expiry = family::<HolderLabels>(
         reg,
         "ballast_certificate_expiry_timestamp_seconds",
-        "When a certificate stops being valid: this controller's own (renewed at each start) or the cluster's CA, in seconds since the Unix epoch",
+        "When a certificate stops being valid: this controller's own (renewed at each start and while it runs) or the cluster's CA, in seconds since the Unix epoch",
     );
     let own = ctx.member.tls.credentials().map(|c| c.cert_pem.clone());
     let ca = ctx.ca.as_ref().map(|ca| ca.cert_pem().to_string());

@@ -54,6 +54,9 @@ pub struct NodeConfig {
     pub engine_host: Option<String>,
     /// Where `/metrics` is served (HTTP), if anywhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// With TLS on, the node's certificate is renewed while it runs this
+    /// many days before it expires (`agent::renewal`).
+    pub renew_certificate_days: i64,
 }
 
 /// Runs the node plugin until a shutdown signal.
@@ -87,18 +90,18 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     // A change of the file reaches every channel and gate.
     token.keep_reading();
     let (tls, tls_dir) = node_tls(&config, &state_dir, &token).await?;
-    let credentials = tls.credentials().cloned();
+    let credentials = tls.credentials();
     let member = Member { token, tls };
     // Every call to the controller carries the cluster token (and this
     // node's certificate).
     let controller = member.channel(&config.controller, &Role::Controller)?;
     // Fills read other nodes' replicas with readers' certificates, which
     // the controller gives.
-    let wire = match credentials {
-        Some(c) => WireTls::new(&c, &config.node_id)
+    let wire = match (credentials, member.tls.slot()) {
+        (Some(c), Some(slot)) => WireTls::showing(&c, &config.node_id, slot)
             .map_err(|e| ServeError::Config(format!("TLS: {e}")))?
             .reading_through(Readers::new(controller.clone(), &config.node_id, &c.ca_pem)),
-        None => WireTls::default(),
+        _ => WireTls::default(),
     };
     let disks = open_wanted_disks(&config, &controller).await?;
     let replica_server = crate::server::ReplicaServer::serving_with(
@@ -142,20 +145,25 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
         stopped(),
     )?);
     // Only controllers call the node agent.
-    let agent_server = tokio::spawn(
-        member
-            .tls
-            .serve(tonic::transport::Server::builder())?
-            .add_service(NodeAgentServer::with_interceptor(
-                NodeAgentService::new(ctx.clone()),
-                member.gate(&[Role::Controller]),
-            ))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(agent),
-                stopped(),
-            ),
-    );
+    let agent_router = ballast::grpc::server().add_service(NodeAgentServer::with_interceptor(
+        NodeAgentService::new(ctx.clone()),
+        member.gate(&[Role::Controller]),
+    ));
+    let agent_server = {
+        let (tls, stop) = (member.tls.clone(), stopped());
+        tokio::spawn(async move { tls.serve(agent_router, agent, stop).await })
+    };
     let heartbeats = tokio::spawn(run_heartbeats(ctx.clone(), controller));
+    let renewal = member.tls.is_on().then(|| {
+        tokio::spawn(
+            crate::agent::Renewal {
+                tls: member.tls.clone(),
+                source: renewal_source(&config, &state_dir, &member.token),
+                days: config.renew_certificate_days,
+            }
+            .run(),
+        )
+    });
     tracing::info!(
         node = %ctx.node_id,
         zone = %ctx.zone,
@@ -169,6 +177,9 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     ballast::grpc::shutdown_signal().await;
     let _ = stop_tx.send(true);
     heartbeats.abort();
+    if let Some(r) = renewal {
+        r.abort();
+    }
     replica_task.abort();
     let (c, a) = tokio::join!(csi, agent_server);
     let _ = std::fs::remove_file(&socket);
@@ -189,15 +200,44 @@ async fn node_tls(
     if let Some(dir) = &config.tls_dir {
         let credentials = ballast::tls::Credentials::load(dir)
             .map_err(|e| ServeError::Config(format!("--tls-dir: {e}")))?;
-        return Ok((Tls::on(credentials), Some(dir.clone())));
+        return Ok((on(credentials)?, Some(dir.clone())));
     }
     let Some(ca) = &config.cluster_ca_file else {
         return Ok((Tls::default(), None));
     };
-    let dir = state_dir.join("tls");
+    let dir = enrolled_dir(state_dir);
     let credentials =
         crate::agent::enroll(&config.controller, &config.node_id, ca, token, &dir).await?;
-    Ok((Tls::on(credentials), Some(dir)))
+    Ok((on(credentials)?, Some(dir)))
+}
+
+fn on(credentials: ballast::tls::Credentials) -> Result<Tls, ServeError> {
+    Tls::on(credentials).map_err(|e| ServeError::Config(format!("TLS: {e}")))
+}
+
+/// Where an enrolled node keeps its credentials.
+fn enrolled_dir(state_dir: &std::path::Path) -> PathBuf {
+    state_dir.join("tls")
+}
+
+/// Where a renewal of the node's certificate comes from: the files of
+/// `--tls-dir` read again, or a new enrollment kept where the first is.
+fn renewal_source(
+    config: &NodeConfig,
+    state_dir: &std::path::Path,
+    token: &ClusterToken,
+) -> crate::agent::renewal::Source {
+    use crate::agent::renewal::Source;
+    match (&config.tls_dir, &config.cluster_ca_file) {
+        (Some(dir), _) => Source::Dir(dir.clone()),
+        (None, ca_file) => Source::Enroll {
+            controller: config.controller.clone(),
+            node_id: config.node_id.clone(),
+            ca_file: ca_file.clone().unwrap_or_default(),
+            token: token.clone(),
+            dir: enrolled_dir(state_dir),
+        },
+    }
 }
 
 /// The disks this node opens: its flags' (which must exist), its Ballast

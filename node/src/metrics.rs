@@ -86,7 +86,7 @@ pub async fn render(ctx: &NodeContext) -> Result<String, std::fmt::Error> {
     let expiry = Family::<CertificateLabels, Gauge>::default();
     reg.register(
         "ballast_certificate_expiry_timestamp_seconds",
-        "When a certificate this node's members hold stops being valid (the node's own, renewed at each start of the node plugin; each engine's, renewed in place by the controller before it expires), in seconds since the Unix epoch",
+        "When a certificate this node's members hold stops being valid (the node's own, renewed at each start of the node plugin and while it runs; each engine's, renewed in place by the controller; both before they expire), in seconds since the Unix epoch",
         expiry.clone(),
     );
     let certificate = |holder: &str, volume: Option<&str>| {

@@ -98,6 +98,17 @@ impl Cluster {
         loop_size: Option<u64>,
         controller_args: &[&str],
     ) -> Cluster {
+        Cluster::start_with_all_args(n, disks, loop_size, controller_args, &[])
+    }
+
+    /// Like `start_with_args`, every node run with `node_args` too.
+    pub fn start_with_all_args(
+        n: usize,
+        disks: usize,
+        loop_size: Option<u64>,
+        controller_args: &[&str],
+        node_args: &[&str],
+    ) -> Cluster {
         let mut dir = tempfile::tempdir().unwrap();
         // BALLAST_KEEP_TEST_DIRS=1 keeps the logs and disks for a post-mortem.
         if std::env::var_os("BALLAST_KEEP_TEST_DIRS").is_some() {
@@ -124,7 +135,8 @@ impl Cluster {
         let nodes: Vec<NodeProc> = (1..=n)
             .map(|i| {
                 let id = format!("node-{i}");
-                let args = node_args_with(dir.path(), &id, &agent, disks);
+                let mut args = node_args_with(dir.path(), &id, &agent, disks);
+                args.extend(node_args.iter().map(|a| a.to_string()));
                 let proc = Proc::spawn(&args, dir.path().join(format!("{id}.log")));
                 NodeProc {
                     proc,

@@ -251,27 +251,13 @@ fn node_1_expiring_in(dir: &Path, days: i64) -> Member {
     let ca_dir = cluster_ca_dir(dir);
     let ca_pem = std::fs::read_to_string(ca_dir.join("ca.crt")).unwrap();
     let ca_key = std::fs::read_to_string(ca_dir.join("ca.key")).unwrap();
-    let issuer =
-        rcgen::Issuer::from_ca_cert_pem(&ca_pem, rcgen::KeyPair::from_pem(&ca_key).unwrap())
-            .unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let names = vec![Role::Node("node-1".into()).name(), Role::AnyNode.name()];
-    let mut params = rcgen::CertificateParams::new(names).unwrap();
-    let now = time::OffsetDateTime::now_utc();
-    params.not_before = now - time::Duration::days(1);
-    params.not_after = now + time::Duration::days(days);
-    params.extended_key_usages = vec![
-        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
-        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
-    ];
-    let cert = params.signed_by(&key, &issuer).unwrap();
+    let ca = ballast::tls::Ca::from_pem(&ca_pem, &ca_key).unwrap();
+    let credentials = ca
+        .issue_expiring(&[Role::Node("node-1".into())], days)
+        .unwrap();
     Member {
         token: ClusterToken::read(&cluster_token(dir)).unwrap(),
-        tls: ballast::tls::Tls::on(ballast::tls::Credentials::from_pem(
-            &ca_pem,
-            &cert.pem(),
-            &key.serialize_pem(),
-        )),
+        tls: ballast::tls::Tls::on(credentials).unwrap(),
     }
 }
 
@@ -305,7 +291,7 @@ fn warned_once(c: &Cluster) {
     assert_eq!(events[0]["object"], "node/node-1", "{events:?}");
     let message = events[0]["message"].as_str().unwrap();
     assert!(
-        message.contains("in 9 days") && message.contains("restart its node plugin"),
+        message.contains("in 9 days") && message.contains("was not renewed"),
         "{message}"
     );
 }
@@ -421,4 +407,133 @@ fn a_running_engines_certificate_is_renewed_in_place_and_it_keeps_serving() {
     // Heartbeats went on all along: one renewal an hour.
     let renewed = c.all_events(RENEWED);
     assert_eq!(renewed.len(), 1, "{renewed:#?}");
+}
+
+/// The leaf certificate a TLS server at `addr` shows a client that expects
+/// the name `name` and shows `client`'s certificate (DER).
+fn served_certificate(addr: &str, name: &str, client: &ballast::tls::Credentials) -> Vec<u8> {
+    let config = client.rustls_client().unwrap();
+    let name = rustls::pki_types::ServerName::try_from(name.to_string()).unwrap();
+    let mut conn = rustls::ClientConnection::new(config, name).unwrap();
+    let mut tcp = std::net::TcpStream::connect(addr.trim_start_matches("http://")).unwrap();
+    while conn.is_handshaking() {
+        conn.complete_io(&mut tcp).unwrap();
+    }
+    conn.peer_certificates().unwrap()[0].to_vec()
+}
+
+/// DER of the first certificate in `pem`.
+fn der_of(pem: &str) -> Vec<u8> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::from_pem_slice(pem.as_bytes())
+        .unwrap()
+        .to_vec()
+}
+
+/// A node plugin's and a controller's own certificates are renewed while
+/// they run: with every certificate within `--renew-certificate-days` of
+/// its end (400, more than the year one lasts), each renews its own at
+/// its first check, a minute after its start, and not again for an hour.
+/// From then on their servers show the new ones: the controller's agent
+/// endpoint, the node's agent endpoint and its replica server (the same
+/// certificate, kept in the node's files). New connections take them: the
+/// volume moved to the other node reads node-1's replica through it, and
+/// after the controller is restarted node-1's heartbeats (with its
+/// renewed certificate) keep it ready. The data reads back by checksum
+/// through NBD and from every replica's files.
+#[test]
+fn the_node_plugins_and_the_controllers_certificates_are_renewed_while_they_run() {
+    let renew = ["--renew-certificate-days", "400"];
+    let mut c = Cluster::start_with_all_args(2, 1, None, &renew, &renew);
+    let dir = c.dir.path().to_path_buf();
+    let node_dir = dir.join("node-1/state/tls");
+    let creds = || ballast::tls::Credentials::load(&node_dir).unwrap();
+    let node = c.node("node-1");
+    let (agent, replicas) = (
+        node["status"]["agentEndpoint"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        node["status"]["replicaEndpoint"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+    );
+    let controller = c.ctl.agent.to_string();
+    let node_name = Role::Node("node-1".into()).name();
+    let served = |creds: &ballast::tls::Credentials| {
+        [
+            served_certificate(&controller, &Role::Controller.name(), creds),
+            served_certificate(&agent, &node_name, creds),
+            served_certificate(&replicas, &node_name, creds),
+        ]
+    };
+    let before = served(&creds());
+    assert_eq!(
+        before[1],
+        der_of(&creds().cert_pem),
+        "node-1 shows its files'"
+    );
+    assert_eq!(before[1], before[2], "one certificate for both servers");
+
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let data = write_data(&dir, &endpoint, 43);
+
+    let after = wait_for(
+        Duration::from_secs(150),
+        "the controller's and node-1's certificates renewed",
+        || {
+            let now = served(&creds());
+            (now[0] != before[0] && now[1] != before[1]).then_some(now)
+        },
+    );
+    assert_eq!(
+        after[1],
+        der_of(&creds().cert_pem),
+        "node-1 keeps the new one"
+    );
+    assert_eq!(after[1], after[2], "the replica server shows it too");
+    let holds = |der: &[u8], role: &Role| {
+        ballast::tls::holds(&[rustls::pki_types::CertificateDer::from(der)], role)
+    };
+    assert!(holds(&after[0], &Role::Controller));
+    assert!(holds(&after[1], &Role::Node("node-1".into())));
+    // One renewal each, at the first check, none since.
+    let renewals = |log: &Path, what: &str| {
+        let text = std::fs::read_to_string(log).unwrap();
+        text.matches(&format!("the {what}'s certificate was renewed"))
+            .count()
+    };
+    assert_eq!(renewals(&c.ctl.proc.log, "controller"), 1);
+
+    // New connections with them: the volume on node-2 reads node-1's
+    // replica (node-2's engine checks node-1's new certificate).
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let endpoint = c.attach("v", "node-2");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    verify_data(&dir, &endpoint, &data);
+    let more = write_data(&dir, &endpoint, 44);
+    // The controller started again (a certificate of its own start):
+    // node-1 connects anew with its renewed certificate and stays ready.
+    c.ctl.proc.signal(nix::sys::signal::Signal::SIGKILL);
+    c.ctl.proc.wait_exit(Duration::from_secs(10));
+    c.ctl.restart();
+    // Past the node-down timeout (4 s) twice: ready only if its
+    // heartbeats were taken.
+    std::thread::sleep(Duration::from_secs(8));
+    for _ in 0..4 {
+        assert_eq!(c.node("node-1")["status"]["ready"], json!(true));
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let node_log = c.nodes[0].proc.log_text();
+    assert!(
+        !node_log.contains("PermissionDenied") && !node_log.contains("Unauthenticated"),
+        "{node_log}"
+    );
+    verify_data(&dir, &endpoint, &more);
+    verify_replicas(&c, "v", &more);
+
+    assert_eq!(renewals(&c.nodes[0].proc.log, "node"), 1);
 }

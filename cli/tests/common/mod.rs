@@ -285,7 +285,7 @@ pub fn credentials_as(dir: &Path, role: ballast::tls::Role) -> ballast::tls::Cre
 pub fn member_as(dir: &Path, role: ballast::tls::Role) -> ballast::tls::Member {
     ballast::tls::Member {
         token: ballast::cluster_token::ClusterToken::read(&cluster_token(dir)).unwrap(),
-        tls: ballast::tls::Tls::on(credentials_as(dir, role)),
+        tls: ballast::tls::Tls::on(credentials_as(dir, role)).unwrap(),
     }
 }
 

@@ -1,10 +1,12 @@
 //! Certificates near their end. A node's heartbeats show its certificate
 //! (TLS on); from 30 days before it expires, the controller records a
-//! `CertificateExpiring` event on the node, once a day, saying to restart
-//! its node plugin (which enrolls again, for a new year). Nothing renews
-//! a node plugin's certificate while it runs (engines' are renewed in
-//! place: `renewal`). It owns the warning only; the
-//! date is read from the certificate the TLS handshake verified.
+//! `CertificateExpiring` event on the node, once a day. A node plugin
+//! renews its own from `--renew-certificate-days` (60 by default) before
+//! its end, and its connections end within the hour after, so a warning
+//! means its renewals have failed: its log says why, and a restart of
+//! the node plugin enrolls it again. (Engines' are renewed by the
+//! controller: `renewal`.) It owns the warning only; the date is read
+//! from the certificate the TLS handshake verified.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -62,12 +64,12 @@ fn warning(
     last.insert(node_id.to_string(), now);
     Some(if left > chrono::Duration::zero() {
         format!(
-            "node {node_id}'s certificate expires at {until} (in {} days): restart its node plugin to renew it",
+            "node {node_id}'s certificate expires at {until} (in {} days) and was not renewed: see its node plugin's log, or restart the node plugin to renew it",
             left.num_days()
         )
     } else {
         format!(
-            "node {node_id}'s certificate expired at {until}: restart its node plugin to renew it"
+            "node {node_id}'s certificate expired at {until} and was not renewed: see its node plugin's log, or restart the node plugin to renew it"
         )
     })
 }
@@ -89,7 +91,7 @@ mod tests {
         // 30 days: a warning naming what to do, then none that day.
         let m = warning("n1", at(30), now, &mut last).unwrap();
         assert!(
-            m.contains("in 30 days") && m.contains("restart its node plugin"),
+            m.contains("in 30 days") && m.contains("was not renewed"),
             "{m}"
         );
         assert_eq!(warning("n1", at(30), now, &mut last), None);

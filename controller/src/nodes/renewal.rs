@@ -58,7 +58,9 @@ impl Renewals {
         {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
             for e in engines {
-                if !e.running || !due(e.certificate_not_after, now, self.days) {
+                if !e.running
+                    || !ballast::tls::due_for_renewal(e.certificate_not_after, now, self.days)
+                {
                     continue;
                 }
                 if last.get(&e.volume).is_some_and(|t| now - *t < AGAIN_AFTER) {
@@ -88,14 +90,6 @@ impl Renewals {
             });
         }
     }
-}
-
-/// Whether a certificate valid until `not_after` (seconds since the Unix
-/// epoch; 0: unknown) is due for renewal at `now`.
-fn due(not_after: i64, now: DateTime<Utc>, days: i64) -> bool {
-    not_after > 0
-        && DateTime::from_timestamp(not_after, 0)
-            .is_some_and(|until| until - now < chrono::Duration::days(days))
 }
 
 /// Issues the engine of `volume` on `node_id` new credentials and gives
@@ -131,21 +125,4 @@ async fn renew(
     )
     .await?;
     Ok(epoch)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use chrono::TimeZone;
-
-    #[test]
-    fn a_certificate_is_due_within_the_days_before_it_expires() {
-        let now = Utc.with_ymd_and_hms(2026, 11, 29, 12, 0, 0).unwrap();
-        let at = |days: i64| (now + chrono::Duration::days(days)).timestamp();
-        assert!(!due(at(31), now, 30));
-        assert!(due(at(29), now, 30));
-        assert!(due(at(-1), now, 30), "expired: still renewed");
-        assert!(!due(0, now, 30), "unknown");
-        assert!(due(at(365), now, 400));
-    }
 }

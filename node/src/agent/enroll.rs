@@ -3,6 +3,7 @@
 //! certificate it checks against `--cluster-ca-file`), and keeps the
 //! certificate it gets back in its state directory, where its engines read
 //! it. A new start is a new key: restarting a node rotates its credentials.
+//! A renewal while the node runs asks the same way (`renewal`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -17,13 +18,29 @@ use ballast::tls::{Credentials, Enrollment};
 pub const ENROLL_FOR: Duration = Duration::from_secs(120);
 
 /// The node's new credentials, kept in `dir`.
-#[tracing::instrument(skip_all, fields(node = %node_id))]
 pub async fn enroll(
     controller: &str,
     node_id: &str,
     ca_file: &Path,
     token: &ClusterToken,
     dir: &Path,
+) -> Result<Credentials, ServeError> {
+    let credentials = ask(controller, node_id, ca_file, token).await?;
+    credentials
+        .save(dir)
+        .map_err(|e| ServeError::Config(format!("keeping the node's certificate: {e}")))?;
+    tracing::info!(dir = %dir.display(), "enrolled: certificate issued by the cluster CA");
+    Ok(credentials)
+}
+
+/// New credentials for the node: a new key, and its certificate from the
+/// controller (nothing kept).
+#[tracing::instrument(skip_all, fields(node = %node_id))]
+pub async fn ask(
+    controller: &str,
+    node_id: &str,
+    ca_file: &Path,
+    token: &ClusterToken,
 ) -> Result<Credentials, ServeError> {
     let config = |m: String| ServeError::Config(format!("--cluster-ca-file: {m}"));
     if !token.is_set() {
@@ -80,10 +97,5 @@ pub async fn enroll(
                 s.message()
             ))
         })?;
-    let credentials = request.finish(&ca_pem, &answer.cert_pem);
-    credentials
-        .save(dir)
-        .map_err(|e| ServeError::Config(format!("keeping the node's certificate: {e}")))?;
-    tracing::info!(dir = %dir.display(), "enrolled: certificate issued by the cluster CA");
-    Ok(credentials)
+    Ok(request.finish(&ca_pem, &answer.cert_pem))
 }

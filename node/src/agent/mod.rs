@@ -8,9 +8,11 @@ mod disks;
 mod enroll;
 mod heartbeat;
 mod rebuild;
+pub mod renewal;
 mod server;
 
 pub use disks::disks_to_open;
 pub use enroll::enroll;
 pub use heartbeat::run_heartbeats;
+pub use renewal::Renewal;
 pub use server::NodeAgentService;

@@ -182,10 +182,9 @@ type ControlplaneClient = ballast::proto::agent::v1::controlplane_client::Contro
 
 /// Records through the controller's `RecordReplicaSet` (agent protocol).
 pub struct ControllerRecorder {
-    /// Replaced when the engine's certificate is renewed: a channel keeps
-    /// the certificate it was made with for every connection it makes.
-    client: std::sync::RwLock<ControlplaneClient>,
-    controller: String,
+    /// Its connections show the engine's certificate held at their
+    /// making (`Tls::renew`).
+    client: ControlplaneClient,
     volume: String,
     node_id: String,
 }
@@ -199,30 +198,14 @@ impl ControllerRecorder {
         node_id: &str,
         member: &ballast::tls::Member,
     ) -> Result<Self, String> {
-        Ok(ControllerRecorder {
-            client: std::sync::RwLock::new(Self::client(controller, member)?),
-            controller: controller.to_string(),
-            volume: volume.to_string(),
-            node_id: node_id.to_string(),
-        })
-    }
-
-    fn client(
-        controller: &str,
-        member: &ballast::tls::Member,
-    ) -> Result<ControlplaneClient, String> {
         let channel = member
             .channel(controller, &ballast::tls::Role::Controller)
             .map_err(|e| e.to_string())?;
-        Ok(ControlplaneClient::new(channel))
-    }
-
-    /// Makes the calls after this one as `member` (its renewed
-    /// certificate); a call under way finishes on the channel it has.
-    pub fn renew(&self, member: &ballast::tls::Member) -> Result<(), String> {
-        let client = Self::client(&self.controller, member)?;
-        *self.client.write().unwrap_or_else(|e| e.into_inner()) = client;
-        Ok(())
+        Ok(ControllerRecorder {
+            client: ControlplaneClient::new(channel),
+            volume: volume.to_string(),
+            node_id: node_id.to_string(),
+        })
     }
 }
 
@@ -241,11 +224,7 @@ impl Recorder for ControllerRecorder {
             replicas: replicas.to_vec(),
             reason: reason.to_string(),
         };
-        let mut c = self
-            .client
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let mut c = self.client.clone();
         match tokio::time::timeout(Duration::from_secs(5), c.record_replica_set(req)).await {
             Err(_) => Err(RecordError::Unreachable("no answer in 5s".into())),
             Ok(Ok(r)) => Ok(r.into_inner().generation),

@@ -34,8 +34,6 @@ pub struct WireTls {
 
 struct Sides {
     acceptor: TlsAcceptor,
-    /// The certificate both show; a renewal replaces it.
-    slot: Arc<CertSlot>,
     connector: TlsConnector,
     /// This node: a client of the server holding its certificate is on
     /// this node.
@@ -115,29 +113,26 @@ const _: () = assert!(SEAL_AHEAD == 4 * 65_640);
 impl WireTls {
     /// Mutual TLS with `credentials`, those of node `node_id`.
     pub fn new(credentials: &Credentials, node_id: &str) -> Result<WireTls, TlsError> {
-        let slot = CertSlot::of(credentials)?;
+        Self::showing(credentials, node_id, CertSlot::of(credentials)?)
+    }
+
+    /// The same, showing the certificate in `slot` (the process's gRPC
+    /// sides', `Tls::slot`): one renewal reaches both.
+    pub fn showing(
+        credentials: &Credentials,
+        node_id: &str,
+        slot: Arc<CertSlot>,
+    ) -> Result<WireTls, TlsError> {
         Ok(WireTls {
             attachment: 0,
             readers: None,
             sides: Some(Arc::new(Sides {
                 acceptor: TlsAcceptor::from(credentials.rustls_server_in(slot.clone())?),
-                connector: TlsConnector::from(credentials.rustls_client_in(slot.clone())?),
-                slot,
+                connector: TlsConnector::from(credentials.rustls_client_in(slot)?),
                 me: Role::Node(node_id.to_string()),
                 node_id: node_id.to_string(),
             })),
         })
-    }
-
-    /// Shows `credentials`' certificate (a renewal of this one's: the
-    /// same CA and names) from the next handshake on, on every copy of
-    /// this `WireTls`; connections already made keep theirs. Nothing to
-    /// do with TLS off.
-    pub fn renew(&self, credentials: &Credentials) -> Result<(), TlsError> {
-        match &self.sides {
-            Some(s) => s.slot.renew(credentials),
-            None => Ok(()),
-        }
     }
 
     /// The same, reading other nodes' replicas with readers' certificates
