@@ -180,9 +180,16 @@ fn date(days: i64) -> time::OffsetDateTime {
 }
 
 /// The parameters of a member's certificate for `roles` (the first names
-/// it), valid for [`MEMBER_DAYS`].
+/// it), valid for [`MEMBER_DAYS`] from now, to the second: a certificate
+/// made later ends later, so a renewal always shows as one.
 fn member_params(roles: &[Role]) -> Result<CertificateParams, TlsError> {
-    member_params_until(roles, date(MEMBER_DAYS))
+    member_params_until(roles, member_end())
+}
+
+/// When a member's certificate made now ends.
+fn member_end() -> time::OffsetDateTime {
+    let end = time::OffsetDateTime::now_utc() + time::Duration::days(MEMBER_DAYS);
+    end.replace_nanosecond(0).unwrap_or(end)
 }
 
 fn member_params_until(
@@ -309,7 +316,7 @@ impl Ca {
     }
 
     fn issue_for(&self, roles: &[Role]) -> Result<Credentials, TlsError> {
-        self.issue_until(roles, date(MEMBER_DAYS))
+        self.issue_until(roles, member_end())
     }
 
     fn issue_until(
@@ -1027,9 +1034,14 @@ mod tests {
             (now + hour..=now + hour + 60).contains(&until),
             "valid until {until}, an hour after {now}"
         );
-        // A member's own certificate lasts a year (to its last midnight).
+        // A member's own certificate lasts a year from its making, to the
+        // second.
+        let year = MEMBER_DAYS * 86_400;
         let member = not_after(&ca.issue(&Role::Controller).unwrap().cert_pem).unwrap();
-        assert_eq!(member, date(MEMBER_DAYS).unix_timestamp());
+        assert!(
+            (now + year..=now + year + 60).contains(&member),
+            "valid until {member}, a year after {now}"
+        );
         assert!(not_after("not a certificate").is_err());
         // A node's own certificate reads no volume.
         let n = ca.issue(&Role::Node("node-2".into())).unwrap();

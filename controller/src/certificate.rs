@@ -55,8 +55,8 @@ mod tests {
         let now = Utc::now();
         assert!(!renew(&tls, &ca, 60, now).await.unwrap(), "a year left");
         assert_eq!(tls.credentials().unwrap().cert_pem, first);
-        // Within 400 days of its end: due (the new one, issued the same
-        // day, ends the same day).
+        // Within 400 days of its end: due (the new one ends a moment
+        // later).
         assert!(renew(&tls, &ca, 400, now).await.unwrap());
         let second = tls.credentials().unwrap().cert_pem.clone();
         assert_ne!(second, first);

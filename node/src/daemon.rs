@@ -153,13 +153,23 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
         let (tls, stop) = (member.tls.clone(), stopped());
         tokio::spawn(async move { tls.serve(agent_router, agent, stop).await })
     };
-    let heartbeats = tokio::spawn(run_heartbeats(ctx.clone(), controller));
+    let (renewed, renewals) = watch::channel(0u64);
+    let heartbeats = tokio::spawn(run_heartbeats(
+        ctx.clone(),
+        controller,
+        crate::agent::Reconnect {
+            member: member.clone(),
+            url: config.controller.clone(),
+            renewed: renewals,
+        },
+    ));
     let renewal = member.tls.is_on().then(|| {
         tokio::spawn(
             crate::agent::Renewal {
                 tls: member.tls.clone(),
                 source: renewal_source(&config, &state_dir, &member.token),
                 days: config.renew_certificate_days,
+                renewed,
             }
             .run(),
         )

@@ -436,10 +436,11 @@ fn der_of(pem: &str) -> Vec<u8> {
 /// its first check, a minute after its start, and not again for an hour.
 /// From then on their servers show the new ones: the controller's agent
 /// endpoint, the node's agent endpoint and its replica server (the same
-/// certificate, kept in the node's files). New connections take them: the
-/// volume moved to the other node reads node-1's replica through it, and
-/// after the controller is restarted node-1's heartbeats (with its
-/// renewed certificate) keep it ready. The data reads back by checksum
+/// certificate, kept in the node's files). New connections take them:
+/// node-1's heartbeats move to a new one, where the controller sees its
+/// new certificate (a `CertificateRenewed` event), the volume moved to
+/// the other node reads node-1's replica through it, and after the
+/// controller is restarted node-1's heartbeats keep it ready. The data reads back by checksum
 /// through NBD and from every replica's files.
 #[test]
 fn the_node_plugins_and_the_controllers_certificates_are_renewed_while_they_run() {
@@ -507,6 +508,19 @@ fn the_node_plugins_and_the_controllers_certificates_are_renewed_while_they_run(
             .count()
     };
     assert_eq!(renewals(&c.ctl.proc.log, "controller"), 1);
+    // Each node's heartbeats then go on a new connection: the controller
+    // checks the new certificate and tells of it, once per node.
+    let told = wait_for(
+        Duration::from_secs(30),
+        "a CertificateRenewed event on each node",
+        || {
+            let e = c.all_events("CertificateRenewed");
+            (e.len() >= 2).then_some(e)
+        },
+    );
+    let mut objects: Vec<&str> = told.iter().filter_map(|e| e["object"].as_str()).collect();
+    objects.sort();
+    assert_eq!(objects, ["node/node-1", "node/node-2"], "{told:?}");
 
     // New connections with them: the volume on node-2 reads node-1's
     // replica (node-2's engine checks node-1's new certificate).

@@ -5,8 +5,10 @@
 //! its end, and its connections end within the hour after, so a warning
 //! means its renewals have failed: its log says why, and a restart of
 //! the node plugin enrolls it again. (Engines' are renewed by the
-//! controller: `renewal`.) It owns the warning only; the date is read
-//! from the certificate the TLS handshake verified.
+//! controller: `renewal`.) A node's certificate that ends later than the
+//! one its heartbeats showed before is a `CertificateRenewed` event. It
+//! owns the warning and that event only; the date is read from the
+//! certificate the TLS handshake verified.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -19,16 +21,29 @@ use crate::context::Context;
 /// How long before a node's certificate expires the warnings start.
 pub const WARN_DAYS: i64 = 30;
 
-/// When each node was last warned.
+/// When each node was last warned, and the end of the certificate each
+/// node's heartbeats last showed.
 #[derive(Debug, Default)]
 pub struct Warnings {
     last: Mutex<HashMap<String, DateTime<Utc>>>,
+    seen: Mutex<HashMap<String, i64>>,
 }
 
 impl Warnings {
     /// Warns of node `node_id`'s certificate, valid until `not_after`
-    /// (seconds since the Unix epoch), when it is due.
+    /// (seconds since the Unix epoch), when it is due; and records a
+    /// `CertificateRenewed` event when it ends later than the one its
+    /// heartbeats showed before.
     pub async fn check(&self, ctx: &Context, node_id: &str, not_after: i64) {
+        let renewed = {
+            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+            renewal(node_id, not_after, &mut seen)
+        };
+        if let Some(m) = renewed {
+            tracing::info!(node = %node_id, "{m}");
+            ctx.event(Kind::Node, node_id, "CertificateRenewed", m)
+                .await;
+        }
         let message = {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
             warning(node_id, not_after, ctx.now(), &mut last)
@@ -39,6 +54,27 @@ impl Warnings {
                 .await;
         }
     }
+}
+
+/// What to say when node `node_id`'s heartbeats show a certificate valid
+/// until `not_after` and the last one they showed (`seen` keeps it) ended
+/// sooner: a renewal, the node's own while it runs or a start's (seen
+/// once its connection to this controller is made again). Nothing the
+/// first time a node is seen.
+fn renewal(node_id: &str, not_after: i64, seen: &mut HashMap<String, i64>) -> Option<String> {
+    let before = seen.insert(node_id.to_string(), not_after)?;
+    if not_after <= before {
+        // The latest seen stays: a connection made before a renewal, still
+        // open, tells nothing new.
+        seen.insert(node_id.to_string(), before);
+        return None;
+    }
+    let at = |t: i64| DateTime::from_timestamp(t, 0).unwrap_or_default();
+    Some(format!(
+        "node {node_id}'s certificate was renewed: it expires at {} (the one before at {})",
+        at(not_after),
+        at(before)
+    ))
 }
 
 /// The warning due at `now` for node `node_id`'s certificate, valid until
@@ -78,6 +114,22 @@ fn warning(
 mod tests {
     use super::*;
     use chrono::TimeZone;
+
+    #[test]
+    fn a_renewal_is_told_once_when_the_heartbeats_show_a_later_certificate() {
+        let mut seen = HashMap::new();
+        let (year, later) = (1_800_000_000, 1_800_000_000 + 86_400 * 300);
+        assert_eq!(renewal("n1", year, &mut seen), None, "first seen");
+        assert_eq!(renewal("n1", year, &mut seen), None, "the same");
+        let m = renewal("n1", later, &mut seen).unwrap();
+        assert!(m.contains("was renewed") && m.contains("n1"), "{m}");
+        assert_eq!(renewal("n1", later, &mut seen), None, "told once");
+        // The one before again (a connection made before the renewal):
+        // nothing, and the later one is not told again after it.
+        assert_eq!(renewal("n1", year, &mut seen), None);
+        assert_eq!(renewal("n1", later, &mut seen), None);
+        assert_eq!(renewal("n2", later, &mut seen), None, "n2 first seen");
+    }
 
     #[test]
     fn a_node_is_warned_from_thirty_days_before_once_a_day() {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use ballast::cluster_token::Authed;
 use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
 use ballast::proto::agent::v1::{HeartbeatRequest, RegisterRequest};
+use ballast::tls::{Member, Role};
 
 use crate::context::NodeContext;
 
@@ -52,14 +53,34 @@ async fn register(ctx: &NodeContext, client: &mut ControlplaneClient<Authed>) ->
     }
 }
 
+/// After each renewal of the node's certificate, the heartbeats go on a
+/// new channel, so that the controller sees the new certificate at the
+/// next one (and says so: `CertificateRenewed`) instead of within the hour
+/// its server keeps a connection.
+#[derive(Debug)]
+pub struct Reconnect {
+    pub member: Member,
+    /// The controller's agent endpoint(s).
+    pub url: String,
+    /// Counts the renewals (`renewal::Renewal`).
+    pub renewed: tokio::sync::watch::Receiver<u64>,
+}
+
 /// Registers, then heartbeats for ever. A controller that no longer knows
 /// the node gets a new registration; an unreachable one is retried at the
 /// same pace (the controller marks the node down, not us).
-pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Authed) {
+pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Authed, mut again: Reconnect) {
     let mut client = ControlplaneClient::new(channel);
     let exited = ctx.engines.exited();
     let mut interval = register(&ctx, &mut client).await;
     loop {
+        if again.renewed.has_changed().unwrap_or(false) {
+            again.renewed.borrow_and_update();
+            match again.member.channel(&again.url, &Role::Controller) {
+                Ok(channel) => client = ControlplaneClient::new(channel),
+                Err(e) => tracing::warn!(error = %e, "no new channel to the controller"),
+            }
+        }
         // The first heartbeat goes right after registering, so the
         // controller learns the disks' sizes at once.
         let disks = ctx.disk_status();

@@ -13,6 +13,6 @@ mod server;
 
 pub use disks::disks_to_open;
 pub use enroll::enroll;
-pub use heartbeat::run_heartbeats;
+pub use heartbeat::{Reconnect, run_heartbeats};
 pub use renewal::Renewal;
 pub use server::NodeAgentService;

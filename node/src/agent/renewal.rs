@@ -43,6 +43,9 @@ pub struct Renewal {
     pub tls: Tls,
     pub source: Source,
     pub days: i64,
+    /// Counts the renewals, for the heartbeats to make a new channel
+    /// (`heartbeat::Reconnect`).
+    pub renewed: tokio::sync::watch::Sender<u64>,
 }
 
 impl Renewal {
@@ -83,6 +86,7 @@ impl Renewal {
         if let Source::Enroll { dir, .. } = &self.source {
             fresh.save(dir)?;
         }
+        self.renewed.send_modify(|n| *n += 1);
         tracing::info!(
             not_after = ballast::tls::not_after(&fresh.cert_pem).unwrap_or_default(),
             "the node's certificate was renewed"
@@ -115,6 +119,7 @@ mod tests {
             tls: tls.clone(),
             source: Source::Dir(dir.path().to_path_buf()),
             days: 30,
+            renewed: tokio::sync::watch::channel(0).0,
         };
         let now = Utc::now();
         let in_days = |d: i64| now + chrono::Duration::days(d);
@@ -139,6 +144,7 @@ mod tests {
         second.save(dir.path()).unwrap();
         assert!(r.check(in_days(80)).await.unwrap());
         assert_eq!(tls.credentials().unwrap().cert_pem, second.cert_pem);
+        assert_eq!(*r.renewed.borrow(), 1, "told once, to the heartbeats");
         // And not due any more.
         assert!(!r.check(in_days(80)).await.unwrap());
     }
