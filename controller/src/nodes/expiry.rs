@@ -30,6 +30,16 @@ pub struct Warnings {
 }
 
 impl Warnings {
+    /// Forgets the certificate node `node_id`'s heartbeats showed: it
+    /// registers (it started, and enrolled anew), so the next one is no
+    /// renewal while it runs.
+    pub fn registered(&self, node_id: &str) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(node_id);
+    }
+
     /// Warns of node `node_id`'s certificate, valid until `not_after`
     /// (seconds since the Unix epoch), when it is due; and records a
     /// `CertificateRenewed` event when it ends later than the one its
@@ -58,9 +68,8 @@ impl Warnings {
 
 /// What to say when node `node_id`'s heartbeats show a certificate valid
 /// until `not_after` and the last one they showed (`seen` keeps it) ended
-/// sooner: a renewal, the node's own while it runs or a start's (seen
-/// once its connection to this controller is made again). Nothing the
-/// first time a node is seen.
+/// sooner: a renewal while the node runs. Nothing the first time a node
+/// is seen, nor after it registers again (`Warnings::registered`).
 fn renewal(node_id: &str, not_after: i64, seen: &mut HashMap<String, i64>) -> Option<String> {
     let before = seen.insert(node_id.to_string(), not_after)?;
     if not_after <= before {
@@ -129,6 +138,12 @@ mod tests {
         assert_eq!(renewal("n1", year, &mut seen), None);
         assert_eq!(renewal("n1", later, &mut seen), None);
         assert_eq!(renewal("n2", later, &mut seen), None, "n2 first seen");
+        // A node that registers again (a start, a new enrollment) is seen
+        // anew: its start's certificate is no renewal while it runs.
+        let w = Warnings::default();
+        w.seen.lock().unwrap().insert("n1".into(), year);
+        w.registered("n1");
+        assert_eq!(renewal("n1", later, &mut w.seen.lock().unwrap()), None);
     }
 
     #[test]

@@ -204,6 +204,7 @@ impl Controlplane for ControlplaneService {
             }
         };
         ctx.saw_node(&req.node_id);
+        self.expiry.registered(&req.node_id);
         if created {
             ctx.event(
                 Kind::Node,
