@@ -735,7 +735,8 @@ impl Tls {
     /// Renews the certificate when it is due at `now` (within `days` of
     /// its end): takes what `fresh` gives, if it is a new certificate that
     /// ends no sooner than the one held, and returns it (to keep). None:
-    /// not due, or TLS off.
+    /// not due, TLS off, or `fresh` gave the certificate held (nothing new
+    /// yet, as from a directory whose files were not replaced since).
     pub async fn renew_if_due<F>(
         &self,
         now: chrono::DateTime<chrono::Utc>,
@@ -754,7 +755,8 @@ impl Tls {
         }
         let fresh = fresh().await?;
         if fresh.cert_pem == held.cert_pem {
-            return Err(TlsError::NotRenewed("the one given is the one held".into()));
+            // Nothing new yet (files not replaced since): not a failure.
+            return Ok(None);
         }
         if not_after(&fresh.cert_pem)? < until {
             return Err(TlsError::NotRenewed(format!(
