@@ -40,8 +40,8 @@ pub const MEMBER_DAYS: i64 = 365;
 /// When a member first checks whether its certificate is due for renewal,
 /// after its start, and how often after that (at most one renewal an
 /// hour).
-pub const RENEWAL_FIRST_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
-pub const RENEWAL_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+const RENEWAL_FIRST_CHECK: std::time::Duration = std::time::Duration::from_secs(60);
+const RENEWAL_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
 /// How long a reader's certificate is valid: it is asked for per fill, and
 /// a fill holds one connection, checked at its handshake (a fill that
 /// loses it fails, and the next asks again). Members' clocks must agree
@@ -417,6 +417,22 @@ pub fn due_for_renewal(not_after: i64, now: chrono::DateTime<chrono::Utc>, days:
     not_after > 0
         && chrono::DateTime::from_timestamp(not_after, 0)
             .is_some_and(|until| until - now < chrono::Duration::days(days))
+}
+
+/// Runs `check` (a renewal of `whose` certificate, when it is due)
+/// [`RENEWAL_FIRST_CHECK`] after the start, then every [`RENEWAL_EVERY`],
+/// for ever; a failure is logged, and tried again at the next check.
+pub async fn keep_renewing<F>(whose: &str, mut check: impl FnMut() -> F)
+where
+    F: std::future::Future<Output = Result<bool, TlsError>>,
+{
+    tokio::time::sleep(RENEWAL_FIRST_CHECK).await;
+    loop {
+        if let Err(e) = check().await {
+            tracing::warn!(error = %e, "{whose} certificate was not renewed; it is tried again in an hour");
+        }
+        tokio::time::sleep(RENEWAL_EVERY).await;
+    }
 }
 
 /// A member's CA certificate, certificate and key, in PEM.

@@ -19,13 +19,7 @@ pub const RENEW_DAYS: i64 = 60;
 
 /// Renews the certificate of `tls` when due, for ever.
 pub async fn keep_renewing(tls: Tls, ca: Arc<Ca>, days: i64) {
-    tokio::time::sleep(ballast::tls::RENEWAL_FIRST_CHECK).await;
-    loop {
-        if let Err(e) = renew(&tls, &ca, days, Utc::now()).await {
-            tracing::warn!(error = %e, "the controller's certificate was not renewed; it is tried again in an hour");
-        }
-        tokio::time::sleep(ballast::tls::RENEWAL_EVERY).await;
-    }
+    ballast::tls::keep_renewing("the controller's", || renew(&tls, &ca, days, Utc::now())).await
 }
 
 /// Renews it when it is due at `now`: whether it did.

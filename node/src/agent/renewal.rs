@@ -51,13 +51,7 @@ pub struct Renewal {
 impl Renewal {
     /// Checks a minute after the start, then every hour, for ever.
     pub async fn run(self) {
-        tokio::time::sleep(ballast::tls::RENEWAL_FIRST_CHECK).await;
-        loop {
-            if let Err(e) = self.check(Utc::now()).await {
-                tracing::warn!(error = %e, "the node's certificate was not renewed; it is tried again in an hour");
-            }
-            tokio::time::sleep(ballast::tls::RENEWAL_EVERY).await;
-        }
+        ballast::tls::keep_renewing("the node's", || self.check(Utc::now())).await
     }
 
     /// Renews the certificate when it is due at `now`: whether it did.
