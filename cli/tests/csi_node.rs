@@ -951,6 +951,193 @@ fn a_written_volume_survives_the_node_plugins_whole_process_group_with_an_engine
     csi.after_restart(&n.socket, "hosted", (&staging, &target), &written);
 }
 
+/// The parent of process `pid`, from `/proc/<pid>/stat`.
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A rollout of the engine host: a new host takes the socket, then the old
+/// one is told to stop (SIGTERM), as a DaemonSet with a surge does it. The
+/// node plugin moves the engines to the new host one at a time, each
+/// keeping its block device: writers on two mounted volumes go on without
+/// an error, the old host ends by itself once its engines have left, the
+/// volumes are never faulted, and every file reads back, then again after
+/// a fresh stage under the new host.
+#[test]
+fn a_new_engine_host_takes_the_engines_over_one_at_a_time_under_mounted_filesystems() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let host_socket = format!("unix://{}", dir.path().join("engine-host.sock").display());
+    let host_args = [
+        "engine-host".to_string(),
+        "--socket".to_string(),
+        host_socket.clone(),
+    ];
+    let mut old_host = Proc::spawn(&host_args, dir.path().join("engine-host-old.log"));
+    let (ctl, n, mut csi) = cluster_with(dir.path(), &["--engine-host", &host_socket]);
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let volumes = ["one", "two"];
+    let places = |v: &str| {
+        (
+            dir.path().join(format!("staging-{v}")),
+            dir.path().join(format!("pod-{v}/mount")),
+        )
+    };
+    for v in volumes {
+        csi.create(v, false);
+        let (staging, target) = places(v);
+        csi.up(v, &staging, &target, false);
+    }
+    let state = dir.path().join("node-1/state");
+    let pids: Vec<i32> = volumes
+        .iter()
+        .map(|v| engine_pid(&state, v).unwrap())
+        .collect();
+    for pid in &pids {
+        assert_eq!(
+            parent_of(*pid),
+            Some(old_host.pid()),
+            "the old host runs the engines"
+        );
+    }
+
+    // A writer per volume: 256 KiB and an fsync at a time, each chunk a
+    // pattern of its own, over and over the 16 MiB of one file (chunk `i`
+    // at slot `i % 64`), failing on any error.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writers: Vec<_> = volumes
+        .iter()
+        .map(|v| {
+            let chunks = Arc::new(AtomicUsize::new(0));
+            let (stop, count, path) = (stop.clone(), chunks.clone(), places(v).1.join("during"));
+            let handle = std::thread::spawn(move || -> Result<(), String> {
+                use std::os::unix::fs::FileExt;
+                let f = std::fs::File::create(&path).map_err(|e| e.to_string())?;
+                let mut i = 0usize;
+                while !stop.load(Ordering::SeqCst) {
+                    f.write_all_at(
+                        &pattern(256 << 10, (i % 250) as u8),
+                        (i % 64) as u64 * (256 << 10),
+                    )
+                    .and_then(|()| f.sync_data())
+                    .map_err(|e| format!("chunk {i}: {e}"))?;
+                    i += 1;
+                    count.store(i, Ordering::SeqCst);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Ok(())
+            });
+            (chunks, handle)
+        })
+        .collect();
+    let past = |from: &[usize], more: usize, what: &str| {
+        wait_for(Duration::from_secs(60), what, || {
+            writers
+                .iter()
+                .zip(from)
+                .all(|((c, _), f)| c.load(Ordering::SeqCst) >= f + more)
+                .then_some(())
+        })
+    };
+    past(&[0, 0], 4, "the writers under way");
+
+    // The new host takes the socket; the old one is told to stop.
+    let new_host = Proc::spawn(&host_args, dir.path().join("engine-host-new.log"));
+    wait_for(Duration::from_secs(20), "the new host serving", || {
+        new_host
+            .log_text()
+            .contains("engine host serving")
+            .then_some(())
+    });
+    old_host.signal(nix::sys::signal::Signal::SIGTERM);
+    let faulted = |v: &str| {
+        get_json(&format!("{}/v1/volumes/{v}", ctl.api))
+            .is_some_and(|j| j["status"]["robustness"] == "faulted")
+    };
+    let moved = wait_for(
+        Duration::from_secs(120),
+        "every engine under the new host",
+        || {
+            for v in volumes {
+                assert!(!faulted(v), "{v} was faulted during the handover");
+            }
+            let now: Vec<i32> = volumes
+                .iter()
+                .filter_map(|v| engine_pid(&state, v))
+                .collect();
+            (now.len() == 2 && now.iter().all(|p| parent_of(*p) == Some(new_host.pid())))
+                .then_some(now)
+        },
+    );
+    assert!(
+        moved.iter().zip(&pids).all(|(a, b)| a != b),
+        "new engines: {moved:?} after {pids:?}"
+    );
+    // The old host ends by itself, its engines gone.
+    let exit = old_host.wait_exit(Duration::from_secs(30));
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "the old host did not end once empty: {exit:?}: {}",
+        old_host.log_text()
+    );
+    let at_move: Vec<usize> = writers
+        .iter()
+        .map(|(c, _)| c.load(Ordering::SeqCst))
+        .collect();
+    past(&at_move, 8, "the writers past the handover");
+    stop.store(true, Ordering::SeqCst);
+
+    // One at a time: the node plugin replaced an engine and had it up
+    // under the new host before it replaced the next.
+    let log = n.proc.log_text();
+    let steps: Vec<&str> = log
+        .lines()
+        .filter_map(|l| {
+            if l.contains("replacing the volume's engine") {
+                Some("replace")
+            } else if l.contains("engine started") && l.contains("took_over_block_device=true") {
+                Some("started")
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(steps, ["replace", "started", "replace", "started"], "{log}");
+    for v in volumes {
+        let reasons = event_reasons(&ctl.api, &format!("volume/{v}"));
+        assert!(
+            reasons.contains(&"EngineHandedOver".to_string()),
+            "{v}: {reasons:?}"
+        );
+        assert!(
+            !reasons.contains(&"EngineDown".to_string()),
+            "{v}: {reasons:?}"
+        );
+    }
+
+    // Every chunk acknowledged is in the files, now and after a fresh
+    // stage under the new host.
+    for (v, (chunks, handle)) in volumes.iter().zip(writers) {
+        handle.join().unwrap().unwrap();
+        let written = chunks.load(Ordering::SeqCst);
+        // Each slot holds the last chunk written to it.
+        let slots = written.min(64);
+        let during: Vec<u8> = (0..slots)
+            .flat_map(|k| {
+                let last = k + (written - 1 - k) / 64 * 64;
+                pattern(256 << 10, (last % 250) as u8)
+            })
+            .collect();
+        let (staging, target) = places(v);
+        let files = [(target.join("during"), during)];
+        assert_files(&files);
+        csi.again(v, &staging, &target, &files);
+    }
+}
+
 #[test]
 fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_an_error() {
     use std::io::Write;

@@ -12,12 +12,22 @@
 //! is `{"pid": N}` or `{"error": "..."}`. The host runs only
 //! `ballast engine …`, with its output to the log. When the engine exits, its
 //! exit code is written to `<log>.exit`, for the node plugin to read. It
-//! owns no state: everything is in the node plugin's files.
+//! owns no state: everything is in the node plugin's files. A connection
+//! closed without a request is the node plugin asking who serves the
+//! socket (the listener's pid, from the socket's peer credentials).
+//!
+//! **A new host takes over from an old one** (a rollout of the engine
+//! host): the new one binds the same socket path, and the node plugin
+//! moves the old one's engines to it one at a time (`engines`, "handover").
+//! A host told to stop (SIGTERM) serves on, and ends once it has no engine
+//! left.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -66,39 +76,119 @@ pub fn pass_fd(cmd: &mut std::process::Command, fd: i32, at: i32) {
     }
 }
 
-/// Serves the engine host on `socket` until the process ends: each
-/// request starts one engine of `exe`.
-pub fn serve(socket: &Path, exe: &Path) -> Result<(), Error> {
-    if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| Error::disk(dir, e.to_string()))?;
-    }
-    let _ = std::fs::remove_file(socket);
-    let listener = UnixListener::bind(socket).map_err(|e| Error::disk(socket, e.to_string()))?;
-    tracing::info!(socket = %socket.display(), "engine host serving");
-    for conn in listener.incoming() {
-        let conn = match conn {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "engine host: a connection failed");
-                continue;
-            }
-        };
-        // A client that says nothing does not hold up the next one.
-        let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(10)));
-        let answer = match start(&conn, exe) {
-            Ok(pid) => Answer::Started { pid },
-            Err(error) => Answer::Refused { error },
-        };
-        if let Ok(line) = serde_json::to_string(&answer) {
-            let _ = (&conn).write_all(format!("{line}\n").as_bytes());
+/// An engine host: the engines it started, counted, so that a host told
+/// to stop knows when it has none left.
+pub struct Host {
+    exe: PathBuf,
+    socket: PathBuf,
+    engines: Arc<AtomicUsize>,
+}
+
+/// How long a host told to stop waits for a new host to take its socket
+/// before it ends with its engines still running (they end with it).
+const AWAIT_SUCCESSOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Host {
+    /// A host on `socket` whose engines run `exe` (`ballast engine …`).
+    pub fn new(exe: PathBuf, socket: PathBuf) -> Host {
+        Host {
+            exe,
+            socket,
+            engines: Arc::default(),
         }
     }
-    Ok(())
+
+    /// Binds `socket`, taking it from a host already there (whose engines
+    /// the node plugin then moves here), and serves it on a thread of its
+    /// own: each request starts one engine.
+    pub fn serve(&self) -> Result<(), Error> {
+        let socket = self.socket.as_path();
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| Error::disk(dir, e.to_string()))?;
+        }
+        let _ = std::fs::remove_file(socket);
+        let listener =
+            UnixListener::bind(socket).map_err(|e| Error::disk(socket, e.to_string()))?;
+        tracing::info!(socket = %socket.display(), "engine host serving");
+        let (exe, engines) = (self.exe.clone(), self.engines.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let conn = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "engine host: a connection failed");
+                        continue;
+                    }
+                };
+                // A client that says nothing does not hold up the next one.
+                let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(10)));
+                let answer = match start(&conn, &exe, &engines) {
+                    Ok(Some(pid)) => Answer::Started { pid },
+                    Ok(None) => continue, // asked who serves: its peer credentials said
+                    Err(error) => Answer::Refused { error },
+                };
+                if let Ok(line) = serde_json::to_string(&answer) {
+                    let _ = (&conn).write_all(format!("{line}\n").as_bytes());
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// How many of the engines it started still run.
+    pub fn engines(&self) -> usize {
+        self.engines.load(Ordering::SeqCst)
+    }
+
+    /// For a host told to stop: returns once no engine it started runs,
+    /// each handed over to the host that took the socket (or ended).
+    /// Serving goes on meanwhile. When no other host takes the socket
+    /// within [`AWAIT_SUCCESSOR`], it returns with its engines running
+    /// (they end with the host's pod, and start again, after a crash,
+    /// under the next host).
+    pub async fn until_empty(&self) {
+        let told_at = tokio::time::Instant::now();
+        let mut told = usize::MAX;
+        loop {
+            let n = self.engines();
+            if n == 0 {
+                tracing::info!("engine host: no engine left, stopping");
+                return;
+            }
+            let successor = serving_pid(&self.socket).filter(|p| *p != std::process::id() as i32);
+            if successor.is_none() && told_at.elapsed() > AWAIT_SUCCESSOR {
+                tracing::warn!(
+                    engines = n,
+                    "engine host stopping: no new host took its socket, and its engines end with it"
+                );
+                return;
+            }
+            if n != told && successor.is_some() {
+                tracing::info!(
+                    engines = n,
+                    successor,
+                    "engine host stopping once its engines are handed over to the new host"
+                );
+                told = n;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// The pid of the engine host listening on `socket` now, from the peer
+/// credentials of a connection to it (None: no host listens there).
+pub fn serving_pid(socket: &Path) -> Option<i32> {
+    let conn = UnixStream::connect(socket).ok()?;
+    let creds =
+        nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    // 0: the host is in a PID namespace this process does not see.
+    Some(creds.pid()).filter(|p| *p > 0)
 }
 
 /// Reads one request (with the descriptor it carries, if any) and starts
-/// its engine; its pid.
-fn start(conn: &UnixStream, exe: &Path) -> Result<i32, String> {
+/// its engine; its pid (None: the connection was closed without one).
+fn start(conn: &UnixStream, exe: &Path, engines: &Arc<AtomicUsize>) -> Result<Option<i32>, String> {
     use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
     let mut buf = vec![0u8; 64 << 10];
     let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
@@ -120,6 +210,9 @@ fn start(conn: &UnixStream, exe: &Path) -> Result<i32, String> {
         }
     }
     let n = msg.bytes;
+    if n == 0 && fd.is_none() {
+        return Ok(None);
+    }
     let mut text = String::from_utf8_lossy(&buf[..n]).into_owned();
     // A long request may come in more than one read.
     if !text.ends_with('\n') {
@@ -157,12 +250,15 @@ fn start(conn: &UnixStream, exe: &Path) -> Result<i32, String> {
     let pid = child.id() as i32;
     tracing::info!(pid, args = ?req.args, "engine started");
     let exit = exit_file(&req.log);
+    engines.fetch_add(1, Ordering::SeqCst);
+    let engines = engines.clone();
     std::thread::spawn(move || {
         let code = child.wait().ok().and_then(|s| s.code()).unwrap_or(-1);
         tracing::info!(pid, code, "engine exited");
         let _ = std::fs::write(exit, code.to_string());
+        engines.fetch_sub(1, Ordering::SeqCst);
     });
-    Ok(pid)
+    Ok(Some(pid))
 }
 
 /// Asks the engine host at `socket` to start `ballast` with `args`, its
@@ -224,4 +320,72 @@ pub async fn spawn(
     })
     .await
     .map_err(|e| Error::Internal(e.to_string()))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A host whose "engines" are `sleep 60`, on a socket in `dir`.
+    fn host_in(dir: &Path) -> Host {
+        let exe = dir.join("engine.sh");
+        std::fs::write(&exe, "#!/bin/sh\nexec sleep 60\n").unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let host = Host::new(exe, dir.join("host.sock"));
+        host.serve().unwrap();
+        host
+    }
+
+    #[tokio::test]
+    async fn a_host_told_to_stop_waits_for_a_successor_only_while_it_has_engines() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = host_in(dir.path());
+        // It serves the socket itself: no successor.
+        assert_eq!(serving_pid(&host.socket), Some(std::process::id() as i32));
+        // With no engine, it stops at once.
+        tokio::time::timeout(std::time::Duration::from_secs(1), host.until_empty())
+            .await
+            .expect("a host with no engine stops at once");
+        let log = dir.path().join("engine.log");
+        let pid = spawn(&host.socket, vec!["engine".into()], &log, None)
+            .await
+            .unwrap();
+        assert_eq!(host.engines(), 1);
+        // With one, and no other host on the socket, it waits for one for
+        // a while, then stops with its engine still running.
+        let began = std::time::Instant::now();
+        host.until_empty().await;
+        assert!(began.elapsed() >= AWAIT_SUCCESSOR, "{:?}", began.elapsed());
+        assert_eq!(host.engines(), 1);
+        // The engine ends: the count follows, and its exit is written.
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        for _ in 0..100 {
+            if host.engines() == 0 && exit_file(&log).exists() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        assert_eq!(host.engines(), 0);
+        assert!(exit_file(&log).exists());
+    }
+
+    #[tokio::test]
+    async fn only_ballast_engine_runs_under_a_host() {
+        let dir = tempfile::tempdir().unwrap();
+        let host = host_in(dir.path());
+        let log = dir.path().join("other.log");
+        let refused = spawn(&host.socket, vec!["node".into()], &log, None).await;
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("only `ballast engine")),
+            "{refused:?}"
+        );
+        assert_eq!(host.engines(), 0);
+    }
 }

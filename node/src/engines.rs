@@ -7,6 +7,13 @@
 //! node plugin re-adopts running engines (by their pid files) when it
 //! starts.
 //!
+//! **A handover to a new engine host.** When another host takes the
+//! socket (a rollout of the engine host), the engines of the old one move
+//! to it one at a time: a heartbeat marks one of them (`handover`), the
+//! controller starts it again, and it comes up under the new host, taking
+//! over its block device as after a crash (the writes in flight are sent
+//! again, the replicas caught up). The old host ends once it has none.
+//!
 //! Files per volume, in `<state-dir>/frontends/`: `<volume>.sock` (NBD),
 //! `<volume>.pid`, `<volume>.status.json` (written by the engine).
 
@@ -35,6 +42,10 @@ struct Running {
     /// after a crash takes it over (the loop device and the filesystem on
     /// it never see the gap). Dropped when the volume is unexported.
     fuse: Option<Arc<OwnedFd>>,
+    /// The engine host that started it (its pid; None: this process did,
+    /// or none is known). When another host serves the socket, the engine
+    /// is handed over to it.
+    host: Option<i32>,
 }
 
 /// Where an engine records its volume's replica set: the controller's
@@ -71,9 +82,10 @@ pub struct Engines {
     /// The engine host's socket; None: engines are this process's children.
     host: Option<PathBuf>,
     running: Mutex<BTreeMap<String, Running>>,
-    /// Woken when an engine this process started exits, so that the next
-    /// heartbeat reports it at once.
-    exited: Arc<tokio::sync::Notify>,
+    /// Woken when an engine this process started exits, or one was handed
+    /// over to a new engine host, so that the next heartbeat reports it at
+    /// once (and marks the next engine to hand over).
+    report_now: Arc<tokio::sync::Notify>,
 }
 
 /// The node's error for what an engine answered on its control socket.
@@ -97,6 +109,23 @@ fn alive(pid: i32) -> bool {
     kill(Pid::from_raw(pid), None).is_ok()
 }
 
+/// Why an engine started by engine host `started_by` is to move to the
+/// one serving the socket now (`host_now`): a new host replaced its own
+/// there (a rollout of the engine host). None when the same host serves,
+/// when no host serves, or when no host started it.
+fn stale_host(started_by: Option<i32>, host_now: Option<i32>) -> Option<String> {
+    let (was, now) = (started_by?, host_now?);
+    (was != now).then(|| format!("its engine host (pid {was}) was replaced by pid {now}"))
+}
+
+/// The parent of process `pid` (from `/proc/<pid>/stat`, whose fourth
+/// field it is; the second, the command in parentheses, may hold spaces).
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
 impl Engines {
     /// `state_dir/frontends` holds the sockets; `exe` is the ballast binary.
     pub fn new(
@@ -115,13 +144,14 @@ impl Engines {
             record_at,
             host,
             running: Mutex::new(BTreeMap::new()),
-            exited: Arc::default(),
+            report_now: Arc::default(),
         }
     }
 
-    /// Notified when an engine this process started exits.
-    pub fn exited(&self) -> Arc<tokio::sync::Notify> {
-        self.exited.clone()
+    /// Notified when an engine this process started exits, or one was
+    /// handed over: the heartbeat goes at once.
+    pub fn report_now(&self) -> Arc<tokio::sync::Notify> {
+        self.report_now.clone()
     }
 
     /// Why the engine of `volume` (pid `pid`) is not healthy, if it is not:
@@ -213,7 +243,16 @@ impl Engines {
                     ..Default::default()
                 };
                 let fuse = self.device_of(volume).await;
-                running.insert(volume.to_string(), Running { pid, spec, fuse });
+                let host = self.host.as_ref().and_then(|_| parent_of(pid));
+                running.insert(
+                    volume.to_string(),
+                    Running {
+                        pid,
+                        spec,
+                        fuse,
+                        host,
+                    },
+                );
             }
         }
     }
@@ -235,7 +274,9 @@ impl Engines {
 
     /// Starts the engine of a volume, or returns the one already running
     /// and healthy (its replicas are managed through add and remove). A
-    /// dead engine is started again; a hung one is killed first.
+    /// dead engine is started again; a hung one is killed first, and so is
+    /// one under an engine host that another replaced (a handover: it
+    /// comes up under the new host).
     #[tracing::instrument(skip_all, fields(volume = %spec.volume))]
     pub async fn start(&self, spec: StartEngineRequest) -> Result<EngineStatus, Error> {
         let invalid = |field: &str, m: String| Error::Invalid {
@@ -248,8 +289,19 @@ impl Engines {
         }
         let mut running = self.running.lock().await;
         let mut takeover = None;
+        let mut handover = false;
         if let Some(r) = running.get(&spec.volume).cloned() {
-            match self.problem(&spec.volume, r.pid).await {
+            let why = match self.problem(&spec.volume, r.pid).await {
+                Some(why) => Some(why),
+                // Healthy, but under an engine host replaced since: it moves
+                // to the new one (a handover), its block device kept.
+                None => {
+                    let stale = stale_host(r.host, self.host_now());
+                    handover = stale.is_some();
+                    stale
+                }
+            };
+            match why {
                 None if r.spec.size == spec.size => {
                     return Ok(self.status(&spec.volume, true, ""));
                 }
@@ -266,6 +318,11 @@ impl Engines {
                     tracing::warn!(pid = r.pid, problem = %why, "replacing the volume's engine");
                     if alive(r.pid) {
                         let _ = kill(Pid::from_raw(r.pid), Signal::SIGKILL);
+                        // Gone before the next one serves its block device.
+                        let deadline = Instant::now() + Duration::from_secs(5);
+                        while alive(r.pid) && Instant::now() < deadline {
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
                     }
                     // Its block device goes on with the new engine.
                     takeover = r.fuse.filter(|_| r.spec.size == spec.size).filter(|_| {
@@ -292,10 +349,14 @@ impl Engines {
         };
         let pid = started.pid();
         wait_up(&mut started, &socket, &log, &spec.volume).await?;
+        let host = match started {
+            Started::Hosted(_) => parent_of(pid),
+            Started::Child(_) => None,
+        };
         if let Started::Child(mut child) = started {
             // The engine outlives this process; reap it in the background,
             // and have its exit reported at once. (A host reaps its own.)
-            let exited = self.exited.clone();
+            let exited = self.report_now.clone();
             std::thread::spawn(move || {
                 let _ = child.wait();
                 exited.notify_one();
@@ -307,6 +368,10 @@ impl Engines {
             took_over_block_device = takeover.is_some(),
             "engine started"
         );
+        if handover {
+            // The next engine to hand over is marked at once.
+            self.report_now.notify_one();
+        }
         let volume = spec.volume.clone();
         running.insert(
             volume.clone(),
@@ -314,6 +379,7 @@ impl Engines {
                 pid,
                 spec,
                 fuse: takeover,
+                host,
             },
         );
         Ok(self.status(&volume, true, ""))
@@ -757,25 +823,48 @@ impl Engines {
                 write_ns: io.write_ns,
             }),
             certificate_not_after: self.certificate_expiry(Some(volume)).unwrap_or(0),
+            handover: false,
         }
+    }
+
+    /// The pid of the engine host that serves the socket now (None: no
+    /// host, or none listens).
+    fn host_now(&self) -> Option<i32> {
+        self.host.as_deref().and_then(engine_host::serving_pid)
     }
 
     /// Every engine this node started (or re-adopted) and has not been
     /// told to stop, with its health and its replicas' modes: a dead or
     /// hung one is listed with its problem, for the controller to restart.
     pub async fn list(&self) -> Vec<EngineStatus> {
-        let entries: Vec<(String, i32)> = {
+        let entries: Vec<(String, i32, Option<i32>)> = {
             let running = self.running.lock().await;
-            running.iter().map(|(v, r)| (v.clone(), r.pid)).collect()
+            running
+                .iter()
+                .map(|(v, r)| (v.clone(), r.pid, r.host))
+                .collect()
         };
+        let host_now = self.host_now();
+        let mut handing_over = false;
         let mut out = Vec::new();
-        for (volume, pid) in entries {
+        for (volume, pid, host) in entries {
             let problem = self.problem(&volume, pid).await;
-            out.push(self.status(
+            let mut status = self.status(
                 &volume,
                 problem.is_none(),
                 problem.as_deref().unwrap_or_default(),
-            ));
+            );
+            // One engine at a time moves to a new engine host: each move
+            // pauses its volume's I/O while the engine starts again.
+            if problem.is_none()
+                && !handing_over
+                && let Some(why) = stale_host(host, host_now)
+            {
+                status.handover = true;
+                status.problem = why;
+                handing_over = true;
+            }
+            out.push(status);
         }
         out
     }

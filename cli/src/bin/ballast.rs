@@ -94,10 +94,13 @@ fn main() -> ExitCode {
             Command::EngineHost { socket } => {
                 let socket = ballast::grpc::unix_path(&socket).map_err(|e| (2, e.to_string()))?;
                 let exe = std::env::current_exe().map_err(|e| failed(e.to_string()))?;
-                tokio::task::spawn_blocking(move || ballast_node::engine_host::serve(&socket, &exe))
-                    .await
-                    .map_err(|e| failed(e.to_string()))?
-                    .map_err(|e| failed(e.to_string()))
+                let host = ballast_node::engine_host::Host::new(exe, socket);
+                host.serve().map_err(|e| failed(e.to_string()))?;
+                // Told to stop, it ends once its engines are handed over to
+                // the host that took its socket (or have ended).
+                ballast::grpc::shutdown_signal().await;
+                host.until_empty().await;
+                Ok(())
             }
             Command::Guard => {
                 ballast::grpc::shutdown_signal().await;

@@ -26,7 +26,7 @@ pub use actions::{carry_out, delete_replica};
 pub use merge::run_merge;
 pub use reconcile::run_reconcile;
 pub use scrub::{run_scrub, scrub_now};
-pub use volume::{attach, create, delete, detach, expand, restart_engine};
+pub use volume::{Restart, attach, create, delete, detach, expand, restart_engine};
 
 use ballast::model::Replica;
 

@@ -381,16 +381,29 @@ async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Resul
     }
 }
 
-/// The engine of an attached volume is dead or hung on its node (a
-/// heartbeat said so): the volume is faulted while it has none, and the
-/// engine is started again with the current replicas. A volume busy with
-/// another call is left to the next heartbeat.
+/// Why an attached volume's engine is started again.
+#[derive(Clone, Debug)]
+pub enum Restart {
+    /// It is dead or hung on its node (the problem its heartbeat gave).
+    Down(String),
+    /// It runs, under an engine host that a new one replaced (a rollout
+    /// of the engine host): the node starts it again under the new one,
+    /// its block device kept. Nothing failed, so the volume is not
+    /// faulted meanwhile.
+    Handover(String),
+}
+
+/// The engine of an attached volume is dead or hung on its node, or is
+/// handed over to the node's new engine host (a heartbeat said so): it is
+/// started again with the current replicas. A dead one leaves the volume
+/// faulted until then. A volume busy with another call is left to the
+/// next heartbeat.
 #[tracing::instrument(skip_all, fields(volume = %name, node = %node_id))]
 pub async fn restart_engine(
     ctx: &Arc<Context>,
     name: &str,
     node_id: &str,
-    problem: &str,
+    why: Restart,
 ) -> Result<(), Error> {
     let _guard = ctx.lock_volume(name)?;
     let volume: Volume = ctx.store.fetch(name).await?;
@@ -399,30 +412,44 @@ pub async fn restart_engine(
     {
         return Ok(()); // detached or moved meanwhile
     }
-    if volume.status.robustness != Robustness::Faulted {
-        ctx.store
-            .modify::<Volume, Error>(name, |v| {
-                v.status.robustness = Robustness::Faulted;
-                Ok(true)
-            })
-            .await?;
-    }
-    ctx.event(
-        Kind::Volume,
-        name,
-        "EngineDown",
-        format!("its engine on {node_id} is not running: {problem}; starting it again"),
-    )
-    .await;
     let node: Node = ctx.store.fetch(node_id).await?;
-    let endpoint = start_engine(ctx, &volume, &node).await?;
-    ctx.event(
-        Kind::Volume,
-        name,
-        "EngineRestarted",
-        format!("on {node_id}: {endpoint}"),
-    )
-    .await;
+    match why {
+        Restart::Down(problem) => {
+            if volume.status.robustness != Robustness::Faulted {
+                ctx.store
+                    .modify::<Volume, Error>(name, |v| {
+                        v.status.robustness = Robustness::Faulted;
+                        Ok(true)
+                    })
+                    .await?;
+            }
+            ctx.event(
+                Kind::Volume,
+                name,
+                "EngineDown",
+                format!("its engine on {node_id} is not running: {problem}; starting it again"),
+            )
+            .await;
+            let endpoint = start_engine(ctx, &volume, &node).await?;
+            ctx.event(
+                Kind::Volume,
+                name,
+                "EngineRestarted",
+                format!("on {node_id}: {endpoint}"),
+            )
+            .await;
+        }
+        Restart::Handover(problem) => {
+            start_engine(ctx, &volume, &node).await?;
+            ctx.event(
+                Kind::Volume,
+                name,
+                "EngineHandedOver",
+                format!("its engine on {node_id} runs under the node's new engine host: {problem}"),
+            )
+            .await;
+        }
+    }
     Ok(())
 }
 

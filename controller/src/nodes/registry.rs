@@ -374,8 +374,9 @@ impl Controlplane for ControlplaneService {
 }
 
 /// Every volume attached at `node` whose engine the node does not report
-/// running and healthy gets it started again (in the background; the
-/// volume's guard keeps one start at a time).
+/// running and healthy, or reports for a handover to a new engine host,
+/// gets it started again (in the background; the volume's guard keeps one
+/// start at a time).
 async fn restart_dead_engines(
     ctx: &Arc<Context>,
     node: &str,
@@ -401,17 +402,18 @@ async fn restart_dead_engines(
             .collect()
     };
     for v in attached {
-        let problem = match engines.iter().find(|e| e.volume == v.name) {
+        let why = match engines.iter().find(|e| e.volume == v.name) {
+            Some(e) if e.handover => crate::executor::Restart::Handover(e.problem.clone()),
             Some(e) if e.running => continue,
-            Some(e) => e.problem.clone(),
-            None => "the node runs no engine for it".to_string(),
+            Some(e) => crate::executor::Restart::Down(e.problem.clone()),
+            None => crate::executor::Restart::Down("the node runs no engine for it".to_string()),
         };
         if ctx.volume_busy(&v.name) {
             continue;
         }
         let (ctx, node) = (ctx.clone(), node.to_string());
         tokio::spawn(async move {
-            if let Err(e) = crate::executor::restart_engine(&ctx, &v.name, &node, &problem).await {
+            if let Err(e) = crate::executor::restart_engine(&ctx, &v.name, &node, why).await {
                 tracing::warn!(volume = %v.name, error = %e, "cannot restart the engine");
             }
         });

@@ -71,7 +71,7 @@ pub struct Reconnect {
 /// same pace (the controller marks the node down, not us).
 pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Authed, mut again: Reconnect) {
     let mut client = ControlplaneClient::new(channel);
-    let exited = ctx.engines.exited();
+    let report_now = ctx.engines.report_now();
     let mut interval = register(&ctx, &mut client).await;
     loop {
         if again.renewed.has_changed().unwrap_or(false) {
@@ -111,10 +111,11 @@ pub async fn run_heartbeats(ctx: Arc<NodeContext>, channel: Authed, mut again: R
                 tracing::warn!(code = ?status.code(), message = status.message(), "heartbeat failed");
             }
         }
-        // The next beat at the interval, or at once when an engine exits.
+        // The next beat at the interval, or at once when an engine exits
+        // or was handed over.
         tokio::select! {
             _ = tokio::time::sleep(interval) => {}
-            _ = exited.notified() => {}
+            _ = report_now.notified() => {}
         }
     }
 }
