@@ -958,6 +958,29 @@ fn parent_of(pid: i32) -> Option<i32> {
     after.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// A controller and a node plugin whose engines live in an engine host on
+/// `<dir>/engine-host.sock`: the host's arguments (to start another on the
+/// same socket), the host, and the cluster.
+fn hosted_cluster(dir: &Path) -> (Vec<String>, Proc, ControllerProc, NodeProc, Csi) {
+    let socket = format!("unix://{}", dir.join("engine-host.sock").display());
+    let args = vec![
+        "engine-host".to_string(),
+        "--socket".to_string(),
+        socket.clone(),
+    ];
+    let host = Proc::spawn(&args, dir.join("engine-host-old.log"));
+    let (ctl, n, csi) = cluster_with(dir, &["--engine-host", &socket]);
+    (args, host, ctl, n, csi)
+}
+
+/// Where volume `v` is staged, and published for its pod.
+fn places_of(dir: &Path, v: &str) -> (PathBuf, PathBuf) {
+    (
+        dir.join(format!("staging-{v}")),
+        dir.join(format!("pod-{v}/mount")),
+    )
+}
+
 /// A rollout of the engine host: a new host takes the socket, then the old
 /// one is told to stop (SIGTERM), as a DaemonSet with a surge does it. The
 /// node plugin moves the engines to the new host one at a time, each
@@ -970,22 +993,12 @@ fn a_new_engine_host_takes_the_engines_over_one_at_a_time_under_mounted_filesyst
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let dir = tempfile::tempdir().unwrap();
-    let host_socket = format!("unix://{}", dir.path().join("engine-host.sock").display());
-    let host_args = [
-        "engine-host".to_string(),
-        "--socket".to_string(),
-        host_socket.clone(),
-    ];
-    let mut old_host = Proc::spawn(&host_args, dir.path().join("engine-host-old.log"));
-    let (ctl, n, mut csi) = cluster_with(dir.path(), &["--engine-host", &host_socket]);
+    // Dropped last: the processes go first, so that no FUSE connection
+    // outlives its holders while the mounts on it are taken down.
     let _cleanup = Teardown(dir.path().to_path_buf());
+    let (host_args, mut old_host, ctl, n, mut csi) = hosted_cluster(dir.path());
     let volumes = ["one", "two"];
-    let places = |v: &str| {
-        (
-            dir.path().join(format!("staging-{v}")),
-            dir.path().join(format!("pod-{v}/mount")),
-        )
-    };
+    let places = |v: &str| places_of(dir.path(), v);
     for v in volumes {
         csi.create(v, false);
         let (staging, target) = places(v);
@@ -1135,6 +1148,182 @@ fn a_new_engine_host_takes_the_engines_over_one_at_a_time_under_mounted_filesyst
         let files = [(target.join("during"), during)];
         assert_files(&files);
         csi.again(v, &staging, &target, &files);
+    }
+}
+
+/// A process killed when dropped, however the test ends.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An engine host that answers every start with an error, on `socket`
+/// (a python script: what a broken build of the host would do).
+fn broken_engine_host(dir: &Path, socket: &Path) -> Killed {
+    let script = dir.join("broken-host.py");
+    std::fs::write(
+        &script,
+        r#"import os, socket, sys
+path = sys.argv[1]
+try:
+    os.unlink(path)
+except FileNotFoundError:
+    pass
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+s.listen(16)
+print("broken host serving", flush=True)
+while True:
+    c, _ = s.accept()
+    c.settimeout(10)
+    try:
+        if c.recv(65536):
+            c.sendall(b'{"error": "this engine host is broken"}\n')
+    except OSError:
+        pass
+    c.close()
+"#,
+    )
+    .unwrap();
+    let child = std::process::Command::new("python3")
+        .arg(&script)
+        .arg(socket)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("python3 runs the broken engine host (./test installs it)");
+    wait_for(Duration::from_secs(10), "the broken host serving", || {
+        ballast_node::engine_host::serving_pid(socket).filter(|p| *p == child.id() as i32)
+    });
+    Killed(child)
+}
+
+/// A handover to a new engine host that cannot start engines fails for
+/// one volume and stops there: the other engines stay under the old host.
+/// The failed volume's block device is kept (its I/O waits), and once a
+/// working host takes the socket, that volume's engine starts under it,
+/// taking the device over, and the other is handed over. The old host
+/// ends by itself; every file reads back from the devices, the devices
+/// take new writes, and the files are there after a fresh stage.
+#[test]
+fn a_failed_handover_stops_the_others_and_keeps_the_block_device_until_a_working_host_comes() {
+    let dir = tempfile::tempdir().unwrap();
+    // Dropped last: the processes go first, so that no FUSE connection
+    // outlives its holders while the mounts on it are taken down.
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let (host_args, mut old_host, ctl, n, mut csi) = hosted_cluster(dir.path());
+    let socket = dir.path().join("engine-host.sock");
+    let volumes = ["one", "two"];
+    let places = |v: &str| places_of(dir.path(), v);
+    let mut files = Vec::new();
+    for (i, v) in volumes.iter().enumerate() {
+        csi.create(v, false);
+        let (staging, target) = places(v);
+        csi.up(v, &staging, &target, false);
+        let file = (target.join("before"), pattern(4 << 20, 30 + i as u8));
+        std::fs::write(&file.0, &file.1).unwrap();
+        // Synced file by file: a global sync would wait on any FUSE
+        // export left without its server on this machine.
+        std::fs::File::open(&file.0).unwrap().sync_all().unwrap();
+        files.push(file);
+    }
+    let state = dir.path().join("node-1/state");
+    let two = engine_pid(&state, "two").unwrap();
+
+    // A broken host takes the socket; the old one is told to stop.
+    let broken = broken_engine_host(dir.path(), &socket);
+    old_host.signal(nix::sys::signal::Signal::SIGTERM);
+    wait_for(Duration::from_secs(60), "a failed handover", || {
+        n.proc
+            .log_text()
+            .contains("a handover to a new engine host failed")
+            .then_some(())
+    });
+    // Two heartbeats later (each would mark the next engine; each starts
+    // volume one's engine again, in vain), nothing else moved: volume
+    // two's engine is the same, under the old host, and never went down.
+    let reasons = |v: &str| event_reasons(&ctl.api, &format!("volume/{v}"));
+    wait_for(Duration::from_secs(60), "two more heartbeats", || {
+        let down = reasons("one").iter().filter(|r| *r == "EngineDown").count();
+        (down >= 2).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(engine_pid(&state, "two"), Some(two));
+    assert_eq!(parent_of(two), Some(old_host.pid()));
+    assert!(
+        old_host.child.try_wait().unwrap().is_none(),
+        "the old host waits"
+    );
+    let handed = n
+        .proc
+        .log_text()
+        .matches("replacing the volume's engine")
+        .count();
+    assert_eq!(handed, 1, "only the first engine was handed over");
+
+    // A working host takes the socket.
+    drop(broken);
+    let new_host = Proc::spawn(&host_args, dir.path().join("engine-host-new.log"));
+    wait_for(
+        Duration::from_secs(120),
+        "every engine under the new host",
+        || {
+            let now: Vec<i32> = volumes
+                .iter()
+                .filter_map(|v| engine_pid(&state, v))
+                .collect();
+            (now.len() == 2 && now.iter().all(|p| parent_of(*p) == Some(new_host.pid())))
+                .then_some(())
+        },
+    );
+    let exit = old_host.wait_exit(Duration::from_secs(30));
+    assert!(
+        exit.is_some_and(|s| s.success()),
+        "the old host did not end once empty: {exit:?}: {}",
+        old_host.log_text()
+    );
+    let log = n.proc.log_text();
+    assert_eq!(
+        log.matches("took_over_block_device=true").count(),
+        2,
+        "both engines took their block device over: {log}"
+    );
+    assert!(
+        reasons("one").contains(&"EngineDown".to_string()),
+        "{:?}",
+        reasons("one")
+    );
+    assert!(
+        reasons("two").contains(&"EngineHandedOver".to_string()),
+        "{:?}",
+        reasons("two")
+    );
+    assert!(
+        !reasons("two").contains(&"EngineDown".to_string()),
+        "{:?}",
+        reasons("two")
+    );
+
+    // From the devices, not the page cache, and the devices take writes.
+    std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    assert_files(&files);
+    for (i, v) in volumes.iter().enumerate() {
+        let file = (places(v).1.join("after"), pattern(1 << 20, 40 + i as u8));
+        std::fs::write(&file.0, &file.1).unwrap();
+        std::fs::File::open(&file.0).unwrap().sync_all().unwrap();
+        files.push(file);
+    }
+    for v in volumes {
+        let (staging, target) = places(v);
+        let mine: Vec<_> = files
+            .iter()
+            .filter(|(p, _)| p.starts_with(&target))
+            .cloned()
+            .collect();
+        csi.again(v, &staging, &target, &mine);
     }
 }
 

@@ -86,6 +86,16 @@ pub struct Engines {
     /// over to a new engine host, so that the next heartbeat reports it at
     /// once (and marks the next engine to hand over).
     report_now: Arc<tokio::sync::Notify>,
+    /// The FUSE connections of block devices whose engine could not be
+    /// started again (after a crash, or in a handover), with the volume's
+    /// size: kept, so that the next start takes the device over, and the
+    /// filesystem on it sees a longer pause instead of a dead device.
+    /// Taken with `running` held.
+    left: std::sync::Mutex<BTreeMap<String, (u64, Arc<OwnedFd>)>>,
+    /// The engine host (its pid) under which a handover failed: no more
+    /// engines are handed over to it. Another host that takes the socket
+    /// starts the handovers again.
+    failed_handover: std::sync::Mutex<Option<i32>>,
 }
 
 /// The node's error for what an engine answered on its control socket.
@@ -145,6 +155,8 @@ impl Engines {
             host,
             running: Mutex::new(BTreeMap::new()),
             report_now: Arc::default(),
+            left: std::sync::Mutex::default(),
+            failed_handover: std::sync::Mutex::default(),
         }
     }
 
@@ -289,15 +301,17 @@ impl Engines {
         }
         let mut running = self.running.lock().await;
         let mut takeover = None;
-        let mut handover = false;
+        // The host an engine is handed over to (a handover), if one is.
+        let mut handing_to = None;
         if let Some(r) = running.get(&spec.volume).cloned() {
             let why = match self.problem(&spec.volume, r.pid).await {
                 Some(why) => Some(why),
                 // Healthy, but under an engine host replaced since: it moves
                 // to the new one (a handover), its block device kept.
                 None => {
-                    let stale = stale_host(r.host, self.host_now());
-                    handover = stale.is_some();
+                    let now = self.host_now();
+                    let stale = stale_host(r.host, now);
+                    handing_to = now.filter(|_| stale.is_some());
                     stale
                 }
             };
@@ -331,24 +345,29 @@ impl Engines {
                 }
             }
             running.remove(&spec.volume);
+        } else if let Some((size, fd)) = self.left_device(&spec.volume) {
+            // A block device whose last engine could not be started again.
+            takeover = Some(fd).filter(|_| size == spec.size).filter(|_| {
+                crate::frontend::blockdev::is_mountpoint(&self.export_dir(&spec.volume))
+            });
         }
-        let socket = self.socket(&spec.volume);
-        let (mut cmd, log) = self.command(&spec, takeover.as_deref())?;
-        let mut started = match &self.host {
-            Some(host) => {
-                let args = cmd
-                    .get_args()
-                    .map(|a| a.to_string_lossy().into_owned())
-                    .collect();
-                Started::Hosted(engine_host::spawn(host, args, &log, takeover.as_deref()).await?)
+        let (started, pid) = match self.spawn(&spec, takeover.as_ref()).await {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(fd) = takeover {
+                    let mut left = self.left.lock().unwrap_or_else(|e| e.into_inner());
+                    left.insert(spec.volume.clone(), (spec.size, fd));
+                }
+                if let Some(host) = handing_to {
+                    tracing::error!(host, error = %e, "a handover to a new engine host failed: no other engine is handed over to it");
+                    *self
+                        .failed_handover
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = Some(host);
+                }
+                return Err(e);
             }
-            None => Started::Child(
-                cmd.spawn()
-                    .map_err(|e| Error::Internal(format!("cannot start the engine: {e}")))?,
-            ),
         };
-        let pid = started.pid();
-        wait_up(&mut started, &socket, &log, &spec.volume).await?;
         let host = match started {
             Started::Hosted(_) => parent_of(pid),
             Started::Child(_) => None,
@@ -368,7 +387,7 @@ impl Engines {
             took_over_block_device = takeover.is_some(),
             "engine started"
         );
-        if handover {
+        if handing_to.is_some() {
             // The next engine to hand over is marked at once.
             self.report_now.notify_one();
         }
@@ -383,6 +402,43 @@ impl Engines {
             },
         );
         Ok(self.status(&volume, true, ""))
+    }
+
+    /// Starts the volume's engine (this process's child, or the engine
+    /// host's) and waits until it serves; it and its pid.
+    async fn spawn(
+        &self,
+        spec: &StartEngineRequest,
+        takeover: Option<&Arc<OwnedFd>>,
+    ) -> Result<(Started, i32), Error> {
+        let socket = self.socket(&spec.volume);
+        let takeover = takeover.map(|f| f.as_ref());
+        let (mut cmd, log) = self.command(spec, takeover)?;
+        let mut started = match &self.host {
+            Some(host) => {
+                let args = cmd
+                    .get_args()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect();
+                Started::Hosted(engine_host::spawn(host, args, &log, takeover).await?)
+            }
+            None => Started::Child(
+                cmd.spawn()
+                    .map_err(|e| Error::Internal(format!("cannot start the engine: {e}")))?,
+            ),
+        };
+        let pid = started.pid();
+        wait_up(&mut started, &socket, &log, &spec.volume).await?;
+        Ok((started, pid))
+    }
+
+    /// The block device a volume's last engine left when the next could
+    /// not start, taken out (its size and FUSE connection).
+    fn left_device(&self, volume: &str) -> Option<(u64, Arc<OwnedFd>)> {
+        self.left
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(volume)
     }
 
     /// The command line of the volume's engine, its output going to its
@@ -676,6 +732,7 @@ impl Engines {
             if let Some(r) = running.get_mut(volume) {
                 r.fuse = None;
             }
+            drop(self.left_device(volume));
             self.drop_stale_export(volume);
             return Ok(());
         }
@@ -722,6 +779,7 @@ impl Engines {
                 let _ = kill(pid, Signal::SIGKILL);
             }
         }
+        drop(self.left_device(volume));
         self.drop_stale_export(volume);
         for f in [
             self.socket(volume),
@@ -845,7 +903,12 @@ impl Engines {
                 .collect()
         };
         let host_now = self.host_now();
-        let mut handing_over = false;
+        let failed = *self
+            .failed_handover
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        // A handover to this host failed: the other engines stay.
+        let mut handing_over = host_now.is_some() && failed == host_now;
         let mut out = Vec::new();
         for (volume, pid, host) in entries {
             let problem = self.problem(&volume, pid).await;
