@@ -960,8 +960,8 @@ fn parent_of(pid: i32) -> Option<i32> {
 
 /// A controller and a node plugin whose engines live in an engine host on
 /// `<dir>/engine-host.sock`: the host's arguments (to start another on the
-/// same socket), the host, and the cluster.
-fn hosted_cluster(dir: &Path) -> (Vec<String>, Proc, ControllerProc, NodeProc, Csi) {
+/// same socket), the host, the cluster, and the node's metrics URL.
+fn hosted_cluster(dir: &Path) -> (Vec<String>, Proc, ControllerProc, NodeProc, Csi, String) {
     let socket = format!("unix://{}", dir.join("engine-host.sock").display());
     let args = vec![
         "engine-host".to_string(),
@@ -969,8 +969,20 @@ fn hosted_cluster(dir: &Path) -> (Vec<String>, Proc, ControllerProc, NodeProc, C
         socket.clone(),
     ];
     let host = Proc::spawn(&args, dir.join("engine-host-old.log"));
-    let (ctl, n, csi) = cluster_with(dir, &["--engine-host", &socket]);
-    (args, host, ctl, n, csi)
+    let metrics = free_addr().to_string();
+    let flags = ["--engine-host", &socket, "--metrics-listen", &metrics];
+    let (ctl, n, csi) = cluster_with(dir, &flags);
+    (args, host, ctl, n, csi, format!("http://{metrics}/metrics"))
+}
+
+/// Whether the node's metrics at `url` say that volume `v`'s engine waits
+/// for a handover (None: no engine of it is listed).
+fn awaits_handover(url: &str, v: &str) -> Option<bool> {
+    let text = get_text(url)?;
+    let line = text.lines().find(|l| {
+        l.starts_with("ballast_engine_awaiting_handover{") && l.contains(&format!("volume=\"{v}\""))
+    })?;
+    Some(line.ends_with(" 1"))
 }
 
 /// Where volume `v` is staged, and published for its pod.
@@ -996,7 +1008,7 @@ fn a_new_engine_host_takes_the_engines_over_one_at_a_time_under_mounted_filesyst
     // Dropped last: the processes go first, so that no FUSE connection
     // outlives its holders while the mounts on it are taken down.
     let _cleanup = Teardown(dir.path().to_path_buf());
-    let (host_args, mut old_host, ctl, n, mut csi) = hosted_cluster(dir.path());
+    let (host_args, mut old_host, ctl, n, mut csi, metrics) = hosted_cluster(dir.path());
     let volumes = ["one", "two"];
     let places = |v: &str| places_of(dir.path(), v);
     for v in volumes {
@@ -1085,6 +1097,9 @@ fn a_new_engine_host_takes_the_engines_over_one_at_a_time_under_mounted_filesyst
                 .then_some(now)
         },
     );
+    for v in volumes {
+        assert_eq!(awaits_handover(&metrics, v), Some(false), "{v}");
+    }
     assert!(
         moved.iter().zip(&pids).all(|(a, b)| a != b),
         "new engines: {moved:?} after {pids:?}"
@@ -1214,7 +1229,7 @@ fn a_failed_handover_stops_the_others_and_keeps_the_block_device_until_a_working
     // Dropped last: the processes go first, so that no FUSE connection
     // outlives its holders while the mounts on it are taken down.
     let _cleanup = Teardown(dir.path().to_path_buf());
-    let (host_args, mut old_host, ctl, n, mut csi) = hosted_cluster(dir.path());
+    let (host_args, mut old_host, ctl, n, mut csi, metrics) = hosted_cluster(dir.path());
     let socket = dir.path().join("engine-host.sock");
     let volumes = ["one", "two"];
     let places = |v: &str| places_of(dir.path(), v);
@@ -1253,6 +1268,7 @@ fn a_failed_handover_stops_the_others_and_keeps_the_block_device_until_a_working
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(engine_pid(&state, "two"), Some(two));
     assert_eq!(parent_of(two), Some(old_host.pid()));
+    assert_eq!(awaits_handover(&metrics, "two"), Some(true));
     assert!(
         old_host.child.try_wait().unwrap().is_none(),
         "the old host waits"
@@ -1285,6 +1301,9 @@ fn a_failed_handover_stops_the_others_and_keeps_the_block_device_until_a_working
         "the old host did not end once empty: {exit:?}: {}",
         old_host.log_text()
     );
+    for v in volumes {
+        assert_eq!(awaits_handover(&metrics, v), Some(false), "{v}");
+    }
     let log = n.proc.log_text();
     assert_eq!(
         log.matches("took_over_block_device=true").count(),

@@ -885,6 +885,18 @@ impl Engines {
         }
     }
 
+    /// The volumes whose engine runs under an engine host that another
+    /// replaced: each waits for its handover (for the metrics).
+    pub async fn awaiting_handover(&self) -> Vec<String> {
+        let host_now = self.host_now();
+        let running = self.running.lock().await;
+        running
+            .iter()
+            .filter(|(_, r)| alive(r.pid) && stale_host(r.host, host_now).is_some())
+            .map(|(v, _)| v.clone())
+            .collect()
+    }
+
     /// The pid of the engine host that serves the socket now (None: no
     /// host, or none listens).
     fn host_now(&self) -> Option<i32> {

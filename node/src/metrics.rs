@@ -1,7 +1,8 @@
 //! The node plugin's `/metrics` (prometheus-client, OpenMetrics text, on
 //! `--metrics-listen`): the I/O each engine started here served — read and
 //! write operations, bytes and the time they took, summed since the
-//! engine started — whether it runs, the changes of its replicas that
+//! engine started — whether it runs (and waits for a handover to a new
+//! engine host), the changes of its replicas that
 //! the replica server refused (a stale engine still trying, say), and
 //! when the node's and the engines' certificates expire. The
 //! controller's `/metrics` has the model (volumes, replicas, nodes,
@@ -56,6 +57,12 @@ pub async fn render(ctx: &NodeContext) -> Result<String, std::fmt::Error> {
         "1 when the volume's engine on this node runs and answers",
         up.clone(),
     );
+    let awaiting = Family::<VolumeLabels, Gauge>::default();
+    reg.register(
+        "ballast_engine_awaiting_handover",
+        "1 while the volume's engine on this node runs under an engine host that a new one replaced (a rollout of the engine host): it is handed over to the new host, one engine at a time",
+        awaiting.clone(),
+    );
     let families = [
         (
             "ballast_volume_read_ops",
@@ -100,6 +107,7 @@ pub async fn render(ctx: &NodeContext) -> Result<String, std::fmt::Error> {
         }
     };
     certificate("node", None);
+    let waiting = ctx.engines.awaiting_handover().await;
     for e in ctx.engines.list().await {
         certificate("engine", Some(&e.volume));
         let l = VolumeLabels {
@@ -107,6 +115,9 @@ pub async fn render(ctx: &NodeContext) -> Result<String, std::fmt::Error> {
             node: ctx.node_id.clone(),
         };
         up.get_or_create(&l).set(i64::from(e.running));
+        awaiting
+            .get_or_create(&l)
+            .set(i64::from(waiting.contains(&e.volume)));
         let io = e.io.unwrap_or_default();
         let values = [
             io.read_ops,
