@@ -119,6 +119,15 @@ fn alive(pid: i32) -> bool {
     kill(Pid::from_raw(pid), None).is_ok()
 }
 
+/// Waits up to `limit` for process `pid` to be gone; whether it is.
+async fn gone_within(pid: i32, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while alive(pid) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    !alive(pid)
+}
+
 /// Why an engine started by engine host `started_by` is to move to the
 /// one serving the socket now (`host_now`): a new host replaced its own
 /// there (a rollout of the engine host). None when the same host serves,
@@ -300,7 +309,9 @@ impl Engines {
             return Err(invalid("replicas", "at least one replica is needed".into()));
         }
         let mut running = self.running.lock().await;
-        let mut takeover = None;
+        // The block device the last engine served (its size and FUSE
+        // connection), for the next to take over.
+        let device: Option<(u64, Arc<OwnedFd>)>;
         // The host an engine is handed over to (a handover), if one is.
         let mut handing_to = None;
         if let Some(r) = running.get(&spec.volume).cloned() {
@@ -333,24 +344,21 @@ impl Engines {
                     if alive(r.pid) {
                         let _ = kill(Pid::from_raw(r.pid), Signal::SIGKILL);
                         // Gone before the next one serves its block device.
-                        let deadline = Instant::now() + Duration::from_secs(5);
-                        while alive(r.pid) && Instant::now() < deadline {
-                            tokio::time::sleep(Duration::from_millis(10)).await;
-                        }
+                        gone_within(r.pid, Duration::from_secs(5)).await;
                     }
                     // Its block device goes on with the new engine.
-                    takeover = r.fuse.filter(|_| r.spec.size == spec.size).filter(|_| {
-                        crate::frontend::blockdev::is_mountpoint(&self.export_dir(&spec.volume))
-                    });
+                    device = r.fuse.map(|f| (r.spec.size, f));
                 }
             }
             running.remove(&spec.volume);
-        } else if let Some((size, fd)) = self.left_device(&spec.volume) {
+        } else {
             // A block device whose last engine could not be started again.
-            takeover = Some(fd).filter(|_| size == spec.size).filter(|_| {
-                crate::frontend::blockdev::is_mountpoint(&self.export_dir(&spec.volume))
-            });
+            device = self.left_device(&spec.volume);
         }
+        let takeover = device
+            .filter(|(size, _)| *size == spec.size)
+            .filter(|_| crate::frontend::blockdev::is_mountpoint(&self.export_dir(&spec.volume)))
+            .map(|(_, fd)| fd);
         let (started, pid) = match self.spawn(&spec, takeover.as_ref()).await {
             Ok(s) => s,
             Err(e) => {
@@ -771,11 +779,7 @@ impl Engines {
         if let Some(r) = running.remove(volume) {
             let pid = Pid::from_raw(r.pid);
             let _ = kill(pid, Signal::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while alive(r.pid) && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            if alive(r.pid) {
+            if !gone_within(r.pid, Duration::from_secs(10)).await {
                 let _ = kill(pid, Signal::SIGKILL);
             }
         }
