@@ -251,10 +251,16 @@ impl Cluster {
     /// Waits until the volume has exactly `n` replicas, all `rw`.
     /// On a timeout it prints the replicas and the events of the volume
     /// and of each replica, which say why it did not settle.
+    /// `n` replicas, all rw; for an attached volume, as its engine reported
+    /// them (an attach records its replicas rw before any report).
     pub fn wait_settled(&self, volume: &str, n: usize, limit: Duration) -> Vec<Value> {
         let settled = || {
+            let attached = self.volume(volume)["status"]["attachedNode"].is_string();
             let reps = self.replicas(volume);
-            (reps.len() == n && reps.iter().all(|r| r["status"]["mode"] == "rw")).then_some(reps)
+            let rw = |r: &Value| {
+                r["status"]["mode"] == "rw" && (!attached || r["status"]["running"] == true)
+            };
+            (reps.len() == n && reps.iter().all(rw)).then_some(reps)
         };
         let why = || {
             let reps = self.replicas(volume);

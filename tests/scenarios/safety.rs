@@ -154,10 +154,7 @@ fn only_the_stale_replica_left(c: &mut Cluster, endpoint: &str) -> Data {
 }
 
 fn replica_of(c: &Cluster, node: &str) -> String {
-    c.replica_on("v", node).unwrap()["name"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    replica_of_volume_on(c, "v", node)
 }
 
 #[test]
@@ -834,4 +831,81 @@ fn a_replica_whose_node_was_down_at_the_detach_is_fenced_when_the_node_is_back()
     c.wait_settled("v", 3, Duration::from_secs(120));
     c.ok("POST", "/v1/volumes/v/detach", None);
     verify_replicas(&c, "v", &a);
+}
+
+/// A volume can hold data that no engine ever reported: one restored from
+/// a snapshot and never attached, or one written and detached between two
+/// heartbeats. A replica added to it is filled from the others, never made
+/// empty and counted as holding the latest data: with only the new
+/// replica's node up, the volume serves the restored data from it. An
+/// attach records its replicas as holding data before it hands out the
+/// endpoint.
+#[test]
+fn a_replica_added_to_a_volume_no_engine_reported_is_filled_not_made_empty() {
+    let mut c = Cluster::start(3, 1);
+    c.patch_node("node-1", json!({"allowScheduling": false}));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 31);
+    c.ok(
+        "POST",
+        "/v1/snapshots",
+        Some(json!({"name": "s", "volume": "v"})),
+    );
+    c.ok("POST", "/v1/volumes/v/detach", None);
+
+    // Before any write can reach it, a new attachment's replicas say they
+    // may hold data (no heartbeat has seen the engine yet).
+    c.create_volume(json!({"name": "w", "size": SIZE, "numberOfReplicas": 2}));
+    c.attach("w", "node-1");
+    for r in c.replicas("w") {
+        assert!(r["spec"]["healthyAt"].is_string(), "{r:#}");
+        assert_eq!(r["status"]["mode"], "rw", "{r:#}");
+    }
+
+    c.create_volume(json!({"name": "r", "size": SIZE, "numberOfReplicas": 2,
+                           "source": {"snapshot": "s"}}));
+    for r in c.replicas("r") {
+        assert!(r["spec"]["healthyAt"].is_string(), "{r:#}");
+    }
+    // A third replica, on node-1: filled from the restored ones.
+    c.patch_node("node-1", json!({"allowScheduling": true}));
+    c.ok(
+        "PATCH",
+        "/v1/volumes/r",
+        Some(json!({"numberOfReplicas": 3})),
+    );
+    c.wait_settled("r", 3, Duration::from_secs(90));
+    let added = replica_of_volume_on(&c, "r", "node-1");
+    assert!(
+        c.events(&format!("replica/{added}"))
+            .iter()
+            .any(|e| e["reason"] == "ReplicaRebuilt"),
+        "{:#?}",
+        c.events(&format!("replica/{added}"))
+    );
+    verify_replicas(&c, "r", &a);
+
+    // Only the added replica's node is up: it serves the restored data.
+    c.kill_node(1);
+    c.kill_node(2);
+    wait_for(
+        Duration::from_secs(30),
+        "node-2 and node-3 seen down",
+        || {
+            (c.node("node-2")["status"]["ready"] == false
+                && c.node("node-3")["status"]["ready"] == false)
+                .then_some(())
+        },
+    );
+    let endpoint = c.attach("r", "node-1");
+    verify_data(c.dir.path(), &endpoint, &a);
+}
+
+fn replica_of_volume_on(c: &Cluster, volume: &str, node: &str) -> String {
+    c.replica_on(volume, node).unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }

@@ -133,7 +133,12 @@ async fn build_replica(
     // ever held data is asked of them first, and of every replica of it
     // (a whole read) only when none of them ever did: a new volume's.
     let current = crate::freshness::current_records(ctx, &vol).await?;
-    let has_data = current.iter().any(|r| r.spec.healthy_at.is_some())
+    // A volume ever attached, or restored or cloned, may hold data that
+    // no heartbeat reported (its replicas' records from before attach and
+    // creation said so themselves).
+    let has_data = vol.status.engine_epoch > 0
+        || vol.spec.source.is_some()
+        || current.iter().any(|r| r.spec.healthy_at.is_some())
         || ctx
             .store
             .list::<Replica>()

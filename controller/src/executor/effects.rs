@@ -53,6 +53,18 @@ pub fn rebuilt(r: &mut Replica, now: DateTime<Utc>) {
     r.spec.rebuild_retry_count = 0;
 }
 
+/// A current replica an engine was started with, at `now`: from now on it
+/// may hold data that no heartbeat has reported yet (a volume written and
+/// detached between two heartbeats), so it counts as having held data, and
+/// one never reported takes the rw it was started as. Its engine's reports
+/// correct the mode from there. Whether anything changed.
+pub fn served(r: &mut Replica, now: DateTime<Utc>) -> bool {
+    let changed = r.spec.healthy_at.is_none() || r.status.mode.is_none();
+    r.spec.healthy_at.get_or_insert(now);
+    r.status.mode.get_or_insert(ReplicaMode::Rw);
+    changed
+}
+
 /// A replica that failed at `now` (an I/O error, its node lost, a failed
 /// rebuild). `uncounted`: a reuse that failed only because a node could not
 /// be reached does not count as an attempt.

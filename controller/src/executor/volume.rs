@@ -92,6 +92,20 @@ pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Er
         let _ = ctx.store.delete::<Volume>(&volume.name, None).await;
         return Err(e);
     }
+    if source.is_some() {
+        // Filled: they hold the source's data, though no engine ever
+        // reported them (a replica added later is filled from them, never
+        // made empty).
+        let now = ctx.now();
+        for r in &made {
+            ctx.store
+                .modify::<Replica, Error>(&r.name, |r| {
+                    super::effects::rebuilt(r, now);
+                    Ok(true)
+                })
+                .await?;
+        }
+    }
     volume = ctx
         .store
         .modify::<Volume, Error>(&volume.name, |v| {
@@ -303,6 +317,7 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
             Ok(changed)
         })
         .await?;
+    mark_served(ctx, &volume).await?;
     if !again {
         ctx.event(
             Kind::Volume,
@@ -313,6 +328,23 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
         .await;
     }
     Ok(volume)
+}
+
+/// Records that the current replicas of `volume`, whose engine was just
+/// started, may hold data from now on (`effects::served`), before the
+/// endpoint is handed out: a volume written and detached before any
+/// heartbeat saw its engine has held data all the same.
+async fn mark_served(ctx: &Arc<Context>, volume: &Volume) -> Result<(), Error> {
+    let now = ctx.now();
+    for r in crate::freshness::current_records(ctx, volume).await? {
+        if r.spec.healthy_at.is_some() && r.status.mode.is_some() {
+            continue;
+        }
+        ctx.store
+            .modify::<Replica, Error>(&r.name, |r| Ok(super::effects::served(r, now)))
+            .await?;
+    }
+    Ok(())
 }
 
 /// Starts the engine of `volume` on `node` with the replicas that hold its
