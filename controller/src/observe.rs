@@ -106,7 +106,8 @@ pub fn mirrored_view(mirror: &Mirror) -> ClusterView {
 /// planner's view is built, for the controller (from its store) and for
 /// the simulator (from its model). A replica outside its volume's record
 /// of who holds the latest data is failed, whatever its last report said:
-/// it must be rebuilt, never copied from.
+/// it must be rebuilt, never copied from; one in it that no engine has
+/// opened yet is rw.
 pub fn view_of<'a>(
     nodes: impl IntoIterator<Item = &'a Node>,
     volumes: impl IntoIterator<Item = &'a Volume>,
@@ -142,11 +143,19 @@ pub fn view_of<'a>(
         .into_iter()
         .map(|r| {
             let mut view = replica_view(r);
-            let stale = volume_of(&r.spec.volume)
-                .is_some_and(|v| !crate::freshness::is_current(v, &r.name));
-            if stale && view.mode == Some(ReplicaMode::Rw) {
+            let current =
+                volume_of(&r.spec.volume).map(|v| crate::freshness::is_current(v, &r.name));
+            if current == Some(false) && view.mode == Some(ReplicaMode::Rw) {
                 view.mode = Some(ReplicaMode::Err);
                 view.failed_at = view.failed_at.or(view.healthy_at);
+            }
+            // A current replica that no engine has opened yet (a new
+            // volume's, or one made for a volume that never held data)
+            // holds all the data there is: nothing is filling it, so it
+            // counts as rw, and a lowered replica count or a balance move
+            // reaches the volume before its first attach.
+            if current == Some(true) && view.mode.is_none() && view.failed_at.is_none() {
+                view.mode = Some(ReplicaMode::Rw);
             }
             view
         })
@@ -214,5 +223,24 @@ mod tests {
                 assert_eq!(v.mode, Some(want), "{}", r.name);
             }
         }
+    }
+
+    /// A replica in its volume's record that no engine has opened yet
+    /// holds all the data there is: rw in the view. Outside the record, or
+    /// failed, it is not.
+    #[test]
+    fn a_current_replica_no_engine_opened_is_rw_in_the_view() {
+        let volumes = [volume("v", &["v-r1", "v-r2"])];
+        let unopened = |name: &str| effects::new_replica(name, "v", "n1", "d1", None);
+        let mut failed = unopened("v-r2");
+        failed.spec.failed_at = Some(chrono::Utc::now());
+        let replicas = [unopened("v-r1"), failed, unopened("v-r3")];
+        let view = view_of(&[], &volumes, &replicas);
+        let mode = |i: usize| view.replicas[i].mode;
+        assert_eq!(mode(0), Some(ReplicaMode::Rw));
+        assert_eq!(mode(1), None);
+        assert!(view.replicas[1].is_failed());
+        assert_eq!(mode(2), None);
+        assert!(view.replicas[2].is_rebuilding());
     }
 }

@@ -62,3 +62,39 @@ fn a_modified_replica_count_is_acted_on_and_the_data_stays() {
     let e = modify(&c, "no-such-volume", &[("numberOfReplicas", "2")]).unwrap_err();
     assert_eq!(e.code(), tonic::Code::NotFound, "{e}");
 }
+
+/// A volume never attached follows a lowered replica count too: its
+/// replicas, which no engine has opened yet, hold all the data there is
+/// and count as rw, so the extra one goes before the first attach, and
+/// the volume serves as any other does.
+#[test]
+fn a_volume_never_attached_follows_a_lowered_replica_count() {
+    let c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
+    modify(&c, "v", &[("numberOfReplicas", "2")]).unwrap();
+    let left = wait_for(Duration::from_secs(60), "v: 2 replicas", || {
+        let reps = c.replicas("v");
+        (reps.len() == 2).then_some(reps)
+    });
+    let mut names: Vec<String> = left
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    let v = c.volume("v");
+    let mut current: Vec<String> = v["status"]["currentReplicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n.as_str().unwrap().to_string())
+        .collect();
+    current.sort();
+    assert_eq!(current, names, "{v:#}");
+
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let data = write_data(c.dir.path(), &endpoint, 41);
+    verify_data(c.dir.path(), &endpoint, &data);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &data);
+}
