@@ -40,6 +40,28 @@ fn fixed(name: &str, replicas: usize, faults: Vec<schedule::Fault>) {
     }
 }
 
+/// Found by the soak of 2026-12-01 (seed 20261201, random schedule 24):
+/// with every node back, the attach was refused.
+#[test]
+fn a_node_down_then_the_other_ones_disk_full_then_both_back() {
+    fixed(
+        "node-down-then-disk-full",
+        2,
+        vec![
+            Pause(300),
+            Pause(1406),
+            Pause(1438),
+            KillNode(1),
+            Pause(514),
+            FillDisk(2),
+            Pause(1263),
+            Check,
+            Pause(955),
+            Pause(1338),
+        ],
+    );
+}
+
 #[test]
 fn engine_killed_twice_while_writing() {
     fixed(

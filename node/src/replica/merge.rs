@@ -138,7 +138,7 @@ impl Replica {
                 .map_err(|e| ReplicaError::io(&l.path, e))?;
             l.map.set_range(first, last, true);
             if let Some(s) = &mut l.sums {
-                s.set_all(first, &data);
+                s.set_all(first, &data)?;
             }
             copied += (last - first) * BLOCK;
         }

@@ -175,7 +175,7 @@ impl Layer {
             self.file
                 .read_exact_at(&mut block, b * BLOCK)
                 .map_err(|e| ReplicaError::io(&self.path, e))?;
-            s.set(b, sums::of(&block));
+            s.set(b, sums::of(&block))?;
         }
         Ok(())
     }
@@ -776,7 +776,7 @@ impl Replica {
         }
         if let (Some(given), Some(s)) = (given, &mut head.sums) {
             // Whole blocks (`write_summed` checked): as the engine took them.
-            s.set_given(offset / BLOCK, given);
+            s.set_given(offset / BLOCK, given)?;
             return Ok(());
         }
         let end = offset + data.len() as u64;
@@ -786,7 +786,7 @@ impl Replica {
             let at = (whole_first * BLOCK - offset) as usize;
             let whole = &data[at..at + ((whole_last - whole_first) * BLOCK) as usize];
             if let Some(s) = &mut head.sums {
-                s.set_all(whole_first, whole);
+                s.set_all(whole_first, whole)?;
             }
         }
         // The partial blocks at either end: their whole content is in the
@@ -883,6 +883,11 @@ impl Replica {
         let first = offset / BLOCK;
         let last = end.div_ceil(BLOCK);
         let head_idx = self.layers.len() - 1;
+        // Room for the blocks' checksums first: on a full disk the write
+        // fails before any of it lands.
+        if let Some(s) = &mut self.layers[head_idx].sums {
+            s.reserve(first, last)?;
+        }
         for b in [first, last.saturating_sub(1)] {
             let (bs, be) = (b * BLOCK, (b + 1) * BLOCK);
             let partial = offset > bs || end < be;
@@ -999,7 +1004,7 @@ impl Replica {
         let mut sums = self.layers[i].sums.take();
         let got = layer_checksum(&self.layers[i], |b, chunk| {
             if let Some(s) = &mut sums {
-                s.set_all(b, chunk);
+                s.set_all(b, chunk)?;
             }
             Ok(())
         });

@@ -76,6 +76,17 @@ impl RevisionCounter {
         if (file.metadata().map_err(io)?.len() as usize) < FILE_LEN {
             file.set_len(FILE_LEN as u64).map_err(io)?;
         }
+        // The file holds every page of the mapping before any store: a
+        // store into a page it lacks would allocate it then, and on a full
+        // disk that fault kills the process (SIGBUS). Here a full disk
+        // fails the open instead (a file written whole needs nothing new).
+        nix::fcntl::fallocate(
+            std::os::fd::AsFd::as_fd(&file),
+            nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            0,
+            FILE_LEN as i64,
+        )
+        .map_err(|e| io(std::io::Error::from(e)))?;
         // SAFETY: the file belongs to this replica's directory and is only
         // mapped and written here; nothing truncates it while it is open.
         let map =

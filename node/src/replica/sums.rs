@@ -5,6 +5,12 @@
 //! made durable with the data at each flush. Every read verifies the blocks
 //! it takes from a layer against its table; a block whose data no longer
 //! matches is corrupt, and is never served.
+//!
+//! A store into a page of the mapping that the file does not hold yet
+//! makes the filesystem allocate it then, and on a full filesystem that
+//! fault kills the whole process (SIGBUS). So every change first takes the
+//! table's pages it touches (`reserve`, an `fallocate` of each page not
+//! taken yet), and a full disk fails the write with ENOSPC instead.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -44,7 +50,13 @@ pub struct BlockSums {
     /// None while the layer holds no block (an empty mapping is not allowed).
     map: Option<MmapMut>,
     blocks: u64,
+    /// The table's pages known to be held by the file (one bit each, a page
+    /// covering 1,024 blocks): stores into them allocate nothing.
+    held: Vec<u64>,
 }
+
+/// Bytes of the table in one page of the mapping.
+const PAGE: u64 = 4096;
 
 impl BlockSums {
     /// Opens (or creates) the table for a layer of `blocks` blocks.
@@ -55,6 +67,7 @@ impl BlockSums {
             file,
             map: None,
             blocks: 0,
+            held: Vec::new(),
         };
         sums.resize(blocks)?;
         Ok(sums)
@@ -65,6 +78,14 @@ impl BlockSums {
         let io = |e| ReplicaError::io(&self.path, e);
         self.map = None;
         self.file.set_len(blocks * 4).map_err(io)?;
+        // Pages past the new end are gone (a shrink frees them).
+        let pages = (blocks * 4).div_ceil(PAGE);
+        self.held.truncate(pages.div_ceil(64) as usize);
+        if let Some(last) = self.held.last_mut()
+            && pages % 64 != 0
+        {
+            *last &= (1u64 << (pages % 64)) - 1;
+        }
         if blocks > 0 {
             // SAFETY: the file belongs to this replica's directory; only this
             // table maps and writes it, and it is resized only here, with
@@ -92,34 +113,71 @@ impl BlockSums {
         }
     }
 
+    /// Makes the file hold the table's pages of blocks `first..last`, so
+    /// that recording their checksums allocates nothing; ENOSPC when the
+    /// disk has no room for them (nothing is recorded then).
+    pub fn reserve(&mut self, first: u64, last: u64) -> Result<(), ReplicaError> {
+        let last = last.min(self.blocks);
+        if first >= last || self.map.is_none() {
+            return Ok(());
+        }
+        for page in (first * 4 / PAGE)..=((last * 4 - 1) / PAGE) {
+            let (word, bit) = ((page / 64) as usize, page % 64);
+            if self.held.get(word).is_some_and(|w| w & (1 << bit) != 0) {
+                continue;
+            }
+            let at = page * PAGE;
+            let len = PAGE.min(self.blocks * 4 - at);
+            nix::fcntl::fallocate(
+                std::os::fd::AsFd::as_fd(&self.file),
+                nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                at as i64,
+                len as i64,
+            )
+            .map_err(|e| ReplicaError::io(&self.path, std::io::Error::from(e)))?;
+            if self.held.len() <= word {
+                self.held.resize(word + 1, 0);
+            }
+            self.held[word] |= 1 << bit;
+        }
+        Ok(())
+    }
+
     /// Records the checksum of block `b`.
-    pub fn set(&mut self, b: u64, sum: u32) {
+    pub fn set(&mut self, b: u64, sum: u32) -> Result<(), ReplicaError> {
+        self.reserve(b, b + 1)?;
         if let Some(m) = &mut self.map
             && b < self.blocks
         {
             let at = (b * 4) as usize;
             m[at..at + 4].copy_from_slice(&sum.to_le_bytes());
         }
+        Ok(())
     }
 
     /// Records checksums as given (`of_blocks`'s form) for the blocks from
     /// `first`.
-    pub fn set_given(&mut self, first: u64, given: &[u8]) {
-        if let Some(m) = &mut self.map {
-            let at = (first * 4) as usize;
-            let end = at + given.len();
-            if end <= (self.blocks * 4) as usize {
-                m[at..end].copy_from_slice(given);
-            }
+    pub fn set_given(&mut self, first: u64, given: &[u8]) -> Result<(), ReplicaError> {
+        let at = (first * 4) as usize;
+        let end = at + given.len();
+        if end > (self.blocks * 4) as usize {
+            return Ok(());
         }
+        self.reserve(first, first + (given.len() / 4) as u64)?;
+        if let Some(m) = &mut self.map {
+            m[at..end].copy_from_slice(given);
+        }
+        Ok(())
     }
 
     /// Records the checksums of the whole blocks in `data`, which starts at
     /// block `first`.
-    pub fn set_all(&mut self, first: u64, data: &[u8]) {
+    pub fn set_all(&mut self, first: u64, data: &[u8]) -> Result<(), ReplicaError> {
+        self.reserve(first, first + (data.len() as u64).div_ceil(BLOCK))?;
         for (i, block) in data.chunks(BLOCK as usize).enumerate() {
-            self.set(first + i as u64, of(block));
+            self.set(first + i as u64, of(block))?;
         }
+        Ok(())
     }
 
     /// Checks whole blocks `data` (starting at block `first`) against the
