@@ -250,6 +250,8 @@ fn random_schedules() {
     let mut failures = Vec::new();
     for i in 0..count {
         let s = random(&mut rng, i);
+        // Said first, so that a schedule whose run panics can be replayed.
+        eprintln!("{} (seed {seed}): {:?}", s.name, s.faults);
         match run(&s) {
             Ok(o) => eprintln!(
                 "{} (seed {seed}): {} acknowledged, {} refused with a reason, \

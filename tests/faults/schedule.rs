@@ -152,15 +152,29 @@ impl Run {
     /// Flips a block of an acknowledged write in node `i`'s replica head.
     fn corrupt_head(&mut self, i: usize) -> Result<(), String> {
         let node = format!("node-{}", i + 1);
-        let Some(r) = self.c.replica_on("v", &node) else {
-            return Ok(());
+        let dir = if self.controller_down {
+            // No records to ask: the volume's replica on the node's disk.
+            let replicas = self.c.path(&node).join("disk-1").join("replicas");
+            let found = std::fs::read_dir(&replicas).ok().and_then(|d| {
+                d.flatten().map(|e| e.path()).find(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("v-"))
+                })
+            });
+            let Some(dir) = found else {
+                return Ok(());
+            };
+            dir
+        } else {
+            let Some(r) = self.c.replica_on("v", &node) else {
+                return Ok(());
+            };
+            self.c
+                .path(&node)
+                .join(r["spec"]["diskId"].as_str().unwrap_or("disk-1"))
+                .join("replicas")
+                .join(r["name"].as_str().unwrap_or_default())
         };
-        let dir = self
-            .c
-            .path(&node)
-            .join(r["spec"]["diskId"].as_str().unwrap_or("disk-1"))
-            .join("replicas")
-            .join(r["name"].as_str().unwrap_or_default());
         let Ok(replica) = ballast_node::replica::Replica::open_view(&dir) else {
             return Ok(());
         };
