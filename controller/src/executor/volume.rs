@@ -337,9 +337,6 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
 async fn mark_served(ctx: &Arc<Context>, volume: &Volume) -> Result<(), Error> {
     let now = ctx.now();
     for r in crate::freshness::current_records(ctx, volume).await? {
-        if r.spec.healthy_at.is_some() && r.status.mode.is_some() {
-            continue;
-        }
         ctx.store
             .modify::<Replica, Error>(&r.name, |r| Ok(super::effects::served(r, now)))
             .await?;
