@@ -82,7 +82,7 @@ impl BlockSums {
         let pages = (blocks * 4).div_ceil(PAGE);
         self.held.truncate(pages.div_ceil(64) as usize);
         if let Some(last) = self.held.last_mut()
-            && pages % 64 != 0
+            && !pages.is_multiple_of(64)
         {
             *last &= (1u64 << (pages % 64)) - 1;
         }
