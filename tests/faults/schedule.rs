@@ -117,7 +117,13 @@ impl Run {
                 self.down[*i] = true;
             }
             Fault::RestartNode(i) => {
-                self.c.restart_node(*i);
+                // With the controller down the node cannot register yet:
+                // it does once the controller is back.
+                if self.controller_down {
+                    self.c.respawn_node(*i);
+                } else {
+                    self.c.restart_node(*i);
+                }
                 self.down[*i] = false;
             }
             Fault::KillController => {

@@ -393,13 +393,19 @@ impl Cluster {
     /// Starts a stopped node again with the same flags and waits for it.
     pub fn restart_node(&mut self, i: usize) {
         let since = chrono::Utc::now();
-        let n = &mut self.nodes[i];
-        let log = self.dir.path().join(format!("{}.log", n.id));
-        n.proc = Proc::spawn(&n.args, log);
-        let (api, id) = (self.api.clone(), n.id.clone());
+        self.respawn_node(i);
+        let (api, id) = (self.api.clone(), self.nodes[i].id.clone());
         wait_for(NODE_START, "node back", || {
             node(&api, &id).filter(|v| node_up_since(v, since))
         });
+    }
+
+    /// Starts a stopped node again with the same flags, without waiting
+    /// for it to register (with the controller down it cannot yet).
+    pub fn respawn_node(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        let log = self.dir.path().join(format!("{}.log", n.id));
+        n.proc = Proc::spawn(&n.args, log);
     }
 }
 
