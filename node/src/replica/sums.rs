@@ -206,6 +206,28 @@ impl BlockSums {
 mod tests {
     use super::of;
 
+    /// A store only lands in pages the file holds: `reserve` (and every
+    /// `set*`, through it) allocates the table's pages a change touches,
+    /// and only those, so the table stays sparse elsewhere.
+    #[test]
+    fn a_change_takes_the_pages_it_touches_first() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("layer-000001.sums");
+        // 1 GiB of blocks: a table of 1 MiB, 256 pages, none held yet.
+        let mut sums = super::BlockSums::open(&path, 1 << 18).unwrap();
+        let held = || std::fs::metadata(&path).unwrap().blocks() * 512;
+        assert_eq!(held(), 0);
+        sums.reserve(0, 1).unwrap();
+        assert_eq!(held(), 4096);
+        // Blocks 1,000 to 1,100 straddle the first two pages' border.
+        sums.set_all(1000, &vec![7u8; 100 * 4096]).unwrap();
+        assert_eq!(held(), 2 * 4096);
+        sums.set(200_000, 1).unwrap();
+        assert_eq!(held(), 3 * 4096);
+        assert_eq!(sums.get(200_000), 1);
+    }
+
     /// The tables on disk hold these values: the CRC32C standard check
     /// value, and two whole blocks as every build since the format began
     /// computed them. A change of the CRC's implementation must keep them.
