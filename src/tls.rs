@@ -750,14 +750,17 @@ impl Tls {
 
     /// Renews the certificate when it is due at `now` (within `days` of
     /// its end): takes what `fresh` gives, if it is a new certificate that
-    /// ends no sooner than the one held, and returns it (to keep). None:
-    /// not due, TLS off, or `fresh` gave the certificate held (nothing new
-    /// yet, as from a directory whose files were not replaced since).
+    /// ends no sooner than the one held, has `keep` keep it (in files),
+    /// and only then shows it, so that what a member shows is what it
+    /// finds again at a restart; returns it. None: not due, TLS off, or
+    /// `fresh` gave the certificate held (nothing new yet, as from a
+    /// directory whose files were not replaced since).
     pub async fn renew_if_due<F>(
         &self,
         now: chrono::DateTime<chrono::Utc>,
         days: i64,
         fresh: impl FnOnce() -> F,
+        keep: impl FnOnce(&Credentials) -> Result<(), TlsError>,
     ) -> Result<Option<Credentials>, TlsError>
     where
         F: std::future::Future<Output = Result<Credentials, TlsError>>,
@@ -780,6 +783,7 @@ impl Tls {
                 chrono::DateTime::from_timestamp(until, 0).unwrap_or_default()
             )));
         }
+        keep(&fresh)?;
         self.renew(fresh.clone())?;
         Ok(Some(fresh))
     }

@@ -26,7 +26,13 @@ pub async fn keep_renewing(tls: Tls, ca: Arc<Ca>, days: i64) {
 #[tracing::instrument(skip_all)]
 async fn renew(tls: &Tls, ca: &Ca, days: i64, now: DateTime<Utc>) -> Result<bool, TlsError> {
     let fresh = tls
-        .renew_if_due(now, days, || async { ca.issue(&Role::Controller) })
+        // Kept in memory only: nothing to write.
+        .renew_if_due(
+            now,
+            days,
+            || async { ca.issue(&Role::Controller) },
+            |_| Ok(()),
+        )
         .await?;
     if let Some(c) = &fresh {
         tracing::info!(

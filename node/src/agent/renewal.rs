@@ -59,27 +59,33 @@ impl Renewal {
     async fn check(&self, now: DateTime<Utc>) -> Result<bool, TlsError> {
         let fresh = self
             .tls
-            .renew_if_due(now, self.days, || async {
-                match &self.source {
-                    Source::Enroll {
-                        controller,
-                        node_id,
-                        ca_file,
-                        token,
-                        ..
-                    } => super::enroll::ask(controller, node_id, ca_file, token)
-                        .await
-                        .map_err(|e| TlsError::NotRenewed(e.to_string())),
-                    Source::Dir(dir) => Credentials::load(dir),
-                }
-            })
+            .renew_if_due(
+                now,
+                self.days,
+                || async {
+                    match &self.source {
+                        Source::Enroll {
+                            controller,
+                            node_id,
+                            ca_file,
+                            token,
+                            ..
+                        } => super::enroll::ask(controller, node_id, ca_file, token)
+                            .await
+                            .map_err(|e| TlsError::NotRenewed(e.to_string())),
+                        Source::Dir(dir) => Credentials::load(dir),
+                    }
+                },
+                |fresh| match &self.source {
+                    // Enrolled: kept in the state directory before it is shown.
+                    Source::Enroll { dir, .. } => fresh.save(dir),
+                    Source::Dir(_) => Ok(()),
+                },
+            )
             .await?;
         let Some(fresh) = fresh else {
             return Ok(false);
         };
-        if let Source::Enroll { dir, .. } = &self.source {
-            fresh.save(dir)?;
-        }
         self.renewed.send_modify(|n| *n += 1);
         tracing::info!(
             not_after = ballast::tls::not_after(&fresh.cert_pem).unwrap_or_default(),
