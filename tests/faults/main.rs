@@ -238,6 +238,17 @@ fn engine_killed_while_a_replica_node_is_down() {
 
 #[test]
 fn random_schedules() {
+    random_runs(false);
+}
+
+/// The same, with replicas added, removed, deleted and evicted and
+/// snapshots taken and deleted between the faults.
+#[test]
+fn random_schedules_that_move_replicas() {
+    random_runs(true);
+}
+
+fn random_runs(moves: bool) {
     let seed: u64 = std::env::var("BALLAST_FAULT_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -249,7 +260,7 @@ fn random_schedules() {
     let mut rng = Rng::new(seed);
     let mut failures = Vec::new();
     for i in 0..count {
-        let s = random(&mut rng, i);
+        let s = random(&mut rng, i, moves);
         // Said first, so that a schedule whose run panics can be replayed.
         eprintln!("{} (seed {seed}): {:?}", s.name, s.faults);
         match run(&s) {

@@ -31,11 +31,38 @@ pub enum Fault {
     FreeDisk(usize),
     /// Flip an acknowledged block in node `i`'s replica's head.
     CorruptHead(usize),
+    /// Ask for this many replicas (`PATCH /v1/volumes/v`): the planner
+    /// removes one, or builds one while the writer writes.
+    Replicas(usize),
+    /// Delete node `i`'s replica (`DELETE /v1/replicas/{name}`); the
+    /// planner builds another. A refusal (the last that holds the latest
+    /// data) is an answer too.
+    DeleteReplica(usize),
+    /// Ask for node `i`'s replicas to move off it, or stop asking.
+    Evict(usize, bool),
+    /// Take a snapshot while the writer writes; `DeleteSnapshot` deletes
+    /// the oldest one taken, which merges its layer.
+    Snapshot,
+    DeleteSnapshot,
     /// Let the writer go on for this many milliseconds.
     Pause(u64),
     /// Every acknowledged write reads back now, or the attach is refused
     /// with a reason.
     Check,
+}
+
+impl Fault {
+    /// A request that moves or layers replicas rather than a fault.
+    fn moves(&self) -> bool {
+        matches!(
+            self,
+            Fault::Replicas(_)
+                | Fault::DeleteReplica(_)
+                | Fault::Evict(..)
+                | Fault::Snapshot
+                | Fault::DeleteSnapshot
+        )
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -71,6 +98,9 @@ struct Run {
     fillers: Vec<Option<std::path::PathBuf>>,
     /// The offsets of the acknowledged writes a CorruptHead flipped.
     flipped: std::collections::BTreeSet<u64>,
+    /// Snapshots taken and not deleted yet, oldest first; how many taken.
+    snapshots: Vec<String>,
+    snapshots_taken: usize,
     outcome: Outcome,
 }
 
@@ -145,6 +175,52 @@ impl Run {
                 }
             }
             Fault::CorruptHead(i) => self.corrupt_head(*i)?,
+            // The requests below need the controller; with it down they
+            // are not made (the schedule said to ask, and no one answers).
+            Fault::Replicas(n) if !self.controller_down => {
+                self.ask(
+                    "PATCH",
+                    "/v1/volumes/v",
+                    Some(json!({"numberOfReplicas": n})),
+                )?;
+            }
+            Fault::DeleteReplica(i) if !self.controller_down => {
+                if let Some(r) = self.c.replica_on("v", &format!("node-{}", i + 1)) {
+                    let name = r["name"].as_str().unwrap_or_default();
+                    self.ask("DELETE", &format!("/v1/replicas/{name}"), None)?;
+                }
+            }
+            Fault::Evict(i, on) if !self.controller_down => {
+                self.ask(
+                    "PATCH",
+                    &format!("/v1/nodes/node-{}", i + 1),
+                    Some(json!({"evictionRequested": on})),
+                )?;
+            }
+            Fault::Snapshot if !self.controller_down => {
+                self.snapshots_taken += 1;
+                let name = format!("s-{}", self.snapshots_taken);
+                if self.ask(
+                    "POST",
+                    "/v1/snapshots",
+                    Some(json!({"name": name, "volume": "v"})),
+                )? {
+                    self.snapshots.push(name);
+                }
+            }
+            Fault::DeleteSnapshot if !self.controller_down => {
+                if !self.snapshots.is_empty() {
+                    let name = self.snapshots[0].clone();
+                    if self.ask("DELETE", &format!("/v1/snapshots/{name}"), None)? {
+                        self.snapshots.remove(0);
+                    }
+                }
+            }
+            Fault::Replicas(_)
+            | Fault::DeleteReplica(_)
+            | Fault::Evict(..)
+            | Fault::Snapshot
+            | Fault::DeleteSnapshot => {}
             Fault::Pause(ms) => std::thread::sleep(Duration::from_millis(*ms)),
             Fault::Check => {
                 self.stop_writer();
@@ -153,6 +229,26 @@ impl Run {
             }
         }
         Ok(())
+    }
+
+    /// A request to the controller: true when done; false when it refused
+    /// with a reason (busy, a node down, nowhere to go); Err on anything
+    /// else (a server error, an answer that says nothing).
+    fn ask(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Result<bool, String> {
+        let (s, v) = call(method, &self.c.url(path), body);
+        match s {
+            200..=299 => Ok(true),
+            404 | 409 | 422 | 503 if v["error"].as_str().is_some_and(|e| !e.is_empty()) => {
+                eprintln!("{method} {path}: {s} {}", v["error"]);
+                Ok(false)
+            }
+            _ => Err(format!("{method} {path}: {s} {v}")),
+        }
     }
 
     /// Flips a block of an acknowledged write in node `i`'s replica head.
@@ -306,6 +402,8 @@ pub fn run(s: &Schedule) -> Result<Outcome, String> {
         controller_down: false,
         fillers: vec![None, None, None],
         flipped: Default::default(),
+        snapshots: Vec::new(),
+        snapshots_taken: 0,
         outcome: Outcome::default(),
     };
     run.start_writer();
@@ -315,9 +413,25 @@ pub fn run(s: &Schedule) -> Result<Outcome, String> {
     }
     run.stop_writer();
     run.restore().map_err(context)?;
+    let moves = s.faults.iter().any(Fault::moves);
+    if moves {
+        // Asked back to what it was made with: the replica count, and no
+        // node evicted.
+        run.apply(&Fault::Replicas(s.replicas)).map_err(context)?;
+        for i in 0..3 {
+            run.apply(&Fault::Evict(i, false)).map_err(context)?;
+        }
+    }
     // Everything is back: the volume must serve, with every write.
     let refused_before = run.outcome.refused.len();
     run.check().map_err(context)?;
+    if moves {
+        // It converges to the count it was made with, and the replicas it
+        // built or kept serve every write once more.
+        run.c
+            .wait_settled("v", s.replicas, Duration::from_secs(180));
+        run.check().map_err(context)?;
+    }
     if run.outcome.refused.len() > refused_before {
         return Err(context(format!(
             "with every node back, the attach was refused: {:?}",
@@ -349,14 +463,19 @@ impl Rng {
 }
 
 /// A random schedule of 3 to 7 faults that makes sense in order (a node is
-/// restarted only when down, a disk freed only when full).
-pub fn random(rng: &mut Rng, index: u64) -> Schedule {
+/// restarted only when down, a disk freed only when full). With `moves`,
+/// a schedule also changes the replica count, deletes replicas, evicts
+/// nodes and takes and deletes snapshots between the faults; without, it
+/// draws the schedules it always drew for a seed.
+pub fn random(rng: &mut Rng, index: u64, moves: bool) -> Schedule {
     let replicas = 2 + rng.below(2) as usize;
     let (mut down, mut full, mut ctl_down) = ([false; 3], [false; 3], false);
+    let mut evicting = [false; 3];
     let mut faults = vec![Fault::Pause(300)];
+    let kinds = if moves { 13 } else { 8 };
     for _ in 0..3 + rng.below(5) {
         let i = rng.below(3) as usize;
-        let f = match rng.below(8) {
+        let f = match rng.below(kinds) {
             0 => Fault::KillEngine,
             1 | 2 if !down[i] && i != 0 => {
                 down[i] = true;
@@ -384,13 +503,25 @@ pub fn random(rng: &mut Rng, index: u64) -> Schedule {
             }
             5 => Fault::CorruptHead(i),
             6 if !ctl_down => Fault::Check,
+            8 => Fault::Replicas(if rng.below(2) == 0 {
+                replicas - 1
+            } else {
+                replicas
+            }),
+            9 => Fault::DeleteReplica(i),
+            10 => {
+                evicting[i] = !evicting[i];
+                Fault::Evict(i, evicting[i])
+            }
+            11 => Fault::Snapshot,
+            12 => Fault::DeleteSnapshot,
             _ => Fault::Pause(500 + rng.below(1500)),
         };
         faults.push(f);
         faults.push(Fault::Pause(300 + rng.below(1200)));
     }
     Schedule {
-        name: format!("random-{index}"),
+        name: format!("{}-{index}", if moves { "moves" } else { "random" }),
         replicas,
         faults,
     }
