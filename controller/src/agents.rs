@@ -44,10 +44,7 @@ pub fn agent_error(node: &str, s: tonic::Status) -> Error {
         tonic::Code::InvalidArgument => Error::invalid("node", msg),
         tonic::Code::AlreadyExists | tonic::Code::Aborted => Error::Conflict(msg),
         tonic::Code::FailedPrecondition => Error::Unprocessable(msg),
-        tonic::Code::NotFound => Error::NotFound {
-            kind: "object".into(),
-            name: msg,
-        },
+        tonic::Code::NotFound => Error::NotOnNode(msg),
         tonic::Code::Unavailable => Error::Unavailable(msg),
         tonic::Code::DataLoss => Error::DataLoss(msg),
         _ => Error::Internal(msg),
@@ -244,5 +241,24 @@ impl Agents for GrpcAgents {
                 copy_path: done.copy_path,
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_that_lacks_what_was_asked_says_what_and_where() {
+        let e = agent_error(
+            "node-1",
+            tonic::Status::not_found("no engine of v runs on this node"),
+        );
+        assert!(matches!(e, Error::NotOnNode(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "node node-1: no engine of v runs on this node"
+        );
+        assert_eq!(tonic::Status::from(e).code(), tonic::Code::NotFound);
     }
 }

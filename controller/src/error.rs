@@ -11,6 +11,10 @@ pub enum Error {
     Invalid { field: String, message: String },
     #[error("{kind} {name:?} not found")]
     NotFound { kind: String, name: String },
+    /// A node does not hold what was asked of it (an engine that is not
+    /// running there, a replica's data it lacks); says what, and where.
+    #[error("{0}")]
+    NotOnNode(String),
     #[error("{0}")]
     AlreadyExists(String),
     /// Someone else changed the object, or it is busy.
@@ -81,7 +85,7 @@ impl From<Error> for tonic::Status {
         let msg = e.to_string();
         match e {
             Error::Invalid { .. } => tonic::Status::invalid_argument(msg),
-            Error::NotFound { .. } => tonic::Status::not_found(msg),
+            Error::NotFound { .. } | Error::NotOnNode(_) => tonic::Status::not_found(msg),
             Error::AlreadyExists(_) => tonic::Status::already_exists(msg),
             Error::Conflict(_) => tonic::Status::aborted(msg),
             Error::Unprocessable(_) => tonic::Status::failed_precondition(msg),

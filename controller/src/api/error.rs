@@ -12,7 +12,7 @@ impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let (status, code) = match &self {
             Error::Invalid { .. } => (StatusCode::BAD_REQUEST, "invalid_argument"),
-            Error::NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            Error::NotFound { .. } | Error::NotOnNode(_) => (StatusCode::NOT_FOUND, "not_found"),
             Error::AlreadyExists(_) => (StatusCode::CONFLICT, "already_exists"),
             Error::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
             Error::Unprocessable(_) => (StatusCode::UNPROCESSABLE_ENTITY, "unprocessable"),

@@ -296,7 +296,7 @@ pub async fn delete(ctx: &Arc<Context>, req: DeleteVolumeRequest) -> Result<(), 
         )));
     }
     match crate::executor::delete(ctx, &req.volume_id).await {
-        Err(Error::NotFound { .. }) => Ok(()),
+        Err(Error::NotFound { .. } | Error::NotOnNode(_)) => Ok(()),
         other => other,
     }
 }

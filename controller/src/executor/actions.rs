@@ -366,7 +366,12 @@ async fn remove_replica(
     match deleted {
         Ok(()) => {}
         // Down or unreachable: the node deletes the data when it is back.
-        Err(Error::Unprocessable(_) | Error::Unavailable(_) | Error::NotFound { .. }) => {
+        Err(
+            Error::Unprocessable(_)
+            | Error::Unavailable(_)
+            | Error::NotFound { .. }
+            | Error::NotOnNode(_),
+        ) => {
             tracing::warn!(
                 node = %rep.spec.node_id,
                 "the replica's node is down; its data stays on the disk until the node returns"

@@ -137,15 +137,24 @@ async fn through_engine(
 ) -> Result<Option<u64>, Error> {
     let node: Node = ctx.store.fetch(node_id).await?;
     let mut c = agent(&node, &ctx.member)?;
-    with_timeout(
+    match with_timeout(
         &node.id,
         c.snapshot_volume(SnapshotVolumeRequest {
             volume: volume.name.clone(),
             snapshot: id.to_string(),
         }),
     )
-    .await?;
-    Ok(None)
+    .await
+    {
+        Ok(_) => Ok(None),
+        // The volume is there; its engine is not, for now (it stopped, and
+        // its node starts it again).
+        Err(Error::NotOnNode(_)) => Err(Error::Unavailable(format!(
+            "volume {} is attached at node {node_id}, but its engine is not running there now; try again once it is",
+            volume.name
+        ))),
+        Err(e) => Err(e),
+    }
 }
 
 /// Each current replica of the detached volume takes it; every one must.

@@ -697,7 +697,7 @@ async fn grow_offline(
         match grow_on_node(ctx, r, size).await {
             Ok(()) => done.push(r),
             // Its data is gone: it is replaced like any lost replica.
-            Err(Error::NotFound { .. }) => {
+            Err(Error::NotFound { .. } | Error::NotOnNode(_)) => {
                 tracing::warn!(replica = %r.name, "no data to grow on its node");
             }
             Err(e) => {
