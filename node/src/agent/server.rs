@@ -199,7 +199,7 @@ impl NodeAgent for NodeAgentService {
             if dir.join(META_FILE).exists() {
                 let deleted = match &self.ctx.replicas {
                     Some(server) => server.replicas().delete(&name, &dir),
-                    None => std::fs::remove_dir_all(&dir),
+                    None => crate::replica::remove_replica_dir(&dir),
                 };
                 deleted.map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
             }

@@ -76,6 +76,9 @@ impl Replicas {
     /// Like `new`, starting each head's writeback after `writeback_every`
     /// bytes written (0: left to the kernel).
     pub fn with_writeback(disks: Vec<PathBuf>, writeback_every: u64) -> Arc<Self> {
+        for d in &disks {
+            empty_bin(d);
+        }
         Arc::new(Replicas {
             writeback_every,
             disks,
@@ -388,7 +391,69 @@ impl Replicas {
         if let Ok(mut fences) = self.fences.lock() {
             fences.remove(name);
         }
-        std::fs::remove_dir_all(dir)
+        remove_replica_dir(dir)
+    }
+}
+
+/// Where `<disk>/replicas/<name>` goes to be removed: `<disk>/deleting/`,
+/// beside `replicas/`, so that no scan of the replicas lists it.
+const DELETING: &str = "deleting";
+
+/// Removes the replica directory `dir` (`<disk>/replicas/<name>`): first
+/// moved whole out of `replicas/`, in one rename, then its files removed.
+/// A task of this node still writing into the replica by its path (a
+/// scrub noting a corrupt layer, a fence raised) finds no directory once
+/// the rename is done, rather than putting a file back into one being
+/// emptied. Once moved the replica is deleted: what a write under way at
+/// the rename put into the moved directory, or a removal cut short by a
+/// crash, goes at the next deletion on the disk or the node's next start.
+/// Idempotent: a directory that is not there is deleted.
+pub fn remove_replica_dir(dir: &Path) -> std::io::Result<()> {
+    let (Some(name), Some(disk)) = (dir.file_name(), dir.parent().and_then(Path::parent)) else {
+        return Err(std::io::Error::other(format!(
+            "{} is not a replica directory",
+            dir.display()
+        )));
+    };
+    let bin = disk.join(DELETING);
+    std::fs::create_dir_all(&bin)?;
+    let mut moved = name.to_os_string();
+    moved.push(format!(
+        ".{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    ));
+    match std::fs::rename(dir, bin.join(moved)) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    empty_bin(disk);
+    Ok(())
+}
+
+/// Removes what deleted replicas left in `<disk>/deleting/`. A write that
+/// was under way when its replica moved may land after the files were
+/// listed: each removal is tried a few times, then left for the next.
+pub fn empty_bin(disk: &Path) {
+    let Ok(entries) = std::fs::read_dir(disk.join(DELETING)) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        let mut tries = 0;
+        while let Err(e) = std::fs::remove_dir_all(&path) {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                break;
+            }
+            tries += 1;
+            if tries == 3 {
+                tracing::warn!(dir = %path.display(), error = %e, "files of a deleted replica not removed yet; tried again at the next deletion");
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
     }
 }
 

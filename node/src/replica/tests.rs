@@ -789,3 +789,77 @@ fn a_replicas_engine_fence_only_rises_and_is_read_back_by_a_new_table() {
     assert_eq!(again.raise_fence("v-r1", 4).unwrap(), 5);
     assert!(again.fence("no-such").is_err());
 }
+
+/// What the node still writes into a replica by its path while the
+/// replica is deleted — a scrub noting a corrupt layer, a fence raised —
+/// neither makes the deletion fail nor brings the directory back.
+#[test]
+fn a_replica_written_into_while_deleted_is_deleted_whole() {
+    let disk = tempfile::tempdir().unwrap();
+    let table = Replicas::new(vec![disk.path().to_path_buf()]);
+    for round in 0..20 {
+        let name = format!("v-r{round}");
+        let dir = replica_dir(disk.path(), &name);
+        std::fs::create_dir_all(&dir).unwrap();
+        drop(Replica::create(&dir, 16 * BLOCK).unwrap());
+        table.find(&name).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (dir, stop) = (dir.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut written = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    if mark_corrupt_in(&dir, &format!("layer-{written}")).is_ok() {
+                        written += 1;
+                    }
+                }
+                written
+            })
+        };
+        // Deleted while files keep coming.
+        while !dir.join(CORRUPT_FILE).exists() {
+            std::thread::yield_now();
+        }
+        table.delete(&name, &dir).unwrap();
+        assert!(!dir.exists(), "round {round}: {} is gone", dir.display());
+        assert!(
+            mark_corrupt_in(&dir, "late").is_err(),
+            "round {round}: a late write finds no directory"
+        );
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(writer.join().unwrap() > 0);
+        assert!(
+            table.find(&name).is_err(),
+            "round {round}: not opened again"
+        );
+    }
+    // Nothing is left of them once the node starts again.
+    drop(Replicas::new(vec![disk.path().to_path_buf()]));
+    let left: Vec<_> = std::fs::read_dir(disk.path().join("deleting"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    assert_eq!(
+        std::fs::read_dir(disk.path().join("replicas"))
+            .unwrap()
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn a_corrupt_block_is_found_again_in_its_errors_text() {
+    let e = ReplicaError::CorruptBlock {
+        dir: PathBuf::from("/d/replicas/v-r1"),
+        layer: "layer-000002".into(),
+        block: 513,
+    };
+    assert_eq!(corrupt_block_at(&e.to_string()), Some(513 * BLOCK));
+    let layer = ReplicaError::CorruptLayer {
+        layer: "layer-000002".into(),
+        message: "checksum 1, recorded 2".into(),
+    };
+    assert_eq!(corrupt_block_at(&layer.to_string()), None);
+}
