@@ -35,7 +35,9 @@ pub use merge::{MERGE_CHUNK, MergeJournal, MergeStep};
 pub use meta::{META_FILE, Meta, valid_snapshot_id, write_durably};
 pub use revision::{LOG_ENTRIES, LogEntry, LogOp};
 pub use sums::{of as block_sum, of_blocks as block_sums};
-pub use table::{LoanGuard, MergeReport, Replicas, Shared, merge_paced, replica_dir};
+pub use table::{
+    LoanGuard, MergeReport, Replicas, Shared, merge_paced, remove_replica_dir, replica_dir,
+};
 
 /// The unit of allocation and of the allocation maps.
 pub const BLOCK: u64 = 4096;
@@ -404,6 +406,14 @@ fn changed_under(dir: &Path, name: &str, want: &str) -> bool {
         }
         Err(_) => false,
     }
+}
+
+/// The byte offset of the block that a `CorruptBlock` error's text names
+/// (its "(byte N)"), as a reply over the wire carries it.
+pub fn corrupt_block_at(message: &str) -> Option<u64> {
+    let (_, rest) = message.split_once("(byte ")?;
+    let (digits, _) = rest.split_once(')')?;
+    digits.parse().ok()
 }
 
 /// The frozen layer a corruption error names, if it names one.

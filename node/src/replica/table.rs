@@ -407,7 +407,8 @@ const DELETING: &str = "deleting";
 /// emptied. Once moved the replica is deleted: what a write under way at
 /// the rename put into the moved directory, or a removal cut short by a
 /// crash, goes at the next deletion on the disk or the node's next start.
-/// Idempotent: a directory that is not there is deleted.
+/// On a disk too full to make the bin, the directory is emptied where it
+/// is. Idempotent: a directory that is not there is deleted.
 pub fn remove_replica_dir(dir: &Path) -> std::io::Result<()> {
     let (Some(name), Some(disk)) = (dir.file_name(), dir.parent().and_then(Path::parent)) else {
         return Err(std::io::Error::other(format!(
@@ -416,7 +417,6 @@ pub fn remove_replica_dir(dir: &Path) -> std::io::Result<()> {
         )));
     };
     let bin = disk.join(DELETING);
-    std::fs::create_dir_all(&bin)?;
     let mut moved = name.to_os_string();
     moved.push(format!(
         ".{}",
@@ -425,34 +425,47 @@ pub fn remove_replica_dir(dir: &Path) -> std::io::Result<()> {
             .map(|d| d.as_nanos())
             .unwrap_or_default()
     ));
-    match std::fs::rename(dir, bin.join(moved)) {
+    match std::fs::create_dir_all(&bin).and_then(|()| std::fs::rename(dir, bin.join(moved))) {
         Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
+        Err(_) if !dir.exists() => {}
+        Err(e) => {
+            tracing::info!(dir = %dir.display(), error = %e, "a deleted replica's directory cannot move to the bin; emptied where it is");
+            return remove_tree(dir);
+        }
     }
     empty_bin(disk);
     Ok(())
 }
 
-/// Removes what deleted replicas left in `<disk>/deleting/`. A write that
-/// was under way when its replica moved may land after the files were
-/// listed: each removal is tried a few times, then left for the next.
+/// Removes what deleted replicas left in `<disk>/deleting/` (made here
+/// when missing, for the next deletion). Each removal is tried a few
+/// times, then left for the next.
 pub fn empty_bin(disk: &Path) {
-    let Ok(entries) = std::fs::read_dir(disk.join(DELETING)) else {
+    let bin = disk.join(DELETING);
+    let _ = std::fs::create_dir_all(&bin);
+    let Ok(entries) = std::fs::read_dir(&bin) else {
         return;
     };
     for path in entries.flatten().map(|e| e.path()) {
-        let mut tries = 0;
-        while let Err(e) = std::fs::remove_dir_all(&path) {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                break;
+        if let Err(e) = remove_tree(&path) {
+            tracing::warn!(dir = %path.display(), error = %e, "files of a deleted replica not removed yet; tried again at the next deletion");
+        }
+    }
+}
+
+/// `remove_dir_all`, tried again when a write landed after the files were
+/// listed ("Directory not empty").
+fn remove_tree(path: &Path) -> std::io::Result<()> {
+    let mut tries = 0;
+    loop {
+        match std::fs::remove_dir_all(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if tries < 3 && e.raw_os_error() == Some(nix::libc::ENOTEMPTY) => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            tries += 1;
-            if tries == 3 {
-                tracing::warn!(dir = %path.display(), error = %e, "files of a deleted replica not removed yet; tried again at the next deletion");
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(10));
+            Err(e) => return Err(e),
         }
     }
 }

@@ -863,3 +863,20 @@ fn a_corrupt_block_is_found_again_in_its_errors_text() {
     };
     assert_eq!(corrupt_block_at(&layer.to_string()), None);
 }
+
+/// Where the bin cannot be made (a disk too full for one more directory;
+/// here a file holds its name), a replica is still deleted, in place.
+#[test]
+fn a_replica_is_deleted_where_its_bin_cannot_be_made() {
+    let disk = tempfile::tempdir().unwrap();
+    let table = Replicas::new(vec![disk.path().to_path_buf()]);
+    std::fs::remove_dir(disk.path().join("deleting")).unwrap();
+    std::fs::write(disk.path().join("deleting"), b"in the way").unwrap();
+    let dir = replica_dir(disk.path(), "v-r1");
+    std::fs::create_dir_all(&dir).unwrap();
+    drop(Replica::create(&dir, 16 * BLOCK).unwrap());
+    table.find("v-r1").unwrap();
+    table.delete("v-r1", &dir).unwrap();
+    assert!(!dir.exists());
+    table.delete("v-r1", &dir).unwrap();
+}
