@@ -41,6 +41,10 @@ pub use freshness::{RecordError, Recorder, ReplicaSet};
 /// replicas (the node agent answers FAILED_PRECONDITION for it).
 pub const EXIT_NO_REPLICA: u8 = 3;
 
+/// Bad blocks a freeze repairs in one replica before it gives up on it:
+/// more, and the disk is failing; the replica is rebuilt instead.
+const MAX_REPAIRS_PER_FREEZE: u32 = 64;
+
 /// Errors of the engine, as NBD reports them.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -603,13 +607,88 @@ impl Engine {
         if let Some(why) = self.freshness.fenced() {
             return Err(EngineError::NotRecorded(format!("engine fenced: {why}")));
         }
-        let _io = self.io.read().await;
+        let io = self.io.read().await;
         let start = std::time::Instant::now();
-        let read = self.read_now(offset, len).await;
+        let mut bad = Vec::new();
+        let read = self.read_noting(offset, len, Some(&mut bad)).await;
+        drop(io);
+        if !bad.is_empty() {
+            // Served from another replica: the ones that failed a checksum
+            // get the range back from it, or are dropped when it cannot be.
+            self.repair(offset, u64::from(len), bad).await;
+        }
         if read.is_ok() {
             self.counters.read(u64::from(len), start.elapsed());
         }
         read
+    }
+
+    /// Repairs the blocks of `offset..+len` in the replicas `bad`, which
+    /// each failed a checksum there (replica and error): with I/O paused,
+    /// the blocks are read from the other rw replicas and written back to
+    /// every replica, as a write of what the volume already holds. A bad
+    /// replica that does not take the write is dropped, as for any write;
+    /// one whose blocks no other replica serves now keeps serving the rest.
+    #[tracing::instrument(skip_all, fields(volume = %self.volume, offset, len))]
+    async fn repair(&self, offset: u64, len: u64, bad: Vec<(String, ClientError)>) {
+        let _pause = self.io.write().await;
+        self.repair_now(offset, len, &bad).await;
+    }
+
+    /// `repair`, with I/O already paused. Returns whether every block was
+    /// written back.
+    async fn repair_now(&self, offset: u64, len: u64, bad: &[(String, ClientError)]) -> bool {
+        let start = offset / BLOCK * BLOCK;
+        let end = offset
+            .saturating_add(len)
+            .div_ceil(BLOCK)
+            .saturating_mul(BLOCK)
+            .min(self.size());
+        let names: Vec<&str> = bad.iter().map(|(n, _)| n.as_str()).collect();
+        let mut pos = start;
+        while pos < end {
+            let n = (end - pos).min(u64::from(MAX_DATA)) as u32;
+            let done = match self.read_excluding(pos, n, &names).await {
+                Ok(data) => self.mutate_now(Op::Write, pos, n, 0, data).await,
+                Err(e) => Err(e),
+            };
+            if let Err(why) = done {
+                for (name, e) in bad {
+                    tracing::warn!(volume = %self.volume, replica = %name, error = %e, why = %why,
+                        "blocks that failed their checksum were not repaired");
+                }
+                return false;
+            }
+            pos += u64::from(n);
+        }
+        // Read back: a replica whose blocks go bad again on the way or on
+        // its disk is dropped, to be rebuilt, not repaired for ever.
+        let mut all = true;
+        for (name, e) in bad {
+            let link: Vec<_> = self
+                .rw_links()
+                .await
+                .into_iter()
+                .filter(|(n, _)| n == name)
+                .collect();
+            let mut pos = start;
+            let mut sound = !link.is_empty();
+            while sound && pos < end {
+                let n = (end - pos).min(u64::from(MAX_DATA)) as u32;
+                sound = self.read_from(link.clone(), pos, n, None).await.is_ok();
+                pos += u64::from(n);
+            }
+            if sound {
+                tracing::warn!(volume = %self.volume, replica = %name, start, end, error = %e,
+                    "blocks that failed their checksum repaired from another replica");
+            } else {
+                tracing::warn!(volume = %self.volume, replica = %name, start, end, error = %e,
+                    "blocks that failed their checksum are bad again once repaired");
+                self.fail(name, e).await;
+                all = false;
+            }
+        }
+        all
     }
 
     /// The I/O served since the engine started.
@@ -683,11 +762,58 @@ impl Engine {
 
     /// Reads with I/O already held (shared or exclusive).
     async fn read_now(&self, offset: u64, len: u32) -> Result<Bytes, EngineError> {
-        let mut last = String::from("no rw replica");
+        self.read_noting(offset, len, None).await
+    }
+
+    /// Reads from the rw replicas but `skip`, with I/O held.
+    async fn read_excluding(
+        &self,
+        offset: u64,
+        len: u32,
+        skip: &[&str],
+    ) -> Result<Bytes, EngineError> {
+        let links: Vec<_> = self
+            .rw_links()
+            .await
+            .into_iter()
+            .filter(|(n, _)| !skip.contains(&n.as_str()))
+            .collect();
+        self.read_from(links, offset, len, None).await
+    }
+
+    /// Reads with I/O held. With `bad`, a replica whose blocks fail their
+    /// checksum while another replica may serve them is noted there rather
+    /// than dropped: the caller repairs it once I/O is let go.
+    async fn read_noting(
+        &self,
+        offset: u64,
+        len: u32,
+        bad: Option<&mut Vec<(String, ClientError)>>,
+    ) -> Result<Bytes, EngineError> {
         let links = self.rw_links().await;
+        self.read_from(links, offset, len, bad).await
+    }
+
+    async fn read_from(
+        &self,
+        links: Vec<(String, Link)>,
+        offset: u64,
+        len: u32,
+        mut bad: Option<&mut Vec<(String, ClientError)>>,
+    ) -> Result<Bytes, EngineError> {
+        let mut last = String::from("no rw replica");
         let count = links.len();
         for (i, (name, link)) in links.into_iter().enumerate() {
             let others = i + 1 < count;
+            // Noted for repair rather than dropped: a bad block while
+            // another replica may hold it sound.
+            let mut note = |e: &ClientError| match bad.as_deref_mut() {
+                Some(bad) if others && e.is_corrupt() => {
+                    bad.push((name.clone(), e.clone()));
+                    true
+                }
+                _ => false,
+            };
             let c = match link {
                 // Inline, without a thread hop: a read of the local disk,
                 // mostly from the page cache, is short.
@@ -698,6 +824,9 @@ impl Engine {
                     }
                     Err(e) => {
                         last = e.to_string();
+                        if note(&e) {
+                            continue;
+                        }
                         if let Some(e) = self.read_failed(&name, &e, others).await {
                             return Err(e);
                         }
@@ -729,6 +858,9 @@ impl Engine {
                 Ok(out) => return Ok(out),
                 Err(e) => {
                     last = e.to_string();
+                    if note(&e) {
+                        continue;
+                    }
                     if let Some(e) = self.read_failed(&name, &e, others).await {
                         return Err(e);
                     }
@@ -1197,18 +1329,38 @@ impl Engine {
     async fn snapshot_now(&self, label: Option<&str>) -> Result<Vec<String>, EngineError> {
         let mut names = Vec::new();
         for (name, c) in self.rw_links().await {
-            match c.snapshot(label).await {
-                Ok(n) => names.push(n),
-                // Freezing a head checks its blocks. The last rw replica
-                // is kept with a bad block (it serves the rest); what
-                // needed the snapshot (a rebuild) fails instead.
-                Err(e) if e.is_corrupt() && self.others_rw(&name).await == 0 => {
+            let mut repaired = 0;
+            loop {
+                let e = match c.snapshot(label).await {
+                    Ok(n) => {
+                        names.push(n);
+                        break;
+                    }
+                    Err(e) => e,
+                };
+                // Freezing a head checks its blocks. A bad one is taken
+                // from another replica and the freeze tried again.
+                if let Some(at) = e.corrupt_at()
+                    && repaired < MAX_REPAIRS_PER_FREEZE
+                    && self.others_rw(&name).await > 0
+                    && self
+                        .repair_now(at, BLOCK, &[(name.clone(), e.clone())])
+                        .await
+                {
+                    repaired += 1;
+                    continue;
+                }
+                // Beyond repair, the last rw replica is kept with a bad
+                // block (it serves the rest); what needed the snapshot (a
+                // rebuild) fails instead.
+                if e.is_corrupt() && self.others_rw(&name).await == 0 {
                     return Err(EngineError::Corrupt {
                         replica: name,
                         message: e.to_string(),
                     });
                 }
-                Err(e) => self.fail(&name, &e).await,
+                self.fail(&name, &e).await;
+                break;
             }
         }
         if names.is_empty() {

@@ -36,6 +36,19 @@ impl ClientError {
         )
     }
 
+    /// Where in the volume the block lies whose checksum failed, when the
+    /// replica named one (see `replica::corrupt_block_at`).
+    pub fn corrupt_at(&self) -> Option<u64> {
+        match self {
+            ClientError::Failed {
+                status: super::protocol::status::CORRUPT,
+                message,
+                ..
+            } => crate::replica::corrupt_block_at(message),
+            _ => None,
+        }
+    }
+
     /// The replica's disk is full: it holds what it held, the write did
     /// not fit.
     pub fn is_no_space(&self) -> bool {
