@@ -613,8 +613,8 @@ impl Engine {
         let read = self.read_noting(offset, len, Some(&mut bad)).await;
         drop(io);
         if !bad.is_empty() {
-            // Served from another replica: the ones that failed a checksum
-            // get the range back from it, or are dropped when it cannot be.
+            // The replicas that failed a checksum get the range back from
+            // the others (see `repair`).
             self.repair(offset, u64::from(len), bad).await;
         }
         if read.is_ok() {
