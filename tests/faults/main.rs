@@ -218,6 +218,48 @@ fn a_corrupt_head_block_is_never_served() {
     );
 }
 
+/// The shape of the soak's seed 20261204, moves schedule 17: another
+/// block flipped in each replica, then a snapshot, whose freeze checks
+/// every head. Each bad block is repaired from the others, so the volume
+/// settles back to three replicas (it stayed at one when a bad block
+/// failed its whole replica).
+#[test]
+fn another_block_flipped_in_each_replica_then_a_snapshot() {
+    fixed(
+        "flipped-in-each",
+        3,
+        vec![
+            Pause(800),
+            CorruptHead(1),
+            Pause(300),
+            CorruptHead(2),
+            Pause(300),
+            CorruptHead(0),
+            Pause(300),
+            Snapshot,
+            Pause(500),
+        ],
+    );
+}
+
+/// Found by the soak of 2026-12-02 (seed 20261204, moves schedule 3): a
+/// replica deleted on a full disk was a 500 ENOSPC, as the deletion's bin
+/// could not be made there.
+#[test]
+fn a_replica_deleted_on_a_full_disk() {
+    fixed(
+        "delete-on-full-disk",
+        3,
+        vec![
+            Pause(800),
+            FillDisk(1),
+            Pause(300),
+            DeleteReplica(1),
+            Pause(1000),
+        ],
+    );
+}
+
 #[test]
 fn engine_killed_while_a_replica_node_is_down() {
     fixed(
