@@ -644,22 +644,21 @@ impl Engine {
             .div_ceil(BLOCK)
             .saturating_mul(BLOCK)
             .min(self.size());
+        // A read's range, in whole blocks: within what a read may ask for.
+        let Ok(n) = u32::try_from(end.saturating_sub(start)) else {
+            return false;
+        };
         let names: Vec<&str> = bad.iter().map(|(n, _)| n.as_str()).collect();
-        let mut pos = start;
-        while pos < end {
-            let n = (end - pos).min(u64::from(MAX_DATA)) as u32;
-            let done = match self.read_excluding(pos, n, &names).await {
-                Ok(data) => self.mutate_now(Op::Write, pos, n, 0, data).await,
-                Err(e) => Err(e),
-            };
-            if let Err(why) = done {
-                for (name, e) in bad {
-                    tracing::warn!(volume = %self.volume, replica = %name, error = %e, why = %why,
-                        "blocks that failed their checksum were not repaired");
-                }
-                return false;
+        let done = match self.read_excluding(start, n, &names).await {
+            Ok(data) => self.write_now(start, data, false).await,
+            Err(e) => Err(e),
+        };
+        if let Err(why) = done {
+            for (name, e) in bad {
+                tracing::warn!(volume = %self.volume, replica = %name, error = %e, why = %why,
+                    "blocks that failed their checksum were not repaired");
             }
-            pos += u64::from(n);
+            return false;
         }
         // Read back: a replica whose blocks go bad again on the way or on
         // its disk is dropped, to be rebuilt, not repaired for ever.
@@ -671,13 +670,7 @@ impl Engine {
                 .into_iter()
                 .filter(|(n, _)| n == name)
                 .collect();
-            let mut pos = start;
-            let mut sound = !link.is_empty();
-            while sound && pos < end {
-                let n = (end - pos).min(u64::from(MAX_DATA)) as u32;
-                sound = self.read_from(link.clone(), pos, n, None).await.is_ok();
-                pos += u64::from(n);
-            }
+            let sound = !link.is_empty() && self.read_from(link, start, n, None).await.is_ok();
             if sound {
                 tracing::warn!(volume = %self.volume, replica = %name, start, end, error = %e,
                     "blocks that failed their checksum repaired from another replica");
