@@ -4,7 +4,7 @@
 //! and say which replica holds the latest data; never stale data. The
 //! fixed schedules are the sequences that once lost data; the random ones
 //! are seeded (`BALLAST_FAULT_SEED`, `BALLAST_FAULT_SCHEDULES`) so a failure
-//! is replayed by its seed.
+//! is replayed by its seed, alone with `BALLAST_FAULT_ONLY` (its number).
 
 #[path = "../../cli/tests/common/mod.rs"]
 mod common;
@@ -260,6 +260,32 @@ fn a_replica_deleted_on_a_full_disk() {
     );
 }
 
+/// Found by the soak of 2026-12-02 (seed 20261206, moves schedule 9): two
+/// nodes down, then a block flipped in the last rw replica. Every rebuild
+/// began with a snapshot whose freeze failed on that block, so the volume
+/// stayed at one replica. The nodes that come back held the block as it
+/// was last written (the flip takes the first acknowledged write, written
+/// before they went down), and their write logs show it: the block is
+/// repaired from them, and the volume settles back to three.
+#[test]
+fn two_nodes_down_then_a_block_flipped_in_the_last_replica() {
+    fixed(
+        "bad-block-in-the-last-replica",
+        3,
+        vec![
+            Pause(800),
+            KillNode(2),
+            Pause(700),
+            KillNode(1),
+            Pause(1200),
+            CorruptHead(0),
+            Pause(500),
+            DeleteReplica(0),
+            Pause(1000),
+        ],
+    );
+}
+
 #[test]
 fn engine_killed_while_a_replica_node_is_down() {
     fixed(
@@ -299,10 +325,17 @@ fn random_runs(moves: bool) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2);
+    // Replays one schedule of a seed: the ones before it are drawn, not run.
+    let only: Option<u64> = std::env::var("BALLAST_FAULT_ONLY")
+        .ok()
+        .and_then(|s| s.parse().ok());
     let mut rng = Rng::new(seed);
     let mut failures = Vec::new();
     for i in 0..count {
         let s = random(&mut rng, i, moves);
+        if only.is_some_and(|o| o != i) {
+            continue;
+        }
         // Said first, so that a schedule whose run panics can be replayed.
         eprintln!("{} (seed {seed}): {:?}", s.name, s.faults);
         match run(&s) {

@@ -222,6 +222,19 @@ impl Lent {
         .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
     }
 
+    /// The writes after revision `since` in its write log (see
+    /// `Replica::writes_since`).
+    pub fn writes_since(
+        &self,
+        since: u64,
+    ) -> Result<Option<Vec<crate::replica::LogEntry>>, ClientError> {
+        Ok(self
+            .replica
+            .read()
+            .map_err(|_| self.poisoned())?
+            .writes_since(since))
+    }
+
     pub fn layers(&self) -> Result<Vec<LayerInfo>, ClientError> {
         Ok(self.replica.read().map_err(|_| self.poisoned())?.layers())
     }

@@ -34,6 +34,7 @@ mod catch_up;
 pub mod freshness;
 mod lent;
 mod rebuild;
+mod spare;
 
 pub use freshness::{RecordError, Recorder, ReplicaSet};
 
@@ -140,6 +141,16 @@ impl Link {
         match self {
             Link::Remote(c) => c.layers().await,
             Link::Lent(l) => l.layers(),
+        }
+    }
+
+    async fn writes_since(
+        &self,
+        since: u64,
+    ) -> Result<Option<Vec<crate::replica::LogEntry>>, ClientError> {
+        match self {
+            Link::Remote(c) => c.writes_since(since).await,
+            Link::Lent(l) => l.writes_since(since),
         }
     }
 }
@@ -632,12 +643,19 @@ impl Engine {
     #[tracing::instrument(skip_all, fields(volume = %self.volume, offset, len))]
     async fn repair(&self, offset: u64, len: u64, bad: Vec<(String, ClientError)>) {
         let _pause = self.io.write().await;
-        self.repair_now(offset, len, &bad).await;
+        self.repair_now(offset, len, &bad, None).await;
     }
 
-    /// `repair`, with I/O already paused. Returns whether every block was
-    /// written back.
-    async fn repair_now(&self, offset: u64, len: u64, bad: &[(String, ClientError)]) -> bool {
+    /// `repair`, with I/O already paused. When no other rw replica serves
+    /// the blocks, a replica about to join (`spare`) may (see `spare`).
+    /// Returns whether every block was written back.
+    async fn repair_now(
+        &self,
+        offset: u64,
+        len: u64,
+        bad: &[(String, ClientError)],
+        spare: Option<&spare::Spare<'_>>,
+    ) -> bool {
         let start = offset / BLOCK * BLOCK;
         let end = offset
             .saturating_add(len)
@@ -649,7 +667,21 @@ impl Engine {
             return false;
         };
         let names: Vec<&str> = bad.iter().map(|(n, _)| n.as_str()).collect();
-        let done = match self.read_excluding(start, n, &names).await {
+        let mut read = self.read_excluding(start, n, &names).await;
+        if let (Err(EngineError::NoReplica(_)), Some(spare), [(last, _)]) = (&read, spare, bad) {
+            read = match self.spare_copy(spare, start, n, last).await {
+                Ok(data) => {
+                    tracing::warn!(volume = %self.volume, replica = %last, spare = spare.name, start, end,
+                        "blocks that failed their checksum in the last rw replica taken from the replica joining, which the write logs show missed no write there");
+                    Ok(data)
+                }
+                Err(why) => Err(EngineError::NoReplica(format!(
+                    "no other rw replica, and the joining {} cannot give them: {why}",
+                    spare.name
+                ))),
+            };
+        }
+        let done = match read {
             Ok(data) => self.write_now(start, data, false).await,
             Err(e) => Err(e),
         };
@@ -1316,10 +1348,17 @@ impl Engine {
             // snapshot now would be missing from it.
             return Err(EngineError::Busy(self.volume.clone()));
         }
-        self.snapshot_now(label).await
+        self.snapshot_now(label, None).await
     }
 
-    async fn snapshot_now(&self, label: Option<&str>) -> Result<Vec<String>, EngineError> {
+    /// A snapshot with I/O paused. A bad block of a head is repaired from
+    /// the other rw replicas, or, in the last one, from `spare` (a replica
+    /// about to join) when it may.
+    async fn snapshot_now(
+        &self,
+        label: Option<&str>,
+        spare: Option<&spare::Spare<'_>>,
+    ) -> Result<Vec<String>, EngineError> {
         let mut names = Vec::new();
         for (name, c) in self.rw_links().await {
             let mut repaired = 0;
@@ -1335,9 +1374,9 @@ impl Engine {
                 // from another replica and the freeze tried again.
                 if let Some(at) = e.corrupt_at()
                     && repaired < MAX_REPAIRS_PER_FREEZE
-                    && self.others_rw(&name).await > 0
+                    && (spare.is_some() || self.others_rw(&name).await > 0)
                     && self
-                        .repair_now(at, BLOCK, &[(name.clone(), e.clone())])
+                        .repair_now(at, BLOCK, &[(name.clone(), e.clone())], spare)
                         .await
                 {
                     repaired += 1;

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 
 use ballast::model::ReplicaMode;
 
+use super::spare::Spare;
 use super::{Engine, EngineError, Link, Member, RebuildStatus, ReplicaAddr};
 use crate::wire::JoinSpec;
 use crate::wire::client::{ClientError, ReplicaClient};
@@ -70,7 +71,18 @@ impl Engine {
         let client = Arc::new(client);
         let (src, kept) = {
             let _pause = self.io.write().await;
-            self.snapshot_now(None).await?;
+            // A replica that held the volume before may give a block the
+            // last rw one holds bad (see `spare`); one whose rebuild did
+            // not finish holds no whole copy.
+            let spare = info["revision"]
+                .as_u64()
+                .filter(|_| info["pending"].as_u64() == Some(0))
+                .map(|revision| Spare {
+                    name: &at.name,
+                    client: &client,
+                    revision,
+                });
+            self.snapshot_now(None, spare.as_ref()).await?;
             let (src_name, layers) = self.pick_source(source.as_deref()).await?;
             let spec = JoinSpec::following(&layers, self.revision.load(Ordering::SeqCst))
                 .map_err(|e| replica_err(&src_name, e))?;
