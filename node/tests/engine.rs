@@ -763,3 +763,43 @@ async fn a_block_changed_on_its_way_to_a_replica_is_never_served() {
     let hurt = status.iter().find(|s| s.name == "v-r2").unwrap();
     assert_eq!(hurt.mode, ReplicaMode::Err, "{status:?}");
 }
+
+/// Flips every byte of the 4 KiB block at `offset` in layer `layer` of a
+/// replica.
+fn flip_layer_block(dir: &std::path::Path, layer: &str, offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(dir.join(layer))
+        .unwrap();
+    let mut b = vec![0u8; BLOCK as usize];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b.iter_mut().for_each(|x| *x = !*x);
+    f.write_all_at(&b, offset).unwrap();
+}
+
+/// One bad block in a frozen layer of the last replica fails the reads of
+/// that block only: every other block of the layer is still served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_block_in_a_frozen_layer_of_the_last_replica_fails_only_its_own_reads() {
+    let d = tempfile::tempdir().unwrap();
+    let a = replica_server(d.path(), "v-r1", 64 * BLOCK).await;
+    let engine = engine_over(64 * BLOCK, std::slice::from_ref(&a), None).await;
+    let data: Vec<u8> = (0..8 * BLOCK).map(|i| (i % 233) as u8).collect();
+    engine.write(0, &data, false).await.unwrap();
+    engine.snapshot(Some("s1")).await.unwrap();
+    let dir = replica_dir(d.path(), "v-r1");
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap();
+    let frozen = meta["chain"][0].as_str().unwrap().to_string();
+    flip_layer_block(&dir, &frozen, 2 * BLOCK);
+    assert!(engine.read(2 * BLOCK, 4096).await.is_err());
+    for b in [0u64, 1, 3, 7] {
+        let got = engine.read(b * BLOCK, 4096).await;
+        assert!(
+            got.as_deref().ok() == Some(&data[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize]),
+            "block {b}: {got:?}"
+        );
+    }
+}

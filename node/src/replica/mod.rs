@@ -215,9 +215,10 @@ pub struct Replica {
     /// The thread that starts writeback, made on first use; it ends with
     /// the replica.
     writeback: Option<std::sync::mpsc::SyncSender<File>>,
-    /// Frozen layers found corrupt (the file `corrupt-layers`, one name per
-    /// line, only ever added to): never served, never kept by a rebuild.
-    corrupt: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Frozen layers found corrupt (the file `corrupt-layers`, one mark per
+    /// line, only ever added to; see `Mark`): never kept by a rebuild nor
+    /// copied from; true for a layer marked whole, which is never served.
+    corrupt: std::sync::Mutex<std::collections::BTreeMap<String, bool>>,
     /// Whether `corrupt` holds any layer: reads look at it without a lock.
     any_corrupt: std::sync::atomic::AtomicBool,
 }
@@ -370,25 +371,100 @@ impl<'a> Prefetch<'a> {
     }
 }
 
-/// Records in the replica at `dir` that its frozen layer `name` is corrupt
-/// (see `Replica::mark_corrupt`), for whoever opens it next.
-pub fn mark_corrupt_in(dir: &Path, name: &str) -> Result<(), ReplicaError> {
+/// A line of `corrupt-layers`. A layer's name alone marks it whole: its
+/// checksum did not match although its blocks may each match theirs, so
+/// which data is bad is not known, and none of it is served. `NAME block
+/// N` marks it for block N: that block fails its own checksum at every
+/// read, and the others are served. Either way a rebuild never keeps the
+/// layer nor copies it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mark {
+    pub layer: String,
+    /// The block found bad; None for the whole layer.
+    pub block: Option<u64>,
+}
+
+impl Mark {
+    /// The mark a corruption error calls for, when it names a layer.
+    pub fn of(e: &ReplicaError) -> Option<Mark> {
+        match e {
+            ReplicaError::CorruptBlock { layer, block, .. } => Some(Mark {
+                layer: layer.clone(),
+                block: Some(*block),
+            }),
+            ReplicaError::CorruptLayer { layer, .. } => Some(Mark {
+                layer: layer.clone(),
+                block: None,
+            }),
+            _ => None,
+        }
+    }
+
+    /// A whole-layer mark.
+    pub fn whole(layer: &str) -> Mark {
+        Mark {
+            layer: layer.to_string(),
+            block: None,
+        }
+    }
+
+    fn line(&self) -> String {
+        match self.block {
+            Some(b) => format!("{} block {b}", self.layer),
+            None => self.layer.clone(),
+        }
+    }
+
+    fn parse(line: &str) -> Mark {
+        match line.split_once(" block ") {
+            Some((layer, b)) if b.parse::<u64>().is_ok() => Mark {
+                layer: layer.to_string(),
+                block: b.parse().ok(),
+            },
+            _ => Mark::whole(line),
+        }
+    }
+}
+
+/// The marks the file `corrupt-layers` of the replica in `dir` holds, by
+/// layer: true for one marked whole.
+fn marks_in(dir: &Path) -> std::collections::BTreeMap<String, bool> {
+    let mut marks = std::collections::BTreeMap::new();
+    for m in std::fs::read_to_string(dir.join(CORRUPT_FILE))
+        .unwrap_or_default()
+        .lines()
+        .map(Mark::parse)
+    {
+        *marks.entry(m.layer).or_insert(false) |= m.block.is_none();
+    }
+    marks
+}
+
+/// Records in the replica at `dir` that its frozen layer is corrupt (see
+/// `Mark`), for whoever opens it next.
+pub fn mark_corrupt_in(dir: &Path, mark: &Mark) -> Result<(), ReplicaError> {
     use std::io::Write;
     let path = dir.join(CORRUPT_FILE);
+    let line = mark.line();
     if std::fs::read_to_string(&path)
         .unwrap_or_default()
         .lines()
-        .any(|l| l == name)
+        .any(|l| l == line)
     {
         return Ok(());
     }
-    tracing::error!(dir = %dir.display(), layer = name, "layer found corrupt; it is never served or kept again");
+    match mark.block {
+        Some(block) => tracing::error!(dir = %dir.display(), layer = %mark.layer, block,
+            "a block of the layer found corrupt; the layer is never kept or copied by a rebuild again, and the block fails its reads"),
+        None => tracing::error!(dir = %dir.display(), layer = %mark.layer,
+            "layer found corrupt; it is never served or kept again"),
+    }
     let mut f = OpenOptions::new()
         .create(true)
         .append(true)
         .open(&path)
         .map_err(|e| ReplicaError::io(&path, e))?;
-    writeln!(f, "{name}")
+    writeln!(f, "{line}")
         .and_then(|()| f.sync_all())
         .map_err(|e| ReplicaError::io(&path, e))
 }
@@ -549,12 +625,7 @@ impl Replica {
             layers.push(Layer::open(dir, name, blocks, meta.block_sums)?);
         }
         let (revision_file, stored) = revision::RevisionCounter::open(&dir.join(REVISION_FILE))?;
-        let corrupt = std::fs::read_to_string(dir.join(CORRUPT_FILE))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_string)
-            .collect();
-        let corrupt: std::collections::BTreeSet<String> = corrupt;
+        let corrupt = marks_in(dir);
         Ok(Replica {
             any_corrupt: std::sync::atomic::AtomicBool::new(!corrupt.is_empty()),
             corrupt: std::sync::Mutex::new(corrupt),
@@ -702,7 +773,9 @@ impl Replica {
                 .read_exact_at(out, pos)
                 .map_err(|e| ReplicaError::io(&l.path, e));
         }
-        if self.is_corrupt(&l.name) {
+        // A layer marked for a block is served: that block fails its own
+        // checksum below, at every read.
+        if self.is_unserved(&l.name) {
             return Err(ReplicaError::Corrupt(format!(
                 "layer {} was found corrupt",
                 l.name
@@ -1133,10 +1206,20 @@ impl Replica {
         Ok(())
     }
 
-    /// Whether layer `name` was found corrupt.
+    /// Whether layer `name` was found corrupt (marked whole or for a
+    /// block): a rebuild neither keeps it nor copies it.
     pub fn is_corrupt(&self, name: &str) -> bool {
         self.any_corrupt.load(std::sync::atomic::Ordering::Acquire)
-            && self.corrupt.lock().is_ok_and(|c| c.contains(name))
+            && self.corrupt.lock().is_ok_and(|c| c.contains_key(name))
+    }
+
+    /// Whether layer `name` is marked whole: none of it is served.
+    fn is_unserved(&self, name: &str) -> bool {
+        self.any_corrupt.load(std::sync::atomic::Ordering::Acquire)
+            && self
+                .corrupt
+                .lock()
+                .is_ok_and(|c| c.get(name).copied().unwrap_or(false))
     }
 
     /// Scrubs the replica in `dir` from its files, whoever holds it: every
@@ -1148,14 +1231,14 @@ impl Replica {
     pub fn scrub(dir: &Path, mut pace: impl FnMut(u64)) -> Result<u64, ReplicaError> {
         let meta = Meta::read(dir)?;
         let blocks = meta.size / BLOCK;
-        let corrupt = std::fs::read_to_string(dir.join(CORRUPT_FILE)).unwrap_or_default();
+        let corrupt = marks_in(dir);
         let mut checked = 0;
         for name in &meta.chain {
             let Some(want) = meta.frozen.get(name) else {
                 continue;
             };
             let merging = meta.merging.as_ref().is_some_and(|j| &j.into == name);
-            if meta.pending.contains(name) || corrupt.lines().any(|l| l == name) || merging {
+            if meta.pending.contains(name) || corrupt.contains_key(name) || merging {
                 continue;
             }
             let l = Layer::open(dir, name, blocks, meta.block_sums)?;
@@ -1190,18 +1273,24 @@ impl Replica {
         Ok(checked)
     }
 
-    /// Records that a frozen layer is corrupt: from now on it is never
-    /// served, and a rebuild never keeps it. (The head needs no mark: a
-    /// rebuild never keeps a head.) Kept in its own file, so that whoever
-    /// holds the replica — its server, or the engine it is lent to — may
-    /// record it without touching `meta.json`.
-    pub fn mark_corrupt(&self, name: &str) -> Result<(), ReplicaError> {
-        if !self.meta.frozen.contains_key(name) || self.is_corrupt(name) {
+    /// Records that a frozen layer is corrupt (see `Mark`): from now on a
+    /// rebuild neither keeps it nor copies it, and, marked whole, it is
+    /// never served. (The head needs no mark: a rebuild never keeps a
+    /// head.) Kept in its own file, so that whoever holds the replica — its
+    /// server, or the engine it is lent to — may record it without
+    /// touching `meta.json`.
+    pub fn mark_corrupt(&self, mark: &Mark) -> Result<(), ReplicaError> {
+        let name = mark.layer.as_str();
+        let whole = mark.block.is_none();
+        if !self.meta.frozen.contains_key(name) || (self.is_corrupt(name) && !whole) {
             return Ok(());
         }
-        mark_corrupt_in(&self.dir, name)?;
+        if whole && self.is_unserved(name) {
+            return Ok(());
+        }
+        mark_corrupt_in(&self.dir, mark)?;
         if let Ok(mut c) = self.corrupt.lock() {
-            c.insert(name.to_string());
+            *c.entry(name.to_string()).or_insert(false) |= whole;
         }
         self.any_corrupt
             .store(true, std::sync::atomic::Ordering::Release);
@@ -1226,8 +1315,8 @@ impl Replica {
 
     /// Marks the layer a corruption error names, when it is a frozen one.
     pub fn note_corruption(&self, e: &ReplicaError) {
-        if let Some(layer) = corrupt_layer(e)
-            && let Err(err) = self.mark_corrupt(layer)
+        if let Some(mark) = Mark::of(e)
+            && let Err(err) = self.mark_corrupt(&mark)
         {
             tracing::warn!(error = %err, "cannot record a corrupt layer");
         }

@@ -289,7 +289,7 @@ impl Replicas {
         .await
         .map_err(|e| ReplicaError::Invalid(e.to_string()))?;
         if let Err(e) = &scrubbed
-            && let Some(layer) = super::corrupt_layer(e)
+            && let Some(mark) = super::Mark::of(e)
         {
             match self.open.lock().ok().and_then(|o| o.get(name).cloned()) {
                 Some(r) => {
@@ -297,7 +297,7 @@ impl Replicas {
                         r.note_corruption(e);
                     }
                 }
-                None => super::mark_corrupt_in(&dir, layer)?,
+                None => super::mark_corrupt_in(&dir, &mark)?,
             }
         }
         scrubbed

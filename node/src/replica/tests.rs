@@ -506,17 +506,37 @@ fn a_flipped_byte_in_the_head_or_a_frozen_layer_is_never_read_back() {
     let e = Replica::scrub(&dir, |n| paced += n).unwrap_err();
     assert!(e.to_string().contains(&frozen), "{e}");
     assert!(paced > 0);
-    // Once marked, the layer is refused as a whole, and a rebuild does not
-    // keep it.
+    // Marked for its bad block, the layer is neither kept nor copied by a
+    // rebuild; its good blocks are still served, the bad one never.
+    assert!(
+        matches!(e, ReplicaError::CorruptBlock { block: 2, .. }),
+        "{e}"
+    );
     r.note_corruption(&e);
     assert!(r.is_corrupt(&frozen));
     drop(r);
     let r = Replica::open(&dir).unwrap();
     assert!(r.is_corrupt(&frozen), "the mark survives");
     let mut buf = vec![0u8; BLOCK as usize];
+    r.read(BLOCK, &mut buf).unwrap();
+    assert_eq!(buf, vec![1u8; BLOCK as usize], "a good block of the layer");
+    assert!(r.read(2 * BLOCK, &mut buf).is_err(), "its bad block");
+    let mut four = vec![0u8; 4 * BLOCK as usize];
     assert!(
-        r.read(0, &mut buf).is_err(),
-        "a good block of a corrupt layer"
+        r.read_layer(&frozen, 0, &mut four).is_err(),
+        "a rebuild's read"
+    );
+    // Its checksum found wrong (which blocks are bad is not known), it is
+    // refused whole.
+    r.note_corruption(&ReplicaError::CorruptLayer {
+        layer: frozen.clone(),
+        message: "checksum x, recorded y".into(),
+    });
+    drop(r);
+    let r = Replica::open(&dir).unwrap();
+    assert!(
+        r.read(BLOCK, &mut buf).is_err(),
+        "a good block of a layer marked whole"
     );
 }
 
@@ -809,7 +829,7 @@ fn a_replica_written_into_while_deleted_is_deleted_whole() {
             std::thread::spawn(move || {
                 let mut written = 0u64;
                 while !stop.load(std::sync::atomic::Ordering::SeqCst) {
-                    if mark_corrupt_in(&dir, &format!("layer-{written}")).is_ok() {
+                    if mark_corrupt_in(&dir, &Mark::whole(&format!("layer-{written}"))).is_ok() {
                         written += 1;
                     }
                 }
@@ -823,7 +843,7 @@ fn a_replica_written_into_while_deleted_is_deleted_whole() {
         table.delete(&name, &dir).unwrap();
         assert!(!dir.exists(), "round {round}: {} is gone", dir.display());
         assert!(
-            mark_corrupt_in(&dir, "late").is_err(),
+            mark_corrupt_in(&dir, &Mark::whole("late")).is_err(),
             "round {round}: a late write finds no directory"
         );
         stop.store(true, std::sync::atomic::Ordering::SeqCst);
