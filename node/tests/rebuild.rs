@@ -769,45 +769,43 @@ async fn a_seeded_block_whose_checksum_agrees_on_other_data_is_caught_and_the_la
     assert!(image(&r1).await == image(&r0).await);
 }
 
+/// The source's layer goes bad on its disk at one block, and a read finds
+/// it, so the layer is marked for that block. Its table still says what
+/// the layer held when frozen: the seeded fill gets its sums, keeps the
+/// seed's blocks (the bad one's among them, sound in the seed), and the
+/// layer completes against its recorded checksum with nothing copied.
+/// (Before, a marked layer refused its sums, and every fill of it failed
+/// though the seed held it whole.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_source_found_corrupt_while_sending_its_sums_is_the_replica_at_fault() {
+async fn a_source_layer_marked_for_a_bad_block_gives_its_sums_and_the_seed_keeps_the_sound_block() {
     let CutOff {
-        disks: (d1, d2),
+        disks: (d1, _d2),
         source: (s1, _r0),
         target: _r1,
         src,
         dst,
     } = cut_off_after_one_layer().await;
-    let seed = replica_dir(d2.path(), "v-r1").join("layer-000002.img");
-    let seeded = std::fs::read(&seed).unwrap();
-    // The source's second layer goes bad on its disk, and a read finds
-    // it: the layer is marked, and LAYER_SUMS refuses it.
     let at = (4 << 20) + 3 * 4096;
     spoil(&replica_dir(d1.path(), "v-r0").join("layer-000002.img"), at);
     let err = src.read(at, 4096).await.unwrap_err();
     assert!(err.is_corrupt(), "{err}");
+    assert!(
+        Replica::open(&replica_dir(d1.path(), "v-r0"))
+            .unwrap()
+            .is_corrupt("layer-000002.img"),
+        "the layer is marked"
+    );
     let report = join(&src, &dst).await;
     assert_eq!(report["seeded"], serde_json::json!(["layer-000002.img"]));
-    // The seeded fill asks for the layer's sums first: the answer says
-    // corrupt, so the fill fails as the source's fault (CORRUPT, which
-    // an engine turns into failing the source, not the target).
-    let err = dst.fill(&s1).await.unwrap_err();
-    assert!(
-        err.is_corrupt(),
-        "the source's fault, not the target's: {err}"
+    let filled = dst.fill(&s1).await.unwrap();
+    assert_eq!(filled["bytes"], 0, "{filled}");
+    assert_eq!(filled["reused"], 1 << 20, "{filled}");
+    assert_eq!(dst.info().await.unwrap()["pending"], 0);
+    assert_eq!(
+        dst.read(at, 4096).await.unwrap().to_vec(),
+        pattern(at, 4096, 5),
+        "the target holds the block sound"
     );
-    assert!(err.to_string().contains("layer-000002.img"), "{err}");
-    // Nothing of the source reached the target: its layer is still
-    // pending, with the seed it had.
-    let layer = dst
-        .layers()
-        .await
-        .unwrap()
-        .into_iter()
-        .find(|l| l.name == "layer-000002.img")
-        .unwrap();
-    assert!(layer.pending, "{layer:?}");
-    assert!(std::fs::read(&seed).unwrap() == seeded, "the seed changed");
 }
 
 /// The head layer file of the replica in `dir`.
@@ -899,4 +897,44 @@ async fn bad_in_the_last_replica(lend: bool) {
         image(&r1).await == want,
         "lend {lend}: v-r1 serves the whole volume sound"
     );
+}
+
+/// A block of the last replica's frozen layer goes bad, and is read (so
+/// the layer is marked for it). A replica that comes back holds its old
+/// copy of that layer: the fill compares block checksums with the
+/// source's table, keeps the returning replica's sound block, and checks
+/// the layer whole against its recorded checksum. Before, a marked layer
+/// gave no checksums, and every rebuild failed on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_block_in_the_last_replicas_frozen_layer_is_kept_sound_from_a_returning_replicas_seed()
+ {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
+    let r0 = replica(d1.path(), "v-r0", &s1);
+    let r1 = replica(d2.path(), "v-r1", &s2);
+    let engine = engine_over(SIZE, &[r0.clone(), r1.clone()], None).await;
+    let len = 64 * 4096;
+    engine.write(0, &pattern(0, len, 1), false).await.unwrap();
+    engine.flush().await.unwrap();
+    // r1 goes out with the head as it is; r0 freezes that head.
+    engine.remove_replica("v-r1").await.unwrap();
+    engine.snapshot(None).await.unwrap();
+    let r0_dir = replica_dir(d1.path(), "v-r0");
+    let frozen = layers(&r0).await[0].0.clone();
+    spoil(&r0_dir.join(&frozen), 7 * 4096);
+    assert!(engine.read(7 * 4096, 4096).await.is_err(), "no sound copy");
+    assert!(
+        Replica::open(&r0_dir).unwrap().is_corrupt(&frozen),
+        "the layer is marked"
+    );
+    engine.add_replica(r1.clone(), None).await.unwrap();
+    let m = wait_rw(&engine, "v-r1").await;
+    let rebuild = m.rebuild.unwrap();
+    assert_eq!(rebuild.copied_bytes, 0, "{rebuild:?}");
+    // Served from r1 and repaired in r0; both whole now.
+    let mut want = vec![0u8; SIZE as usize];
+    want[..len].copy_from_slice(&pattern(0, len, 1));
+    assert!(engine.read(0, SIZE as u32).await.unwrap() == want);
+    assert!(image(&r1).await == want, "v-r1 serves the whole volume");
+    assert!(image(&r0).await == want, "v-r0 serves the whole volume");
 }

@@ -279,7 +279,9 @@ impl Replica {
         if self.meta.pending.contains(name) {
             return Ok(());
         }
-        if self.is_corrupt(name) {
+        // A layer marked for a block gives the others: each is checked
+        // here, and the fill checks the layer whole on arrival.
+        if self.is_unserved(name) {
             return Err(ReplicaError::Corrupt(format!(
                 "layer {name} was found corrupt"
             )));
@@ -316,7 +318,10 @@ impl Replica {
                 "layer {name} is not a complete frozen layer"
             )));
         }
-        if self.is_corrupt(name) {
+        // The table of a layer marked for a block still says what the
+        // layer held when frozen: a seed's block equal to it is kept, and
+        // the layer is checked whole once filled.
+        if self.is_unserved(name) {
             return Err(ReplicaError::Corrupt(format!(
                 "layer {name} was found corrupt"
             )));

@@ -376,7 +376,9 @@ impl<'a> Prefetch<'a> {
 /// which data is bad is not known, and none of it is served. `NAME block
 /// N` marks it for block N: that block fails its own checksum at every
 /// read, and the others are served. Either way a rebuild never keeps the
-/// layer nor copies it.
+/// layer. A fill copies from a layer marked for a block only what passes
+/// the checks (each block its own, the layer whole on arrival), and from
+/// one marked whole nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Mark {
     pub layer: String,
@@ -1207,7 +1209,7 @@ impl Replica {
     }
 
     /// Whether layer `name` was found corrupt (marked whole or for a
-    /// block): a rebuild neither keeps it nor copies it.
+    /// block): a rebuild never keeps it.
     pub fn is_corrupt(&self, name: &str) -> bool {
         self.any_corrupt.load(std::sync::atomic::Ordering::Acquire)
             && self.corrupt.lock().is_ok_and(|c| c.contains_key(name))
@@ -1274,8 +1276,8 @@ impl Replica {
     }
 
     /// Records that a frozen layer is corrupt (see `Mark`): from now on a
-    /// rebuild neither keeps it nor copies it, and, marked whole, it is
-    /// never served. (The head needs no mark: a rebuild never keeps a
+    /// rebuild never keeps it, and, marked whole, it is never served nor
+    /// copied. (The head needs no mark: a rebuild never keeps a
     /// head.) Kept in its own file, so that whoever holds the replica — its
     /// server, or the engine it is lent to — may record it without
     /// touching `meta.json`.
