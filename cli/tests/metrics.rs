@@ -274,3 +274,103 @@ fn the_metrics_say_when_each_certificate_expires() {
     );
     ahead(&node, &["holder=\"node\""], 365.0);
 }
+
+/// Flips every byte of the 4 KiB block at `offset` of replica `name`'s head
+/// on `node`, in a `ballast local` in `dir`: its disk changed it.
+fn flip_head_block(dir: &std::path::Path, node: &str, name: &str, offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let replica = dir.join(node).join("disk-1/replicas").join(name);
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(replica.join("meta.json")).unwrap()).unwrap();
+    let head = meta["chain"].as_array().unwrap().last().unwrap().clone();
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(replica.join(head.as_str().unwrap()))
+        .unwrap();
+    let mut b = vec![0u8; 4096];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b.iter_mut().for_each(|x| *x = !*x);
+    f.write_all_at(&b, offset).unwrap();
+}
+
+/// A node's `/metrics` counts the blocks its engine found failing their
+/// checksum, the ones it repaired, and the reads no replica could serve.
+/// A block bad in the local replica (read first) is served from the other
+/// and repaired; a block bad in both fails its read. qemu-io checks every
+/// byte it reads against the pattern written.
+#[test]
+fn a_nodes_metrics_count_checksum_failures_repairs_and_unreadable_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let local = start_local(dir.path());
+    let (port, api) = (local.port, local.api.clone());
+    free_space_is_not_the_test(&api);
+    let (s, v) = call(
+        "POST",
+        &format!("{api}/v1/volumes"),
+        Some(json!({"name": "v", "size": "64Mi", "numberOfReplicas": 2})),
+    );
+    assert_eq!(s, 201, "{v}");
+    let replicas = wait_for(Duration::from_secs(30), "both replicas placed", || {
+        let items = get_json(&format!("{api}/v1/replicas?volume=v"))?["items"].clone();
+        let placed: Vec<(String, String)> = items
+            .as_array()?
+            .iter()
+            .filter_map(|r| {
+                Some((
+                    r["name"].as_str()?.to_string(),
+                    r["spec"]["nodeId"].as_str()?.to_string(),
+                ))
+            })
+            .collect();
+        (placed.len() == 2).then_some(placed)
+    });
+    // Attached where the first replica is: it is the local one, read first.
+    let (local_replica, node) = replicas[0].clone();
+    let (other_replica, other_node) = replicas[1].clone();
+    let i: u16 = node.trim_start_matches("node-").parse().unwrap();
+    let node_metrics = format!("http://127.0.0.1:{}/metrics", port + 138 + i - 1);
+    let endpoint = attach(&api, "v", &node);
+    let (ok, out) = qemu_io(&endpoint, &["write -P 0x5a 0 1M", "flush"]);
+    assert!(ok, "{out}");
+    let count = |text: &str, what: &str| {
+        sample(
+            text,
+            &format!("ballast_volume_{what}_total"),
+            &["volume=\"v\"", &format!("node=\"{node}\"")],
+        )
+    };
+    let text = get_text(&node_metrics).expect("the node serves /metrics");
+    for what in ["checksum_failures", "repairs", "unreadable_reads"] {
+        assert_eq!(count(&text, what), Some(0.0), "{what}: {text}");
+    }
+
+    flip_head_block(dir.path(), &node, &local_replica, 0);
+    let (ok, out) = qemu_io(&endpoint, &["read -P 0x5a 0 4k"]);
+    assert!(ok, "served from the other replica: {out}");
+    let text = wait_for(Duration::from_secs(10), "the repair counted", || {
+        let t = get_text(&node_metrics)?;
+        (count(&t, "repairs") == Some(1.0)).then_some(t)
+    });
+    assert_eq!(count(&text, "checksum_failures"), Some(1.0), "{text}");
+    assert_eq!(count(&text, "unreadable_reads"), Some(0.0), "{text}");
+
+    flip_head_block(dir.path(), &node, &local_replica, 4096);
+    flip_head_block(dir.path(), &other_node, &other_replica, 4096);
+    let (ok, out) = qemu_io(&endpoint, &["read -P 0x5a 4k 4k"]);
+    assert!(!ok, "no replica holds the block sound: {out}");
+    let text = wait_for(
+        Duration::from_secs(10),
+        "the unreadable read counted",
+        || {
+            let t = get_text(&node_metrics)?;
+            (count(&t, "unreadable_reads") == Some(1.0)).then_some(t)
+        },
+    );
+    assert_eq!(count(&text, "checksum_failures"), Some(3.0), "{text}");
+    assert_eq!(count(&text, "repairs"), Some(1.0), "{text}");
+    // The rest reads back as written.
+    let (ok, out) = qemu_io(&endpoint, &["read -P 0x5a 0 4k", "read -P 0x5a 8k 1016k"]);
+    assert!(ok, "{out}");
+    detach(&api, "v");
+}

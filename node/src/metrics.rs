@@ -1,7 +1,8 @@
 //! The node plugin's `/metrics` (prometheus-client, OpenMetrics text, on
 //! `--metrics-listen`): the I/O each engine started here served — read and
 //! write operations, bytes and the time they took, summed since the
-//! engine started — whether it runs (and waits for a handover to a new
+//! engine started, and the blocks that failed their checksums, were
+//! repaired, or could not be read — whether it runs (and waits for a handover to a new
 //! engine host), the changes of its replicas that
 //! the replica server refused (a stale engine still trying, say), and
 //! when the node's and the engines' certificates expire. The
@@ -88,6 +89,18 @@ pub async fn render(ctx: &NodeContext) -> Result<String, std::fmt::Error> {
             "ballast_volume_write_latency_nanoseconds",
             "Time the volume's writes took, summed",
         ),
+        (
+            "ballast_volume_checksum_failures",
+            "Blocks found failing their checksum in one of the volume's replicas, by a read or a snapshot's freeze (once per replica and read): a disk, or the way to it, changed them",
+        ),
+        (
+            "ballast_volume_repairs",
+            "Blocks that failed their checksum in a replica and were written back to it from another replica, then read back sound",
+        ),
+        (
+            "ballast_volume_unreadable_reads",
+            "Reads that failed (EIO) because no replica held their blocks sound: that data is lost until it is written again",
+        ),
     ]
     .map(|(name, help)| counters(&mut reg, name, help));
     let expiry = Family::<CertificateLabels, Gauge>::default();
@@ -126,6 +139,9 @@ pub async fn render(ctx: &NodeContext) -> Result<String, std::fmt::Error> {
             io.write_ops,
             io.write_bytes,
             io.write_ns,
+            io.checksum_failures,
+            io.repairs,
+            io.unreadable_reads,
         ];
         for (family, v) in families.iter().zip(values) {
             family.get_or_create(&l).inc_by(v);

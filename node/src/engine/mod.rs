@@ -255,7 +255,9 @@ fn sums_for(clients: &Writers, offset: u64, data: &[u8]) -> Option<Bytes> {
 pub type WriteDone = Box<dyn FnOnce(Result<(), EngineError>) + Send>;
 
 /// The I/O an engine served, counted since it started: operations, bytes
-/// and the time they took (nanoseconds, summed), for reads and writes.
+/// and the time they took (nanoseconds, summed), for reads and writes;
+/// and the blocks that failed their checksums, were repaired, or could
+/// not be read at all.
 #[derive(Debug, Default)]
 pub struct IoCounters {
     read_ops: AtomicU64,
@@ -264,11 +266,15 @@ pub struct IoCounters {
     write_ops: AtomicU64,
     write_bytes: AtomicU64,
     write_ns: AtomicU64,
+    checksum_failures: AtomicU64,
+    repairs: AtomicU64,
+    unreadable_reads: AtomicU64,
 }
 
-/// What `IoCounters` held at one moment.
+/// What `IoCounters` held at one moment. (An engine of an older build
+/// reports no checksum counters: they read 0.)
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", default)]
 pub struct IoStats {
     pub read_ops: u64,
     pub read_bytes: u64,
@@ -276,6 +282,14 @@ pub struct IoStats {
     pub write_ops: u64,
     pub write_bytes: u64,
     pub write_ns: u64,
+    /// Blocks found failing their checksum in a replica (by a read or a
+    /// freeze), once per replica and read.
+    pub checksum_failures: u64,
+    /// Of those, the ones written back to their replica and read back
+    /// sound.
+    pub repairs: u64,
+    /// Reads that failed because no replica held their blocks sound.
+    pub unreadable_reads: u64,
 }
 
 impl IoCounters {
@@ -301,7 +315,14 @@ impl IoCounters {
             write_ops: self.write_ops.load(Ordering::Relaxed),
             write_bytes: self.write_bytes.load(Ordering::Relaxed),
             write_ns: self.write_ns.load(Ordering::Relaxed),
+            checksum_failures: self.checksum_failures.load(Ordering::Relaxed),
+            repairs: self.repairs.load(Ordering::Relaxed),
+            unreadable_reads: self.unreadable_reads.load(Ordering::Relaxed),
         }
+    }
+
+    fn count(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -623,6 +644,12 @@ impl Engine {
         let mut bad = Vec::new();
         let read = self.read_noting(offset, len, Some(&mut bad)).await;
         drop(io);
+        IoCounters::count(&self.counters.checksum_failures, bad.len() as u64);
+        if let Err(EngineError::Corrupt { .. }) = &read {
+            // The last replica that could serve it held it bad too.
+            IoCounters::count(&self.counters.checksum_failures, 1);
+            IoCounters::count(&self.counters.unreadable_reads, 1);
+        }
         if !bad.is_empty() {
             // The replicas that failed a checksum get the range back from
             // the others (see `repair`).
@@ -704,6 +731,7 @@ impl Engine {
                 .collect();
             let sound = !link.is_empty() && self.read_from(link, start, n, None).await.is_ok();
             if sound {
+                IoCounters::count(&self.counters.repairs, 1);
                 tracing::warn!(volume = %self.volume, replica = %name, start, end, error = %e,
                     "blocks that failed their checksum repaired from another replica");
             } else {
@@ -1372,6 +1400,9 @@ impl Engine {
                 };
                 // Freezing a head checks its blocks. A bad one is taken
                 // from another replica and the freeze tried again.
+                if e.corrupt_at().is_some() {
+                    IoCounters::count(&self.counters.checksum_failures, 1);
+                }
                 if let Some(at) = e.corrupt_at()
                     && repaired < MAX_REPAIRS_PER_FREEZE
                     && (spare.is_some() || self.others_rw(&name).await > 0)
