@@ -803,3 +803,54 @@ async fn a_bad_block_in_a_frozen_layer_of_the_last_replica_fails_only_its_own_re
         );
     }
 }
+
+/// A write of part of a block bad in every replica fails alone (EIO): no
+/// replica is dropped, none makes the bad bytes pass, and the rest of the
+/// volume is served. Bad in one replica only, that replica refuses the
+/// write and is dropped (it lacks it), and the others serve it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partial_write_into_a_block_bad_everywhere_fails_alone_and_the_block_stays_bad() {
+    for lend in [false, true] {
+        partial_write_into_a_bad_block(lend).await;
+    }
+}
+
+/// The test above, with v-r0 reached through its server or lent.
+async fn partial_write_into_a_bad_block(lend: bool) {
+    let (dirs, addrs, engine) = three_replicas(lend).await;
+    let data: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 241) as u8).collect();
+    engine.write(0, &data, false).await.unwrap();
+    engine.flush().await.unwrap();
+    for (i, d) in dirs.iter().enumerate() {
+        flip_head_block(&replica_dir(d.path(), &format!("v-r{i}")), 0);
+    }
+    let e = engine.write(100, &[9u8; 512], false).await.unwrap_err();
+    assert!(e.to_string().contains("corrupt"), "lend {lend}: {e}");
+    let status = engine.status().await;
+    assert!(
+        status.iter().all(|s| s.mode == ReplicaMode::Rw),
+        "{status:?}"
+    );
+    assert!(engine.read(0, 4096).await.is_err(), "still bad everywhere");
+    assert_eq!(
+        engine.read(BLOCK, (3 * BLOCK) as u32).await.unwrap(),
+        data[BLOCK as usize..]
+    );
+
+    // Block 2 bad in v-r0 alone: v-r0 refuses the write and goes; the
+    // others hold it.
+    flip_head_block(&replica_dir(dirs[0].path(), "v-r0"), 2 * BLOCK);
+    engine
+        .write(2 * BLOCK + 10, &[8u8; 20], false)
+        .await
+        .unwrap();
+    let mut want = data[2 * BLOCK as usize..3 * BLOCK as usize].to_vec();
+    want[10..30].fill(8);
+    assert_eq!(engine.read(2 * BLOCK, 4096).await.unwrap(), want);
+    let status = engine.status().await;
+    assert_eq!(status[0].mode, ReplicaMode::Err, "lend {lend}: {status:?}");
+    for at in &addrs[1..] {
+        let c = ReplicaClient::connect(&at.addr, &at.name).await.unwrap();
+        assert_eq!(c.read(2 * BLOCK, 4096).await.unwrap().to_vec(), want);
+    }
+}

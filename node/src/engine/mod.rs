@@ -946,23 +946,35 @@ impl Engine {
         held: Vec<String>,
         failed: Vec<(String, ClientError, bool)>,
     ) -> Result<(), EngineError> {
-        let full_disk = acked.is_empty()
-            && failed.iter().any(|(_, _, rw)| *rw)
-            && failed
-                .iter()
-                .filter(|(_, _, rw)| *rw)
-                .all(|(_, e, _)| e.is_no_space());
+        // No rw replica took it, each for want of space or for a bad block
+        // it would have had to keep part of: none changed, so all stay,
+        // and only this write fails.
+        let rw_failed = || failed.iter().filter(|(_, _, rw)| *rw);
+        let unchanged = acked.is_empty()
+            && rw_failed().next().is_some()
+            && rw_failed().all(|(_, e, _)| e.is_no_space() || e.is_corrupt());
+        let full_disk = unchanged && rw_failed().all(|(_, e, _)| e.is_no_space());
         let mut last = String::new();
+        let mut corrupt = None;
         for (name, e, rw) in &failed {
             last = e.to_string();
-            if full_disk && *rw {
-                tracing::warn!(volume = %self.volume, replica = %name, error = %e, "no space for a write; the replica keeps what it holds");
+            if unchanged && *rw {
+                if e.is_corrupt() {
+                    tracing::error!(volume = %self.volume, replica = %name, error = %e,
+                        "a write that keeps part of a block bad in every rw replica fails; the replicas keep what they hold");
+                    corrupt = Some((name.clone(), e.to_string()));
+                } else {
+                    tracing::warn!(volume = %self.volume, replica = %name, error = %e, "no space for a write; the replica keeps what it holds");
+                }
                 continue;
             }
             self.fail(name, e).await;
         }
         if full_disk {
             return Err(EngineError::NoSpace(last));
+        }
+        if let Some((replica, message)) = corrupt {
+            return Err(EngineError::Corrupt { replica, message });
         }
         if acked.is_empty() {
             return Err(EngineError::NoReplica(last));

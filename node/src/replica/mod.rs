@@ -973,6 +973,19 @@ impl Replica {
         if let Some(s) = &mut self.layers[head_idx].sums {
             s.reserve(first, last)?;
         }
+        // A partial block the head holds keeps the rest of its bytes, and
+        // its checksum is taken again from the file: its old content is
+        // checked first, or a block gone bad on the disk would come out of
+        // the write with a checksum to match, and be served.
+        for b in [first, last.saturating_sub(1)] {
+            let (bs, be) = (b * BLOCK, (b + 1) * BLOCK);
+            let partial = offset > bs || end < be;
+            let head = &self.layers[head_idx];
+            if partial && b < last && head.map.get(b) && head.sums.is_some() {
+                let mut block = vec![0u8; BLOCK as usize];
+                head.read_checked(b, &mut block)?;
+            }
+        }
         for b in [first, last.saturating_sub(1)] {
             let (bs, be) = (b * BLOCK, (b + 1) * BLOCK);
             let partial = offset > bs || end < be;

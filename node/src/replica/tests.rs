@@ -900,3 +900,40 @@ fn a_replica_is_deleted_where_its_bin_cannot_be_made() {
     assert!(!dir.exists());
     table.delete("v-r1", &dir).unwrap();
 }
+
+/// A write of part of a block the head holds keeps the rest of that
+/// block's bytes: when they went bad on the disk, the write is refused
+/// (CORRUPT), so that the bad bytes never come out of it with a checksum
+/// to match. A write of the whole block replaces it, and a partial write
+/// then goes through.
+#[test]
+fn a_partial_write_into_a_bad_block_is_refused_and_never_makes_its_bytes_pass() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("r");
+    let mut r = Replica::create(&dir, 16 * BLOCK).unwrap();
+    r.write(0, &[3u8; 2 * BLOCK as usize], None).unwrap();
+    let head = r.chain().last().unwrap().clone();
+    flip(&dir.join(&head), 2000);
+    for (at, len) in [(100, 512), (BLOCK - 512, 1024), (0, 512)] {
+        let e = r.write(at, &vec![9u8; len], None).unwrap_err();
+        assert!(
+            matches!(e, ReplicaError::CorruptBlock { block: 0, .. }),
+            "{at}+{len}: {e}"
+        );
+    }
+    let mut block = vec![0u8; BLOCK as usize];
+    assert!(
+        r.read(0, &mut block).is_err(),
+        "still bad, not made to pass"
+    );
+    // Block 1 is sound: a partial write into it works.
+    r.write(BLOCK + 8, &[7u8; 8], None).unwrap();
+    r.read(BLOCK, &mut block).unwrap();
+    assert_eq!(&block[..8], &[3u8; 8]);
+    assert_eq!(&block[8..16], &[7u8; 8]);
+    // A whole-block write mends block 0; a partial one then goes through.
+    r.write(0, &[5u8; BLOCK as usize], None).unwrap();
+    r.write(100, &[6u8; 4], None).unwrap();
+    r.read(0, &mut block).unwrap();
+    assert_eq!(&block[96..104], &[5, 5, 5, 5, 6, 6, 6, 6]);
+}
