@@ -955,6 +955,28 @@ impl Replica {
         self.bump(Some(rev))
     }
 
+    /// A write or trim of `offset..end` that covers part of a block the
+    /// head holds keeps the rest of that block's bytes, and the block's
+    /// checksum is taken again from the file: so its old content is checked
+    /// first, or a block gone bad on the disk would come out of the write
+    /// with a checksum to match, and be served. Checked before anything
+    /// changes, so that a refusal leaves the replica as it was.
+    fn check_partial_edges(&self, offset: u64, end: u64) -> Result<(), ReplicaError> {
+        let head = self.head();
+        if head.sums.is_none() || end <= offset {
+            return Ok(());
+        }
+        let (first, last) = (offset / BLOCK, end.div_ceil(BLOCK));
+        for b in [first, last - 1] {
+            let partial = offset > b * BLOCK || end < (b + 1) * BLOCK;
+            if partial && head.map.get(b) {
+                let mut block = vec![0u8; BLOCK as usize];
+                head.read_checked(b, &mut block)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The write itself, with no revision of its own.
     /// `given`: the whole blocks' checksums, as sent with the write.
     fn write_data(
@@ -973,19 +995,7 @@ impl Replica {
         if let Some(s) = &mut self.layers[head_idx].sums {
             s.reserve(first, last)?;
         }
-        // A partial block the head holds keeps the rest of its bytes, and
-        // its checksum is taken again from the file: its old content is
-        // checked first, or a block gone bad on the disk would come out of
-        // the write with a checksum to match, and be served.
-        for b in [first, last.saturating_sub(1)] {
-            let (bs, be) = (b * BLOCK, (b + 1) * BLOCK);
-            let partial = offset > bs || end < be;
-            let head = &self.layers[head_idx];
-            if partial && b < last && head.map.get(b) && head.sums.is_some() {
-                let mut block = vec![0u8; BLOCK as usize];
-                head.read_checked(b, &mut block)?;
-            }
-        }
+        self.check_partial_edges(offset, end)?;
         for b in [first, last.saturating_sub(1)] {
             let (bs, be) = (b * BLOCK, (b + 1) * BLOCK);
             let partial = offset > bs || end < be;
@@ -1043,6 +1053,7 @@ impl Replica {
         zeroes: bool,
     ) -> Result<(), ReplicaError> {
         self.check(offset, len)?;
+        self.check_partial_edges(offset, offset + len)?;
         let rev = self.next_revision(revision);
         self.log_intent(rev, LogOp::Trim, offset, len);
         let end = offset + len;

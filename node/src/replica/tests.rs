@@ -921,7 +921,20 @@ fn a_partial_write_into_a_bad_block_is_refused_and_never_makes_its_bytes_pass() 
             "{at}+{len}: {e}"
         );
     }
+    // A trim that starts inside it is refused too, before it changes
+    // anything: block 1 stays as it was.
+    let e = r.trim(2000, 3 * BLOCK, None).unwrap_err();
+    assert!(
+        matches!(e, ReplicaError::CorruptBlock { block: 0, .. }),
+        "{e}"
+    );
     let mut block = vec![0u8; BLOCK as usize];
+    r.read(BLOCK, &mut block).unwrap();
+    assert_eq!(
+        block,
+        vec![3u8; BLOCK as usize],
+        "the refused trim changed nothing"
+    );
     assert!(
         r.read(0, &mut block).is_err(),
         "still bad, not made to pass"
