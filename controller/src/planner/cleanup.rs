@@ -2,7 +2,10 @@
 //! replicas to delete.
 //!
 //! - A failed replica older than the volume's staleReplicaTimeout goes,
-//!   never the last copy of data.
+//!   never the last copy of data. So does, at once, a failed replica of a
+//!   volume with all the rw replicas it wants, none being rebuilt, on a
+//!   node that holds one of them while anti-affinity is hard: it can never
+//!   be reused there, and would hold its disk space for the whole timeout.
 //! - A volume with more rw replicas than it wants, and none being rebuilt,
 //!   loses the extras: evicting replicas first, then replicas on pressured
 //!   disks, then duplicates from the most loaded disk, node and zone; among
@@ -29,11 +32,29 @@ pub fn stale(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
         return; // a failed replica may be the last copy of the data
     }
     let timeout = Duration::minutes(vs.volume.stale_replica_timeout as i64);
+    // Whole, with its rw replicas pinning their nodes: a failed replica on
+    // one of them is never reused (hard anti-affinity, `reuse`).
+    let whole = vs.rw.len() >= vs.wanted()
+        && vs.rebuilding.is_empty()
+        && !pass.settings.replica_soft_anti_affinity();
     for r in &vs.failed {
         let Some(failed) = r.failed_at else { continue };
-        if failed + timeout > pass.now() {
+        let why = if failed + timeout <= pass.now() {
+            format!(
+                "replica {} of {} failed at {failed}, more than its stale timeout of {} minutes ago",
+                r.name, vs.volume.name, vs.volume.stale_replica_timeout
+            )
+        } else if whole && vs.rw.iter().any(|o| o.node == r.node) {
+            format!(
+                "replica {} of {} failed at {failed} on node {}, which holds an rw replica of the volume: with {} rw it can never be reused there",
+                r.name,
+                vs.volume.name,
+                r.node,
+                vs.rw.len()
+            )
+        } else {
             continue;
-        }
+        };
         pass.busy.insert(vs.volume.name.clone());
         pass.freed.insert((r.node.clone(), r.disk.clone()));
         plan.act(
@@ -42,10 +63,7 @@ pub fn stale(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) {
                 volume: vs.volume.name.clone(),
                 replica: r.name.clone(),
             },
-            format!(
-                "replica {} of {} failed at {failed}, more than its stale timeout of {} minutes ago",
-                r.name, vs.volume.name, vs.volume.stale_replica_timeout
-            ),
+            why,
         );
     }
 }

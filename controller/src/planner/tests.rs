@@ -550,3 +550,49 @@ fn an_attached_volume_whose_engine_node_is_down_gets_no_new_replica_and_says_why
     let plan = super::plan(&view, &Settings::default(), t0());
     assert_eq!(creates(&plan).len(), 1, "{plan:?}");
 }
+
+/// Found by the fault soak of 2026-12-02 (seed 20261210, moves schedule
+/// 25): a failed replica on a node that holds another, rw, replica of the
+/// volume can never be reused there (hard anti-affinity), yet it stayed
+/// for the whole stale timeout (two days), its disk space with it. Once
+/// the volume has every rw replica it wants it goes at once; a failed
+/// replica elsewhere, one the volume still needs, or one that soft
+/// anti-affinity could reuse, stays.
+#[test]
+fn a_failed_replica_beside_an_rw_one_of_a_whole_volume_goes_at_once() {
+    let base = || {
+        cluster()
+            .node("n1", "z1")
+            .disk("d1", 100, 90)
+            .node("n2", "z2")
+            .disk("d1", 100, 90)
+            .node("n3", "z3")
+            .disk("d1", 100, 90)
+            .volume("v", 1, 2)
+    };
+    let whole = base()
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .replica("r2", "n2", "d1", ReplicaMode::Rw)
+        .replica("r3", "n1", "d1", ReplicaMode::Err)
+        .build();
+    let p = plan(&whole, &Settings::default(), t0());
+    assert_eq!(deletes(&p), ["r3"], "{p:?}");
+    let s = settings(&[("replica-soft-anti-affinity", "true")]);
+    assert!(
+        deletes(&plan(&whole, &s, t0())).is_empty(),
+        "it may be reused"
+    );
+    // On a node of its own it may be reused if another fails: it stays.
+    let elsewhere = base()
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .replica("r2", "n2", "d1", ReplicaMode::Rw)
+        .replica("r3", "n3", "d1", ReplicaMode::Err)
+        .build();
+    assert!(deletes(&plan(&elsewhere, &Settings::default(), t0())).is_empty());
+    // The volume short of an rw replica: nothing failed goes.
+    let short = base()
+        .replica("r1", "n1", "d1", ReplicaMode::Rw)
+        .replica("r3", "n1", "d1", ReplicaMode::Err)
+        .build();
+    assert!(deletes(&plan(&short, &Settings::default(), t0())).is_empty());
+}

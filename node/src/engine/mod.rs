@@ -970,6 +970,13 @@ impl Engine {
             }
             self.fail(name, e).await;
         }
+        if unchanged && let Some((_, e, _)) = rw_failed().next() {
+            // A replica being rebuilt that took the write holds what the
+            // rw ones refused: it no longer matches them.
+            for name in &held {
+                self.fail(name, e).await;
+            }
+        }
         if full_disk {
             return Err(EngineError::NoSpace(last));
         }
