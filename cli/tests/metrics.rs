@@ -25,18 +25,24 @@ fn sample(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
         .next()
 }
 
-/// A `ballast local` in `dir` with volume `v` of `size` (one replica):
-/// the cluster, its REST API, and node-1's metrics endpoint as `ballast
-/// local` gives it.
-fn local_with_v(dir: &std::path::Path, size: &str) -> (Local, String, String) {
+/// The metrics endpoint of `node` (`node-N`) of a `ballast local` whose API
+/// is on `port`, as `ballast local` gives it.
+fn node_metrics_of(port: u16, node: &str) -> String {
+    let i: u16 = node.trim_start_matches("node-").parse().unwrap();
+    format!("http://127.0.0.1:{}/metrics", port + 138 + i - 1)
+}
+
+/// A `ballast local` in `dir` with volume `v` of `size` and `replicas`
+/// replicas: the cluster, its REST API, and node-1's metrics endpoint.
+fn local_with_v(dir: &std::path::Path, size: &str, replicas: u32) -> (Local, String, String) {
     let local = start_local(dir);
     let api = local.api.clone();
     free_space_is_not_the_test(&api);
-    let node_metrics = format!("http://127.0.0.1:{}/metrics", local.port + 138);
+    let node_metrics = node_metrics_of(local.port, "node-1");
     let (s, v) = call(
         "POST",
         &format!("{api}/v1/volumes"),
-        Some(json!({"name": "v", "size": size, "numberOfReplicas": 1})),
+        Some(json!({"name": "v", "size": size, "numberOfReplicas": replicas})),
     );
     assert_eq!(s, 201, "{v}");
     (local, api, node_metrics)
@@ -45,7 +51,7 @@ fn local_with_v(dir: &std::path::Path, size: &str) -> (Local, String, String) {
 #[test]
 fn metrics_follow_a_rebuild_to_100_and_count_the_io_qemu_io_did() {
     let dir = tempfile::tempdir().unwrap();
-    let (_local, api, node_metrics) = local_with_v(dir.path(), "256Mi");
+    let (_local, api, node_metrics) = local_with_v(dir.path(), "256Mi", 1);
     let endpoint = attach(&api, "v", "node-1");
 
     // The engine counts what it served: 96 MiB written, 32 MiB read.
@@ -169,23 +175,15 @@ fn a_nodes_metrics_count_the_replica_changes_its_server_refused() {
     use ballast_node::wire::client::ReplicaClient;
     use ballast_node::wire::tls::WireTls;
     let dir = tempfile::tempdir().unwrap();
-    let local = start_local(dir.path());
-    let (port, api) = (local.port, local.api.clone());
-    free_space_is_not_the_test(&api);
-    let (s, v) = call(
-        "POST",
-        &format!("{api}/v1/volumes"),
-        Some(json!({"name": "v", "size": "64Mi", "numberOfReplicas": 1})),
-    );
-    assert_eq!(s, 201, "{v}");
+    let (local, api, _) = local_with_v(dir.path(), "64Mi", 1);
+    let port = local.port;
     let replica = wait_for(Duration::from_secs(30), "the replica placed", || {
         let r = get_json(&format!("{api}/v1/replicas?volume=v"))?["items"][0].clone();
         r["spec"]["nodeId"].is_string().then_some(r)
     });
     let name = replica["name"].as_str().unwrap().to_string();
     let node = replica["spec"]["nodeId"].as_str().unwrap().to_string();
-    let i: u16 = node.trim_start_matches("node-").parse().unwrap();
-    let node_metrics = format!("http://127.0.0.1:{}/metrics", port + 138 + i - 1);
+    let node_metrics = node_metrics_of(port, &node);
     let addr = get_json(&format!("{api}/v1/nodes/{node}")).unwrap()["status"]["replicaEndpoint"]
         .as_str()
         .unwrap()
@@ -237,7 +235,7 @@ fn a_nodes_metrics_count_the_replica_changes_its_server_refused() {
 #[test]
 fn the_metrics_say_when_each_certificate_expires() {
     let dir = tempfile::tempdir().unwrap();
-    let (_local, api, node_metrics) = local_with_v(dir.path(), "64Mi");
+    let (_local, api, node_metrics) = local_with_v(dir.path(), "64Mi", 1);
     attach(&api, "v", "node-1");
 
     const NAME: &str = "ballast_certificate_expiry_timestamp_seconds";
@@ -302,15 +300,7 @@ fn flip_head_block(dir: &std::path::Path, node: &str, name: &str, offset: u64) {
 #[test]
 fn a_nodes_metrics_count_checksum_failures_repairs_and_unreadable_reads() {
     let dir = tempfile::tempdir().unwrap();
-    let local = start_local(dir.path());
-    let (port, api) = (local.port, local.api.clone());
-    free_space_is_not_the_test(&api);
-    let (s, v) = call(
-        "POST",
-        &format!("{api}/v1/volumes"),
-        Some(json!({"name": "v", "size": "64Mi", "numberOfReplicas": 2})),
-    );
-    assert_eq!(s, 201, "{v}");
+    let (local, api, _) = local_with_v(dir.path(), "64Mi", 2);
     let replicas = wait_for(Duration::from_secs(30), "both replicas placed", || {
         let items = get_json(&format!("{api}/v1/replicas?volume=v"))?["items"].clone();
         let placed: Vec<(String, String)> = items
@@ -328,8 +318,7 @@ fn a_nodes_metrics_count_checksum_failures_repairs_and_unreadable_reads() {
     // Attached where the first replica is: it is the local one, read first.
     let (local_replica, node) = replicas[0].clone();
     let (other_replica, other_node) = replicas[1].clone();
-    let i: u16 = node.trim_start_matches("node-").parse().unwrap();
-    let node_metrics = format!("http://127.0.0.1:{}/metrics", port + 138 + i - 1);
+    let node_metrics = node_metrics_of(local.port, &node);
     let endpoint = attach(&api, "v", &node);
     let (ok, out) = qemu_io(&endpoint, &["write -P 0x5a 0 1M", "flush"]);
     assert!(ok, "{out}");

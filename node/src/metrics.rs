@@ -2,10 +2,10 @@
 //! `--metrics-listen`): the I/O each engine started here served — read and
 //! write operations, bytes and the time they took, summed since the
 //! engine started, and the blocks that failed their checksums, were
-//! repaired, or could not be read — whether it runs (and waits for a handover to a new
-//! engine host), the changes of its replicas that
-//! the replica server refused (a stale engine still trying, say), and
-//! when the node's and the engines' certificates expire. The
+//! repaired, or could not be read — whether it runs (and waits for a
+//! handover to a new engine host), the changes of its replicas that the
+//! replica server refused (a stale engine still trying, say), and when
+//! the node's and the engines' certificates expire. The
 //! controller's `/metrics` has the model (volumes, replicas, nodes,
 //! disks, the planner). Read only.
 

@@ -10,7 +10,7 @@ use ballast_node::replica::replica_dir;
 use ballast_node::replica::{BLOCK, Replica, WRITEBACK_EVERY};
 use ballast_node::server::ReplicaServer;
 use ballast_node::wire::client::ReplicaClient;
-use common::engine_over;
+use common::{chain_of, engine_over, head_file};
 use tokio::net::TcpListener;
 
 async fn replica_server(disk: &std::path::Path, name: &str, size: u64) -> ReplicaAddr {
@@ -522,21 +522,23 @@ async fn an_engine_whose_record_is_refused_is_fenced_and_fails_io() {
     );
 }
 
-/// Flips every byte of the 4 KiB block at `offset` in a replica's head file.
-fn flip_head_block(dir: &std::path::Path, offset: u64) {
+/// Flips every byte of the 4 KiB block at `offset` of layer file `file`.
+fn flip_block(file: &std::path::Path, offset: u64) {
     use std::os::unix::fs::FileExt;
-    let meta: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap();
-    let head = meta["chain"].as_array().unwrap().last().unwrap();
     let f = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open(dir.join(head.as_str().unwrap()))
+        .open(file)
         .unwrap();
     let mut b = vec![0u8; BLOCK as usize];
     f.read_exact_at(&mut b, offset).unwrap();
     b.iter_mut().for_each(|x| *x = !*x);
     f.write_all_at(&b, offset).unwrap();
+}
+
+/// Flips every byte of the 4 KiB block at `offset` in a replica's head file.
+fn flip_head_block(dir: &std::path::Path, offset: u64) {
+    flip_block(&head_file(dir), offset);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -764,21 +766,6 @@ async fn a_block_changed_on_its_way_to_a_replica_is_never_served() {
     assert_eq!(hurt.mode, ReplicaMode::Err, "{status:?}");
 }
 
-/// Flips every byte of the 4 KiB block at `offset` in layer `layer` of a
-/// replica.
-fn flip_layer_block(dir: &std::path::Path, layer: &str, offset: u64) {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(dir.join(layer))
-        .unwrap();
-    let mut b = vec![0u8; BLOCK as usize];
-    f.read_exact_at(&mut b, offset).unwrap();
-    b.iter_mut().for_each(|x| *x = !*x);
-    f.write_all_at(&b, offset).unwrap();
-}
-
 /// One bad block in a frozen layer of the last replica fails the reads of
 /// that block only: every other block of the layer is still served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -790,10 +777,7 @@ async fn a_bad_block_in_a_frozen_layer_of_the_last_replica_fails_only_its_own_re
     engine.write(0, &data, false).await.unwrap();
     engine.snapshot(Some("s1")).await.unwrap();
     let dir = replica_dir(d.path(), "v-r1");
-    let meta: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap();
-    let frozen = meta["chain"][0].as_str().unwrap().to_string();
-    flip_layer_block(&dir, &frozen, 2 * BLOCK);
+    flip_block(&dir.join(&chain_of(&dir)[0]), 2 * BLOCK);
     assert!(engine.read(2 * BLOCK, 4096).await.is_err());
     for b in [0u64, 1, 3, 7] {
         let got = engine.read(b * BLOCK, 4096).await;

@@ -17,7 +17,7 @@ use ballast_node::replica::replica_dir;
 use ballast_node::server::ReplicaServer;
 use ballast_node::wire::JoinSpec;
 use ballast_node::wire::client::ReplicaClient;
-use common::engine_over;
+use common::{engine_over, head_file};
 use tokio::net::TcpListener;
 
 const SIZE: u64 = 16 << 20;
@@ -806,14 +806,6 @@ async fn a_source_layer_marked_for_a_bad_block_gives_its_sums_and_the_seed_keeps
         pattern(at, 4096, 5),
         "the target holds the block sound"
     );
-}
-
-/// The head layer file of the replica in `dir`.
-fn head_file(dir: &Path) -> std::path::PathBuf {
-    let meta: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap();
-    let head = meta["chain"].as_array().unwrap().last().unwrap();
-    dir.join(head.as_str().unwrap())
 }
 
 /// What a fault schedule found (seed 20261206, moves schedule 9): the

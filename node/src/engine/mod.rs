@@ -16,9 +16,9 @@
 //! running volume through a rebuild (`rebuild`); the node agent asks for it
 //! on the control socket (`control`). A block that fails its checksum in a
 //! replica is written back to it from the others (`repair`), or from a
-//! replica joining again when the last one holds it bad (`spare`). The replica on the engine's own node
-//! is lent to it by its server, and its I/O goes straight to its files
-//! (`lent`).
+//! replica joining again when the last one holds it bad (`spare`). The
+//! replica on the engine's own node is lent to it by its server, and its
+//! I/O goes straight to its files (`lent`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -1339,10 +1339,11 @@ impl Engine {
                 };
                 // Freezing a head checks its blocks. A bad one is taken
                 // from another replica and the freeze tried again.
-                if e.corrupt_at().is_some() {
+                let at = e.corrupt_at();
+                if at.is_some() {
                     IoCounters::count(&self.counters.checksum_failures, 1);
                 }
-                if let Some(at) = e.corrupt_at()
+                if let Some(at) = at
                     && repaired < MAX_REPAIRS_PER_FREEZE
                     && (spare.is_some() || self.others_rw(&name).await > 0)
                     && self

@@ -216,8 +216,8 @@ pub struct Replica {
     /// the replica.
     writeback: Option<std::sync::mpsc::SyncSender<File>>,
     /// Frozen layers found corrupt (the file `corrupt-layers`, one mark per
-    /// line, only ever added to; see `Mark`): never kept by a rebuild nor
-    /// copied from; true for a layer marked whole, which is never served.
+    /// line, only ever added to; see `Mark`): never kept by a rebuild; true
+    /// for a layer marked whole, which is never served nor copied.
     corrupt: std::sync::Mutex<std::collections::BTreeMap<String, bool>>,
     /// Whether `corrupt` holds any layer: reads look at it without a lock.
     any_corrupt: std::sync::atomic::AtomicBool,
@@ -418,12 +418,15 @@ impl Mark {
     }
 
     fn parse(line: &str) -> Mark {
-        match line.split_once(" block ") {
-            Some((layer, b)) if b.parse::<u64>().is_ok() => Mark {
+        let block = line
+            .split_once(" block ")
+            .and_then(|(layer, b)| Some((layer, b.parse::<u64>().ok()?)));
+        match block {
+            Some((layer, b)) => Mark {
                 layer: layer.to_string(),
-                block: b.parse().ok(),
+                block: Some(b),
             },
-            _ => Mark::whole(line),
+            None => Mark::whole(line),
         }
     }
 }
@@ -1301,17 +1304,20 @@ impl Replica {
 
     /// Records that a frozen layer is corrupt (see `Mark`): from now on a
     /// rebuild never keeps it, and, marked whole, it is never served nor
-    /// copied. (The head needs no mark: a rebuild never keeps a
-    /// head.) Kept in its own file, so that whoever holds the replica — its
+    /// copied. (The head needs no mark: a rebuild never keeps a head.)
+    /// Kept in its own file, so that whoever holds the replica — its
     /// server, or the engine it is lent to — may record it without
     /// touching `meta.json`.
     pub fn mark_corrupt(&self, mark: &Mark) -> Result<(), ReplicaError> {
         let name = mark.layer.as_str();
         let whole = mark.block.is_none();
-        if !self.meta.frozen.contains_key(name) || (self.is_corrupt(name) && !whole) {
-            return Ok(());
-        }
-        if whole && self.is_unserved(name) {
+        // A block mark adds nothing to a layer marked already.
+        let marked = if whole {
+            self.is_unserved(name)
+        } else {
+            self.is_corrupt(name)
+        };
+        if !self.meta.frozen.contains_key(name) || marked {
             return Ok(());
         }
         mark_corrupt_in(&self.dir, mark)?;

@@ -19,3 +19,21 @@ pub async fn engine_over(size: u64, replicas: &[ReplicaAddr], local: Option<&str
     .await
     .unwrap()
 }
+
+/// The layers of the replica in `dir`, oldest first, as its `meta.json`
+/// names them (read behind its server's back).
+pub fn chain_of(dir: &std::path::Path) -> Vec<String> {
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("meta.json")).unwrap()).unwrap();
+    meta["chain"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The head layer file of the replica in `dir`.
+pub fn head_file(dir: &std::path::Path) -> std::path::PathBuf {
+    dir.join(chain_of(dir).last().unwrap())
+}
