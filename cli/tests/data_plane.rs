@@ -562,8 +562,9 @@ fn the_replica_server_limits_connections_per_peer_and_closes_silent_ones() {
 /// a fill): another node's certificate, an engine of another volume and a
 /// reader of another volume are refused at OPEN. It takes changes only
 /// from its volume's engine: its node and a reader read a replica that no
-/// engine has opened yet, and every WRITE, TRIM and FLUSH of theirs is
-/// refused; the engine's are taken, and the data is what the engine wrote.
+/// engine has opened yet, and every WRITE, TRIM and FLUSH of theirs, and a
+/// SNAPSHOT giving up blocks as lost, is refused; the engine's are taken,
+/// and the data is what the engine wrote.
 #[test]
 fn a_replica_opens_for_its_node_its_engine_and_its_readers_and_only_its_engine_changes_it() {
     use ballast_node::wire::client::ReplicaClient;
@@ -605,6 +606,10 @@ fn a_replica_opens_for_its_node_its_engine_and_its_readers_and_only_its_engine_c
                 client.write(0, &[0xa5; 4096], 1, false).await.unwrap_err(),
                 client.trim(0, 4096, 1).await.unwrap_err(),
                 client.flush().await.unwrap_err(),
+                client
+                    .snapshot_losing(None, &std::collections::BTreeSet::from([0]))
+                    .await
+                    .unwrap_err(),
             ];
             for e in refused {
                 assert_eq!(refusal(&e), status::DENIED, "{e}");
@@ -615,6 +620,11 @@ fn a_replica_opens_for_its_node_its_engine_and_its_readers_and_only_its_engine_c
         engine.write(0, &[0x5a; 8192], 1, false).await.unwrap();
         engine.trim(4096, 4096, 2).await.unwrap();
         engine.flush().await.unwrap();
+        // Block 0 is sound: nothing is given up, and the head is frozen.
+        engine
+            .snapshot_losing(None, &std::collections::BTreeSet::from([0]))
+            .await
+            .unwrap();
         for client in [&node, &reader] {
             let back = client.read(0, 8192).await.unwrap();
             assert!(

@@ -330,7 +330,12 @@ fn a_nodes_metrics_count_checksum_failures_repairs_and_unreadable_reads() {
         )
     };
     let text = get_text(&node_metrics).expect("the node serves /metrics");
-    for what in ["checksum_failures", "repairs", "unreadable_reads"] {
+    for what in [
+        "checksum_failures",
+        "repairs",
+        "unreadable_reads",
+        "lost_blocks",
+    ] {
         assert_eq!(count(&text, what), Some(0.0), "{what}: {text}");
     }
 

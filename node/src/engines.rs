@@ -886,6 +886,7 @@ impl Engines {
                 checksum_failures: io.checksum_failures,
                 repairs: io.repairs,
                 unreadable_reads: io.unreadable_reads,
+                lost_blocks: io.lost_blocks,
             }),
             certificate_not_after: self.certificate_expiry(Some(volume)).unwrap_or(0),
             handover: false,

@@ -101,6 +101,10 @@ pub async fn render(ctx: &NodeContext) -> Result<String, std::fmt::Error> {
             "ballast_volume_unreadable_reads",
             "Reads that failed (EIO) because no replica held their blocks sound: that data is lost until it is written again",
         ),
+        (
+            "ballast_volume_lost_blocks",
+            "Blocks a snapshot's freeze gave up as lost, so that the rest of the volume could be frozen and copied: each failed its checksum in the last replica that held it, no other replica held it sound, and it fails its reads until it is written again",
+        ),
     ]
     .map(|(name, help)| counters(&mut reg, name, help));
     let expiry = Family::<CertificateLabels, Gauge>::default();
@@ -142,6 +146,7 @@ pub async fn render(ctx: &NodeContext) -> Result<String, std::fmt::Error> {
             io.checksum_failures,
             io.repairs,
             io.unreadable_reads,
+            io.lost_blocks,
         ];
         for (family, v) in families.iter().zip(values) {
             family.get_or_create(&l).inc_by(v);

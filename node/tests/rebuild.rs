@@ -811,16 +811,28 @@ async fn a_source_layer_marked_for_a_bad_block_gives_its_sums_and_the_seed_keeps
 /// What a fault schedule found (seed 20261206, moves schedule 9): the
 /// last rw replica holds a block bad, and every rebuild's snapshot fails
 /// on it. A replica that held the volume before and comes back gives the
-/// block, but only when the write logs show it missed no write to it: a
-/// block written while it was out stays bad (its reads fail, the rebuild
-/// fails, and the joining replica is left as it was), one not written is
-/// repaired from it, and the volume has two whole replicas again.
+/// block, but only when the write logs show it missed no write to it: one
+/// not written while it was out is repaired from it, and the volume has
+/// two whole replicas again. A block written while it was out has no
+/// sound copy anywhere: it is frozen as lost, the rebuild completes, and
+/// the block fails its reads in both replicas (never the returning one's
+/// stale copy) while every other block reads back; written again, it is
+/// sound in both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_block_bad_in_the_last_replica_is_taken_from_a_returning_one_that_missed_no_write_to_it()
 {
     for lend in [false, true] {
         bad_in_the_last_replica(lend).await;
     }
+}
+
+/// Reads `at` through the replica `r`'s server.
+async fn read_at(r: &ReplicaAddr, at: u64, len: u32) -> Result<Vec<u8>, String> {
+    let c = ReplicaClient::connect(&r.addr, &r.name).await.unwrap();
+    c.read(at, len)
+        .await
+        .map(|b| b.to_vec())
+        .map_err(|e| e.to_string())
 }
 
 /// The test above, with the last replica reached through its server or
@@ -842,6 +854,8 @@ async fn bad_in_the_last_replica(lend: bool) {
     let (at, len) = blocks(0, 16);
     engine.write(at, &pattern(at, len, 1), false).await.unwrap();
     engine.flush().await.unwrap();
+    let mut want = vec![0u8; SIZE as usize];
+    want[..len].copy_from_slice(&pattern(0, len, 1));
     // r1 goes out; block 5 is written while it is out.
     engine.remove_replica("v-r1").await.unwrap();
     let (five, one) = blocks(5, 1);
@@ -850,36 +864,14 @@ async fn bad_in_the_last_replica(lend: bool) {
         .await
         .unwrap();
     engine.flush().await.unwrap();
+    want[five as usize..five as usize + one].copy_from_slice(&pattern(five, one, 2));
 
-    // Block 5 goes bad in r0: r1's copy is older, so it is not taken.
-    spoil(&head_file(&r0_dir), five);
-    let e = engine.add_replica(r1.clone(), None).await.unwrap_err();
-    assert!(e.to_string().contains("corrupt"), "lend {lend}: {e}");
-    assert!(engine.read(five, 4096).await.is_err(), "no sound copy");
-    let c1 = ReplicaClient::connect(&r1.addr, &r1.name).await.unwrap();
-    assert_eq!(
-        c1.read(five, 4096).await.unwrap().to_vec(),
-        pattern(five, one, 1),
-        "the returning replica is left as it was"
-    );
-    drop(c1);
-    let status = engine.status().await;
-    assert_eq!(status.len(), 1, "{status:?}");
-    assert_eq!(status[0].mode, ReplicaMode::Rw, "{status:?}");
-
-    // Written again, block 5 is sound; then block 9, not written while r1
-    // was out, goes bad: it is taken from r1, and r1 rebuilt.
-    engine
-        .write(five, &pattern(five, one, 3), false)
-        .await
-        .unwrap();
+    // Block 9, not written while r1 was out, goes bad in r0: it is taken
+    // from r1, and r1 rebuilt.
     let (nine, _) = blocks(9, 1);
     spoil(&head_file(&r0_dir), nine);
     engine.add_replica(r1.clone(), None).await.unwrap();
     wait_rw(&engine, "v-r1").await;
-    let mut want = vec![0u8; SIZE as usize];
-    want[..len].copy_from_slice(&pattern(0, len, 1));
-    want[five as usize..five as usize + one].copy_from_slice(&pattern(five, one, 3));
     // r0 serves the engine's reads first (through its server, or lent).
     assert!(
         engine.read(0, SIZE as u32).await.unwrap() == want,
@@ -889,6 +881,54 @@ async fn bad_in_the_last_replica(lend: bool) {
         image(&r1).await == want,
         "lend {lend}: v-r1 serves the whole volume sound"
     );
+    assert_eq!(engine.io().lost_blocks, 0, "lend {lend}");
+
+    // r1 goes out again; block 5 is written, and then goes bad in r0. r1's
+    // copy is older: no replica holds it sound.
+    engine.remove_replica("v-r1").await.unwrap();
+    engine
+        .write(five, &pattern(five, one, 3), false)
+        .await
+        .unwrap();
+    engine.flush().await.unwrap();
+    spoil(&head_file(&r0_dir), five);
+    engine.add_replica(r1.clone(), None).await.unwrap();
+    wait_rw(&engine, "v-r1").await;
+    assert_eq!(engine.io().lost_blocks, 1, "lend {lend}");
+    let e = engine.read(five, 4096).await.unwrap_err();
+    assert!(e.to_string().contains("lost"), "lend {lend}: {e}");
+    let e = read_at(&r1, five, 4096).await.unwrap_err();
+    assert!(
+        e.contains("lost"),
+        "lend {lend}: v-r1 fails the lost block, never serves its old copy: {e}"
+    );
+    let (before, after) = (five as usize, five as usize + one);
+    let rest = [(0, before), (after, SIZE as usize)];
+    for (from, to) in rest {
+        let (at, n) = (from as u64, (to - from) as u32);
+        // The engine reads r0 first (through its server, or lent).
+        let got = engine.read(at, n).await.unwrap();
+        assert!(got == want[from..to], "lend {lend}: v-r0 at {at}+{n}");
+        let got = read_at(&r1, at, n).await.unwrap();
+        assert!(got == want[from..to], "lend {lend}: v-r1 at {at}+{n}");
+    }
+    let status = engine.status().await;
+    assert!(
+        status.iter().all(|m| m.mode == ReplicaMode::Rw),
+        "lend {lend}: {status:?}"
+    );
+
+    // Written again, block 5 is sound in both.
+    engine
+        .write(five, &pattern(five, one, 4), false)
+        .await
+        .unwrap();
+    want[before..after].copy_from_slice(&pattern(five, one, 4));
+    assert!(
+        engine.read(0, SIZE as u32).await.unwrap() == want,
+        "lend {lend}"
+    );
+    assert!(image(&r1).await == want, "lend {lend}: v-r1");
 }
 
 /// A block of the last replica's frozen layer goes bad, and is read (so

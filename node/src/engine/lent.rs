@@ -210,13 +210,20 @@ impl Lent {
         .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
     }
 
-    /// Freezes the head (see `Replica::snapshot`), on a blocking thread.
-    pub async fn snapshot(self: &Arc<Self>, label: Option<&str>) -> Result<String, ClientError> {
+    /// Freezes the head (see `Replica::snapshot_losing`), on a blocking
+    /// thread.
+    pub async fn snapshot(
+        self: &Arc<Self>,
+        label: Option<&str>,
+        lose: &std::collections::BTreeSet<u64>,
+    ) -> Result<String, ClientError> {
         let me = self.clone();
         let label = label.map(str::to_string);
+        let lose = lose.clone();
         tokio::task::spawn_blocking(move || {
             let mut r = me.replica.write().map_err(|_| me.poisoned())?;
-            r.snapshot(label.as_deref()).map_err(|e| me.error(e))
+            r.snapshot_losing(label.as_deref(), &lose)
+                .map_err(|e| me.error(e))
         })
         .await
         .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?

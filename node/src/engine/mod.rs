@@ -20,6 +20,7 @@
 //! replica on the engine's own node is lent to it by its server, and its
 //! I/O goes straight to its files (`lent`).
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -48,6 +49,9 @@ pub const EXIT_NO_REPLICA: u8 = 3;
 /// Bad blocks a freeze repairs in one replica before it gives up on it:
 /// more, and the disk is failing; the replica is rebuilt instead.
 const MAX_REPAIRS_PER_FREEZE: u32 = 64;
+/// Blocks one freeze gives up as lost, at most: each costs a pass over the
+/// head, and a head with more is better left to its disk's owner.
+const MAX_LOST_PER_FREEZE: usize = 64;
 
 /// Errors of the engine, as NBD reports them.
 #[derive(Debug, thiserror::Error)]
@@ -126,10 +130,16 @@ enum Link {
 }
 
 impl Link {
-    async fn snapshot(&self, label: Option<&str>) -> Result<String, ClientError> {
+    /// Freezes the head, giving up as lost the blocks in `lose` that fail
+    /// their checksums (see `Replica::snapshot_losing`).
+    async fn snapshot(
+        &self,
+        label: Option<&str>,
+        lose: &BTreeSet<u64>,
+    ) -> Result<String, ClientError> {
         match self {
-            Link::Remote(c) => c.snapshot(label).await,
-            Link::Lent(l) => l.snapshot(label).await,
+            Link::Remote(c) => c.snapshot_losing(label, lose).await,
+            Link::Lent(l) => l.snapshot(label, lose).await,
         }
     }
 
@@ -272,6 +282,7 @@ pub struct IoCounters {
     checksum_failures: AtomicU64,
     repairs: AtomicU64,
     unreadable_reads: AtomicU64,
+    lost_blocks: AtomicU64,
 }
 
 /// What `IoCounters` held at one moment. (An engine of an older build
@@ -293,6 +304,8 @@ pub struct IoStats {
     pub repairs: u64,
     /// Reads that failed because no replica held their blocks sound.
     pub unreadable_reads: u64,
+    /// Blocks a freeze gave up as lost: no replica held them sound.
+    pub lost_blocks: u64,
 }
 
 impl IoCounters {
@@ -321,6 +334,7 @@ impl IoCounters {
             checksum_failures: self.checksum_failures.load(Ordering::Relaxed),
             repairs: self.repairs.load(Ordering::Relaxed),
             unreadable_reads: self.unreadable_reads.load(Ordering::Relaxed),
+            lost_blocks: self.lost_blocks.load(Ordering::Relaxed),
         }
     }
 
@@ -1320,7 +1334,10 @@ impl Engine {
 
     /// A snapshot with I/O paused. A bad block of a head is repaired from
     /// the other rw replicas, or, in the last one, from `spare` (a replica
-    /// about to join) when it may.
+    /// about to join) when it may. One that no replica can give sound is
+    /// frozen as lost in the last rw replica: it fails its reads, as it did
+    /// already, and the rest of the volume is frozen, served and copied, so
+    /// that one bad block does not keep the volume from its other replicas.
     async fn snapshot_now(
         &self,
         label: Option<&str>,
@@ -1329,9 +1346,15 @@ impl Engine {
         let mut names = Vec::new();
         for (name, c) in self.rw_links().await {
             let mut repaired = 0;
+            let mut lose = BTreeSet::new();
             loop {
-                let e = match c.snapshot(label).await {
+                let e = match c.snapshot(label, &lose).await {
                     Ok(n) => {
+                        if !lose.is_empty() {
+                            IoCounters::count(&self.counters.lost_blocks, lose.len() as u64);
+                            tracing::error!(volume = %self.volume, replica = %name, layer = %n,
+                                blocks = ?lose, "blocks no replica holds sound are lost: they fail their reads until written again; the rest of the volume was frozen");
+                        }
                         names.push(n);
                         break;
                     }
@@ -1353,8 +1376,17 @@ impl Engine {
                     repaired += 1;
                     continue;
                 }
-                // Beyond repair, the last rw replica is kept with a bad
-                // block (it serves the rest); what needed the snapshot (a
+                // Beyond repair in the last rw replica, the block is lost.
+                if let Some(block) = at.map(|at| at / BLOCK)
+                    && lose.len() < MAX_LOST_PER_FREEZE
+                    && !lose.contains(&block)
+                    && self.others_rw(&name).await == 0
+                {
+                    lose.insert(block);
+                    continue;
+                }
+                // Past that bound the last rw replica is kept as it is (it
+                // serves the rest), and what needed the snapshot (a
                 // rebuild) fails instead.
                 if e.is_corrupt() && self.others_rw(&name).await == 0 {
                     return Err(EngineError::Corrupt {

@@ -144,6 +144,9 @@ impl Replica {
         meta.pending = report.pending.iter().cloned().collect();
         // A merge under way ends with the chain it was merging.
         meta.merging = None;
+        // A kept layer is the source's, lost blocks and all; a pending one
+        // learns its lost blocks from the source as it completes.
+        meta.lost.retain(|name, _| report.kept.contains(name));
         meta.snapshots = frozen
             .iter()
             .filter_map(|l| Some((l.name.clone(), l.snapshot.clone()?)))
@@ -288,7 +291,10 @@ impl Replica {
         }
         let end = offset + buf.len() as u64;
         let (first, last) = (offset / BLOCK, end.div_ceil(BLOCK));
-        for b in (first..last).filter(|b| l.map.get(*b)) {
+        // A block lost when the layer was frozen goes as it is: the fill
+        // records it lost, and the layer's checksum covers it.
+        let lost = self.lost_of(name);
+        for b in (first..last).filter(|b| l.map.get(*b) && !lost.contains(b)) {
             let (bs, be) = ((b * BLOCK).max(offset), ((b + 1) * BLOCK).min(end));
             if bs == b * BLOCK && be == (b + 1) * BLOCK {
                 let at = (bs - offset) as usize;
@@ -428,10 +434,16 @@ impl Replica {
         Ok(())
     }
 
-    /// Checks a filled layer against its checksum and completes it. A
-    /// mismatch leaves it pending.
-    pub fn complete_layer(&mut self, name: &str) -> Result<(), ReplicaError> {
+    /// Checks a filled layer against its checksum and completes it, with
+    /// the blocks the source's layer records lost (`lost`, see
+    /// `Meta::lost`). A mismatch leaves it pending.
+    pub fn complete_layer(&mut self, name: &str, lost: &[u64]) -> Result<(), ReplicaError> {
         let i = self.pending_at(name)?;
+        if let Some(b) = lost.iter().find(|b| !self.layers[i].map.get(**b)) {
+            return Err(ReplicaError::Invalid(format!(
+                "the source records block {b} of layer {name} lost, and the layer does not hold it"
+            )));
+        }
         let l = &self.layers[i];
         l.file
             .sync_all()
@@ -444,11 +456,27 @@ impl Replica {
                 "layer {name} arrived with checksum {got}, the source's is {want}"
             )));
         }
-        if let Some(s) = &self.layers[i].sums {
+        // A lost block's checksum is taken so that it fails, as the
+        // source's does: the record is not all that keeps it unserved.
+        let l = &mut self.layers[i];
+        if let Some(s) = &mut l.sums {
+            let mut block = vec![0u8; BLOCK as usize];
+            for &b in lost {
+                l.file
+                    .read_exact_at(&mut block, b * BLOCK)
+                    .map_err(|e| ReplicaError::io(&l.path, e))?;
+                s.set(b, !super::sums::of(&block))?;
+            }
             s.sync()?;
         }
         let mut meta = self.meta.clone();
         meta.pending.remove(name);
+        if !lost.is_empty() {
+            tracing::error!(dir = %self.dir.display(), layer = %name, blocks = ?lost,
+                "layer filled with blocks its source lost: each fails its reads until it is written again");
+            meta.lost
+                .insert(name.to_string(), lost.iter().copied().collect());
+        }
         meta.write(&self.dir)?;
         self.meta = meta;
         Ok(())

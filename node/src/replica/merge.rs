@@ -66,7 +66,13 @@ impl Replica {
             return None;
         }
         let chain = &self.meta.chain;
-        let frozen = |n: &String| self.meta.frozen.contains_key(n) && !self.is_corrupt(n);
+        // A layer with lost blocks stays as it was frozen: a merge would
+        // take their checksums again from their bytes.
+        let frozen = |n: &String| {
+            self.meta.frozen.contains_key(n)
+                && !self.is_corrupt(n)
+                && !self.meta.lost.contains_key(n)
+        };
         chain
             .windows(2)
             .take(chain.len().saturating_sub(2))

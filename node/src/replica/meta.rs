@@ -46,6 +46,13 @@ pub struct Meta {
     /// A merge under way (see `merge`): an open finishes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merging: Option<super::merge::MergeJournal>,
+    /// Blocks of frozen layers that were lost when the layer was frozen,
+    /// by layer name: each failed its checksum in the last replica that
+    /// held the volume, and no other held it sound. The layer's checksum
+    /// covers them as they are; each fails every read, and a fill copies
+    /// them as they are, with this record (see `Replica::snapshot_losing`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub lost: BTreeMap<String, std::collections::BTreeSet<u64>>,
 }
 
 /// A snapshot id as a layer's label: a DNS label (the store's object
@@ -110,6 +117,12 @@ impl Meta {
                 path.display(),
                 j.from,
                 j.into
+            )));
+        }
+        if let Some(layer) = meta.lost.keys().find(|l| !meta.frozen.contains_key(*l)) {
+            return Err(ReplicaError::Corrupt(format!(
+                "{}: blocks lost in {layer:?}, which is not a frozen layer",
+                path.display()
             )));
         }
         if meta.chain.is_empty()

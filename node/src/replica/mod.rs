@@ -23,6 +23,7 @@ mod revision;
 mod sums;
 mod table;
 
+use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::FileExt;
@@ -70,6 +71,10 @@ pub enum ReplicaError {
         layer: String,
         block: u64,
     },
+    /// A block lost when its layer was frozen (`Meta::lost`): no replica
+    /// held it sound. Not a new corruption: it marks nothing.
+    #[error("replica is corrupt: block {block} (byte {}) of layer {layer} was lost when the layer was frozen: no replica held it sound", block * BLOCK)]
+    LostBlock { layer: String, block: u64 },
     #[error("range {offset}+{len} is outside the volume of {size} bytes")]
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("{0}")]
@@ -196,6 +201,10 @@ pub struct LayerInfo {
     /// The user snapshot this frozen layer is, if it is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// Blocks lost when the layer was frozen (`Meta::lost`): a fill copies
+    /// them as they are and records them lost.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost: Vec<u64>,
 }
 
 /// An open replica.
@@ -311,6 +320,31 @@ fn layer_checksum(
         }
     }
     Ok(h.finalize().to_hex().to_string())
+}
+
+/// Checks whole blocks `data` (from block `first`) against `sums`, passing
+/// over those in `lost` that fail (each given to `found`): a block lost when
+/// its layer was frozen fails by its nature. The first other block that
+/// fails.
+fn check_but(
+    sums: &sums::BlockSums,
+    first: u64,
+    data: &[u8],
+    lost: &BTreeSet<u64>,
+    found: &mut impl FnMut(u64),
+) -> Result<(), u64> {
+    let mut at = first;
+    loop {
+        let from = ((at - first) * BLOCK) as usize;
+        match sums.check(at, &data[from..]) {
+            Ok(()) => return Ok(()),
+            Err(b) if lost.contains(&b) => {
+                found(b);
+                at = b + 1;
+            }
+            Err(b) => return Err(b),
+        }
+    }
 }
 
 /// Asks the kernel to read the runs ahead of a sequential reader, up to
@@ -568,6 +602,7 @@ impl Replica {
             block_sums,
             snapshots: Default::default(),
             merging: None,
+            lost: Default::default(),
         };
         let rev = dir.join(REVISION_FILE);
         std::fs::write(&rev, 0u64.to_le_bytes()).map_err(|e| ReplicaError::io(&rev, e))?;
@@ -737,6 +772,21 @@ impl Replica {
     }
 
     /// The newest layer holding block `b`.
+    /// The first block of `first..last` that layer `name` lost when it
+    /// was frozen (`Meta::lost`).
+    fn lost_in(&self, name: &str, first: u64, last: u64) -> Option<u64> {
+        if self.meta.lost.is_empty() {
+            return None;
+        }
+        self.meta.lost.get(name)?.range(first..last).next().copied()
+    }
+
+    /// The blocks layer `name` lost when it was frozen.
+    pub(super) fn lost_of(&self, name: &str) -> &BTreeSet<u64> {
+        static NONE: BTreeSet<u64> = BTreeSet::new();
+        self.meta.lost.get(name).unwrap_or(&NONE)
+    }
+
     fn holder(&self, b: u64) -> Option<usize> {
         (0..self.layers.len())
             .rev()
@@ -771,6 +821,13 @@ impl Replica {
     /// blocks go straight into `out`, a partial one through a block buffer.
     fn read_layer_run(&self, i: usize, pos: u64, out: &mut [u8]) -> Result<(), ReplicaError> {
         let l = &self.layers[i];
+        let end = pos + out.len() as u64;
+        if let Some(block) = self.lost_in(&l.name, pos / BLOCK, end.div_ceil(BLOCK)) {
+            return Err(ReplicaError::LostBlock {
+                layer: l.name.clone(),
+                block,
+            });
+        }
         let checked = l.sums.is_some() && !self.meta.pending.contains(&l.name);
         if !checked {
             return l
@@ -786,7 +843,6 @@ impl Replica {
                 l.name
             )));
         }
-        let end = pos + out.len() as u64;
         if pos.is_multiple_of(BLOCK) && end.is_multiple_of(BLOCK) {
             return l.read_checked(pos / BLOCK, out);
         }
@@ -1103,9 +1159,21 @@ impl Replica {
     /// its index. Each block is checked against the layer's block
     /// checksums on the way.
     fn checksum(&self, i: usize) -> Result<String, ReplicaError> {
+        let lost = self.lost_of(&self.layers[i].name);
+        self.checksum_but(i, lost, &mut |_| {})
+    }
+
+    /// `checksum`, passing over the blocks in `lose` that fail their
+    /// checksums (each given to `found`) instead of failing on them.
+    fn checksum_but(
+        &self,
+        i: usize,
+        lose: &BTreeSet<u64>,
+        found: &mut impl FnMut(u64),
+    ) -> Result<String, ReplicaError> {
         let l = &self.layers[i];
         layer_checksum(l, |b, chunk| match &l.sums {
-            Some(sums) => sums.check(b, chunk).map_err(|bad| l.corrupt(bad)),
+            Some(sums) => check_but(sums, b, chunk, lose, found).map_err(|bad| l.corrupt(bad)),
             None => Ok(()),
         })
     }
@@ -1129,6 +1197,20 @@ impl Replica {
     /// name of the frozen layer. Taking a snapshot the replica holds
     /// already answers its layer and changes nothing.
     pub fn snapshot(&mut self, label: Option<&str>) -> Result<String, ReplicaError> {
+        self.snapshot_losing(label, &BTreeSet::new())
+    }
+
+    /// `snapshot`, giving up the blocks of the head in `lose` that fail
+    /// their checksums: the engine names each only once no replica can give
+    /// it sound. They are frozen as they are and recorded lost with the
+    /// layer (`Meta::lost`), so they fail every read while the rest of the
+    /// volume is served, and copied, as before. Any other bad block fails
+    /// the freeze, as in `snapshot`.
+    pub fn snapshot_losing(
+        &mut self,
+        label: Option<&str>,
+        lose: &BTreeSet<u64>,
+    ) -> Result<String, ReplicaError> {
         if let Some(id) = label {
             if !valid_snapshot_id(id) {
                 return Err(ReplicaError::Invalid(format!(
@@ -1146,7 +1228,10 @@ impl Replica {
         }
         self.flush()?;
         let frozen = self.head().name.clone();
-        let sum = self.checksum(self.layers.len() - 1)?;
+        let mut lost = BTreeSet::new();
+        let sum = self.checksum_but(self.layers.len() - 1, lose, &mut |b| {
+            lost.insert(b);
+        })?;
         let name = next_layer_name(self.meta.chain.iter().map(String::as_str));
         let path = self.dir.join(&name);
         let f = File::create(&path).map_err(|e| ReplicaError::io(&path, e))?;
@@ -1158,6 +1243,11 @@ impl Replica {
         meta.frozen.insert(frozen.clone(), sum);
         if let Some(id) = label {
             meta.snapshots.insert(frozen.clone(), id.to_string());
+        }
+        if !lost.is_empty() {
+            tracing::error!(dir = %self.dir.display(), layer = %frozen, blocks = ?lost,
+                "blocks that no replica holds sound frozen as lost: each fails its reads until it is written again");
+            meta.lost.insert(frozen.clone(), lost);
         }
         meta.revision = self.revision;
         meta.write(&self.dir)?;
@@ -1271,10 +1361,11 @@ impl Replica {
                 continue;
             }
             let l = Layer::open(dir, name, blocks, meta.block_sums)?;
+            let lost = meta.lost.get(name).cloned().unwrap_or_default();
             let got = layer_checksum(&l, |b, chunk| {
                 pace(chunk.len() as u64);
                 if let Some(sums) = &l.sums {
-                    sums.check(b, chunk).map_err(|bad| l.corrupt(bad))?;
+                    check_but(sums, b, chunk, &lost, &mut |_| {}).map_err(|bad| l.corrupt(bad))?;
                 }
                 checked += chunk.len() as u64;
                 Ok(())
@@ -1401,6 +1492,7 @@ impl Replica {
                     .cloned(),
                 pending: self.meta.pending.contains(&l.name),
                 snapshot: self.meta.snapshots.get(&l.name).cloned(),
+                lost: self.lost_of(&l.name).iter().copied().collect(),
             })
             .collect()
     }

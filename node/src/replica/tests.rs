@@ -950,3 +950,113 @@ fn a_partial_write_into_a_bad_block_is_refused_and_never_makes_its_bytes_pass() 
     r.read(0, &mut block).unwrap();
     assert_eq!(&block[96..104], &[5, 5, 5, 5, 6, 6, 6, 6]);
 }
+
+/// A head block that fails its checksum and that the engine gives up as
+/// lost (no replica holds it sound) is frozen as it is: it fails every
+/// read, here and in a copy of its layer made by a fill, while every other
+/// block is served, and the layer checks whole. A bad block not given up
+/// still fails the freeze, which then changes nothing. Written again, the
+/// block reads back.
+#[test]
+fn a_block_given_up_as_lost_is_frozen_failing_its_reads_and_a_fill_keeps_it_so() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("r");
+    let mut r = Replica::create(&dir, 16 * BLOCK).unwrap();
+    let data: Vec<u8> = (0..8 * BLOCK).map(|i| (i % 251) as u8).collect();
+    r.write(0, &data, Some(1)).unwrap();
+    let head = r.chain().last().unwrap().clone();
+    flip(&dir.join(&head), 3 * BLOCK + 5);
+    flip(&dir.join(&head), 6 * BLOCK + 9);
+    let e = r.snapshot(None).unwrap_err();
+    assert!(
+        matches!(e, ReplicaError::CorruptBlock { block: 3, .. }),
+        "{e}"
+    );
+    let e = r.snapshot_losing(None, &BTreeSet::from([3])).unwrap_err();
+    assert!(
+        matches!(e, ReplicaError::CorruptBlock { block: 6, .. }),
+        "{e}"
+    );
+    assert_eq!(
+        r.chain(),
+        vec![head.clone()],
+        "a failed freeze changes nothing"
+    );
+    let frozen = r.snapshot_losing(None, &BTreeSet::from([3, 6])).unwrap();
+    assert_eq!(frozen, head);
+
+    let check = |r: &Replica, what: &str| {
+        let mut block = vec![0u8; BLOCK as usize];
+        for b in 0..8u64 {
+            let got = r.read(b * BLOCK, &mut block);
+            if b == 3 || b == 6 {
+                assert!(
+                    matches!(&got, Err(ReplicaError::LostBlock { block, .. }) if *block == b),
+                    "{what}: block {b}: {got:?}"
+                );
+            } else {
+                got.unwrap();
+                let at = (b * BLOCK) as usize;
+                assert!(block == data[at..at + BLOCK as usize], "{what}: block {b}");
+            }
+        }
+        let mut two = vec![0u8; 2 * BLOCK as usize];
+        assert!(r.read(2 * BLOCK, &mut two).is_err(), "{what}: across one");
+        assert!(
+            r.read(3 * BLOCK + 100, &mut [0u8; 10]).is_err(),
+            "{what}: inside one"
+        );
+        assert_eq!(r.layers()[0].lost, [3, 6], "{what}");
+        r.verify().unwrap();
+    };
+    check(&r, "frozen");
+    drop(r);
+    let mut r = Replica::open(&dir).unwrap();
+    check(&r, "reopened");
+    Replica::scrub(&dir, |_| {}).unwrap();
+
+    // A fill: the layer as the source holds it, lost blocks included, and
+    // their record.
+    let tdir = d.path().join("t");
+    let mut t = Replica::create(&tdir, 16 * BLOCK).unwrap();
+    let target_head = r.chain().last().unwrap().clone();
+    t.join(&frozen_specs(&r), &target_head, r.revision())
+        .unwrap();
+    let mut layer = vec![0u8; 8 * BLOCK as usize];
+    r.read_layer(&frozen, 0, &mut layer).unwrap();
+    t.write_layer(&frozen, 0, &layer).unwrap();
+    t.complete_layer(&frozen, &r.layers()[0].lost).unwrap();
+    check(&t, "filled");
+    drop(t);
+    check(&Replica::open(&tdir).unwrap(), "filled, reopened");
+
+    // A merge leaves the layer as it was frozen.
+    r.snapshot(None).unwrap();
+    assert_eq!(r.next_merge(), None);
+    // Written again, a lost block reads back.
+    r.write(3 * BLOCK, &[1u8; BLOCK as usize], Some(2)).unwrap();
+    let mut block = vec![0u8; BLOCK as usize];
+    r.read(3 * BLOCK, &mut block).unwrap();
+    assert_eq!(block, vec![1u8; BLOCK as usize]);
+}
+
+/// A fill that names a lost block its layer does not hold is refused, and
+/// the layer stays pending.
+#[test]
+fn a_fill_naming_a_lost_block_the_layer_lacks_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(&d.path().join("r"), 16 * BLOCK).unwrap();
+    r.write(0, &[4u8; BLOCK as usize], Some(1)).unwrap();
+    let frozen = r.snapshot(None).unwrap();
+    let mut t = Replica::create(&d.path().join("t"), 16 * BLOCK).unwrap();
+    let head = r.chain().last().unwrap().clone();
+    t.join(&frozen_specs(&r), &head, r.revision()).unwrap();
+    let mut layer = vec![0u8; BLOCK as usize];
+    r.read_layer(&frozen, 0, &mut layer).unwrap();
+    t.write_layer(&frozen, 0, &layer).unwrap();
+    let e = t.complete_layer(&frozen, &[9]).unwrap_err();
+    assert!(e.to_string().contains("block 9"), "{e}");
+    assert_eq!(t.pending(), vec![frozen.clone()]);
+    t.complete_layer(&frozen, &[]).unwrap();
+    assert!(t.pending().is_empty());
+}

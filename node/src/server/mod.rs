@@ -27,11 +27,11 @@ use crate::budget::{Budget, Share};
 use crate::replica::{LoanGuard, Replica, ReplicaError, Replicas, Shared};
 use crate::sync::{Fills, SyncError};
 use crate::wire::protocol::{
-    FLAG_FUA, FLAG_RETURN, FLAG_SUMS, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER, Request,
-    Response, status, status_of,
+    FLAG_FUA, FLAG_LOSE, FLAG_RETURN, FLAG_SUMS, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER,
+    Request, Response, status, status_of,
 };
 use crate::wire::tls::{Peer, WireTls, Writer};
-use crate::wire::{HANDSHAKE_TIMEOUT, IO_BUFFER, JoinSpec};
+use crate::wire::{HANDSHAKE_TIMEOUT, IO_BUFFER, JoinSpec, LoseSpec};
 
 /// Serves the replicas of its table over the replica data protocol.
 pub struct ReplicaServer {
@@ -262,7 +262,7 @@ impl ReplicaServer {
 }
 
 /// Why a mutation from a peer that is not the volume's engine is refused.
-const ONLY_ENGINE: &str = "WRITE, TRIM, FLUSH, JOIN, FILL, GROW and LEND are only for the engine the controller started for this replica's volume";
+const ONLY_ENGINE: &str = "WRITE, TRIM, FLUSH, JOIN, FILL, GROW, LEND and a SNAPSHOT giving up blocks as lost are only for the engine the controller started for this replica's volume";
 
 /// Connections one peer address may have open at once.
 pub const MAX_CONNECTIONS_PER_PEER: usize = 512;
@@ -480,9 +480,10 @@ impl Connection {
         if req.op == Op::Lend {
             return self.lend(&req, &name).await;
         }
-        if req.op.mutates() {
+        if req.mutates() {
             // Only the volume's engine changes a replica: a node's
-            // certificate reads and snapshots (a rebuild's source).
+            // certificate reads and snapshots (a rebuild's source), and
+            // gives up no block as lost.
             if !self.engine {
                 self.server.refused(&self.volume, Refusal::Denied);
                 return Ok(self.reply(error(req.id, status::DENIED, ONLY_ENGINE)).await);
@@ -899,6 +900,12 @@ fn write_op(r: &mut Replica, req: &Request, payload: &[u8]) -> Result<Vec<u8>, R
                 r.flush()?;
             }
             Ok(Vec::new())
+        }
+        Op::Snapshot if req.flags & FLAG_LOSE != 0 => {
+            let spec: LoseSpec = serde_json::from_slice(payload)
+                .map_err(|e| ReplicaError::Invalid(format!("snapshot: {e}")))?;
+            r.snapshot_losing(spec.label.as_deref(), &spec.lose)
+                .map(String::into_bytes)
         }
         Op::Snapshot => {
             let label = std::str::from_utf8(payload)

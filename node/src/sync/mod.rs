@@ -223,6 +223,7 @@ async fn fill(
     if let Some(src) = local_source {
         while let Some(((_, layer), rest)) = remaining.split_first() {
             let (src, dst, name) = (src.clone(), target.clone(), layer.name.clone());
+            let lost = layer.lost.clone();
             let copied = blocking(move || {
                 let (src_path, map, size) = {
                     let s = src.read().map_err(|_| lock_err())?;
@@ -242,7 +243,7 @@ async fn fill(
                 // reflink or copy_file_range never reads what it copies).
                 // Where it differs, the source is read and checked too, to
                 // say whose fault it is; a sound source is read only once.
-                match d.complete_layer(&name) {
+                match d.complete_layer(&name, &lost) {
                     Ok(()) => Ok(way),
                     Err(e @ ReplicaError::Corrupt(_)) => {
                         drop(d);
@@ -276,7 +277,7 @@ async fn fill(
         }
     }
     for (index, layer) in remaining {
-        let pulled = remote::pull_layer(&client, *index, &layer.name, &target, &progress).await?;
+        let pulled = remote::pull_layer(&client, (*index, layer), &target, &progress).await?;
         report.path = CopyPath::Remote;
         report.bytes += pulled.copied;
         report.reused += pulled.reused;

@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::replica::{BLOCK, Bitmap, Prefetch, ReplicaError, Shared, block_sum};
+use crate::replica::{BLOCK, Bitmap, LayerInfo, Prefetch, ReplicaError, Shared, block_sum};
 use crate::wire::client::{ClientError, ReplicaClient};
 use crate::wire::protocol::{MAX_DATA, Op, status};
 
@@ -45,15 +45,16 @@ pub struct Pulled {
     pub reused: u64,
 }
 
-/// Copies the layer at chain index `index` of the source into the target's
-/// pending layer `name`, and completes it.
+/// Copies the layer `layer` at chain index `index` of the source into the
+/// target's pending layer of that name, and completes it (with the blocks
+/// the source's records lost).
 pub async fn pull_layer(
     source: &ReplicaClient,
-    index: u64,
-    name: &str,
+    (index, layer): (u64, &LayerInfo),
     target: &Shared,
     progress: &Arc<Progress>,
 ) -> Result<Pulled, SyncError> {
+    let (name, lost) = (layer.name.as_str(), layer.lost.as_slice());
     let body = source.call(Op::LayerExtents, 0, 0, index, 0, &[]).await?;
     let extents: Vec<(u64, u64)> = serde_json::from_slice(&body)
         .map_err(|e| SyncError::Source(format!("layer {name}: bad extent list: {e}")))?;
@@ -68,7 +69,8 @@ pub async fn pull_layer(
     if held.count() > 0 {
         let before = progress.done.load(Ordering::SeqCst);
         let seed = (path.as_path(), &held);
-        let unknown = match pull_seeded(source, index, name, target, &extents, seed, progress).await
+        let unknown = match pull_seeded(source, (index, layer), target, &extents, seed, progress)
+            .await
         {
             Ok(pulled) => return Ok(pulled),
             // The seed misled the compare (the layer's checksum did not
@@ -104,7 +106,7 @@ pub async fn pull_layer(
         pieces(&extents, CHUNK).into(),
     )
     .await?;
-    complete(target, name).await?;
+    complete(target, name, lost).await?;
     Ok(Pulled { copied, reused: 0 })
 }
 
@@ -127,13 +129,13 @@ fn windows(extents: &[(u64, u64)], most: u64) -> VecDeque<(u64, u64)> {
 /// differs, and completes the layer.
 async fn pull_seeded(
     source: &ReplicaClient,
-    index: u64,
-    name: &str,
+    (index, layer): (u64, &LayerInfo),
     target: &Shared,
     extents: &[(u64, u64)],
     (path, held): (&std::path::Path, &Bitmap),
     progress: &Arc<Progress>,
 ) -> Result<Pulled, SyncError> {
+    let (name, lost) = (layer.name.as_str(), layer.lost.as_slice());
     let mut wanted = Bitmap::new(held.len());
     for &(start, len) in extents {
         wanted.set_range(start / BLOCK, (start + len).div_ceil(BLOCK), true);
@@ -176,7 +178,16 @@ async fn pull_seeded(
         .await
         .map_err(|e| SyncError::Source(format!("compare task failed: {e}")))?;
     asked?;
-    let (same, reused) = compared?;
+    let (mut same, mut reused) = compared?;
+    // A block the source lost comes as the source holds it, whatever the
+    // seed's: the layer's checksum covers it so.
+    for &b in lost {
+        if same.get(b) {
+            same.set(b, false);
+            reused -= BLOCK;
+            progress.done.fetch_sub(BLOCK, Ordering::SeqCst);
+        }
+    }
     // What the seed holds and the source's layer does not, goes.
     let mut extra = held.clone();
     extra.subtract(&wanted);
@@ -190,7 +201,7 @@ async fn pull_seeded(
     wanted.subtract(&same);
     let todo = pieces(&byte_ranges(&wanted.runs()), CHUNK).into();
     let copied = fetch(source, index, name, target, progress, todo).await?;
-    complete(target, name).await?;
+    complete(target, name, lost).await?;
     Ok(Pulled { copied, reused })
 }
 
@@ -315,10 +326,11 @@ fn of_source(name: &str, e: ClientError) -> SyncError {
     }
 }
 
-/// Checks the filled layer against its checksum and completes it.
-async fn complete(target: &Shared, name: &str) -> Result<(), SyncError> {
-    let layer = name.to_string();
-    on_target(target, move |t| t.complete_layer(&layer)).await
+/// Checks the filled layer against its checksum and completes it, with
+/// the blocks its source lost.
+async fn complete(target: &Shared, name: &str, lost: &[u64]) -> Result<(), SyncError> {
+    let (layer, lost) = (name.to_string(), lost.to_vec());
+    on_target(target, move |t| t.complete_layer(&layer, &lost)).await
 }
 
 /// Writes what arrives into the pending layer `layer` until the sender is

@@ -9,7 +9,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
-use super::protocol::{Op, RESPONSE_HEADER, Request, Response, status};
+use super::protocol::{FLAG_LOSE, Op, RESPONSE_HEADER, Request, Response, status};
 use super::tls::WireTls;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -685,6 +685,30 @@ impl ReplicaClient {
     pub async fn snapshot(&self, label: Option<&str>) -> Result<String, ClientError> {
         let label = label.unwrap_or_default();
         self.call(Op::Snapshot, 0, label.len() as u32, 0, 0, label.as_bytes())
+            .await
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+    }
+
+    /// `snapshot`, freezing as lost the blocks of the head in `lose` that
+    /// fail their checksums (see `Replica::snapshot_losing`).
+    pub async fn snapshot_losing(
+        &self,
+        label: Option<&str>,
+        lose: &std::collections::BTreeSet<u64>,
+    ) -> Result<String, ClientError> {
+        if lose.is_empty() {
+            return self.snapshot(label).await;
+        }
+        let spec = crate::wire::LoseSpec {
+            label: label.map(str::to_string),
+            lose: lose.clone(),
+        };
+        let body = serde_json::to_vec(&spec).map_err(|e| ClientError::Failed {
+            addr: self.addr.clone(),
+            status: status::INVALID,
+            message: e.to_string(),
+        })?;
+        self.call(Op::Snapshot, 0, body.len() as u32, 0, FLAG_LOSE, &body)
             .await
             .map(|b| String::from_utf8_lossy(&b).into_owned())
     }

@@ -46,6 +46,16 @@ impl JoinSpec {
     }
 }
 
+/// What a SNAPSHOT with `FLAG_LOSE` carries: the label, and the blocks of
+/// the head the engine gives up as lost should they fail their checksums
+/// (see `Replica::snapshot_losing`).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct LoseSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<String>,
+    pub lose: std::collections::BTreeSet<u64>,
+}
+
 /// How long a new connection has to open a replica: the server closes one
 /// that has not, and the client gives up on a server that has not answered.
 pub const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);

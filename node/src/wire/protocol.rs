@@ -34,6 +34,10 @@ pub const FLAG_RETURN: u8 = 4;
 /// of computing its own. Only for whole blocks (offset and length), and
 /// only to a replica whose OPEN reply said `{"sums": true}`.
 pub const FLAG_SUMS: u8 = 8;
+/// SNAPSHOT flag: the payload is a JSON `LoseSpec` (a label, and blocks of
+/// the head to freeze as lost should they fail their checksums) instead of
+/// the bare label.
+pub const FLAG_LOSE: u8 = 16;
 /// Largest JOIN or FILL payload.
 pub const MAX_CONTROL: u32 = 1 << 20;
 
@@ -202,7 +206,12 @@ impl Request {
             Op::Read | Op::Write | Op::LayerRead | Op::LayerSums if len > MAX_DATA => {
                 return Err(refuse(format!("length {len} over the limit {MAX_DATA}")));
             }
-            Op::Snapshot if len > MAX_NAME => {
+            Op::Snapshot if b[5] & FLAG_LOSE != 0 && len > MAX_CONTROL => {
+                return Err(refuse(format!(
+                    "snapshot payload length {len} over {MAX_CONTROL}"
+                )));
+            }
+            Op::Snapshot if b[5] & FLAG_LOSE == 0 && len > MAX_NAME => {
                 return Err(refuse(format!(
                     "snapshot label length {len} over {MAX_NAME}"
                 )));
@@ -248,6 +257,13 @@ impl Request {
             len,
             revision: u64_at(b, 32),
         })
+    }
+
+    /// Whether it changes the replica (see `Op::mutates`). A SNAPSHOT that
+    /// gives up blocks as lost does: only the engine knows that no replica
+    /// holds them sound.
+    pub fn mutates(&self) -> bool {
+        self.op.mutates() || (self.op == Op::Snapshot && self.flags & FLAG_LOSE != 0)
     }
 
     /// Bytes of payload that follow this header.
@@ -313,7 +329,8 @@ pub fn status_of(e: &crate::replica::ReplicaError) -> u32 {
         ReplicaError::OutOfRange { .. } | ReplicaError::Invalid(_) => status::INVALID,
         ReplicaError::Corrupt(_)
         | ReplicaError::CorruptLayer { .. }
-        | ReplicaError::CorruptBlock { .. } => status::CORRUPT,
+        | ReplicaError::CorruptBlock { .. }
+        | ReplicaError::LostBlock { .. } => status::CORRUPT,
         ReplicaError::Io { source, .. } if source.raw_os_error() == Some(nix::libc::ENOSPC) => {
             status::NO_SPACE
         }
