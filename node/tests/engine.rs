@@ -838,3 +838,51 @@ async fn partial_write_into_a_bad_block(lend: bool) {
         assert_eq!(c.read(2 * BLOCK, 4096).await.unwrap().to_vec(), want);
     }
 }
+
+/// A block bad in the head of every replica, at a snapshot: no replica
+/// holds it sound, so each freezes it as lost, and none is dropped (before,
+/// each failed repair dropped a replica until one was left). The block
+/// fails its reads, every other block is served from every replica, and
+/// written again it is sound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_bad_in_every_replica_at_a_snapshot_is_lost_in_each_and_none_is_dropped() {
+    for lend in [false, true] {
+        bad_everywhere_at_a_snapshot(lend).await;
+    }
+}
+
+/// The test above, with v-r0 reached through its server or lent.
+async fn bad_everywhere_at_a_snapshot(lend: bool) {
+    let (dirs, addrs, engine) = three_replicas(lend).await;
+    let data: Vec<u8> = (0..8 * BLOCK).map(|i| (i % 241) as u8).collect();
+    engine.write(0, &data, false).await.unwrap();
+    engine.flush().await.unwrap();
+    for (i, d) in dirs.iter().enumerate() {
+        flip_head_block(&replica_dir(d.path(), &format!("v-r{i}")), 3 * BLOCK);
+    }
+    engine.snapshot(None).await.unwrap();
+    let status = engine.status().await;
+    assert!(
+        status.iter().all(|s| s.mode == ReplicaMode::Rw),
+        "lend {lend}: {status:?}"
+    );
+    assert_eq!(engine.io().lost_blocks, 3, "lend {lend}");
+    let e = engine.read(3 * BLOCK, 4096).await.unwrap_err();
+    assert!(e.to_string().contains("lost"), "lend {lend}: {e}");
+    let (below, above) = (3 * BLOCK as usize, 4 * BLOCK as usize);
+    for at in &addrs[1..] {
+        let c = ReplicaClient::connect(&at.addr, &at.name).await.unwrap();
+        let e = c.read(3 * BLOCK, 4096).await.unwrap_err();
+        assert!(e.to_string().contains("lost"), "lend {lend}: {e}");
+        assert_eq!(c.read(0, below as u32).await.unwrap(), data[..below]);
+        let rest = c.read(4 * BLOCK, 4 * BLOCK as u32).await.unwrap();
+        assert_eq!(rest, data[above..], "lend {lend}: {}", at.name);
+    }
+    engine
+        .write(3 * BLOCK, &[7u8; BLOCK as usize], false)
+        .await
+        .unwrap();
+    let mut want = data.clone();
+    want[below..above].fill(7);
+    assert_eq!(engine.read(0, 8 * BLOCK as u32).await.unwrap(), want);
+}

@@ -17,7 +17,7 @@ use ballast_node::replica::replica_dir;
 use ballast_node::server::ReplicaServer;
 use ballast_node::wire::JoinSpec;
 use ballast_node::wire::client::ReplicaClient;
-use common::{engine_over, head_file};
+use common::{chain_of, engine_over, head_file};
 use tokio::net::TcpListener;
 
 const SIZE: u64 = 16 << 20;
@@ -826,6 +826,35 @@ async fn a_block_bad_in_the_last_replica_is_taken_from_a_returning_one_that_miss
     }
 }
 
+/// Lends the replica at `dir` to `engine` when `lend`.
+async fn lend_if(engine: &Arc<Engine>, dir: &Path, lend: bool) {
+    if lend {
+        engine
+            .lend_local(dir.to_path_buf(), ballast_node::replica::WRITEBACK_EVERY)
+            .await
+            .unwrap();
+    }
+}
+
+/// The block at `lost` fails its reads as lost, through the engine (its
+/// first replica, v-r0) and through `r1`; every other byte of both is
+/// `want`.
+async fn all_but_lost(engine: &Engine, r1: &ReplicaAddr, want: &[u8], lost: u64, what: &str) {
+    let e = engine.read(lost, 4096).await.unwrap_err();
+    assert!(e.to_string().contains("lost"), "{what}: {e}");
+    let e = read_at(r1, lost, 4096).await.unwrap_err();
+    assert!(e.contains("lost"), "{what}: v-r1: {e}");
+    let (before, after) = (lost as usize, lost as usize + 4096);
+    for (from, to) in [(0, before), (after, SIZE as usize)] {
+        let (at, n) = (from as u64, (to - from) as u32);
+        // The engine reads v-r0 first (through its server, or lent).
+        let got = engine.read(at, n).await.unwrap();
+        assert!(got == want[from..to], "{what}: v-r0 at {at}+{n}");
+        let got = read_at(r1, at, n).await.unwrap();
+        assert!(got == want[from..to], "{what}: v-r1 at {at}+{n}");
+    }
+}
+
 /// Reads `at` through the replica `r`'s server.
 async fn read_at(r: &ReplicaAddr, at: u64, len: u32) -> Result<Vec<u8>, String> {
     let c = ReplicaClient::connect(&r.addr, &r.name).await.unwrap();
@@ -844,12 +873,7 @@ async fn bad_in_the_last_replica(lend: bool) {
     let r1 = replica(d2.path(), "v-r1", &s2);
     let engine = engine_over(SIZE, &[r0.clone(), r1.clone()], Some("v-r0")).await;
     let r0_dir = replica_dir(d1.path(), "v-r0");
-    if lend {
-        engine
-            .lend_local(r0_dir.clone(), ballast_node::replica::WRITEBACK_EVERY)
-            .await
-            .unwrap();
-    }
+    lend_if(&engine, &r0_dir, lend).await;
     let blocks = |from: u64, n: u64| (from * 4096, (n * 4096) as usize);
     let (at, len) = blocks(0, 16);
     engine.write(at, &pattern(at, len, 1), false).await.unwrap();
@@ -895,23 +919,9 @@ async fn bad_in_the_last_replica(lend: bool) {
     engine.add_replica(r1.clone(), None).await.unwrap();
     wait_rw(&engine, "v-r1").await;
     assert_eq!(engine.io().lost_blocks, 1, "lend {lend}");
-    let e = engine.read(five, 4096).await.unwrap_err();
-    assert!(e.to_string().contains("lost"), "lend {lend}: {e}");
-    let e = read_at(&r1, five, 4096).await.unwrap_err();
-    assert!(
-        e.contains("lost"),
-        "lend {lend}: v-r1 fails the lost block, never serves its old copy: {e}"
-    );
+    // v-r1 fails the lost block, and never serves its old copy.
+    all_but_lost(&engine, &r1, &want, five, &format!("lend {lend}")).await;
     let (before, after) = (five as usize, five as usize + one);
-    let rest = [(0, before), (after, SIZE as usize)];
-    for (from, to) in rest {
-        let (at, n) = (from as u64, (to - from) as u32);
-        // The engine reads r0 first (through its server, or lent).
-        let got = engine.read(at, n).await.unwrap();
-        assert!(got == want[from..to], "lend {lend}: v-r0 at {at}+{n}");
-        let got = read_at(&r1, at, n).await.unwrap();
-        assert!(got == want[from..to], "lend {lend}: v-r1 at {at}+{n}");
-    }
     let status = engine.status().await;
     assert!(
         status.iter().all(|m| m.mode == ReplicaMode::Rw),
@@ -929,6 +939,84 @@ async fn bad_in_the_last_replica(lend: bool) {
         "lend {lend}"
     );
     assert!(image(&r1).await == want, "lend {lend}: v-r1");
+}
+
+/// A block of a frozen layer goes bad in the last rw replica, and the
+/// replica that joins holds no copy of that layer (a new one): no replica
+/// holds the block sound. The first rebuild fails on it, and the engine
+/// gives it up as lost in the last replica, whose layer's checksum is
+/// taken again; the next rebuild completes. The block fails its reads in
+/// both replicas, every other block reads back, and written again it is
+/// sound in both. Through the last replica's server, lent, and with the
+/// new replica on the same node (a local copy).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_gone_bad_in_a_frozen_layer_no_replica_holds_sound_is_lost_and_the_next_rebuild_completes()
+ {
+    for (lend, same_node) in [(false, false), (true, false), (false, true)] {
+        frozen_block_lost(lend, same_node).await;
+    }
+}
+
+async fn frozen_block_lost(lend: bool, same_node: bool) {
+    let what = format!("lend {lend}, same node {same_node}");
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (s1, s2) = if same_node {
+        let s = server(&[d1.path(), d2.path()]).await;
+        (s.clone(), s)
+    } else {
+        (server(&[d1.path()]).await, server(&[d2.path()]).await)
+    };
+    let r0 = replica(d1.path(), "v-r0", &s1);
+    let engine = engine_over(SIZE, std::slice::from_ref(&r0), Some("v-r0")).await;
+    let r0_dir = replica_dir(d1.path(), "v-r0");
+    lend_if(&engine, &r0_dir, lend).await;
+    let len = 64 * 4096;
+    engine.write(0, &pattern(0, len, 1), false).await.unwrap();
+    engine.snapshot(None).await.unwrap();
+    let mut want = vec![0u8; SIZE as usize];
+    want[..len].copy_from_slice(&pattern(0, len, 1));
+    let frozen = chain_of(&r0_dir)[0].clone();
+    let seven = 7 * 4096;
+    spoil(&r0_dir.join(&frozen), seven);
+    assert!(
+        engine.read(seven, 4096).await.is_err(),
+        "{what}: no sound copy"
+    );
+
+    let r1 = replica(d2.path(), "v-r1", &s2);
+    engine.add_replica(r1.clone(), None).await.unwrap();
+    let failed = async {
+        loop {
+            let st = engine.status().await;
+            if let Some(m) = st
+                .iter()
+                .find(|m| m.name == "v-r1" && m.mode == ReplicaMode::Err)
+            {
+                return m.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let m = tokio::time::timeout(Duration::from_secs(30), failed)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: the first rebuild did not fail"));
+    assert!(
+        m.error.as_deref().unwrap_or_default().contains("corrupt"),
+        "{what}: {m:?}"
+    );
+    assert_eq!(engine.io().lost_blocks, 1, "{what}");
+
+    engine.add_replica(r1.clone(), None).await.unwrap();
+    wait_rw(&engine, "v-r1").await;
+    all_but_lost(&engine, &r1, &want, seven, &what).await;
+    let (before, after) = (seven as usize, seven as usize + 4096);
+    engine
+        .write(seven, &pattern(seven, 4096, 2), false)
+        .await
+        .unwrap();
+    want[before..after].copy_from_slice(&pattern(seven, 4096, 2));
+    assert!(engine.read(0, SIZE as u32).await.unwrap() == want, "{what}");
+    assert!(image(&r1).await == want, "{what}: v-r1");
 }
 
 /// A block of the last replica's frozen layer goes bad, and is read (so

@@ -229,6 +229,20 @@ impl Lent {
         .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
     }
 
+    /// Gives up block `block` of frozen layer `layer` as lost (see
+    /// `Replica::lose_frozen_block`), on a blocking thread.
+    pub async fn lose(self: &Arc<Self>, layer: &str, block: u64) -> Result<(), ClientError> {
+        let me = self.clone();
+        let layer = layer.to_string();
+        tokio::task::spawn_blocking(move || {
+            let mut r = me.replica.write().map_err(|_| me.poisoned())?;
+            r.lose_frozen_block(&layer, block * crate::replica::BLOCK)
+                .map_err(|e| me.error(e))
+        })
+        .await
+        .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
+    }
+
     /// The writes after revision `since` in its write log (see
     /// `Replica::writes_since`).
     pub fn writes_since(

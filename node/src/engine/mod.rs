@@ -143,6 +143,15 @@ impl Link {
         }
     }
 
+    /// Gives up block `block` of frozen layer `layer` as lost (see
+    /// `Replica::lose_frozen_block`).
+    async fn lose(&self, layer: &str, block: u64) -> Result<(), ClientError> {
+        match self {
+            Link::Remote(c) => c.lose(layer, block).await,
+            Link::Lent(l) => l.lose(layer, block).await,
+        }
+    }
+
     async fn grow(&self, size: u64) -> Result<(), ClientError> {
         match self {
             Link::Remote(c) => c.grow(size).await,
@@ -752,7 +761,10 @@ impl Engine {
         self.read_noting(offset, len, None).await
     }
 
-    /// Reads from the rw replicas but `skip`, with I/O held.
+    /// Reads from the rw replicas but `skip`, with I/O held: a repair's
+    /// read. One whose blocks fail their checksums there too is passed
+    /// over, not dropped: a block bad in several replicas must not cost
+    /// the volume all but one of them.
     async fn read_excluding(
         &self,
         offset: u64,
@@ -765,7 +777,24 @@ impl Engine {
             .into_iter()
             .filter(|(n, _)| !skip.contains(&n.as_str()))
             .collect();
-        self.read_from(links, offset, len, None).await
+        let mut also_bad = Vec::new();
+        self.read_from(links, offset, len, Some(&mut also_bad))
+            .await
+    }
+
+    /// Whether an rw replica besides `name` holds block `block` sound.
+    /// Each is asked alone, so that a bad block there drops none.
+    async fn sound_elsewhere(&self, name: &str, block: u64) -> bool {
+        for link in self.rw_links().await.into_iter().filter(|(n, _)| n != name) {
+            if self
+                .read_from(vec![link], block * BLOCK, BLOCK as u32, None)
+                .await
+                .is_ok()
+            {
+                return true;
+            }
+        }
+        false
     }
 
     /// Reads with I/O held. With `bad`, a replica whose blocks fail their
@@ -1376,11 +1405,13 @@ impl Engine {
                     repaired += 1;
                     continue;
                 }
-                // Beyond repair in the last rw replica, the block is lost.
+                // Beyond repair, and sound in no other rw replica, the
+                // block is lost: here, and in each other as its own freeze
+                // finds it.
                 if let Some(block) = at.map(|at| at / BLOCK)
                     && lose.len() < MAX_LOST_PER_FREEZE
                     && !lose.contains(&block)
-                    && self.others_rw(&name).await == 0
+                    && !self.sound_elsewhere(&name, block).await
                 {
                     lose.insert(block);
                     continue;

@@ -224,9 +224,38 @@ impl Engine {
                     } else {
                         tracing::error!(volume = %self.volume, source, error = %e,
                             "the rebuild's source is corrupt and no other replica holds the block; it keeps serving the rest");
+                        self.lose_in_last(source, &e).await;
                     }
                 }
                 self.fail(name, &e).await
+            }
+        }
+    }
+
+    /// The block of a frozen layer that failed a fill from `source`, the
+    /// last rw replica, where the joining replica held it sound neither
+    /// (its seed would have been kept): no replica the engine has holds it
+    /// sound. It is given up as lost in `source` (see
+    /// `Replica::lose_frozen_block`), so that the next rebuild copies the
+    /// layer as it is and the rest of the volume gets its replicas back.
+    async fn lose_in_last(&self, source: &str, e: &ClientError) {
+        let Some((layer, at)) = crate::replica::corrupt_block_in(&e.to_string()) else {
+            return;
+        };
+        let block = at / crate::replica::BLOCK;
+        let link = self.rw_links().await.into_iter().find(|(n, _)| n == source);
+        let Some((_, link)) = link else {
+            return;
+        };
+        match link.lose(&layer, block).await {
+            Ok(()) => {
+                super::IoCounters::count(&self.counters.lost_blocks, 1);
+                tracing::error!(volume = %self.volume, replica = source, layer = %layer, block,
+                    "a block of a frozen layer no replica holds sound is lost: it fails its reads until written again; the next rebuild copies the rest");
+            }
+            Err(why) => {
+                tracing::warn!(volume = %self.volume, replica = source, layer = %layer, block, error = %why,
+                    "the block that failed the rebuild was not given up as lost");
             }
         }
     }

@@ -531,6 +531,16 @@ pub fn corrupt_block_at(message: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
+/// The layer and byte offset of the block that a `CorruptBlock` error's
+/// text names ("(byte N) of layer NAME in"), as a reply over the wire, or
+/// a fill's error that carries one, holds it.
+pub fn corrupt_block_in(message: &str) -> Option<(String, u64)> {
+    let at = corrupt_block_at(message)?;
+    let (_, rest) = message.split_once(&format!("(byte {at}) of layer "))?;
+    let (layer, _) = rest.split_once(" in ")?;
+    layers::valid_layer_name(layer).then(|| (layer.to_string(), at))
+}
+
 /// The frozen layer a corruption error names, if it names one.
 pub fn corrupt_layer(e: &ReplicaError) -> Option<&str> {
     match e {
@@ -1420,6 +1430,89 @@ impl Replica {
         Ok(())
     }
 
+    /// Gives up the block at byte `at` of frozen layer `name` as lost,
+    /// after its freeze: it fails its checksum, and the engine, the only
+    /// one that may ask, found no replica that holds it sound. The layer's
+    /// checksum is taken again with the block as it is, in the one pass
+    /// that checks every other block (one more bad fails it, and nothing
+    /// changes), and recorded with the block lost (`Meta::lost`); the
+    /// layer's marks go, since it checks whole again. So a fill copies the
+    /// layer as it is now, where before every fill of it failed on the
+    /// block. What any read returns does not change: the block failed its
+    /// reads before, and fails them now.
+    pub fn lose_frozen_block(&mut self, name: &str, at: u64) -> Result<(), ReplicaError> {
+        self.check(at, BLOCK)?;
+        let i = self.layer_at(name)?;
+        if !at.is_multiple_of(BLOCK) {
+            return Err(ReplicaError::Invalid(format!(
+                "{at} is not the start of a block"
+            )));
+        }
+        let merging = self
+            .meta
+            .merging
+            .as_ref()
+            .is_some_and(|j| j.into == name || j.from == name);
+        if !self.meta.frozen.contains_key(name) || self.meta.pending.contains(name) || merging {
+            return Err(ReplicaError::Invalid(format!(
+                "layer {name} is not a complete frozen layer"
+            )));
+        }
+        if self.is_unserved(name) {
+            return Err(ReplicaError::Invalid(format!(
+                "layer {name} is marked whole: which of its data is bad is not known"
+            )));
+        }
+        let block = at / BLOCK;
+        if self.lost_of(name).contains(&block) {
+            return Ok(());
+        }
+        if !self.layers[i].map.get(block) {
+            return Err(ReplicaError::Invalid(format!(
+                "layer {name} does not hold block {block}"
+            )));
+        }
+        let mut buf = vec![0u8; BLOCK as usize];
+        match self.layers[i].read_checked(block, &mut buf) {
+            Ok(()) => {
+                return Err(ReplicaError::Invalid(format!(
+                    "block {block} of layer {name} is sound; it is not given up"
+                )));
+            }
+            Err(ReplicaError::CorruptBlock { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        let mut lost = self.lost_of(name).clone();
+        lost.insert(block);
+        let sum = self.checksum_but(i, &lost, &mut |_| {})?;
+        let mut meta = self.meta.clone();
+        meta.frozen.insert(name.to_string(), sum);
+        meta.lost.insert(name.to_string(), lost);
+        meta.write(&self.dir)?;
+        self.meta = meta;
+        tracing::error!(dir = %self.dir.display(), layer = %name, block,
+            "a block of a frozen layer that no replica holds sound given up as lost: it fails its reads until it is written again, and the layer is copied as it is");
+        self.clear_marks_of(name)
+    }
+
+    /// Forgets the corrupt marks of layer `name` (it checks whole again).
+    fn clear_marks_of(&mut self, name: &str) -> Result<(), ReplicaError> {
+        let path = self.dir.join(CORRUPT_FILE);
+        let kept: Vec<String> = std::fs::read_to_string(&path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| Mark::parse(l).layer != name)
+            .map(|l| format!("{l}\n"))
+            .collect();
+        meta::write_durably(&self.dir, CORRUPT_FILE, kept.concat().as_bytes())?;
+        if let Ok(mut c) = self.corrupt.lock() {
+            c.remove(name);
+            self.any_corrupt
+                .store(!c.is_empty(), std::sync::atomic::Ordering::Release);
+        }
+        Ok(())
+    }
+
     /// Forgets every corrupt mark (a join, which keeps no marked layer).
     fn clear_corrupt_marks(&mut self) -> Result<(), ReplicaError> {
         let path = self.dir.join(CORRUPT_FILE);
@@ -1453,7 +1546,8 @@ impl Replica {
             .iter()
             .position(|l| l.name == name)
             .ok_or_else(|| ReplicaError::Invalid(format!("no layer {name:?}")))?;
-        if self.is_corrupt(name) {
+        // One marked for a block is read: its error names the block.
+        if self.is_unserved(name) {
             return Err(ReplicaError::Corrupt(format!(
                 "layer {name} was found corrupt"
             )));

@@ -873,15 +873,24 @@ fn a_replica_written_into_while_deleted_is_deleted_whole() {
 fn a_corrupt_block_is_found_again_in_its_errors_text() {
     let e = ReplicaError::CorruptBlock {
         dir: PathBuf::from("/d/replicas/v-r1"),
-        layer: "layer-000002".into(),
+        layer: "layer-000002.img".into(),
         block: 513,
     };
     assert_eq!(corrupt_block_at(&e.to_string()), Some(513 * BLOCK));
+    // As a fill's error carries it, inside the texts of two more errors.
+    let fill = format!(
+        "replica 10.0.0.2:1: the source is corrupt: layer layer-000002.img: replica 10.0.0.1:1: {e} (status 74)"
+    );
+    assert_eq!(
+        corrupt_block_in(&fill),
+        Some(("layer-000002.img".to_string(), 513 * BLOCK))
+    );
     let layer = ReplicaError::CorruptLayer {
-        layer: "layer-000002".into(),
+        layer: "layer-000002.img".into(),
         message: "checksum 1, recorded 2".into(),
     };
     assert_eq!(corrupt_block_at(&layer.to_string()), None);
+    assert_eq!(corrupt_block_in(&layer.to_string()), None);
 }
 
 /// Where the bin cannot be made (a disk too full for one more directory;
@@ -1059,4 +1068,68 @@ fn a_fill_naming_a_lost_block_the_layer_lacks_is_refused() {
     assert_eq!(t.pending(), vec![frozen.clone()]);
     t.complete_layer(&frozen, &[]).unwrap();
     assert!(t.pending().is_empty());
+}
+
+/// A block of a frozen layer that went bad after its freeze is given up
+/// as lost only when it fails its checksum: the layer's checksum is taken
+/// again with it as it is, its marks go, and it copies whole; a sound
+/// block is refused, and a second bad block fails the loss and changes
+/// nothing.
+#[test]
+fn a_bad_block_of_a_frozen_layer_is_given_up_only_when_bad_and_the_layer_then_copies_whole() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("r");
+    let mut r = Replica::create(&dir, 16 * BLOCK).unwrap();
+    let data: Vec<u8> = (0..8 * BLOCK).map(|i| (i % 251) as u8).collect();
+    r.write(0, &data, Some(1)).unwrap();
+    let frozen = r.snapshot(None).unwrap();
+    let before = r.layers()[0].checksum.clone();
+    let e = r.lose_frozen_block(&frozen, 2 * BLOCK).unwrap_err();
+    assert!(e.to_string().contains("sound"), "{e}");
+    flip(&dir.join(&frozen), 2 * BLOCK + 1);
+    flip(&dir.join(&frozen), 5 * BLOCK + 1);
+    let mut block = vec![0u8; BLOCK as usize];
+    let e = r.read(2 * BLOCK, &mut block).unwrap_err();
+    r.note_corruption(&e);
+    assert!(r.is_corrupt(&frozen));
+    let e = r.lose_frozen_block(&frozen, 2 * BLOCK).unwrap_err();
+    assert!(
+        matches!(e, ReplicaError::CorruptBlock { block: 5, .. }),
+        "{e}"
+    );
+    assert_eq!(r.layers()[0].checksum, before, "nothing changed");
+    assert!(r.layers()[0].lost.is_empty());
+    // Block 5 mended (as it was), block 2 is given up.
+    flip(&dir.join(&frozen), 5 * BLOCK + 1);
+    r.lose_frozen_block(&frozen, 2 * BLOCK).unwrap();
+    assert_ne!(r.layers()[0].checksum, before, "taken again");
+    assert_eq!(r.layers()[0].lost, [2]);
+    assert!(!r.is_corrupt(&frozen), "its marks went");
+    r.verify().unwrap();
+    assert!(matches!(
+        r.read(2 * BLOCK, &mut block),
+        Err(ReplicaError::LostBlock { block: 2, .. })
+    ));
+    drop(r);
+    let r = Replica::open(&dir).unwrap();
+    assert!(!r.is_corrupt(&frozen), "nor after a reopen");
+    assert_eq!(r.layers()[0].lost, [2]);
+    // A fill copies it whole now.
+    let mut t = Replica::create(&d.path().join("t"), 16 * BLOCK).unwrap();
+    let head = r.chain().last().unwrap().clone();
+    t.join(&frozen_specs(&r), &head, r.revision()).unwrap();
+    let mut layer = vec![0u8; 8 * BLOCK as usize];
+    r.read_layer(&frozen, 0, &mut layer).unwrap();
+    t.write_layer(&frozen, 0, &layer).unwrap();
+    t.complete_layer(&frozen, &r.layers()[0].lost).unwrap();
+    for b in 0..8u64 {
+        let got = t.read(b * BLOCK, &mut block);
+        if b == 2 {
+            assert!(got.is_err(), "block 2 stays lost");
+        } else {
+            got.unwrap();
+            let at = (b * BLOCK) as usize;
+            assert!(block == data[at..at + BLOCK as usize], "block {b}");
+        }
+    }
 }

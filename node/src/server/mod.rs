@@ -262,7 +262,7 @@ impl ReplicaServer {
 }
 
 /// Why a mutation from a peer that is not the volume's engine is refused.
-const ONLY_ENGINE: &str = "WRITE, TRIM, FLUSH, JOIN, FILL, GROW, LEND and a SNAPSHOT giving up blocks as lost are only for the engine the controller started for this replica's volume";
+const ONLY_ENGINE: &str = "WRITE, TRIM, FLUSH, JOIN, FILL, GROW, LEND, LOSE and a SNAPSHOT giving up blocks as lost are only for the engine the controller started for this replica's volume";
 
 /// Connections one peer address may have open at once.
 pub const MAX_CONNECTIONS_PER_PEER: usize = 512;
@@ -816,10 +816,12 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> R
             Ok(r) => read_op(&r, req),
             Err(_) => return poisoned(),
         },
-        Op::Write | Op::Trim | Op::Snapshot | Op::Join | Op::Grow => match replica.write() {
-            Ok(mut r) => write_op(&mut r, req, &payload),
-            Err(_) => return poisoned(),
-        },
+        Op::Write | Op::Trim | Op::Snapshot | Op::Join | Op::Grow | Op::Lose => {
+            match replica.write() {
+                Ok(mut r) => write_op(&mut r, req, &payload),
+                Err(_) => return poisoned(),
+            }
+        }
         Op::Open | Op::Fill | Op::Lend => {
             return error(req.id, status::INVALID, "handled by the connection");
         }
@@ -914,6 +916,10 @@ fn write_op(r: &mut Replica, req: &Request, payload: &[u8]) -> Result<Vec<u8>, R
                 .map(String::into_bytes)
         }
         Op::Grow => r.grow(req.offset).map(|()| Vec::new()),
+        Op::Lose => {
+            let layer = r.layer_name_at(req.revision)?;
+            r.lose_frozen_block(&layer, req.offset).map(|()| Vec::new())
+        }
         Op::Join => {
             let j: JoinSpec = serde_json::from_slice(payload)
                 .map_err(|e| ReplicaError::Invalid(format!("join: {e}")))?;

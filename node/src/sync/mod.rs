@@ -227,10 +227,11 @@ async fn fill(
             let copied = blocking(move || {
                 let (src_path, map, size) = {
                     let s = src.read().map_err(|_| lock_err())?;
+                    // A layer found corrupt is not copied; the error
+                    // names its bad block when it is marked for one.
                     if s.is_corrupt(&name) {
-                        return Err(SyncError::SourceCorrupt(format!(
-                            "layer {name} was found corrupt"
-                        )));
+                        s.verify_layer(&name)
+                            .map_err(|e| SyncError::SourceCorrupt(e.to_string()))?;
                     }
                     (s.layer_path(&name)?, s.layer_map(&name)?, s.size())
                 };

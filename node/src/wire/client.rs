@@ -713,6 +713,31 @@ impl ReplicaClient {
             .map(|b| String::from_utf8_lossy(&b).into_owned())
     }
 
+    /// Gives up block `block` of frozen layer `layer` as lost (see
+    /// `Replica::lose_frozen_block`).
+    pub async fn lose(&self, layer: &str, block: u64) -> Result<(), ClientError> {
+        let layers = self.layers().await?;
+        let index =
+            layers
+                .iter()
+                .position(|l| l.name == layer)
+                .ok_or_else(|| ClientError::Failed {
+                    addr: self.addr.clone(),
+                    status: status::NOT_FOUND,
+                    message: format!("no layer {layer}"),
+                })?;
+        self.call(
+            Op::Lose,
+            block * crate::replica::BLOCK,
+            0,
+            index as u64,
+            0,
+            &[],
+        )
+        .await
+        .map(drop)
+    }
+
     /// `{size, chain, revision}`.
     pub async fn info(&self) -> Result<serde_json::Value, ClientError> {
         let body = self.call(Op::Info, 0, 0, 0, 0, &[]).await?;

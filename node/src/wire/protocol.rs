@@ -84,6 +84,11 @@ pub enum Op {
     /// a block, little endian, 0 where the layer holds none. A rebuild
     /// compares them with the blocks its seed holds.
     LayerSums = 16,
+    /// Gives up block `offset / 4096` of the frozen layer at chain index
+    /// `revision` as lost: it fails its checksum, and the engine found no
+    /// replica that holds it sound (see `Replica::lose_frozen_block`). Only
+    /// from the volume's engine.
+    Lose = 17,
 }
 
 impl Op {
@@ -94,7 +99,7 @@ impl Op {
     pub fn mutates(self) -> bool {
         matches!(
             self,
-            Op::Write | Op::Flush | Op::Trim | Op::Join | Op::Fill | Op::Lend | Op::Grow
+            Op::Write | Op::Flush | Op::Trim | Op::Join | Op::Fill | Op::Lend | Op::Grow | Op::Lose
         )
     }
 
@@ -116,6 +121,7 @@ impl Op {
             14 => Op::WriteLog,
             15 => Op::Grow,
             16 => Op::LayerSums,
+            17 => Op::Lose,
             _ => return None,
         })
     }
@@ -231,6 +237,7 @@ impl Request {
             | Op::Lend
             | Op::WriteLog
             | Op::Grow
+            | Op::Lose
                 if len != 0 =>
             {
                 return Err(refuse(format!("{op:?} carries no length, got {len}")));
