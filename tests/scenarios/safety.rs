@@ -920,3 +920,90 @@ fn replica_of_volume_on(c: &Cluster, volume: &str, node: &str) -> String {
         .unwrap()
         .to_string()
 }
+
+/// A block goes bad in the frozen layer of the last replica that holds a
+/// volume, and the other replica is replaced by a new one: no replica
+/// holds the block sound. The first rebuild fails on it, the engine gives
+/// the block up as lost, and a rebuild then completes: the volume has both
+/// its replicas again, where before it stayed at one for good. The block
+/// fails its reads (EIO), every other byte reads back as written, through
+/// NBD and from each replica's files, and written again it is sound.
+#[test]
+fn a_block_no_replica_holds_sound_is_lost_alone_and_the_volume_gets_its_replicas_back() {
+    let c = Cluster::start(3, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    let holder = c.holders("v")[0].clone();
+    let endpoint = c.attach("v", &holder);
+    c.wait_settled("v", 1, Duration::from_secs(60));
+    let (ok, out) = qemu_io(&endpoint, &["write -P 0x5a 0 4M", "flush"]);
+    assert!(ok, "{out}");
+    // A second replica: its rebuild freezes the data into a layer.
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    c.wait_settled("v", 2, Duration::from_secs(120));
+    let local = c.replica_on("v", &holder).unwrap();
+    let dir = replica_dir_of(&c, &local);
+    let frozen = layers_of(&dir)
+        .into_iter()
+        .rfind(|l| l.checksum.is_some() && l.allocated > 0)
+        .unwrap();
+    let lost = 1u64 << 20;
+    flip_block(&dir.join(&frozen.name), lost).unwrap();
+    let other = c
+        .replicas("v")
+        .into_iter()
+        .find(|r| r["name"] != local["name"])
+        .unwrap();
+    c.ok(
+        "DELETE",
+        &format!("/v1/replicas/{}", other["name"].as_str().unwrap()),
+        None,
+    );
+    wait_for(Duration::from_secs(60), "the replica replaced", || {
+        let names: Vec<serde_json::Value> =
+            c.replicas("v").iter().map(|r| r["name"].clone()).collect();
+        (!names.contains(&other["name"])).then_some(())
+    });
+    c.wait_settled("v", 2, Duration::from_secs(180));
+    let layer = layers_of(&dir)
+        .into_iter()
+        .find(|l| l.name == frozen.name)
+        .unwrap();
+    assert_eq!(layer.lost, [lost / 4096], "recorded lost in its layer");
+    assert_ne!(layer.checksum, frozen.checksum, "its checksum taken again");
+
+    let (ok, out) = qemu_io(&endpoint, &["read 1M 4k"]);
+    assert!(!ok, "the lost block fails its read: {out}");
+    let (ok, out) = qemu_io(
+        &endpoint,
+        &["read -P 0x5a 0 1M", "read -P 0x5a 1052672 3141632"],
+    );
+    assert!(ok, "every other byte as written: {out}");
+    let rw: Vec<_> = c
+        .replicas("v")
+        .into_iter()
+        .filter(|r| r["status"]["mode"] == "rw")
+        .collect();
+    assert_eq!(rw.len(), 2, "{rw:?}");
+    for r in &rw {
+        let replica = ballast_node::replica::Replica::open_view(&replica_dir_of(&c, r)).unwrap();
+        let name = r["name"].as_str().unwrap();
+        let mut block = vec![0u8; 4096];
+        let e = replica.read(lost, &mut block).unwrap_err();
+        assert!(e.to_string().contains("lost"), "{name}: {e}");
+        let mut rest = vec![0u8; (4 << 20) - 4096];
+        replica.read(0, &mut rest[..lost as usize]).unwrap();
+        replica
+            .read(lost + 4096, &mut rest[lost as usize..])
+            .unwrap();
+        assert!(
+            rest.iter().all(|b| *b == 0x5a),
+            "{name}: the rest as written"
+        );
+    }
+    let (ok, out) = qemu_io(&endpoint, &["write -P 0x77 1M 4k", "read -P 0x77 1M 4k"]);
+    assert!(ok, "written again, the block is sound: {out}");
+}
