@@ -867,8 +867,11 @@ async fn bad_everywhere_at_a_snapshot(lend: bool) {
         "lend {lend}: {status:?}"
     );
     assert_eq!(engine.io().lost_blocks, 3, "lend {lend}");
+    let failures = engine.io().checksum_failures;
     let e = engine.read(3 * BLOCK, 4096).await.unwrap_err();
     assert!(e.to_string().contains("lost"), "lend {lend}: {e}");
+    // Passed over in the first two, failed in the last: no repair tried.
+    assert_eq!(engine.io().checksum_failures, failures + 1, "lend {lend}");
     let (below, above) = (3 * BLOCK as usize, 4 * BLOCK as usize);
     for at in &addrs[1..] {
         let c = ReplicaClient::connect(&at.addr, &at.name).await.unwrap();

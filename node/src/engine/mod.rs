@@ -822,7 +822,9 @@ impl Engine {
         for (i, (name, link)) in links.into_iter().enumerate() {
             let others = i + 1 < count;
             // Noted for repair rather than dropped: a bad block while
-            // another replica may hold it sound.
+            // another replica may hold it sound. A lost one is passed over
+            // (the others lost it too): nothing to repair it from, and no
+            // replica to drop for it.
             let mut note = |e: &ClientError| match bad.as_deref_mut() {
                 Some(bad) if others && e.is_corrupt() => {
                     bad.push((name.clone(), e.clone()));
@@ -840,7 +842,7 @@ impl Engine {
                     }
                     Err(e) => {
                         last = e.to_string();
-                        if note(&e) {
+                        if (e.is_lost() && others) || note(&e) {
                             continue;
                         }
                         if let Some(e) = self.read_failed(&name, &e, others).await {
@@ -874,7 +876,7 @@ impl Engine {
                 Ok(out) => return Ok(out),
                 Err(e) => {
                     last = e.to_string();
-                    if note(&e) {
+                    if (e.is_lost() && others) || note(&e) {
                         continue;
                     }
                     if let Some(e) = self.read_failed(&name, &e, others).await {

@@ -51,6 +51,10 @@ pub const WRITEBACK_EVERY: u64 = 8 << 20;
 const REVISION_FILE: &str = "revision";
 const CORRUPT_FILE: &str = "corrupt-layers";
 
+/// What the text of a `LostBlock` error says of its block, as a reply
+/// over the wire carries it (see `ClientError::is_lost`).
+pub const LOST: &str = "was lost when the layer was frozen";
+
 /// Errors of the replica format.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
@@ -73,7 +77,7 @@ pub enum ReplicaError {
     },
     /// A block lost when its layer was frozen (`Meta::lost`): no replica
     /// held it sound. Not a new corruption: it marks nothing.
-    #[error("replica is corrupt: block {block} (byte {}) of layer {layer} was lost when the layer was frozen: no replica held it sound", block * BLOCK)]
+    #[error("replica is corrupt: block {block} (byte {}) of layer {layer} {}: no replica held it sound", block * BLOCK, LOST)]
     LostBlock { layer: String, block: u64 },
     #[error("range {offset}+{len} is outside the volume of {size} bytes")]
     OutOfRange { offset: u64, len: u64, size: u64 },

@@ -36,6 +36,19 @@ impl ClientError {
         )
     }
 
+    /// The block was lost (no replica held it sound, `replica::LOST`): it
+    /// fails in every replica, and there is nothing to repair it from.
+    pub fn is_lost(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Failed {
+                status: super::protocol::status::CORRUPT,
+                message,
+                ..
+            } if message.contains(crate::replica::LOST)
+        )
+    }
+
     /// Where in the volume the block lies whose checksum failed, when the
     /// replica named one (see `replica::corrupt_block_at`).
     pub fn corrupt_at(&self) -> Option<u64> {
