@@ -156,7 +156,7 @@ impl Replica {
         self.meta = meta;
         let keep: Vec<String> = report.kept.clone();
         // A layer marked corrupt is never kept: it is filled again, sound.
-        self.clear_corrupt_marks()?;
+        self.clear_corrupt_marks(None)?;
         for l in &self.layers {
             if !keep.contains(&l.name) && !report.seeded.contains(&l.name) {
                 let _ = std::fs::remove_file(&l.path);

@@ -789,10 +789,7 @@ impl Replica {
     /// The first block of `first..last` that layer `name` lost when it
     /// was frozen (`Meta::lost`).
     fn lost_in(&self, name: &str, first: u64, last: u64) -> Option<u64> {
-        if self.meta.lost.is_empty() {
-            return None;
-        }
-        self.meta.lost.get(name)?.range(first..last).next().copied()
+        self.lost_of(name).range(first..last).next().copied()
     }
 
     /// The blocks layer `name` lost when it was frozen.
@@ -1496,40 +1493,37 @@ impl Replica {
         self.meta = meta;
         tracing::error!(dir = %self.dir.display(), layer = %name, block,
             "a block of a frozen layer that no replica holds sound given up as lost: it fails its reads until it is written again, and the layer is copied as it is");
-        self.clear_marks_of(name)
-    }
-
-    /// Forgets the corrupt marks of layer `name` (it checks whole again).
-    fn clear_marks_of(&mut self, name: &str) -> Result<(), ReplicaError> {
-        let path = self.dir.join(CORRUPT_FILE);
-        let kept: Vec<String> = std::fs::read_to_string(&path)
-            .unwrap_or_default()
-            .lines()
-            .filter(|l| Mark::parse(l).layer != name)
-            .map(|l| format!("{l}\n"))
-            .collect();
-        meta::write_durably(&self.dir, CORRUPT_FILE, kept.concat().as_bytes())?;
-        if let Ok(mut c) = self.corrupt.lock() {
-            c.remove(name);
-            self.any_corrupt
-                .store(!c.is_empty(), std::sync::atomic::Ordering::Release);
-        }
-        Ok(())
+        self.clear_corrupt_marks(Some(name))
     }
 
     /// Forgets every corrupt mark (a join, which keeps no marked layer).
-    fn clear_corrupt_marks(&mut self) -> Result<(), ReplicaError> {
+    /// With `only`, forgets that layer's marks alone (it checks whole
+    /// again, see `lose_frozen_block`).
+    fn clear_corrupt_marks(&mut self, only: Option<&str>) -> Result<(), ReplicaError> {
         let path = self.dir.join(CORRUPT_FILE);
-        match std::fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(ReplicaError::io(&path, e)),
+        let kept: String = match only {
+            None => String::new(),
+            Some(name) => std::fs::read_to_string(&path)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| Mark::parse(l).layer != name)
+                .map(|l| format!("{l}\n"))
+                .collect(),
+        };
+        if kept.is_empty() {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(ReplicaError::io(&path, e)),
+            }
+        } else {
+            meta::write_durably(&self.dir, CORRUPT_FILE, kept.as_bytes())?;
         }
         if let Ok(mut c) = self.corrupt.lock() {
-            c.clear();
+            c.retain(|layer, _| only.is_some_and(|name| name != layer));
+            self.any_corrupt
+                .store(!c.is_empty(), std::sync::atomic::Ordering::Release);
         }
-        self.any_corrupt
-            .store(false, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
