@@ -327,8 +327,8 @@ pub async fn delete_replica(ctx: &Arc<Context>, name: &str) -> Result<(), Error>
     remove_replica(ctx, &rep.spec.volume, name, "deleted on request").await
 }
 
-/// Takes a replica out of its volume's engine, deletes its data, then its
-/// record. A replica on a node that is down loses its record only (its
+/// Takes a replica out of its volume's record of who holds the data, then
+/// out of its engine, deletes its data, then its record. A replica on a node that is down loses its record only (its
 /// node deletes the data when it is back: see `nodes::registry`).
 #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]
 async fn remove_replica(
@@ -359,6 +359,10 @@ async fn remove_replica(
             .remove_engine_replica(&node, volume, replica)
             .await?;
     }
+    // A detached volume's record loses it first (an engine keeps its own):
+    // the record never names a replica that is gone, and whoever sees the
+    // replica gone sees the record without it.
+    crate::freshness::remove_current(ctx, volume, replica).await?;
     let deleted = match ready_node(ctx, &rep.spec.node_id).await {
         Ok(node) => ctx.agents.delete_replica(&node, replica).await,
         Err(e) => Err(e),
@@ -382,6 +386,5 @@ async fn remove_replica(
     ctx.store.delete::<Replica>(replica, None).await?;
     ctx.event(Kind::Replica, replica, "ReplicaDeleted", why.to_string())
         .await;
-    // A detached volume's record loses it (an engine keeps its own).
-    crate::freshness::remove_current(ctx, volume, replica).await
+    Ok(())
 }
