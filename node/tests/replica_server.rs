@@ -461,6 +461,11 @@ async fn block_checksums_sent_with_a_write_are_recorded_as_sent_and_checked_on_r
     );
     let e = c.read(9 * BLOCK, BLOCK as u32).await.unwrap_err();
     assert!(e.is_corrupt(), "{e}");
+    // The reply says where, beside its message: the block, in the head.
+    let at = e.corruption().expect("a CORRUPT reply says where");
+    assert_eq!(at.at, Some(9 * BLOCK), "{e}");
+    assert!(at.layer.is_some() && !at.lost, "{at:?}");
+    assert!(e.to_string().contains("does not match its checksum"), "{e}");
 
     // To a replica without checksums the same write goes without them.
     write(&old, 0, data.clone(), block_sums(&data), 1)

@@ -68,7 +68,7 @@ async fn join(
 fn fill_error(e: crate::sync::SyncError) -> Error {
     match e {
         // The source's data is corrupt: the controller fails the source.
-        crate::sync::SyncError::SourceCorrupt(m) => Error::SourceCorrupt(m),
+        crate::sync::SyncError::SourceCorrupt { message, .. } => Error::SourceCorrupt(message),
         e => Error::Internal(e.to_string()),
     }
 }

@@ -61,10 +61,8 @@ impl Lent {
         writeback_every: u64,
     ) -> Result<Arc<Lent>, ClientError> {
         lease.lend().await?;
-        let failed = |message: String| ClientError::Failed {
-            addr: dir.display().to_string(),
-            status: status::INVALID,
-            message,
+        let failed = |message: String| {
+            ClientError::failed(&dir.display().to_string(), status::INVALID, message)
         };
         let at = dir.to_path_buf();
         let opened = tokio::task::spawn_blocking(move || Replica::open(&at))
@@ -106,11 +104,7 @@ impl Lent {
     }
 
     fn error(&self, e: ReplicaError) -> ClientError {
-        ClientError::Failed {
-            addr: self.dir.display().to_string(),
-            status: crate::wire::protocol::status_of(&e),
-            message: e.to_string(),
-        }
+        ClientError::of_replica(&self.dir.display().to_string(), &e)
     }
 
     fn poisoned(&self) -> ClientError {

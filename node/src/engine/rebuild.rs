@@ -239,7 +239,7 @@ impl Engine {
     /// `Replica::lose_frozen_block`), so that the next rebuild copies the
     /// layer as it is and the rest of the volume gets its replicas back.
     async fn lose_in_last(&self, source: &str, e: &ClientError) {
-        let Some((layer, at)) = crate::replica::corrupt_block_in(&e.to_string()) else {
+        let Some((Some(layer), Some(at))) = e.corruption().map(|c| (c.layer.clone(), c.at)) else {
             return;
         };
         let block = at / crate::replica::BLOCK;

@@ -51,9 +51,27 @@ pub const WRITEBACK_EVERY: u64 = 8 << 20;
 const REVISION_FILE: &str = "revision";
 const CORRUPT_FILE: &str = "corrupt-layers";
 
-/// What the text of a `LostBlock` error says of its block, as a reply
-/// over the wire carries it (see `ClientError::is_lost`).
-pub const LOST: &str = "was lost when the layer was frozen";
+/// What the text of a `LostBlock` error says of its block.
+const LOST: &str = "was lost when the layer was frozen";
+
+/// Where data failed its checksum, as a corruption error names it: what a
+/// CORRUPT reply over the wire carries beside its message (see
+/// `wire::protocol::error_body`), so that an engine learns which block to
+/// repair, or to give up as lost, without reading an error's text.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Corruption {
+    /// The layer whose data failed, when the error names one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer: Option<String>,
+    /// The byte offset in the volume of the block that failed, when one
+    /// block did (not the whole layer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<u64>,
+    /// The block was lost when its layer was frozen (no replica held it
+    /// sound): it fails in every replica, and nothing can repair it.
+    #[serde(default)]
+    pub lost: bool,
+}
 
 /// Errors of the replica format.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +108,28 @@ impl ReplicaError {
         ReplicaError::Io {
             path: path.to_path_buf(),
             source,
+        }
+    }
+
+    /// Where the data failed, for an error of data failing its checksum.
+    pub fn corruption(&self) -> Option<Corruption> {
+        match self {
+            ReplicaError::Corrupt(_) => Some(Corruption::default()),
+            ReplicaError::CorruptLayer { layer, .. } => Some(Corruption {
+                layer: Some(layer.clone()),
+                ..Corruption::default()
+            }),
+            ReplicaError::CorruptBlock { layer, block, .. } => Some(Corruption {
+                layer: Some(layer.clone()),
+                at: Some(block * BLOCK),
+                lost: false,
+            }),
+            ReplicaError::LostBlock { layer, block } => Some(Corruption {
+                layer: Some(layer.clone()),
+                at: Some(block * BLOCK),
+                lost: true,
+            }),
+            _ => None,
         }
     }
 }
@@ -525,24 +565,6 @@ fn changed_under(dir: &Path, name: &str, want: &str) -> bool {
         }
         Err(_) => false,
     }
-}
-
-/// The byte offset of the block that a `CorruptBlock` error's text names
-/// (its "(byte N)"), as a reply over the wire carries it.
-pub fn corrupt_block_at(message: &str) -> Option<u64> {
-    let (_, rest) = message.split_once("(byte ")?;
-    let (digits, _) = rest.split_once(')')?;
-    digits.parse().ok()
-}
-
-/// The layer and byte offset of the block that a `CorruptBlock` error's
-/// text names ("(byte N) of layer NAME in"), as a reply over the wire, or
-/// a fill's error that carries one, holds it.
-pub fn corrupt_block_in(message: &str) -> Option<(String, u64)> {
-    let at = corrupt_block_at(message)?;
-    let (_, rest) = message.split_once(&format!("(byte {at}) of layer "))?;
-    let (layer, _) = rest.split_once(" in ")?;
-    layers::valid_layer_name(layer).then(|| (layer.to_string(), at))
 }
 
 /// The frozen layer a corruption error names, if it names one.

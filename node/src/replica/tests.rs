@@ -870,27 +870,45 @@ fn a_replica_written_into_while_deleted_is_deleted_whole() {
 }
 
 #[test]
-fn a_corrupt_block_is_found_again_in_its_errors_text() {
-    let e = ReplicaError::CorruptBlock {
+fn a_corruption_error_says_where_it_failed() {
+    let block = ReplicaError::CorruptBlock {
         dir: PathBuf::from("/d/replicas/v-r1"),
         layer: "layer-000002.img".into(),
         block: 513,
     };
-    assert_eq!(corrupt_block_at(&e.to_string()), Some(513 * BLOCK));
-    // As a fill's error carries it, inside the texts of two more errors.
-    let fill = format!(
-        "replica 10.0.0.2:1: the source is corrupt: layer layer-000002.img: replica 10.0.0.1:1: {e} (status 74)"
-    );
     assert_eq!(
-        corrupt_block_in(&fill),
-        Some(("layer-000002.img".to_string(), 513 * BLOCK))
+        block.corruption(),
+        Some(Corruption {
+            layer: Some("layer-000002.img".into()),
+            at: Some(513 * BLOCK),
+            lost: false
+        })
+    );
+    let lost = ReplicaError::LostBlock {
+        layer: "head.img".into(),
+        block: 7,
+    };
+    assert_eq!(
+        lost.corruption(),
+        Some(Corruption {
+            layer: Some("head.img".into()),
+            at: Some(7 * BLOCK),
+            lost: true
+        })
     );
     let layer = ReplicaError::CorruptLayer {
         layer: "layer-000002.img".into(),
         message: "checksum 1, recorded 2".into(),
     };
-    assert_eq!(corrupt_block_at(&layer.to_string()), None);
-    assert_eq!(corrupt_block_in(&layer.to_string()), None);
+    assert_eq!(
+        layer.corruption(),
+        Some(Corruption {
+            layer: Some("layer-000002.img".into()),
+            at: None,
+            lost: false
+        })
+    );
+    assert_eq!(ReplicaError::Invalid("no".into()).corruption(), None);
 }
 
 /// Where the bin cannot be made (a disk too full for one more directory;

@@ -686,8 +686,8 @@ impl Connection {
                 let source = String::from_utf8_lossy(&payload).into_owned();
                 let reply = match server.fill(&name, &source).await {
                     Ok(report) => ok_json(req.id, &report),
-                    Err(e @ SyncError::SourceCorrupt(_)) => {
-                        error(req.id, status::CORRUPT, &e.to_string())
+                    Err(e @ SyncError::SourceCorrupt { .. }) => {
+                        reply_error(req.id, status::CORRUPT, &e.to_string(), e.corruption())
                     }
                     Err(e) => error(req.id, status::IO, &e.to_string()),
                 };
@@ -790,7 +790,22 @@ fn ok_json(id: u64, value: &impl serde::Serialize) -> (Response, Vec<u8>) {
 }
 
 fn error(id: u64, code: u32, message: &str) -> (Response, Vec<u8>) {
-    let body = message.as_bytes().to_vec();
+    reply_error(id, code, message, None)
+}
+
+/// The reply to a replica's error: for data that failed its checksum, it
+/// says where.
+fn replica_error(id: u64, e: &crate::replica::ReplicaError) -> (Response, Vec<u8>) {
+    reply_error(id, status_of(e), &e.to_string(), e.corruption().as_ref())
+}
+
+fn reply_error(
+    id: u64,
+    code: u32,
+    message: &str,
+    corruption: Option<&crate::replica::Corruption>,
+) -> (Response, Vec<u8>) {
+    let body = crate::wire::protocol::error_body(code, message, corruption);
     (
         Response {
             status: code,
@@ -835,7 +850,7 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> R
             },
             body,
         ),
-        Err(e) => error(req.id, status_of(&e), &e.to_string()),
+        Err(e) => replica_error(req.id, &e),
     }
 }
 

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::replica::{BLOCK, Replica, ReplicaError, Replicas, Shared};
+use crate::replica::{BLOCK, Corruption, Replica, ReplicaError, Replicas, Shared};
 use crate::wire::client::{ClientError, ReplicaClient};
 use crate::wire::tls::WireTls;
 
@@ -39,8 +39,30 @@ pub enum SyncError {
     Source(String),
     /// The source's own data failed its checksums: it must not be copied
     /// (and the source, not the target, is the replica at fault).
-    #[error("the source is corrupt: {0}")]
-    SourceCorrupt(String),
+    #[error("the source is corrupt: {message}")]
+    SourceCorrupt {
+        message: String,
+        /// Where its data failed.
+        corruption: Corruption,
+    },
+}
+
+impl SyncError {
+    /// The source's own error of data failing its checksum.
+    fn source_corrupt(e: &ReplicaError) -> SyncError {
+        SyncError::SourceCorrupt {
+            message: e.to_string(),
+            corruption: e.corruption().unwrap_or_default(),
+        }
+    }
+
+    /// Where the source's data failed, for `SourceCorrupt`.
+    pub fn corruption(&self) -> Option<&Corruption> {
+        match self {
+            SyncError::SourceCorrupt { corruption, .. } => Some(corruption),
+            _ => None,
+        }
+    }
 }
 
 /// Bytes done and to do of a running fill.
@@ -231,7 +253,7 @@ async fn fill(
                     // names its bad block when it is marked for one.
                     if s.is_corrupt(&name) {
                         s.verify_layer(&name)
-                            .map_err(|e| SyncError::SourceCorrupt(e.to_string()))?;
+                            .map_err(|e| SyncError::source_corrupt(&e))?;
                     }
                     (s.layer_path(&name)?, s.layer_map(&name)?, s.size())
                 };
@@ -252,7 +274,7 @@ async fn fill(
                         match s.verify_layer(&name) {
                             Err(bad) => {
                                 s.note_corruption(&bad);
-                                Err(SyncError::SourceCorrupt(bad.to_string()))
+                                Err(SyncError::source_corrupt(&bad))
                             }
                             Ok(()) => Err(e.into()),
                         }
@@ -268,7 +290,7 @@ async fn fill(
                     progress.done.fetch_add(layer.allocated, Ordering::SeqCst);
                     remaining = rest;
                 }
-                Err(e @ SyncError::SourceCorrupt(_)) => return Err(e),
+                Err(e @ SyncError::SourceCorrupt { .. }) => return Err(e),
                 Err(e) => {
                     tracing::warn!(layer = %layer.name, error = %e, "local copy failed; cleaning the target and copying over the network");
                     reset_layer(&target, &layer.name).await?;

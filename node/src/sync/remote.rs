@@ -18,7 +18,9 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::replica::{BLOCK, Bitmap, LayerInfo, Prefetch, ReplicaError, Shared, block_sum};
+use crate::replica::{
+    BLOCK, Bitmap, Corruption, LayerInfo, Prefetch, ReplicaError, Shared, block_sum,
+};
 use crate::wire::client::{ClientError, ReplicaClient};
 use crate::wire::protocol::{MAX_DATA, Op, status};
 
@@ -320,7 +322,14 @@ async fn fetch(
 /// its checksums makes the source the replica at fault.
 fn of_source(name: &str, e: ClientError) -> SyncError {
     if e.is_corrupt() {
-        SyncError::SourceCorrupt(format!("layer {name}: {e}"))
+        let corruption = e.corruption().cloned().unwrap_or_else(|| Corruption {
+            layer: Some(name.to_string()),
+            ..Corruption::default()
+        });
+        SyncError::SourceCorrupt {
+            message: format!("layer {name}: {e}"),
+            corruption,
+        }
     } else {
         SyncError::from(e)
     }

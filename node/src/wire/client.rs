@@ -9,6 +9,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::replica::Corruption;
+
 use super::protocol::{FLAG_LOSE, Op, RESPONSE_HEADER, Request, Response, status};
 use super::tls::WireTls;
 
@@ -21,10 +23,43 @@ pub enum ClientError {
         addr: String,
         status: u32,
         message: String,
+        /// Where the data failed, for a CORRUPT reply that says.
+        corruption: Option<Corruption>,
     },
 }
 
 impl ClientError {
+    /// A refusal that names no corrupt data.
+    pub fn failed(addr: &str, status: u32, message: impl Into<String>) -> Self {
+        ClientError::Failed {
+            addr: addr.to_string(),
+            status,
+            message: message.into(),
+            corruption: None,
+        }
+    }
+
+    /// A replica's error reply, as its status and body carry it.
+    pub fn of_reply(addr: &str, status: u32, body: &[u8]) -> Self {
+        let (message, corruption) = super::protocol::read_error_body(status, body);
+        ClientError::Failed {
+            addr: addr.to_string(),
+            status,
+            message,
+            corruption,
+        }
+    }
+
+    /// The error of a replica's files, as its server would reply it.
+    pub fn of_replica(addr: &str, e: &crate::replica::ReplicaError) -> Self {
+        ClientError::Failed {
+            addr: addr.to_string(),
+            status: super::protocol::status_of(e),
+            message: e.to_string(),
+            corruption: e.corruption(),
+        }
+    }
+
     /// Data failed its checksum at the replica (for a FILL: at the source).
     pub fn is_corrupt(&self) -> bool {
         matches!(
@@ -36,30 +71,28 @@ impl ClientError {
         )
     }
 
-    /// The block was lost (no replica held it sound, `replica::LOST`): it
-    /// fails in every replica, and there is nothing to repair it from.
-    pub fn is_lost(&self) -> bool {
-        matches!(
-            self,
-            ClientError::Failed {
-                status: super::protocol::status::CORRUPT,
-                message,
-                ..
-            } if message.contains(crate::replica::LOST)
-        )
-    }
-
-    /// Where in the volume the block lies whose checksum failed, when the
-    /// replica named one (see `replica::corrupt_block_at`).
-    pub fn corrupt_at(&self) -> Option<u64> {
+    /// Where the data failed, when the replica said.
+    pub fn corruption(&self) -> Option<&Corruption> {
         match self {
             ClientError::Failed {
                 status: super::protocol::status::CORRUPT,
-                message,
+                corruption,
                 ..
-            } => crate::replica::corrupt_block_at(message),
+            } => corruption.as_ref(),
             _ => None,
         }
+    }
+
+    /// The block was lost (no replica held it sound): it fails in every
+    /// replica, and there is nothing to repair it from.
+    pub fn is_lost(&self) -> bool {
+        self.corruption().is_some_and(|c| c.lost)
+    }
+
+    /// Where in the volume the block lies whose checksum failed, when the
+    /// replica named one.
+    pub fn corrupt_at(&self) -> Option<u64> {
+        self.corruption().and_then(|c| c.at)
     }
 
     /// The replica's disk is full: it holds what it held, the write did
@@ -416,11 +449,7 @@ impl ReplicaClient {
                     let result = if resp.status == status::OK {
                         Ok(body)
                     } else {
-                        Err(ClientError::Failed {
-                            addr: a.clone(),
-                            status: resp.status,
-                            message: String::from_utf8_lossy(&body).into_owned(),
-                        })
+                        Err(ClientError::of_reply(&a, resp.status, &body))
                     };
                     w.finish(result);
                 }
@@ -716,11 +745,8 @@ impl ReplicaClient {
             label: label.map(str::to_string),
             lose: lose.clone(),
         };
-        let body = serde_json::to_vec(&spec).map_err(|e| ClientError::Failed {
-            addr: self.addr.clone(),
-            status: status::INVALID,
-            message: e.to_string(),
-        })?;
+        let body = serde_json::to_vec(&spec)
+            .map_err(|e| ClientError::failed(&self.addr, status::INVALID, e.to_string()))?;
         self.call(Op::Snapshot, 0, body.len() as u32, 0, FLAG_LOSE, &body)
             .await
             .map(|b| String::from_utf8_lossy(&b).into_owned())
@@ -730,15 +756,9 @@ impl ReplicaClient {
     /// `Replica::lose_frozen_block`).
     pub async fn lose(&self, layer: &str, block: u64) -> Result<(), ClientError> {
         let layers = self.layers().await?;
-        let index =
-            layers
-                .iter()
-                .position(|l| l.name == layer)
-                .ok_or_else(|| ClientError::Failed {
-                    addr: self.addr.clone(),
-                    status: status::NOT_FOUND,
-                    message: format!("no layer {layer}"),
-                })?;
+        let index = layers.iter().position(|l| l.name == layer).ok_or_else(|| {
+            ClientError::failed(&self.addr, status::NOT_FOUND, format!("no layer {layer}"))
+        })?;
         self.call(
             Op::Lose,
             block * crate::replica::BLOCK,
@@ -754,11 +774,8 @@ impl ReplicaClient {
     /// `{size, chain, revision}`.
     pub async fn info(&self) -> Result<serde_json::Value, ClientError> {
         let body = self.call(Op::Info, 0, 0, 0, 0, &[]).await?;
-        serde_json::from_slice(&body).map_err(|e| ClientError::Failed {
-            addr: self.addr.clone(),
-            status: status::IO,
-            message: e.to_string(),
-        })
+        serde_json::from_slice(&body)
+            .map_err(|e| ClientError::failed(&self.addr, status::IO, e.to_string()))
     }
 
     /// Every layer, oldest first.
@@ -780,11 +797,8 @@ impl ReplicaClient {
 
 impl ReplicaClient {
     fn json<T: serde::de::DeserializeOwned>(&self, body: &[u8]) -> Result<T, ClientError> {
-        serde_json::from_slice(body).map_err(|e| ClientError::Failed {
-            addr: self.addr.clone(),
-            status: status::IO,
-            message: e.to_string(),
-        })
+        serde_json::from_slice(body)
+            .map_err(|e| ClientError::failed(&self.addr, status::IO, e.to_string()))
     }
 
     /// Joins a rebuild (see `Replica::join`).
@@ -792,11 +806,8 @@ impl ReplicaClient {
         &self,
         spec: &super::JoinSpec,
     ) -> Result<crate::replica::JoinReport, ClientError> {
-        let payload = serde_json::to_vec(spec).map_err(|e| ClientError::Failed {
-            addr: self.addr.clone(),
-            status: status::INVALID,
-            message: e.to_string(),
-        })?;
+        let payload = serde_json::to_vec(spec)
+            .map_err(|e| ClientError::failed(&self.addr, status::INVALID, e.to_string()))?;
         let body = self
             .call(Op::Join, 0, payload.len() as u32, 0, 0, &payload)
             .await?;

@@ -6,7 +6,8 @@
 //! revision (little endian; the layer's chain index for LAYER_* ops) — then
 //! `length` bytes of payload for WRITE, OPEN, JOIN and FILL. Response: a 24-byte header — magic "BRSP", status, id, length —
 //! then `length` bytes (data for READ, JSON for INFO and LAYERS, the frozen
-//! layer's name for SNAPSHOT, a message when status is not 0).
+//! layer's name for SNAPSHOT, a message when status is not 0: for CORRUPT,
+//! JSON with the message and where the data failed, see `error_body`).
 //!
 //! Every header is validated before anything is allocated or touched: a
 //! bad magic closes the connection, an unknown op or an oversize length
@@ -329,6 +330,43 @@ impl Response {
     }
 }
 
+/// A CORRUPT reply's body: its message, and where the data failed.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct CorruptBody {
+    message: String,
+    #[serde(flatten)]
+    corruption: crate::replica::Corruption,
+}
+
+/// The body of an error reply: the message, or for CORRUPT with where the
+/// data failed, the JSON `{"message", "layer", "at", "lost"}`.
+pub fn error_body(
+    status: u32,
+    message: &str,
+    corruption: Option<&crate::replica::Corruption>,
+) -> Vec<u8> {
+    match corruption {
+        Some(c) if status == status::CORRUPT => serde_json::to_vec(&CorruptBody {
+            message: message.to_string(),
+            corruption: c.clone(),
+        })
+        .unwrap_or_else(|_| message.as_bytes().to_vec()),
+        _ => message.as_bytes().to_vec(),
+    }
+}
+
+/// The message of an error reply, and where the data failed when it is a
+/// CORRUPT reply that says (a bare message says nowhere).
+pub fn read_error_body(status: u32, body: &[u8]) -> (String, Option<crate::replica::Corruption>) {
+    if status == status::CORRUPT
+        && body.first() == Some(&b'{')
+        && let Ok(b) = serde_json::from_slice::<CorruptBody>(body)
+    {
+        return (b.message, Some(b.corruption));
+    }
+    (String::from_utf8_lossy(body).into_owned(), None)
+}
+
 /// The protocol's status for a replica's error: the one mapping.
 pub fn status_of(e: &crate::replica::ReplicaError) -> u32 {
     use crate::replica::ReplicaError;
@@ -350,6 +388,31 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn a_corrupt_reply_says_where_and_any_other_carries_its_message() {
+        let c = crate::replica::Corruption {
+            layer: Some("layer-000002.img".into()),
+            at: Some(513 * BLOCK),
+            lost: true,
+        };
+        let body = error_body(status::CORRUPT, "block 513 is bad", Some(&c));
+        assert_eq!(
+            read_error_body(status::CORRUPT, &body),
+            ("block 513 is bad".to_string(), Some(c.clone()))
+        );
+        // Another status carries the message alone, and so does a bare one.
+        assert_eq!(error_body(status::IO, "{x}", Some(&c)), b"{x}");
+        assert_eq!(
+            read_error_body(status::CORRUPT, b"{not json"),
+            ("{not json".to_string(), None)
+        );
+        assert_eq!(
+            read_error_body(status::IO, &body).1,
+            None,
+            "only a CORRUPT reply says where"
+        );
+    }
 
     proptest! {
         #[test]
