@@ -11,7 +11,9 @@
 //! there can only be one the merge was writing, and is copied again. The
 //! extra space a merge needs is at most the lower layer's data. The head
 //! is never merged into (an engine writes it); a labelled layer is never
-//! merged away.
+//! merged away. A block the lower layer lost (`Meta::lost`) and the upper
+//! one lacks moves up as it is and is recorded lost there, so it fails its
+//! reads as before; one the upper layer holds goes with the lower layer.
 
 use std::os::unix::fs::FileExt;
 
@@ -66,13 +68,7 @@ impl Replica {
             return None;
         }
         let chain = &self.meta.chain;
-        // A layer with lost blocks stays as it was frozen: a merge would
-        // take their checksums again from their bytes.
-        let frozen = |n: &String| {
-            self.meta.frozen.contains_key(n)
-                && !self.is_corrupt(n)
-                && !self.meta.lost.contains_key(n)
-        };
+        let frozen = |n: &String| self.meta.frozen.contains_key(n) && !self.is_corrupt(n);
         chain
             .windows(2)
             .take(chain.len().saturating_sub(2))
@@ -88,6 +84,9 @@ impl Replica {
     }
 
     /// Records that `j` starts (crash-safely, before any block moves).
+    /// The blocks the lower layer lost (`Meta::lost`) that the upper one
+    /// lacks are recorded lost in the upper one in the same write: a read
+    /// of one fails as lost before it moves up and after.
     pub fn begin_merge(&mut self, j: &MergeJournal) -> Result<(), ReplicaError> {
         self.check(0, 0)?;
         if self.meta.merging.as_ref() == Some(j) {
@@ -99,7 +98,17 @@ impl Replica {
                 j.from, j.into
             )));
         }
+        let into = self.layer_at(&j.into)?;
         let mut meta = self.meta.clone();
+        let carried: Vec<u64> = self
+            .lost_of(&j.from)
+            .iter()
+            .copied()
+            .filter(|b| !self.layers[into].map.get(*b))
+            .collect();
+        if !carried.is_empty() {
+            meta.lost.entry(j.into.clone()).or_default().extend(carried);
+        }
         meta.merging = Some(j.clone());
         meta.write(&self.dir)?;
         self.meta = meta;
@@ -109,7 +118,10 @@ impl Replica {
     /// Copies into the upper layer the blocks of the lower one in
     /// `at..at + blocks` that it lacks. With `recheck` (after a crash),
     /// an upper block the lower one also holds is read and copied again
-    /// when it fails its checksum: only the merge can have torn it.
+    /// when it fails its checksum: only the merge can have torn it (a
+    /// block the upper layer records lost fails by its nature, and stays).
+    /// A lost block moves up as it is, with a checksum that fails it, as a
+    /// fill copies one.
     pub fn merge_some(
         &mut self,
         at: u64,
@@ -120,13 +132,22 @@ impl Replica {
         let (from, into) = (self.layer_at(&j.from)?, self.layer_at(&j.into)?);
         let total = self.meta.size / BLOCK;
         let end = at.saturating_add(blocks).min(total);
-        // First what to copy, as runs; then the copies.
+        // First what to copy, as runs of sound blocks and lost ones alone;
+        // then the copies.
+        let (from_lost, into_lost) = (self.lost_of(&j.from), self.lost_of(&j.into));
         let mut runs: Vec<(u64, u64)> = Vec::new();
+        let mut lost: Vec<u64> = Vec::new();
         for b in at..end {
             if !self.layers[from].map.get(b) {
                 continue;
             }
-            if self.layers[into].map.get(b) && (!recheck || self.block_sound(into, b)?) {
+            if self.layers[into].map.get(b)
+                && (!recheck || into_lost.contains(&b) || self.block_sound(into, b)?)
+            {
+                continue;
+            }
+            if from_lost.contains(&b) {
+                lost.push(b);
                 continue;
             }
             match runs.last_mut() {
@@ -135,6 +156,22 @@ impl Replica {
             }
         }
         let mut copied = 0;
+        for b in lost {
+            let mut block = vec![0u8; BLOCK as usize];
+            let f = &self.layers[from];
+            f.file
+                .read_exact_at(&mut block, b * BLOCK)
+                .map_err(|e| ReplicaError::io(&f.path, e))?;
+            let l = &mut self.layers[into];
+            l.file
+                .write_all_at(&block, b * BLOCK)
+                .map_err(|e| ReplicaError::io(&l.path, e))?;
+            l.map.set_range(b, b + 1, true);
+            if let Some(s) = &mut l.sums {
+                s.set(b, !sums::of(&block))?;
+            }
+            copied += BLOCK;
+        }
         for (first, last) in runs {
             let mut data = vec![0u8; ((last - first) * BLOCK) as usize];
             self.layers[from].read_checked(first, &mut data)?;
@@ -191,6 +228,7 @@ impl Replica {
         meta.chain.retain(|n| n != &j.from);
         meta.frozen.remove(&j.from);
         meta.snapshots.remove(&j.from);
+        meta.lost.remove(&j.from);
         meta.frozen.insert(j.into.clone(), sum);
         meta.merging = None;
         meta.write(&self.dir)?;

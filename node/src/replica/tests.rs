@@ -749,6 +749,71 @@ fn a_merge_cut_off_mid_block_is_finished_at_open_with_the_same_data() {
     r.verify().unwrap();
 }
 
+/// A layer with lost blocks merges too: a lost block the upper layer
+/// lacks moves up and stays lost there, one the upper layer wrote again
+/// goes with the lower layer, and every other read is as before. So too
+/// when a crash cuts the merge off and the open finishes it.
+#[test]
+fn a_layer_with_lost_blocks_merges_and_its_lost_blocks_stay_lost_above() {
+    for cut in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("r");
+        let mut r = Replica::create(&dir, 16 * BLOCK).unwrap();
+        let data: Vec<u8> = (0..8 * BLOCK).map(|i| (i % 251) as u8).collect();
+        r.write(0, &data, Some(1)).unwrap();
+        let lower = r.snapshot(None).unwrap();
+        for b in [2, 5] {
+            flip(&dir.join(&lower), b * BLOCK + 1);
+            r.lose_frozen_block(&lower, b * BLOCK).unwrap();
+        }
+        // Block 5 written again, and block 9 new, in the layer above.
+        r.write(5 * BLOCK, &[0xb5; BLOCK as usize], Some(2))
+            .unwrap();
+        r.write(9 * BLOCK, &[0xb9; BLOCK as usize], Some(3))
+            .unwrap();
+        let upper = r.snapshot(None).unwrap();
+        let j = r.next_merge().expect("a layer with lost blocks merges");
+        assert_eq!(
+            (j.from.as_str(), j.into.as_str()),
+            (lower.as_str(), upper.as_str())
+        );
+        if cut {
+            r.begin_merge(&j).unwrap();
+            r.merge_some(0, 3, false).unwrap(); // blocks 0..3: 2 moves up, lost
+            drop(r);
+            r = Replica::open(&dir).unwrap();
+        } else {
+            r.merge(&j, false, |_| {}).unwrap();
+        }
+        for r in [r, Replica::open(&dir).unwrap()] {
+            assert_eq!(r.chain()[0], upper, "cut {cut}");
+            assert_eq!(r.layers()[0].lost, [2], "cut {cut}");
+            let mut block = vec![0u8; BLOCK as usize];
+            assert!(
+                matches!(
+                    r.read(2 * BLOCK, &mut block),
+                    Err(ReplicaError::LostBlock { block: 2, ref layer }) if *layer == upper
+                ),
+                "cut {cut}"
+            );
+            r.read(5 * BLOCK, &mut block).unwrap();
+            assert!(block == vec![0xb5; BLOCK as usize], "cut {cut}");
+            r.read(9 * BLOCK, &mut block).unwrap();
+            assert!(block == vec![0xb9; BLOCK as usize], "cut {cut}");
+            for b in [0u64, 1, 3, 4, 6, 7] {
+                r.read(b * BLOCK, &mut block).unwrap();
+                let at = (b * BLOCK) as usize;
+                assert!(
+                    block[..] == data[at..at + BLOCK as usize],
+                    "block {b}, cut {cut}"
+                );
+            }
+            r.verify().unwrap();
+        }
+        assert!(!dir.join(&lower).exists(), "cut {cut}");
+    }
+}
+
 #[test]
 fn a_snapshot_layer_is_merged_only_once_its_label_is_dropped() {
     let dir = tempfile::tempdir().unwrap();
@@ -1057,9 +1122,20 @@ fn a_block_given_up_as_lost_is_frozen_failing_its_reads_and_a_fill_keeps_it_so()
     drop(t);
     check(&Replica::open(&tdir).unwrap(), "filled, reopened");
 
-    // A merge leaves the layer as it was frozen.
-    r.snapshot(None).unwrap();
-    assert_eq!(r.next_merge(), None);
+    // Merged into the layer above, the lost block moves up and still
+    // fails its reads, and the layer checks whole.
+    let above = r.snapshot(None).unwrap();
+    let j = r.next_merge().expect("a layer with a lost block merges");
+    assert_eq!(
+        (j.from.as_str(), j.into.as_str()),
+        (frozen.as_str(), above.as_str())
+    );
+    r.merge(&j, false, |_| {}).unwrap();
+    assert_eq!(r.chain()[0], above);
+    check(&r, "merged");
+    drop(r);
+    let mut r = Replica::open(&dir).unwrap();
+    check(&r, "merged, reopened");
     // Written again, a lost block reads back.
     r.write(3 * BLOCK, &[1u8; BLOCK as usize], Some(2)).unwrap();
     let mut block = vec![0u8; BLOCK as usize];
