@@ -328,8 +328,9 @@ pub async fn delete_replica(ctx: &Arc<Context>, name: &str) -> Result<(), Error>
 }
 
 /// Takes a replica out of its volume's record of who holds the data, then
-/// out of its engine, deletes its data, then its record. A replica on a node that is down loses its record only (its
-/// node deletes the data when it is back: see `nodes::registry`).
+/// out of its engine, deletes its data, then its record. A replica on a
+/// node that is down loses its record only (its node deletes the data
+/// when it is back: see `nodes::registry`).
 #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]
 async fn remove_replica(
     ctx: &Context,

@@ -132,11 +132,10 @@ impl Replica {
         let (from, into) = (self.layer_at(&j.from)?, self.layer_at(&j.into)?);
         let total = self.meta.size / BLOCK;
         let end = at.saturating_add(blocks).min(total);
-        // First what to copy, as runs of sound blocks and lost ones alone;
-        // then the copies.
+        // First what to copy, as runs of sound blocks, and lost ones each a
+        // run of its own; then the copies.
         let (from_lost, into_lost) = (self.lost_of(&j.from), self.lost_of(&j.into));
-        let mut runs: Vec<(u64, u64)> = Vec::new();
-        let mut lost: Vec<u64> = Vec::new();
+        let mut runs: Vec<(u64, u64, bool)> = Vec::new();
         for b in at..end {
             if !self.layers[from].map.get(b) {
                 continue;
@@ -146,42 +145,34 @@ impl Replica {
             {
                 continue;
             }
-            if from_lost.contains(&b) {
-                lost.push(b);
-                continue;
-            }
+            let lost = from_lost.contains(&b);
             match runs.last_mut() {
-                Some((_, e)) if *e == b => *e += 1,
-                _ => runs.push((b, b + 1)),
+                Some((_, e, false)) if *e == b && !lost => *e += 1,
+                _ => runs.push((b, b + 1, lost)),
             }
         }
         let mut copied = 0;
-        for b in lost {
-            let mut block = vec![0u8; BLOCK as usize];
-            let f = &self.layers[from];
-            f.file
-                .read_exact_at(&mut block, b * BLOCK)
-                .map_err(|e| ReplicaError::io(&f.path, e))?;
-            let l = &mut self.layers[into];
-            l.file
-                .write_all_at(&block, b * BLOCK)
-                .map_err(|e| ReplicaError::io(&l.path, e))?;
-            l.map.set_range(b, b + 1, true);
-            if let Some(s) = &mut l.sums {
-                s.set(b, !sums::of(&block))?;
-            }
-            copied += BLOCK;
-        }
-        for (first, last) in runs {
+        for (first, last, lost) in runs {
             let mut data = vec![0u8; ((last - first) * BLOCK) as usize];
-            self.layers[from].read_checked(first, &mut data)?;
+            if lost {
+                let f = &self.layers[from];
+                f.file
+                    .read_exact_at(&mut data, first * BLOCK)
+                    .map_err(|e| ReplicaError::io(&f.path, e))?;
+            } else {
+                self.layers[from].read_checked(first, &mut data)?;
+            }
             let l = &mut self.layers[into];
             l.file
                 .write_all_at(&data, first * BLOCK)
                 .map_err(|e| ReplicaError::io(&l.path, e))?;
             l.map.set_range(first, last, true);
             if let Some(s) = &mut l.sums {
-                s.set_all(first, &data)?;
+                if lost {
+                    s.set(first, !sums::of(&data))?;
+                } else {
+                    s.set_all(first, &data)?;
+                }
             }
             copied += (last - first) * BLOCK;
         }
