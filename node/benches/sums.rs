@@ -1,32 +1,54 @@
 //! The per-block checksum (`replica::block_sum`, the CRC32C of a 4 KiB
-//! block) against the `crc32c` crate, which takes it with the SSE4.2
-//! instruction alone: the way Ballast took it until 2026-11-29. Every
-//! write pays it once per block at the engine, and every read of a layer
-//! once per block it verifies.
+//! block, and `replica::each_block_sum`, every block of a buffer) against
+//! the `crc32c` crate, which takes one block at a time with the SSE4.2
+//! instruction in three streams. Every write pays it once per block at
+//! the engine, and every read of a layer once per block it verifies.
+//! Ballast takes it the way its CPU is fastest at (`replica::SumWay`);
+//! `crc-fast` alone, Ballast's way on every CPU from 2026-11-29 to
+//! 2026-12-03, is printed beside it.
 //!
-//! Two cases: one 64 KiB write's blocks, hot in the cache as a payload
-//! just read from a socket is, and 64 MiB of blocks read in order (beyond
-//! the cache, as a scrub or a copy's checksum reads them). Five rounds in
-//! turns; prints each side's nanoseconds per block (the medians) and our
-//! time over the peer's. Checks first that both give the same value for
-//! blocks all through the data. Run: `cargo bench -p ballast-node --bench
-//! sums`.
+//! Three cases: one block at a time, hot; one 64 KiB write's blocks, hot
+//! in the cache as a payload just read from a socket is; and 64 MiB of
+//! blocks read in order (beyond the cache, as a scrub or a copy's
+//! checksum reads them). Five rounds in turns; prints each side's
+//! nanoseconds per block (the medians) and our time over the peer's.
+//! Checks first that every way gives the same values for blocks all
+//! through the data. Run: `cargo bench -p ballast-node --bench sums`.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use ballast_node::replica::{BLOCK, block_sum};
+use ballast_node::replica::{BLOCK, SumWay, block_sum, each_block_sum};
 
 /// The replica's block, as a slice length.
 const BLOCK_LEN: usize = BLOCK as usize;
 
-/// Nanoseconds per block to checksum every block of `data`, `passes` times.
-fn per_block(data: &[u8], passes: usize, f: fn(&[u8]) -> u32) -> f64 {
+/// One block's CRC32C with crc-fast alone.
+fn folded(block: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, block) as u32
+}
+
+/// A way to take one block's checksum.
+type Way = fn(&[u8]) -> u32;
+
+/// Nanoseconds per block to checksum every block of `data`, `passes`
+/// times: one block at a time with `f`, or with `None`, Ballast's
+/// `each_block_sum` over each 64 KiB buffer.
+fn per_block(data: &[u8], passes: usize, f: Option<Way>) -> f64 {
     let mut acc = 0u32;
     let t = Instant::now();
     for _ in 0..passes {
-        for block in data.chunks(BLOCK_LEN) {
-            acc ^= f(black_box(block));
+        match f {
+            Some(f) => {
+                for block in data.chunks(BLOCK_LEN) {
+                    acc ^= f(black_box(block));
+                }
+            }
+            None => {
+                for buffer in data.chunks(64 << 10) {
+                    each_block_sum(black_box(buffer), |_, sum| acc ^= sum);
+                }
+            }
         }
     }
     black_box(acc);
@@ -44,33 +66,52 @@ fn main() {
     let data: Vec<u8> = (0..64u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
         .collect();
-    let peer: fn(&[u8]) -> u32 = crc32c::crc32c;
-    for block in data.chunks(BLOCK_LEN).step_by(97) {
-        assert_eq!(block_sum(block), peer(block), "the two CRC32Cs differ");
+    let peer: Way = crc32c::crc32c;
+    for buffer in data.chunks(64 << 10).step_by(97) {
+        let mut sums = Vec::new();
+        each_block_sum(buffer, |_, sum| sums.push(sum));
+        for (block, sum) in buffer.chunks(BLOCK_LEN).zip(sums) {
+            let want = peer(block);
+            assert_eq!(sum, want, "the CRC32Cs differ");
+            assert_eq!(block_sum(block), want, "the CRC32Cs differ");
+            assert_eq!(folded(block), want, "the CRC32Cs differ");
+        }
     }
     println!(
-        "per-block checksum (CRC32C of 4 KiB): Ballast's (crc-fast) vs the crc32c crate (SSE4.2), \
-         ns per block (medians of 5 in turns)"
+        "per-block checksum (CRC32C of 4 KiB): Ballast's ({:?} on this CPU) vs the crc32c crate \
+         (SSE4.2, one block at a time), ns per block (medians of 5 in turns)",
+        SumWay::of_this_cpu()
     );
-    let cases: [(&str, &[u8], usize); 2] = [
-        ("one 64k write, hot", &data[..64 << 10], 20_000),
-        ("64 MiB in order", &data, 20),
+    let cases: [(&str, &[u8], usize, Option<Way>); 3] = [
+        (
+            "one block at a time",
+            &data[..64 << 10],
+            20_000,
+            Some(block_sum),
+        ),
+        ("one 64k write, hot", &data[..64 << 10], 20_000, None),
+        ("64 MiB in order", &data, 20, None),
     ];
-    for (name, bytes, passes) in cases {
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for (name, bytes, passes, ours_f) in cases {
+        let (mut ours, mut theirs, mut alone) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..5 {
-            if round % 2 == 0 {
-                ours.push(per_block(bytes, passes, block_sum));
-                theirs.push(per_block(bytes, passes, peer));
-            } else {
-                theirs.push(per_block(bytes, passes, peer));
-                ours.push(per_block(bytes, passes, block_sum));
+            let mut runs: [(&mut Vec<f64>, Option<Way>); 3] = [
+                (&mut ours, ours_f),
+                (&mut theirs, Some(peer)),
+                (&mut alone, Some(folded)),
+            ];
+            if round % 2 == 1 {
+                runs.reverse();
+            }
+            for (into, f) in runs {
+                into.push(per_block(bytes, passes, f));
             }
         }
-        let (o, t) = (median(ours), median(theirs));
+        let (o, t, a) = (median(ours), median(theirs), median(alone));
         println!(
-            "{name:<20} Ballast {o:>6.1} ns  crc32c crate {t:>6.1} ns  ({:.2}x of its time)",
-            o / t
+            "{name:<20} Ballast {o:>6.1} ns  crc32c crate {t:>6.1} ns  ({:.2}x of its time)  crc-fast alone {a:>6.1} ns ({:.2}x)",
+            o / t,
+            a / t
         );
     }
 }

@@ -35,7 +35,7 @@ pub use layers::{JoinReport, LayerSpec};
 pub use merge::{MERGE_CHUNK, MergeJournal, MergeStep};
 pub use meta::{META_FILE, Meta, valid_snapshot_id, write_durably};
 pub use revision::{LOG_ENTRIES, LogEntry, LogOp};
-pub use sums::{of as block_sum, of_blocks as block_sums};
+pub use sums::{Way as SumWay, each as each_block_sum, of as block_sum, of_blocks as block_sums};
 pub use table::{
     LoanGuard, MergeReport, Replicas, Shared, merge_paced, remove_replica_dir, replica_dir,
 };
