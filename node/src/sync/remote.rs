@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use crate::replica::{
-    BLOCK, Bitmap, Corruption, LayerInfo, Prefetch, ReplicaError, Shared, block_sum,
+    BLOCK, Bitmap, Corruption, LayerInfo, Prefetch, ReplicaError, Shared, each_block_sum,
 };
 use crate::wire::client::{ClientError, ReplicaClient};
 use crate::wire::protocol::{MAX_DATA, Op, status};
@@ -243,17 +243,17 @@ fn compare(
                 let n = (e - b).min(CHUNK / BLOCK);
                 let chunk = &mut buf[..(n * BLOCK) as usize];
                 file.read_exact_at(chunk, b * BLOCK).map_err(io)?;
-                for (k, block) in chunk.chunks(BLOCK as usize).enumerate() {
+                each_block_sum(chunk, |k, sum| {
                     let x = b + k as u64;
                     let at = ((x - ws) * 4) as usize;
                     let mut w = [0u8; 4];
                     w.copy_from_slice(&theirs[at..at + 4]);
-                    if block_sum(block) == u32::from_le_bytes(w) {
+                    if sum == u32::from_le_bytes(w) {
                         same.set(x, true);
                         reused += BLOCK;
                         progress.done.fetch_add(BLOCK, Ordering::SeqCst);
                     }
-                }
+                });
                 b += n;
             }
             if runs[i].1 > we {
