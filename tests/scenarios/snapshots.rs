@@ -264,6 +264,52 @@ fn snapshots_restore_their_point_in_time_and_a_clone_the_present() {
     );
 }
 
+/// A snapshot of an attached volume whose engine can reach none of its
+/// replicas is refused as unavailable (503: a state that passes when a
+/// replica's node comes back), naming why, and not as the controller's
+/// own failure (500); nothing of it is recorded. Once the node is back
+/// and the volume attached again, every acknowledged write reads back and
+/// the snapshot is taken. (Found by the fault soak of seed 20261215,
+/// moves schedule 6: a node killed under the engine's last rw replica,
+/// then a snapshot.)
+#[test]
+fn a_snapshot_with_no_replica_reachable_is_refused_as_unavailable_and_taken_once_one_is_back() {
+    let mut c = Cluster::start(2, 1);
+    // The replica on node-2, the engine on node-1.
+    c.patch_node("node-1", json!({"allowScheduling": false}));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    assert_eq!(c.holders("v"), vec!["node-2".to_string()]);
+    let endpoint = c.attach("v", "node-1");
+    let data = write_data(c.dir.path(), &endpoint, 11);
+
+    c.kill_node(1);
+    let (status, body) = call(
+        "POST",
+        &c.url("/v1/snapshots"),
+        Some(json!({"name": "s", "volume": "v"})),
+    );
+    assert_eq!(
+        (status, body["code"].as_str()),
+        (503, Some("unavailable")),
+        "{body}"
+    );
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no replica is usable")),
+        "{body}"
+    );
+    let (status, body) = call("GET", &c.url("/v1/snapshots/s"), None);
+    assert_eq!(status, 404, "{body}");
+
+    c.restart_node(1);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let endpoint = c.attach("v", "node-1");
+    verify_data(c.dir.path(), &endpoint, &data);
+    assert_eq!(snapshot(&c, "s", "v")["status"]["readyToUse"], true);
+    verify_data(c.dir.path(), &endpoint, &data);
+}
+
 #[test]
 fn snapshot_max_count_refuses_one_more_naming_the_setting() {
     let c = Cluster::start(1, 1);

@@ -103,8 +103,11 @@ impl From<EngineError> for ControlError {
     fn from(e: EngineError) -> Self {
         let kind = match e {
             EngineError::Busy(_) => FailureKind::Busy,
-            // Both may pass: a node comes back, space is freed.
-            EngineError::Unreachable { .. } | EngineError::NoSpace(_) => FailureKind::Unreachable,
+            // Each may pass: a node comes back, space is freed; with no
+            // replica usable the volume waits for one to come back.
+            EngineError::Unreachable { .. }
+            | EngineError::NoSpace(_)
+            | EngineError::NoReplica(_) => FailureKind::Unreachable,
             EngineError::Refused { .. } => FailureKind::Refused,
             EngineError::Invalid(_) => FailureKind::Invalid,
             _ => FailureKind::Failed,
