@@ -82,8 +82,11 @@ pub fn each(data: &[u8], mut f: impl FnMut(usize, u32)) {
 /// Anything else takes `crc_fast`'s own choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Way {
+    /// `crc_fast`, folding with 512-bit carry-less multiplies.
     Folded,
+    /// The SSE4.2 instruction: `crc32c` for one block, `lanes` for more.
     Lanes,
+    /// `crc_fast`'s own choice (another CPU).
     Portable,
 }
 
