@@ -1,5 +1,6 @@
 //! The FUSE connection behind the block device: a filesystem with one
-//! file, `volume`, whose reads and writes go to the engine. It speaks the
+//! file, `volume`, whose reads and writes go to the engine (or to any other
+//! `Backing`: the power-loss tests serve a disk that forgets). It speaks the
 //! kernel's FUSE protocol itself (only what one fixed file needs), because
 //! the connection must outlive the engine: the node agent keeps a copy of
 //! the `/dev/fuse` descriptor, and an engine started after a crash takes it
@@ -18,6 +19,73 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::engine::{Engine, EngineError};
+
+/// What the one file of the filesystem holds: its reads, writes, discards
+/// and flushes go here, each answered before the kernel hears back. An
+/// error is the errno the kernel gets.
+pub trait Backing: Send + Sync + 'static {
+    /// Names the filesystem in the mount table (`ballast:NAME`).
+    fn name(&self) -> String;
+    fn size(&self) -> u64;
+    fn read(&self, offset: u64, len: u32) -> Result<bytes::Bytes, i32>;
+    fn write(&self, offset: u64, data: bytes::Bytes) -> Result<(), i32>;
+    /// Discards `offset..+len`, which then reads as zeros.
+    fn trim(&self, offset: u64, len: u64) -> Result<(), i32>;
+    /// Makes every write answered so far durable.
+    fn flush(&self) -> Result<(), i32>;
+}
+
+/// The block device's backing: the engine, whose I/O runs on `rt`.
+struct EngineFile {
+    engine: Arc<Engine>,
+    rt: tokio::runtime::Handle,
+}
+
+impl EngineFile {
+    /// The errno for a failed engine call, which is logged with what
+    /// failed.
+    fn failed(what: &str, offset: u64, e: &EngineError) -> i32 {
+        tracing::warn!(error = %e, offset, "{what} failed");
+        match e {
+            EngineError::NoSpace(_) => libc::ENOSPC,
+            _ => libc::EIO,
+        }
+    }
+}
+
+impl Backing for EngineFile {
+    fn name(&self) -> String {
+        self.engine.volume.clone()
+    }
+
+    fn size(&self) -> u64 {
+        self.engine.size()
+    }
+
+    fn read(&self, offset: u64, len: u32) -> Result<bytes::Bytes, i32> {
+        self.rt
+            .block_on(self.engine.read(offset, len))
+            .map_err(|e| Self::failed("read", offset, &e))
+    }
+
+    fn write(&self, offset: u64, data: bytes::Bytes) -> Result<(), i32> {
+        self.rt
+            .block_on(self.engine.write_bytes(offset, data, false))
+            .map_err(|e| Self::failed("write", offset, &e))
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> Result<(), i32> {
+        self.rt
+            .block_on(self.engine.trim(offset, len))
+            .map_err(|e| Self::failed("discard", offset, &e))
+    }
+
+    fn flush(&self) -> Result<(), i32> {
+        self.rt
+            .block_on(self.engine.flush())
+            .map_err(|e| Self::failed("flush", 0, &e))
+    }
+}
 
 /// The one file of the filesystem.
 pub const FILE_NAME: &str = "volume";
@@ -136,6 +204,11 @@ pub fn mount(
     rt: tokio::runtime::Handle,
     dir: &Path,
 ) -> std::io::Result<FuseMount> {
+    mount_backing(Arc::new(EngineFile { engine, rt }), dir)
+}
+
+/// Mounts a new filesystem whose file is `backing` at `dir` and serves it.
+pub fn mount_backing(backing: Arc<dyn Backing>, dir: &Path) -> std::io::Result<FuseMount> {
     std::fs::create_dir_all(dir)?;
     let dev = std::fs::OpenOptions::new()
         .read(true)
@@ -148,14 +221,14 @@ pub fn mount(
         dev.as_raw_fd()
     );
     nix::mount::mount(
-        Some(format!("ballast:{}", engine.volume).as_str()),
+        Some(format!("ballast:{}", backing.name()).as_str()),
         dir,
         Some("fuse.ballast"),
         nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
         Some(data.as_str()),
     )
     .map_err(|e| std::io::Error::other(format!("mount: {e}")))?;
-    let server = Server::new(engine, rt, dev);
+    let server = Server::new(backing, dev);
     let dev = server.dev.clone();
     // The kernel's first request is INIT; nothing else comes before it.
     let mut buf = vec![0u8; buffer_size()];
@@ -189,7 +262,7 @@ pub fn resume(
     dir: &Path,
     dev: OwnedFd,
 ) -> std::io::Result<FuseMount> {
-    let server = Server::new(engine, rt, File::from(dev));
+    let server = Server::new(Arc::new(EngineFile { engine, rt }), File::from(dev));
     let dev = server.dev.clone();
     let mount = start(server, dir);
     let notify = out_header(OUT_HEADER, NOTIFY_RESEND, 0);
@@ -300,8 +373,7 @@ impl Body {
 }
 
 struct Server {
-    engine: Arc<Engine>,
-    rt: tokio::runtime::Handle,
+    backing: Arc<dyn Backing>,
     dev: Arc<File>,
     uid: u32,
     gid: u32,
@@ -309,12 +381,11 @@ struct Server {
 
 impl Server {
     /// Serves `dev` (a FUSE connection) as this process's user.
-    fn new(engine: Arc<Engine>, rt: tokio::runtime::Handle, dev: File) -> Server {
+    fn new(backing: Arc<dyn Backing>, dev: File) -> Server {
         // SAFETY: getuid and getgid cannot fail and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         Server {
-            engine,
-            rt,
+            backing,
             dev: Arc::new(dev),
             uid,
             gid,
@@ -325,8 +396,8 @@ impl Server {
     /// is unmounted.
     ///
     /// Each request is read into a buffer of its own, so that a write's
-    /// data goes to the engine as it is, never copied. The buffer is used
-    /// again once the engine is done with the last request's bytes.
+    /// data goes to the backing as it is, never copied. The buffer is used
+    /// again once the backing is done with the last request's bytes.
     fn serve(&self) {
         let size = buffer_size();
         let mut buf = bytes::BytesMut::with_capacity(size);
@@ -408,7 +479,7 @@ impl Server {
     /// `fuse_attr`.
     fn attr(&self, ino: u64) -> Body {
         let (mode, size, nlink) = if ino == FILE_INO {
-            (libc::S_IFREG | 0o600, self.engine.size(), 1)
+            (libc::S_IFREG | 0o600, self.backing.size(), 1)
         } else {
             (libc::S_IFDIR | 0o755, 0, 2)
         };
@@ -458,7 +529,7 @@ impl Server {
                 self.reply(h.unique, &out.0);
             }
             OPEN if h.nodeid == FILE_INO => {
-                // No page cache: every I/O reaches the engine.
+                // No page cache: every I/O reaches the backing.
                 let out = Body::default().u64(0).u32(FOPEN_DIRECT_IO).u32(0);
                 self.reply(h.unique, &out.0);
             }
@@ -480,9 +551,9 @@ impl Server {
             }
             READ => self.read(h, &b),
             WRITE => self.write(h, b),
-            FSYNC => match self.rt.block_on(self.engine.flush()) {
+            FSYNC => match self.backing.flush() {
                 Ok(()) => self.reply(h.unique, &[]),
-                Err(_) => self.reply_error(h.unique, libc::EIO),
+                Err(errno) => self.reply_error(h.unique, errno),
             },
             FALLOCATE => self.fallocate(h, &b),
             GETATTR => self.reply_error(h.unique, libc::ENOENT),
@@ -525,16 +596,13 @@ impl Server {
         let (Some(offset), Some(size)) = (u64_at(b, 8), u32_at(b, 16)) else {
             return self.reply_error(h.unique, libc::EINVAL);
         };
-        let len = u64::from(size).min(self.engine.size().saturating_sub(offset)) as u32;
+        let len = u64::from(size).min(self.backing.size().saturating_sub(offset)) as u32;
         if len == 0 {
             return self.reply(h.unique, &[]);
         }
-        match self.rt.block_on(self.engine.read(offset, len)) {
+        match self.backing.read(offset, len) {
             Ok(data) => self.reply(h.unique, &data),
-            Err(e) => {
-                tracing::warn!(error = %e, offset, len, "read failed");
-                self.reply_error(h.unique, libc::EIO);
-            }
+            Err(errno) => self.reply_error(h.unique, errno),
         }
     }
 
@@ -550,19 +618,13 @@ impl Server {
         let data = b.slice(WRITE_IN..end);
         if offset
             .checked_add(data.len() as u64)
-            .is_none_or(|end| end > self.engine.size())
+            .is_none_or(|end| end > self.backing.size())
         {
             return self.reply_error(h.unique, libc::ENOSPC);
         }
-        match self
-            .rt
-            .block_on(self.engine.write_bytes(offset, data, false))
-        {
+        match self.backing.write(offset, data) {
             Ok(()) => self.reply(h.unique, &Body::default().u32(size).u32(0).0),
-            Err(e) => {
-                tracing::warn!(error = %e, offset, "write failed");
-                self.reply_error(h.unique, errno(&e));
-            }
+            Err(errno) => self.reply_error(h.unique, errno),
         }
     }
 
@@ -577,7 +639,7 @@ impl Server {
         };
         if offset
             .checked_add(length)
-            .is_none_or(|end| end > self.engine.size())
+            .is_none_or(|end| end > self.backing.size())
         {
             return self.reply_error(h.unique, libc::EINVAL);
         }
@@ -589,20 +651,9 @@ impl Server {
         if mode & (punch | zero) == 0 {
             return self.reply(h.unique, &[]);
         }
-        match self.rt.block_on(self.engine.trim(offset, length)) {
+        match self.backing.trim(offset, length) {
             Ok(()) => self.reply(h.unique, &[]),
-            Err(e) => {
-                tracing::warn!(error = %e, offset, length, "discard failed");
-                self.reply_error(h.unique, libc::EIO);
-            }
+            Err(errno) => self.reply_error(h.unique, errno),
         }
-    }
-}
-
-/// The error the kernel gets for a failed engine call.
-fn errno(e: &EngineError) -> i32 {
-    match e {
-        EngineError::NoSpace(_) => libc::ENOSPC,
-        _ => libc::EIO,
     }
 }
