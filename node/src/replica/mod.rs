@@ -16,6 +16,7 @@
 
 mod bitmap;
 mod fence;
+mod instance;
 mod layers;
 mod merge;
 mod meta;
@@ -719,45 +720,69 @@ impl Replica {
 
     /// After an unclean stop (writes since the last flush), the head's
     /// checksums of the blocks those writes touched may not match their
-    /// data (one reached the page cache, the other not): they are taken
-    /// again from the data, for the ranges the write log names, or for the
-    /// whole head when the log does not reach back to the last flush.
+    /// data (one reached the disk, the other not): they are taken again
+    /// from the data, for the ranges the write log names, or for the whole
+    /// head when the log does not reach back to the last flush.
+    ///
+    /// After a power cut (a new boot), the page cache the replica was last
+    /// opened in is gone (`instance`), and with it whatever of the write
+    /// log and the checksums no flush had made durable, while data of
+    /// later writes may have reached the disk without them. Neither the
+    /// counter nor the log can then say which blocks changed: the whole
+    /// head's checksums are taken again, and the log answers nothing about
+    /// revisions up to this one (a replica that must be made equal to
+    /// another is then rebuilt, not caught up). The boot it is opened in
+    /// now is recorded, durably, before any write.
     fn repair_head_sums(&mut self) -> Result<(), ReplicaError> {
+        let here = instance::here();
+        let before = self.revision_file.opened_in();
+        let unknown = [0u8; 16];
+        let cache_lost = before != unknown && here != unknown && before != here;
+        if cache_lost {
+            tracing::warn!(dir = %self.dir.display(), revision = self.revision,
+                "opened in a new boot (a power cut, or a crash of the kernel): the head's checksums are taken again from its data, and its write log is not trusted");
+            self.revision_file.forget_log_before(self.revision + 1);
+        }
         let flushed = self.revision_file.flushed();
-        if !self.meta.block_sums || !self.meta.pending.is_empty() {
-            return Ok(());
-        }
-        let writes = self.revision_file.since(flushed).unwrap_or_default();
-        let covered =
-            writes.first().map(|e| e.revision) == Some(flushed + 1) || self.revision <= flushed;
-        let head = self.layers.len() - 1;
-        let runs: Vec<(u64, u64)> = if covered {
-            writes
-                .iter()
-                .map(|e| (e.offset / BLOCK, (e.offset + e.len).div_ceil(BLOCK)))
-                .collect()
-        } else {
-            self.layers[head].map.runs()
-        };
-        if runs.is_empty() {
-            return Ok(());
-        }
-        tracing::info!(dir = %self.dir.display(), ranges = runs.len(), whole_head = !covered, "taking the head's block checksums again after an unclean stop");
-        let blocks = self.meta.size / BLOCK;
-        for (first, last) in runs {
-            let last = last.min(blocks);
-            let held: Vec<u64> = (first..last)
-                .filter(|b| self.layers[head].map.get(*b))
-                .collect();
-            for b in held {
-                self.layers[head].sum_from_file(b, b + 1)?;
+        let mut changed = before != here || cache_lost;
+        if self.meta.block_sums && self.meta.pending.is_empty() {
+            let writes = self.revision_file.since(flushed).unwrap_or_default();
+            let covered = !cache_lost
+                && (writes.first().map(|e| e.revision) == Some(flushed + 1)
+                    || self.revision <= flushed);
+            let head = self.layers.len() - 1;
+            let runs: Vec<(u64, u64)> = if covered {
+                writes
+                    .iter()
+                    .map(|e| (e.offset / BLOCK, (e.offset + e.len).div_ceil(BLOCK)))
+                    .collect()
+            } else {
+                self.layers[head].map.runs()
+            };
+            if !runs.is_empty() {
+                tracing::info!(dir = %self.dir.display(), ranges = runs.len(), whole_head = !covered, "taking the head's block checksums again after an unclean stop");
+                let blocks = self.meta.size / BLOCK;
+                for (first, last) in runs {
+                    let last = last.min(blocks);
+                    let held: Vec<u64> = (first..last)
+                        .filter(|b| self.layers[head].map.get(*b))
+                        .collect();
+                    for b in held {
+                        self.layers[head].sum_from_file(b, b + 1)?;
+                    }
+                }
+                if let Some(s) = &self.layers[head].sums {
+                    s.sync()?;
+                }
+                self.revision_file.mark_flushed(self.revision);
+                changed = true;
             }
         }
-        if let Some(s) = &self.layers[head].sums {
-            s.sync()?;
+        if changed {
+            self.revision_file.set_opened_in(&here);
+            self.revision_file.sync()?;
         }
-        self.revision_file.mark_flushed(self.revision);
-        self.revision_file.sync()
+        Ok(())
     }
 
     pub fn dir(&self) -> &Path {

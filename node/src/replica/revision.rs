@@ -6,7 +6,10 @@
 //!
 //! Layout: bytes 0..8 the revision of the last write; 8..16 the revision
 //! of the last flush (when they differ at open, the replica was not closed
-//! cleanly: the writes in between may be half done); from byte
+//! cleanly: the writes in between may be half done); 16..32 the boot its
+//! owner last opened it in (`instance`), durable from that open; 40..48 the first revision the ring may be asked
+//! about (`since`), raised when a power cut may have lost its entries; from
+//! byte
 //! [`LOG_START`], a ring of [`LOG_ENTRIES`] entries of 32 bytes — revision,
 //! offset, length (u64 each) and the op — where each write records its
 //! intent (slot `revision % LOG_ENTRIES`) before its data goes to the
@@ -27,6 +30,10 @@ use super::ReplicaError;
 
 /// Where the ring starts in the file.
 pub const LOG_START: usize = 64;
+/// Where the header keeps the boot the replica was last opened in.
+const OPENED_IN: usize = 16;
+/// Where the header keeps the first revision the ring may be asked about.
+const LOG_FROM: usize = 40;
 /// Entries in the ring: more than the writes an engine has in flight at
 /// once, by far.
 pub const LOG_ENTRIES: u64 = 4096;
@@ -127,6 +134,31 @@ impl RevisionCounter {
             .fetch_max(revision.to_le(), Ordering::AcqRel);
     }
 
+    /// The boot the replica was last opened in (`instance::here`), or
+    /// zeros.
+    pub fn opened_in(&self) -> super::instance::Instance {
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&self.map[OPENED_IN..OPENED_IN + 16]);
+        id
+    }
+
+    /// Records the boot the replica is opened in (durable at the next
+    /// `sync`).
+    pub fn set_opened_in(&mut self, id: &super::instance::Instance) {
+        self.map[OPENED_IN..OPENED_IN + 16].copy_from_slice(id);
+    }
+
+    /// The ring cannot tell what came after any revision below `revision`
+    /// (durable at the next `sync`): a power cut may have lost entries of
+    /// writes that reached the data.
+    pub fn forget_log_before(&mut self, revision: u64) {
+        self.map[LOG_FROM..LOG_FROM + 8].copy_from_slice(&revision.to_le_bytes());
+    }
+
+    fn log_from(&self) -> u64 {
+        u64_at(&self.map, LOG_FROM)
+    }
+
     /// Records the intent of write `revision` (before its data is written).
     pub fn log(&mut self, revision: u64, op: LogOp, offset: u64, len: u64) {
         let at = LOG_START + (revision % LOG_ENTRIES) as usize * ENTRY;
@@ -159,8 +191,12 @@ impl RevisionCounter {
 
     /// Every logged write after revision `since`, in order: `since + 1`,
     /// `since + 2`, ... with none missing. None when the ring cannot say
-    /// (it wrapped past `since`, or holds a later entry after a gap).
+    /// (it wrapped past `since`, holds a later entry after a gap, or may
+    /// have lost entries after `since` to a power cut).
     pub fn since(&self, since: u64) -> Option<Vec<LogEntry>> {
+        if since < self.log_from() {
+            return None;
+        }
         let mut out = Vec::new();
         let mut next = since + 1;
         while let Some(e) = self.entry(next % LOG_ENTRIES) {
@@ -177,9 +213,10 @@ impl RevisionCounter {
     }
 
     /// Empties the ring (a replica that joined a rebuild starts a new
-    /// history).
+    /// history), which can then be asked about any revision.
     pub fn clear_log(&mut self) {
         self.map[LOG_START..].fill(0);
+        self.forget_log_before(0);
     }
 
     /// Makes the stored value and the ring durable.
@@ -224,6 +261,29 @@ mod tests {
         assert_eq!(c.since(LOG_ENTRIES + 18).unwrap().len(), 2);
         c.clear_log();
         assert_eq!(c.since(LOG_ENTRIES + 18), Some(vec![]));
+    }
+
+    #[test]
+    fn a_log_that_a_power_cut_may_have_cut_short_answers_nothing_before_it() {
+        let d = tempfile::tempdir().unwrap();
+        let (mut c, _) = RevisionCounter::open(&d.path().join("revision")).unwrap();
+        for r in 1..=5 {
+            c.log(r, LogOp::Write, r * 4096, 4096);
+            c.store(r);
+        }
+        c.forget_log_before(6);
+        assert_eq!(c.since(3), None);
+        assert_eq!(c.since(5), None);
+        c.log(6, LogOp::Write, 0, 4096);
+        assert_eq!(c.since(6), Some(vec![]));
+        c.sync().unwrap();
+        drop(c);
+        // It is in the file, and a new history asks about anything.
+        let (mut c, stored) = RevisionCounter::open(&d.path().join("revision")).unwrap();
+        assert_eq!(stored, 5);
+        assert_eq!(c.since(5), None);
+        c.clear_log();
+        assert_eq!(c.since(0), Some(vec![]));
     }
 
     #[test]
