@@ -8,6 +8,8 @@
 
 #[path = "../../cli/tests/common/mod.rs"]
 mod common;
+#[path = "../../node/tests/support/forgetful.rs"]
+mod forgetful;
 #[allow(dead_code)] // shared with the scenario suite, which uses all of it
 #[path = "../scenarios/harness.rs"]
 mod harness;
@@ -60,6 +62,79 @@ fn a_node_down_then_the_other_ones_disk_full_then_both_back() {
             Pause(1338),
         ],
     );
+}
+
+/// A replica's node loses power while the writer writes: its disk keeps
+/// only what was flushed, and the page cache is gone. The other replicas
+/// serve every acknowledged write, and the node's replica, back after the
+/// new boot, is rebuilt or reused and serves them too.
+#[test]
+fn a_replica_node_loses_power_while_writing_and_comes_back() {
+    fixed(
+        "power-cut",
+        3,
+        vec![
+            Pause(800),
+            PowerCut(1),
+            Pause(1500),
+            Check,
+            RestartNode(1),
+            Settle,
+            Pause(800),
+            Check,
+        ],
+    );
+}
+
+/// Two replicas, on node-2 and node-3: each node loses power in turn,
+/// the second once the first's replica is back in service, so that the
+/// last check reads every acknowledged write from the replica that came
+/// back from a power cut alone.
+#[test]
+fn each_replica_node_loses_power_in_turn() {
+    fixed(
+        "power-cut-in-turn",
+        2,
+        vec![
+            Pause(800),
+            PowerCut(1),
+            Pause(1000),
+            RestartNode(1),
+            Settle,
+            Pause(800),
+            Check,
+            PowerCut(2),
+            Pause(800),
+            Check,
+            RestartNode(2),
+            Settle,
+            Pause(500),
+        ],
+    );
+}
+
+/// Every machine loses power at once while the writer writes, the
+/// engine's included: every flushed write reads back, what no flush
+/// covered holds its bytes or zeros block by block, and the replicas,
+/// each opened in a new boot, are made equal again (rebuilt: no write log
+/// can be trusted) and serve.
+#[test]
+fn every_machine_loses_power_at_once_while_writing() {
+    for replicas in [1, 3, 2] {
+        fixed(
+            &format!("power-cut-all-{replicas}"),
+            replicas,
+            vec![
+                Pause(1000),
+                PowerCutAll,
+                Pause(1000),
+                Check,
+                Settle,
+                Pause(800),
+                Check,
+            ],
+        );
+    }
 }
 
 #[test]

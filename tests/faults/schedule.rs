@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::harness::*;
-use crate::writer::{Ack, SLOT, Writer, unreadable};
+use crate::writer::{Ack, SLOT, Writer, torn_otherwise, unreadable, write_unflushed};
 
 /// Writes to the volume between faults: batches of this many.
 const BATCH: u64 = 8;
@@ -26,6 +26,27 @@ pub enum Fault {
     RestartNode(usize),
     KillController,
     RestartController,
+    /// Cut node `i`'s power (1 or 2: no engine runs there): its process
+    /// killed, and its disk's unflushed writes gone with the page cache
+    /// (the nodes' disks forget, `forgetful.rs`); the disk is mounted
+    /// again as the next boot would, the node left down until
+    /// `RestartNode`.
+    PowerCut(usize),
+    /// Cut every machine's power at once: the engine and every node
+    /// killed, every disk's unflushed writes gone with the page cache; the
+    /// disks mounted again and the nodes started (the controller, on a
+    /// machine of its own, stays). Just before, the writer stops and 10
+    /// MiB are written with no flush after them, and the replicas' heads
+    /// written back and committed by their filesystems, not their
+    /// checksums nor their write logs (as their early writeback and the
+    /// next journal commit do on their own). Writes
+    /// acknowledged but not flushed may then hold any part of their bytes,
+    /// block by block, but never other bytes and never an error; flushed
+    /// ones hold all.
+    PowerCutAll,
+    /// Wait until the volume has all its replicas rw again (one rebuilt
+    /// or reused after its node came back).
+    Settle,
     /// Fill node `i`'s disk to the last block; `FreeDisk` gives it back.
     FillDisk(usize),
     FreeDisk(usize),
@@ -89,6 +110,7 @@ pub struct Outcome {
 
 struct Run {
     c: Cluster,
+    replicas: usize,
     endpoint: String,
     acks: Vec<Ack>,
     writer: Option<Writer>,
@@ -98,6 +120,9 @@ struct Run {
     fillers: Vec<Option<std::path::PathBuf>>,
     /// The offsets of the acknowledged writes a CorruptHead flipped.
     flipped: std::collections::BTreeSet<u64>,
+    /// The offsets of the writes acknowledged but not flushed when every
+    /// machine lost power (`PowerCutAll`).
+    cut_short: std::collections::BTreeSet<u64>,
     /// Snapshots taken and not deleted yet, oldest first; how many taken.
     snapshots: Vec<String>,
     snapshots_taken: usize,
@@ -155,6 +180,57 @@ impl Run {
                     self.c.restart_node(*i);
                 }
                 self.down[*i] = false;
+            }
+            Fault::PowerCut(i) => {
+                self.c.kill_node(*i);
+                self.down[*i] = true;
+                let lost = self.c.forgetful[*i].power_cut();
+                eprintln!(
+                    "node-{}: power cut, {lost} blocks lost from its disk's cache",
+                    i + 1
+                );
+            }
+            Fault::PowerCutAll => {
+                self.stop_writer();
+                let unflushed = write_unflushed(&self.endpoint, self.next_slot, 160);
+                eprintln!(
+                    "{} writes acknowledged with no flush after them",
+                    unflushed.len()
+                );
+                self.acks.extend(unflushed);
+                self.next_slot += 160;
+                for f in &self.c.forgetful {
+                    crate::forgetful::heads_reach_the_disk(&f.at);
+                }
+                if let Some(pid) = self.engine_pid() {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+                for i in 0..self.down.len() {
+                    if !self.down[i] {
+                        self.c.kill_node(i);
+                        self.down[i] = true;
+                    }
+                }
+                self.cut_short
+                    .extend(self.acks.iter().filter(|a| !a.flushed).map(|a| a.offset));
+                for i in 0..self.down.len() {
+                    let lost = self.c.forgetful[i].power_cut();
+                    eprintln!(
+                        "node-{}: power cut, {lost} blocks lost from its disk's cache",
+                        i + 1
+                    );
+                }
+                for i in 0..self.down.len() {
+                    self.apply(&Fault::RestartNode(i))?;
+                }
+                self.start_writer();
+            }
+            Fault::Settle => {
+                self.c
+                    .wait_settled("v", self.replicas, Duration::from_secs(180));
             }
             Fault::KillController => {
                 self.c.ctl.proc.signal(nix::sys::signal::Signal::SIGKILL);
@@ -326,7 +402,26 @@ impl Run {
                         .as_str()
                         .unwrap_or_default()
                         .to_string();
-                    let bad = unreadable(&endpoint, &self.acks)?;
+                    let (cut, whole): (Vec<Ack>, Vec<Ack>) = self
+                        .acks
+                        .iter()
+                        .partition(|a| self.cut_short.contains(&a.offset));
+                    let (torn, kept, zeros) = torn_otherwise(&endpoint, &cut)?;
+                    if !cut.is_empty() {
+                        eprintln!(
+                            "writes unflushed at a power cut: {kept} blocks hold their bytes, {zeros} zeros"
+                        );
+                    }
+                    if !torn.is_empty() {
+                        return Err(format!(
+                            "of {} writes unflushed at a power cut, {} read back other bytes \
+                             than their own or zeros, or failed (offsets {:?})",
+                            cut.len(),
+                            torn.len(),
+                            &torn[..torn.len().min(8)]
+                        ));
+                    }
+                    let bad = unreadable(&endpoint, &whole)?;
                     // A failed read is allowed only where a block was
                     // flipped; wrong data never is.
                     let (lost, failed): (Vec<u64>, Vec<u64>) = bad
@@ -383,7 +478,15 @@ impl Run {
 
 /// Runs a schedule; Err says what broke (with the schedule).
 pub fn run(s: &Schedule) -> Result<Outcome, String> {
-    let c = Cluster::start_with(3, 1, Some(256 << 20));
+    let c = if s
+        .faults
+        .iter()
+        .any(|f| matches!(f, Fault::PowerCut(_) | Fault::PowerCutAll))
+    {
+        Cluster::start_on_forgetful_disks(3, 256 << 20)
+    } else {
+        Cluster::start_with(3, 1, Some(256 << 20))
+    };
     if s.replicas < 3 {
         c.patch_node("node-1", json!({"allowScheduling": false}));
     }
@@ -394,6 +497,7 @@ pub fn run(s: &Schedule) -> Result<Outcome, String> {
     c.wait_settled("v", s.replicas, Duration::from_secs(90));
     let mut run = Run {
         c,
+        replicas: s.replicas,
         endpoint,
         acks: Vec::new(),
         writer: None,
@@ -402,6 +506,7 @@ pub fn run(s: &Schedule) -> Result<Outcome, String> {
         controller_down: false,
         fillers: vec![None, None, None],
         flipped: Default::default(),
+        cut_short: Default::default(),
         snapshots: Vec::new(),
         snapshots_taken: 0,
         outcome: Outcome::default(),

@@ -75,15 +75,32 @@ const BATCH_LIMIT: &str = "60";
 /// One qemu-io run: `batch` writes from `slot`, then a flush. Returns the
 /// writes it reported done (flushed when the flush was reported too).
 fn write_batch(endpoint: &str, slot: u64, batch: u64) -> Vec<Ack> {
+    write_run(endpoint, slot, batch, true)
+}
+
+/// One qemu-io run of `count` writes from `slot` and no flush: the writes
+/// it reported done, none flushed.
+pub fn write_unflushed(endpoint: &str, slot: u64, count: u64) -> Vec<Ack> {
+    write_run(endpoint, slot, count, false)
+}
+
+fn write_run(endpoint: &str, slot: u64, batch: u64, flush: bool) -> Vec<Ack> {
     let mut c = Command::new("timeout");
     c.args(["-s", "KILL", BATCH_LIMIT, "qemu-io", "-f", "raw"]);
+    if !flush {
+        // qemu flushes a device it closes, unless its cache mode ignores
+        // flushes.
+        c.args(["-t", "unsafe"]);
+    }
     for s in slot..slot + batch {
         c.args([
             "-c",
             &format!("write -P {} {} {SLOT}", pattern_of(s), s * SLOT),
         ]);
     }
-    c.args(["-c", "flush", "-c", "write -P 255 0 0"]);
+    if flush {
+        c.args(["-c", "flush", "-c", "write -P 255 0 0"]);
+    }
     let Ok(out) = c.arg(endpoint).output() else {
         return Vec::new();
     };
@@ -163,4 +180,59 @@ pub fn unreadable(endpoint: &str, acks: &[Ack]) -> Result<Unread, String> {
         }
     }
     Ok(bad)
+}
+
+/// For writes acknowledged but not flushed when every machine lost power:
+/// the offsets of those whose 4 KiB blocks do not each hold either the
+/// write's pattern or zeros (the slot's bytes before it: each slot is
+/// written once), or fail to read. A power cut may keep any part of an
+/// unflushed write, but never other bytes, and never an error.
+/// Also says how many blocks held the new bytes and how many zeros.
+pub fn torn_otherwise(endpoint: &str, acks: &[Ack]) -> Result<(Vec<u64>, usize, usize), String> {
+    const B: u64 = 4096;
+    // Which blocks read back as `pattern(ack)`, in one qemu-io run.
+    let matching = |pattern: &dyn Fn(&Ack) -> u8| -> Result<Vec<bool>, String> {
+        let mut c = Command::new("timeout");
+        c.args(["-s", "KILL", BATCH_LIMIT, "qemu-io", "-f", "raw"]);
+        for a in acks {
+            for b in 0..SLOT / B {
+                c.args([
+                    "-c",
+                    &format!("read -P {} {} {B}", pattern(a), a.offset + b * B),
+                ]);
+            }
+        }
+        let out = c
+            .arg(endpoint)
+            .output()
+            .map_err(|e| format!("qemu-io: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = text.lines().collect();
+        let mut ok = Vec::new();
+        for a in acks {
+            for b in 0..SLOT / B {
+                let at = a.offset + b * B;
+                let done = format!("read {B}/{B} bytes at offset {at}");
+                let differs = format!("Pattern verification failed at offset {at}, ");
+                ok.push(
+                    lines.iter().any(|l| l.trim() == done)
+                        && !lines.iter().any(|l| l.contains(&differs)),
+                );
+            }
+        }
+        Ok(ok)
+    };
+    let new = matching(&|a: &Ack| a.pattern)?;
+    let old = matching(&|_: &Ack| 0)?;
+    let per = (SLOT / B) as usize;
+    let torn = acks
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| (i * per..(i + 1) * per).any(|k| !new[k] && !old[k]))
+        .map(|(_, a)| a.offset)
+        .collect();
+    let kept = new.iter().filter(|n| **n).count();
+    let zeros = old.iter().zip(&new).filter(|(o, n)| **o && !**n).count();
+    Ok((torn, kept, zeros))
 }

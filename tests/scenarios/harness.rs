@@ -23,6 +23,9 @@ pub struct Cluster {
     /// The controller; its process stops with the cluster.
     pub ctl: ControllerProc,
     pub _mounts: Vec<LoopFs>,
+    /// Each node's disk, on a disk that forgets (`start_on_forgetful_disks`).
+    #[allow(dead_code)] // read by the fault suite's power cuts
+    pub forgetful: Vec<crate::forgetful::ForgetfulFs>,
     pub api: String,
     pub dir: tempfile::TempDir,
 }
@@ -109,13 +112,32 @@ impl Cluster {
         controller_args: &[&str],
         node_args: &[&str],
     ) -> Cluster {
+        Cluster::start_inner(n, disks, loop_size, false, controller_args, node_args)
+    }
+
+    /// `n` nodes of one disk each, an ext4 filesystem of `size` bytes on
+    /// a disk that forgets what no flush kept, so that a test can cut a
+    /// node's power (`forgetful[i].power_cut()`).
+    #[allow(dead_code)] // the fault suite's power cuts
+    pub fn start_on_forgetful_disks(n: usize, size: u64) -> Cluster {
+        Cluster::start_inner(n, 1, Some(size), true, &[], &[])
+    }
+
+    fn start_inner(
+        n: usize,
+        disks: usize,
+        loop_size: Option<u64>,
+        forgetful: bool,
+        controller_args: &[&str],
+        node_args: &[&str],
+    ) -> Cluster {
         let mut dir = tempfile::tempdir().unwrap();
         // BALLAST_KEEP_TEST_DIRS=1 keeps the logs and disks for a post-mortem.
         if std::env::var_os("BALLAST_KEEP_TEST_DIRS").is_some() {
             dir.disable_cleanup(true);
             eprintln!("test directory: {}", dir.path().display());
         }
-        let mut mounts = Vec::new();
+        let (mut mounts, mut forgetfuls) = (Vec::new(), Vec::new());
         if let Some(size) = loop_size {
             for i in 1..=n {
                 for d in 1..=disks {
@@ -124,7 +146,11 @@ impl Cluster {
                         .join(format!("node-{i}"))
                         .join(format!("disk-{d}"));
                     let image = dir.path().join(format!("node-{i}-disk-{d}.img"));
-                    mounts.push(LoopFs::mount(&image, &at, size));
+                    if forgetful {
+                        forgetfuls.push(crate::forgetful::ForgetfulFs::mount(&image, &at, size));
+                    } else {
+                        mounts.push(LoopFs::mount(&image, &at, size));
+                    }
                 }
             }
         }
@@ -170,6 +196,7 @@ impl Cluster {
             nodes,
             ctl,
             _mounts: mounts,
+            forgetful: forgetfuls,
             api,
             dir,
         };

@@ -164,6 +164,7 @@ impl KubeCluster {
             api: ctl.api.clone(),
             ctl,
             _mounts: Vec::new(),
+            forgetful: Vec::new(),
             dir,
         };
         for n in &c.nodes {

@@ -5,6 +5,10 @@
 
 #[path = "../../cli/tests/common/mod.rs"]
 mod common;
+// Disks that forget, for the fault suite's power cuts (it shares the harness).
+#[allow(dead_code)]
+#[path = "../../node/tests/support/forgetful.rs"]
+mod forgetful;
 mod harness;
 
 mod disk_loss;
