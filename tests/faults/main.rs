@@ -16,7 +16,7 @@ mod harness;
 mod schedule;
 mod writer;
 
-use schedule::{Fault::*, Rng, Schedule, random, run};
+use schedule::{Draw, Fault::*, Rng, Schedule, random, run};
 
 fn fixed(name: &str, replicas: usize, faults: Vec<schedule::Fault>) {
     let s = Schedule {
@@ -381,17 +381,24 @@ fn engine_killed_while_a_replica_node_is_down() {
 
 #[test]
 fn random_schedules() {
-    random_runs(false);
+    random_runs(Draw::Faults);
 }
 
 /// The same, with replicas added, removed, deleted and evicted and
 /// snapshots taken and deleted between the faults.
 #[test]
 fn random_schedules_that_move_replicas() {
-    random_runs(true);
+    random_runs(Draw::Moves);
 }
 
-fn random_runs(moves: bool) {
+/// The same, with power cuts between the faults: a replica node's, and
+/// every machine's at once.
+#[test]
+fn random_schedules_with_power_cuts() {
+    random_runs(Draw::PowerCuts);
+}
+
+fn random_runs(draw: Draw) {
     let seed: u64 = std::env::var("BALLAST_FAULT_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -407,7 +414,7 @@ fn random_runs(moves: bool) {
     let mut rng = Rng::new(seed);
     let mut failures = Vec::new();
     for i in 0..count {
-        let s = random(&mut rng, i, moves);
+        let s = random(&mut rng, i, draw);
         if only.is_some_and(|o| o != i) {
             continue;
         }

@@ -120,9 +120,10 @@ struct Run {
     fillers: Vec<Option<std::path::PathBuf>>,
     /// The offsets of the acknowledged writes a CorruptHead flipped.
     flipped: std::collections::BTreeSet<u64>,
-    /// The offsets of the writes acknowledged but not flushed when every
-    /// machine lost power (`PowerCutAll`).
-    cut_short: std::collections::BTreeSet<u64>,
+    /// A power cut came: from then on a write acknowledged without a
+    /// flush after it may have lost any part of its bytes (a replica that
+    /// held it alone lost its page cache).
+    power_cut: bool,
     /// Snapshots taken and not deleted yet, oldest first; how many taken.
     snapshots: Vec<String>,
     snapshots_taken: usize,
@@ -182,6 +183,7 @@ impl Run {
                 self.down[*i] = false;
             }
             Fault::PowerCut(i) => {
+                self.power_cut = true;
                 self.c.kill_node(*i);
                 self.down[*i] = true;
                 let lost = self.c.forgetful[*i].power_cut();
@@ -214,8 +216,7 @@ impl Run {
                         self.down[i] = true;
                     }
                 }
-                self.cut_short
-                    .extend(self.acks.iter().filter(|a| !a.flushed).map(|a| a.offset));
+                self.power_cut = true;
                 for i in 0..self.down.len() {
                     let lost = self.c.forgetful[i].power_cut();
                     eprintln!(
@@ -402,11 +403,14 @@ impl Run {
                         .as_str()
                         .unwrap_or_default()
                         .to_string();
-                    let (cut, whole): (Vec<Ack>, Vec<Ack>) = self
-                        .acks
-                        .iter()
-                        .partition(|a| self.cut_short.contains(&a.offset));
+                    let (cut, whole): (Vec<Ack>, Vec<Ack>) =
+                        self.acks.iter().partition(|a| self.power_cut && !a.flushed);
                     let (torn, kept, zeros) = torn_otherwise(&endpoint, &cut)?;
+                    // A block flipped in every replica fails its read.
+                    let torn: Vec<u64> = torn
+                        .into_iter()
+                        .filter(|o| !self.flipped.contains(o))
+                        .collect();
                     if !cut.is_empty() {
                         eprintln!(
                             "writes unflushed at a power cut: {kept} blocks hold their bytes, {zeros} zeros"
@@ -506,7 +510,7 @@ pub fn run(s: &Schedule) -> Result<Outcome, String> {
         controller_down: false,
         fillers: vec![None, None, None],
         flipped: Default::default(),
-        cut_short: Default::default(),
+        power_cut: false,
         snapshots: Vec::new(),
         snapshots_taken: 0,
         outcome: Outcome::default(),
@@ -567,17 +571,32 @@ impl Rng {
     }
 }
 
+/// What a random schedule draws from besides the faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Draw {
+    /// Crashes, full disks and flipped blocks only.
+    Faults,
+    /// Also replica counts changed, replicas deleted, nodes evicted, and
+    /// snapshots taken and deleted.
+    Moves,
+    /// Also power cuts: a replica node's, and every machine's at once.
+    PowerCuts,
+}
+
 /// A random schedule of 3 to 7 faults that makes sense in order (a node is
-/// restarted only when down, a disk freed only when full). With `moves`,
-/// a schedule also changes the replica count, deletes replicas, evicts
-/// nodes and takes and deletes snapshots between the faults; without, it
-/// draws the schedules it always drew for a seed.
-pub fn random(rng: &mut Rng, index: u64, moves: bool) -> Schedule {
+/// restarted only when down, a disk freed only when full). `Faults` and
+/// `Moves` draw the schedules they always drew for a seed.
+pub fn random(rng: &mut Rng, index: u64, draw: Draw) -> Schedule {
     let replicas = 2 + rng.below(2) as usize;
     let (mut down, mut full, mut ctl_down) = ([false; 3], [false; 3], false);
     let mut evicting = [false; 3];
     let mut faults = vec![Fault::Pause(300)];
-    let kinds = if moves { 13 } else { 8 };
+    let kinds = match draw {
+        Draw::Faults => 8,
+        Draw::Moves => 13,
+        Draw::PowerCuts => 10,
+    };
+    let power = draw == Draw::PowerCuts;
     for _ in 0..3 + rng.below(5) {
         let i = rng.below(3) as usize;
         let f = match rng.below(kinds) {
@@ -608,6 +627,16 @@ pub fn random(rng: &mut Rng, index: u64, moves: bool) -> Schedule {
             }
             5 => Fault::CorruptHead(i),
             6 if !ctl_down => Fault::Check,
+            8 if power && !down[i] && i != 0 => {
+                down[i] = true;
+                Fault::PowerCut(i)
+            }
+            9 if power && !ctl_down => {
+                // Every node comes back with the machines.
+                down = [false; 3];
+                Fault::PowerCutAll
+            }
+            8 | 9 if power => Fault::Pause(500 + rng.below(1500)),
             8 => Fault::Replicas(if rng.below(2) == 0 {
                 replicas - 1
             } else {
@@ -626,7 +655,14 @@ pub fn random(rng: &mut Rng, index: u64, moves: bool) -> Schedule {
         faults.push(Fault::Pause(300 + rng.below(1200)));
     }
     Schedule {
-        name: format!("{}-{index}", if moves { "moves" } else { "random" }),
+        name: format!(
+            "{}-{index}",
+            match draw {
+                Draw::Faults => "random",
+                Draw::Moves => "moves",
+                Draw::PowerCuts => "power",
+            }
+        ),
         replicas,
         faults,
     }
