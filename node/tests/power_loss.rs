@@ -84,13 +84,34 @@ fn after_a_power_cut_every_flushed_write_reads_back_and_no_block_fails_its_check
     }
     eprintln!("unflushed blocks: {new} new, {old} old");
     assert!(new > 0, "the test meant the head's data to reach the disk");
-    // And the replica goes on: a write, a flush, a reopen.
+    // The blocks that did not match are suspect (an engine settles them
+    // from a replica that holds them sound), and only those: no flushed
+    // block is among them.
+    let suspects = r.suspects();
+    assert!(!suspects.is_empty());
+    assert!(
+        suspects.iter().all(|b| (2048..2048 + 192 * 16).contains(b)),
+        "suspect blocks outside the unflushed writes: {suspects:?}"
+    );
+    // And the replica goes on: a write, a flush, a reopen. A write of a
+    // whole suspect block settles it, for good.
     drop(r);
     let mut r = Replica::open(&rdir).unwrap();
+    assert_eq!(r.suspects(), suspects, "they are on the disk");
     write_run(&mut r, 0, 1, 3);
+    let first = suspects[0] * BLOCK / (64 * 1024) * (64 * 1024);
+    write_run(&mut r, first, 1, 4);
     r.flush().unwrap();
     drop(r);
     let r = Replica::open(&rdir).unwrap();
     r.read(0, &mut buf).unwrap();
     assert!(buf == pattern(0, 3));
+    assert!(!r.suspects().contains(&suspects[0]), "a write settles it");
+    assert_eq!(
+        r.suspects().len(),
+        suspects
+            .iter()
+            .filter(|b| **b * BLOCK / (64 * 1024) * (64 * 1024) != first)
+            .count()
+    );
 }

@@ -137,6 +137,29 @@ fn every_machine_loses_power_at_once_while_writing() {
     }
 }
 
+/// Found by the soak of seed 20261219, power schedule 17: a block of an
+/// acknowledged, flushed write flipped in node-1's replica, then every
+/// machine's power cut. After a power cut a block that does not match its
+/// checksum may hold a write no flush covered, so the replica took it as
+/// it found it, and served the flipped bytes. It is now suspect, and takes
+/// the sound copy another replica holds before the volume serves.
+#[test]
+fn a_block_flipped_in_one_replica_then_every_machine_loses_power() {
+    fixed(
+        "flip-then-power-cut-all",
+        3,
+        vec![
+            Pause(300),
+            KillNode(1),
+            Pause(933),
+            CorruptHead(0),
+            Pause(1263),
+            PowerCutAll,
+            Pause(697),
+        ],
+    );
+}
+
 #[test]
 fn engine_killed_twice_while_writing() {
     fixed(

@@ -451,8 +451,10 @@ impl Engine {
         }
         let mut members = Vec::new();
         let mut revisions = Vec::new();
+        let mut suspects = Vec::new();
         for at in replicas {
-            let (mut m, revision) = open_member(&tls, at, size).await;
+            let (mut m, revision, suspect) = open_member(&tls, at, size).await;
+            suspects.push(suspect);
             // Whatever it claims, a replica the record leaves out holds older
             // data than the volume's (generation 0: nothing recorded yet).
             if recorded.generation > 0 && !recorded.replicas.contains(&at.name) {
@@ -481,6 +483,7 @@ impl Engine {
                         .join("; "),
                 )
             })?;
+        settle_suspects(volume, &members, &suspects, &revisions).await;
         catch_up_members(volume, &mut members, &revisions, best).await;
         tracing::info!(
             volume,
@@ -1457,7 +1460,9 @@ impl Engine {
 /// Connects to a replica for a starting engine: a member in `rw` mode
 /// with its revision, or in `err` mode with why (unreachable, a rebuild
 /// not finished, another size).
-async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64) {
+/// A replica at `at`, connected: as a member, its revision, and its
+/// suspect blocks (`Replica::suspect`).
+async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64, Vec<u64>) {
     let connected = async {
         let c = ReplicaClient::dial(tls, &at.addr, &at.name).await?;
         let info = c.info().await?;
@@ -1473,7 +1478,7 @@ async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64
             rebuild: None,
             caught_up: false,
         };
-        (m, 0)
+        (m, 0, Vec::new())
     };
     match connected {
         Ok((_, info)) if info["pending"].as_u64().unwrap_or(0) > 0 => {
@@ -1488,10 +1493,57 @@ async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64
                 rebuild: None,
                 caught_up: false,
             };
-            (m, info["revision"].as_u64().unwrap_or(0))
+            let suspect = info["suspect"]
+                .as_array()
+                .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
+                .unwrap_or_default();
+            (m, info["revision"].as_u64().unwrap_or(0), suspect)
         }
         Ok((_, info)) => failed(format!("size {} is not the volume's {size}", info["size"])),
         Err(e) => failed(e.to_string()),
+    }
+}
+
+/// After a power cut, a replica's blocks that no longer matched their
+/// checksums were taken as they are, suspect (`Replica::suspect`): each
+/// holds a write no flush covered, or bytes gone bad. Another rw
+/// replica's copy that is not suspect is sound, and was the block's
+/// content at some point (before that write or after it), so each suspect
+/// block takes it; a block suspect in every replica keeps what it holds.
+/// Before the catch-up, so that the replica it makes the others equal to
+/// has none that another could settle.
+async fn settle_suspects(
+    volume: &str,
+    members: &[Member],
+    suspects: &[Vec<u64>],
+    revisions: &[u64],
+) {
+    let remote = |i: usize| match (&members[i].link, members[i].mode) {
+        (Some(Link::Remote(c)), ReplicaMode::Rw) => Some(c.clone()),
+        _ => None,
+    };
+    for (i, blocks) in suspects.iter().enumerate() {
+        let Some(dst) = remote(i).filter(|_| !blocks.is_empty()) else {
+            continue;
+        };
+        let mut settled = 0;
+        for &b in blocks {
+            let offset = b * BLOCK;
+            for (j, theirs) in suspects.iter().enumerate() {
+                let Some(src) = remote(j).filter(|_| j != i && !theirs.contains(&b)) else {
+                    continue;
+                };
+                let Ok(data) = src.read(offset, BLOCK as u32).await else {
+                    continue;
+                };
+                if dst.write(offset, &data, revisions[i], false).await.is_ok() {
+                    settled += 1;
+                    break;
+                }
+            }
+        }
+        tracing::warn!(volume, replica = %members[i].at.name, suspect = blocks.len(), settled,
+            "suspect blocks after a power cut taken from replicas that hold them sound; the rest keep what they hold");
     }
 }
 

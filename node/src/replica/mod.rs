@@ -50,6 +50,9 @@ pub const MAX_SIZE: u64 = ballast::model::MAX_VOLUME_SIZE;
 /// started (see `Replica::start_writeback`; a node's `--writeback-every`).
 pub const WRITEBACK_EVERY: u64 = 8 << 20;
 const REVISION_FILE: &str = "revision";
+/// The blocks whose checksums were taken again from their data after a
+/// power cut (`repair_head_sums`): a JSON array of block numbers.
+const SUSPECT_FILE: &str = "suspect-blocks";
 const CORRUPT_FILE: &str = "corrupt-layers";
 
 /// What the text of a `LostBlock` error says of its block.
@@ -275,6 +278,12 @@ pub struct Replica {
     corrupt: std::sync::Mutex<std::collections::BTreeMap<String, bool>>,
     /// Whether `corrupt` holds any layer: reads look at it without a lock.
     any_corrupt: std::sync::atomic::AtomicBool,
+    /// Blocks found not to match their checksums after a power cut, whose
+    /// checksums were then taken from their data (the file
+    /// `suspect-blocks`): each holds either a write no flush covered, or
+    /// bytes gone bad, and only another replica can tell. A write of the
+    /// whole block settles it.
+    suspect: BTreeSet<u64>,
 }
 
 fn layer_name(n: usize) -> String {
@@ -512,6 +521,14 @@ impl Mark {
 
 /// The marks the file `corrupt-layers` of the replica in `dir` holds, by
 /// layer: true for one marked whole.
+/// The suspect blocks recorded in `dir` (none when the file is absent).
+fn read_suspects(dir: &Path) -> BTreeSet<u64> {
+    std::fs::read(dir.join(SUSPECT_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
+}
+
 fn marks_in(dir: &Path) -> std::collections::BTreeMap<String, bool> {
     let mut marks = std::collections::BTreeMap::new();
     for m in std::fs::read_to_string(dir.join(CORRUPT_FILE))
@@ -715,6 +732,7 @@ impl Replica {
             meta,
             layers,
             revision_file,
+            suspect: read_suspects(dir),
         })
     }
 
@@ -762,14 +780,25 @@ impl Replica {
             if !runs.is_empty() {
                 tracing::info!(dir = %self.dir.display(), ranges = runs.len(), whole_head = !covered, "taking the head's block checksums again after an unclean stop");
                 let blocks = self.meta.size / BLOCK;
+                let mut held = Vec::new();
                 for (first, last) in runs {
                     let last = last.min(blocks);
-                    let held: Vec<u64> = (first..last)
-                        .filter(|b| self.layers[head].map.get(*b))
-                        .collect();
-                    for b in held {
-                        self.layers[head].sum_from_file(b, b + 1)?;
+                    held.extend((first..last).filter(|b| self.layers[head].map.get(*b)));
+                }
+                if cache_lost {
+                    // Only the blocks that fail: recorded as suspect, on
+                    // the disk, before their checksums change.
+                    let mut block = vec![0u8; BLOCK as usize];
+                    held.retain(|b| self.layers[head].read_checked(*b, &mut block).is_err());
+                    if !held.is_empty() {
+                        tracing::warn!(dir = %self.dir.display(), blocks = held.len(),
+                            "blocks of the head that no longer match their checksums after a new boot: written with no flush after them, or gone bad; taken as they are, and suspect until another replica's copy or a write settles them");
+                        self.suspect.extend(held.iter().copied());
+                        self.write_suspects()?;
                     }
+                }
+                for b in held {
+                    self.layers[head].sum_from_file(b, b + 1)?;
                 }
                 if let Some(s) = &self.layers[head].sums {
                     s.sync()?;
@@ -787,6 +816,29 @@ impl Replica {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// The suspect blocks (see `Replica::suspect`), in order.
+    pub fn suspects(&self) -> Vec<u64> {
+        self.suspect.iter().copied().collect()
+    }
+
+    fn write_suspects(&self) -> Result<(), ReplicaError> {
+        let body = serde_json::to_vec(&self.suspect)
+            .map_err(|e| ReplicaError::Invalid(format!("suspect blocks: {e}")))?;
+        meta::write_durably(&self.dir, SUSPECT_FILE, &body)
+    }
+
+    /// A write or discard of every byte of blocks `first..last` settles
+    /// the suspect ones among them.
+    fn settle_suspects(&mut self, first: u64, last: u64) -> Result<(), ReplicaError> {
+        if self.suspect.range(first..last).next().is_none() {
+            return Ok(());
+        }
+        // What settles them is on the disk before they stop being suspect.
+        self.flush()?;
+        self.suspect.retain(|b| !(first..last).contains(b));
+        self.write_suspects()
     }
 
     pub fn size(&self) -> u64 {
@@ -1140,6 +1192,7 @@ impl Replica {
             .map_err(|e| ReplicaError::io(&head.path, e))?;
         self.layers[head_idx].map.set_range(first, last, true);
         self.sum_written(offset, data, given)?;
+        self.settle_suspects(offset.div_ceil(BLOCK), end / BLOCK)?;
         self.unstarted += data.len() as u64;
         if self.writeback_every > 0 && self.unstarted >= self.writeback_every {
             self.unstarted = 0;
@@ -1195,6 +1248,7 @@ impl Replica {
             }
             pos = chunk_end;
         }
+        self.settle_suspects(offset.div_ceil(BLOCK), end / BLOCK)?;
         self.bump(Some(rev))
     }
 

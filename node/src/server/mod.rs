@@ -874,7 +874,7 @@ fn read_op(r: &Replica, req: &Request) -> Result<Vec<u8>, ReplicaError> {
         Op::Flush => r.flush().map(|()| Vec::new()),
         Op::Info => json(&serde_json::json!({
             "size": r.size(), "chain": r.chain(), "revision": r.revision(),
-            "pending": r.pending().len()
+            "pending": r.pending().len(), "suspect": r.suspects()
         })),
         Op::Layers => json(&r.layers()),
         Op::WriteLog => json(&r.writes_since(req.offset)),
