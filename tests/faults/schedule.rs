@@ -224,7 +224,11 @@ impl Run {
                         i + 1
                     );
                 }
-                for i in 0..self.down.len() {
+                // The engine's node last: an engine started before the
+                // other replicas' nodes are back cannot settle its
+                // replica's suspect blocks from them (status.md, not yet
+                // done).
+                for i in (0..self.down.len()).rev() {
                     self.apply(&Fault::RestartNode(i))?;
                 }
                 self.start_writer();
