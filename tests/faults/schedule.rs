@@ -224,11 +224,10 @@ impl Run {
                         i + 1
                     );
                 }
-                // The engine's node last: an engine started before the
-                // other replicas' nodes are back cannot settle its
-                // replica's suspect blocks from them (status.md, not yet
-                // done).
-                for i in (0..self.down.len()).rev() {
+                // The engine's node first: its engine starts before the
+                // other replicas' nodes are back, and waits for them to
+                // settle its replica's suspect blocks.
+                for i in 0..self.down.len() {
                     self.apply(&Fault::RestartNode(i))?;
                 }
                 self.start_writer();

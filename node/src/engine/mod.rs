@@ -452,8 +452,9 @@ impl Engine {
         let mut members = Vec::new();
         let mut revisions = Vec::new();
         let mut suspects = Vec::new();
+        let mut unreached = Vec::new();
         for at in replicas {
-            let (mut m, revision, suspect) = open_member(&tls, at, size).await;
+            let (mut m, revision, suspect, reached) = open_member(&tls, at, size).await;
             suspects.push(suspect);
             // Whatever it claims, a replica the record leaves out holds older
             // data than the volume's (generation 0: nothing recorded yet).
@@ -464,9 +465,31 @@ impl Engine {
                     "not in the replica set recorded at generation {}",
                     recorded.generation
                 ));
+            } else if !reached {
+                unreached.push(members.len());
             }
             members.push(m);
             revisions.push(revision);
+        }
+        // After a power cut, a replica's suspect blocks are settled only
+        // from the others: those whose nodes are not back yet are waited
+        // for a while (the machines of a cut come back together).
+        let deadline = tokio::time::Instant::now() + SUSPECTS_WAIT;
+        while !unreached.is_empty()
+            && suspects.iter().any(|s| !s.is_empty())
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let mut still = Vec::new();
+            for i in unreached {
+                let (m, revision, suspect, reached) = open_member(&tls, &replicas[i], size).await;
+                if reached {
+                    (members[i], revisions[i], suspects[i]) = (m, revision, suspect);
+                } else {
+                    still.push(i);
+                }
+            }
+            unreached = still;
         }
         let best = members
             .iter()
@@ -1460,9 +1483,13 @@ impl Engine {
 /// Connects to a replica for a starting engine: a member in `rw` mode
 /// with its revision, or in `err` mode with why (unreachable, a rebuild
 /// not finished, another size).
-/// A replica at `at`, connected: as a member, its revision, and its
-/// suspect blocks (`Replica::suspect`).
-async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64, Vec<u64>) {
+/// How long an engine whose replicas hold suspect blocks waits for the
+/// volume's other replicas to be reachable before it serves without them.
+const SUSPECTS_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// A replica at `at`, connected: as a member, its revision, its suspect
+/// blocks (`Replica::suspect`), and whether it answered at all.
+async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64, Vec<u64>, bool) {
     let connected = async {
         let c = ReplicaClient::dial(tls, &at.addr, &at.name).await?;
         let info = c.info().await?;
@@ -1480,7 +1507,8 @@ async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64
         };
         (m, 0, Vec::new())
     };
-    match connected {
+    let reached = connected.is_ok();
+    let (m, revision, suspect) = match connected {
         Ok((_, info)) if info["pending"].as_u64().unwrap_or(0) > 0 => {
             failed("its rebuild did not finish".into())
         }
@@ -1501,7 +1529,8 @@ async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64
         }
         Ok((_, info)) => failed(format!("size {} is not the volume's {size}", info["size"])),
         Err(e) => failed(e.to_string()),
-    }
+    };
+    (m, revision, suspect, reached)
 }
 
 /// After a power cut, a replica's blocks that no longer matched their
