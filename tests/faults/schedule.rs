@@ -184,8 +184,7 @@ impl Run {
             }
             Fault::PowerCut(i) => {
                 self.power_cut = true;
-                self.c.kill_node(*i);
-                self.down[*i] = true;
+                self.apply(&Fault::KillNode(*i))?;
                 let lost = self.c.forgetful[*i].power_cut();
                 eprintln!(
                     "node-{}: power cut, {lost} blocks lost from its disk's cache",
@@ -204,16 +203,10 @@ impl Run {
                 for f in &self.c.forgetful {
                     crate::forgetful::heads_reach_the_disk(&f.at);
                 }
-                if let Some(pid) = self.engine_pid() {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
+                self.apply(&Fault::KillEngine)?;
                 for i in 0..self.down.len() {
                     if !self.down[i] {
-                        self.c.kill_node(i);
-                        self.down[i] = true;
+                        self.apply(&Fault::KillNode(i))?;
                     }
                 }
                 self.power_cut = true;

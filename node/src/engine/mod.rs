@@ -1480,15 +1480,14 @@ impl Engine {
     }
 }
 
-/// Connects to a replica for a starting engine: a member in `rw` mode
-/// with its revision, or in `err` mode with why (unreachable, a rebuild
-/// not finished, another size).
 /// How long an engine whose replicas hold suspect blocks waits for the
 /// volume's other replicas to be reachable before it serves without them.
 const SUSPECTS_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
 
-/// A replica at `at`, connected: as a member, its revision, its suspect
-/// blocks (`Replica::suspect`), and whether it answered at all.
+/// Connects to a replica for a starting engine: a member in `rw` mode
+/// with its revision and its suspect blocks (`Replica::suspect`), or in
+/// `err` mode with why (unreachable, a rebuild not finished, another
+/// size); and whether it answered at all.
 async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64, Vec<u64>, bool) {
     let connected = async {
         let c = ReplicaClient::dial(tls, &at.addr, &at.name).await?;

@@ -20,21 +20,11 @@ pub type Instance = [u8; 16];
 /// The boot this process runs in: `/proc/sys/kernel/random/boot_id`, a
 /// UUID new at every boot.
 pub fn here() -> Instance {
-    let mut id = [0u8; 16];
-    let Ok(text) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") else {
-        return id;
-    };
-    let hex: Vec<u8> = text
-        .bytes()
-        .filter(u8::is_ascii_hexdigit)
-        .map(|c| (c as char).to_digit(16).unwrap_or(0) as u8)
-        .collect();
-    if hex.len() == 32 {
-        for (i, pair) in hex.chunks(2).enumerate() {
-            id[i] = pair[0] << 4 | pair[1];
-        }
-    }
-    id
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .and_then(|text| uuid::Uuid::parse_str(text.trim()).ok())
+        .map(|id| *id.as_bytes())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -519,8 +519,6 @@ impl Mark {
     }
 }
 
-/// The marks the file `corrupt-layers` of the replica in `dir` holds, by
-/// layer: true for one marked whole.
 /// The suspect blocks recorded in `dir` (none when the file is absent).
 fn read_suspects(dir: &Path) -> BTreeSet<u64> {
     std::fs::read(dir.join(SUSPECT_FILE))
@@ -529,6 +527,8 @@ fn read_suspects(dir: &Path) -> BTreeSet<u64> {
         .unwrap_or_default()
 }
 
+/// The marks the file `corrupt-layers` of the replica in `dir` holds, by
+/// layer: true for one marked whole.
 fn marks_in(dir: &Path) -> std::collections::BTreeMap<String, bool> {
     let mut marks = std::collections::BTreeMap::new();
     for m in std::fs::read_to_string(dir.join(CORRUPT_FILE))
@@ -746,11 +746,12 @@ impl Replica {
     /// opened in is gone (`instance`), and with it whatever of the write
     /// log and the checksums no flush had made durable, while data of
     /// later writes may have reached the disk without them. Neither the
-    /// counter nor the log can then say which blocks changed: the whole
-    /// head's checksums are taken again, and the log answers nothing about
-    /// revisions up to this one (a replica that must be made equal to
-    /// another is then rebuilt, not caught up). The boot it is opened in
-    /// now is recorded, durably, before any write.
+    /// counter nor the log can then say which blocks changed: every block
+    /// of the head is checked, and one that fails is recorded as suspect
+    /// (`suspect`) and its checksum taken from its data; the log answers
+    /// nothing about revisions up to this one (a replica that must be made
+    /// equal to another is then rebuilt, not caught up). The boot it is
+    /// opened in now is recorded, durably, before any write.
     fn repair_head_sums(&mut self) -> Result<(), ReplicaError> {
         let here = instance::here();
         let before = self.revision_file.opened_in();
@@ -758,7 +759,7 @@ impl Replica {
         let cache_lost = before != unknown && here != unknown && before != here;
         if cache_lost {
             tracing::warn!(dir = %self.dir.display(), revision = self.revision,
-                "opened in a new boot (a power cut, or a crash of the kernel): the head's checksums are taken again from its data, and its write log is not trusted");
+                "opened in a new boot (a power cut, or a crash of the kernel): every block of the head is checked, and its write log is not trusted");
             self.revision_file.forget_log_before(self.revision + 1);
         }
         let flushed = self.revision_file.flushed();

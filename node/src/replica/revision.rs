@@ -7,9 +7,9 @@
 //! Layout: bytes 0..8 the revision of the last write; 8..16 the revision
 //! of the last flush (when they differ at open, the replica was not closed
 //! cleanly: the writes in between may be half done); 16..32 the boot its
-//! owner last opened it in (`instance`), durable from that open; 40..48 the first revision the ring may be asked
-//! about (`since`), raised when a power cut may have lost its entries; from
-//! byte
+//! owner last opened it in (`instance`), durable from that open; 32..40
+//! unused; 40..48 the first revision the ring may be asked about
+//! (`since`), raised when a power cut may have lost its entries; from byte
 //! [`LOG_START`], a ring of [`LOG_ENTRIES`] entries of 32 bytes — revision,
 //! offset, length (u64 each) and the op — where each write records its
 //! intent (slot `revision % LOG_ENTRIES`) before its data goes to the
