@@ -28,6 +28,10 @@ impl From<String> for EngineExit {
     }
 }
 
+/// How long a stopping engine waits for its I/O under way to end before
+/// it closes its local replica clean (`Engine::close`).
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
     if a.size == 0 || !a.size.is_multiple_of(4096) {
         return Err(EngineExit::Failed(format!(
@@ -120,6 +124,7 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
         None => (None, exported),
     };
     let socket = a.socket.clone();
+    let engine_for_close = engine.clone();
     let served = tokio::select! {
         r = ballast_node::frontend::nbd::serve_unix(engine, &socket) => r.map_err(|e| format!("{}: {e}", socket.display())),
         _ = ballast::grpc::shutdown_signal() => Ok(()),
@@ -128,6 +133,8 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
     if let Some(path) = &a.control_socket {
         let _ = std::fs::remove_file(path);
     }
+    // Told to stop: the local replica is closed clean, and no I/O follows.
+    let _closed = engine_for_close.close(CLOSE_WAIT).await;
     Ok(served?)
 }
 

@@ -10,19 +10,8 @@ use ballast_node::replica::replica_dir;
 use ballast_node::replica::{BLOCK, Replica, WRITEBACK_EVERY};
 use ballast_node::server::ReplicaServer;
 use ballast_node::wire::client::ReplicaClient;
-use common::{chain_of, engine_over, head_file};
+use common::{chain_of, engine_over, head_file, replica_server};
 use tokio::net::TcpListener;
-
-async fn replica_server(disk: &std::path::Path, name: &str, size: u64) -> ReplicaAddr {
-    Replica::create(&replica_dir(disk, name), size).unwrap();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(ReplicaServer::new(vec![disk.to_path_buf()]).serve(listener));
-    ReplicaAddr {
-        name: name.into(),
-        addr,
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_unclean_stop_a_replica_behind_takes_only_the_writes_it_missed() {

@@ -5,10 +5,12 @@
 //! held (old or new bytes), never as an error, whatever reached the disk
 //! of what followed.
 
+#[allow(dead_code)] // shared with the engine tests; this one uses what starts engines
+mod common;
 #[path = "support/forgetful.rs"]
 mod forgetful;
 
-use ballast_node::replica::Replica;
+use ballast_node::replica::{Replica, WRITEBACK_EVERY, replica_dir};
 use forgetful::ForgetfulFs;
 
 const BLOCK: u64 = 4096;
@@ -17,6 +19,18 @@ fn pattern(offset: u64, round: u8) -> Vec<u8> {
     (0..64 * 1024u64)
         .map(|i| (((offset + i) / BLOCK) as u8).wrapping_mul(31) ^ round)
         .collect()
+}
+
+/// A disk of 256 MiB that forgets, with an ext4 on it, in a directory
+/// that lives as long as the first value returned.
+fn forgetful_disk() -> (tempfile::TempDir, ForgetfulFs) {
+    let dir = tempfile::tempdir().unwrap();
+    let fs = ForgetfulFs::mount(
+        &dir.path().join("disk.img"),
+        &dir.path().join("fs"),
+        256 << 20,
+    );
+    (dir, fs)
 }
 
 /// Writes `count` 64 KiB writes from `offset`, the pattern of `round`.
@@ -29,15 +43,9 @@ fn write_run(r: &mut Replica, offset: u64, count: u64, round: u8) {
 
 #[test]
 fn after_a_power_cut_every_flushed_write_reads_back_and_no_block_fails_its_checksum() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut fs = ForgetfulFs::mount(
-        &dir.path().join("disk.img"),
-        &dir.path().join("fs"),
-        256 << 20,
-    );
+    let (_dir, mut fs) = forgetful_disk();
     let rdir = fs.at.join("r");
-    let vol = 32u64 << 20;
-    let mut r = Replica::create_for(&rdir, "v", vol).unwrap();
+    let mut r = Replica::create_for(&rdir, "v", 32 << 20).unwrap();
     // 4 MiB flushed, then 12 MiB more that no flush covers.
     write_run(&mut r, 0, 64, 1);
     r.flush().unwrap();
@@ -114,4 +122,203 @@ fn after_a_power_cut_every_flushed_write_reads_back_and_no_block_fails_its_check
             .filter(|b| **b * BLOCK / (64 * 1024) * (64 * 1024) != first)
             .count()
     );
+}
+
+#[test]
+fn a_replica_closed_clean_before_a_power_cut_keeps_its_log_and_its_checksums_hold() {
+    let (_dir, mut fs) = forgetful_disk();
+    let rdir = fs.at.join("r");
+    let mut r = Replica::create_for(&rdir, "v", 32 << 20).unwrap();
+    write_run(&mut r, 0, 64, 1);
+    r.flush().unwrap();
+    let flushed = r.revision();
+    // Writes no flush of the client covers; the clean close makes them
+    // durable, and says so.
+    write_run(&mut r, 8 << 20, 64, 2);
+    let closed = r.revision();
+    assert!(
+        r.close_clean("the node stops").unwrap(),
+        "nothing under way: it marks"
+    );
+    assert!(
+        r.write(0, &pattern(0, 9), None).is_err(),
+        "a write after the clean close would make the mark a lie: it fails"
+    );
+    drop(r);
+    fs.power_cut();
+    // A block goes bad on the disk while the machine is off.
+    let bad_block = 2048 + 5;
+    let head = std::fs::OpenOptions::new()
+        .write(true)
+        .open(rdir.join("layer-000001.img"))
+        .unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&head, &[0xee; 64], bad_block * BLOCK).unwrap();
+    head.sync_all().unwrap();
+    drop(head);
+
+    let r = Replica::open(&rdir).unwrap();
+    assert_eq!(r.revision(), closed);
+    // The new boot found nothing left unsynced: the log answers for the
+    // writes since the client's flush, so a replica behind is caught up.
+    let since = r
+        .writes_since(flushed)
+        .expect("the write log is trusted after a clean close");
+    assert_eq!(since.len() as u64, closed - flushed);
+    assert!(
+        r.suspects().is_empty(),
+        "no head check, so no suspect block"
+    );
+    let mut buf = vec![0u8; 64 * 1024];
+    for (offset, round) in (0..64u64)
+        .map(|i| (i * 64 * 1024, 1))
+        .chain((0..64u64).map(|i| ((8 << 20) + i * 64 * 1024, 2)))
+    {
+        if offset / BLOCK <= bad_block && bad_block < (offset + buf.len() as u64) / BLOCK {
+            continue;
+        }
+        r.read(offset, &mut buf).unwrap();
+        assert!(
+            buf == pattern(offset, round),
+            "the write at {offset} reads back"
+        );
+    }
+    // The bad block is not taken for a write no flush covered: its
+    // checksum still holds it to what was written, and its reads fail.
+    let mut block = vec![0u8; BLOCK as usize];
+    assert!(
+        r.read(bad_block * BLOCK, &mut block).is_err(),
+        "a block gone bad after a clean close is found corrupt"
+    );
+}
+
+#[test]
+fn the_clean_close_mark_goes_at_the_next_open_so_a_later_power_cut_checks_the_head() {
+    let (_dir, mut fs) = forgetful_disk();
+    let rdir = fs.at.join("r");
+    let mut r = Replica::create_for(&rdir, "v", 32 << 20).unwrap();
+    write_run(&mut r, 0, 16, 1);
+    assert!(r.close_clean("a planned stop").unwrap());
+    drop(r);
+    // Opened again in the same boot: it goes on, unmarked on the disk.
+    let mut r = Replica::open(&rdir).unwrap();
+    write_run(&mut r, 8 << 20, 192, 2);
+    forgetful::heads_reach_the_disk(&fs.at);
+    drop(r);
+    fs.power_cut();
+
+    let r = Replica::open(&rdir).unwrap();
+    assert_eq!(
+        r.writes_since(r.revision()),
+        None,
+        "the mark was cleared on the disk before the writes: the cut is seen"
+    );
+    assert!(
+        !r.suspects().is_empty(),
+        "the head was checked: the unflushed writes' blocks are suspect"
+    );
+    let mut buf = vec![0u8; 64 * 1024];
+    for i in 0..16u64 {
+        let at = i * 64 * 1024;
+        r.read(at, &mut buf).unwrap();
+        assert!(buf == pattern(at, 1), "the write at {at} reads back");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_told_to_stop_closes_its_lent_replica_clean_and_the_next_boot_trusts_it() {
+    let (_dir, mut fs) = forgetful_disk();
+    let others = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let vol = 16u64 << 20;
+    let mut addrs = vec![common::replica_server(&fs.at, "v-r0", vol).await];
+    for (i, d) in others.iter().enumerate() {
+        addrs.push(common::replica_server(d.path(), &format!("v-r{}", i + 1), vol).await);
+    }
+    let engine = common::engine_over(vol, &addrs, Some("v-r0")).await;
+    let local = replica_dir(&fs.at, "v-r0");
+    engine
+        .lend_local(local.clone(), WRITEBACK_EVERY)
+        .await
+        .unwrap();
+    // Flushed writes, then writes no flush of the client covers.
+    for i in 0..32u64 {
+        engine
+            .write(i * 65536, &pattern(i * 65536, 1), false)
+            .await
+            .unwrap();
+    }
+    engine.flush().await.unwrap();
+    for i in 64..128u64 {
+        engine
+            .write(i * 65536, &pattern(i * 65536, 2), false)
+            .await
+            .unwrap();
+    }
+    let closed = engine.close(std::time::Duration::from_secs(5)).await;
+    assert!(closed.is_some(), "no I/O was under way");
+    drop(closed);
+    drop(engine);
+    // The machine is shut down and comes back: a power cut after the
+    // clean close loses nothing it made durable.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    fs.power_cut();
+
+    let r = Replica::open(&local).unwrap();
+    assert_eq!(r.revision(), 32 + 64, "every write");
+    assert_eq!(
+        r.writes_since(32).map(|w| w.len()),
+        Some(64),
+        "its write log is trusted after the clean close: a replica behind it is caught up"
+    );
+    assert!(r.suspects().is_empty());
+    let mut buf = vec![0u8; 65536];
+    for i in (0..32u64).chain(64..128) {
+        r.read(i * 65536, &mut buf).unwrap();
+        let round = if i < 32 { 1 } else { 2 };
+        assert!(
+            buf == pattern(i * 65536, round),
+            "the write at {} reads back",
+            i * 65536
+        );
+    }
+}
+
+#[test]
+fn a_stopping_node_plugin_closes_the_replicas_it_holds_clean() {
+    let (_dir, mut fs) = forgetful_disk();
+    let vol = 16u64 << 20;
+    Replica::create(&replica_dir(&fs.at, "v-r1"), vol).unwrap();
+    let table = ballast_node::replica::Replicas::new(vec![fs.at.clone()]);
+    let shared = table.find("v-r1").unwrap();
+    // Writes a remote engine made through the server, no flush after them.
+    write_run(&mut shared.write().unwrap(), 0, 64, 1);
+    table.close_all("the node plugin stopped");
+    assert!(
+        shared
+            .write()
+            .unwrap()
+            .write(0, &pattern(0, 9), None)
+            .is_err(),
+        "nothing is written after the clean close"
+    );
+    let refused = table.find("v-r1").err().unwrap_or_default();
+    assert!(refused.contains("closed"), "nor opened again: {refused}");
+    drop((shared, table));
+    fs.power_cut();
+
+    let r = Replica::open(&replica_dir(&fs.at, "v-r1")).unwrap();
+    assert_eq!(r.revision(), 64);
+    assert_eq!(
+        r.writes_since(0).map(|w| w.len()),
+        Some(64),
+        "its log is trusted"
+    );
+    let mut buf = vec![0u8; 65536];
+    for i in 0..64u64 {
+        r.read(i * 65536, &mut buf).unwrap();
+        assert!(
+            buf == pattern(i * 65536, 1),
+            "the write at {} reads back",
+            i * 65536
+        );
+    }
 }

@@ -2,6 +2,7 @@
 //! volume, receives every write from that moment, and fills its frozen
 //! layers by local copy (same node) or remote sync (another node).
 
+#[allow(dead_code)] // shared with the engine tests; this one makes its servers itself
 mod common;
 
 use std::os::unix::fs::MetadataExt;

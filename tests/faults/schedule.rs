@@ -44,6 +44,14 @@ pub enum Fault {
     /// block by block, but never other bytes and never an error; flushed
     /// ones hold all.
     PowerCutAll,
+    /// A planned reboot of node `i` (1 or 2: no engine runs there): its
+    /// node plugin told to stop (SIGTERM), which closes its replicas clean,
+    /// its filesystem synced as a shutdown does, then the machine's new
+    /// boot (its disk's cache and the page cache gone, as in `PowerCut`)
+    /// and the node started again. Once its replica is opened, the node's
+    /// log must say that the new boot trusted it (no head check, its write
+    /// log kept), and never that it checked it as after a power cut.
+    Reboot(usize),
     /// Wait until the volume has all its replicas rw again (one rebuilt
     /// or reused after its node came back).
     Settle,
@@ -158,6 +166,56 @@ impl Run {
         engine_pid(&self.c.path("node-1").join("state"), "v")
     }
 
+    fn reboot(&mut self, i: usize) -> Result<(), String> {
+        let node = format!("node-{}", i + 1);
+        let before = self.c.nodes[i].proc.log_text().len();
+        let proc = &mut self.c.nodes[i].proc;
+        proc.signal(nix::sys::signal::Signal::SIGTERM);
+        if proc.wait_exit(Duration::from_secs(30)).is_none() {
+            return Err(format!(
+                "{node}: its node plugin did not stop in 30 s of SIGTERM"
+            ));
+        }
+        self.down[i] = true;
+        let at = self.c.forgetful[i].at.clone();
+        let synced = std::process::Command::new("sync")
+            .arg("-f")
+            .arg(&at)
+            .status()
+            .map_err(|e| e.to_string())?;
+        if !synced.success() {
+            return Err(format!("sync -f {}: {synced}", at.display()));
+        }
+        let lost = self.c.forgetful[i].power_cut();
+        // Nothing is lost: every acknowledged write is checked as it was
+        // written, flushed or not.
+        eprintln!("{node}: rebooted, {lost} blocks lost from its disk's cache");
+        self.apply(&Fault::RestartNode(i))?;
+        // Its replica is opened once the engine or the controller asks for
+        // it again.
+        let trusted = "opened in a new boot after a clean close";
+        let checked = "opened in a new boot (a power cut";
+        let end = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let log = self.c.nodes[i].proc.log_text();
+            let since = log.get(before..).unwrap_or_default();
+            if since.contains(checked) {
+                return Err(format!(
+                    "{node}: a replica closed at the node plugin's stop was checked as after a power cut"
+                ));
+            }
+            if since.contains(trusted) {
+                return Ok(());
+            }
+            if std::time::Instant::now() > end {
+                return Err(format!(
+                    "{node}: no replica opened after its planned reboot in 120 s"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     fn apply(&mut self, f: &Fault) -> Result<(), String> {
         match f {
             Fault::KillEngine => {
@@ -225,6 +283,7 @@ impl Run {
                 }
                 self.start_writer();
             }
+            Fault::Reboot(i) => self.reboot(*i)?,
             Fault::Settle => {
                 self.c
                     .wait_settled("v", self.replicas, Duration::from_secs(180));
@@ -478,11 +537,12 @@ impl Run {
 
 /// Runs a schedule; Err says what broke (with the schedule).
 pub fn run(s: &Schedule) -> Result<Outcome, String> {
-    let c = if s
-        .faults
-        .iter()
-        .any(|f| matches!(f, Fault::PowerCut(_) | Fault::PowerCutAll))
-    {
+    let c = if s.faults.iter().any(|f| {
+        matches!(
+            f,
+            Fault::PowerCut(_) | Fault::PowerCutAll | Fault::Reboot(_)
+        )
+    }) {
         Cluster::start_on_forgetful_disks(3, 256 << 20)
     } else {
         Cluster::start_with(3, 1, Some(256 << 20))

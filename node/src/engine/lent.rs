@@ -176,6 +176,32 @@ impl Lent {
         .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
     }
 
+    /// Closes the replica clean (`Replica::close_clean`), on a blocking
+    /// thread, as the engine stops: every write durable, the mark made,
+    /// and every I/O after it failed. Only while the loan is held, as its
+    /// server answers on the loan's connection: without it, someone else
+    /// may have written the files since, and the instance is let go
+    /// unmarked. Says whether it marked.
+    pub async fn close_clean(self: &Arc<Self>, why: &'static str) -> Result<bool, ClientError> {
+        let held = match self.lease() {
+            Some(lease) => tokio::time::timeout(Duration::from_secs(2), lease.lend())
+                .await
+                .is_ok_and(|r| r.is_ok()),
+            None => false,
+        };
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut r = me.replica.write().map_err(|_| me.poisoned())?;
+            if !held {
+                r.break_off(format!("closed: {why}"));
+                return Ok(false);
+            }
+            r.close_clean(why).map_err(|e| me.error(e))
+        })
+        .await
+        .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
+    }
+
     /// Merges the layers no snapshot in `keep` needs (see
     /// `replica::merge_paced`), on a blocking thread, while the engine
     /// goes on serving between steps.

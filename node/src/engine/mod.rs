@@ -1296,6 +1296,47 @@ impl Engine {
         self.mutate(Op::Flush, 0, 0, 0, Bytes::new()).await
     }
 
+    /// Ends the engine's I/O for good, as it is told to stop: every I/O
+    /// under way ends first (for at most `wait`), and the local replica,
+    /// when lent, is closed clean (`Replica::close_clean`), so that a new
+    /// boot trusts its head and its write log as they are. The guard
+    /// returned holds back every later I/O; the caller keeps it until the
+    /// process ends. Without the I/O ended in time nothing is marked (the
+    /// next boot checks the head, as after a cut).
+    #[tracing::instrument(skip_all, fields(volume = %self.volume))]
+    pub async fn close(
+        &self,
+        wait: std::time::Duration,
+    ) -> Option<tokio::sync::OwnedRwLockWriteGuard<()>> {
+        let Ok(pause) = tokio::time::timeout(wait, self.io.clone().write_owned()).await else {
+            tracing::warn!("I/O still under way: the local replica is not closed clean");
+            return None;
+        };
+        if let Some(why) = self.freshness.fenced() {
+            tracing::info!(why = %why, "fenced: the local replica is not closed clean");
+            return Some(pause);
+        }
+        let lent = {
+            let m = self.members.lock().await;
+            m.iter().find_map(|m| match &m.link {
+                Some(Link::Lent(l)) => Some((m.at.name.clone(), l.clone())),
+                _ => None,
+            })
+        };
+        if let Some((name, l)) = lent {
+            match l.close_clean("its engine stopped").await {
+                Ok(true) => tracing::info!(replica = %name, "local replica closed clean"),
+                Ok(false) => {
+                    tracing::info!(replica = %name, "local replica closed, not marked clean: its loan was not held, a fill or a merge was under way, or it had failed")
+                }
+                Err(e) => {
+                    tracing::warn!(replica = %name, error = %e, "the local replica's clean close failed: a new boot checks its head")
+                }
+            }
+        }
+        Some(pause)
+    }
+
     /// Merges the layers of `replica`, the local replica lent to this
     /// engine, that no snapshot in `keep` needs (its server merges the
     /// others).

@@ -8,7 +8,10 @@
 //! of the last flush (when they differ at open, the replica was not closed
 //! cleanly: the writes in between may be half done); 16..32 the boot its
 //! owner last opened it in (`instance`), durable from that open; 32..40
-//! unused; 40..48 the first revision the ring may be asked about
+//! the clean-close mark: the revision it was closed at, plus one, when its
+//! owner closed it with everything durable and nothing left to write
+//! (`Replica::close_clean`), else 0, cleared durably by the next owner's
+//! open before any write; 40..48 the first revision the ring may be asked about
 //! (`since`), raised when a power cut may have lost its entries; from byte
 //! [`LOG_START`], a ring of [`LOG_ENTRIES`] entries of 32 bytes — revision,
 //! offset, length (u64 each) and the op — where each write records its
@@ -32,6 +35,8 @@ use super::ReplicaError;
 pub const LOG_START: usize = 64;
 /// Where the header keeps the boot the replica was last opened in.
 const OPENED_IN: usize = 16;
+/// Where the header keeps the clean-close mark.
+const CLOSED_CLEAN: usize = 32;
 /// Where the header keeps the first revision the ring may be asked about.
 const LOG_FROM: usize = 40;
 /// Entries in the ring: more than the writes an engine has in flight at
@@ -146,6 +151,31 @@ impl RevisionCounter {
     /// `sync`).
     pub fn set_opened_in(&mut self, id: &super::instance::Instance) {
         self.map[OPENED_IN..OPENED_IN + 16].copy_from_slice(id);
+    }
+
+    /// Whether the replica's owner closed it at `revision` with every
+    /// write, checksum and log entry durable (the mark `mark_closed_clean`
+    /// made, not cleared since).
+    pub fn closed_clean_at(&self, revision: u64) -> bool {
+        u64_at(&self.map, CLOSED_CLEAN) == revision.wrapping_add(1) && self.flushed() == revision
+    }
+
+    /// Marks the replica closed clean at `revision` (durable at the next
+    /// `sync`); the caller has made everything before it durable.
+    pub fn mark_closed_clean(&mut self, revision: u64) {
+        self.map[CLOSED_CLEAN..CLOSED_CLEAN + 8]
+            .copy_from_slice(&revision.wrapping_add(1).to_le_bytes());
+    }
+
+    /// Clears the clean-close mark (durable at the next `sync`, which must
+    /// come before any write).
+    pub fn clear_closed_clean(&mut self) {
+        self.map[CLOSED_CLEAN..CLOSED_CLEAN + 8].fill(0);
+    }
+
+    /// Whether a clean-close mark is set (whatever revision it names).
+    pub fn has_clean_mark(&self) -> bool {
+        u64_at(&self.map, CLOSED_CLEAN) != 0
     }
 
     /// The ring cannot tell what came after any revision below `revision`

@@ -204,6 +204,36 @@ impl Replicas {
         Ok(r)
     }
 
+    /// Closes every replica the table holds open clean
+    /// (`Replica::close_clean`), as the node plugin stops: a new boot then
+    /// trusts their heads and write logs as they are. Each stays in the
+    /// table, failing every I/O, so that nothing opens it again before the
+    /// process ends. A lent replica is its engine's to close.
+    pub fn close_all(&self, why: &str) {
+        let open: Vec<(String, Shared)> = match self.open.lock() {
+            Ok(o) => o.iter().map(|(n, r)| (n.clone(), r.clone())).collect(),
+            Err(_) => return,
+        };
+        let (mut marked, mut unmarked) = (0, 0);
+        for (name, r) in open {
+            let Ok(mut r) = r.write() else {
+                continue;
+            };
+            match r.close_clean(why) {
+                Ok(true) => marked += 1,
+                Ok(false) => {
+                    unmarked += 1;
+                    tracing::info!(replica = %name, "closed, not marked clean: a fill or a merge was under way, or its disk is gone");
+                }
+                Err(e) => {
+                    unmarked += 1;
+                    tracing::warn!(replica = %name, error = %e, "the clean close failed: a new boot checks its head");
+                }
+            }
+        }
+        tracing::info!(marked, unmarked, "replicas closed");
+    }
+
     /// The engine fence of replica `name`: the latest attachment that may
     /// change it (see `fence`). It only ever grows; whoever holds it sees
     /// it raised.

@@ -3,6 +3,8 @@
 use std::sync::Arc;
 
 use ballast_node::engine::{Engine, ReplicaAddr, ReplicaSet};
+use ballast_node::replica::{Replica, replica_dir};
+use ballast_node::server::ReplicaServer;
 
 /// An engine of volume "v" over `replicas` that keeps no record of its
 /// replica set (`local`: the replica on its node, lent to it).
@@ -36,4 +38,17 @@ pub fn chain_of(dir: &std::path::Path) -> Vec<String> {
 /// The head layer file of the replica in `dir`.
 pub fn head_file(dir: &std::path::Path) -> std::path::PathBuf {
     dir.join(chain_of(dir).last().unwrap())
+}
+
+/// A replica server over `disk`, on loopback, holding a new replica
+/// `name` of `size` bytes.
+pub async fn replica_server(disk: &std::path::Path, name: &str, size: u64) -> ReplicaAddr {
+    Replica::create(&replica_dir(disk, name), size).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    tokio::spawn(ReplicaServer::new(vec![disk.to_path_buf()]).serve(listener));
+    ReplicaAddr {
+        name: name.into(),
+        addr,
+    }
 }
