@@ -98,6 +98,7 @@ fn a_replica_node_rebooted_planned_trusts_its_replica_and_comes_back() {
         vec![
             Pause(800),
             Reboot(1),
+            TrustedAfterReboot(1),
             Pause(800),
             Check,
             Settle,
@@ -452,6 +453,14 @@ fn random_schedules_that_move_replicas() {
 #[test]
 fn random_schedules_with_power_cuts() {
     random_runs(Draw::PowerCuts);
+}
+
+/// The same, with planned reboots of replica nodes besides the power
+/// cuts: a node plugin stopped by SIGTERM (its replicas closed clean), a
+/// new boot, the node back; no acknowledged write may be lost to one.
+#[test]
+fn random_schedules_with_reboots() {
+    random_runs(Draw::Reboots);
 }
 
 fn random_runs(draw: Draw) {

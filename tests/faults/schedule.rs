@@ -48,10 +48,15 @@ pub enum Fault {
     /// node plugin told to stop (SIGTERM), which closes its replicas clean,
     /// its filesystem synced as a shutdown does, then the machine's new
     /// boot (its disk's cache and the page cache gone, as in `PowerCut`)
-    /// and the node started again. Once its replica is opened, the node's
-    /// log must say that the new boot trusted it (no head check, its write
-    /// log kept), and never that it checked it as after a power cut.
+    /// and the node started again. Every acknowledged write is checked as
+    /// written, flushed or not: a planned reboot loses none.
     Reboot(usize),
+    /// Once node `i`'s replica is opened after its last `Reboot`, the
+    /// node's log must say that the new boot trusted it (no head check,
+    /// its write log kept), and never that it checked it as after a power
+    /// cut. (Not drawn at random: a replica in a fill, on a full disk, or
+    /// not opened since an earlier crash of its node is checked, rightly.)
+    TrustedAfterReboot(usize),
     /// Wait until the volume has all its replicas rw again (one rebuilt
     /// or reused after its node came back).
     Settle,
@@ -128,6 +133,8 @@ struct Run {
     fillers: Vec<Option<std::path::PathBuf>>,
     /// The offsets of the acknowledged writes a CorruptHead flipped.
     flipped: std::collections::BTreeSet<u64>,
+    /// Where each node's log stood at its last `Reboot`.
+    rebooted_at: [usize; 3],
     /// A power cut came: from then on a write acknowledged without a
     /// flush after it may have lost any part of its bytes (a replica that
     /// held it alone lost its page cache).
@@ -191,6 +198,12 @@ impl Run {
         // written, flushed or not.
         eprintln!("{node}: rebooted, {lost} blocks lost from its disk's cache");
         self.apply(&Fault::RestartNode(i))?;
+        self.rebooted_at[i] = before;
+        Ok(())
+    }
+
+    fn trusted_after_reboot(&mut self, i: usize) -> Result<(), String> {
+        let node = format!("node-{}", i + 1);
         // Its replica is opened once the engine or the controller asks for
         // it again.
         let trusted = "opened in a new boot after a clean close";
@@ -198,7 +211,7 @@ impl Run {
         let end = std::time::Instant::now() + Duration::from_secs(120);
         loop {
             let log = self.c.nodes[i].proc.log_text();
-            let since = log.get(before..).unwrap_or_default();
+            let since = log.get(self.rebooted_at[i]..).unwrap_or_default();
             if since.contains(checked) {
                 return Err(format!(
                     "{node}: a replica closed at the node plugin's stop was checked as after a power cut"
@@ -284,6 +297,7 @@ impl Run {
                 self.start_writer();
             }
             Fault::Reboot(i) => self.reboot(*i)?,
+            Fault::TrustedAfterReboot(i) => self.trusted_after_reboot(*i)?,
             Fault::Settle => {
                 self.c
                     .wait_settled("v", self.replicas, Duration::from_secs(180));
@@ -566,6 +580,7 @@ pub fn run(s: &Schedule) -> Result<Outcome, String> {
         controller_down: false,
         fillers: vec![None, None, None],
         flipped: Default::default(),
+        rebooted_at: [0; 3],
         power_cut: false,
         snapshots: Vec::new(),
         snapshots_taken: 0,
@@ -637,6 +652,8 @@ pub enum Draw {
     Moves,
     /// Also power cuts: a replica node's, and every machine's at once.
     PowerCuts,
+    /// Also planned reboots of a replica node, besides the power cuts.
+    Reboots,
 }
 
 /// A random schedule of 3 to 7 faults that makes sense in order (a node is
@@ -651,8 +668,9 @@ pub fn random(rng: &mut Rng, index: u64, draw: Draw) -> Schedule {
         Draw::Faults => 8,
         Draw::Moves => 13,
         Draw::PowerCuts => 10,
+        Draw::Reboots => 11,
     };
-    let power = draw == Draw::PowerCuts;
+    let power = matches!(draw, Draw::PowerCuts | Draw::Reboots);
     for _ in 0..3 + rng.below(5) {
         let i = rng.below(3) as usize;
         let f = match rng.below(kinds) {
@@ -692,7 +710,8 @@ pub fn random(rng: &mut Rng, index: u64, draw: Draw) -> Schedule {
                 down = [false; 3];
                 Fault::PowerCutAll
             }
-            8 | 9 if power => Fault::Pause(500 + rng.below(1500)),
+            10 if draw == Draw::Reboots && !down[i] && i != 0 => Fault::Reboot(i),
+            8..=10 if power => Fault::Pause(500 + rng.below(1500)),
             8 => Fault::Replicas(if rng.below(2) == 0 {
                 replicas - 1
             } else {
@@ -717,6 +736,7 @@ pub fn random(rng: &mut Rng, index: u64, draw: Draw) -> Schedule {
                 Draw::Faults => "random",
                 Draw::Moves => "moves",
                 Draw::PowerCuts => "power",
+                Draw::Reboots => "reboots",
             }
         ),
         replicas,
