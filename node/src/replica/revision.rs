@@ -317,6 +317,35 @@ mod tests {
     }
 
     #[test]
+    fn a_clean_mark_holds_only_at_its_revision_with_everything_flushed() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("revision");
+        let (mut c, _) = RevisionCounter::open(&path).unwrap();
+        assert!(
+            !c.has_clean_mark() && !c.closed_clean_at(0),
+            "a new file is not marked"
+        );
+        c.store(7);
+        c.mark_flushed(7);
+        c.mark_closed_clean(7);
+        c.sync().unwrap();
+        drop(c);
+        let (mut c, stored) = RevisionCounter::open(&path).unwrap();
+        assert!(c.has_clean_mark());
+        assert!(c.closed_clean_at(stored), "it is in the file");
+        assert!(
+            !c.closed_clean_at(8),
+            "another revision than the one closed at"
+        );
+        // A write after the mark (which no owner's open lets happen) moves
+        // the revision past it: the mark no longer covers the replica.
+        c.store(8);
+        assert!(!c.closed_clean_at(8));
+        c.clear_closed_clean();
+        assert!(!c.has_clean_mark() && !c.closed_clean_at(7));
+    }
+
+    #[test]
     fn an_old_eight_byte_counter_grows_a_ring() {
         let d = tempfile::tempdir().unwrap();
         let path = d.path().join("revision");
