@@ -10,7 +10,7 @@ use ballast_node::replica::replica_dir;
 use ballast_node::replica::{BLOCK, Replica, WRITEBACK_EVERY};
 use ballast_node::server::ReplicaServer;
 use ballast_node::wire::client::ReplicaClient;
-use common::{chain_of, engine_over, head_file, replica_server};
+use common::{NodeProcess, chain_of, engine_over, head_file, replica_server};
 use tokio::net::TcpListener;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -258,55 +258,6 @@ async fn a_lent_local_replica_matches_a_model_through_writes_trims_and_snapshots
         read_given_back(&a, 0, size as u32).await == model,
         "the replica's files differ from the model"
     );
-}
-
-/// A replica server in a runtime of its own, standing in for a node
-/// process: dropping it ends every connection, as a restart of the node
-/// plugin does.
-struct NodeProcess {
-    rt: Option<tokio::runtime::Runtime>,
-    server: Arc<ReplicaServer>,
-    addr: String,
-}
-
-impl NodeProcess {
-    async fn start(disk: &std::path::Path, addr: &str) -> NodeProcess {
-        let mut bound = None;
-        for _ in 0..100 {
-            match std::net::TcpListener::bind(addr) {
-                Ok(l) => {
-                    bound = Some(l);
-                    break;
-                }
-                // The last one's listener may not be closed yet.
-                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
-            }
-        }
-        let listener = bound.expect("the address is free again");
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let server = ReplicaServer::new(vec![disk.to_path_buf()]);
-        let s = server.clone();
-        rt.spawn(async move { s.serve(TcpListener::from_std(listener).unwrap()).await });
-        NodeProcess {
-            rt: Some(rt),
-            server,
-            addr,
-        }
-    }
-}
-
-impl Drop for NodeProcess {
-    fn drop(&mut self) {
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
-    }
 }
 
 async fn mode_of(engine: &Engine, name: &str) -> ReplicaMode {

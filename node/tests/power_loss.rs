@@ -10,6 +10,7 @@ mod common;
 #[path = "support/forgetful.rs"]
 mod forgetful;
 
+use ballast_node::engine::ReplicaAddr;
 use ballast_node::replica::{Replica, WRITEBACK_EVERY, replica_dir};
 use forgetful::ForgetfulFs;
 
@@ -321,4 +322,47 @@ fn a_stopping_node_plugin_closes_the_replicas_it_holds_clean() {
             i * 65536
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_loan_lapsed_does_not_mark_its_replica_clean() {
+    let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let vol = 4u64 << 20;
+    let local = replica_dir(d0.path(), "v-r0");
+    Replica::create(&local, vol).unwrap();
+    let node = common::NodeProcess::start(d0.path(), "127.0.0.1:0").await;
+    let addrs = [
+        ReplicaAddr {
+            name: "v-r0".into(),
+            addr: node.addr.clone(),
+        },
+        common::replica_server(d1.path(), "v-r1", vol).await,
+    ];
+    let engine = common::engine_over(vol, &addrs, Some("v-r0")).await;
+    engine
+        .lend_local(local.clone(), WRITEBACK_EVERY)
+        .await
+        .unwrap();
+    for i in 0..16u64 {
+        engine
+            .write(i * 65536, &pattern(i * 65536, 1), false)
+            .await
+            .unwrap();
+    }
+    // Its node plugin goes (a restart): the loan lapses, and until it is
+    // lent again someone else may write the files through the next one.
+    drop(node);
+    let closed = engine.close(std::time::Duration::from_secs(5)).await;
+    assert!(closed.is_some());
+    drop(closed);
+    drop(engine);
+    forgetful::as_after_a_reboot(d0.path());
+
+    let r = Replica::open(&local).unwrap();
+    assert_eq!(r.revision(), 16);
+    assert_eq!(
+        r.writes_since(0),
+        None,
+        "not closed clean without its loan: the new boot checks the head and forgets the log"
+    );
 }

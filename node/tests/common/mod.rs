@@ -52,3 +52,55 @@ pub async fn replica_server(disk: &std::path::Path, name: &str, size: u64) -> Re
         addr,
     }
 }
+
+/// A replica server in a runtime of its own, standing in for a node
+/// process: dropping it ends every connection, as a restart of the node
+/// plugin does.
+pub struct NodeProcess {
+    rt: Option<tokio::runtime::Runtime>,
+    pub server: Arc<ReplicaServer>,
+    pub addr: String,
+}
+
+impl NodeProcess {
+    pub async fn start(disk: &std::path::Path, addr: &str) -> NodeProcess {
+        let mut bound = None;
+        for _ in 0..100 {
+            match std::net::TcpListener::bind(addr) {
+                Ok(l) => {
+                    bound = Some(l);
+                    break;
+                }
+                // The last one's listener may not be closed yet.
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
+        let listener = bound.expect("the address is free again");
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let server = ReplicaServer::new(vec![disk.to_path_buf()]);
+        let s = server.clone();
+        rt.spawn(async move {
+            s.serve(tokio::net::TcpListener::from_std(listener).unwrap())
+                .await
+        });
+        NodeProcess {
+            rt: Some(rt),
+            server,
+            addr,
+        }
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
