@@ -1227,3 +1227,35 @@ fn a_bad_block_of_a_frozen_layer_is_given_up_only_when_bad_and_the_layer_then_co
         }
     }
 }
+
+/// A clean close marks a quiet replica, and lets go unmarked one whose
+/// rebuild's fill is under way (its pending layers are not what the mark
+/// vouches for); either fails every I/O after, and an open clears a mark.
+#[test]
+fn a_clean_close_marks_a_quiet_replica_and_not_one_being_filled() {
+    let d = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(&d.path().join("r"), 16 * BLOCK).unwrap();
+    r.write(0, &[4u8; BLOCK as usize], Some(1)).unwrap();
+    let frozen = r.snapshot(None).unwrap();
+    let mut t = Replica::create(&d.path().join("t"), 16 * BLOCK).unwrap();
+    let head = r.chain().last().unwrap().clone();
+    t.join(&frozen_specs(&r), &head, r.revision()).unwrap();
+    assert_eq!(t.pending(), vec![frozen]);
+    assert!(
+        !t.close_clean("the node stops").unwrap(),
+        "a fill is under way"
+    );
+    assert!(!t.revision_file.has_clean_mark());
+    assert!(t.write(0, &[5u8; BLOCK as usize], Some(2)).is_err());
+
+    r.write(BLOCK, &[6u8; BLOCK as usize], Some(2)).unwrap();
+    assert!(r.close_clean("the node stops").unwrap());
+    assert!(r.revision_file.closed_clean_at(2));
+    assert!(r.write(0, &[7u8; BLOCK as usize], Some(3)).is_err());
+    drop(r);
+    let r = Replica::open(&d.path().join("r")).unwrap();
+    assert!(!r.revision_file.has_clean_mark(), "the open cleared it");
+    let mut block = vec![0u8; BLOCK as usize];
+    r.read(BLOCK, &mut block).unwrap();
+    assert_eq!(block, vec![6u8; BLOCK as usize]);
+}
