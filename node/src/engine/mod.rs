@@ -1299,7 +1299,9 @@ impl Engine {
     /// Ends the engine's I/O for good, as it is told to stop: every I/O
     /// under way ends first (for at most `wait`), and the local replica,
     /// when lent, is closed clean (`Replica::close_clean`), so that a new
-    /// boot trusts its head and its write log as they are. The guard
+    /// boot trusts its head and its write log as they are. Its server
+    /// says first whether the loan still holds, and refuses an engine the
+    /// replica's fence has moved past (`Lent::close_clean`). The guard
     /// returned holds back every later I/O; the caller keeps it until the
     /// process ends. Without the I/O ended in time nothing is marked (the
     /// next boot checks the head, as after a cut).
@@ -1312,10 +1314,6 @@ impl Engine {
             tracing::warn!("I/O still under way: the local replica is not closed clean");
             return None;
         };
-        if let Some(why) = self.freshness.fenced() {
-            tracing::info!(why = %why, "fenced: the local replica is not closed clean");
-            return Some(pause);
-        }
         let lent = {
             let m = self.members.lock().await;
             m.iter().find_map(|m| match &m.link {
