@@ -1,0 +1,111 @@
+//! What a new boot costs a replica's open, and what a clean close spares
+//! it. A replica of 512 MiB whose head holds all of it, flushed, is
+//! opened from a cold cache as the next boot finds it:
+//! - after a power cut (its record of the boot it was opened in set to
+//!   another boot's, as `node/tests/support/forgetful.rs` does): every
+//!   block of the head is read and checked;
+//! - after a planned reboot: closed clean first (`Replica::close_clean`),
+//!   so nothing of the head is read.
+//!
+//! The peer is `cat` of the head's file to /dev/null from a cold cache:
+//! the least it costs to read the head once. Median of 5. Prints both
+//! opens' times and their ratios to the peer.
+//! Run: `cargo bench -p ballast-node --bench reopen` (BENCH_DIR picks the
+//! disk).
+
+#[allow(dead_code)] // its other half, the disk that forgets, is the tests'
+#[path = "../tests/support/forgetful.rs"]
+mod forgetful;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ballast_node::replica::Replica;
+
+const SIZE: u64 = 512 << 20;
+const MIB: u64 = 1 << 20;
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn drop_caches() {
+    let _ = Command::new("sync").status();
+    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
+}
+
+/// A replica whose head holds the whole volume, flushed.
+fn replica(dir: &Path) -> Replica {
+    let mut r = Replica::create(dir, SIZE).unwrap();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut buf = vec![0u8; MIB as usize];
+    for k in 0..SIZE / MIB {
+        for b in buf.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        r.write(k * MIB, &buf, None).unwrap();
+    }
+    r.flush().unwrap();
+    r
+}
+
+/// Opens the replica in `dir` as a new boot finds it, from a cold cache.
+fn open_in_a_new_boot(dir: &Path) -> Duration {
+    forgetful::as_after_a_reboot(dir);
+    drop_caches();
+    let t = Instant::now();
+    let r = Replica::open(dir).unwrap();
+    let took = t.elapsed();
+    drop(r);
+    took
+}
+
+fn main() {
+    let base = std::env::var_os("BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
+    let (mut cats, mut cut, mut clean) = (Vec::new(), Vec::new(), Vec::new());
+    for run in 0..5 {
+        let tmp = tempfile::tempdir_in(&base).unwrap();
+        let dir = tmp.path().join("r");
+        drop(replica(&dir));
+
+        drop_caches();
+        let t = Instant::now();
+        let out = Command::new("cat")
+            .arg(dir.join("layer-000001.img"))
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(out.success());
+        cats.push(t.elapsed());
+
+        cut.push(open_in_a_new_boot(&dir));
+
+        let mut r = Replica::open(&dir).unwrap();
+        assert!(r.close_clean("the bench's planned reboot").unwrap());
+        drop(r);
+        clean.push(open_in_a_new_boot(&dir));
+        println!(
+            "run {run}: cat {:?}, open after a cut {:?}, after a clean close {:?}",
+            cats[run], cut[run], clean[run]
+        );
+    }
+    let (c, a, b) = (median(cats), median(cut), median(clean));
+    println!(
+        "a replica's open in a new boot (head of 512 MiB), cold: after a power cut {a:?}, after a clean close {b:?}; cat of the head {c:?}"
+    );
+    println!(
+        "open after a power cut vs cat of the head: {:.2}x of its time",
+        a.as_secs_f64() / c.as_secs_f64()
+    );
+    println!(
+        "open after a clean close vs cat of the head: {:.3}x of its time",
+        b.as_secs_f64() / c.as_secs_f64()
+    );
+}
