@@ -42,6 +42,19 @@ fn write_run(r: &mut Replica, offset: u64, count: u64, round: u8) {
     }
 }
 
+/// Writes the 64 KiB writes `writes` (by their index) through `engine`,
+/// the pattern of `round`, with no flush after them.
+async fn engine_run(
+    engine: &ballast_node::engine::Engine,
+    writes: std::ops::Range<u64>,
+    round: u8,
+) {
+    for i in writes {
+        let at = i * 64 * 1024;
+        engine.write(at, &pattern(at, round), false).await.unwrap();
+    }
+}
+
 #[test]
 fn after_a_power_cut_every_flushed_write_reads_back_and_no_block_fails_its_checksum() {
     let (_dir, mut fs) = forgetful_disk();
@@ -241,19 +254,9 @@ async fn an_engine_told_to_stop_closes_its_lent_replica_clean_and_the_next_boot_
         .await
         .unwrap();
     // Flushed writes, then writes no flush of the client covers.
-    for i in 0..32u64 {
-        engine
-            .write(i * 65536, &pattern(i * 65536, 1), false)
-            .await
-            .unwrap();
-    }
+    engine_run(&engine, 0..32, 1).await;
     engine.flush().await.unwrap();
-    for i in 64..128u64 {
-        engine
-            .write(i * 65536, &pattern(i * 65536, 2), false)
-            .await
-            .unwrap();
-    }
+    engine_run(&engine, 64..128, 2).await;
     let closed = engine.close(std::time::Duration::from_secs(5)).await;
     assert!(closed.is_some(), "no I/O was under way");
     drop(closed);
@@ -343,12 +346,7 @@ async fn an_engine_whose_loan_lapsed_does_not_mark_its_replica_clean() {
         .lend_local(local.clone(), WRITEBACK_EVERY)
         .await
         .unwrap();
-    for i in 0..16u64 {
-        engine
-            .write(i * 65536, &pattern(i * 65536, 1), false)
-            .await
-            .unwrap();
-    }
+    engine_run(&engine, 0..16, 1).await;
     // Its node plugin goes (a restart): the loan lapses, and until it is
     // lent again someone else may write the files through the next one.
     drop(node);

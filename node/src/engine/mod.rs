@@ -1296,6 +1296,16 @@ impl Engine {
         self.mutate(Op::Flush, 0, 0, 0, Bytes::new()).await
     }
 
+    /// The local replica and its name, while it is lent to this engine
+    /// (`lend_local`).
+    async fn lent(&self) -> Option<(String, Arc<lent::Lent>)> {
+        let m = self.members.lock().await;
+        m.iter().find_map(|m| match &m.link {
+            Some(Link::Lent(l)) => Some((m.at.name.clone(), l.clone())),
+            _ => None,
+        })
+    }
+
     /// Ends the engine's I/O for good, as it is told to stop: every I/O
     /// under way ends first (for at most `wait`), and the local replica,
     /// when lent, is closed clean (`Replica::close_clean`), so that a new
@@ -1314,14 +1324,7 @@ impl Engine {
             tracing::warn!("I/O still under way: the local replica is not closed clean");
             return None;
         };
-        let lent = {
-            let m = self.members.lock().await;
-            m.iter().find_map(|m| match &m.link {
-                Some(Link::Lent(l)) => Some((m.at.name.clone(), l.clone())),
-                _ => None,
-            })
-        };
-        if let Some((name, l)) = lent {
+        if let Some((name, l)) = self.lent().await {
             match l.close_clean("its engine stopped").await {
                 Ok(true) => tracing::info!(replica = %name, "local replica closed clean"),
                 Ok(false) => {
@@ -1345,16 +1348,8 @@ impl Engine {
         keep: Vec<String>,
         rate: u64,
     ) -> Result<crate::replica::MergeReport, EngineError> {
-        let lent = {
-            let m = self.members.lock().await;
-            m.iter()
-                .find(|m| m.at.name == replica)
-                .and_then(|m| match &m.link {
-                    Some(Link::Lent(l)) => Some(l.clone()),
-                    _ => None,
-                })
-        };
-        let lent = lent.ok_or_else(|| {
+        let lent = self.lent().await.filter(|(name, _)| name == replica);
+        let (_, lent) = lent.ok_or_else(|| {
             EngineError::Invalid(format!(
                 "replica {replica} is not lent to this engine: its server merges it"
             ))

@@ -585,6 +585,15 @@ fn after_an_unclean_stop_the_checksums_of_unflushed_writes_are_taken_again() {
 }
 
 /// The frozen layers of `r` as a join names them.
+/// A new replica at `dir` joined to `r`'s frozen layers, as a rebuild's
+/// target starts: each of them pending until filled.
+fn joined_to(r: &Replica, dir: &std::path::Path) -> Replica {
+    let mut t = Replica::create(dir, r.size()).unwrap();
+    let head = r.chain().last().unwrap().clone();
+    t.join(&frozen_specs(r), &head, r.revision()).unwrap();
+    t
+}
+
 fn frozen_specs(r: &Replica) -> Vec<LayerSpec> {
     r.layers()
         .into_iter()
@@ -847,9 +856,7 @@ fn labels_travel_with_the_layers_a_join_takes() {
     let mut src = Replica::create(&dir.path().join("src"), START).unwrap();
     src.write(0, &[7u8; 4096], None).unwrap();
     src.snapshot(Some("s1")).unwrap();
-    let mut dst = Replica::create(&dir.path().join("dst"), START).unwrap();
-    dst.join(&frozen_specs(&src), "layer-000002.img", src.revision())
-        .unwrap();
+    let dst = joined_to(&src, &dir.path().join("dst"));
     let labels: Vec<Option<String>> = dst.layers().into_iter().map(|l| l.snapshot).collect();
     assert_eq!(labels, [Some("s1".to_string()), None]);
 }
@@ -1110,10 +1117,7 @@ fn a_block_given_up_as_lost_is_frozen_failing_its_reads_and_a_fill_keeps_it_so()
     // A fill: the layer as the source holds it, lost blocks included, and
     // their record.
     let tdir = d.path().join("t");
-    let mut t = Replica::create(&tdir, 16 * BLOCK).unwrap();
-    let target_head = r.chain().last().unwrap().clone();
-    t.join(&frozen_specs(&r), &target_head, r.revision())
-        .unwrap();
+    let mut t = joined_to(&r, &tdir);
     let mut layer = vec![0u8; 8 * BLOCK as usize];
     r.read_layer(&frozen, 0, &mut layer).unwrap();
     t.write_layer(&frozen, 0, &layer).unwrap();
@@ -1151,9 +1155,7 @@ fn a_fill_naming_a_lost_block_the_layer_lacks_is_refused() {
     let mut r = Replica::create(&d.path().join("r"), 16 * BLOCK).unwrap();
     r.write(0, &[4u8; BLOCK as usize], Some(1)).unwrap();
     let frozen = r.snapshot(None).unwrap();
-    let mut t = Replica::create(&d.path().join("t"), 16 * BLOCK).unwrap();
-    let head = r.chain().last().unwrap().clone();
-    t.join(&frozen_specs(&r), &head, r.revision()).unwrap();
+    let mut t = joined_to(&r, &d.path().join("t"));
     let mut layer = vec![0u8; BLOCK as usize];
     r.read_layer(&frozen, 0, &mut layer).unwrap();
     t.write_layer(&frozen, 0, &layer).unwrap();
@@ -1209,9 +1211,7 @@ fn a_bad_block_of_a_frozen_layer_is_given_up_only_when_bad_and_the_layer_then_co
     assert!(!r.is_corrupt(&frozen), "nor after a reopen");
     assert_eq!(r.layers()[0].lost, [2]);
     // A fill copies it whole now.
-    let mut t = Replica::create(&d.path().join("t"), 16 * BLOCK).unwrap();
-    let head = r.chain().last().unwrap().clone();
-    t.join(&frozen_specs(&r), &head, r.revision()).unwrap();
+    let mut t = joined_to(&r, &d.path().join("t"));
     let mut layer = vec![0u8; 8 * BLOCK as usize];
     r.read_layer(&frozen, 0, &mut layer).unwrap();
     t.write_layer(&frozen, 0, &layer).unwrap();
@@ -1237,9 +1237,7 @@ fn a_clean_close_marks_a_quiet_replica_and_not_one_being_filled() {
     let mut r = Replica::create(&d.path().join("r"), 16 * BLOCK).unwrap();
     r.write(0, &[4u8; BLOCK as usize], Some(1)).unwrap();
     let frozen = r.snapshot(None).unwrap();
-    let mut t = Replica::create(&d.path().join("t"), 16 * BLOCK).unwrap();
-    let head = r.chain().last().unwrap().clone();
-    t.join(&frozen_specs(&r), &head, r.revision()).unwrap();
+    let mut t = joined_to(&r, &d.path().join("t"));
     assert_eq!(t.pending(), vec![frozen]);
     assert!(
         !t.close_clean("the node stops").unwrap(),
