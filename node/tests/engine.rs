@@ -10,7 +10,7 @@ use ballast_node::replica::replica_dir;
 use ballast_node::replica::{BLOCK, Replica, WRITEBACK_EVERY};
 use ballast_node::server::ReplicaServer;
 use ballast_node::wire::client::ReplicaClient;
-use common::{NodeProcess, chain_of, engine_over, head_file, replica_server};
+use common::{NodeProcess, chain_of, engine_over, flip_block, head_file, replica_server};
 use tokio::net::TcpListener;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -460,20 +460,6 @@ async fn an_engine_whose_record_is_refused_is_fenced_and_fails_io() {
         engine.read(0, 4096).await.is_err(),
         "a fenced engine serves nothing"
     );
-}
-
-/// Flips every byte of the 4 KiB block at `offset` of layer file `file`.
-fn flip_block(file: &std::path::Path, offset: u64) {
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(file)
-        .unwrap();
-    let mut b = vec![0u8; BLOCK as usize];
-    f.read_exact_at(&mut b, offset).unwrap();
-    b.iter_mut().for_each(|x| *x = !*x);
-    f.write_all_at(&b, offset).unwrap();
 }
 
 /// Flips every byte of the 4 KiB block at `offset` in a replica's head file.

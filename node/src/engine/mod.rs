@@ -16,9 +16,11 @@
 //! running volume through a rebuild (`rebuild`); the node agent asks for it
 //! on the control socket (`control`). A block that fails its checksum in a
 //! replica is written back to it from the others (`repair`), or from a
-//! replica joining again when the last one holds it bad (`spare`). The
-//! replica on the engine's own node is lent to it by its server, and its
-//! I/O goes straight to its files (`lent`).
+//! replica joining again when the last one holds it bad (`spare`). After a
+//! power cut, a replica's suspect blocks take the sound copy another holds
+//! (`settle`), and replicas left apart by an unclean stop are made equal
+//! (`catch_up`). The replica on the engine's own node is lent to it by
+//! its server, and its I/O goes straight to its files (`lent`).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -38,6 +40,7 @@ pub mod freshness;
 mod lent;
 mod rebuild;
 mod repair;
+mod settle;
 mod spare;
 
 pub use freshness::{RecordError, Recorder, ReplicaSet};
@@ -474,7 +477,7 @@ impl Engine {
         // After a power cut, a replica's suspect blocks are settled only
         // from the others: those whose nodes are not back yet are waited
         // for a while (the machines of a cut come back together).
-        let deadline = tokio::time::Instant::now() + SUSPECTS_WAIT;
+        let deadline = tokio::time::Instant::now() + settle::SUSPECTS_WAIT;
         while !unreached.is_empty()
             && suspects.iter().any(|s| !s.is_empty())
             && tokio::time::Instant::now() < deadline
@@ -506,7 +509,7 @@ impl Engine {
                         .join("; "),
                 )
             })?;
-        settle_suspects(volume, &members, &suspects, &revisions).await;
+        settle::settle_suspects(volume, &members, &suspects, &revisions).await;
         catch_up_members(volume, &mut members, &revisions, best).await;
         tracing::info!(
             volume,
@@ -1514,10 +1517,6 @@ impl Engine {
     }
 }
 
-/// How long an engine whose replicas hold suspect blocks waits for the
-/// volume's other replicas to be reachable before it serves without them.
-const SUSPECTS_WAIT: std::time::Duration = std::time::Duration::from_secs(20);
-
 /// Connects to a replica for a starting engine: a member in `rw` mode
 /// with its revision and its suspect blocks (`Replica::suspect`), or in
 /// `err` mode with why (unreachable, a rebuild not finished, another
@@ -1564,49 +1563,6 @@ async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64
         Err(e) => failed(e.to_string()),
     };
     (m, revision, suspect, reached)
-}
-
-/// After a power cut, a replica's blocks that no longer matched their
-/// checksums were taken as they are, suspect (`Replica::suspect`): each
-/// holds a write no flush covered, or bytes gone bad. Another rw
-/// replica's copy that is not suspect is sound, and was the block's
-/// content at some point (before that write or after it), so each suspect
-/// block takes it; a block suspect in every replica keeps what it holds.
-/// Before the catch-up, so that the replica it makes the others equal to
-/// has none that another could settle.
-async fn settle_suspects(
-    volume: &str,
-    members: &[Member],
-    suspects: &[Vec<u64>],
-    revisions: &[u64],
-) {
-    let remote = |i: usize| match (&members[i].link, members[i].mode) {
-        (Some(Link::Remote(c)), ReplicaMode::Rw) => Some(c.clone()),
-        _ => None,
-    };
-    for (i, blocks) in suspects.iter().enumerate() {
-        let Some(dst) = remote(i).filter(|_| !blocks.is_empty()) else {
-            continue;
-        };
-        let mut settled = 0;
-        for &b in blocks {
-            let offset = b * BLOCK;
-            for (j, theirs) in suspects.iter().enumerate() {
-                let Some(src) = remote(j).filter(|_| j != i && !theirs.contains(&b)) else {
-                    continue;
-                };
-                let Ok(data) = src.read(offset, BLOCK as u32).await else {
-                    continue;
-                };
-                if dst.write(offset, &data, revisions[i], false).await.is_ok() {
-                    settled += 1;
-                    break;
-                }
-            }
-        }
-        tracing::warn!(volume, replica = %members[i].at.name, suspect = blocks.len(), settled,
-            "suspect blocks after a power cut taken from replicas that hold them sound; the rest keep what they hold");
-    }
 }
 
 /// After an unclean stop the replicas may differ in the writes that were

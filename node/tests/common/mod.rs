@@ -44,6 +44,12 @@ pub fn head_file(dir: &std::path::Path) -> std::path::PathBuf {
 /// `name` of `size` bytes.
 pub async fn replica_server(disk: &std::path::Path, name: &str, size: u64) -> ReplicaAddr {
     Replica::create(&replica_dir(disk, name), size).unwrap();
+    serve(disk, name).await
+}
+
+/// A replica server over `disk`, on loopback, for the replica `name`
+/// already there.
+pub async fn serve(disk: &std::path::Path, name: &str) -> ReplicaAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     tokio::spawn(ReplicaServer::new(vec![disk.to_path_buf()]).serve(listener));
@@ -51,6 +57,20 @@ pub async fn replica_server(disk: &std::path::Path, name: &str, size: u64) -> Re
         name: name.into(),
         addr,
     }
+}
+
+/// Flips every byte of the 4 KiB block at `offset` of layer file `file`.
+pub fn flip_block(file: &std::path::Path, offset: u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(file)
+        .unwrap();
+    let mut b = vec![0u8; 4096];
+    f.read_exact_at(&mut b, offset).unwrap();
+    b.iter_mut().for_each(|x| *x = !*x);
+    f.write_all_at(&b, offset).unwrap();
 }
 
 /// A replica server in a runtime of its own, standing in for a node

@@ -1,0 +1,157 @@
+//! Settling suspect blocks after a power cut. A replica opened in a new
+//! boot checks its head; a block that no longer matches its checksum is
+//! taken as it is and recorded as suspect (`Replica::suspect`): it holds
+//! a write no flush covered, or bytes gone bad. A starting engine gives
+//! each such block the copy another rw replica holds sound, before the
+//! catch-up, so that the replica the others are made equal to has none
+//! that another could settle.
+//!
+//! Adjacent suspect blocks that one source holds sound are copied as one
+//! run (one read, one write), since each write that settles suspect blocks
+//! costs the replica a flush and a durable rewrite of its suspect list.
+//! It only reads and writes through the replicas' clients; which replicas
+//! are members, and their modes, is the engine's.
+
+use std::ops::Range;
+use std::time::Duration;
+
+use ballast::model::ReplicaMode;
+
+use super::{Link, Member};
+use crate::replica::BLOCK;
+
+/// How long an engine whose replicas hold suspect blocks waits for the
+/// volume's other replicas to be reachable before it serves without them.
+pub(super) const SUSPECTS_WAIT: Duration = Duration::from_secs(20);
+
+/// The most blocks one copy settles (1 MiB).
+const RUN: u64 = 256;
+
+/// Of `blocks` (suspect in the replica being settled, in order), the runs
+/// of adjacent ones that a source whose suspect blocks are `theirs` (in
+/// order) holds sound, each at most `RUN` long; and the blocks it does
+/// not hold sound, left for another source.
+fn sound_runs(blocks: &[u64], theirs: &[u64]) -> (Vec<Range<u64>>, Vec<u64>) {
+    let mut runs: Vec<Range<u64>> = Vec::new();
+    let mut left = Vec::new();
+    for &b in blocks {
+        if theirs.binary_search(&b).is_ok() {
+            left.push(b);
+            continue;
+        }
+        match runs.last_mut() {
+            Some(r) if r.end == b && r.end - r.start < RUN => r.end += 1,
+            _ => runs.push(b..b + 1),
+        }
+    }
+    (runs, left)
+}
+
+/// Each replica's suspect blocks take the sound copy another rw member
+/// holds, where one does; a block suspect in every replica keeps what it
+/// holds. `suspects[i]` and `revisions[i]` are member `i`'s.
+pub(super) async fn settle_suspects(
+    volume: &str,
+    members: &[Member],
+    suspects: &[Vec<u64>],
+    revisions: &[u64],
+) {
+    let remote = |i: usize| match (&members[i].link, members[i].mode) {
+        (Some(Link::Remote(c)), ReplicaMode::Rw) => Some(c.clone()),
+        _ => None,
+    };
+    let sorted: Vec<Vec<u64>> = suspects
+        .iter()
+        .map(|s| {
+            let mut s = s.clone();
+            s.sort_unstable();
+            s.dedup();
+            s
+        })
+        .collect();
+    for (i, blocks) in sorted.iter().enumerate() {
+        let Some(dst) = remote(i).filter(|_| !blocks.is_empty()) else {
+            continue;
+        };
+        let mut left = blocks.clone();
+        let (mut settled, mut copies) = (0u64, 0u64);
+        for (j, theirs) in sorted.iter().enumerate() {
+            let Some(src) = remote(j).filter(|_| j != i && !left.is_empty()) else {
+                continue;
+            };
+            let (runs, mut unsound) = sound_runs(&left, theirs);
+            for run in runs {
+                copies += 1;
+                if copy(&src, &dst, &run, revisions[i]).await {
+                    settled += run.end - run.start;
+                    continue;
+                }
+                if run.end - run.start == 1 {
+                    unsound.push(run.start);
+                    continue;
+                }
+                // A run that fails as a whole (a block of it bad in the
+                // source, say) is tried again block by block.
+                for b in run {
+                    copies += 1;
+                    if copy(&src, &dst, &(b..b + 1), revisions[i]).await {
+                        settled += 1;
+                    } else {
+                        unsound.push(b);
+                    }
+                }
+            }
+            unsound.sort_unstable();
+            left = unsound;
+        }
+        tracing::warn!(volume, replica = %members[i].at.name, suspect = blocks.len(), settled, copies,
+            "suspect blocks after a power cut taken from replicas that hold them sound; the rest keep what they hold");
+    }
+}
+
+/// Copies blocks `run` from `src` to `dst` (written at `revision`).
+async fn copy(
+    src: &crate::wire::client::ReplicaClient,
+    dst: &crate::wire::client::ReplicaClient,
+    run: &Range<u64>,
+    revision: u64,
+) -> bool {
+    let (offset, len) = (run.start * BLOCK, (run.end - run.start) * BLOCK);
+    let Ok(len) = u32::try_from(len) else {
+        return false;
+    };
+    match src.read(offset, len).await {
+        Ok(data) => dst.write(offset, &data, revision, false).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adjacent_blocks_the_source_holds_sound_make_one_run() {
+        let blocks: Vec<u64> = (10..20).chain([30, 31, 40]).collect();
+        let (runs, left) = sound_runs(&blocks, &[]);
+        assert_eq!(runs, vec![10..20, 30..32, 40..41]);
+        assert!(left.is_empty());
+    }
+
+    #[test]
+    fn a_block_suspect_in_the_source_too_splits_the_run_and_is_left() {
+        let blocks: Vec<u64> = (10..20).collect();
+        let (runs, left) = sound_runs(&blocks, &[0, 14, 15, 99]);
+        assert_eq!(runs, vec![10..14, 16..20]);
+        assert_eq!(left, vec![14, 15]);
+    }
+
+    #[test]
+    fn a_run_is_at_most_a_mebibyte() {
+        let blocks: Vec<u64> = (0..RUN * 2 + 5).collect();
+        let (runs, left) = sound_runs(&blocks, &[]);
+        assert_eq!(runs, vec![0..RUN, RUN..2 * RUN, 2 * RUN..2 * RUN + 5]);
+        assert!(left.is_empty());
+        assert_eq!(RUN * BLOCK, 1 << 20);
+    }
+}
