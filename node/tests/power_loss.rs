@@ -116,12 +116,22 @@ fn after_a_power_cut_every_flushed_write_reads_back_and_no_block_fails_its_check
         "suspect blocks outside the unflushed writes: {suspects:?}"
     );
     // And the replica goes on: a write, a flush, a reopen. A write of a
-    // whole suspect block settles it, for good.
+    // whole suspect block settles it, for good, once a flush made the
+    // write durable: a stop before that leaves it suspect.
     drop(r);
     let mut r = Replica::open(&rdir).unwrap();
     assert_eq!(r.suspects(), suspects, "they are on the disk");
-    write_run(&mut r, 0, 1, 3);
     let first = suspects[0] * BLOCK / (64 * 1024) * (64 * 1024);
+    write_run(&mut r, first, 1, 4);
+    assert!(!r.suspects().contains(&suspects[0]));
+    drop(r);
+    let mut r = Replica::open(&rdir).unwrap();
+    assert_eq!(
+        r.suspects(),
+        suspects,
+        "no flush after the write: still suspect on the disk"
+    );
+    write_run(&mut r, 0, 1, 3);
     write_run(&mut r, first, 1, 4);
     r.flush().unwrap();
     drop(r);

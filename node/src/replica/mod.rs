@@ -284,6 +284,10 @@ pub struct Replica {
     /// bytes gone bad, and only another replica can tell. A write of the
     /// whole block settles it.
     suspect: BTreeSet<u64>,
+    /// Whether `suspect-blocks` still names blocks a write has settled
+    /// since: it is written again at the next flush, once what settled
+    /// them is durable, not at each such write.
+    suspect_stale: std::sync::atomic::AtomicBool,
 }
 
 fn layer_name(n: usize) -> String {
@@ -733,6 +737,7 @@ impl Replica {
             layers,
             revision_file,
             suspect: read_suspects(dir),
+            suspect_stale: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -871,15 +876,17 @@ impl Replica {
     }
 
     /// A write or discard of every byte of blocks `first..last` settles
-    /// the suspect ones among them.
-    fn settle_suspects(&mut self, first: u64, last: u64) -> Result<(), ReplicaError> {
-        if self.suspect.range(first..last).next().is_none() {
-            return Ok(());
+    /// the suspect ones among them. On the disk they stay suspect until
+    /// the next flush has made what settled them durable (`flush`): a
+    /// crash before it leaves them suspect, as the write may not be there.
+    fn settle_suspects(&mut self, first: u64, last: u64) {
+        let settled: Vec<u64> = self.suspect.range(first..last).copied().collect();
+        for b in &settled {
+            self.suspect.remove(b);
         }
-        // What settles them is on the disk before they stop being suspect.
-        self.flush()?;
-        self.suspect.retain(|b| !(first..last).contains(b));
-        self.write_suspects()
+        if !settled.is_empty() {
+            *self.suspect_stale.get_mut() = true;
+        }
     }
 
     pub fn size(&self) -> u64 {
@@ -1233,7 +1240,7 @@ impl Replica {
             .map_err(|e| ReplicaError::io(&head.path, e))?;
         self.layers[head_idx].map.set_range(first, last, true);
         self.sum_written(offset, data, given)?;
-        self.settle_suspects(offset.div_ceil(BLOCK), end / BLOCK)?;
+        self.settle_suspects(offset.div_ceil(BLOCK), end / BLOCK);
         self.unstarted += data.len() as u64;
         if self.writeback_every > 0 && self.unstarted >= self.writeback_every {
             self.unstarted = 0;
@@ -1289,7 +1296,7 @@ impl Replica {
             }
             pos = chunk_end;
         }
-        self.settle_suspects(offset.div_ceil(BLOCK), end / BLOCK)?;
+        self.settle_suspects(offset.div_ceil(BLOCK), end / BLOCK);
         self.bump(Some(rev))
     }
 
@@ -1305,7 +1312,18 @@ impl Replica {
             s.sync()?;
         }
         self.revision_file.mark_flushed(revision);
-        self.revision_file.sync()
+        self.revision_file.sync()?;
+        // The writes that settled suspect blocks are durable now.
+        if self
+            .suspect_stale
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+            && let Err(e) = self.write_suspects()
+        {
+            self.suspect_stale
+                .store(true, std::sync::atomic::Ordering::Release);
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// The checksum of a layer's contents: its allocated blocks, each with
