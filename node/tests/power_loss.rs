@@ -455,3 +455,53 @@ async fn an_engine_settles_suspect_blocks_from_the_replica_that_holds_them_sound
         );
     }
 }
+
+/// A new boot checks only the head's regions written since the flushes
+/// before (`replica/regions.rs`): a block gone bad in a region no write
+/// touched over a whole flush interval fails its reads, as it would
+/// without the cut, rather than being taken as suspect; one in a region
+/// written since is suspect, as before. A replica without the record of
+/// its regions (made before it existed) has its whole head checked.
+#[test]
+fn a_new_boot_checks_only_the_regions_written_since_the_flushes_before() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = replica_dir(d.path(), "v-r0");
+    let region = 16u64 << 20;
+    Replica::create(&dir, 4 * region).unwrap();
+    let mut r = Replica::open(&dir).unwrap();
+    write_run(&mut r, 0, region / (64 * 1024), 1);
+    r.flush().unwrap();
+    r.flush().unwrap();
+    write_run(&mut r, 2 * region, 16, 2);
+    drop(r);
+    let (quiet, written) = (10, 2 * region / BLOCK + 5);
+    let head = common::head_file(&dir);
+    for b in [quiet, written] {
+        common::flip_block(&head, b * BLOCK);
+    }
+    forgetful::as_after_a_reboot(d.path());
+
+    let mut r = Replica::open(&dir).unwrap();
+    assert_eq!(r.suspects(), vec![written], "only the region written since");
+    let mut block = vec![0u8; BLOCK as usize];
+    let err = r.read(quiet * BLOCK, &mut block).unwrap_err();
+    assert!(
+        err.to_string().contains("checksum"),
+        "the block gone bad where nothing was written fails its reads: {err}"
+    );
+    r.read(written * BLOCK, &mut block).unwrap();
+    // The replica goes on (a write elsewhere, a flush).
+    write_run(&mut r, region, 1, 3);
+    r.flush().unwrap();
+    drop(r);
+
+    // Without the record, the whole head is checked.
+    std::fs::remove_file(dir.join("dirty-regions")).unwrap();
+    forgetful::as_after_a_reboot(d.path());
+    let r = Replica::open(&dir).unwrap();
+    assert_eq!(
+        r.suspects(),
+        vec![quiet, written],
+        "no record of the regions: every block of the head checked"
+    );
+}

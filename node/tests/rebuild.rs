@@ -33,6 +33,32 @@ async fn server(disks: &[&Path]) -> String {
     addr
 }
 
+/// Two nodes' replica servers, each over a disk of its own with a new
+/// replica: `v-r0` on the first, `v-r1` on the second.
+struct TwoNodes {
+    d1: tempfile::TempDir,
+    d2: tempfile::TempDir,
+    s1: String,
+    s2: String,
+    r0: ReplicaAddr,
+    r1: ReplicaAddr,
+}
+
+async fn two_nodes() -> TwoNodes {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
+    let r0 = replica(d1.path(), "v-r0", &s1);
+    let r1 = replica(d2.path(), "v-r1", &s2);
+    TwoNodes {
+        d1,
+        d2,
+        s1,
+        s2,
+        r0,
+        r1,
+    }
+}
+
 fn replica(disk: &Path, name: &str, addr: &str) -> ReplicaAddr {
     Replica::create(&replica_dir(disk, name), SIZE).unwrap();
     ReplicaAddr {
@@ -78,11 +104,9 @@ async fn layers(at: &ReplicaAddr) -> Vec<(String, Option<String>)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_under_concurrent_writes_ends_with_all_replicas_identical_layer_by_layer() {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
-    let r0 = replica(d1.path(), "v-r0", &s1);
-    let r1 = replica(d2.path(), "v-r1", &s2);
-    let engine = engine_over(SIZE, std::slice::from_ref(&r0), None).await;
+    let nodes = two_nodes().await;
+    let TwoNodes { r0, r1, .. } = &nodes;
+    let engine = engine_over(SIZE, std::slice::from_ref(r0), None).await;
     // Data before the rebuild: the first 8 MiB, with holes every other MiB.
     for mib in (0..8u64).step_by(2) {
         engine
@@ -144,10 +168,10 @@ async fn a_rebuild_under_concurrent_writes_ends_with_all_replicas_identical_laye
     engine.flush().await.unwrap();
     // One more snapshot freezes the heads: every layer must then be equal.
     engine.snapshot(None).await.unwrap();
-    let (l0, l1) = (layers(&r0).await, layers(&r1).await);
+    let (l0, l1) = (layers(r0).await, layers(r1).await);
     assert_eq!(l0, l1, "layer chains differ");
     assert!(l0.len() >= 3 && l0[..l0.len() - 1].iter().all(|l| l.1.is_some()));
-    let (i0, i1) = (image(&r0).await, image(&r1).await);
+    let (i0, i1) = (image(r0).await, image(r1).await);
     assert!(i0 == i1, "replica contents differ");
     assert_eq!(
         blake3::hash(&i1[..8 << 20]),
@@ -354,12 +378,9 @@ struct CutOff {
 }
 
 async fn cut_off_after_one_layer() -> CutOff {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
-    let r0 = replica(d1.path(), "v-r0", &s1);
-    let r1 = replica(d2.path(), "v-r1", &s2);
-    let src = ReplicaClient::connect(&s1, "v-r0").await.unwrap();
-    let dst = ReplicaClient::connect(&s2, "v-r1").await.unwrap();
+    let n = two_nodes().await;
+    let src = ReplicaClient::connect(&n.s1, "v-r0").await.unwrap();
+    let dst = ReplicaClient::connect(&n.s2, "v-r1").await.unwrap();
     src.write(0, &pattern(0, 1 << 20, 4), 1, false)
         .await
         .unwrap();
@@ -371,14 +392,15 @@ async fn cut_off_after_one_layer() -> CutOff {
     let mut spec = following(&src).await;
     spec.frozen[1].checksum = "0".repeat(64);
     dst.join(&spec).await.unwrap();
-    let err = dst.fill(&format!("v-r0@{s1}")).await.unwrap_err();
+    let source = format!("v-r0@{}", n.s1);
+    let err = dst.fill(&source).await.unwrap_err();
     assert!(err.to_string().contains("checksum"), "{err}");
     let pending = dst.info().await.unwrap()["pending"].as_u64().unwrap();
     assert_eq!(pending, 1);
     CutOff {
-        disks: (d1, d2),
-        source: (format!("v-r0@{s1}"), r0),
-        target: r1,
+        disks: (n.d1, n.d2),
+        source: (source, n.r0),
+        target: n.r1,
         src,
         dst,
     }
@@ -627,11 +649,9 @@ async fn a_source_whose_frozen_layer_is_corrupt_is_failed_and_never_copied() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_replica_copies_only_the_blocks_that_changed_while_it_was_out() {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
-    let r0 = replica(d1.path(), "v-r0", &s1);
-    let r1 = replica(d2.path(), "v-r1", &s2);
-    let engine = engine_over(SIZE, std::slice::from_ref(&r0), None).await;
+    let nodes = two_nodes().await;
+    let TwoNodes { d1, d2, r0, r1, .. } = &nodes;
+    let engine = engine_over(SIZE, std::slice::from_ref(r0), None).await;
     let mib = |n: u64| n << 20;
     engine
         .write(0, &pattern(0, 1 << 20, 1), false)
@@ -669,9 +689,9 @@ async fn a_reused_replica_copies_only_the_blocks_that_changed_while_it_was_out()
     // The rewritten and the new MiB travel; the six MiB it held alike do not.
     assert_eq!(rebuild.copied_bytes, mib(2), "{rebuild:?}");
     assert_eq!(rebuild.kept_bytes, mib(1) + mib(6), "{rebuild:?}");
-    assert_eq!(blake3::hash(&image(&r1).await), want);
+    assert_eq!(blake3::hash(&image(r1).await), want);
     engine.snapshot(None).await.unwrap();
-    assert_eq!(layers(&r0).await, layers(&r1).await, "layer chains differ");
+    assert_eq!(layers(r0).await, layers(r1).await, "layer chains differ");
     for layer in ["layer-000002.img", "layer-000003.img"] {
         let src = replica_dir(d1.path(), "v-r0").join(layer);
         let dst = replica_dir(d2.path(), "v-r1").join(layer);
@@ -868,10 +888,8 @@ async fn read_at(r: &ReplicaAddr, at: u64, len: u32) -> Result<Vec<u8>, String> 
 /// The test above, with the last replica reached through its server or
 /// lent to the engine.
 async fn bad_in_the_last_replica(lend: bool) {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
-    let r0 = replica(d1.path(), "v-r0", &s1);
-    let r1 = replica(d2.path(), "v-r1", &s2);
+    let nodes = two_nodes().await;
+    let TwoNodes { d1, r0, r1, .. } = &nodes;
     let engine = engine_over(SIZE, &[r0.clone(), r1.clone()], Some("v-r0")).await;
     let r0_dir = replica_dir(d1.path(), "v-r0");
     lend_if(&engine, &r0_dir, lend).await;
@@ -903,7 +921,7 @@ async fn bad_in_the_last_replica(lend: bool) {
         "lend {lend}: v-r0 serves the whole volume sound"
     );
     assert!(
-        image(&r1).await == want,
+        image(r1).await == want,
         "lend {lend}: v-r1 serves the whole volume sound"
     );
     assert_eq!(engine.io().lost_blocks, 0, "lend {lend}");
@@ -921,7 +939,7 @@ async fn bad_in_the_last_replica(lend: bool) {
     wait_rw(&engine, "v-r1").await;
     assert_eq!(engine.io().lost_blocks, 1, "lend {lend}");
     // v-r1 fails the lost block, and never serves its old copy.
-    all_but_lost(&engine, &r1, &want, five, &format!("lend {lend}")).await;
+    all_but_lost(&engine, r1, &want, five, &format!("lend {lend}")).await;
     let (before, after) = (five as usize, five as usize + one);
     let status = engine.status().await;
     assert!(
@@ -939,7 +957,68 @@ async fn bad_in_the_last_replica(lend: bool) {
         engine.read(0, SIZE as u32).await.unwrap() == want,
         "lend {lend}"
     );
-    assert!(image(&r1).await == want, "lend {lend}: v-r1");
+    assert!(image(r1).await == want, "lend {lend}: v-r1");
+}
+
+/// The same, where the write logs cannot prove it: so many writes while
+/// the replica was out that the last one's log no longer reaches back to
+/// it (as after a power cut, whose new boot forgets the logs). Its copy
+/// of the bad block has the checksum the last replica recorded for it
+/// (sent with the CORRUPT reply): that is the block as last written, and
+/// it is taken (`engine/spare.rs`). Not the stale copy of a block
+/// written while it was out, whose checksum differs: that one is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_bad_in_the_last_replica_is_taken_from_a_returning_one_whose_copy_has_its_recorded_checksum()
+ {
+    let nodes = two_nodes().await;
+    let TwoNodes { d1, r0, r1, .. } = &nodes;
+    let engine = engine_over(SIZE, &[r0.clone(), r1.clone()], Some("v-r0")).await;
+    let r0_dir = replica_dir(d1.path(), "v-r0");
+    let block = |b: u64| (b * 4096, 4096usize);
+    let (at, len) = (0, 16 * 4096);
+    engine.write(at, &pattern(at, len, 1), false).await.unwrap();
+    engine.flush().await.unwrap();
+    let mut want = vec![0u8; SIZE as usize];
+    want[..len].copy_from_slice(&pattern(0, len, 1));
+    // r1 goes out; block 12 is written more times than a log holds, and
+    // block 5 once.
+    engine.remove_replica("v-r1").await.unwrap();
+    let (twelve, one) = block(12);
+    for round in 0..ballast_node::replica::LOG_ENTRIES + 8 {
+        let data = pattern(twelve, one, (round % 200) as u8 + 2);
+        engine.write(twelve, &data, false).await.unwrap();
+        want[twelve as usize..twelve as usize + one].copy_from_slice(&data);
+    }
+    let (five, _) = block(5);
+    let data = pattern(five, one, 250);
+    engine.write(five, &data, false).await.unwrap();
+    want[five as usize..five as usize + one].copy_from_slice(&data);
+    engine.flush().await.unwrap();
+
+    // Block 9, not written while r1 was out, goes bad in r0: r1's copy
+    // has r0's recorded checksum, and is taken.
+    let (nine, _) = block(9);
+    spoil(&head_file(&r0_dir), nine);
+    engine.add_replica(r1.clone(), None).await.unwrap();
+    wait_rw(&engine, "v-r1").await;
+    assert_eq!(engine.io().lost_blocks, 0);
+    assert!(
+        engine.read(0, SIZE as u32).await.unwrap() == want,
+        "v-r0 serves the whole volume sound"
+    );
+    assert!(image(r1).await == want, "v-r1 serves it sound");
+
+    // r1 out again, block 5 written, then bad in r0: r1's copy is older,
+    // its checksum not the recorded one, so no replica holds it sound.
+    engine.remove_replica("v-r1").await.unwrap();
+    let data = pattern(five, one, 251);
+    engine.write(five, &data, false).await.unwrap();
+    engine.flush().await.unwrap();
+    spoil(&head_file(&r0_dir), five);
+    engine.add_replica(r1.clone(), None).await.unwrap();
+    wait_rw(&engine, "v-r1").await;
+    assert_eq!(engine.io().lost_blocks, 1);
+    all_but_lost(&engine, r1, &want, five, "the stale copy").await;
 }
 
 /// A block of a frozen layer goes bad in the last rw replica, and the
@@ -1029,10 +1108,8 @@ async fn frozen_block_lost(lend: bool, same_node: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_block_in_the_last_replicas_frozen_layer_is_kept_sound_from_a_returning_replicas_seed()
  {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (s1, s2) = (server(&[d1.path()]).await, server(&[d2.path()]).await);
-    let r0 = replica(d1.path(), "v-r0", &s1);
-    let r1 = replica(d2.path(), "v-r1", &s2);
+    let nodes = two_nodes().await;
+    let TwoNodes { d1, r0, r1, .. } = &nodes;
     let engine = engine_over(SIZE, &[r0.clone(), r1.clone()], None).await;
     let len = 64 * 4096;
     engine.write(0, &pattern(0, len, 1), false).await.unwrap();
@@ -1041,7 +1118,7 @@ async fn a_bad_block_in_the_last_replicas_frozen_layer_is_kept_sound_from_a_retu
     engine.remove_replica("v-r1").await.unwrap();
     engine.snapshot(None).await.unwrap();
     let r0_dir = replica_dir(d1.path(), "v-r0");
-    let frozen = layers(&r0).await[0].0.clone();
+    let frozen = layers(r0).await[0].0.clone();
     spoil(&r0_dir.join(&frozen), 7 * 4096);
     assert!(engine.read(7 * 4096, 4096).await.is_err(), "no sound copy");
     assert!(
@@ -1056,6 +1133,6 @@ async fn a_bad_block_in_the_last_replicas_frozen_layer_is_kept_sound_from_a_retu
     let mut want = vec![0u8; SIZE as usize];
     want[..len].copy_from_slice(&pattern(0, len, 1));
     assert!(engine.read(0, SIZE as u32).await.unwrap() == want);
-    assert!(image(&r1).await == want, "v-r1 serves the whole volume");
-    assert!(image(&r0).await == want, "v-r0 serves the whole volume");
+    assert!(image(r1).await == want, "v-r1 serves the whole volume");
+    assert!(image(r0).await == want, "v-r0 serves the whole volume");
 }

@@ -19,6 +19,15 @@ mod writer;
 use schedule::{Draw, Fault::*, Rng, Schedule, random, run};
 
 fn fixed(name: &str, replicas: usize, faults: Vec<schedule::Fault>) {
+    // No fixed schedule but the one below flips a block in every replica
+    // the volume trusts to hold it.
+    fixed_losing(name, replicas, faults, 0);
+}
+
+/// `fixed`, where at most `lost` acknowledged writes may fail their reads
+/// because a block of each was flipped in every replica trusted to hold
+/// it (never served flipped).
+fn fixed_losing(name: &str, replicas: usize, faults: Vec<schedule::Fault>, lost: usize) {
     let s = Schedule {
         name: name.into(),
         replicas,
@@ -32,10 +41,10 @@ fn fixed(name: &str, replicas: usize, faults: Vec<schedule::Fault>) {
                 o.flushed,
                 o.refused.len()
             );
-            // No fixed schedule flips a block in every replica holding it.
-            assert_eq!(
-                o.lost_to_corruption, 0,
-                "{name}: a write with a sound copy was lost"
+            assert!(
+                o.lost_to_corruption <= lost,
+                "{name}: {} writes lost to flipped blocks, where a sound copy allowed no more than {lost}",
+                o.lost_to_corruption
             );
         }
         Err(e) => panic!("{e}"),
@@ -169,6 +178,36 @@ fn every_machine_loses_power_at_once_two_replicas() {
 #[test]
 fn every_machine_loses_power_at_once_three_replicas() {
     every_machine_loses_power_at_once(3);
+}
+
+/// Found by the soak of seed 20261226, power schedule 26: a block of an
+/// acknowledged, flushed write flipped in node-3's replica, then node-2's
+/// power cut (its replica left behind, node-3's the last current one),
+/// then node-3's. A new boot checked every block of the head and took
+/// the flipped one as a write no flush covered: the volume served the
+/// flipped bytes. A new boot now checks only the regions written since
+/// the flushes before (`replica/regions.rs`), so the flipped block fails
+/// its reads, as it would have without the cut, until node-2's replica
+/// joins again and gives its copy, which has the checksum node-3's
+/// recorded (`engine/spare.rs`); the check may come before that. (The
+/// flip takes the first write; the writer is well past its region at
+/// node-3's cut.)
+#[test]
+fn a_block_flipped_in_the_last_current_replica_then_its_power_cut() {
+    fixed_losing(
+        "flip-then-last-replica-power-cut",
+        2,
+        vec![
+            Pause(300),
+            CorruptHead(2),
+            Pause(1147),
+            PowerCut(1),
+            Pause(4000),
+            PowerCut(2),
+            Pause(1500),
+        ],
+        1,
+    );
 }
 
 /// Found by the soak of seed 20261219, power schedule 17: a block of an

@@ -45,11 +45,12 @@ impl Engine {
         };
         let names: Vec<&str> = bad.iter().map(|(n, _)| n.as_str()).collect();
         let mut read = self.read_excluding(start, n, &names).await;
-        if let (Err(EngineError::NoReplica(_)), Some(spare), [(last, _)]) = (&read, spare, bad) {
-            read = match self.spare_copy(spare, start, n, last).await {
+        if let (Err(EngineError::NoReplica(_)), Some(spare), [(last, e)]) = (&read, spare, bad) {
+            let recorded = e.corruption().and_then(|c| c.at.zip(c.recorded));
+            read = match self.spare_copy(spare, start, n, last, recorded).await {
                 Ok(data) => {
                     tracing::warn!(volume = %self.volume, replica = %last, spare = spare.name, start, end,
-                        "blocks that failed their checksum in the last rw replica taken from the replica joining, which the write logs show missed no write there");
+                        "blocks that failed their checksum in the last rw replica taken from the replica joining, whose copy the write logs, or the checksum the last one recorded, show is the blocks as last written");
                     Ok(data)
                 }
                 Err(why) => Err(EngineError::NoReplica(format!(

@@ -2,8 +2,9 @@
 //! the volume again. A rebuild begins with a snapshot, and freezing a head
 //! checks each of its blocks: a bad block in the last rw replica would
 //! fail every rebuild for ever, though the replica joining may still hold
-//! that block as it was last written. Its copy is taken only when the
-//! write logs prove that it missed no write to that block since:
+//! that block as it was last written. Its copy is taken only when it
+//! passes its own block checksums, and either the write logs prove that
+//! it missed no write to that block since:
 //!
 //! - the last rw replica's log after the joining one's revision, with
 //!   none missing up to the engine's own revision (a replica that joined
@@ -11,7 +12,13 @@
 //! - the joining replica's own intents after its revision (writes that
 //!   may have half landed there), as `catch_up` reads them after an
 //!   unclean stop;
-//! - and its copy passes its own block checksums.
+//!
+//! or, for one block, its copy has the checksum the last rw replica
+//! recorded for it (sent with the CORRUPT reply): that is the block as
+//! last written there, the same trust a rebuild's reuse puts in equal
+//! checksums. The logs prove nothing after a power cut (a new boot
+//! forgets them), while a block left alone since the flushes before the
+//! cut keeps its recorded checksum.
 //!
 //! This module reads the joining replica and nothing else; the repair
 //! writes through the engine (`Engine::repair_now`), and the join that
@@ -19,7 +26,7 @@
 
 use bytes::Bytes;
 
-use super::Engine;
+use super::{BLOCK, Engine};
 use crate::wire::client::ReplicaClient;
 
 /// A replica about to join the volume, not yet a member.
@@ -33,17 +40,51 @@ pub(super) struct Spare<'a> {
 impl Engine {
     /// The blocks `start..start + n` as `spare` holds them, or why its copy
     /// cannot be trusted; `bad` is the last rw replica, which holds them
-    /// bad. I/O must be paused.
+    /// bad, and `recorded` the block (its offset) its error named, with the
+    /// checksum it recorded for it. I/O must be paused.
     pub(super) async fn spare_copy(
         &self,
         spare: &Spare<'_>,
         start: u64,
         n: u32,
         bad: &str,
+        recorded: Option<(u64, u32)>,
     ) -> Result<Bytes, String> {
         if !spare.client.takes_sums() {
             return Err("it keeps no block checksums to check its copy by".into());
         }
+        let why = match self.logs_prove(spare, start, n, bad).await {
+            Ok(()) => return spare.client.read(start, n).await.map_err(|e| e.to_string()),
+            Err(why) => why,
+        };
+        match recorded {
+            Some((at, sum)) if at == start && u64::from(n) == BLOCK => {
+                let data = spare
+                    .client
+                    .read(start, n)
+                    .await
+                    .map_err(|e| format!("{why}; and its copy: {e}"))?;
+                if crate::replica::block_sum(&data) == sum {
+                    Ok(data)
+                } else {
+                    Err(format!(
+                        "{why}; and its copy is not the block {bad} recorded"
+                    ))
+                }
+            }
+            _ => Err(why),
+        }
+    }
+
+    /// Whether the write logs prove that `spare` missed no write to blocks
+    /// `start..start + n` since its revision; why not.
+    async fn logs_prove(
+        &self,
+        spare: &Spare<'_>,
+        start: u64,
+        n: u32,
+        bad: &str,
+    ) -> Result<(), String> {
         let now = self.revision.load(std::sync::atomic::Ordering::SeqCst);
         if spare.revision > now {
             return Err(format!(
@@ -90,6 +131,6 @@ impl Engine {
                 w.revision, spare.revision
             ));
         }
-        spare.client.read(start, n).await.map_err(|e| e.to_string())
+        Ok(())
     }
 }

@@ -20,6 +20,7 @@ mod instance;
 mod layers;
 mod merge;
 mod meta;
+mod regions;
 mod revision;
 mod sums;
 mod table;
@@ -75,6 +76,11 @@ pub struct Corruption {
     /// sound): it fails in every replica, and nothing can repair it.
     #[serde(default)]
     pub lost: bool,
+    /// The checksum the replica recorded for that block (`block_sum` of
+    /// what was last written there), when it keeps one: another
+    /// replica's copy with this checksum is the block's content.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorded: Option<u32>,
 }
 
 /// Errors of the replica format.
@@ -96,6 +102,8 @@ pub enum ReplicaError {
         dir: PathBuf,
         layer: String,
         block: u64,
+        /// Its recorded checksum.
+        recorded: Option<u32>,
     },
     /// A block lost when its layer was frozen (`Meta::lost`): no replica
     /// held it sound. Not a new corruption: it marks nothing.
@@ -123,15 +131,22 @@ impl ReplicaError {
                 layer: Some(layer.clone()),
                 ..Corruption::default()
             }),
-            ReplicaError::CorruptBlock { layer, block, .. } => Some(Corruption {
+            ReplicaError::CorruptBlock {
+                layer,
+                block,
+                recorded,
+                ..
+            } => Some(Corruption {
                 layer: Some(layer.clone()),
                 at: Some(block * BLOCK),
                 lost: false,
+                recorded: *recorded,
             }),
             ReplicaError::LostBlock { layer, block } => Some(Corruption {
                 layer: Some(layer.clone()),
                 at: Some(block * BLOCK),
                 lost: true,
+                recorded: None,
             }),
             _ => None,
         }
@@ -217,6 +232,7 @@ impl Layer {
                 .unwrap_or_default(),
             layer: self.name.clone(),
             block,
+            recorded: self.sums.as_ref().map(|s| s.get(block)),
         }
     }
 
@@ -288,6 +304,9 @@ pub struct Replica {
     /// since: it is written again at the next flush, once what settled
     /// them is durable, not at each such write.
     suspect_stale: std::sync::atomic::AtomicBool,
+    /// The regions of the volume that may hold data no flush covered: what
+    /// a new boot checks of the head (`regions`).
+    regions: std::sync::Mutex<regions::DirtyRegions>,
 }
 
 fn layer_name(n: usize) -> String {
@@ -664,6 +683,9 @@ impl Replica {
         };
         let rev = dir.join(REVISION_FILE);
         std::fs::write(&rev, 0u64.to_le_bytes()).map_err(|e| ReplicaError::io(&rev, e))?;
+        // Nothing written yet: no region dirty. Its bytes are allocated
+        // now, so that a mark needs no room on a full disk.
+        regions::DirtyRegions::create(dir, size)?;
         meta.write(dir)?;
         Replica::open(dir)
     }
@@ -674,6 +696,10 @@ impl Replica {
     /// again (`repair_head_sums`).
     pub fn open(dir: &Path) -> Result<Replica, ReplicaError> {
         let mut r = Replica::open_view(dir)?;
+        r.regions
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .own();
         r.repair_head_sums()?;
         r.finish_cut_off_merge()?;
         r.remove_stray_layers();
@@ -738,6 +764,7 @@ impl Replica {
             revision_file,
             suspect: read_suspects(dir),
             suspect_stale: std::sync::atomic::AtomicBool::new(false),
+            regions: std::sync::Mutex::new(regions::DirtyRegions::read(dir)),
         })
     }
 
@@ -787,13 +814,20 @@ impl Replica {
                 && (writes.first().map(|e| e.revision) == Some(flushed + 1)
                     || self.revision <= flushed);
             let head = self.layers.len() - 1;
+            let dirty = self
+                .regions
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .dirty_runs(self.meta.size / BLOCK);
             let runs: Vec<(u64, u64)> = if covered {
                 writes
                     .iter()
                     .map(|e| (e.offset / BLOCK, (e.offset + e.len).div_ceil(BLOCK)))
                     .collect()
             } else {
-                self.layers[head].map.runs()
+                // The regions no flush covered, or the whole head when
+                // that is not known.
+                dirty.unwrap_or_else(|| self.layers[head].map.runs())
             };
             if !runs.is_empty() {
                 tracing::info!(dir = %self.dir.display(), ranges = runs.len(), whole_head = !covered, "taking the head's block checksums again after an unclean stop");
@@ -1206,6 +1240,7 @@ impl Replica {
         let end = offset + data.len() as u64;
         let first = offset / BLOCK;
         let last = end.div_ceil(BLOCK);
+        self.mark_dirty(first, last)?;
         let head_idx = self.layers.len() - 1;
         // Room for the blocks' checksums first: on a full disk the write
         // fails before any of it lands.
@@ -1272,6 +1307,7 @@ impl Replica {
     ) -> Result<(), ReplicaError> {
         self.check(offset, len)?;
         self.check_partial_edges(offset, offset + len)?;
+        self.mark_dirty(offset / BLOCK, (offset + len).div_ceil(BLOCK))?;
         let rev = self.next_revision(revision);
         self.log_intent(rev, LogOp::Trim, offset, len);
         let end = offset + len;
@@ -1323,7 +1359,20 @@ impl Replica {
                 .store(true, std::sync::atomic::Ordering::Release);
             return Err(e);
         }
-        Ok(())
+        self.regions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .flushed()
+    }
+
+    /// Before blocks `first..last` of the head are written or discarded:
+    /// their regions recorded dirty, durably (`regions`).
+    fn mark_dirty(&mut self, first: u64, last: u64) -> Result<(), ReplicaError> {
+        let blocks = self.meta.size / BLOCK;
+        self.regions
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .mark(first, last, blocks)
     }
 
     /// The checksum of a layer's contents: its allocated blocks, each with

@@ -947,13 +947,15 @@ fn a_corruption_error_says_where_it_failed() {
         dir: PathBuf::from("/d/replicas/v-r1"),
         layer: "layer-000002.img".into(),
         block: 513,
+        recorded: Some(7),
     };
     assert_eq!(
         block.corruption(),
         Some(Corruption {
             layer: Some("layer-000002.img".into()),
             at: Some(513 * BLOCK),
-            lost: false
+            lost: false,
+            recorded: Some(7),
         })
     );
     let lost = ReplicaError::LostBlock {
@@ -965,7 +967,8 @@ fn a_corruption_error_says_where_it_failed() {
         Some(Corruption {
             layer: Some("head.img".into()),
             at: Some(7 * BLOCK),
-            lost: true
+            lost: true,
+            recorded: None,
         })
     );
     let layer = ReplicaError::CorruptLayer {
@@ -977,7 +980,8 @@ fn a_corruption_error_says_where_it_failed() {
         Some(Corruption {
             layer: Some("layer-000002.img".into()),
             at: None,
-            lost: false
+            lost: false,
+            recorded: None,
         })
     );
     assert_eq!(ReplicaError::Invalid("no".into()).corruption(), None);

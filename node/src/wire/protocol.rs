@@ -395,6 +395,7 @@ mod tests {
             layer: Some("layer-000002.img".into()),
             at: Some(513 * BLOCK),
             lost: true,
+            recorded: Some(0x1234_5678),
         };
         let body = error_body(status::CORRUPT, "block 513 is bad", Some(&c));
         assert_eq!(
