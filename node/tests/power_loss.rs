@@ -456,22 +456,25 @@ async fn an_engine_settles_suspect_blocks_from_the_replica_that_holds_them_sound
     }
 }
 
-/// A new boot checks only the head's regions written since the flushes
-/// before (`replica/regions.rs`): a block gone bad in a region no write
-/// touched over a whole flush interval fails its reads, as it would
+/// A new boot checks only the head's regions written lately
+/// (`replica/regions.rs`): a block gone bad in a region no write touched
+/// over the last flush intervals fails its reads, as it would
 /// without the cut, rather than being taken as suspect; one in a region
 /// written since is suspect, as before. A replica without the record of
 /// its regions (made before it existed) has its whole head checked.
 #[test]
-fn a_new_boot_checks_only_the_regions_written_since_the_flushes_before() {
+fn a_new_boot_checks_only_the_regions_written_lately() {
     let d = tempfile::tempdir().unwrap();
     let dir = replica_dir(d.path(), "v-r0");
-    let region = 16u64 << 20;
+    let region = ballast_node::replica::DIRTY_REGION;
     Replica::create(&dir, 4 * region).unwrap();
     let mut r = Replica::open(&dir).unwrap();
     write_run(&mut r, 0, region / (64 * 1024), 1);
-    r.flush().unwrap();
-    r.flush().unwrap();
+    // Flushes with no write in between: the regions go idle, and are
+    // cleared.
+    for _ in 0..=ballast_node::replica::IDLE_FLUSHES {
+        r.flush().unwrap();
+    }
     write_run(&mut r, 2 * region, 16, 2);
     drop(r);
     let (quiet, written) = (10, 2 * region / BLOCK + 5);

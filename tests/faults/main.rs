@@ -185,13 +185,12 @@ fn every_machine_loses_power_at_once_three_replicas() {
 /// power cut (its replica left behind, node-3's the last current one),
 /// then node-3's. A new boot checked every block of the head and took
 /// the flipped one as a write no flush covered: the volume served the
-/// flipped bytes. A new boot now checks only the regions written since
-/// the flushes before (`replica/regions.rs`), so the flipped block fails
-/// its reads, as it would have without the cut, until node-2's replica
-/// joins again and gives its copy, which has the checksum node-3's
-/// recorded (`engine/spare.rs`); the check may come before that. (The
-/// flip takes the first write; the writer is well past its region at
-/// node-3's cut.)
+/// flipped bytes. A new boot now checks only the regions written lately
+/// (`replica/regions.rs`), so the flipped block fails its reads, as it
+/// would have without the cut, until node-2's replica joins again and
+/// gives its copy, which has the checksum node-3's recorded
+/// (`engine/spare.rs`); the check may come before that. (The flip takes
+/// the first write; the writer is well past its region at node-3's cut.)
 #[test]
 fn a_block_flipped_in_the_last_current_replica_then_its_power_cut() {
     fixed_losing(

@@ -17,8 +17,8 @@
 //! recorded for it (sent with the CORRUPT reply): that is the block as
 //! last written there, the same trust a rebuild's reuse puts in equal
 //! checksums. The logs prove nothing after a power cut (a new boot
-//! forgets them), while a block left alone since the flushes before the
-//! cut keeps its recorded checksum.
+//! forgets them), while a block in a region left alone before the cut
+//! (`replica/regions.rs`) keeps its recorded checksum.
 //!
 //! This module reads the joining replica and nothing else; the repair
 //! writes through the engine (`Engine::repair_now`), and the join that

@@ -9,10 +9,14 @@
 //! file `dirty-regions`. A region's bit is written and synced before the
 //! first write into it since it was last cleared: set on the disk before
 //! any of that write's data can reach it (the kernel writes a head's pages
-//! back whenever it likes). At each flush, once every write is durable,
-//! the regions no write touched since the flush before are cleared (not
-//! synced: a clear lost to a cut only costs a check), so that a region
-//! written all the time stays set and costs no sync per flush.
+//! back whenever it likes). A sync is a flush of the disk's cache, which
+//! under a stream of writes waits for what the disk has in flight (some
+//! 6 ms here), so a mark sets the rest of its group too (`GROUP` regions,
+//! 256 MiB, aligned; one sync), and bits are cleared one region at a time: at a flush,
+//! once every write is durable, a region no write touched over the last
+//! `IDLE_FLUSHES` flush intervals is cleared (not synced: a clear lost to
+//! a cut only costs a check). A region written all the time stays set,
+//! and one the writes have just passed is not set again by the next.
 //!
 //! A missing file (a replica from before it existed, or a crash before
 //! its first write) counts every region as dirty. It owns only the file;
@@ -27,6 +31,12 @@ use super::{BLOCK, ReplicaError, meta};
 /// Bytes of the volume per bit.
 pub const REGION: u64 = 16 << 20;
 
+/// Regions set together by one mark (whole groups, aligned).
+const GROUP: u64 = 16;
+
+/// Flush intervals a region must go without a write to be cleared.
+pub const IDLE_FLUSHES: u8 = 4;
+
 pub(super) const REGIONS_FILE: &str = "dirty-regions";
 
 const BLOCKS_PER_REGION: u64 = REGION / BLOCK;
@@ -39,6 +49,8 @@ pub(super) struct DirtyRegions {
     on_disk: Vec<u8>,
     /// The regions written since the last flush.
     touched: Vec<u8>,
+    /// For each region set, the flushes since it was last written or set.
+    idle: Vec<u8>,
     /// Whether the file existed when read: if not, every region is dirty
     /// until the first mark writes them all set.
     known: bool,
@@ -74,6 +86,7 @@ impl DirtyRegions {
             known: read.is_ok(),
             on_disk: read.unwrap_or_default(),
             touched: Vec::new(),
+            idle: Vec::new(),
             owned: false,
         }
     }
@@ -134,10 +147,20 @@ impl DirtyRegions {
         let mut changed: Option<(usize, usize)> = None;
         for i in r0..r1 {
             set(&mut self.touched, i, true);
-            if !get(&self.on_disk, i) {
-                set(&mut self.on_disk, i, true);
-                let at = (i / 8) as usize;
-                changed = Some(changed.map_or((at, at), |(a, b)| (a.min(at), b.max(at))));
+            if get(&self.on_disk, i) {
+                continue;
+            }
+            // With the rest of its group after it, so that the writes
+            // that follow find their regions set (not the regions before
+            // it, which the writes may have left and a flush cleared).
+            let end = (i / GROUP + 1) * GROUP;
+            for j in i..end.min(blocks.div_ceil(BLOCKS_PER_REGION)).max(i + 1) {
+                if !get(&self.on_disk, j) {
+                    set(&mut self.on_disk, j, true);
+                    self.idle_of(j, 0);
+                    let at = (j / 8) as usize;
+                    changed = Some(changed.map_or((at, at), |(a, b)| (a.min(at), b.max(at))));
+                }
             }
         }
         match changed {
@@ -153,11 +176,28 @@ impl DirtyRegions {
             return Ok(());
         }
         let mut changed: Option<(usize, usize)> = None;
-        for (at, byte) in self.on_disk.iter_mut().enumerate() {
-            let keep = *byte & self.touched.get(at).copied().unwrap_or(0);
-            if keep != *byte {
-                *byte = keep;
-                changed = Some(changed.map_or((at, at), |(a, _)| (a, at)));
+        for at in 0..self.on_disk.len() {
+            if self.on_disk[at] == 0 {
+                continue;
+            }
+            for i in at as u64 * 8..at as u64 * 8 + 8 {
+                if !get(&self.on_disk, i) {
+                    continue;
+                }
+                let idle = if get(&self.touched, i) {
+                    0
+                } else {
+                    self.idle
+                        .get(i as usize)
+                        .copied()
+                        .unwrap_or(0)
+                        .saturating_add(1)
+                };
+                self.idle_of(i, idle);
+                if idle >= IDLE_FLUSHES {
+                    set(&mut self.on_disk, i, false);
+                    changed = Some(changed.map_or((at, at), |(a, _)| (a, at)));
+                }
             }
         }
         self.touched.clear();
@@ -165,6 +205,14 @@ impl DirtyRegions {
             Some((a, b)) => self.write(a, b, false),
             None => Ok(()),
         }
+    }
+
+    fn idle_of(&mut self, i: u64, n: u8) {
+        let i = i as usize;
+        if self.idle.len() <= i {
+            self.idle.resize(i + 1, 0);
+        }
+        self.idle[i] = n;
     }
 
     /// Writes bytes `a..=b` of the bits to the file (synced with `sync`).
@@ -194,7 +242,7 @@ impl DirtyRegions {
 mod tests {
     use super::*;
 
-    const BLOCKS: u64 = 10 * BLOCKS_PER_REGION;
+    const BLOCKS: u64 = 40 * BLOCKS_PER_REGION;
 
     #[test]
     fn a_missing_file_counts_every_region_dirty_until_the_first_mark_sets_them_all() {
@@ -208,45 +256,58 @@ mod tests {
     }
 
     #[test]
-    fn a_region_is_set_on_the_disk_at_its_first_write_and_cleared_after_a_flush_interval_without_one()
+    fn a_mark_sets_its_region_and_the_rest_of_its_group_and_a_region_idle_for_some_flushes_is_cleared()
      {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(REGIONS_FILE), []).unwrap();
+        DirtyRegions::create(dir.path(), BLOCKS * BLOCK).unwrap();
         let mut r = DirtyRegions::read(dir.path());
         r.own();
         assert_eq!(r.dirty_runs(BLOCKS), Some(vec![]));
         let on_disk = || DirtyRegions::read(dir.path()).dirty_runs(BLOCKS).unwrap();
-        // A write over the end of region 2 and the start of region 3, and
-        // one in region 7.
-        r.mark(3 * BLOCKS_PER_REGION - 1, 3 * BLOCKS_PER_REGION + 1, BLOCKS)
-            .unwrap();
-        r.mark(7 * BLOCKS_PER_REGION + 5, 7 * BLOCKS_PER_REGION + 6, BLOCKS)
-            .unwrap();
-        let set = vec![
-            (2 * BLOCKS_PER_REGION, 4 * BLOCKS_PER_REGION),
-            (7 * BLOCKS_PER_REGION, 8 * BLOCKS_PER_REGION),
-        ];
-        assert_eq!(on_disk(), set);
-        // Written in this interval: kept at its flush.
-        r.flushed().unwrap();
-        assert_eq!(on_disk(), set);
-        // Region 7 written again, the others not: they go at the next.
-        r.mark(7 * BLOCKS_PER_REGION, 7 * BLOCKS_PER_REGION + 1, BLOCKS)
-            .unwrap();
-        r.flushed().unwrap();
+        let region = |i: u64| i * BLOCKS_PER_REGION;
+        // A write over the end of region 2 and the start of region 3 sets
+        // regions 2 to 15, the rest of the first group; one in region 20
+        // sets 20 to 31.
+        r.mark(region(3) - 1, region(3) + 1, BLOCKS).unwrap();
+        r.mark(region(20) + 5, region(20) + 6, BLOCKS).unwrap();
         assert_eq!(
             on_disk(),
-            vec![(7 * BLOCKS_PER_REGION, 8 * BLOCKS_PER_REGION)]
+            vec![(region(2), region(16)), (region(20), region(32))]
         );
+        // Region 20 written in every flush interval, 2 and 3 in the first
+        // only: the others go once idle for IDLE_FLUSHES flushes, 2 and 3
+        // one flush later, 20 never.
         r.flushed().unwrap();
+        for _ in 1..IDLE_FLUSHES {
+            assert_eq!(on_disk().len(), 2, "not idle long enough yet");
+            r.mark(region(20), region(20) + 1, BLOCKS).unwrap();
+            r.flushed().unwrap();
+        }
+        assert_eq!(
+            on_disk(),
+            vec![(region(2), region(4)), (region(20), region(21))]
+        );
+        r.mark(region(20), region(20) + 1, BLOCKS).unwrap();
+        r.flushed().unwrap();
+        assert_eq!(on_disk(), vec![(region(20), region(21))]);
+        // A write into region 2 again sets 2 to 15 again, not 0 or 1.
+        r.mark(region(2), region(2) + 1, BLOCKS).unwrap();
+        assert_eq!(
+            on_disk(),
+            vec![(region(2), region(16)), (region(20), region(21))]
+        );
+        for _ in 0..=IDLE_FLUSHES {
+            r.flushed().unwrap();
+        }
         assert_eq!(on_disk(), vec![]);
 
         // A view of the replica clears nothing.
         r.mark(0, 1, BLOCKS).unwrap();
         let mut view = DirtyRegions::read(dir.path());
-        view.flushed().unwrap();
-        view.flushed().unwrap();
-        assert_eq!(on_disk(), vec![(0, BLOCKS_PER_REGION)]);
+        for _ in 0..=IDLE_FLUSHES {
+            view.flushed().unwrap();
+        }
+        assert_eq!(on_disk(), vec![(0, region(16))]);
     }
 
     #[test]
