@@ -772,15 +772,18 @@ impl Replica {
     /// After an unclean stop (writes since the last flush), the head's
     /// checksums of the blocks those writes touched may not match their
     /// data (one reached the disk, the other not): they are taken again
-    /// from the data, for the ranges the write log names, or for the whole
-    /// head when the log does not reach back to the last flush.
+    /// from the data, for the ranges the write log names, or for the
+    /// regions written lately (`regions`; the whole head when they are not
+    /// recorded) when the log does not reach back to the last flush.
     ///
     /// After a power cut (a new boot), the page cache the replica was last
     /// opened in is gone (`instance`), and with it whatever of the write
     /// log and the checksums no flush had made durable, while data of
     /// later writes may have reached the disk without them. Neither the
     /// counter nor the log can then say which blocks changed: every block
-    /// of the head is checked, and one that fails is recorded as suspect
+    /// of the head in the regions written lately is checked (`regions`;
+    /// the whole head when they are not recorded), and one that fails is
+    /// recorded as suspect
     /// (`suspect`) and its checksum taken from its data; the log answers
     /// nothing about revisions up to this one (a replica that must be made
     /// equal to another is then rebuilt, not caught up). The boot it is
@@ -804,7 +807,7 @@ impl Replica {
         }
         if cache_lost {
             tracing::warn!(dir = %self.dir.display(), revision = self.revision,
-                "opened in a new boot (a power cut, or a crash of the kernel): every block of the head is checked, and its write log is not trusted");
+                "opened in a new boot (a power cut, or a crash of the kernel): the head's blocks in the regions written lately are checked, and its write log is not trusted");
             self.revision_file.forget_log_before(self.revision + 1);
         }
         let flushed = self.revision_file.flushed();
@@ -820,6 +823,7 @@ impl Replica {
                 .get_mut()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .dirty_runs(self.meta.size / BLOCK);
+            let whole_head = !covered && dirty.is_none();
             let runs: Vec<(u64, u64)> = if covered {
                 writes
                     .iter()
@@ -831,7 +835,7 @@ impl Replica {
                 dirty.unwrap_or_else(|| self.layers[head].map.runs())
             };
             if !runs.is_empty() {
-                tracing::info!(dir = %self.dir.display(), ranges = runs.len(), whole_head = !covered, "taking the head's block checksums again after an unclean stop");
+                tracing::info!(dir = %self.dir.display(), ranges = runs.len(), whole_head, "taking the head's block checksums again after an unclean stop");
                 let blocks = self.meta.size / BLOCK;
                 let mut held = Vec::new();
                 for (first, last) in runs {
