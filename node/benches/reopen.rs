@@ -4,9 +4,9 @@
 //! - after a power cut (its record of the boot it was opened in set to
 //!   another boot's, as `node/tests/support/forgetful.rs` does), its last
 //!   writes all of it: every block of the head is read and checked;
-//! - after a power cut, with 16 MiB written lately (one region written
-//!   in each of the last flush intervals, the others left alone long
-//!   enough to be cleared, `replica/regions.rs`): only that region is
+//! - after a power cut, with 16 MiB written lately (each of its regions
+//!   written in each of the last flush intervals, the others left alone
+//!   long enough to be cleared, `replica/regions.rs`): only those are
 //!   checked;
 //! - after a planned reboot: closed clean first (`Replica::close_clean`),
 //!   so nothing of the head is read.
@@ -144,8 +144,11 @@ fn main() {
         let mut r = Replica::open(&dir).unwrap();
         r.write(64 * MIB, &vec![7u8; (16 * MIB) as usize], None)
             .unwrap();
+        let region = ballast_node::replica::DIRTY_REGION;
         for _ in 0..=ballast_node::replica::IDLE_FLUSHES {
-            r.write(64 * MIB, &[8u8; 4096], None).unwrap();
+            for at in (64 * MIB..80 * MIB).step_by(region as usize) {
+                r.write(at, &[8u8; 4096], None).unwrap();
+            }
             r.flush().unwrap();
         }
         drop(r);

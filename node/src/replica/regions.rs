@@ -29,10 +29,10 @@ use std::path::{Path, PathBuf};
 use super::{BLOCK, ReplicaError, meta};
 
 /// Bytes of the volume per bit.
-pub const REGION: u64 = 16 << 20;
+pub const REGION: u64 = 1 << 20;
 
 /// Regions set together by one mark (whole groups, aligned).
-const GROUP: u64 = 16;
+const GROUP: u64 = 256;
 
 /// Flush intervals a region must go without a write to be cleared.
 pub const IDLE_FLUSHES: u8 = 4;
@@ -242,7 +242,7 @@ impl DirtyRegions {
 mod tests {
     use super::*;
 
-    const BLOCKS: u64 = 40 * BLOCKS_PER_REGION;
+    const BLOCKS: u64 = (2 * GROUP + 8) * BLOCKS_PER_REGION;
 
     #[test]
     fn a_missing_file_counts_every_region_dirty_until_the_first_mark_sets_them_all() {
@@ -266,35 +266,48 @@ mod tests {
         let on_disk = || DirtyRegions::read(dir.path()).dirty_runs(BLOCKS).unwrap();
         let region = |i: u64| i * BLOCKS_PER_REGION;
         // A write over the end of region 2 and the start of region 3 sets
-        // regions 2 to 15, the rest of the first group; one in region 20
-        // sets 20 to 31.
+        // regions 2 to the end of the first group; one in the fifth region
+        // of the second group (g4) sets g4 to the end of that group.
         r.mark(region(3) - 1, region(3) + 1, BLOCKS).unwrap();
-        r.mark(region(20) + 5, region(20) + 6, BLOCKS).unwrap();
+        r.mark(region(GROUP + 4) + 5, region(GROUP + 4) + 6, BLOCKS)
+            .unwrap();
         assert_eq!(
             on_disk(),
-            vec![(region(2), region(16)), (region(20), region(32))]
+            vec![
+                (region(2), region(GROUP)),
+                (region(GROUP + 4), region(2 * GROUP))
+            ]
         );
-        // Region 20 written in every flush interval, 2 and 3 in the first
+        // Region g4 written in every flush interval, 2 and 3 in the first
         // only: the others go once idle for IDLE_FLUSHES flushes, 2 and 3
-        // one flush later, 20 never.
+        // one flush later, g4 never.
         r.flushed().unwrap();
         for _ in 1..IDLE_FLUSHES {
             assert_eq!(on_disk().len(), 2, "not idle long enough yet");
-            r.mark(region(20), region(20) + 1, BLOCKS).unwrap();
+            r.mark(region(GROUP + 4), region(GROUP + 4) + 1, BLOCKS)
+                .unwrap();
             r.flushed().unwrap();
         }
         assert_eq!(
             on_disk(),
-            vec![(region(2), region(4)), (region(20), region(21))]
+            vec![
+                (region(2), region(4)),
+                (region(GROUP + 4), region(GROUP + 5))
+            ]
         );
-        r.mark(region(20), region(20) + 1, BLOCKS).unwrap();
+        r.mark(region(GROUP + 4), region(GROUP + 4) + 1, BLOCKS)
+            .unwrap();
         r.flushed().unwrap();
-        assert_eq!(on_disk(), vec![(region(20), region(21))]);
-        // A write into region 2 again sets 2 to 15 again, not 0 or 1.
+        assert_eq!(on_disk(), vec![(region(GROUP + 4), region(GROUP + 5))]);
+        // A write into region 2 again sets 2 to the group's end again,
+        // not 0 or 1.
         r.mark(region(2), region(2) + 1, BLOCKS).unwrap();
         assert_eq!(
             on_disk(),
-            vec![(region(2), region(16)), (region(20), region(21))]
+            vec![
+                (region(2), region(GROUP)),
+                (region(GROUP + 4), region(GROUP + 5))
+            ]
         );
         for _ in 0..=IDLE_FLUSHES {
             r.flushed().unwrap();
@@ -307,7 +320,7 @@ mod tests {
         for _ in 0..=IDLE_FLUSHES {
             view.flushed().unwrap();
         }
-        assert_eq!(on_disk(), vec![(0, region(16))]);
+        assert_eq!(on_disk(), vec![(0, region(GROUP))]);
     }
 
     #[test]
