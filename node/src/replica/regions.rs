@@ -11,12 +11,13 @@
 //! any of that write's data can reach it (the kernel writes a head's pages
 //! back whenever it likes). A sync is a flush of the disk's cache, which
 //! under a stream of writes waits for what the disk has in flight (some
-//! 6 ms here), so a mark sets the rest of its group too (`GROUP` regions,
-//! 256 MiB, aligned; one sync), and bits are cleared one region at a time: at a flush,
-//! once every write is durable, a region no write touched over the last
-//! `IDLE_FLUSHES` flush intervals is cleared (not synced: a clear lost to
-//! a cut only costs a check). A region written all the time stays set,
-//! and one the writes have just passed is not set again by the next.
+//! 6 ms here), so a mark sets the rest of its group after it too (`GROUP`
+//! regions, 256 MiB, aligned; one sync). Bits are cleared one region at a
+//! time: at a flush, once every write is durable, a region no write
+//! touched over the last `IDLE_FLUSHES` flush intervals is cleared (not
+//! synced: a clear lost to a cut only costs a check). A region written
+//! all the time stays set, and one the writes have just left is not set
+//! again by the next mark of its group.
 //!
 //! A missing file (a replica from before it existed, or a crash before
 //! its first write) counts every region as dirty. It owns only the file;
@@ -97,9 +98,9 @@ impl DirtyRegions {
         meta::write_durably(dir, REGIONS_FILE, &vec![0u8; bytes as usize])
     }
 
-    /// Taken by the replica's owner: its flushes clear regions. Its first
-    /// flush clears every region it did not write, which is sound: a flush
-    /// syncs the head's file whole, whoever wrote it before.
+    /// Taken by the replica's owner: its flushes clear regions. They count
+    /// a region it has not written as idle from its open, which is sound:
+    /// a flush syncs the head's file whole, whoever wrote it before.
     pub(super) fn own(&mut self) {
         self.owned = true;
     }
@@ -145,6 +146,7 @@ impl DirtyRegions {
         }
         let (r0, r1) = (first / BLOCKS_PER_REGION, last.div_ceil(BLOCKS_PER_REGION));
         let mut changed: Option<(usize, usize)> = None;
+        let mut newly = Vec::new();
         for i in r0..r1 {
             set(&mut self.touched, i, true);
             if get(&self.on_disk, i) {
@@ -157,20 +159,29 @@ impl DirtyRegions {
             for j in i..end.min(blocks.div_ceil(BLOCKS_PER_REGION)).max(i + 1) {
                 if !get(&self.on_disk, j) {
                     set(&mut self.on_disk, j, true);
+                    newly.push(j);
                     self.idle_of(j, 0);
                     let at = (j / 8) as usize;
                     changed = Some(changed.map_or((at, at), |(a, b)| (a.min(at), b.max(at))));
                 }
             }
         }
-        match changed {
-            Some((a, b)) => self.write(a, b, true),
-            None => Ok(()),
+        let Some((a, b)) = changed else {
+            return Ok(());
+        };
+        let written = self.write(a, b, true);
+        if written.is_err() {
+            // Not on the disk: the next write there marks them again.
+            for j in newly {
+                set(&mut self.on_disk, j, false);
+            }
         }
+        written
     }
 
     /// After a flush made every write so far durable: the regions no write
-    /// touched since the flush before are cleared (written, not synced).
+    /// touched over the last `IDLE_FLUSHES` flush intervals are cleared
+    /// (written, not synced).
     pub(super) fn flushed(&mut self) -> Result<(), ReplicaError> {
         if !self.owned {
             return Ok(());
@@ -321,6 +332,26 @@ mod tests {
             view.flushed().unwrap();
         }
         assert_eq!(on_disk(), vec![(0, region(GROUP))]);
+    }
+
+    #[test]
+    fn a_mark_that_did_not_reach_the_disk_is_made_again_by_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        DirtyRegions::create(dir.path(), BLOCKS * BLOCK).unwrap();
+        let mut r = DirtyRegions::read(dir.path());
+        r.own();
+        // The file cannot be opened (a directory in its place).
+        let path = dir.path().join(REGIONS_FILE);
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert!(r.mark(0, 1, BLOCKS).is_err());
+        std::fs::remove_dir(&path).unwrap();
+        DirtyRegions::create(dir.path(), BLOCKS * BLOCK).unwrap();
+        r.mark(0, 1, BLOCKS).unwrap();
+        assert_eq!(
+            DirtyRegions::read(dir.path()).dirty_runs(BLOCKS),
+            Some(vec![(0, GROUP * BLOCKS_PER_REGION)])
+        );
     }
 
     #[test]
