@@ -1536,6 +1536,10 @@ impl Replica {
                 .set_len(size)
                 .map_err(|e| ReplicaError::io(&l.path, e))?;
         }
+        self.regions
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .room_for(size)?;
         let mut meta = self.meta.clone();
         meta.size = size;
         meta.revision = self.revision;

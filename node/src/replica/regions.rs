@@ -98,6 +98,20 @@ impl DirtyRegions {
         meta::write_durably(dir, REGIONS_FILE, &vec![0u8; bytes as usize])
     }
 
+    /// Room in the file for the bits of a volume grown to `size` bytes,
+    /// zeros allocated now (the new regions hold nothing yet), so that a
+    /// mark there needs no room on a full disk. Without a file, nothing:
+    /// the first mark writes it whole.
+    pub(super) fn room_for(&mut self, size: u64) -> Result<(), ReplicaError> {
+        let bytes = size.div_ceil(REGION).div_ceil(8) as usize;
+        if !self.known || self.on_disk.len() >= bytes {
+            return Ok(());
+        }
+        let from = self.on_disk.len();
+        self.on_disk.resize(bytes, 0);
+        self.write(from, bytes - 1, true)
+    }
+
     /// Taken by the replica's owner: its flushes clear regions. They count
     /// a region it has not written as idle from its open, which is sound:
     /// a flush syncs the head's file whole, whoever wrote it before.
@@ -351,6 +365,24 @@ mod tests {
         assert_eq!(
             DirtyRegions::read(dir.path()).dirty_runs(BLOCKS),
             Some(vec![(0, GROUP * BLOCKS_PER_REGION)])
+        );
+    }
+
+    #[test]
+    fn a_grown_volume_has_room_for_its_new_regions_and_they_are_clean() {
+        let dir = tempfile::tempdir().unwrap();
+        DirtyRegions::create(dir.path(), BLOCKS * BLOCK).unwrap();
+        let mut r = DirtyRegions::read(dir.path());
+        r.own();
+        r.mark(0, 1, BLOCKS).unwrap();
+        let grown = 4 * BLOCKS;
+        r.room_for(grown * BLOCK).unwrap();
+        let file = std::fs::metadata(dir.path().join(REGIONS_FILE)).unwrap();
+        assert_eq!(file.len(), grown.div_ceil(BLOCKS_PER_REGION).div_ceil(8));
+        assert_eq!(
+            DirtyRegions::read(dir.path()).dirty_runs(grown),
+            Some(vec![(0, GROUP * BLOCKS_PER_REGION)]),
+            "the regions set stay set, the new ones are clean"
         );
     }
 
