@@ -19,6 +19,7 @@ use ballast::model::ReplicaMode;
 
 use super::{Link, Member};
 use crate::replica::BLOCK;
+use crate::wire::client::ReplicaClient;
 
 /// How long an engine whose replicas hold suspect blocks waits for the
 /// volume's other replicas to be reachable before it serves without them.
@@ -110,12 +111,7 @@ pub(super) async fn settle_suspects(
 }
 
 /// Copies blocks `run` from `src` to `dst` (written at `revision`).
-async fn copy(
-    src: &crate::wire::client::ReplicaClient,
-    dst: &crate::wire::client::ReplicaClient,
-    run: &Range<u64>,
-    revision: u64,
-) -> bool {
+async fn copy(src: &ReplicaClient, dst: &ReplicaClient, run: &Range<u64>, revision: u64) -> bool {
     let (offset, len) = (run.start * BLOCK, (run.end - run.start) * BLOCK);
     let Ok(len) = u32::try_from(len) else {
         return false;

@@ -38,7 +38,7 @@ const GROUP: u64 = 256;
 /// Flush intervals a region must go without a write to be cleared.
 pub const IDLE_FLUSHES: u8 = 4;
 
-pub(super) const REGIONS_FILE: &str = "dirty-regions";
+const REGIONS_FILE: &str = "dirty-regions";
 
 const BLOCKS_PER_REGION: u64 = REGION / BLOCK;
 

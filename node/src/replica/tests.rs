@@ -584,7 +584,6 @@ fn after_an_unclean_stop_the_checksums_of_unflushed_writes_are_taken_again() {
     ));
 }
 
-/// The frozen layers of `r` as a join names them.
 /// A new replica at `dir` joined to `r`'s frozen layers, as a rebuild's
 /// target starts: each of them pending until filled.
 fn joined_to(r: &Replica, dir: &std::path::Path) -> Replica {
@@ -594,6 +593,7 @@ fn joined_to(r: &Replica, dir: &std::path::Path) -> Replica {
     t
 }
 
+/// The frozen layers of `r` as a join names them.
 fn frozen_specs(r: &Replica) -> Vec<LayerSpec> {
     r.layers()
         .into_iter()
