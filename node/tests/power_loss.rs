@@ -470,10 +470,11 @@ fn a_new_boot_checks_only_the_regions_written_lately() {
     Replica::create(&dir, 4 * region).unwrap();
     let mut r = Replica::open(&dir).unwrap();
     write_run(&mut r, 0, region / (64 * 1024), 1);
-    // Flushes with no write in between: the regions go idle, and are
-    // cleared.
+    // Flushes an interval apart with no write in between: the regions go
+    // idle, and are cleared.
     for _ in 0..=ballast_node::replica::IDLE_FLUSHES {
         r.flush().unwrap();
+        std::thread::sleep(ballast_node::replica::DIRTY_INTERVAL);
     }
     write_run(&mut r, 2 * region, 16, 2);
     drop(r);

@@ -36,7 +36,7 @@ pub use fence::{FENCE_FILE, read as read_fence};
 pub use layers::{JoinReport, LayerSpec};
 pub use merge::{MERGE_CHUNK, MergeJournal, MergeStep};
 pub use meta::{META_FILE, Meta, valid_snapshot_id, write_durably};
-pub use regions::{IDLE_FLUSHES, REGION as DIRTY_REGION};
+pub use regions::{IDLE_FLUSHES, INTERVAL as DIRTY_INTERVAL, REGION as DIRTY_REGION};
 pub use revision::{LOG_ENTRIES, LogEntry, LogOp};
 pub use sums::{Way as SumWay, each as each_block_sum, of as block_sum, of_blocks as block_sums};
 pub use table::{
@@ -1367,7 +1367,7 @@ impl Replica {
         self.regions
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .flushed()
+            .flushed(std::time::Instant::now())
     }
 
     /// Before blocks `first..last` of the head are written or discarded:
