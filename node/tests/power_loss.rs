@@ -379,7 +379,8 @@ async fn an_engine_whose_loan_lapsed_does_not_mark_its_replica_clean() {
 /// checksums (here gone bad while the machines were off) are suspect; the
 /// engine that starts on the replicas gives each the copy another replica
 /// holds sound, runs of them at a time (`engine/settle.rs`), and a block
-/// suspect in both keeps what each holds.
+/// suspect in both, holding different bytes in each, takes the first
+/// replica's bytes in the other, so that both read the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_settles_suspect_blocks_from_the_replica_that_holds_them_sound() {
     let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -393,13 +394,20 @@ async fn an_engine_settles_suspect_blocks_from_the_replica_that_holds_them_sound
         r.flush().unwrap();
     }
     // Bad in v-r0: a run of 300 blocks (more than one copy's worth) and one
-    // block apart; in v-r1: ten blocks inside v-r0's run.
+    // block apart, flipped; in v-r1: ten blocks inside v-r0's run, other
+    // bytes.
     let bad0: Vec<u64> = (64..364).chain([1500]).collect();
     let bad1: Vec<u64> = (100..110).collect();
     for (d, name, bad) in [(&d0, names[0], &bad0), (&d1, names[1], &bad1)] {
         let head = common::head_file(&replica_dir(d.path(), name));
         for &b in bad {
-            common::flip_block(&head, b * BLOCK);
+            if name == names[0] {
+                common::flip_block(&head, b * BLOCK);
+            } else {
+                use std::os::unix::fs::FileExt;
+                let f = std::fs::OpenOptions::new().write(true).open(&head).unwrap();
+                f.write_all_at(&[0x5a; BLOCK as usize], b * BLOCK).unwrap();
+            }
         }
         forgetful::as_after_a_reboot(d.path());
     }
@@ -411,7 +419,7 @@ async fn an_engine_settles_suspect_blocks_from_the_replica_that_holds_them_sound
 
     let tls = ballast_node::wire::tls::WireTls::default();
     let both_bad = |b: u64| bad1.contains(&b);
-    for (at, bad) in addrs.iter().zip([&bad0, &bad1]) {
+    for ((at, bad), still) in addrs.iter().zip([&bad0, &bad1]).zip([bad1.clone(), vec![]]) {
         let c = ballast_node::wire::client::ReplicaClient::dial(&tls, &at.addr, &at.name)
             .await
             .unwrap();
@@ -422,8 +430,8 @@ async fn an_engine_settles_suspect_blocks_from_the_replica_that_holds_them_sound
             .map(|b| b.as_u64().unwrap())
             .collect();
         assert_eq!(
-            suspect, bad1,
-            "{}: only the blocks bad in both stay suspect",
+            suspect, still,
+            "{}: the blocks bad in both stay suspect in the first replica, and are written in the other",
             at.name
         );
         let data = c.read(0, vol as u32).await.unwrap();
@@ -433,7 +441,12 @@ async fn an_engine_settles_suspect_blocks_from_the_replica_that_holds_them_sound
                 [..BLOCK as usize]
                 .to_vec();
             if both_bad(b) {
-                assert_ne!(block, sound, "{}: block {b} keeps what it holds", at.name);
+                let flipped: Vec<u8> = sound.iter().map(|x| !x).collect();
+                assert_eq!(
+                    block, flipped,
+                    "{}: block {b}, suspect in both, holds the first replica's bytes",
+                    at.name
+                );
             } else {
                 assert_eq!(
                     block,

@@ -4,7 +4,10 @@
 //! a write no flush covered, or bytes gone bad. A starting engine gives
 //! each such block the copy another rw replica holds sound, before the
 //! catch-up, so that the replica the others are made equal to has none
-//! that another could settle.
+//! that another could settle. A block no replica holds sound takes the
+//! copy of the first rw replica (the keeper) in every other, so that all
+//! hold the same: each may hold a different write that no flush covered,
+//! and a volume must read the same whichever replica serves it.
 //!
 //! Adjacent suspect blocks that one source holds sound are copied as one
 //! run (one read, one write), since each write that settles suspect blocks
@@ -49,8 +52,9 @@ fn sound_runs(blocks: &[u64], theirs: &[u64]) -> (Vec<Range<u64>>, Vec<u64>) {
 }
 
 /// Each replica's suspect blocks take the sound copy another rw member
-/// holds, where one does; a block suspect in every replica keeps what it
-/// holds. `suspects[i]` and `revisions[i]` are member `i`'s.
+/// holds, where one does; a block suspect in every replica takes the
+/// keeper's (the first rw member's), which keeps what it holds.
+/// `suspects[i]` and `revisions[i]` are member `i`'s.
 pub(super) async fn settle_suspects(
     volume: &str,
     members: &[Member],
@@ -70,16 +74,26 @@ pub(super) async fn settle_suspects(
             s
         })
         .collect();
+    let keeper = (0..members.len()).find(|&i| remote(i).is_some());
     for (i, blocks) in sorted.iter().enumerate() {
         let Some(dst) = remote(i).filter(|_| !blocks.is_empty()) else {
             continue;
         };
         let mut left = blocks.clone();
         let (mut settled, mut copies) = (0u64, 0u64);
-        for (j, theirs) in sorted.iter().enumerate() {
+        // Sources holding the blocks sound, then the keeper's copy of the
+        // rest, sound or not.
+        let sources = sorted
+            .iter()
+            .enumerate()
+            .map(|(j, theirs)| (j, theirs.as_slice(), false))
+            .chain(keeper.map(|k| (k, &[][..], true)));
+        let mut kept = 0u64;
+        for (j, theirs, keepers) in sources {
             let Some(src) = remote(j).filter(|_| j != i && !left.is_empty()) else {
                 continue;
             };
+            let before = left.len() as u64;
             let (runs, mut unsound) = sound_runs(&left, theirs);
             for run in runs {
                 copies += 1;
@@ -103,10 +117,14 @@ pub(super) async fn settle_suspects(
                 }
             }
             unsound.sort_unstable();
+            if keepers {
+                kept = before - unsound.len() as u64;
+            }
             left = unsound;
         }
-        tracing::warn!(volume, replica = %members[i].at.name, suspect = blocks.len(), settled, copies,
-            "suspect blocks after a power cut taken from replicas that hold them sound; the rest keep what they hold");
+        tracing::warn!(volume, replica = %members[i].at.name, suspect = blocks.len(),
+            settled = settled - kept, kept, unsettled = left.len(), copies,
+            "suspect blocks after a power cut taken from replicas that hold them sound, and those no replica holds sound from the first rw replica's copy, so that all hold the same");
     }
 }
 
