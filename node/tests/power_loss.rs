@@ -148,6 +148,97 @@ fn after_a_power_cut_every_flushed_write_reads_back_and_no_block_fails_its_check
     );
 }
 
+/// A flush that ends no interval of the dirty regions (one soon after the
+/// last, as a writer flushing after each write makes them) makes the
+/// writes durable and leaves their checksums to the next that does
+/// (`replica/regions.rs`). A cut before that loses no flushed write: its
+/// blocks, in regions written lately, are checked, found not matching the
+/// checksums the disk kept, and taken as they are, suspect. A flush that
+/// ends an interval syncs the checksums, and a cut after it leaves no
+/// block suspect; a clean close and a snapshot sync them whatever the
+/// interval.
+#[test]
+fn a_flush_within_an_interval_leaves_the_checksums_to_the_next_and_a_cut_before_it_loses_no_write()
+{
+    let (_dir, mut fs) = forgetful_disk();
+    let rdir = fs.at.join("r");
+    let mut r = Replica::create_for(&rdir, "v", 32 << 20).unwrap();
+    // Every flush after the first falls within its interval.
+    r.set_flush_interval(std::time::Duration::from_secs(3600));
+    write_run(&mut r, 0, 16, 1);
+    r.flush().unwrap();
+    write_run(&mut r, 8 << 20, 16, 2);
+    r.flush().unwrap();
+    drop(r);
+    fs.power_cut();
+
+    let mut r = Replica::open(&rdir).unwrap();
+    let mut buf = vec![0u8; 64 * 1024];
+    for (from, round) in [(0u64, 1u8), (8 << 20, 2)] {
+        for i in 0..16u64 {
+            let at = from + i * 64 * 1024;
+            r.read(at, &mut buf).unwrap();
+            assert!(buf == pattern(at, round), "the flushed write at {at}");
+        }
+    }
+    let suspects = r.suspects();
+    assert_eq!(
+        suspects,
+        (2048..2048 + 256).collect::<Vec<u64>>(),
+        "the blocks of the flush within the interval, and only those"
+    );
+
+    // The first flush of this open ends an interval: the checksums are
+    // synced, and a cut after it finds every block matching.
+    write_run(&mut r, 16 << 20, 16, 3);
+    r.flush().unwrap();
+    drop(r);
+    fs.power_cut();
+    let mut r = Replica::open(&rdir).unwrap();
+    assert_eq!(r.suspects(), suspects, "nothing new is suspect");
+
+    // A clean close syncs them within an interval too.
+    r.set_flush_interval(std::time::Duration::from_secs(3600));
+    r.flush().unwrap();
+    write_run(&mut r, 20 << 20, 16, 4);
+    assert!(r.close_clean("the test").unwrap());
+    drop(r);
+    fs.power_cut();
+    let mut r = Replica::open(&rdir).unwrap();
+    assert_eq!(
+        r.suspects(),
+        suspects,
+        "closed clean: nothing new is suspect"
+    );
+    for i in 0..16u64 {
+        let at = (20 << 20) + i * 64 * 1024;
+        r.read(at, &mut buf).unwrap();
+        assert!(
+            buf == pattern(at, 4),
+            "the write at {at} before the clean close"
+        );
+    }
+
+    // So does a snapshot, whose frozen layer no new boot checks (over
+    // blocks written before, so that their checksums' pages are not new
+    // to the filesystem, which would sync them with its journal).
+    r.set_flush_interval(std::time::Duration::from_secs(3600));
+    r.flush().unwrap();
+    write_run(&mut r, 16 << 20, 16, 5);
+    r.snapshot(None).unwrap();
+    drop(r);
+    fs.power_cut();
+    let r = Replica::open(&rdir).unwrap();
+    for i in 0..16u64 {
+        let at = (16 << 20) + i * 64 * 1024;
+        r.read(at, &mut buf).unwrap();
+        assert!(
+            buf == pattern(at, 5),
+            "the write at {at} before the snapshot"
+        );
+    }
+}
+
 #[test]
 fn a_replica_closed_clean_before_a_power_cut_keeps_its_log_and_its_checksums_hold() {
     let (_dir, mut fs) = forgetful_disk();

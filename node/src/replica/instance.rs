@@ -1,6 +1,7 @@
 //! Which page cache a replica's unsynced state lived in: the boot of the
 //! machine. A replica's checksums and write log are mapped into memory
-//! and made durable at each flush, while its data may reach the disk at
+//! and made durable at flushes (the checksums at most once per interval
+//! of the dirty regions), while its data may reach the disk at
 //! any time before (its early writeback, the kernel's own). After a
 //! process dies, the page cache still holds all three as they were; after
 //! a power cut or a crash of the kernel (a new boot), what the disk kept

@@ -888,7 +888,7 @@ impl Replica {
         }
         let quiet = self.meta.pending.is_empty() && self.meta.merging.is_none();
         let marked = if quiet {
-            self.flush().and_then(|()| {
+            self.flush_sums(true).and_then(|()| {
                 self.revision_file.mark_closed_clean(self.revision);
                 self.revision_file.sync()
             })
@@ -1059,6 +1059,16 @@ impl Replica {
     /// the kernel decides).
     pub fn set_writeback_every(&mut self, bytes: u64) {
         self.writeback_every = bytes;
+    }
+
+    /// Sets the shortest flush interval of the dirty regions
+    /// (`DIRTY_INTERVAL` unless set): how often at most a flush syncs the
+    /// head's checksums and clears regions.
+    pub fn set_flush_interval(&mut self, interval: std::time::Duration) {
+        self.regions
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .set_interval(interval);
     }
 
     /// Starts (without waiting for it) the writeback of the head's dirty
@@ -1341,15 +1351,38 @@ impl Replica {
         self.bump(Some(rev))
     }
 
-    /// Makes every write so far durable, with its blocks' checksums.
+    /// Makes every write so far durable. Their blocks' checksums are made
+    /// durable with them at a flush that ends an interval of the dirty
+    /// regions (`regions::INTERVAL`, 500 ms at least since the last), and
+    /// so always before a region is cleared: a writer that flushes after
+    /// each write pays one sync less on most. A cut before that leaves
+    /// the checksums of the writes since on the disk as they were, in
+    /// regions a new boot checks, where each such block is suspect: taken
+    /// as it is (a flushed write is on the disk), or the copy of another
+    /// replica holding it sound, which has the same write.
     pub fn flush(&self) -> Result<(), ReplicaError> {
+        self.flush_sums(false)
+    }
+
+    /// `flush`, with the checksums synced whatever the interval (`always`):
+    /// before a clean close or a freeze, after which no new boot checks
+    /// those blocks.
+    fn flush_sums(&self, always: bool) -> Result<(), ReplicaError> {
         self.check(0, 0)?;
         let revision = self.revision;
         let head = self.head();
         head.file
             .sync_data()
             .map_err(|e| ReplicaError::io(&head.path, e))?;
-        if let Some(s) = &head.sums {
+        let now = std::time::Instant::now();
+        let interval = self
+            .regions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .ends_interval(now);
+        if let Some(s) = &head.sums
+            && (always || interval)
+        {
             s.sync()?;
         }
         self.revision_file.mark_flushed(revision);
@@ -1367,7 +1400,7 @@ impl Replica {
         self.regions
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .flushed(std::time::Instant::now())
+            .flushed(now)
     }
 
     /// Before blocks `first..last` of the head are written or discarded:
@@ -1451,7 +1484,7 @@ impl Replica {
                 "a replica still being rebuilt cannot take a snapshot".into(),
             ));
         }
-        self.flush()?;
+        self.flush_sums(true)?;
         let frozen = self.head().name.clone();
         let mut lost = BTreeSet::new();
         let sum = self.checksum_but(self.layers.len() - 1, lose, &mut |b| {

@@ -1,7 +1,8 @@
-//! The head's dirty regions: which parts of the volume may hold data that
-//! no flush covered. A power cut loses the page cache, and with it the
-//! checksums and write-log entries of unflushed writes whose data may
-//! have reached the disk anyway, so a new boot must check those blocks
+//! The head's dirty regions: which parts of the volume may hold data whose
+//! checksums the disk may lack. A power cut loses the page cache, and with
+//! it the checksums and write-log entries of unflushed writes whose data
+//! may have reached the disk anyway (and the checksums of flushed writes
+//! not synced yet, below), so a new boot must check those blocks
 //! (`Replica::repair_head_sums`). Which blocks those are is kept here, so
 //! that it checks them rather than the whole head.
 //!
@@ -18,6 +19,10 @@
 //! synced: a clear lost to a cut only costs a check). A region written
 //! all the time stays set, and one the writes have just left is not set
 //! again by the next mark of its group.
+//!
+//! The head's checksums are synced at a flush that ends an interval, and
+//! so before any region is cleared (`Replica::flush`): the blocks of a
+//! region set may hold flushed writes whose checksums the disk lacks.
 //!
 //! A flush interval lasts at least `INTERVAL`: flushes closer than that to
 //! the last one counted count with it. A database that flushes after each
@@ -72,6 +77,8 @@ pub(super) struct DirtyRegions {
     owned: bool,
     /// When the last flush counted as the end of an interval.
     counted: Option<Instant>,
+    /// The shortest interval (`INTERVAL` unless set).
+    interval: Duration,
 }
 
 fn get(bits: &[u8], i: u64) -> bool {
@@ -104,6 +111,7 @@ impl DirtyRegions {
             idle: Vec::new(),
             owned: false,
             counted: None,
+            interval: INTERVAL,
         }
     }
 
@@ -125,6 +133,12 @@ impl DirtyRegions {
         let from = self.on_disk.len();
         self.on_disk.resize(bytes, 0);
         self.write(from, bytes - 1, true)
+    }
+
+    /// Sets the shortest interval (for tests that need every flush after
+    /// the first to fall within one).
+    pub(super) fn set_interval(&mut self, interval: Duration) {
+        self.interval = interval;
     }
 
     /// Taken by the replica's owner: its flushes clear regions. They count
@@ -214,11 +228,7 @@ impl DirtyRegions {
     /// one counted ends no interval: what was written since counts in the
     /// next.
     pub(super) fn flushed(&mut self, now: Instant) -> Result<(), ReplicaError> {
-        if !self.owned
-            || self
-                .counted
-                .is_some_and(|at| now.saturating_duration_since(at) < INTERVAL)
-        {
+        if !self.owned || !self.ends_interval(now) {
             return Ok(());
         }
         self.counted = Some(now);
@@ -252,6 +262,17 @@ impl DirtyRegions {
             Some((a, b)) => self.write(a, b, false),
             None => Ok(()),
         }
+    }
+
+    /// Whether a flush at `now` ends an interval, and so may clear
+    /// regions: the checksums of their blocks must be durable before it
+    /// does. Always for a view, which clears nothing but keeps nothing
+    /// back either.
+    pub(super) fn ends_interval(&self, now: Instant) -> bool {
+        !self.owned
+            || self
+                .counted
+                .is_none_or(|at| now.saturating_duration_since(at) >= self.interval)
     }
 
     fn idle_of(&mut self, i: u64, n: u8) {

@@ -2,7 +2,8 @@
 //! layer holds, 4 bytes per block, in the sidecar file `<layer>.sums`
 //! (sparse: only the entries of written blocks take space). Mapped into
 //! memory, so that a write records its blocks' checksums with stores, and
-//! made durable with the data at each flush. Every read verifies the blocks
+//! made durable at the flushes that end an interval of the dirty regions
+//! (`Replica::flush`). Every read verifies the blocks
 //! it takes from a layer against its table; a block whose data no longer
 //! matches is corrupt, and is never served.
 //!
