@@ -89,7 +89,7 @@ pub(super) async fn settle_suspects(
             .map(|(j, theirs)| (j, theirs.as_slice(), false))
             .chain(keeper.map(|k| (k, &[][..], true)));
         let mut kept = 0u64;
-        for (j, theirs, keepers) in sources {
+        for (j, theirs, from_keeper) in sources {
             let Some(src) = remote(j).filter(|_| j != i && !left.is_empty()) else {
                 continue;
             };
@@ -117,7 +117,7 @@ pub(super) async fn settle_suspects(
                 }
             }
             unsound.sort_unstable();
-            if keepers {
+            if from_keeper {
                 kept = before - unsound.len() as u64;
             }
             left = unsound;
