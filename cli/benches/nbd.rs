@@ -42,6 +42,9 @@
 //!   an I/O phase costs on this machine.
 //! - With 64k writes, the goals for them, each as this run's
 //!   ratio, met or not (`goals`).
+//! - With 4k writes, first, writes at queue depth 1, each followed by a
+//!   flush, as a database commits (`flushed_writes`): 1 and 3 replicas
+//!   against nbdkit and three nbdkit servers at once.
 //!
 //! Needs qemu-img and nbdkit. Run: `cargo bench -p ballast-cli --bench nbd`.
 //! Words after `--` pick cases: a size (`4k`, `64k`) and/or a kind
@@ -213,8 +216,8 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
             continue;
         }
         let side = |target: &str| {
-            bench_at_once(&[target], size, true, count / 4);
-            [0, 1].map(|_| bench_at_once(&[target], size, true, count))
+            bench_at_once(&[target], size, Kind::Write, count / 4);
+            [0, 1].map(|_| bench_at_once(&[target], size, Kind::Write, count))
         };
         let (mut x, mut y) = (|| side(&a), || side(&b));
         let runs = common::in_turns(&mut [&mut x, &mut y]);
@@ -264,13 +267,23 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
     }
 }
 
+/// What a qemu-img bench run does: reads or writes at queue depth 16, or
+/// writes at queue depth 1, each followed by a flush (as a database
+/// commits).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Read,
+    Write,
+    Flushed,
+}
+
 /// One qemu-img bench per target, all at once; returns the operations per
 /// second of one of them (`count` over the time until the last ends).
 /// Each run starts settled (`sync`): a run's closing flush has made its
 /// own data durable, but what was still under way after it fell on the
 /// next run. The run after three nbdkit servers' 1.5 GB took up to twice
 /// as long without it (data-plane.md, "the run before").
-fn bench_at_once(targets: &[&str], size: &str, write: bool, count: u32) -> Rate {
+fn bench_at_once(targets: &[&str], size: &str, kind: Kind, count: u32) -> Rate {
     nix::unistd::sync();
     let busy = common::machine_busy();
     let sampler = common::Sampler::start();
@@ -278,7 +291,7 @@ fn bench_at_once(targets: &[&str], size: &str, write: bool, count: u32) -> Rate 
     let running: Vec<Child> = targets
         .iter()
         .map(|t| {
-            qemu_img_bench(t, size, write, count)
+            qemu_img_bench(t, size, kind, count)
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
@@ -315,21 +328,25 @@ fn bench_at_once(targets: &[&str], size: &str, write: bool, count: u32) -> Rate 
     }
 }
 
-fn qemu_img_bench(target: &str, size: &str, write: bool, count: u32) -> Command {
+fn qemu_img_bench(target: &str, size: &str, kind: Kind, count: u32) -> Command {
     let mut c = Command::new("qemu-img");
+    let depth = if kind == Kind::Flushed { "1" } else { "16" };
     c.args([
         "bench",
         "-f",
         "raw",
         "-d",
-        "16",
+        depth,
         "-s",
         size,
         "-c",
         &count.to_string(),
     ]);
-    if write {
+    if kind != Kind::Read {
         c.arg("-w");
+    }
+    if kind == Kind::Flushed {
+        c.arg("--flush-interval=1");
     }
     c.arg(target);
     c
@@ -417,6 +434,35 @@ fn nbdkit_file(dir: &Path, name: &str) -> (Kill, String) {
     )
 }
 
+/// 4k writes at queue depth 1, each followed by a flush, in turns: what a
+/// flush costs through the engine (every replica's flush) against nbdkit's
+/// (an `fdatasync`), until durable, as a database's commits see it.
+fn flushed_writes(peer: &str, one: &str, three: &str, peers3: &[&str]) {
+    const COUNT: u32 = 2_000;
+    let run = |targets: &[&str]| bench_at_once(targets, "4k", Kind::Flushed, COUNT);
+    let (mut p, mut a, mut b, mut c) = (
+        || run(&[peer]),
+        || run(&[one]),
+        || run(&[three]),
+        || run(peers3),
+    );
+    let runs = common::in_turns(&mut [&mut p, &mut a, &mut b, &mut c]);
+    let rates: Vec<Vec<f64>> = runs
+        .iter()
+        .map(|rs| rs.iter().map(|r| r.wall).collect())
+        .collect();
+    let mid = |i: usize| common::median(rates[i].clone());
+    println!(
+        " 4k writes at QD1, each flushed, until durable  nbdkit file {:>6.0}  ballast 1 replica {:>6.0} ({:.2}x)  ballast 3 replicas {:>6.0}  3 nbdkit file at once {:>6.0}; 3 replicas: {:.2}x of them",
+        mid(0),
+        mid(1),
+        common::ratio(&rates[1], &rates[0]),
+        mid(2),
+        mid(3),
+        common::ratio(&rates[2], &rates[3]),
+    );
+}
+
 fn main() {
     common::bare_pipeline::run_if_asked();
     let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
@@ -475,6 +521,9 @@ fn main() {
     if wanted("write", &["read", "write"]) {
         println!("{}", common::host_disk_steal_said(dir.path()));
     }
+    if wanted("4k", &["4k", "64k"]) && wanted("write", &["read", "write"]) {
+        flushed_writes(&peer, &one, &three, &peers3);
+    }
     for (size, count) in [("4k", 40_000u32), ("64k", 8_000)] {
         // Writes first fill the images, so that reads read data.
         for write in [true, false] {
@@ -484,7 +533,8 @@ fn main() {
             }
             // In turns (see `common::in_turns`), in the order of the
             // indexes (`PEER` ...); the last four run for writes only.
-            let run = |targets: &[&str]| bench_at_once(targets, size, write, count);
+            let load = if write { Kind::Write } else { Kind::Read };
+            let run = |targets: &[&str]| bench_at_once(targets, size, load, count);
             let mut turns: Vec<&mut dyn FnMut() -> Rate> = Vec::new();
             let (mut p, mut a, mut b, mut t, mut c, mut l, mut f, mut l3) = (
                 || run(&[&peer]),
