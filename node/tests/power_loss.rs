@@ -42,6 +42,20 @@ fn write_run(r: &mut Replica, offset: u64, count: u64, round: u8) {
     }
 }
 
+/// Reads back `count` 64 KiB writes from `offset`, each of which must hold
+/// the pattern of `round`; `what` names them in a failure.
+fn read_run(r: &Replica, offset: u64, count: u64, round: u8, what: &str) {
+    let mut buf = vec![0u8; 64 * 1024];
+    for i in 0..count {
+        let at = offset + i * 64 * 1024;
+        r.read(at, &mut buf).unwrap();
+        assert!(
+            buf == pattern(at, round),
+            "{what} at {at} reads back other data"
+        );
+    }
+}
+
 /// Writes the 64 KiB writes `writes` (by their index) through `engine`,
 /// the pattern of `round`, with no flush after them.
 async fn engine_run(
@@ -74,15 +88,8 @@ fn after_a_power_cut_every_flushed_write_reads_back_and_no_block_fails_its_check
     // kept: it says nothing of what came after its revision, so that a
     // replica made equal to it is rebuilt, not caught up from the log.
     assert_eq!(r.writes_since(r.revision()), None);
+    read_run(&r, 0, 64, 1, "the flushed write");
     let mut buf = vec![0u8; 64 * 1024];
-    for i in 0..64u64 {
-        let at = i * 64 * 1024;
-        r.read(at, &mut buf).unwrap();
-        assert!(
-            buf == pattern(at, 1),
-            "the flushed write at {at} reads back other data"
-        );
-    }
     // What no flush covered holds, block by block, the old bytes (zeros)
     // or the new: never an error, never other bytes.
     let (mut new, mut old) = (0, 0);
@@ -173,14 +180,8 @@ fn a_flush_within_an_interval_leaves_the_checksums_to_the_next_and_a_cut_before_
     fs.power_cut();
 
     let mut r = Replica::open(&rdir).unwrap();
-    let mut buf = vec![0u8; 64 * 1024];
-    for (from, round) in [(0u64, 1u8), (8 << 20, 2)] {
-        for i in 0..16u64 {
-            let at = from + i * 64 * 1024;
-            r.read(at, &mut buf).unwrap();
-            assert!(buf == pattern(at, round), "the flushed write at {at}");
-        }
-    }
+    read_run(&r, 0, 16, 1, "the flushed write");
+    read_run(&r, 8 << 20, 16, 2, "the write flushed within the interval");
     let suspects = r.suspects();
     assert_eq!(
         suspects,
@@ -210,14 +211,7 @@ fn a_flush_within_an_interval_leaves_the_checksums_to_the_next_and_a_cut_before_
         suspects,
         "closed clean: nothing new is suspect"
     );
-    for i in 0..16u64 {
-        let at = (20 << 20) + i * 64 * 1024;
-        r.read(at, &mut buf).unwrap();
-        assert!(
-            buf == pattern(at, 4),
-            "the write at {at} before the clean close"
-        );
-    }
+    read_run(&r, 20 << 20, 16, 4, "the write before the clean close");
 
     // So does a snapshot, whose frozen layer no new boot checks (over
     // blocks written before, so that their checksums' pages are not new
@@ -229,14 +223,7 @@ fn a_flush_within_an_interval_leaves_the_checksums_to_the_next_and_a_cut_before_
     drop(r);
     fs.power_cut();
     let r = Replica::open(&rdir).unwrap();
-    for i in 0..16u64 {
-        let at = (16 << 20) + i * 64 * 1024;
-        r.read(at, &mut buf).unwrap();
-        assert!(
-            buf == pattern(at, 5),
-            "the write at {at} before the snapshot"
-        );
-    }
+    read_run(&r, 16 << 20, 16, 5, "the write before the snapshot");
 }
 
 #[test]
