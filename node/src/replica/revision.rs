@@ -249,11 +249,16 @@ impl RevisionCounter {
         self.forget_log_before(0);
     }
 
-    /// Makes the stored value and the ring durable.
+    /// Makes the stored value and the ring durable: one `fdatasync`. The
+    /// mapping is shared, so a store into it dirties the page in the page
+    /// cache (Linux write-protects a clean page and marks it dirty at the
+    /// first store after its writeback), and `fdatasync` writes back every
+    /// dirty page of the file. An `msync` before it would be a second
+    /// flush of the disk's cache for nothing (`msync(MS_SYNC)` is itself an
+    /// `fdatasync` of the mapped range).
     pub fn sync(&self) -> Result<(), ReplicaError> {
-        self.map
-            .flush()
-            .and_then(|()| self.file.sync_data())
+        self.file
+            .sync_data()
             .map_err(|e| ReplicaError::io(&self.path, e))
     }
 }

@@ -308,13 +308,13 @@ impl BlockSums {
         bad.map_or(Ok(()), Err)
     }
 
-    /// Makes the table durable.
+    /// Makes the table durable: one `fdatasync`, which writes back the
+    /// pages the mapping dirtied as well (the revision file's `sync` says
+    /// why no `msync` comes first).
     pub fn sync(&self) -> Result<(), ReplicaError> {
-        let io = |e| ReplicaError::io(&self.path, e);
-        if let Some(m) = &self.map {
-            m.flush().map_err(io)?;
-        }
-        self.file.sync_data().map_err(io)
+        self.file
+            .sync_data()
+            .map_err(|e| ReplicaError::io(&self.path, e))
     }
 }
 
