@@ -547,6 +547,99 @@ async fn an_engine_settles_suspect_blocks_from_the_replica_that_holds_them_sound
     }
 }
 
+/// Two replicas that hold different writes no flush covered, where their
+/// write logs cannot tell (the revisions are the same, or a power cut
+/// left the logs unable to say), are made equal as an engine starts, and
+/// neither is rebuilt: over the regions either wrote lately, every block
+/// whose CRC differs from the keeper's (the first replica at the highest
+/// revision) takes the keeper's copy (`engine/equalize.rs`), a block only
+/// the other held included. After a crash of the process (the page cache
+/// kept), after a power cut whose disks had everything, and after a cut
+/// with the other replica a write behind (before, it was rebuilt whole).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_makes_its_replicas_equal_where_they_were_written_lately_with_no_rebuild() {
+    const MIB: u64 = 1 << 20;
+    for (cut, behind) in [(false, false), (true, false), (true, true)] {
+        let case = format!("cut {cut}, the other a write behind {behind}");
+        let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let vol = 8 * MIB;
+        let names = ["v-r0", "v-r1"];
+        // Both hold the first half (round 7); then r0 writes at 1 MiB and
+        // at 6 MiB (round 8), and at 3 MiB when r1 is to be behind; r1 at
+        // 2 MiB and at 1 MiB (round 9).
+        let mut theirs = vec![vec![(MIB, 8), (6 * MIB, 8)], vec![(2 * MIB, 9), (MIB, 9)]];
+        if behind {
+            theirs[0].push((3 * MIB, 8));
+        }
+        let mut revisions = Vec::new();
+        for ((d, name), writes) in [(&d0, names[0]), (&d1, names[1])].into_iter().zip(theirs) {
+            let dir = replica_dir(d.path(), name);
+            Replica::create(&dir, vol).unwrap();
+            let mut r = Replica::open(&dir).unwrap();
+            write_run(&mut r, 0, vol / 2 / (64 * 1024), 7);
+            r.flush().unwrap();
+            for (at, round) in writes {
+                write_run(&mut r, at, 1, round);
+            }
+            if cut {
+                // Everything reached the disk, the revision and the write
+                // log too: the log is not trusted after the cut all the same.
+                r.flush().unwrap();
+            }
+            revisions.push(r.revision());
+            drop(r);
+            if cut {
+                forgetful::as_after_a_reboot(d.path());
+            }
+        }
+        assert_eq!(revisions[0] > revisions[1], behind, "{case}: the revisions");
+        let addrs = [
+            common::serve(d0.path(), names[0]).await,
+            common::serve(d1.path(), names[1]).await,
+        ];
+        let engine = common::engine_over(vol, &addrs, None).await;
+        let status = engine.status().await;
+        assert!(
+            status
+                .iter()
+                .all(|m| m.mode == ballast::model::ReplicaMode::Rw),
+            "{case}: both stay rw: {status:?}"
+        );
+        let expected = |at: u64| -> Vec<u8> {
+            let chunk = 64 * 1024;
+            let base = at / chunk * chunk;
+            let round = match base {
+                b if b == MIB || b == 6 * MIB || (behind && b == 3 * MIB) => 8,
+                b if b < vol / 2 => 7,
+                _ => return vec![0u8; BLOCK as usize],
+            };
+            pattern(base, round)[(at - base) as usize..][..BLOCK as usize].to_vec()
+        };
+        let tls = ballast_node::wire::tls::WireTls::default();
+        for at in &addrs {
+            let c = ballast_node::wire::client::ReplicaClient::dial(&tls, &at.addr, &at.name)
+                .await
+                .unwrap();
+            let data = c.read(0, vol as u32).await.unwrap();
+            for b in 0..vol / BLOCK {
+                assert!(
+                    data[(b * BLOCK) as usize..][..BLOCK as usize] == expected(b * BLOCK)[..],
+                    "{case}: {} block {b} holds the keeper's bytes",
+                    at.name
+                );
+            }
+        }
+        let r1 = status.iter().find(|m| m.name == names[1]).unwrap();
+        assert_eq!(
+            r1.rebuild
+                .as_ref()
+                .map(|r| (r.path.as_str(), r.copied_bytes)),
+            Some(("recent-regions", if behind { 4 } else { 3 } * 64 * 1024)),
+            "{case}: the writes where they differed, and only those, copied"
+        );
+    }
+}
+
 /// A new boot checks only the head's regions written lately
 /// (`replica/regions.rs`): a block gone bad in a region no write touched
 /// over the last flush intervals fails its reads, as it would

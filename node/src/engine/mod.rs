@@ -9,8 +9,9 @@
 //! snapshots every replica at the same point, and resumes.
 //!
 //! It is started with the replicas the store records as holding the
-//! latest acknowledged data only; of those, after an unclean stop, only the
-//! ones with the highest revision counter become `rw`, the others `err`.
+//! latest acknowledged data only; of those, after an unclean stop, the one
+//! with the highest revision counter is the one the others are made equal
+//! to.
 //! Every change of its `rw` set is recorded in the store before a write
 //! that depends on it is acknowledged (`freshness`). A replica joins a
 //! running volume through a rebuild (`rebuild`); the node agent asks for it
@@ -18,8 +19,9 @@
 //! replica is written back to it from the others (`repair`), or from a
 //! replica joining again when the last one holds it bad (`spare`). After a
 //! power cut, a replica's suspect blocks take the sound copy another holds
-//! (`settle`), and replicas left apart by an unclean stop are made equal
-//! (`catch_up`). The replica on the engine's own node is lent to it by
+//! (`settle`), and replicas left apart by an unclean stop are made equal:
+//! from their write logs (`catch_up`), then over the regions each wrote
+//! lately (`equalize`); one that neither can make equal is rebuilt. The replica on the engine's own node is lent to it by
 //! its server, and its I/O goes straight to its files (`lent`).
 
 use std::collections::BTreeSet;
@@ -36,6 +38,7 @@ use crate::wire::protocol::{FLAG_FUA, FLAG_ZEROES, MAX_DATA, Op};
 use crate::wire::tls::WireTls;
 
 mod catch_up;
+mod equalize;
 pub mod freshness;
 mod lent;
 mod rebuild;
@@ -510,7 +513,9 @@ impl Engine {
                 )
             })?;
         settle::settle_suspects(volume, &members, &suspects, &revisions).await;
-        catch_up_members(volume, &mut members, &revisions, best).await;
+        let behind = catch_up_members(volume, &mut members, &revisions, best).await;
+        let equal = equalize::equalize_recent(volume, &mut members, &revisions, best).await;
+        fail_behind(volume, &mut members, behind, &equal);
         tracing::info!(
             volume,
             size,
@@ -1567,9 +1572,18 @@ async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64
 
 /// After an unclean stop the replicas may differ in the writes that were
 /// in flight: the others take those ranges from one at the highest
-/// revision (`best`), or are failed, to be rebuilt, when their write logs
-/// cannot say.
-async fn catch_up_members(volume: &str, members: &mut [Member], revisions: &[u64], best: u64) {
+/// revision (`best`), where their write logs say which. Returns those
+/// whose logs cannot say (a power cut leaves them unable to), with why:
+/// the regions they wrote lately are compared next (`equalize`), and one
+/// that cannot be compared there either is failed, to be rebuilt
+/// (`fail_behind`).
+async fn catch_up_members(
+    volume: &str,
+    members: &mut [Member],
+    revisions: &[u64],
+    best: u64,
+) -> Vec<(usize, String)> {
+    let mut behind = Vec::new();
     let source = members
         .iter()
         .zip(revisions)
@@ -1579,7 +1593,7 @@ async fn catch_up_members(volume: &str, members: &mut [Member], revisions: &[u64
         _ => None,
     });
     let Some((src_name, src)) = src else {
-        return;
+        return behind;
     };
     for (i, (m, r)) in members.iter_mut().zip(revisions).enumerate() {
         let Some(Link::Remote(dst)) = &m.link else {
@@ -1602,13 +1616,34 @@ async fn catch_up_members(volume: &str, members: &mut [Member], revisions: &[u64
                 }
             }
             Err(why) => {
-                tracing::warn!(volume, replica = %m.at.name, error = %why, "cannot catch up; the replica is rebuilt");
-                m.mode = ReplicaMode::Err;
-                m.error = Some(format!(
-                    "revision {r} may differ from {best} and it cannot catch up: {why}"
+                tracing::info!(volume, replica = %m.at.name, error = %why, "cannot catch up from the write logs; the regions written lately are compared");
+                behind.push((
+                    i,
+                    format!("revision {r} may differ from {best} and it cannot catch up: {why}"),
                 ));
-                m.link = None;
             }
         }
+    }
+    behind
+}
+
+/// Fails each member of `behind` (with why its log could not catch it up)
+/// that the comparison of the regions written lately did not make equal
+/// either (not in `equal`): it is rebuilt.
+fn fail_behind(
+    volume: &str,
+    members: &mut [Member],
+    behind: Vec<(usize, String)>,
+    equal: &[usize],
+) {
+    for (i, why) in behind {
+        let m = &mut members[i];
+        if equal.contains(&i) || m.mode != ReplicaMode::Rw {
+            continue;
+        }
+        tracing::warn!(volume, replica = %m.at.name, error = %why, "cannot be made equal; the replica is rebuilt");
+        m.mode = ReplicaMode::Err;
+        m.error = Some(why);
+        m.link = None;
     }
 }

@@ -35,7 +35,7 @@ const RUN: u64 = 256;
 /// of adjacent ones that a source whose suspect blocks are `theirs` (in
 /// order) holds sound, each at most `RUN` long; and the blocks it does
 /// not hold sound, left for another source.
-fn sound_runs(blocks: &[u64], theirs: &[u64]) -> (Vec<Range<u64>>, Vec<u64>) {
+pub(super) fn sound_runs(blocks: &[u64], theirs: &[u64]) -> (Vec<Range<u64>>, Vec<u64>) {
     let mut runs: Vec<Range<u64>> = Vec::new();
     let mut left = Vec::new();
     for &b in blocks {
@@ -129,7 +129,12 @@ pub(super) async fn settle_suspects(
 }
 
 /// Copies blocks `run` from `src` to `dst` (written at `revision`).
-async fn copy(src: &ReplicaClient, dst: &ReplicaClient, run: &Range<u64>, revision: u64) -> bool {
+pub(super) async fn copy(
+    src: &ReplicaClient,
+    dst: &ReplicaClient,
+    run: &Range<u64>,
+    revision: u64,
+) -> bool {
     let (offset, len) = (run.start * BLOCK, (run.end - run.start) * BLOCK);
     let Ok(len) = u32::try_from(len) else {
         return false;

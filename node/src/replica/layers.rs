@@ -311,6 +311,30 @@ impl Replica {
         Ok(())
     }
 
+    /// The CRC32C of each 4 KiB block a read returns over `offset..offset
+    /// + len` (block aligned), 4 bytes each, little endian: the sum the
+    /// topmost layer holding the block records, that of a block of zeros
+    /// where no layer holds it. Two replicas of one volume hold the same
+    /// blocks where these are equal. After an unclean stop the head's sums
+    /// of the blocks it may have written since its last flush were taken
+    /// again from the data at open (`repair_head_sums`), so they are those
+    /// of the data there too. A starting engine compares them over the
+    /// regions written lately (`engine::equalize`).
+    pub fn view_sums(&self, offset: u64, len: u64) -> Result<Vec<u8>, ReplicaError> {
+        self.check_blocks("view sums", offset, len)?;
+        let zeros = super::sums::of(&[0u8; BLOCK as usize]);
+        let mut out = Vec::with_capacity((len / BLOCK * 4) as usize);
+        let mut block = vec![0u8; BLOCK as usize];
+        for b in offset / BLOCK..(offset + len) / BLOCK {
+            let sum = match self.holder(b) {
+                None => zeros,
+                Some(i) => self.layers[i].sum_of(b, &mut block)?,
+            };
+            out.extend_from_slice(&sum.to_le_bytes());
+        }
+        Ok(out)
+    }
+
     /// The CRC32C of each 4 KiB block of a complete frozen layer over
     /// `offset..offset + len` (block aligned), 4 bytes each, little
     /// endian; 0 for a block the layer does not hold. Taken from the
@@ -336,13 +360,10 @@ impl Replica {
         let mut out = Vec::with_capacity((len / BLOCK * 4) as usize);
         let mut block = vec![0u8; BLOCK as usize];
         for b in offset / BLOCK..(offset + len) / BLOCK {
-            let sum = match (&l.sums, l.map.get(b)) {
-                (_, false) => 0,
-                (Some(s), true) => s.get(b),
-                (None, true) => {
-                    l.read_checked(b, &mut block)?;
-                    super::sums::of(&block)
-                }
+            let sum = if l.map.get(b) {
+                l.sum_of(b, &mut block)?
+            } else {
+                0
             };
             out.extend_from_slice(&sum.to_le_bytes());
         }

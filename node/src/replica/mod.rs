@@ -210,6 +210,18 @@ impl Layer {
         Ok(())
     }
 
+    /// The checksum of block `b`, which the layer holds: its table's, or
+    /// taken from its data (read into `buf`) where it keeps none.
+    fn sum_of(&self, b: u64, buf: &mut [u8]) -> Result<u32, ReplicaError> {
+        match &self.sums {
+            Some(s) => Ok(s.get(b)),
+            None => {
+                self.read_checked(b, buf)?;
+                Ok(sums::of(buf))
+            }
+        }
+    }
+
     /// Punches blocks `first..last` out of the file: holes, no longer held.
     fn punch(&mut self, first: u64, last: u64) -> Result<(), ReplicaError> {
         nix::fcntl::fallocate(
@@ -1102,6 +1114,20 @@ impl Replica {
     /// the log does not reach back that far (see `revision::since`).
     pub fn writes_since(&self, since: u64) -> Option<Vec<LogEntry>> {
         self.revision_file.since(since)
+    }
+
+    /// The runs of blocks (`[first, last)`, in order) of the regions
+    /// written lately (`regions`): where this replica may differ from
+    /// another of its volume after an unclean stop. The head's allocated
+    /// runs where the regions are not recorded.
+    pub fn recent_runs(&self) -> Vec<(u64, u64)> {
+        let blocks = self.meta.size / BLOCK;
+        let dirty = self
+            .regions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .dirty_runs(blocks);
+        dirty.unwrap_or_else(|| self.head().map.runs())
     }
 
     /// Records the revision of the latest write (not synced until flush).

@@ -494,7 +494,10 @@ impl Connection {
             }
         }
         let replicas = &self.server.replicas;
-        let fresh = matches!(req.op, Op::Info | Op::Layers | Op::WriteLog);
+        let fresh = matches!(
+            req.op,
+            Op::Info | Op::Layers | Op::WriteLog | Op::RecentRuns | Op::ViewSums
+        );
         let from_files =
             fresh || matches!(req.op, Op::LayerExtents | Op::LayerRead | Op::LayerSums);
         if !from_files && replicas.is_lent(&name) {
@@ -702,9 +705,12 @@ impl Connection {
                 | Op::LayerRead
                 | Op::LayerSums
                 | Op::WriteLog
+                | Op::RecentRuns
+                | Op::ViewSums
         ) {
-            // What the reply holds: LAYER_SUMS answers 4 bytes a block.
-            let reply = if req.op == Op::LayerSums {
+            // What the reply holds: LAYER_SUMS and VIEW_SUMS answer 4 bytes
+            // a block.
+            let reply = if matches!(req.op, Op::LayerSums | Op::ViewSums) {
                 u64::from(req.len) / crate::replica::BLOCK * 4
             } else {
                 u64::from(req.len)
@@ -827,7 +833,9 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> R
         | Op::WriteLog
         | Op::LayerExtents
         | Op::LayerRead
-        | Op::LayerSums => match replica.read() {
+        | Op::LayerSums
+        | Op::RecentRuns
+        | Op::ViewSums => match replica.read() {
             Ok(r) => read_op(&r, req),
             Err(_) => return poisoned(),
         },
@@ -890,6 +898,8 @@ fn read_op(r: &Replica, req: &Request) -> Result<Vec<u8>, ReplicaError> {
             let layer = r.layer_name_at(req.revision)?;
             r.layer_sums(&layer, req.offset, u64::from(req.len))
         }
+        Op::RecentRuns => json(&r.recent_runs()),
+        Op::ViewSums => r.view_sums(req.offset, u64::from(req.len)),
         _ => Err(ReplicaError::Invalid(format!("{:?} is not a read", req.op))),
     };
     if let Err(e) = &out {

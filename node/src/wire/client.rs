@@ -784,6 +784,23 @@ impl ReplicaClient {
         self.json(&body)
     }
 
+    /// The runs of blocks (`[first, last)`) of the replica's regions
+    /// written lately (`Replica::recent_runs`).
+    pub async fn recent_runs(&self) -> Result<Vec<(u64, u64)>, ClientError> {
+        let body = self.call(Op::RecentRuns, 0, 0, 0, 0, &[]).await?;
+        self.json(&body)
+    }
+
+    /// The CRC32C of each block a read returns over `offset..offset +
+    /// len` (block aligned), in order (`Replica::view_sums`).
+    pub async fn view_sums(&self, offset: u64, len: u32) -> Result<Vec<u32>, ClientError> {
+        let body = self.call(Op::ViewSums, offset, len, 0, 0, &[]).await?;
+        Ok(body
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+
     /// The writes after revision `since` in the replica's write log, or
     /// None when the log does not reach back that far.
     pub async fn writes_since(

@@ -90,6 +90,14 @@ pub enum Op {
     /// replica that holds it sound (see `Replica::lose_frozen_block`). Only
     /// from the volume's engine.
     Lose = 17,
+    /// The runs of blocks of the head's regions written lately (see
+    /// `Replica::recent_runs`): JSON `[[first, last], ...]`, in blocks,
+    /// `last` excluded. A starting engine compares its replicas there.
+    RecentRuns = 18,
+    /// The CRC32C of each 4 KiB block a read returns over `offset..offset
+    /// + length` (block aligned): 4 bytes a block, little endian; that of
+    /// a block of zeros where no layer holds it (`Replica::view_sums`).
+    ViewSums = 19,
 }
 
 impl Op {
@@ -123,6 +131,8 @@ impl Op {
             15 => Op::Grow,
             16 => Op::LayerSums,
             17 => Op::Lose,
+            18 => Op::RecentRuns,
+            19 => Op::ViewSums,
             _ => return None,
         })
     }
@@ -210,7 +220,9 @@ impl Request {
         let len = u32_at(b, 24);
         let offset = u64_at(b, 16);
         match op {
-            Op::Read | Op::Write | Op::LayerRead | Op::LayerSums if len > MAX_DATA => {
+            Op::Read | Op::Write | Op::LayerRead | Op::LayerSums | Op::ViewSums
+                if len > MAX_DATA =>
+            {
                 return Err(refuse(format!("length {len} over the limit {MAX_DATA}")));
             }
             Op::Snapshot if b[5] & FLAG_LOSE != 0 && len > MAX_CONTROL => {
@@ -239,6 +251,7 @@ impl Request {
             | Op::WriteLog
             | Op::Grow
             | Op::Lose
+            | Op::RecentRuns
                 if len != 0 =>
             {
                 return Err(refuse(format!("{op:?} carries no length, got {len}")));
