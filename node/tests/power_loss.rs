@@ -157,16 +157,17 @@ fn after_a_power_cut_every_flushed_write_reads_back_and_no_block_fails_its_check
 
 /// A flush that ends no interval of the dirty regions (one soon after the
 /// last, as a writer flushing after each write makes them) makes the
-/// writes durable and leaves their checksums to the next that does
-/// (`replica/regions.rs`). A cut before that loses no flushed write: its
+/// writes durable and leaves their checksums and the revision file to the
+/// next that does (`replica/regions.rs`; after a cut the counter only
+/// picks the replica the others are made equal to, `engine/equalize.rs`). A cut before that loses no flushed write: its
 /// blocks, in regions written lately, are checked, found not matching the
 /// checksums the disk kept, and taken as they are, suspect. A flush that
 /// ends an interval syncs the checksums, and a cut after it leaves no
 /// block suspect; a clean close and a snapshot sync them whatever the
 /// interval.
 #[test]
-fn a_flush_within_an_interval_leaves_the_checksums_to_the_next_and_a_cut_before_it_loses_no_write()
-{
+fn a_flush_within_an_interval_leaves_the_checksums_and_the_counter_to_the_next_and_a_cut_before_it_loses_no_write()
+ {
     let (_dir, mut fs) = forgetful_disk();
     let rdir = fs.at.join("r");
     let mut r = Replica::create_for(&rdir, "v", 32 << 20).unwrap();
@@ -182,6 +183,11 @@ fn a_flush_within_an_interval_leaves_the_checksums_to_the_next_and_a_cut_before_
     let mut r = Replica::open(&rdir).unwrap();
     read_run(&r, 0, 16, 1, "the flushed write");
     read_run(&r, 8 << 20, 16, 2, "the write flushed within the interval");
+    assert_eq!(
+        r.revision(),
+        16,
+        "the counter as the flush that ended the interval left it (32 when every flush syncs it)"
+    );
     let suspects = r.suspects();
     assert_eq!(
         suspects,

@@ -1377,15 +1377,22 @@ impl Replica {
         self.bump(Some(rev))
     }
 
-    /// Makes every write so far durable. Their blocks' checksums are made
-    /// durable with them at a flush that ends an interval of the dirty
-    /// regions (`regions::INTERVAL`, 500 ms at least since the last), and
-    /// so always before a region is cleared: a writer that flushes after
-    /// each write pays one sync less on most. A cut before that leaves
-    /// the checksums of the writes since on the disk as they were, in
-    /// regions a new boot checks, where each such block is suspect: taken
-    /// as it is (a flushed write is on the disk), or the copy of another
-    /// replica holding it sound, which has the same write.
+    /// Makes every write so far durable. Their blocks' checksums, and the
+    /// revision file (the counter, the flush mark and the write log), are
+    /// made durable with them at a flush that ends an interval of the
+    /// dirty regions (`regions::INTERVAL`, 500 ms at least since the
+    /// last), and so always before a region is cleared: a writer that
+    /// flushes after each write pays one sync instead of three on most. A
+    /// cut before that leaves the checksums of the writes since on the
+    /// disk as they were, in regions a new boot checks, where each such
+    /// block is suspect: taken as it is (a flushed write is on the disk),
+    /// or the copy of another replica holding it sound, which has the same
+    /// write. It leaves the counter behind the data too, which after a cut
+    /// only picks the replica the others are made equal to: a new boot
+    /// trusts neither the flush mark nor the log, and a starting engine
+    /// compares the replicas over their regions written lately whatever
+    /// their counters (`engine::equalize`). Without a cut the page cache
+    /// holds the revision file as it was.
     pub fn flush(&self) -> Result<(), ReplicaError> {
         self.flush_sums(false)
     }
@@ -1412,7 +1419,9 @@ impl Replica {
             s.sync()?;
         }
         self.revision_file.mark_flushed(revision);
-        self.revision_file.sync()?;
+        if always || interval {
+            self.revision_file.sync()?;
+        }
         // The writes that settled suspect blocks are durable now.
         if self
             .suspect_stale

@@ -2,7 +2,9 @@
 //! `revision`, mapped into memory, so that recording each write is a store
 //! rather than a system call. The mapping is shared, so what it holds is in
 //! the page cache like the data it describes (it survives the process), and
-//! it is made durable with the data at each flush.
+//! it is made durable with the data at a flush that ends an interval of the
+//! dirty regions (`Replica::flush` says why not at every flush), at a clean
+//! close and at a snapshot.
 //!
 //! Layout: bytes 0..8 the revision of the last write; 8..16 the revision
 //! of the last flush (when they differ at open, the replica was not closed
