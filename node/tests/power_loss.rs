@@ -646,6 +646,80 @@ async fn an_engine_makes_its_replicas_equal_where_they_were_written_lately_with_
     }
 }
 
+/// Where the keeper holds a block bad (it fails its checksum) that another
+/// replica holds otherwise, the comparison of the regions written lately
+/// leaves the other's copy as it is, copies the rest of the run, and both
+/// replicas stay rw: a read of the block gets the sound copy (the engine's
+/// repair), rather than the other replica failed and rebuilt from a keeper
+/// that cannot give the block.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_block_the_keeper_holds_bad_stays_as_the_other_holds_it_when_they_are_made_equal() {
+    const KIB: u64 = 1024;
+    let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let vol = 8u64 << 20;
+    let names = ["v-r0", "v-r1"];
+    // Both hold the first half (round 7), flushed. Then r0 writes at 3 and
+    // 6 MiB (round 8), ahead of r1, which writes at 512 KiB (round 9).
+    let theirs = [vec![(3 << 20, 8), (6 << 20, 8)], vec![(512 * KIB, 9)]];
+    for ((d, name), writes) in [(&d0, names[0]), (&d1, names[1])].into_iter().zip(theirs) {
+        let dir = replica_dir(d.path(), name);
+        Replica::create(&dir, vol).unwrap();
+        let mut r = Replica::open(&dir).unwrap();
+        write_run(&mut r, 0, vol / 2 / (64 * KIB), 7);
+        r.flush().unwrap();
+        for (at, round) in writes {
+            write_run(&mut r, at, 1, round);
+        }
+    }
+    // In r0, a block of r1's write goes bad (no write of r0's names it).
+    let bad = 512 * KIB / BLOCK + 3;
+    common::flip_block(
+        &common::head_file(&replica_dir(d0.path(), names[0])),
+        bad * BLOCK,
+    );
+    let addrs = [
+        common::serve(d0.path(), names[0]).await,
+        common::serve(d1.path(), names[1]).await,
+    ];
+    let engine = common::engine_over(vol, &addrs, None).await;
+    let status = engine.status().await;
+    assert!(
+        status
+            .iter()
+            .all(|m| m.mode == ballast::model::ReplicaMode::Rw),
+        "both stay rw: {status:?}"
+    );
+    let tls = ballast_node::wire::tls::WireTls::default();
+    let r1 = ballast_node::wire::client::ReplicaClient::dial(&tls, &addrs[1].addr, &addrs[1].name)
+        .await
+        .unwrap();
+    let block = |data: &[u8], b: u64| data[(b * BLOCK) as usize..][..BLOCK as usize].to_vec();
+    let of = |at: u64, round: u8, b: u64| block(&pattern(at, round), b - at / BLOCK);
+    let held = r1.read(0, vol as u32).await.unwrap();
+    for b in 512 * KIB / BLOCK..576 * KIB / BLOCK {
+        let want = if b == bad {
+            of(512 * KIB, 9, b)
+        } else {
+            of(512 * KIB, 7, b)
+        };
+        assert!(
+            block(&held, b) == want,
+            "r1 block {b}: the keeper's copy, but the bad one its own"
+        );
+    }
+    for b in (3u64 << 20) / BLOCK..(3u64 << 20) / BLOCK + 16 {
+        assert!(
+            block(&held, b) == of(3 << 20, 8, b),
+            "r1 block {b}: the keeper's write"
+        );
+    }
+    assert_eq!(
+        engine.read(bad * BLOCK, BLOCK as u32).await.unwrap(),
+        of(512 * KIB, 9, bad),
+        "the engine reads the block the keeper holds bad as the other holds it"
+    );
+}
+
 /// A new boot checks only the head's regions written lately
 /// (`replica/regions.rs`): a block gone bad in a region no write touched
 /// over the last flush intervals fails its reads, as it would

@@ -25,7 +25,9 @@
 
 use ballast::model::ReplicaMode;
 
-use super::settle::{copy, sound_runs};
+use std::ops::Range;
+
+use super::settle::sound_runs;
 use super::{Link, Member, RebuildStatus};
 use crate::replica::BLOCK;
 use crate::wire::client::{ClientError, ReplicaClient};
@@ -81,6 +83,8 @@ fn differing(chunk: (u64, u64), keeper: &[u32], theirs: &[u32]) -> Vec<u64> {
 struct Outcome {
     differing: u64,
     copied: u64,
+    /// Blocks the keeper could not read, left as the replica holds them.
+    unreadable: u64,
 }
 
 /// Makes every rw member hold what the keeper (the first at revision
@@ -143,7 +147,7 @@ pub(super) async fn equalize_recent(
                 let m = &mut members[*i];
                 if o.differing > 0 {
                     tracing::warn!(volume, replica = %m.at.name, keeper = %keeper_name, blocks,
-                        differing = o.differing, copied_bytes = o.copied,
+                        differing = o.differing, copied_bytes = o.copied, unreadable = o.unreadable,
                         "blocks of the regions written lately that differed from the keeper's after an unclean stop, made equal");
                     m.rebuild = Some(RebuildStatus {
                         source: keeper_name.clone(),
@@ -183,19 +187,50 @@ async fn compare_and_copy(
         let blocks = differing((a, b), &theirs, &ours);
         out.differing += blocks.len() as u64;
         for run in sound_runs(&blocks, &[]).0 {
-            if !copy(keeper, dst, &run, revision).await {
-                return Err(format!(
-                    "blocks {}..{} could not be copied from the keeper",
-                    run.start, run.end
-                ));
+            if copy_run(keeper, dst, &run, revision).await? {
+                out.copied += (run.end - run.start) * BLOCK;
+                continue;
             }
-            out.copied += (run.end - run.start) * BLOCK;
+            // A run the keeper cannot read whole is copied block by block.
+            // A block it cannot read at all (bad there) stays as `dst`
+            // holds it: a read of it from the keeper fails, and the
+            // engine's repair gives the keeper `dst`'s copy.
+            if run.end - run.start == 1 {
+                out.unreadable += 1;
+                continue;
+            }
+            for b in run {
+                if copy_run(keeper, dst, &(b..b + 1), revision).await? {
+                    out.copied += BLOCK;
+                } else {
+                    out.unreadable += 1;
+                }
+            }
         }
     }
     if out.copied > 0 {
         dst.flush().await.map_err(|e| e.to_string())?;
     }
     Ok(out)
+}
+
+/// Copies blocks `run` from `keeper` to `dst` (written at `revision`):
+/// false when the keeper cannot read them, an error when `dst` fails the
+/// write.
+async fn copy_run(
+    keeper: &ReplicaClient,
+    dst: &ReplicaClient,
+    run: &Range<u64>,
+    revision: u64,
+) -> Result<bool, String> {
+    let (offset, len) = (run.start * BLOCK, ((run.end - run.start) * BLOCK) as u32);
+    let Ok(data) = keeper.read(offset, len).await else {
+        return Ok(false);
+    };
+    dst.write(offset, &data, revision, false)
+        .await
+        .map(|()| true)
+        .map_err(|e| e.to_string())
 }
 
 /// Takes `m` out of the volume's rw set: it may differ from the keeper
