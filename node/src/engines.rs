@@ -294,10 +294,13 @@ impl Engines {
     }
 
     /// Starts the engine of a volume, or returns the one already running
-    /// and healthy (its replicas are managed through add and remove). A
-    /// dead engine is started again; a hung one is killed first, and so is
-    /// one under an engine host that another replaced (a handover: it
-    /// comes up under the new host).
+    /// and healthy for this attachment or a later one (its replicas are
+    /// managed through add and remove). A dead engine is started again; a
+    /// hung one is killed first, and so is one under an engine host that
+    /// another replaced (a handover: it comes up under the new host), and
+    /// one started for an earlier attachment, whose writes the replicas
+    /// may refuse (a detach raises their fences). Its caller runs it to
+    /// its end on a task of its own (the agent's `start_engine`).
     #[tracing::instrument(skip_all, fields(volume = %spec.volume))]
     pub async fn start(&self, spec: StartEngineRequest) -> Result<EngineStatus, Error> {
         let invalid = |field: &str, m: String| Error::Invalid {
@@ -323,7 +326,18 @@ impl Engines {
                     let now = self.host_now();
                     let stale = stale_host(r.host, now);
                     handing_to = now.filter(|_| stale.is_some());
-                    stale
+                    // Started for an earlier attachment: the replicas may
+                    // be fenced past it already (a detach raises their
+                    // fences), and refuse its writes. A retry for the same
+                    // attachment keeps it.
+                    stale.or_else(|| {
+                        (r.spec.epoch < spec.epoch).then(|| {
+                            format!(
+                                "it serves attachment {} of the volume and attachment {} is asked for",
+                                r.spec.epoch, spec.epoch
+                            )
+                        })
+                    })
                 }
             };
             match why {

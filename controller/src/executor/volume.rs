@@ -345,7 +345,8 @@ async fn mark_served(ctx: &Arc<Context>, volume: &Volume) -> Result<(), Error> {
 }
 
 /// Starts the engine of `volume` on `node` with the replicas that hold its
-/// latest data (the node agent keeps one already running and healthy);
+/// latest data (the node agent keeps one already running and healthy
+/// for this attachment);
 /// returns its endpoint. When it can open none of them, the volume is
 /// faulted and the error says where the latest data is.
 async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Result<String, Error> {
@@ -354,8 +355,8 @@ async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Resul
     let holders = serving.holders.join(", ");
     // A new attachment, counted before any engine can claim it: the
     // replicas that its engine opens refuse the writes of every engine
-    // started before it. (A healthy engine the node keeps goes on with
-    // its own; the count only ever grows.)
+    // started before it. (The node replaces an engine of an earlier
+    // attachment, healthy or not; the count only ever grows.)
     let epoch = ctx
         .store
         .modify::<Volume, Error>(&volume.name, |v| {

@@ -223,7 +223,15 @@ impl NodeAgent for NodeAgentService {
         &self,
         request: Request<StartEngineRequest>,
     ) -> Result<Response<StartEngineResponse>, Status> {
-        let engine = self.ctx.engines.start(request.into_inner()).await?;
+        // On a task of its own, so that it runs to its end when the caller
+        // gives up: cut off midway, it would leave an engine process
+        // running that no record names, which the next start's check of
+        // the control socket would take for its own.
+        let ctx = self.ctx.clone();
+        let spec = request.into_inner();
+        let engine = tokio::spawn(async move { ctx.engines.start(spec).await })
+            .await
+            .map_err(|e| crate::error::Error::Internal(format!("the engine's start: {e}")))??;
         Ok(Response::new(StartEngineResponse {
             engine: Some(engine),
         }))
