@@ -15,6 +15,11 @@
 //! the least it costs to read the head once. Median of 5. Prints both
 //! opens' times and their ratios to the peer.
 //!
+//! Also what a starting engine asks of each replica to compare them over
+//! their regions written lately (`engine/equalize.rs`), here the whole
+//! head: the CRC32C of each block a read returns (`Replica::view_sums`),
+//! from a cold cache, against the same `cat`.
+//!
 //! Then what suspect blocks cost the writes after a cut: a replica of 64
 //! MiB whose every block went bad while the machine was off (so all are
 //! suspect after its open) takes 4,096 writes of 4 KiB over them, each
@@ -167,8 +172,8 @@ fn main() {
     let base = std::env::var_os("BENCH_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
-    let (mut cats, mut cut, mut clean, mut recent) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut cats, mut cut, mut clean, mut recent, mut compare) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for run in 0..5 {
         let tmp = tempfile::tempdir_in(&base).unwrap();
         let dir = tmp.path().join("r");
@@ -185,6 +190,17 @@ fn main() {
         cats.push(t.elapsed());
 
         cut.push(open_in_a_new_boot(&dir));
+
+        // What a starting engine asks of each replica to compare them
+        // (`engine/equalize.rs`), here over the whole head, from a cold
+        // cache: the CRC32C of each block a read returns.
+        drop_caches();
+        let r = Replica::open(&dir).unwrap();
+        let t = Instant::now();
+        let sums = r.view_sums(0, SIZE).unwrap();
+        compare.push(t.elapsed());
+        assert_eq!(sums.len() as u64, SIZE / 4096 * 4);
+        drop(r);
 
         let mut r = Replica::open(&dir).unwrap();
         assert!(r.close_clean("the bench's planned reboot").unwrap());
@@ -207,11 +223,16 @@ fn main() {
         drop(r);
         recent.push(open_in_a_new_boot(&dir));
         println!(
-            "run {run}: cat {:?}, open after a cut {:?}, after a cut with 16 MiB written lately {:?}, after a clean close {:?}",
-            cats[run], cut[run], recent[run], clean[run]
+            "run {run}: cat {:?}, open after a cut {:?}, after a cut with 16 MiB written lately {:?}, after a clean close {:?}, the sums a comparison asks of the whole head {:?}",
+            cats[run], cut[run], recent[run], clean[run], compare[run]
         );
     }
+    let e = median(compare);
     let (c, a, b, d) = (median(cats), median(cut), median(clean), median(recent));
+    println!(
+        "the CRC32C of each block of a head of 512 MiB, as a starting engine compares replicas (VIEW_SUMS), cold, vs cat of the head: {:.3}x of its time ({e:?} against {c:?})",
+        e.as_secs_f64() / c.as_secs_f64()
+    );
     println!(
         "a replica's open in a new boot (head of 512 MiB), cold: after a power cut {a:?}, after one with 16 MiB written lately {d:?}, after a clean close {b:?}; cat of the head {c:?}"
     );
