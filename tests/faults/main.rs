@@ -232,6 +232,35 @@ fn a_block_flipped_in_one_replica_then_every_machine_loses_power() {
     );
 }
 
+/// Found by the soak of seed 20261233, reboots schedule 14: every
+/// machine's power cut, then node-1's disk full. The engine restarted on
+/// node-1 could not open its local replica there, and waited 20 s for it
+/// as for a node not back yet; the controller gave up on the start, its
+/// dropped request left that engine's process running unrecorded, and
+/// the next attachment's start took it for its own: a stale engine whose
+/// writes the fenced replicas refused, and the volume faulted. A replica
+/// whose server fails it is no longer waited for, a start runs to its
+/// end, and a start for a later attachment replaces an earlier one's
+/// engine.
+#[test]
+fn every_machine_loses_power_then_the_engines_node_fills_its_disk() {
+    fixed(
+        "power-cut-all-then-disk-full",
+        3,
+        vec![
+            Pause(300),
+            CorruptHead(1),
+            Pause(596),
+            PowerCutAll,
+            Pause(332),
+            FillDisk(0),
+            Pause(944),
+            Check,
+            Pause(1134),
+        ],
+    );
+}
+
 #[test]
 fn engine_killed_twice_while_writing() {
     fixed(

@@ -34,7 +34,7 @@ use tokio::sync::{Mutex, RwLock};
 
 use crate::replica::BLOCK;
 use crate::wire::client::{ClientError, ReplicaClient, Waiter};
-use crate::wire::protocol::{FLAG_FUA, FLAG_ZEROES, MAX_DATA, Op};
+use crate::wire::protocol::{FLAG_FUA, FLAG_ZEROES, MAX_DATA, Op, status};
 use crate::wire::tls::WireTls;
 
 mod catch_up;
@@ -1544,7 +1544,18 @@ async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64
         };
         (m, 0, Vec::new())
     };
-    let reached = connected.is_ok();
+    // Reached, for the wait on suspect blocks (`settle::SUSPECTS_WAIT`),
+    // unless its node may yet come back: no connection, or a server that
+    // does not hold it yet (NOT_FOUND) or is busy with it. A replica
+    // whose server failed it (its disk full or failing) is not waited
+    // for: the wait would only hold the start back.
+    let reached = match &connected {
+        Ok(_) => true,
+        Err(ClientError::Closed { .. }) => false,
+        Err(ClientError::Failed { status: s, .. }) => {
+            !matches!(*s, status::NOT_FOUND | status::BUSY)
+        }
+    };
     let (m, revision, suspect) = match connected {
         Ok((_, info)) if info["pending"].as_u64().unwrap_or(0) > 0 => {
             failed("its rebuild did not finish".into())
