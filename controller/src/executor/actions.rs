@@ -95,9 +95,11 @@ async fn ready_node(ctx: &Context, id: &str) -> Result<Node, Error> {
 
 async fn mark_failed(ctx: &Context, name: &str, why: &Error, reused: bool) {
     let now = ctx.now();
-    // A rebuild that failed because a node could not be reached does not
-    // count as a reuse attempt.
-    let uncounted = reused && matches!(why, Error::Unavailable(_));
+    // A rebuild that failed because a node could not be reached, or
+    // because the engine was busy (one rebuild at a time, another just
+    // begun), does not count as a reuse attempt: the next comes without
+    // the reuse backoff.
+    let uncounted = reused && matches!(why, Error::Unavailable(_) | Error::Conflict(_));
     let marked = ctx
         .store
         .modify::<Replica, Error>(name, |r| {

@@ -67,7 +67,7 @@ pub fn served(r: &mut Replica, now: DateTime<Utc>) -> bool {
 
 /// A replica that failed at `now` (an I/O error, its node lost, a failed
 /// rebuild). `uncounted`: a reuse that failed only because a node could not
-/// be reached does not count as an attempt.
+/// be reached, or its engine was busy, does not count as an attempt.
 pub fn failed(r: &mut Replica, now: DateTime<Utc>, uncounted: bool) {
     if uncounted {
         r.spec.rebuild_retry_count = r.spec.rebuild_retry_count.saturating_sub(1);
