@@ -229,7 +229,8 @@ impl NodeAgent for NodeAgentService {
         // the control socket would take for its own.
         let ctx = self.ctx.clone();
         let spec = request.into_inner();
-        let engine = tokio::spawn(async move { ctx.engines.start(spec).await })
+        let start = async move { ctx.engines.start(spec).await };
+        let engine = tokio::spawn(tracing::Instrument::in_current_span(start))
             .await
             .map_err(|e| crate::error::Error::Internal(format!("the engine's start: {e}")))??;
         Ok(Response::new(StartEngineResponse {
