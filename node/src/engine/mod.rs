@@ -21,8 +21,9 @@
 //! power cut, a replica's suspect blocks take the sound copy another holds
 //! (`settle`), and replicas left apart by an unclean stop are made equal:
 //! from their write logs (`catch_up`), then over the regions each wrote
-//! lately (`equalize`); one that neither can make equal is rebuilt. The replica on the engine's own node is lent to it by
-//! its server, and its I/O goes straight to its files (`lent`).
+//! lately (`equalize`); one that neither can make equal is rebuilt. The
+//! replica on the engine's own node is lent to it by its server, and its
+//! I/O goes straight to its files (`lent`).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -129,12 +129,7 @@ pub(super) async fn settle_suspects(
 }
 
 /// Copies blocks `run` from `src` to `dst` (written at `revision`).
-pub(super) async fn copy(
-    src: &ReplicaClient,
-    dst: &ReplicaClient,
-    run: &Range<u64>,
-    revision: u64,
-) -> bool {
+async fn copy(src: &ReplicaClient, dst: &ReplicaClient, run: &Range<u64>, revision: u64) -> bool {
     let (offset, len) = (run.start * BLOCK, (run.end - run.start) * BLOCK);
     let Ok(len) = u32::try_from(len) else {
         return false;
