@@ -58,6 +58,10 @@ const ALPN_H2: &[u8] = b"h2";
 pub const CERT_FILE: &str = "tls.crt";
 pub const KEY_FILE: &str = "tls.key";
 
+/// How long [`Credentials::load`] reads again a key that is not its
+/// certificate's, waiting for the writer replacing them to finish.
+pub const LOAD_SETTLES_IN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// What goes wrong with certificates and TLS settings.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -465,8 +469,31 @@ impl Credentials {
         &self.key_pem
     }
 
-    /// The credentials kept in `dir` (`ca.crt`, `tls.crt`, `tls.key`).
+    /// The credentials kept in `dir` (`ca.crt`, `tls.crt`, `tls.key`), with
+    /// a key that is the certificate's. A writer replaces the files one at
+    /// a time (a renewal's [`save`](Self::save), or a kubelet updating a
+    /// mounted Secret), so a read between two of its renames can find the
+    /// new key beside the old certificate: such a read is taken again, for
+    /// up to [`LOAD_SETTLES_IN`], before the mismatch is an error.
     pub fn load(dir: &Path) -> Result<Credentials, TlsError> {
+        let started = std::time::Instant::now();
+        loop {
+            let read = Self::read(dir)?;
+            match read.certified_key() {
+                Ok(_) => return Ok(read),
+                Err(e) if started.elapsed() >= LOAD_SETTLES_IN => {
+                    return Err(TlsError::Invalid(format!(
+                        "{}: {KEY_FILE} and {CERT_FILE} do not make a pair: {e}",
+                        dir.display()
+                    )));
+                }
+                Err(_) => std::thread::sleep(LOAD_SETTLES_IN / 50),
+            }
+        }
+    }
+
+    /// The files as they are, read one after the other.
+    fn read(dir: &Path) -> Result<Credentials, TlsError> {
         let read = |f: &str| {
             let p = dir.join(f);
             std::fs::read_to_string(&p).map_err(io_err(&p))
@@ -478,13 +505,27 @@ impl Credentials {
         })
     }
 
-    /// Keeps them in `dir`, the key readable by its owner only; each file
-    /// is replaced whole.
+    /// Keeps them in `dir`, the key readable by its owner only. Each file
+    /// is replaced whole, and all three are written and synced before the
+    /// first is renamed into place, so the key and its certificate change
+    /// within microseconds of each other ([`load`](Self::load) reads past
+    /// that).
     pub fn save(&self, dir: &Path) -> Result<(), TlsError> {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-        write_private(&dir.join(KEY_FILE), &self.key_pem)?;
-        write_atomically(&dir.join(CERT_FILE), &self.cert_pem, 0o644)?;
-        write_atomically(&dir.join(CA_CERT_FILE), &self.ca_pem, 0o644)
+        let files = [
+            (KEY_FILE, &self.key_pem, 0o600),
+            (CERT_FILE, &self.cert_pem, 0o644),
+            (CA_CERT_FILE, &self.ca_pem, 0o644),
+        ];
+        let mut written = Vec::with_capacity(files.len());
+        for (name, text, mode) in files {
+            let path = dir.join(name);
+            written.push((written_aside(&path, text, mode)?, path));
+        }
+        for (tmp, path) in written {
+            std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        }
+        Ok(())
     }
 
     /// A gRPC server's settings, showing the certificate in `slot`: a
@@ -659,9 +700,18 @@ pub fn enrolling_client(ca_pem: &str) -> ClientTlsConfig {
 
 /// Writes `text` to `path` through a temporary file renamed over it.
 fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), TlsError> {
+    let tmp = written_aside(path, text, mode)?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// `text` written and synced beside `path` (its name and `.tmp`), in the
+/// file that is returned, to be renamed over it.
+fn written_aside(path: &Path, text: &str, mode: u32) -> Result<PathBuf, TlsError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let tmp = path.with_extension("tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     let _ = std::fs::remove_file(&tmp);
     std::fs::OpenOptions::new()
         .write(true)
@@ -670,7 +720,7 @@ fn write_atomically(path: &Path, text: &str, mode: u32) -> Result<(), TlsError> 
         .open(&tmp)
         .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
         .map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))
+    Ok(tmp)
 }
 
 fn write_private(path: &Path, text: &str) -> Result<(), TlsError> {
@@ -1090,5 +1140,46 @@ mod tests {
         c.save(&d.path().join("member")).unwrap();
         let again = Credentials::load(&d.path().join("member")).unwrap();
         assert_eq!(again.cert_pem, c.cert_pem);
+    }
+
+    /// A renewal replaces the files while another process reads them (the
+    /// engines, a test): every load gets a key that is its certificate's,
+    /// one set or the other, never the new key beside the old certificate.
+    /// A pair that stays apart is an error naming the directory.
+    #[test]
+    fn a_load_while_the_files_are_replaced_gets_a_key_and_its_certificate() {
+        let d = tempfile::tempdir().unwrap();
+        let ca = Ca::generate().unwrap();
+        let sets = [0, 1].map(|_| ca.issue(&Role::Node("node-1".into())).unwrap());
+        sets[0].save(d.path()).unwrap();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = {
+            let (dir, stop, sets) = (d.path().to_path_buf(), stop.clone(), sets.clone());
+            std::thread::spawn(move || {
+                let mut saves = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    sets[saves % 2].save(&dir).unwrap();
+                    saves += 1;
+                }
+                saves
+            })
+        };
+        for _ in 0..300 {
+            let read = Credentials::load(d.path()).unwrap();
+            let set = sets.iter().find(|s| s.cert_pem == read.cert_pem).unwrap();
+            assert_eq!(read.key_pem, set.key_pem, "the key of the certificate read");
+            read.rustls_client().unwrap();
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        assert!(writer.join().unwrap() > 1, "the files were replaced");
+        // Apart for good: the error says where.
+        let apart = tempfile::tempdir().unwrap();
+        sets[0].save(apart.path()).unwrap();
+        std::fs::write(apart.path().join(KEY_FILE), sets[1].key_pem()).unwrap();
+        let e = Credentials::load(apart.path()).unwrap_err().to_string();
+        assert!(
+            e.contains(&apart.path().display().to_string()) && e.contains(KEY_FILE),
+            "{e}"
+        );
     }
 }
