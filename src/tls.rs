@@ -922,6 +922,21 @@ pub fn acts_for_node<T>(request: &Request<T>, node_id: &str) -> Result<(), Statu
     }
 }
 
+/// Whether the caller of `request`, claiming to be the engine of volume
+/// `volume`'s attachment `epoch`, may: with TLS on, an engine's
+/// certificate must name that attachment (a node's or a controller's may
+/// claim any of its own; TLS off, anyone may).
+pub fn claims_attachment<T>(request: &Request<T>, volume: &str, epoch: u64) -> Result<(), Status> {
+    match request.peer_certs() {
+        Some(c) if is_engine(&c) && !holds(&c, &Role::Attachment(volume.to_string(), epoch)) => {
+            Err(Status::permission_denied(format!(
+                "this engine's certificate does not name attachment {epoch} of volume {volume}"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// What a member of the cluster proves itself with: the cluster token on
 /// every call, and its certificate when TLS is on.
 #[derive(Clone, Debug, Default)]

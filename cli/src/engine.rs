@@ -54,7 +54,7 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
     let member = ballast::tls::Member { token, tls };
     let controller_recorder = match (&a.controller, &a.node_id) {
         (Some(controller), Some(node)) => Some(std::sync::Arc::new(ControllerRecorder::new(
-            controller, &a.volume, node, &member,
+            controller, &a.volume, node, a.epoch, &member,
         )?)),
         _ => None,
     };

@@ -180,14 +180,23 @@ routed!(RoutedController, Controller, ControllerClient, admit = anyone, {
 });
 
 /// A controlplane call speaks for one node: with TLS on, only that node's
-/// certificate (or a controller's, forwarding) may make it.
+/// certificate (or a controller's, forwarding) may make it, and an
+/// engine's claim of an attachment must be in its certificate.
 fn for_its_node<T: ForNode>(request: &Request<T>) -> Result<(), Status> {
-    ballast::tls::acts_for_node(request, request.get_ref().node_id())
+    ballast::tls::acts_for_node(request, request.get_ref().node_id())?;
+    match request.get_ref().attachment() {
+        Some((volume, epoch)) => ballast::tls::claims_attachment(request, volume, epoch),
+        None => Ok(()),
+    }
 }
 
 /// A request made for one node.
 trait ForNode {
     fn node_id(&self) -> &str;
+    /// The attachment of a volume the caller claims to be the engine of.
+    fn attachment(&self) -> Option<(&str, u64)> {
+        None
+    }
 }
 
 macro_rules! for_node {
@@ -203,10 +212,18 @@ macro_rules! for_node {
 for_node!(
     RegisterRequest,
     HeartbeatRequest,
-    RecordReplicaSetRequest,
     NodeDisksRequest,
     IssueReaderRequest
 );
+
+impl ForNode for RecordReplicaSetRequest {
+    fn node_id(&self) -> &str {
+        &self.node_id
+    }
+    fn attachment(&self) -> Option<(&str, u64)> {
+        (self.engine_epoch != 0).then_some((&self.volume, self.engine_epoch))
+    }
+}
 
 routed!(RoutedControlplane, Controlplane, ControlplaneClient, admit = for_its_node, {
     register(RegisterRequest) -> RegisterResponse;

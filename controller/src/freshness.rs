@@ -62,13 +62,16 @@ pub async fn current_records(ctx: &Context, volume: &Volume) -> Result<Vec<Repli
 
 /// Records what an engine reports as its set of replicas holding the
 /// latest data. Refused (FAILED_PRECONDITION) when the engine's generation
-/// is not the store's or the volume is not attached at its node.
-#[tracing::instrument(skip_all, fields(volume = %volume, node = %node, generation))]
+/// is not the store's, the volume is not attached at its node, or the
+/// engine was started for another attachment than the volume's latest
+/// (`epoch`; 0, an engine from before the claim, is not checked): an
+/// engine the node or the controller replaced never changes the record.
+#[tracing::instrument(skip_all, fields(volume = %volume, node = %node, generation, epoch))]
 pub async fn record(
     ctx: &Context,
     volume: &str,
     node: &str,
-    generation: u64,
+    (generation, epoch): (u64, u64),
     replicas: &[String],
     reason: &str,
 ) -> Result<u64, Error> {
@@ -100,6 +103,12 @@ pub async fn record(
         if v.status.attached_node.as_deref() != Some(node) {
             return Err(Error::Unprocessable(format!(
                 "volume {volume} is not attached at {node}: this engine is stale"
+            )));
+        }
+        if epoch != 0 && v.status.engine_epoch != epoch {
+            return Err(Error::Unprocessable(format!(
+                "volume {volume}'s attachment is {}, not {epoch}: this engine is stale",
+                v.status.engine_epoch
             )));
         }
         if v.status.generation != generation {
@@ -510,7 +519,7 @@ mod tests {
         // The engine drops v3-r1: recorded, and v3-r1 is failed.
         let (g, whole) = lists(
             &counting,
-            record(&ctx, "v3", "n1", 1, &["v3-r0".into()], "v3-r1 dropped"),
+            record(&ctx, "v3", "n1", (1, 0), &["v3-r0".into()], "v3-r1 dropped"),
         )
         .await;
         assert_eq!(g.unwrap(), 2);
@@ -519,7 +528,7 @@ mod tests {
         assert_eq!(r1.status.mode, Some(ReplicaMode::Err));
         // A replica of another volume, or none at all, is refused by name.
         for stranger in ["v4-r0", "nowhere"] {
-            let e = record(&ctx, "v3", "n1", 2, &[stranger.into()], "")
+            let e = record(&ctx, "v3", "n1", (2, 0), &[stranger.into()], "")
                 .await
                 .unwrap_err();
             assert!(e.to_string().contains(stranger), "{e}");
@@ -552,6 +561,47 @@ mod tests {
         assert!(e.to_string().contains("v6-r0 holds the latest data"), "{e}");
         let e = salvage(&ctx, "v6", "v6-r1", true).await.unwrap_err();
         assert!(e.to_string().contains("is not ready"), "{e}");
+    }
+
+    /// An engine of an attachment the volume has left behind (one the
+    /// controller started again, or detached) never changes the record,
+    /// even at the record's generation and on the attached node: its
+    /// smaller set is refused, naming both attachments, and the set stays.
+    /// The engine of the latest attachment records; an engine of a version
+    /// that claims none (0) is checked by generation and node only.
+    #[tokio::test]
+    async fn an_engine_of_an_earlier_attachment_never_changes_the_record() {
+        let store: Arc<dyn Store> = Arc::new(Counting::default());
+        cluster(store.as_ref()).await;
+        let ctx = Context::new(store.clone(), Duration::from_secs(30));
+        store
+            .modify::<Volume, Error>("v3", |v| {
+                v.status.engine_epoch = 5;
+                Ok(true)
+            })
+            .await
+            .unwrap();
+        let one = ["v3-r0".to_string()];
+        let e = record(&ctx, "v3", "n1", (1, 2), &one, "stale")
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Unprocessable(_))
+                && e.to_string().contains("attachment is 5, not 2"),
+            "{e}"
+        );
+        let v3: Volume = store.fetch("v3").await.unwrap();
+        assert_eq!(
+            (v3.status.generation, v3.status.current_replicas),
+            (1, vec!["v3-r0".to_string(), "v3-r1".to_string()]),
+            "the set stays"
+        );
+        let r1: Replica = store.fetch("v3-r1").await.unwrap();
+        assert_eq!(r1.status.mode, Some(ReplicaMode::Rw), "v3-r1 is not failed");
+        // Nor a later one than the store's.
+        assert!(record(&ctx, "v3", "n1", (1, 6), &one, "").await.is_err());
+        assert_eq!(record(&ctx, "v3", "n1", (1, 5), &one, "").await.unwrap(), 2);
+        assert_eq!(record(&ctx, "v3", "n1", (2, 0), &one, "").await.unwrap(), 3);
     }
 
     /// A volume from before the record (generation 0): every replica of it

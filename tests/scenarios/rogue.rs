@@ -203,6 +203,41 @@ fn an_engine_of_an_earlier_attachment_is_fenced_out_and_the_volume_keeps_its_dat
         });
     }
 
+    // Nor can an engine of an earlier attachment on the node the volume
+    // is attached at change the record at the controller: at the
+    // record's generation, its smaller set is refused as stale, and a
+    // claim of the latest attachment its certificate does not name is
+    // denied. The set stays as it was.
+    let recorded = c.volume("v")["status"].clone();
+    let stale = engine_member_as(c.dir.path(), "v", "node-2", 2);
+    let controller = format!("http://{}", c.ctl.agent);
+    rt.block_on(async {
+        use ballast::proto::agent::v1::RecordReplicaSetRequest;
+        use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
+        let channel = stale
+            .channel(&controller, &ballast::tls::Role::Controller)
+            .unwrap();
+        let mut ctl = ControlplaneClient::new(channel);
+        let ask = |engine_epoch| RecordReplicaSetRequest {
+            volume: "v".into(),
+            node_id: "node-2".into(),
+            generation: recorded["generation"].as_u64().unwrap(),
+            replicas: vec![recorded["currentReplicas"][0].as_str().unwrap().into()],
+            reason: "a stale engine drops the others".into(),
+            engine_epoch,
+        };
+        let e = ctl.record_replica_set(ask(2)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e}");
+        assert!(e.message().contains("attachment is 3, not 2"), "{e}");
+        let e = ctl.record_replica_set(ask(3)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    });
+    let now = c.volume("v")["status"].clone();
+    assert_eq!(
+        (&now["generation"], &now["currentReplicas"]),
+        (&recorded["generation"], &recorded["currentReplicas"]),
+    );
+
     // The engine of the second attachment goes on: every replica stays,
     // nothing is rebuilt, and the data reads back through NBD and from
     // every replica's files, whose fence is on disk.

@@ -321,6 +321,16 @@ pub fn engine_wire_as(
         .for_attachment(epoch)
 }
 
+/// A member of the cluster of `dir` as the engine of `volume` on `node`
+/// started for its attachment `epoch`: the token and that engine's
+/// certificate, as the controller issues it.
+pub fn engine_member_as(dir: &Path, volume: &str, node: &str, epoch: u64) -> ballast::tls::Member {
+    ballast::tls::Member {
+        token: ballast::cluster_token::ClusterToken::read(&cluster_token(dir)).unwrap(),
+        tls: ballast::tls::Tls::on(engine_credentials(dir, volume, node, epoch)).unwrap(),
+    }
+}
+
 /// The credentials of an engine of `volume` on `node` for the volume's
 /// attachment `epoch`, as the controller issues them, in the cluster of
 /// `dir`.

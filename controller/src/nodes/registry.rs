@@ -364,7 +364,7 @@ impl Controlplane for ControlplaneService {
             &self.ctx,
             &req.volume,
             &req.node_id,
-            req.generation,
+            (req.generation, req.engine_epoch),
             &req.replicas,
             &req.reason,
         )

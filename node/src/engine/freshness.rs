@@ -187,15 +187,20 @@ pub struct ControllerRecorder {
     client: ControlplaneClient,
     volume: String,
     node_id: String,
+    /// The attachment the engine was started for, which every record
+    /// claims: the controller refuses those of an engine it replaced.
+    epoch: u64,
 }
 
 impl ControllerRecorder {
     /// `controller` is the controller's agent endpoint (`http://host:port`).
-    /// Its calls are made as `member` (the node's token and certificate).
+    /// Its calls are made as `member` (the node's token and certificate)
+    /// for the engine of attachment `epoch`.
     pub fn new(
         controller: &str,
         volume: &str,
         node_id: &str,
+        epoch: u64,
         member: &ballast::tls::Member,
     ) -> Result<Self, String> {
         let channel = member
@@ -205,6 +210,7 @@ impl ControllerRecorder {
             client: ControlplaneClient::new(channel),
             volume: volume.to_string(),
             node_id: node_id.to_string(),
+            epoch,
         })
     }
 }
@@ -223,6 +229,7 @@ impl Recorder for ControllerRecorder {
             generation,
             replicas: replicas.to_vec(),
             reason: reason.to_string(),
+            engine_epoch: self.epoch,
         };
         let mut c = self.client.clone();
         match tokio::time::timeout(Duration::from_secs(5), c.record_replica_set(req)).await {
