@@ -14,6 +14,14 @@
 //! over its block device as after a crash (the writes in flight are sent
 //! again, the replicas caught up). The old host ends once it has none.
 //!
+//! **One change of a volume's engine at a time.** A start, a stop and
+//! each change of a running engine (its replicas, size, export,
+//! credentials) take the volume's guard and hold it to their end; the
+//! table of engines is held only to read or change an entry, never while
+//! an engine is waited for. So one volume's start, which may wait up to
+//! 20 s for an engine whose replicas' nodes are not back, holds up no
+//! other volume, and no heartbeat (which lists the engines).
+//!
 //! Files per volume, in `<state-dir>/frontends/`: `<volume>.sock` (NBD),
 //! `<volume>.pid`, `<volume>.status.json` (written by the engine).
 
@@ -81,7 +89,10 @@ pub struct Engines {
     record_at: RecordAt,
     /// The engine host's socket; None: engines are this process's children.
     host: Option<PathBuf>,
+    /// The engines, by volume: held only to read or change an entry.
     running: Mutex<BTreeMap<String, Running>>,
+    /// Each volume's guard: one change of its engine at a time.
+    guards: std::sync::Mutex<BTreeMap<String, Arc<Mutex<()>>>>,
     /// Woken when an engine this process started exits, or one was handed
     /// over to a new engine host, so that the next heartbeat reports it at
     /// once (and marks the next engine to hand over).
@@ -90,7 +101,7 @@ pub struct Engines {
     /// started again (after a crash, or in a handover), with the volume's
     /// size: kept, so that the next start takes the device over, and the
     /// filesystem on it sees a longer pause instead of a dead device.
-    /// Taken with `running` held.
+    /// Taken under the volume's guard.
     left: std::sync::Mutex<BTreeMap<String, (u64, Arc<OwnedFd>)>>,
     /// The engine host (its pid) under which a handover failed: no more
     /// engines are handed over to it. Another host that takes the socket
@@ -163,6 +174,7 @@ impl Engines {
             record_at,
             host,
             running: Mutex::new(BTreeMap::new()),
+            guards: std::sync::Mutex::default(),
             report_now: Arc::default(),
             left: std::sync::Mutex::default(),
             failed_handover: std::sync::Mutex::default(),
@@ -173,6 +185,34 @@ impl Engines {
     /// handed over: the heartbeat goes at once.
     pub fn report_now(&self) -> Arc<tokio::sync::Notify> {
         self.report_now.clone()
+    }
+
+    /// The guard of `volume`'s engine, once every change of it that came
+    /// before has ended.
+    async fn guard(&self, volume: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let guard = {
+            let mut guards = self.guards.lock().unwrap_or_else(|e| e.into_inner());
+            // Those no one holds or waits for go.
+            guards.retain(|_, g| Arc::strong_count(g) > 1);
+            guards.entry(volume.to_string()).or_default().clone()
+        };
+        guard.lock_owned().await
+    }
+
+    /// The engine of `volume` as the table has it, if its process lives.
+    async fn alive_entry(&self, volume: &str) -> Option<Running> {
+        let running = self.running.lock().await;
+        running.get(volume).filter(|r| alive(r.pid)).cloned()
+    }
+
+    /// Changes the spec of `volume`'s engine in the table, and its
+    /// record, with `f` (an engine that ended meanwhile: nothing).
+    async fn respec(&self, volume: &str, f: impl FnOnce(&mut StartEngineRequest)) {
+        let mut running = self.running.lock().await;
+        if let Some(r) = running.get_mut(volume) {
+            f(&mut r.spec);
+            self.record(r.pid, &r.spec);
+        }
     }
 
     /// Why the engine of `volume` (pid `pid`) is not healthy, if it is not:
@@ -311,13 +351,14 @@ impl Engines {
         if spec.replicas.is_empty() {
             return Err(invalid("replicas", "at least one replica is needed".into()));
         }
-        let mut running = self.running.lock().await;
+        let _volume = self.guard(&spec.volume).await;
         // The block device the last engine served (its size and FUSE
         // connection), for the next to take over.
         let device: Option<(u64, Arc<OwnedFd>)>;
         // The host an engine is handed over to (a handover), if one is.
         let mut handing_to = None;
-        if let Some(r) = running.get(&spec.volume).cloned() {
+        let known = self.running.lock().await.get(&spec.volume).cloned();
+        if let Some(r) = known {
             let why = match self.problem(&spec.volume, r.pid).await {
                 Some(why) => Some(why),
                 // Healthy, but under an engine host replaced since: it moves
@@ -364,7 +405,7 @@ impl Engines {
                     device = r.fuse.map(|f| (r.spec.size, f));
                 }
             }
-            running.remove(&spec.volume);
+            self.running.lock().await.remove(&spec.volume);
         } else {
             // A block device whose last engine could not be started again.
             device = self.left_device(&spec.volume);
@@ -414,7 +455,7 @@ impl Engines {
             self.report_now.notify_one();
         }
         let volume = spec.volume.clone();
-        running.insert(
+        self.running.lock().await.insert(
             volume.clone(),
             Running {
                 pid,
@@ -561,10 +602,9 @@ impl Engines {
             field: "replica".into(),
             message: m,
         })?;
-        let mut running = self.running.lock().await;
-        let r = running
-            .get_mut(volume)
-            .filter(|r| alive(r.pid))
+        let _volume = self.guard(volume).await;
+        self.alive_entry(volume)
+            .await
             .ok_or_else(|| Error::NotFound(format!("no engine of {volume} runs on this node")))?;
         let req = ControlRequest::Add {
             replica: replica.to_string(),
@@ -573,12 +613,12 @@ impl Engines {
         control::call(&self.control(volume), &req)
             .await
             .map_err(control_error)?;
-        r.spec
-            .replicas
-            .retain(|x| !x.starts_with(&format!("{}@", at.name)));
-        r.spec.replicas.push(replica.to_string());
-        let (pid, spec) = (r.pid, r.spec.clone());
-        self.record(pid, &spec);
+        self.respec(volume, |spec| {
+            spec.replicas
+                .retain(|x| !x.starts_with(&format!("{}@", at.name)));
+            spec.replicas.push(replica.to_string());
+        })
+        .await;
         Ok(())
     }
 
@@ -606,10 +646,9 @@ impl Engines {
     /// expansion), and records the size it is to be started with again.
     #[tracing::instrument(skip_all, fields(volume = %volume, size))]
     pub async fn grow(&self, volume: &str, size: u64) -> Result<(), Error> {
-        let mut running = self.running.lock().await;
-        let r = running
-            .get_mut(volume)
-            .filter(|r| alive(r.pid))
+        let _volume = self.guard(volume).await;
+        self.alive_entry(volume)
+            .await
             .ok_or_else(|| Error::NotFound(format!("no engine of {volume} runs on this node")))?;
         let req = ControlRequest::Grow { size };
         control::call(&self.control(volume), &req)
@@ -621,9 +660,7 @@ impl Engines {
                 },
                 _ => control_error(e),
             })?;
-        r.spec.size = size;
-        let (pid, spec) = (r.pid, r.spec.clone());
-        self.record(pid, &spec);
+        self.respec(volume, |spec| spec.size = size).await;
         Ok(())
     }
 
@@ -634,10 +671,10 @@ impl Engines {
     /// connection on.
     #[tracing::instrument(skip_all, fields(volume = %volume))]
     pub async fn renew(&self, volume: &str, cert_pem: &str, key_pem: &str) -> Result<(), Error> {
-        let mut running = self.running.lock().await;
-        let r = running
-            .get_mut(volume)
-            .filter(|r| alive(r.pid))
+        let _volume = self.guard(volume).await;
+        let r = self
+            .alive_entry(volume)
+            .await
             .ok_or_else(|| Error::NotFound(format!("no engine of {volume} runs on this node")))?;
         let names = [
             Role::Engine(volume.to_string()),
@@ -660,9 +697,7 @@ impl Engines {
         control::call(&self.control(volume), &ControlRequest::Credentials)
             .await
             .map_err(control_error)?;
-        r.spec = spec;
-        let (pid, spec) = (r.pid, r.spec.clone());
-        self.record(pid, &spec);
+        self.respec(volume, |s| *s = spec).await;
         tracing::info!("renewed the engine's credentials");
         Ok(())
     }
@@ -699,21 +734,21 @@ impl Engines {
     /// engine, nothing to do.
     #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]
     pub async fn remove_replica(&self, volume: &str, replica: &str) -> Result<(), Error> {
-        let mut running = self.running.lock().await;
-        let Some(r) = running.get_mut(volume).filter(|r| alive(r.pid)) else {
+        let _volume = self.guard(volume).await;
+        if self.alive_entry(volume).await.is_none() {
             return Ok(());
-        };
+        }
         let req = ControlRequest::Remove {
             replica: replica.to_string(),
         };
         control::call(&self.control(volume), &req)
             .await
             .map_err(control_error)?;
-        r.spec
-            .replicas
-            .retain(|x| !x.starts_with(&format!("{replica}@")));
-        let (pid, spec) = (r.pid, r.spec.clone());
-        self.record(pid, &spec);
+        self.respec(volume, |spec| {
+            spec.replicas
+                .retain(|x| !x.starts_with(&format!("{replica}@")));
+        })
+        .await;
         Ok(())
     }
 
@@ -727,8 +762,8 @@ impl Engines {
     /// same file.
     #[tracing::instrument(skip_all, fields(volume = %volume))]
     pub async fn export(&self, volume: &str) -> Result<PathBuf, Error> {
-        let mut running = self.running.lock().await;
-        if !running.get(volume).is_some_and(|r| alive(r.pid)) {
+        let _volume = self.guard(volume).await;
+        if self.alive_entry(volume).await.is_none() {
             return Err(Error::Refused(format!(
                 "volume {volume} is not published at this node: no engine of it runs here"
             )));
@@ -739,7 +774,7 @@ impl Engines {
             .await
             .map_err(control_error)?;
         let fuse = self.device_of(volume).await;
-        if let Some(r) = running.get_mut(volume) {
+        if let Some(r) = self.running.lock().await.get_mut(volume) {
             r.fuse = fuse;
         }
         Ok(dir.join(crate::frontend::blockdev::FILE_NAME))
@@ -748,10 +783,10 @@ impl Engines {
     /// Ends the export of `volume` (nothing to do without an engine).
     #[tracing::instrument(skip_all, fields(volume = %volume))]
     pub async fn unexport(&self, volume: &str) -> Result<(), Error> {
-        let mut running = self.running.lock().await;
-        if !running.get(volume).is_some_and(|r| alive(r.pid)) {
+        let _volume = self.guard(volume).await;
+        if self.alive_entry(volume).await.is_none() {
             // No engine serves it: end the connection it left.
-            if let Some(r) = running.get_mut(volume) {
+            if let Some(r) = self.running.lock().await.get_mut(volume) {
                 r.fuse = None;
             }
             drop(self.left_device(volume));
@@ -761,7 +796,7 @@ impl Engines {
         control::call(&self.control(volume), &ControlRequest::Unexport)
             .await
             .map_err(control_error)?;
-        if let Some(r) = running.get_mut(volume) {
+        if let Some(r) = self.running.lock().await.get_mut(volume) {
             r.fuse = None;
         }
         Ok(())
@@ -779,18 +814,17 @@ impl Engines {
     /// whether one ran.
     #[tracing::instrument(skip_all, fields(volume = %volume))]
     pub async fn stop(&self, volume: &str) -> Result<bool, Error> {
-        let mut running = self.running.lock().await;
+        let _volume = self.guard(volume).await;
+        let stopped = self.alive_entry(volume).await.is_some();
         // A staged volume's filesystem or device sits on the engine's
         // export: stopping the engine under it would fail every I/O there.
-        if running.get(volume).is_some_and(|r| alive(r.pid))
-            && crate::frontend::blockdev::is_mountpoint(&self.export_dir(volume))
-        {
+        if stopped && crate::frontend::blockdev::is_mountpoint(&self.export_dir(volume)) {
             return Err(Error::Refused(format!(
                 "volume {volume} is still staged on this node; NodeUnstageVolume first"
             )));
         }
-        let stopped = running.get(volume).is_some_and(|r| alive(r.pid));
-        if let Some(r) = running.remove(volume) {
+        let ended = self.running.lock().await.remove(volume);
+        if let Some(r) = ended {
             let pid = Pid::from_raw(r.pid);
             let _ = kill(pid, Signal::SIGTERM);
             if !gone_within(r.pid, Duration::from_secs(10)).await {

@@ -311,6 +311,36 @@ fn a_killed_engine_is_started_again_and_io_resumes_at_the_same_endpoint() {
     verify_data(c.dir.path(), &endpoint, &b);
 }
 
+/// An attach repeated at the node the volume is attached at (the CSI
+/// attacher publishes again at each of its resyncs) is the same
+/// attachment: its engine, running and healthy, stays (its process and
+/// the volume's count of attachments, `engineEpoch`), and the I/O through
+/// it goes on. (It was counted as a new one, and the node replaced the
+/// engine, while a NodeStage might be writing through it.)
+#[test]
+fn an_attach_repeated_at_the_same_node_keeps_its_engine_and_its_attachment() {
+    let c = Cluster::start(2, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 27);
+    let state = c.path("node-1").join("state");
+    let (pid, epoch) = (
+        engine_pid(&state, "v").unwrap(),
+        c.volume("v")["status"]["engineEpoch"].clone(),
+    );
+    for _ in 0..2 {
+        assert_eq!(c.attach("v", "node-1"), endpoint);
+    }
+    assert_eq!(engine_pid(&state, "v"), Some(pid));
+    assert_eq!(c.volume("v")["status"]["engineEpoch"], epoch);
+    verify_data(c.dir.path(), &endpoint, &a);
+    let b = write_data(c.dir.path(), &endpoint, 28);
+    verify_data(c.dir.path(), &endpoint, &b);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &b);
+}
+
 /// The pid of the `ballast controller` child of `ballast local` (`parent`).
 fn controller_child(parent: u32) -> Option<i32> {
     for e in std::fs::read_dir("/proc").ok()?.flatten() {

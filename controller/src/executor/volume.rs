@@ -256,8 +256,9 @@ pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
 }
 
 /// Starts the volume's engine on `node_id` and records its endpoint.
-/// Attached there already: the engine is started again if it is not
-/// running and healthy (a dead engine is never answered as attached).
+/// Attached there already (a CSI publish repeated): the same attachment,
+/// whose engine the node keeps when it runs and is healthy, and starts
+/// again when not (a dead engine is never answered as attached).
 #[tracing::instrument(skip_all, fields(volume = %name, node = %node_id))]
 pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Volume, Error> {
     let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
@@ -291,7 +292,12 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
             })
             .await?;
     }
-    let endpoint = match start_engine(ctx, &volume, &node).await {
+    let attachment = if again {
+        Attachment::Same
+    } else {
+        Attachment::New
+    };
+    let endpoint = match start_engine(ctx, &volume, &node, attachment).await {
         Ok(e) => e,
         Err(e) => {
             if !again {
@@ -344,12 +350,28 @@ async fn mark_served(ctx: &Arc<Context>, volume: &Volume) -> Result<(), Error> {
     Ok(())
 }
 
+/// Whether a start of an engine is a new attachment of the volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Attachment {
+    /// Counted anew: the replicas its engine opens refuse every engine
+    /// started before it, and the node replaces one of an earlier count.
+    New,
+    /// The one the volume is attached at (a repeated attach): the node
+    /// keeps its engine when that runs and is healthy.
+    Same,
+}
+
 /// Starts the engine of `volume` on `node` with the replicas that hold its
 /// latest data (the node agent keeps one already running and healthy
 /// for this attachment);
 /// returns its endpoint. When it can open none of them, the volume is
 /// faulted and the error says where the latest data is.
-async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Result<String, Error> {
+async fn start_engine(
+    ctx: &Arc<Context>,
+    volume: &Volume,
+    node: &Node,
+    attachment: Attachment,
+) -> Result<String, Error> {
     let serving = crate::freshness::serving(ctx, volume).await?;
     let local = serving.on(&node.id).unwrap_or_default().to_string();
     let holders = serving.holders.join(", ");
@@ -357,15 +379,19 @@ async fn start_engine(ctx: &Arc<Context>, volume: &Volume, node: &Node) -> Resul
     // replicas that its engine opens refuse the writes of every engine
     // started before it. (The node replaces an engine of an earlier
     // attachment, healthy or not; the count only ever grows.)
-    let epoch = ctx
-        .store
-        .modify::<Volume, Error>(&volume.name, |v| {
-            v.status.engine_epoch += 1;
-            Ok(true)
-        })
-        .await?
-        .status
-        .engine_epoch;
+    let epoch = match attachment {
+        Attachment::Same if volume.status.engine_epoch > 0 => volume.status.engine_epoch,
+        _ => {
+            ctx.store
+                .modify::<Volume, Error>(&volume.name, |v| {
+                    v.status.engine_epoch += 1;
+                    Ok(true)
+                })
+                .await?
+                .status
+                .engine_epoch
+        }
+    };
     // With TLS on, the engine gets credentials for this volume on this
     // node, naming that attachment: the replicas take JOIN and FILL only
     // from them, and the claim of the attachment only with them.
@@ -460,7 +486,7 @@ pub async fn restart_engine(
                 format!("its engine on {node_id} is not running: {problem}; starting it again"),
             )
             .await;
-            let endpoint = start_engine(ctx, &volume, &node).await?;
+            let endpoint = start_engine(ctx, &volume, &node, Attachment::New).await?;
             ctx.event(
                 Kind::Volume,
                 name,
@@ -470,7 +496,7 @@ pub async fn restart_engine(
             .await;
         }
         Restart::Handover(problem) => {
-            start_engine(ctx, &volume, &node).await?;
+            start_engine(ctx, &volume, &node, Attachment::New).await?;
             ctx.event(
                 Kind::Volume,
                 name,
