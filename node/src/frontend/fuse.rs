@@ -133,6 +133,12 @@ const FLAG_MAX_PAGES: u64 = 1 << 22;
 const INIT_EXT: u64 = 1 << 30;
 const HAS_RESEND: u64 = 1 << 39;
 const FOPEN_DIRECT_IO: u32 = 1 << 0;
+/// No FLUSH at each close of the file (ours would do nothing): a close
+/// then never waits for the filesystem. (A process the node forks closes
+/// the node's open files at its exec; with the engine dead and the node
+/// keeping the connection for the next one, a FLUSH there waited for that
+/// next engine, whose own start waited for the exec.)
+const FOPEN_NOFLUSH: u32 = 1 << 5;
 /// `fuse_notify_code`: move every request read but not answered back to
 /// the queue.
 const NOTIFY_RESEND: i32 = 7;
@@ -209,25 +215,7 @@ pub fn mount(
 
 /// Mounts a new filesystem whose file is `backing` at `dir` and serves it.
 pub fn mount_backing(backing: Arc<dyn Backing>, dir: &Path) -> std::io::Result<FuseMount> {
-    std::fs::create_dir_all(dir)?;
-    let dev = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/fuse")?;
-    // SAFETY: getuid and getgid cannot fail and touch no memory.
-    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
-    let data = format!(
-        "fd={},rootmode=40000,user_id={uid},group_id={gid},allow_other,default_permissions",
-        dev.as_raw_fd()
-    );
-    nix::mount::mount(
-        Some(format!("ballast:{}", backing.name()).as_str()),
-        dir,
-        Some("fuse.ballast"),
-        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
-        Some(data.as_str()),
-    )
-    .map_err(|e| std::io::Error::other(format!("mount: {e}")))?;
+    let dev = mount_connection(&backing.name(), dir)?;
     let server = Server::new(backing, dev);
     let dev = server.dev.clone();
     // The kernel's first request is INIT; nothing else comes before it.
@@ -251,6 +239,31 @@ pub fn mount_backing(backing: Arc<dyn Backing>, dir: &Path) -> std::io::Result<F
         server.reply_error(h.unique, libc::EIO);
     }
     Ok(start(server, dir))
+}
+
+/// Mounts a new filesystem named `ballast:NAME` at `dir`: its
+/// connection, on which the kernel's INIT waits to be read.
+fn mount_connection(name: &str, dir: &Path) -> std::io::Result<File> {
+    std::fs::create_dir_all(dir)?;
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    // SAFETY: getuid and getgid cannot fail and touch no memory.
+    let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+    let data = format!(
+        "fd={},rootmode=40000,user_id={uid},group_id={gid},allow_other,default_permissions",
+        dev.as_raw_fd()
+    );
+    nix::mount::mount(
+        Some(format!("ballast:{name}").as_str()),
+        dir,
+        Some("fuse.ballast"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some(data.as_str()),
+    )
+    .map_err(|e| std::io::Error::other(format!("mount: {e}")))?;
+    Ok(dev)
 }
 
 /// Takes over the connection of an engine that died (`dev`, kept by the
@@ -530,7 +543,8 @@ impl Server {
             }
             OPEN if h.nodeid == FILE_INO => {
                 // No page cache: every I/O reaches the backing.
-                let out = Body::default().u64(0).u32(FOPEN_DIRECT_IO).u32(0);
+                let flags = FOPEN_DIRECT_IO | FOPEN_NOFLUSH;
+                let out = Body::default().u64(0).u32(flags).u32(0);
                 self.reply(h.unique, &out.0);
             }
             OPEN => self.reply_error(h.unique, libc::EISDIR),
@@ -655,5 +669,83 @@ impl Server {
             Ok(()) => self.reply(h.unique, &[]),
             Err(errno) => self.reply_error(h.unique, errno),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file of nothing.
+    struct Nothing;
+
+    impl Backing for Nothing {
+        fn name(&self) -> String {
+            "nothing".into()
+        }
+        fn size(&self) -> u64 {
+            0
+        }
+        fn read(&self, _: u64, _: u32) -> Result<bytes::Bytes, i32> {
+            Err(libc::EIO)
+        }
+        fn write(&self, _: u64, _: bytes::Bytes) -> Result<(), i32> {
+            Err(libc::EIO)
+        }
+        fn trim(&self, _: u64, _: u64) -> Result<(), i32> {
+            Err(libc::EIO)
+        }
+        fn flush(&self) -> Result<(), i32> {
+            Err(libc::EIO)
+        }
+    }
+
+    /// A close of the volume's file asks the filesystem nothing (no
+    /// FLUSH). A process the node forks closes the node's open files at
+    /// its exec; with the engine dead and its connection kept for the
+    /// next engine, a FLUSH there waited for that engine, whose start
+    /// waited for the exec: the node's start of the next engine hung
+    /// (2026-12-04, an engine replaced while NodeStage wrote through
+    /// it). Here the test serves the requests itself and records them.
+    #[test]
+    fn closing_the_volume_file_asks_the_filesystem_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("v.fuse");
+        let dev = mount_connection("closing", &at).unwrap();
+        let mut buf = vec![0u8; buffer_size()];
+        let n = (&dev).read(&mut buf).unwrap();
+        let h = Header::parse(&buf[..n]).unwrap();
+        assert_eq!(h.opcode, INIT);
+        let server = Server::new(Arc::new(Nothing), dev);
+        server.init(&h, &buf[IN_HEADER..n]);
+        nix::fcntl::fcntl(
+            &*server.dev,
+            nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+        )
+        .unwrap();
+        let file = at.join(FILE_NAME);
+        let closed = std::thread::spawn(move || drop(File::open(file).unwrap()));
+        let mut asked = Vec::new();
+        while !closed.is_finished() {
+            match (&*server.dev).read(&mut buf) {
+                Ok(n) => {
+                    let h = Header::parse(&buf[..n]).unwrap();
+                    asked.push(h.opcode);
+                    let body = bytes::Bytes::copy_from_slice(&buf[IN_HEADER.min(n)..n]);
+                    server.dispatch(&h, body);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        closed.join().unwrap();
+        nix::mount::umount2(&at, nix::mount::MntFlags::MNT_DETACH).unwrap();
+        assert!(asked.contains(&OPEN), "the file was opened: {asked:?}");
+        assert!(
+            !asked.contains(&FLUSH),
+            "a close asked for FLUSH: {asked:?}"
+        );
     }
 }
