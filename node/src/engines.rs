@@ -22,8 +22,17 @@
 //! 20 s for an engine whose replicas' nodes are not back, holds up no
 //! other volume, and no heartbeat (which lists the engines).
 //!
+//! **Only the engine it started.** A volume's engine is healthy only if
+//! the processes serving its sockets are that engine: a stray engine of
+//! the volume (one whose start was abandoned, binding its paths late)
+//! would take its clients' I/O and its control. A start stops any stray
+//! before it spawns and checks who serves once its engine is up; a
+//! health check that finds another process there reports the engine for
+//! the controller to start again.
+//!
 //! Files per volume, in `<state-dir>/frontends/`: `<volume>.sock` (NBD),
-//! `<volume>.pid`, `<volume>.status.json` (written by the engine).
+//! `<volume>.ctl` (control), `<volume>.pid`, `<volume>.status.json`
+//! (written by the engine).
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -156,6 +165,31 @@ fn parent_of(pid: i32) -> Option<i32> {
     after.split_whitespace().nth(1)?.parse().ok()
 }
 
+/// The process that listens on the unix socket at `path`, from the peer
+/// credentials of a connection to it (None: it is in a PID namespace this
+/// process does not see). An error when nothing listens there, or when
+/// the connection is not taken within the health check's time.
+async fn server_of(path: &Path) -> std::io::Result<Option<i32>> {
+    let connect = tokio::net::UnixStream::connect(path);
+    let conn = tokio::time::timeout(HEALTH_TIMEOUT, connect)
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    Ok(conn.peer_cred()?.pid().filter(|p| *p > 0))
+}
+
+/// Whether process `pid` is an engine of `volume` (`ballast engine ...
+/// --volume VOLUME ...`, as this node starts them), by its command line.
+fn engine_of(pid: i32, volume: &str) -> bool {
+    let Ok(line) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = line.split(|b| *b == 0).collect();
+    args.get(1) == Some(&b"engine".as_slice())
+        && args
+            .windows(2)
+            .any(|w| w[0] == b"--volume" && w[1] == volume.as_bytes())
+}
+
 impl Engines {
     /// `state_dir/frontends` holds the sockets; `exe` is the ballast binary.
     pub fn new(
@@ -205,6 +239,14 @@ impl Engines {
         running.get(volume).filter(|r| alive(r.pid)).cloned()
     }
 
+    /// The engine of `volume`, which a change asks of: NOT_FOUND when none
+    /// runs on this node.
+    async fn running_engine(&self, volume: &str) -> Result<Running, Error> {
+        self.alive_entry(volume)
+            .await
+            .ok_or_else(|| Error::NotFound(format!("no engine of {volume} runs on this node")))
+    }
+
     /// Changes the spec of `volume`'s engine in the table, and its
     /// record, with `f` (an engine that ended meanwhile: nothing).
     async fn respec(&self, volume: &str, f: impl FnOnce(&mut StartEngineRequest)) {
@@ -224,13 +266,57 @@ impl Engines {
         let socket = self.control(volume);
         let ping = control::call(&socket, &ControlRequest::Ping);
         match tokio::time::timeout(HEALTH_TIMEOUT, ping).await {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(format!("its control socket fails: {}", e.message)),
-            Err(_) => Some(format!(
-                "its control socket did not answer in {}s",
-                HEALTH_TIMEOUT.as_secs()
-            )),
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Some(format!("its control socket fails: {}", e.message)),
+            Err(_) => {
+                return Some(format!(
+                    "its control socket did not answer in {}s",
+                    HEALTH_TIMEOUT.as_secs()
+                ));
+            }
         }
+        // What answered is the engine itself, and its clients reach it: a
+        // stray engine of the volume (one whose start was abandoned) may
+        // have bound the paths since.
+        for path in self.sockets(volume) {
+            match server_of(&path).await {
+                Ok(Some(p)) if p != pid => {
+                    return Some(format!("process {p} serves {}, not it", path.display()));
+                }
+                Ok(_) => {}
+                Err(e) => return Some(format!("nothing serves {}: {e}", path.display())),
+            }
+        }
+        None
+    }
+
+    /// The sockets of `volume`'s engine: NBD (its clients') and control
+    /// (this node's).
+    fn sockets(&self, volume: &str) -> [PathBuf; 2] {
+        [self.socket(volume), self.control(volume)]
+    }
+
+    /// Stops each engine of `volume` that still serves its sockets: a
+    /// stray, since a start calls this only once no engine of the volume
+    /// is to run (one whose start was abandoned, or one replaced that has
+    /// not died yet). A process serving them that is not an engine of the
+    /// volume is not touched, and the start fails naming it.
+    async fn stop_strays(&self, volume: &str) -> Result<(), Error> {
+        for path in self.sockets(volume) {
+            let Ok(Some(p)) = server_of(&path).await else {
+                continue;
+            };
+            if !engine_of(p, volume) {
+                return Err(Error::Internal(format!(
+                    "process {p} serves {}, and it is not an engine of {volume}",
+                    path.display()
+                )));
+            }
+            tracing::warn!(pid = p, socket = %path.display(), "stopping a stray engine of the volume");
+            let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+            gone_within(p, Duration::from_secs(5)).await;
+        }
+        Ok(())
     }
 
     pub fn socket(&self, volume: &str) -> PathBuf {
@@ -410,6 +496,13 @@ impl Engines {
             // A block device whose last engine could not be started again.
             device = self.left_device(&spec.volume);
         }
+        if let Err(e) = self.stop_strays(&spec.volume).await {
+            if let Some((size, fd)) = device {
+                let mut left = self.left.lock().unwrap_or_else(|e| e.into_inner());
+                left.insert(spec.volume.clone(), (size, fd));
+            }
+            return Err(e);
+        }
         let takeover = device
             .filter(|(size, _)| *size == spec.size)
             .filter(|_| crate::frontend::blockdev::is_mountpoint(&self.export_dir(&spec.volume)))
@@ -474,7 +567,6 @@ impl Engines {
         spec: &StartEngineRequest,
         takeover: Option<&Arc<OwnedFd>>,
     ) -> Result<(Started, i32), Error> {
-        let socket = self.socket(&spec.volume);
         let takeover = takeover.map(|f| f.as_ref());
         let (mut cmd, log) = self.command(spec, takeover)?;
         let mut started = match &self.host {
@@ -491,7 +583,8 @@ impl Engines {
             ),
         };
         let pid = started.pid();
-        wait_up(&mut started, &socket, &log, &spec.volume).await?;
+        let sockets = self.sockets(&spec.volume);
+        wait_up(&mut started, &sockets, &log, &spec.volume).await?;
         Ok((started, pid))
     }
 
@@ -603,9 +696,7 @@ impl Engines {
             message: m,
         })?;
         let _volume = self.guard(volume).await;
-        self.alive_entry(volume)
-            .await
-            .ok_or_else(|| Error::NotFound(format!("no engine of {volume} runs on this node")))?;
+        self.running_engine(volume).await?;
         let req = ControlRequest::Add {
             replica: replica.to_string(),
             source,
@@ -626,14 +717,7 @@ impl Engines {
     /// paused, every rw replica frozen at the same point.
     #[tracing::instrument(skip_all, fields(volume = %volume, snapshot = %id))]
     pub async fn snapshot(&self, volume: &str, id: &str) -> Result<(), Error> {
-        {
-            let running = self.running.lock().await;
-            if !running.get(volume).is_some_and(|r| alive(r.pid)) {
-                return Err(Error::NotFound(format!(
-                    "no engine of {volume} runs on this node"
-                )));
-            }
-        }
+        self.running_engine(volume).await?;
         let req = ControlRequest::Snapshot {
             snapshot: id.to_string(),
         };
@@ -647,9 +731,7 @@ impl Engines {
     #[tracing::instrument(skip_all, fields(volume = %volume, size))]
     pub async fn grow(&self, volume: &str, size: u64) -> Result<(), Error> {
         let _volume = self.guard(volume).await;
-        self.alive_entry(volume)
-            .await
-            .ok_or_else(|| Error::NotFound(format!("no engine of {volume} runs on this node")))?;
+        self.running_engine(volume).await?;
         let req = ControlRequest::Grow { size };
         control::call(&self.control(volume), &req)
             .await
@@ -672,10 +754,7 @@ impl Engines {
     #[tracing::instrument(skip_all, fields(volume = %volume))]
     pub async fn renew(&self, volume: &str, cert_pem: &str, key_pem: &str) -> Result<(), Error> {
         let _volume = self.guard(volume).await;
-        let r = self
-            .alive_entry(volume)
-            .await
-            .ok_or_else(|| Error::NotFound(format!("no engine of {volume} runs on this node")))?;
+        let r = self.running_engine(volume).await?;
         let names = [
             Role::Engine(volume.to_string()),
             Role::Attachment(volume.to_string(), r.spec.epoch),
@@ -1042,17 +1121,22 @@ impl Started {
     }
 }
 
-/// Waits until a new engine serves its NBD socket; an engine that exits
-/// first is answered with the last line of its log (refused when it found
-/// no replica to serve).
+/// Waits until a new engine serves its sockets (`sockets`: NBD and
+/// control), itself: another process that took them (a stray engine of
+/// the volume binding them late) is stopped, if an engine of the volume,
+/// with the new one, whose paths it replaced. An engine that exits first
+/// is answered with the last line of its log (refused when it found no
+/// replica to serve).
 async fn wait_up(
     started: &mut Started,
-    socket: &Path,
+    sockets: &[PathBuf],
     log: &Path,
     volume: &str,
 ) -> Result<(), Error> {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !socket.exists() {
+    let pid = started.pid();
+    let mut served = 0;
+    while served < sockets.len() {
         if let Some(code) = started.exited(log) {
             let status = code.map_or("killed by a signal".to_string(), |c| {
                 format!("exit code {c}")
@@ -1077,6 +1161,29 @@ async fn wait_up(
             return Err(Error::Internal(format!(
                 "the engine of {volume} did not come up"
             )));
+        }
+        let path = &sockets[served];
+        // Bound but not listening yet, or not bound yet: waited for.
+        match server_of(path).await {
+            Ok(Some(p)) if p != pid => {
+                started.kill();
+                if !engine_of(p, volume) {
+                    return Err(Error::Internal(format!(
+                        "process {p} serves {}, and it is not an engine of {volume}",
+                        path.display()
+                    )));
+                }
+                let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
+                return Err(Error::Unavailable(format!(
+                    "a stray engine of {volume} (process {p}) took {} as its engine started: both were stopped, and the start may be tried again",
+                    path.display()
+                )));
+            }
+            Ok(_) => {
+                served += 1;
+                continue;
+            }
+            Err(_) => {}
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

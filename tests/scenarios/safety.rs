@@ -341,6 +341,88 @@ fn an_attach_repeated_at_the_same_node_keeps_its_engine_and_its_attachment() {
     verify_replicas(&c, "v", &b);
 }
 
+/// The arguments process `pid` was started with, after its program.
+fn arguments_of(pid: i32) -> Vec<String> {
+    let line = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    line.split(|b| *b == 0)
+        .skip(1)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// The process listening on the unix socket at `path`.
+fn server_of(path: &std::path::Path) -> Option<i32> {
+    let conn = std::os::unix::net::UnixStream::connect(path).ok()?;
+    let creds =
+        nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    Some(creds.pid())
+}
+
+/// A stray engine of the volume (one whose start was abandoned while it
+/// waited for its replicas, coming up late), here started by hand as the
+/// node started the engine, binds the volume's sockets while the engine
+/// serves: it would take the clients' I/O and the node's control. The
+/// node's health check finds another process serving the engine's
+/// sockets; the controller starts the engine again, the start stops the
+/// stray, and the volume goes on, every byte written before still there.
+/// (The check was a ping of the control socket, which the stray
+/// answered: the stray stayed.)
+#[test]
+fn a_stray_engine_that_takes_the_volumes_sockets_is_stopped_and_the_volume_goes_on() {
+    let c = Cluster::start(2, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 41);
+    let state = c.path("node-1").join("state");
+    let engine = engine_pid(&state, "v").unwrap();
+    let args = arguments_of(engine);
+    assert_eq!(args.first().map(String::as_str), Some("engine"), "{args:?}");
+    let mut stray = Proc::spawn(&args, c.dir.path().join("stray-engine.log"));
+    let sockets = ["v.sock", "v.ctl"].map(|f| state.join("frontends").join(f));
+    wait_for_or(
+        Duration::from_secs(30),
+        "the stray serving the volume",
+        || {
+            sockets
+                .iter()
+                .all(|s| server_of(s) == Some(stray.pid()))
+                .then_some(())
+        },
+        || {
+            let served: Vec<_> = sockets.iter().map(|s| server_of(s)).collect();
+            format!("{served:?}, the stray's log:\n{}", stray.log_text())
+        },
+    );
+
+    // Found, and replaced: the stray is stopped, a new engine serves both
+    // sockets.
+    wait_for(Duration::from_secs(60), "the stray stopped", || {
+        stray.wait_exit(Duration::from_millis(100))
+    });
+    let now = wait_for(Duration::from_secs(60), "the engine started again", || {
+        engine_pid(&state, "v").filter(|p| ![engine, stray.pid()].contains(p))
+    });
+    wait_for(Duration::from_secs(30), "the new engine serving", || {
+        sockets
+            .iter()
+            .all(|s| server_of(s) == Some(now))
+            .then_some(())
+    });
+    assert!(
+        c.event_reasons("volume/v")
+            .contains(&"EngineRestarted".to_string()),
+        "{:?}",
+        c.event_reasons("volume/v")
+    );
+    verify_data(c.dir.path(), &endpoint, &a);
+    let b = write_data(c.dir.path(), &endpoint, 42);
+    verify_data(c.dir.path(), &endpoint, &b);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &b);
+}
+
 /// The pid of the `ballast controller` child of `ballast local` (`parent`).
 fn controller_child(parent: u32) -> Option<i32> {
     for e in std::fs::read_dir("/proc").ok()?.flatten() {
