@@ -1419,6 +1419,102 @@ fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_a
 }
 
 /// NodeGetVolumeStats of the volume published at `target`.
+/// Whether `dir` is a mount point now (in this process's mount table).
+fn mounted_at(dir: &Path) -> bool {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let dir = dir.display().to_string();
+    table
+        .lines()
+        .any(|l| l.split_whitespace().nth(4) == Some(dir.as_str()))
+}
+
+/// Whether a loop device is backed by `file` now.
+fn looped(file: &Path) -> bool {
+    let file = file.display().to_string();
+    std::fs::read_dir("/sys/block")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|d| {
+            std::fs::read_to_string(d.path().join("loop/backing_file"))
+                .is_ok_and(|b| b.trim() == file)
+        })
+}
+
+/// The volume's engine is killed in the middle of its NodeStage: once
+/// its block device's file is exported (while the node asks the engine
+/// for the export's connection, then sets up the loop device over the
+/// file), and once a loop device is set up over the file (while the
+/// node formats it). The controller starts the engine again, which takes
+/// the export over or exports anew; the stage, asked again as the
+/// kubelet does when it failed as worth trying again, ends; the
+/// filesystem is made and mounted, and what is written through it is
+/// there after the volume is taken down and up again. (A stage asked
+/// again after the first kill failed for good: the dead engine's mount
+/// was in the way of the next export.)
+#[test]
+fn an_engine_killed_in_the_middle_of_node_stage_is_replaced_and_the_stage_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, _n, mut csi) = cluster(dir.path());
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let state = dir.path().join("node-1/state");
+    let exported: fn(&Path) -> bool = |export| mounted_at(export);
+    let formatting: fn(&Path) -> bool = |export| looped(&export.join("volume"));
+    for (i, (volume, when)) in [("exporting", exported), ("formatting", formatting)]
+        .into_iter()
+        .enumerate()
+    {
+        let staging = dir.path().join(format!("staging-{volume}"));
+        let target = dir.path().join(format!("pod/{volume}"));
+        csi.create(volume, false);
+        let context = csi.publish(volume, false);
+        let first = engine_pid(&state, volume).unwrap();
+        let export = state.join(format!("frontends/{volume}.fuse"));
+        let killer = std::thread::spawn(move || {
+            let end = std::time::Instant::now() + Duration::from_secs(60);
+            while !when(&export) {
+                assert!(std::time::Instant::now() < end, "the moment never came");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(first),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
+        });
+        // As the kubelet does: a stage that failed is asked again. It
+        // fails only as worth trying again (the engine it asked ended).
+        let end = std::time::Instant::now() + Duration::from_secs(60);
+        let mut failed = Vec::new();
+        while let Err(e) = csi.stage(volume, &staging, false, &context) {
+            assert_eq!(e.code(), Code::Unavailable, "{volume}: {e:?}");
+            failed.push(e.message().to_string());
+            assert!(
+                std::time::Instant::now() < end,
+                "{volume}: no stage ended: {failed:?}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        killer.join().unwrap();
+        eprintln!("{volume}: stages that failed before one ended: {failed:?}");
+        let now = engine_pid(&state, volume).unwrap();
+        assert_ne!(now, first, "{volume}: the engine was not replaced");
+        let reasons = event_reasons(&ctl.api, &format!("volume/{volume}"));
+        assert!(
+            reasons.contains(&"EngineRestarted".to_string()),
+            "{volume}: {reasons:?}"
+        );
+        csi.node_publish(volume, &staging, &target, false).unwrap();
+        let file = (target.join("after-stage"), pattern(8 << 20, 9 + i as u8));
+        std::fs::write(&file.0, &file.1).unwrap();
+        std::fs::File::open(&file.0).unwrap().sync_all().unwrap();
+        std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+        let files = [file];
+        assert_files(&files);
+        csi.again(volume, &staging, &target, &files);
+    }
+}
+
 fn volume_stats(csi: &mut Csi, volume: &str, target: &Path) -> NodeGetVolumeStatsResponse {
     csi.rt
         .block_on(csi.node.node_get_volume_stats(NodeGetVolumeStatsRequest {

@@ -407,14 +407,24 @@ impl Engines {
     /// The FUSE connection of an exported engine (none when it is not
     /// exported, or cannot say).
     async fn device_of(&self, volume: &str) -> Option<Arc<OwnedFd>> {
+        self.connection_of(volume).await.ok().flatten()
+    }
+
+    /// The FUSE connection of the block device `volume`'s engine exports
+    /// (None: it exports none, or did not hand it over, which is logged);
+    /// an error when the engine could not be reached (it ended).
+    async fn connection_of(&self, volume: &str) -> Result<Option<Arc<OwnedFd>>, ControlError> {
         if !crate::frontend::blockdev::is_mountpoint(&self.export_dir(volume)) {
-            return None;
+            return Ok(None);
         }
         match control::device(&self.control(volume)).await {
-            Ok(fd) => Some(Arc::new(fd)),
+            Ok(fd) => Ok(Some(Arc::new(fd))),
             Err(e) => {
                 tracing::warn!(volume, error = %e.message, "the engine did not hand over its block device's connection");
-                None
+                match e.kind {
+                    FailureKind::Unreachable => Err(e),
+                    _ => Ok(None),
+                }
             }
         }
     }
@@ -852,7 +862,9 @@ impl Engines {
         control::call(&self.control(volume), &req)
             .await
             .map_err(control_error)?;
-        let fuse = self.device_of(volume).await;
+        // An engine that ended in between leaves an export no one serves
+        // or takes over: worth asking again, of the engine started next.
+        let fuse = self.connection_of(volume).await.map_err(control_error)?;
         if let Some(r) = self.running.lock().await.get_mut(volume) {
             r.fuse = fuse;
         }

@@ -274,7 +274,14 @@ impl NodeService {
         let device = tokio::task::spawn_blocking(move || LoopDevice::attach_to_stay(&file))
             .await
             .map_err(|e| Error::Internal(e.to_string()))?
-            .map_err(|e| Error::Internal(format!("loop device: {e}")))?
+            .map_err(|e| match e.raw_os_error() {
+                // The export's engine ended, and its connection with it:
+                // the next stage asks the engine started next.
+                Some(libc::ENOTCONN) => Error::Unavailable(format!(
+                    "loop device: the engine of {volume} ended under its export ({e})"
+                )),
+                _ => Error::Internal(format!("loop device: {e}")),
+            })?
             .path
             .clone();
         self.record(

@@ -208,10 +208,10 @@ impl Drop for LoopDevice {
 }
 
 /// Whether something is mounted at `path` (from /proc/self/mountinfo).
+/// A path that cannot be resolved (a FUSE mount whose connection is gone
+/// fails with ENOTCONN) is looked for as it is written.
 pub fn is_mountpoint(path: &Path) -> bool {
-    let Ok(path) = path.canonicalize() else {
-        return false;
-    };
+    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;
     };

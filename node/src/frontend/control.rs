@@ -74,7 +74,8 @@ type Export = Arc<std::sync::Mutex<Option<super::blockdev::FuseMount>>>;
 pub enum FailureKind {
     /// Another rebuild runs; try again later.
     Busy,
-    /// A replica could not be reached.
+    /// A replica could not be reached, or the engine itself (it ended,
+    /// and may be started again): worth trying again.
     Unreachable,
     /// Valid, but refused as things stand (the last rw replica).
     Refused,
@@ -279,21 +280,27 @@ pub async fn serve(
 
 /// Sends one request to the engine behind `path` and waits for its answer.
 pub async fn call(path: &Path, req: &ControlRequest) -> Result<(), ControlError> {
-    let failed = |m: String| ControlError::new(FailureKind::Failed, m);
-    let stream = UnixStream::connect(path)
-        .await
-        .map_err(|e| failed(format!("{}: {e}", path.display())))?;
+    // An engine that is not there, or ends before it answers, may be
+    // started again (a crash): worth trying again.
+    let gone = |m: String| ControlError::new(FailureKind::Unreachable, m);
+    let stream = UnixStream::connect(path).await.map_err(|e| {
+        gone(format!(
+            "the engine's control socket {}: {e}",
+            path.display()
+        ))
+    })?;
     let (rd, mut wr) = stream.into_split();
-    let line = serde_json::to_string(req).map_err(|e| failed(e.to_string()))?;
+    let line = serde_json::to_string(req)
+        .map_err(|e| ControlError::new(FailureKind::Failed, e.to_string()))?;
     wr.write_all(format!("{line}\n").as_bytes())
         .await
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| gone(format!("the engine's control socket: {e}")))?;
     let mut lines = BufReader::new(rd).lines();
     let answer = lines
         .next_line()
         .await
-        .map_err(|e| failed(e.to_string()))?
-        .ok_or_else(|| failed("the engine closed its control socket".into()))?;
+        .map_err(|e| gone(format!("the engine's control socket: {e}")))?
+        .ok_or_else(|| gone("the engine closed its control socket before it answered".into()))?;
     if let Ok(e) = serde_json::from_str::<ControlError>(&answer) {
         return Err(e);
     }
@@ -329,17 +336,23 @@ async fn send_with_fd(sock: &UnixStream, bytes: &[u8], fd: &OwnedFd) -> std::io:
 pub async fn device(path: &Path) -> Result<OwnedFd, ControlError> {
     let path = path.to_path_buf();
     let failed = |m: String| ControlError::new(FailureKind::Failed, m);
+    // As in `call`: an engine not there, or ending before it answers.
+    let gone = |m: String| ControlError::new(FailureKind::Unreachable, m);
     tokio::task::spawn_blocking(move || {
         use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
         use std::io::Write;
-        let mut s = std::os::unix::net::UnixStream::connect(&path)
-            .map_err(|e| failed(format!("{}: {e}", path.display())))?;
+        let mut s = std::os::unix::net::UnixStream::connect(&path).map_err(|e| {
+            gone(format!(
+                "the engine's control socket {}: {e}",
+                path.display()
+            ))
+        })?;
         s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
             .map_err(|e| failed(e.to_string()))?;
         let line =
             serde_json::to_string(&ControlRequest::Device).map_err(|e| failed(e.to_string()))?;
         s.write_all(format!("{line}\n").as_bytes())
-            .map_err(|e| failed(e.to_string()))?;
+            .map_err(|e| gone(format!("the engine's control socket: {e}")))?;
         let mut buf = vec![0u8; 4096];
         let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
         let mut iov = [std::io::IoSliceMut::new(&mut buf)];
@@ -349,7 +362,7 @@ pub async fn device(path: &Path) -> Result<OwnedFd, ControlError> {
             Some(&mut space),
             MsgFlags::MSG_CMSG_CLOEXEC,
         )
-        .map_err(|e| failed(format!("reading the answer: {e}")))?;
+        .map_err(|e| gone(format!("reading the answer: {e}")))?;
         let mut fd = None;
         for c in msg.cmsgs().map_err(|e| failed(e.to_string()))? {
             if let ControlMessageOwned::ScmRights(fds) = c {
@@ -362,6 +375,11 @@ pub async fn device(path: &Path) -> Result<OwnedFd, ControlError> {
             }
         }
         let n = msg.bytes;
+        if n == 0 && fd.is_none() {
+            return Err(gone(
+                "the engine closed its control socket before it answered".into(),
+            ));
+        }
         let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
         if let Ok(e) = serde_json::from_str::<ControlError>(answer.trim()) {
             return Err(e);

@@ -244,6 +244,7 @@ pub fn mount_backing(backing: Arc<dyn Backing>, dir: &Path) -> std::io::Result<F
 /// Mounts a new filesystem named `ballast:NAME` at `dir`: its
 /// connection, on which the kernel's INIT waits to be read.
 fn mount_connection(name: &str, dir: &Path) -> std::io::Result<File> {
+    drop_dead_mount(dir);
     std::fs::create_dir_all(dir)?;
     let dev = std::fs::OpenOptions::new()
         .read(true)
@@ -264,6 +265,19 @@ fn mount_connection(name: &str, dir: &Path) -> std::io::Result<File> {
     )
     .map_err(|e| std::io::Error::other(format!("mount: {e}")))?;
     Ok(dev)
+}
+
+/// Unmounts (lazily) a filesystem at `dir` whose connection is gone
+/// (ENOTCONN): an engine that died before the node agent took its
+/// connection (it ended in the middle of its export) left it, and no one
+/// can serve it again. A filesystem someone may still serve is kept.
+fn drop_dead_mount(dir: &Path) {
+    if let Err(e) = std::fs::metadata(dir)
+        && e.raw_os_error() == Some(libc::ENOTCONN)
+    {
+        tracing::warn!(dir = %dir.display(), "unmounting an export whose engine died");
+        let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+    }
 }
 
 /// Takes over the connection of an engine that died (`dev`, kept by the
@@ -747,5 +761,34 @@ mod tests {
             !asked.contains(&FLUSH),
             "a close asked for FLUSH: {asked:?}"
         );
+    }
+
+    /// An engine that died in the middle of its export, before the node
+    /// agent took its connection, leaves a mount no one serves (ENOTCONN).
+    /// The next export at the same place replaces it; a mount someone
+    /// serves is never replaced. (The next export failed with EEXIST, and
+    /// the volume could not be staged again.)
+    #[test]
+    fn an_export_replaces_the_mount_a_dead_engine_left_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let at = dir.path().join("v.fuse");
+        drop(mount_connection("dead", &at).unwrap());
+        let e = std::fs::metadata(&at).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+        assert!(crate::frontend::blockdev::is_mountpoint(&at));
+        let live = mount_backing(Arc::new(Nothing), &at).unwrap();
+        let mounts = || {
+            std::fs::read_to_string("/proc/self/mountinfo")
+                .unwrap()
+                .lines()
+                .filter(|l| l.split(' ').nth(4) == Some(at.to_str().unwrap()))
+                .count()
+        };
+        assert_eq!(mounts(), 1, "the dead mount is gone, the new one there");
+        // Served (its connection held): kept as it is.
+        drop_dead_mount(&at);
+        assert_eq!(mounts(), 1);
+        drop(live);
+        assert_eq!(mounts(), 0);
     }
 }
