@@ -219,6 +219,11 @@ impl ForgetfulFs {
     fn let_go(&mut self) {
         let _ = Command::new("umount").arg("-l").arg(&self.at).status();
         if let Some(f) = self.fuse.take() {
+            // Unmounted now (lazily), so that no mount outlives the test
+            // when its process ends before the thread below has run.
+            if let Some(dir) = f.file().parent() {
+                let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
+            }
             // Its threads end once the loop device lets the file go.
             std::thread::spawn(move || drop(f));
         }
