@@ -1419,15 +1419,6 @@ fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_a
 }
 
 /// NodeGetVolumeStats of the volume published at `target`.
-/// Whether `dir` is a mount point now (in this process's mount table).
-fn mounted_at(dir: &Path) -> bool {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    let dir = dir.display().to_string();
-    table
-        .lines()
-        .any(|l| l.split_whitespace().nth(4) == Some(dir.as_str()))
-}
-
 /// Whether a loop device is backed by `file` now.
 fn looped(file: &Path) -> bool {
     let file = file.display().to_string();
@@ -1458,7 +1449,7 @@ fn an_engine_killed_in_the_middle_of_node_stage_is_replaced_and_the_stage_ends()
     let (ctl, _n, mut csi) = cluster(dir.path());
     let _cleanup = Teardown(dir.path().to_path_buf());
     let state = dir.path().join("node-1/state");
-    let exported: fn(&Path) -> bool = |export| mounted_at(export);
+    let exported: fn(&Path) -> bool = ballast_node::frontend::blockdev::is_mountpoint;
     let formatting: fn(&Path) -> bool = |export| looped(&export.join("volume"));
     for (i, (volume, when)) in [("exporting", exported), ("formatting", formatting)]
         .into_iter()

@@ -177,6 +177,18 @@ async fn server_of(path: &Path) -> std::io::Result<Option<i32>> {
     Ok(conn.peer_cred()?.pid().filter(|p| *p > 0))
 }
 
+/// Refuses process `pid`, found serving `path`, unless it is an engine of
+/// `volume` (one that may be stopped): anything else is never killed.
+fn only_an_engine(pid: i32, path: &Path, volume: &str) -> Result<(), Error> {
+    if engine_of(pid, volume) {
+        return Ok(());
+    }
+    Err(Error::Internal(format!(
+        "process {pid} serves {}, and it is not an engine of {volume}",
+        path.display()
+    )))
+}
+
 /// Whether process `pid` is an engine of `volume` (`ballast engine ...
 /// --volume VOLUME ...`, as this node starts them), by its command line.
 fn engine_of(pid: i32, volume: &str) -> bool {
@@ -306,12 +318,7 @@ impl Engines {
             let Ok(Some(p)) = server_of(&path).await else {
                 continue;
             };
-            if !engine_of(p, volume) {
-                return Err(Error::Internal(format!(
-                    "process {p} serves {}, and it is not an engine of {volume}",
-                    path.display()
-                )));
-            }
+            only_an_engine(p, &path, volume)?;
             tracing::warn!(pid = p, socket = %path.display(), "stopping a stray engine of the volume");
             let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
             gone_within(p, Duration::from_secs(5)).await;
@@ -1179,12 +1186,7 @@ async fn wait_up(
         match server_of(path).await {
             Ok(Some(p)) if p != pid => {
                 started.kill();
-                if !engine_of(p, volume) {
-                    return Err(Error::Internal(format!(
-                        "process {p} serves {}, and it is not an engine of {volume}",
-                        path.display()
-                    )));
-                }
+                only_an_engine(p, path, volume)?;
                 let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
                 return Err(Error::Unavailable(format!(
                     "a stray engine of {volume} (process {p}) took {} as its engine started: both were stopped, and the start may be tried again",

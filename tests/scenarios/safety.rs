@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use ballast::proto::csi::v1::controller_client::ControllerClient;
 use ballast::proto::csi::v1::{CapacityRange, ControllerExpandVolumeRequest};
+use ballast_node::engine_host::serving_pid;
 use serde_json::json;
 
 use crate::harness::*;
@@ -351,14 +352,6 @@ fn arguments_of(pid: i32) -> Vec<String> {
         .collect()
 }
 
-/// The process listening on the unix socket at `path`.
-fn server_of(path: &std::path::Path) -> Option<i32> {
-    let conn = std::os::unix::net::UnixStream::connect(path).ok()?;
-    let creds =
-        nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials).ok()?;
-    Some(creds.pid())
-}
-
 /// A stray engine of the volume (one whose start was abandoned while it
 /// waited for its replicas, coming up late), here started by hand as the
 /// node started the engine, binds the volume's sockets while the engine
@@ -387,11 +380,11 @@ fn a_stray_engine_that_takes_the_volumes_sockets_is_stopped_and_the_volume_goes_
         || {
             sockets
                 .iter()
-                .all(|s| server_of(s) == Some(stray.pid()))
+                .all(|s| serving_pid(s) == Some(stray.pid()))
                 .then_some(())
         },
         || {
-            let served: Vec<_> = sockets.iter().map(|s| server_of(s)).collect();
+            let served: Vec<_> = sockets.iter().map(|s| serving_pid(s)).collect();
             format!("{served:?}, the stray's log:\n{}", stray.log_text())
         },
     );
@@ -407,7 +400,7 @@ fn a_stray_engine_that_takes_the_volumes_sockets_is_stopped_and_the_volume_goes_
     wait_for(Duration::from_secs(30), "the new engine serving", || {
         sockets
             .iter()
-            .all(|s| server_of(s) == Some(now))
+            .all(|s| serving_pid(s) == Some(now))
             .then_some(())
     });
     assert!(
