@@ -171,8 +171,9 @@ fn engine_tls(ca: &ballast::tls::Ca, dir: &Path, volume: &str, i: usize) -> Vec<
 /// binary, both sets up side by side. They run in turns, five
 /// rounds, two runs each after a warm-up; prints the medians of the rate
 /// (until durable, I/O phase) and of the machine's CPU per operation, and
-/// the ratios of this build's over the other's. The picked sizes apply
-/// (writes only).
+/// the ratios of this build's over the other's. The picked cases apply:
+/// `4k` and `64k` writes at QD16, `flushed` 4k writes at QD1 each followed
+/// by a flush (all three without a word).
 fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
     let this = Path::new(common::BALLAST);
     assert!(other.is_file(), "no ballast binary at {}", other.display());
@@ -202,7 +203,7 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
     let (_a, a) = set(this, 11, "a");
     let (_b, b) = set(other, 21, "b");
     println!(
-        "A/B, {copies} replica(s){}, writes, QD16: this build against {} ({})",
+        "A/B, {copies} replica(s){}, writes: this build against {} ({})",
         if picked.has("tls") {
             ", mutual TLS"
         } else {
@@ -211,13 +212,22 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
         other.display(),
         common::in_turns_said()
     );
-    for (size, count) in [("4k", 40_000u32), ("64k", 8_000)] {
-        if !picked.wanted(size, &["4k", "64k"]) {
+    let cases = [
+        ("4k", "4k", Kind::Write, 40_000u32),
+        ("64k", "64k", Kind::Write, 8_000),
+        ("flushed", "4k", Kind::Flushed, 2_000),
+    ];
+    for (word, size, kind, count) in cases {
+        if !picked.wanted(word, &["4k", "64k", "flushed"]) {
             continue;
         }
         let side = |target: &str| {
-            bench_at_once(&[target], size, Kind::Write, count / 4);
-            [0, 1].map(|_| bench_at_once(&[target], size, Kind::Write, count))
+            bench_at_once(&[target], size, kind, count / 4);
+            [0, 1].map(|_| bench_at_once(&[target], size, kind, count))
+        };
+        let size = match kind {
+            Kind::Flushed => "4k writes at QD1, each flushed:".to_string(),
+            _ => format!("{size} writes at QD16:"),
         };
         let (mut x, mut y) = (|| side(&a), || side(&b));
         let runs = common::in_turns(&mut [&mut x, &mut y]);
@@ -241,7 +251,7 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
                 common::ratio(&y, &x)
             };
             println!(
-                "{size:>3} write  {what:<30} this {:>9.1}  other {:>9.1}  {:.2}x{}",
+                "{size} {what:<30} this {:>9.1}  other {:>9.1}  {:.2}x{}",
                 common::median(x.clone()),
                 common::median(y.clone()),
                 ratio,
@@ -253,13 +263,13 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
             );
         }
         println!(
-            "{size:>3} write  {:<30} this {:>9.1}  other {:>9.1}",
+            "{size} {:<30} this {:>9.1}  other {:>9.1}",
             "idle cores per op, I/O phase, µs",
             common::median(of(0, |r| r.io_idle)),
             common::median(of(1, |r| r.io_idle)),
         );
         println!(
-            "{size:>3} write  {:<30} this {:>9.1}  other {:>9.1}",
+            "{size} {:<30} this {:>9.1}  other {:>9.1}",
             "steal per op, I/O phase, µs",
             common::median(of(0, |r| r.io_steal)),
             common::median(of(1, |r| r.io_steal)),
