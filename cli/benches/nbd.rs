@@ -225,7 +225,7 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
             bench_at_once(&[target], size, kind, count / 4);
             [0, 1].map(|_| bench_at_once(&[target], size, kind, count))
         };
-        let size = match kind {
+        let label = match kind {
             Kind::Flushed => "4k writes at QD1, each flushed:".to_string(),
             _ => format!("{size} writes at QD16:"),
         };
@@ -251,7 +251,7 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
                 common::ratio(&y, &x)
             };
             println!(
-                "{size} {what:<30} this {:>9.1}  other {:>9.1}  {:.2}x{}",
+                "{label} {what:<30} this {:>9.1}  other {:>9.1}  {:.2}x{}",
                 common::median(x.clone()),
                 common::median(y.clone()),
                 ratio,
@@ -263,13 +263,13 @@ fn ab(dir: &Path, other: &Path, picked: &common::Picked) {
             );
         }
         println!(
-            "{size} {:<30} this {:>9.1}  other {:>9.1}",
+            "{label} {:<30} this {:>9.1}  other {:>9.1}",
             "idle cores per op, I/O phase, µs",
             common::median(of(0, |r| r.io_idle)),
             common::median(of(1, |r| r.io_idle)),
         );
         println!(
-            "{size} {:<30} this {:>9.1}  other {:>9.1}",
+            "{label} {:<30} this {:>9.1}  other {:>9.1}",
             "steal per op, I/O phase, µs",
             common::median(of(0, |r| r.io_steal)),
             common::median(of(1, |r| r.io_steal)),

@@ -1418,7 +1418,6 @@ fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_a
     csi.again("crashvol", &staging, &target, &files);
 }
 
-/// NodeGetVolumeStats of the volume published at `target`.
 /// Whether a loop device is backed by `file` now.
 fn looped(file: &Path) -> bool {
     let file = file.display().to_string();
