@@ -867,60 +867,46 @@ impl Engine {
                 }
                 _ => false,
             };
-            let c = match link {
-                // Inline, without a thread hop: a read of the local disk,
-                // mostly from the page cache, is short.
-                Link::Lent(l) => match l.read(offset, len) {
-                    Ok(b) => {
-                        self.direct_reads.fetch_add(1, Ordering::Relaxed);
-                        return Ok(Bytes::from(b));
-                    }
-                    Err(e) => {
-                        last = e.to_string();
-                        if (e.is_lost() && others) || note(&e) {
-                            continue;
-                        }
-                        if let Some(e) = self.read_failed(&name, &e, others).await {
-                            return Err(e);
-                        }
-                        continue;
-                    }
-                },
-                Link::Remote(c) => c,
-            };
-            // One chunk (the usual case) is returned as it came off the
-            // socket; larger reads are put together.
-            let result = if len <= MAX_DATA {
-                c.read(offset, len).await
-            } else {
-                let mut out = bytes::BytesMut::with_capacity(len as usize);
-                let mut pos = 0u32;
-                loop {
-                    if pos >= len {
-                        break Ok(out.freeze());
-                    }
-                    let n = (len - pos).min(MAX_DATA);
-                    match c.read(offset + u64::from(pos), n).await {
-                        Ok(b) => out.extend_from_slice(&b),
-                        Err(e) => break Err(e),
-                    }
-                    pos += n;
-                }
-            };
-            match result {
+            let e = match self.read_link(link, offset, len).await {
                 Ok(out) => return Ok(out),
-                Err(e) => {
-                    last = e.to_string();
-                    if (e.is_lost() && others) || note(&e) {
-                        continue;
-                    }
-                    if let Some(e) = self.read_failed(&name, &e, others).await {
-                        return Err(e);
-                    }
-                }
+                Err(e) => e,
+            };
+            last = e.to_string();
+            if (e.is_lost() && others) || note(&e) {
+                continue;
+            }
+            if let Some(e) = self.read_failed(&name, &e, others).await {
+                return Err(e);
             }
         }
         Err(EngineError::NoReplica(last))
+    }
+
+    /// One replica's read of `len` bytes at `offset`. The lent replica is
+    /// read inline, without a thread hop: a read of the local disk, mostly
+    /// from the page cache, is short. A remote one's read of one chunk (the
+    /// usual case) is returned as it came off the socket; larger reads are
+    /// put together.
+    async fn read_link(&self, link: Link, offset: u64, len: u32) -> Result<Bytes, ClientError> {
+        let c = match link {
+            Link::Lent(l) => {
+                let b = l.read(offset, len)?;
+                self.direct_reads.fetch_add(1, Ordering::Relaxed);
+                return Ok(Bytes::from(b));
+            }
+            Link::Remote(c) => c,
+        };
+        if len <= MAX_DATA {
+            return c.read(offset, len).await;
+        }
+        let mut out = bytes::BytesMut::with_capacity(len as usize);
+        let mut pos = 0u32;
+        while pos < len {
+            let n = (len - pos).min(MAX_DATA);
+            out.extend_from_slice(&c.read(offset + u64::from(pos), n).await?);
+            pos += n;
+        }
+        Ok(out.freeze())
     }
 
     /// Sends one mutation to every rw and wo replica in engine order, waits
