@@ -125,13 +125,34 @@ impl Meta {
                 path.display()
             )));
         }
-        if meta.chain.is_empty()
-            || meta.block_size == 0
-            || !meta.size.is_multiple_of(meta.block_size)
+        if meta.chain.is_empty() {
+            return Err(ReplicaError::Corrupt(format!(
+                "{}: no layer in the chain",
+                path.display()
+            )));
+        }
+        // What `Replica::create` and `resize` allow, and no more: a size
+        // past it would have the open allocate for blocks no volume has.
+        if meta.block_size != super::BLOCK
+            || meta.size == 0
+            || !meta.size.is_multiple_of(super::BLOCK)
+            || meta.size > super::MAX_SIZE
         {
             return Err(ReplicaError::Corrupt(format!(
-                "{}: inconsistent chain or size",
-                path.display()
+                "{}: size {} in blocks of {} is not a positive multiple of {}, at most {}",
+                path.display(),
+                meta.size,
+                meta.block_size,
+                super::BLOCK,
+                super::MAX_SIZE
+            )));
+        }
+        if meta.revision > super::revision::MAX_REVISION {
+            return Err(ReplicaError::Corrupt(format!(
+                "{}: revision {} is past any a replica reaches ({})",
+                path.display(),
+                meta.revision,
+                super::revision::MAX_REVISION
             )));
         }
         Ok(meta)

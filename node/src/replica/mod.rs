@@ -555,26 +555,56 @@ impl Mark {
     }
 }
 
+/// The bytes of the replica's file `name` in `dir`, or None when it has
+/// none.
+fn read_if_there(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, ReplicaError> {
+    let path = dir.join(name);
+    match std::fs::read(&path) {
+        Ok(b) => Ok(Some(b)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(ReplicaError::io(&path, e)),
+    }
+}
+
 /// The suspect blocks recorded in `dir` (none when the file is absent).
-fn read_suspects(dir: &Path) -> BTreeSet<u64> {
-    std::fs::read(dir.join(SUSPECT_FILE))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+/// The file is only ever replaced whole (`write_durably`), so one that
+/// does not parse has gone bad on the disk: the open fails, naming it,
+/// rather than serve as sound the blocks it listed.
+fn read_suspects(dir: &Path, blocks: u64) -> Result<BTreeSet<u64>, ReplicaError> {
+    let Some(bytes) = read_if_there(dir, SUSPECT_FILE)? else {
+        return Ok(BTreeSet::new());
+    };
+    let corrupt = |why: String| {
+        ReplicaError::Corrupt(format!(
+            "{}: {why}: which blocks are suspect is lost (a copy from another replica, or a rebuild, makes the head sound again)",
+            dir.join(SUSPECT_FILE).display()
+        ))
+    };
+    let suspect: BTreeSet<u64> =
+        serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    match suspect.last() {
+        Some(&b) if b >= blocks => Err(corrupt(format!("block {b} is past the volume's {blocks}"))),
+        _ => Ok(suspect),
+    }
 }
 
 /// The marks the file `corrupt-layers` of the replica in `dir` holds, by
-/// layer: true for one marked whole.
-fn marks_in(dir: &Path) -> std::collections::BTreeMap<String, bool> {
+/// layer: true for one marked whole. Its lines are appended, so a bad
+/// byte spoils its own line and no other: every line is read, and one
+/// that names no layer marks nothing.
+fn marks_in(dir: &Path) -> Result<std::collections::BTreeMap<String, bool>, ReplicaError> {
     let mut marks = std::collections::BTreeMap::new();
-    for m in std::fs::read_to_string(dir.join(CORRUPT_FILE))
-        .unwrap_or_default()
-        .lines()
-        .map(Mark::parse)
-    {
+    for m in mark_lines(dir)?.lines().map(Mark::parse) {
         *marks.entry(m.layer).or_insert(false) |= m.block.is_none();
     }
-    marks
+    Ok(marks)
+}
+
+/// The text of `corrupt-layers` (empty when absent), a bad byte read as
+/// U+FFFD so that it spoils its own line only.
+fn mark_lines(dir: &Path) -> Result<String, ReplicaError> {
+    let bytes = read_if_there(dir, CORRUPT_FILE)?.unwrap_or_default();
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
 /// Records in the replica at `dir` that its frozen layer is corrupt (see
@@ -583,11 +613,7 @@ pub fn mark_corrupt_in(dir: &Path, mark: &Mark) -> Result<(), ReplicaError> {
     use std::io::Write;
     let path = dir.join(CORRUPT_FILE);
     let line = mark.line();
-    if std::fs::read_to_string(&path)
-        .unwrap_or_default()
-        .lines()
-        .any(|l| l == line)
-    {
+    if mark_lines(dir)?.lines().any(|l| l == line) {
         return Ok(());
     }
     match mark.block {
@@ -762,7 +788,8 @@ impl Replica {
             layers.push(Layer::open(dir, name, blocks, meta.block_sums)?);
         }
         let (revision_file, stored) = revision::RevisionCounter::open(&dir.join(REVISION_FILE))?;
-        let corrupt = marks_in(dir);
+        let corrupt = marks_in(dir)?;
+        let suspect = read_suspects(dir, blocks)?;
         Ok(Replica {
             any_corrupt: std::sync::atomic::AtomicBool::new(!corrupt.is_empty()),
             corrupt: std::sync::Mutex::new(corrupt),
@@ -775,7 +802,7 @@ impl Replica {
             meta,
             layers,
             revision_file,
-            suspect: read_suspects(dir),
+            suspect,
             suspect_stale: std::sync::atomic::AtomicBool::new(false),
             regions: std::sync::Mutex::new(regions::DirtyRegions::read(dir)),
         })
@@ -827,7 +854,7 @@ impl Replica {
         if self.meta.block_sums && self.meta.pending.is_empty() {
             let writes = self.revision_file.since(flushed).unwrap_or_default();
             let covered = !cache_lost
-                && (writes.first().map(|e| e.revision) == Some(flushed + 1)
+                && (writes.first().map(|e| e.revision) == flushed.checked_add(1)
                     || self.revision <= flushed);
             let head = self.layers.len() - 1;
             let dirty = self
@@ -839,7 +866,12 @@ impl Replica {
             let runs: Vec<(u64, u64)> = if covered {
                 writes
                     .iter()
-                    .map(|e| (e.offset / BLOCK, (e.offset + e.len).div_ceil(BLOCK)))
+                    .map(|e| {
+                        (
+                            e.offset / BLOCK,
+                            e.offset.saturating_add(e.len).div_ceil(BLOCK),
+                        )
+                    })
                     .collect()
             } else {
                 // The regions no flush covered, or the whole head when
@@ -1647,7 +1679,7 @@ impl Replica {
     pub fn scrub(dir: &Path, mut pace: impl FnMut(u64)) -> Result<u64, ReplicaError> {
         let meta = Meta::read(dir)?;
         let blocks = meta.size / BLOCK;
-        let corrupt = marks_in(dir);
+        let corrupt = marks_in(dir)?;
         let mut checked = 0;
         for name in &meta.chain {
             let Some(want) = meta.frozen.get(name) else {
@@ -1789,8 +1821,7 @@ impl Replica {
         let path = self.dir.join(CORRUPT_FILE);
         let kept: String = match only {
             None => String::new(),
-            Some(name) => std::fs::read_to_string(&path)
-                .unwrap_or_default()
+            Some(name) => mark_lines(&self.dir)?
                 .lines()
                 .filter(|l| Mark::parse(l).layer != name)
                 .map(|l| format!("{l}\n"))

@@ -46,6 +46,11 @@ const LOG_FROM: usize = 40;
 pub const LOG_ENTRIES: u64 = 4096;
 const ENTRY: usize = 32;
 const FILE_LEN: usize = LOG_START + LOG_ENTRIES as usize * ENTRY;
+/// Past any revision a replica reaches (a write a nanosecond would take
+/// three centuries to get there): a file that holds a higher one, as its
+/// last write or its last flush, is corrupt, and is never counted on
+/// (the next revision would not fit).
+pub const MAX_REVISION: u64 = 1 << 63;
 
 /// What a logged write did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -87,6 +92,17 @@ impl RevisionCounter {
             Ok(()) => u64::from_le_bytes(buf),
             Err(_) => 0,
         };
+        let mut flush = [0u8; 8];
+        let flushed = match file.read_exact_at(&mut flush, 8) {
+            Ok(()) => u64::from_le_bytes(flush),
+            Err(_) => 0,
+        };
+        if stored > MAX_REVISION || flushed > MAX_REVISION {
+            return Err(ReplicaError::Corrupt(format!(
+                "{}: its last write's revision ({stored}) or its last flush's ({flushed}) is past any a replica reaches ({MAX_REVISION}): the file is corrupt",
+                path.display()
+            )));
+        }
         if (file.metadata().map_err(io)?.len() as usize) < FILE_LEN {
             file.set_len(FILE_LEN as u64).map_err(io)?;
         }
@@ -230,13 +246,13 @@ impl RevisionCounter {
             return None;
         }
         let mut out = Vec::new();
-        let mut next = since + 1;
+        let mut next = since.checked_add(1)?;
         while let Some(e) = self.entry(next % LOG_ENTRIES) {
             if e.revision != next {
                 break;
             }
             out.push(e);
-            next += 1;
+            next = next.checked_add(1)?;
         }
         let later = (0..LOG_ENTRIES)
             .filter_map(|s| self.entry(s))
@@ -361,5 +377,26 @@ mod tests {
         assert_eq!(stored, 42);
         assert_eq!(c.since(42), Some(vec![]));
         assert_eq!(std::fs::metadata(&path).unwrap().len() as usize, FILE_LEN);
+    }
+
+    #[test]
+    fn a_revision_past_any_a_replica_reaches_is_corrupt_and_the_log_never_overflows() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("revision");
+        for (at, value) in [(0, MAX_REVISION + 1), (8, u64::MAX)] {
+            let mut bytes = vec![0u8; FILE_LEN];
+            bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
+            std::fs::write(&path, &bytes).unwrap();
+            let e = RevisionCounter::open(&path).err().expect("refused");
+            assert!(matches!(e, ReplicaError::Corrupt(_)), "{e}");
+            assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+        }
+        // At the bound it opens, and a ring asked past it cannot say.
+        std::fs::write(&path, MAX_REVISION.to_le_bytes()).unwrap();
+        let (mut c, stored) = RevisionCounter::open(&path).unwrap();
+        assert_eq!(stored, MAX_REVISION);
+        c.log(u64::MAX, LogOp::Write, u64::MAX, u64::MAX);
+        assert_eq!(c.since(u64::MAX), None);
+        assert_eq!(c.since(u64::MAX - 1).map(|l| l.len()), None);
     }
 }

@@ -674,6 +674,48 @@ fn a_meta_file_naming_a_path_instead_of_a_layer_is_refused() {
     }
 }
 
+#[test]
+fn a_meta_file_with_a_size_block_or_revision_no_replica_has_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let r = Replica::create(d.path(), 16 * BLOCK).unwrap();
+    drop(r);
+    let path = d.path().join(META_FILE);
+    let good: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let cases = [
+        (
+            "size",
+            serde_json::json!(MAX_SIZE + BLOCK),
+            "is not a positive multiple",
+        ),
+        ("size", serde_json::json!(0), "is not a positive multiple"),
+        (
+            "size",
+            serde_json::json!(16 * BLOCK + 512),
+            "is not a positive multiple",
+        ),
+        (
+            "blockSize",
+            serde_json::json!(512),
+            "is not a positive multiple",
+        ),
+        (
+            "revision",
+            serde_json::json!(u64::MAX),
+            "is past any a replica reaches",
+        ),
+    ];
+    for (field, value, says) in cases {
+        let mut m = good.clone();
+        m[field] = value.clone();
+        std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+        let e = Replica::open(d.path()).err().expect("refused");
+        assert!(e.to_string().contains(says), "{field} {value}: {e}");
+        assert!(e.to_string().contains(META_FILE), "{field} {value}: {e}");
+    }
+    std::fs::write(&path, serde_json::to_vec(&good).unwrap()).unwrap();
+    Replica::open(d.path()).unwrap();
+}
+
 /// A replica with two frozen layers and a head: A in the first, B over
 /// part of it and beside it in the second, C in the head. Returns what it
 /// reads as.
@@ -939,6 +981,38 @@ fn a_replica_written_into_while_deleted_is_deleted_whole() {
             .count(),
         0
     );
+}
+
+/// The replica's bookkeeping files gone bad on the disk: a suspect list
+/// that does not parse, or names a block past the volume, fails the open,
+/// naming it, rather than have its blocks served as sound; a bad byte in the corrupt marks spoils its own
+/// line only, and the layer marked on the next line stays unserved.
+#[test]
+fn a_bad_suspect_list_fails_the_open_and_a_bad_mark_line_spoils_only_itself() {
+    let d = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(d.path(), 16 * BLOCK).unwrap();
+    r.write(0, &vec![0xa1; (4 * BLOCK) as usize], None).unwrap();
+    let frozen = r.snapshot(None).unwrap();
+    drop(r);
+
+    for bad in [&b"[1, 2,\xff"[..], b"[1, 16]", b"[18446744073709551615]"] {
+        std::fs::write(d.path().join(SUSPECT_FILE), bad).unwrap();
+        let e = Replica::open(d.path()).err().expect("refused");
+        assert!(matches!(e, ReplicaError::Corrupt(_)), "{e}");
+        assert!(e.to_string().contains(SUSPECT_FILE), "{e}");
+    }
+    std::fs::write(d.path().join(SUSPECT_FILE), b"[1, 15]").unwrap();
+    assert_eq!(Replica::open(d.path()).unwrap().suspects(), [1, 15]);
+    std::fs::write(d.path().join(SUSPECT_FILE), b"[]").unwrap();
+
+    let mut marks = b"layer-\xff\xfe\n".to_vec();
+    marks.extend_from_slice(format!("{frozen}\n").as_bytes());
+    std::fs::write(d.path().join(CORRUPT_FILE), &marks).unwrap();
+    let r = Replica::open(d.path()).unwrap();
+    assert!(r.is_corrupt(&frozen));
+    let mut block = vec![0u8; BLOCK as usize];
+    let e = r.read(0, &mut block).unwrap_err();
+    assert!(e.to_string().contains("was found corrupt"), "{e}");
 }
 
 #[test]
