@@ -81,3 +81,21 @@ for p in sorted((repo / "examples" / "sim").glob("*.yaml")) + sorted((repo / "co
 seed("storage_class_params", "all", "numberOfReplicas=2\ndataLocality=best-effort\nreplicaAutoBalance=least-effort\nstaleReplicaTimeout=30\ndiskSelector=ssd, fast\nnodeSelector=storage\nfsType=xfs\nmkfsParams=-m 0\ncsi.storage.k8s.io/pvc/name=x\n")
 seed("storage_class_params", "strict-local", "numberOfReplicas=1\ndataLocality=strict-local\n")
 seed("storage_class_params", "bad", "numberOfReplicas=0\nunknownKey=1\n")
+
+# A replica's directory, one file mangled: which file (0 meta.json, 1
+# revision, 2 dirty-regions, 3 suspect-blocks, 4 corrupt-layers, 5
+# engine-epoch, 6 and 7 the head's and the frozen layer's checksums, 8 and
+# 9 their data), how (0 bytes over it, 1 cut, 2 replaced), the offset (u32,
+# little-endian), then the bytes.
+def mangled(which, how, offset, data=b""):
+    return bytes([which, how]) + struct.pack("<I", offset) + data
+
+
+for which, name in enumerate(["meta", "revision", "regions", "suspects", "marks", "fence", "head-sums", "frozen-sums", "head", "frozen"]):
+    seed("replica_dir", f"{name}-over", mangled(which, 0, 8, b"\xff" * 16))
+    seed("replica_dir", f"{name}-cut", mangled(which, 1, 4))
+    seed("replica_dir", f"{name}-replaced", mangled(which, 2, 0, b"[18446744073709551615, 7]"))
+seed("replica_dir", "revision-other-boot", mangled(1, 0, 16, b"\x01" * 16))
+seed("replica_dir", "revision-huge-log-entry", mangled(1, 0, 64 + 9 * 32, struct.pack("<QQQQ", 9, 2**63, 2**63, 0)))
+seed("replica_dir", "marks-head", mangled(4, 2, 0, b"layer-000002.img\n"))
+

@@ -13,7 +13,7 @@ use ballast_controller::csi::params::StorageClassParams;
 use ballast_controller::sim::{Scenario, Sim};
 use ballast_controller::volumes::MAX_REPLICAS;
 use ballast_node::frontend::nbd::{Command, handshake};
-use ballast_node::replica::Meta;
+use ballast_node::replica::{FENCE_FILE, META_FILE, Meta, Replica, read_fence};
 use ballast_node::wire::protocol::{MAX_DATA, REQUEST_HEADER, RESPONSE_HEADER, Request, Response};
 
 /// A target: it takes one input.
@@ -25,6 +25,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("nbd_request", nbd_request),
     ("replica_frame", replica_frame),
     ("replica_meta", replica_meta),
+    ("replica_dir", replica_dir),
     ("scenario_yaml", scenario_yaml),
     ("storage_class_params", storage_class_params),
 ];
@@ -86,6 +87,128 @@ pub fn replica_meta(data: &[u8]) {
                 !name.contains('/') && name != ".." && name != ".",
                 "{name:?}"
             );
+        }
+    }
+}
+
+/// The replica the `replica_dir` target mangles: 1 MiB, a frozen layer
+/// under its head, written and flushed, then written again with no flush
+/// and dropped, as a killed process leaves it. Returns it (still open)
+/// with what each of its blocks holds.
+fn replica_written(dir: &Path) -> (Replica, Vec<u8>) {
+    const SIZE: usize = 1 << 20;
+    let mut r = Replica::create_for(dir, "vol", SIZE as u64).expect("a new replica");
+    let mut model = vec![0u8; SIZE];
+    let mut revision = 0;
+    let mut write = |r: &mut Replica, blocks: std::ops::Range<usize>, byte: u8| {
+        revision += 1;
+        let range = blocks.start * 4096..blocks.end * 4096;
+        let data: Vec<u8> = range.clone().map(|i| byte ^ (i / 4096) as u8).collect();
+        r.write(range.start as u64, &data, Some(revision))
+            .expect("a write");
+        model[range].copy_from_slice(&data);
+    };
+    write(&mut r, 0..64, 0xa1);
+    r.flush().expect("a flush");
+    r.snapshot(Some("s1")).expect("a snapshot");
+    write(&mut r, 32..96, 0xb2);
+    r.flush().expect("a flush");
+    write(&mut r, 100..110, 0xc3);
+    (r, model)
+}
+
+/// A replica's directory as a disk could hand it back: the replica above,
+/// then one of its files mangled: the first byte picks the file, the
+/// second how (bytes written over it at the offset in the next four, the
+/// file cut at that offset, or the file replaced by the rest), the rest
+/// is the bytes. Opening it fails or succeeds and never panics. Opened,
+/// every block reads or fails, and with only its bookkeeping mangled (not
+/// `meta.json`, nor a layer's data) a block that reads holds what was
+/// written there: a file that says which blocks to check, or what was
+/// written lately, may make blocks fail but never makes one read other
+/// bytes. A block written then, and read back, holds what was written.
+pub fn replica_dir(data: &[u8]) {
+    let [which, how, o0, o1, o2, o3, bytes @ ..] = data else {
+        return;
+    };
+    let shm = Path::new("/dev/shm");
+    let tmp = if shm.is_dir() {
+        tempfile::tempdir_in(shm)
+    } else {
+        tempfile::tempdir()
+    }
+    .expect("a temporary directory");
+    let dir = tmp.path().join("vol-r1");
+    let (r, model) = replica_written(&dir);
+    let chain = r.chain();
+    drop(r);
+    let (frozen, head) = (&chain[0], &chain[1]);
+    let files = [
+        (META_FILE.to_string(), false),
+        ("revision".to_string(), true),
+        ("dirty-regions".to_string(), true),
+        ("suspect-blocks".to_string(), true),
+        ("corrupt-layers".to_string(), true),
+        (FENCE_FILE.to_string(), true),
+        (format!("{head}.sums"), true),
+        (format!("{frozen}.sums"), true),
+        (head.clone(), false),
+        (frozen.clone(), false),
+    ];
+    let (name, bookkeeping) = &files[*which as usize % files.len()];
+    let path = dir.join(name);
+    let offset = u64::from(u32::from_le_bytes([*o0, *o1, *o2, *o3]));
+    mangle(&path, *how, offset, bytes);
+
+    let _ = read_fence(&dir);
+    let Ok(mut r) = Replica::open(&dir) else {
+        return;
+    };
+    // What the engine asks of a replica it opens, all read from those files.
+    let _ = (r.suspects(), r.recent_runs(), r.layers(), r.writes_since(0));
+    let _ = r.verify();
+    let mut block = vec![0u8; 4096];
+    for (b, want) in model.chunks(4096).enumerate() {
+        let read = r.read(b as u64 * 4096, &mut block);
+        if read.is_ok() && *bookkeeping {
+            assert!(
+                block == want,
+                "block {b} reads other bytes after {name} was mangled"
+            );
+        }
+    }
+    let fresh = vec![0x5a; 4096];
+    let next = r.revision() + 1;
+    let written = r.write(200 * 4096, &fresh, Some(next)).is_ok() && r.flush().is_ok();
+    if written && r.read(200 * 4096, &mut block).is_ok() {
+        assert!(
+            block == fresh,
+            "a block written and flushed reads other bytes"
+        );
+    }
+}
+
+/// Writes `bytes` over `path` at `offset` (`how` 0), cuts it at `offset`
+/// (1), or replaces it by `bytes` (2); a missing file is made.
+fn mangle(path: &Path, how: u8, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(path)
+        .expect("the file to mangle");
+    let len = file.metadata().expect("its size").len();
+    match how % 3 {
+        0 => {
+            let at = offset % (len + 1);
+            file.write_all_at(bytes, at).expect("bytes written over it");
+        }
+        1 => file.set_len(offset % (len + 1)).expect("the file cut"),
+        _ => {
+            file.set_len(0).expect("the file emptied");
+            file.write_all_at(bytes, 0).expect("the file replaced");
         }
     }
 }
