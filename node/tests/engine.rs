@@ -624,6 +624,97 @@ async fn a_replica_the_record_leaves_out_is_never_served_whatever_revision_it_cl
     assert_eq!(engine.read(0, 4096).await.unwrap(), vec![1u8; 4096]);
 }
 
+/// Between the engine and `to`: passes everything on, but sets `field` of
+/// each INFO answer's body to `value`, as a server gone wrong might claim.
+async fn claiming_proxy(
+    to: &ReplicaAddr,
+    field: &'static str,
+    value: serde_json::Value,
+) -> ReplicaAddr {
+    use ballast_node::wire::protocol::{Op, REQUEST_HEADER, RESPONSE_HEADER, Request, Response};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let upstream = to.addr.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            let infos = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+            let asked = infos.clone();
+            tokio::spawn(async move {
+                let mut head = [0u8; REQUEST_HEADER];
+                while cr.read_exact(&mut head).await.is_ok() {
+                    let req = Request::decode(&head).unwrap();
+                    if req.op == Op::Info {
+                        asked.lock().unwrap().insert(req.id);
+                    }
+                    let mut payload = vec![0u8; req.payload_len()];
+                    if cr.read_exact(&mut payload).await.is_err()
+                        || sw.write_all(&head).await.is_err()
+                        || sw.write_all(&payload).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+            let value = value.clone();
+            tokio::spawn(async move {
+                let mut head = [0u8; RESPONSE_HEADER];
+                while sr.read_exact(&mut head).await.is_ok() {
+                    let mut resp = Response::decode(&head).unwrap();
+                    let mut body = vec![0u8; resp.len as usize];
+                    if sr.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    if infos.lock().unwrap().remove(&resp.id) {
+                        let mut info: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                        info[field] = value.clone();
+                        body = serde_json::to_vec(&info).unwrap();
+                        resp.len = body.len() as u32;
+                    }
+                    if cw.write_all(&resp.encode()).await.is_err()
+                        || cw.write_all(&body).await.is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    ReplicaAddr {
+        name: to.name.clone(),
+        addr,
+    }
+}
+
+/// A replica whose server claims what no replica holds (a revision past
+/// 2^63, which the next write's would overflow, or a suspect block past
+/// the volume's end) is left out, failed, and the volume served from the
+/// others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_claiming_what_no_replica_holds_is_left_out() {
+    let claims = [
+        ("revision", serde_json::json!(u64::MAX)),
+        ("suspect", serde_json::json!([3, 64])),
+    ];
+    for (field, value) in claims {
+        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let sound = replica_server(d1.path(), "v-r1", 64 * BLOCK).await;
+        let wrong = replica_server(d2.path(), "v-r2", 64 * BLOCK).await;
+        let wrong = claiming_proxy(&wrong, field, value.clone()).await;
+        let engine = engine_over(64 * BLOCK, &[sound, wrong], None).await;
+        let status = engine.status().await;
+        assert_eq!(status[0].mode, ReplicaMode::Rw, "{field}: {status:?}");
+        assert_eq!(status[1].mode, ReplicaMode::Err, "{field}: {status:?}");
+        let why = status[1].error.clone().unwrap_or_default();
+        assert!(why.contains("past any a replica"), "{field}: {why}");
+        engine.write(0, &[7u8; 4096], true).await.unwrap();
+        assert_eq!(engine.read(0, 4096).await.unwrap(), vec![7u8; 4096]);
+    }
+}
+
 /// Between the engine and `to`: passes every request on, but flips the
 /// first byte of each WRITE's data, as a fault on the way would.
 async fn corrupting_proxy(to: &ReplicaAddr) -> ReplicaAddr {

@@ -1547,6 +1547,12 @@ async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64
         Ok((_, info)) if info["pending"].as_u64().unwrap_or(0) > 0 => {
             failed("its rebuild did not finish".into())
         }
+        // What no replica's server holds (its open refuses such files):
+        // a server that claims it is not counted on.
+        Ok((_, info)) if !claims_sound(&info, size) => failed(format!(
+            "its revision {} or a suspect block of {} is past any a replica of {size} bytes has",
+            info["revision"], info["suspect"]
+        )),
         Ok((c, info)) if info["size"].as_u64() == Some(size) => {
             let m = Member {
                 at: at.clone(),
@@ -1566,6 +1572,20 @@ async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64
         Err(e) => failed(e.to_string()),
     };
     (m, revision, suspect, reached)
+}
+
+/// Whether a replica's INFO names a revision and suspect blocks that a
+/// replica of `size` bytes can hold.
+fn claims_sound(info: &serde_json::Value, size: u64) -> bool {
+    let blocks = size / crate::replica::BLOCK;
+    info["revision"]
+        .as_u64()
+        .is_none_or(|r| r <= crate::replica::MAX_REVISION)
+        && info["suspect"].as_array().is_none_or(|a| {
+            a.iter()
+                .filter_map(serde_json::Value::as_u64)
+                .all(|b| b < blocks)
+        })
 }
 
 /// After an unclean stop the replicas may differ in the writes that were

@@ -37,7 +37,7 @@ pub use layers::{JoinReport, LayerSpec};
 pub use merge::{MERGE_CHUNK, MergeJournal, MergeStep};
 pub use meta::{META_FILE, Meta, valid_snapshot_id, write_durably};
 pub use regions::{IDLE_FLUSHES, INTERVAL as DIRTY_INTERVAL, REGION as DIRTY_REGION};
-pub use revision::{LOG_ENTRIES, LogEntry, LogOp};
+pub use revision::{LOG_ENTRIES, LogEntry, LogOp, MAX_REVISION};
 pub use sums::{Way as SumWay, each as each_block_sum, of as block_sum, of_blocks as block_sums};
 pub use table::{
     LoanGuard, MergeReport, Replicas, Shared, merge_paced, remove_replica_dir, replica_dir,
