@@ -98,4 +98,8 @@ for which, name in enumerate(["meta", "revision", "regions", "suspects", "marks"
 seed("replica_dir", "revision-other-boot", mangled(1, 0, 16, b"\x01" * 16))
 seed("replica_dir", "revision-huge-log-entry", mangled(1, 0, 64 + 9 * 32, struct.pack("<QQQQ", 9, 2**63, 2**63, 0)))
 seed("replica_dir", "marks-head", mangled(4, 2, 0, b"layer-000002.img\n"))
+# Checksums where each layer holds blocks: the head's of blocks 40 - 43,
+# the frozen layer's of blocks 0 - 3 (4 bytes a block).
+seed("replica_dir", "head-sums-held", mangled(6, 0, 160, b"\x00" * 16))
+seed("replica_dir", "frozen-sums-held", mangled(7, 0, 0, b"\x00" * 16))
 

@@ -150,8 +150,8 @@ pub fn replica_dir(data: &[u8]) {
         ("suspect-blocks".to_string(), true),
         ("corrupt-layers".to_string(), true),
         (FENCE_FILE.to_string(), true),
-        (format!("{head}.sums"), true),
-        (format!("{frozen}.sums"), true),
+        (sums_of(head), true),
+        (sums_of(frozen), true),
         (head.clone(), false),
         (frozen.clone(), false),
     ];
@@ -186,6 +186,15 @@ pub fn replica_dir(data: &[u8]) {
             "a block written and flushed reads other bytes"
         );
     }
+}
+
+/// The name of a layer's checksums file (`layer-000002.img`'s is
+/// `layer-000002.sums`).
+fn sums_of(layer: &str) -> String {
+    Path::new(layer)
+        .with_extension("sums")
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Writes `bytes` over `path` at `offset` (`how` 0), cuts it at `offset`
