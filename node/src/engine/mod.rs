@@ -1543,16 +1543,17 @@ async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64
             !matches!(*s, status::NOT_FOUND | status::BUSY)
         }
     };
+    // What no replica's server holds (its open refuses such files): a
+    // server that claims it is not counted on.
+    let unsound = connected
+        .as_ref()
+        .ok()
+        .and_then(|(_, info)| claims_unsound(info, size));
     let (m, revision, suspect) = match connected {
         Ok((_, info)) if info["pending"].as_u64().unwrap_or(0) > 0 => {
             failed("its rebuild did not finish".into())
         }
-        // What no replica's server holds (its open refuses such files):
-        // a server that claims it is not counted on.
-        Ok((_, info)) if !claims_sound(&info, size) => failed(format!(
-            "its revision {} or a suspect block of {} is past any a replica of {size} bytes has",
-            info["revision"], info["suspect"]
-        )),
+        Ok(_) if unsound.is_some() => failed(unsound.unwrap_or_default()),
         Ok((c, info)) if info["size"].as_u64() == Some(size) => {
             let m = Member {
                 at: at.clone(),
@@ -1574,18 +1575,23 @@ async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64
     (m, revision, suspect, reached)
 }
 
-/// Whether a replica's INFO names a revision and suspect blocks that a
-/// replica of `size` bytes can hold.
-fn claims_sound(info: &serde_json::Value, size: u64) -> bool {
+/// What a replica's INFO claims that no replica of `size` bytes holds: a
+/// revision past `MAX_REVISION`, or a suspect block past its end.
+fn claims_unsound(info: &serde_json::Value, size: u64) -> Option<String> {
     let blocks = size / crate::replica::BLOCK;
-    info["revision"]
-        .as_u64()
-        .is_none_or(|r| r <= crate::replica::MAX_REVISION)
-        && info["suspect"].as_array().is_none_or(|a| {
-            a.iter()
-                .filter_map(serde_json::Value::as_u64)
-                .all(|b| b < blocks)
-        })
+    if let Some(r) = info["revision"].as_u64()
+        && r > crate::replica::MAX_REVISION
+    {
+        return Some(format!("its revision {r} is past any a replica reaches"));
+    }
+    let suspect = info["suspect"].as_array()?;
+    let past = suspect
+        .iter()
+        .filter_map(serde_json::Value::as_u64)
+        .find(|b| *b >= blocks)?;
+    Some(format!(
+        "its suspect block {past} is past any a replica of {blocks} blocks has"
+    ))
 }
 
 /// After an unclean stop the replicas may differ in the writes that were
