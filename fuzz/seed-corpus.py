@@ -102,4 +102,3 @@ seed("replica_dir", "marks-head", mangled(4, 2, 0, b"layer-000002.img\n"))
 # the frozen layer's of blocks 0 - 3 (4 bytes a block).
 seed("replica_dir", "head-sums-held", mangled(6, 0, 160, b"\x00" * 16))
 seed("replica_dir", "frozen-sums-held", mangled(7, 0, 0, b"\x00" * 16))
-
