@@ -624,14 +624,20 @@ async fn a_replica_the_record_leaves_out_is_never_served_whatever_revision_it_cl
     assert_eq!(engine.read(0, 4096).await.unwrap(), vec![1u8; 4096]);
 }
 
-/// Between the engine and `to`: passes everything on, but sets `field` of
-/// each INFO answer's body to `value`, as a server gone wrong might claim.
-async fn claiming_proxy(
+/// What a proxy does to a request (its header decoded, its payload) before
+/// passing it on.
+type EditRequest = Box<dyn FnMut(&ballast_node::wire::protocol::Request, &mut Vec<u8>) + Send>;
+/// What a proxy does to an answer (its header decoded, its body) before
+/// passing it on; a body it changes takes its new length into the header.
+type EditAnswer = Box<dyn FnMut(&mut ballast_node::wire::protocol::Response, &mut Vec<u8>) + Send>;
+
+/// Between the engine and `to`: every request and every answer, a frame
+/// at a time, through the pair of edits `edits` makes for each connection.
+async fn proxy(
     to: &ReplicaAddr,
-    field: &'static str,
-    value: serde_json::Value,
+    edits: impl Fn() -> (EditRequest, EditAnswer) + Send + 'static,
 ) -> ReplicaAddr {
-    use ballast_node::wire::protocol::{Op, REQUEST_HEADER, RESPONSE_HEADER, Request, Response};
+    use ballast_node::wire::protocol::{REQUEST_HEADER, RESPONSE_HEADER, Request, Response};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
@@ -641,25 +647,21 @@ async fn claiming_proxy(
             let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
             let (mut cr, mut cw) = client.into_split();
             let (mut sr, mut sw) = server.into_split();
-            let infos = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
-            let asked = infos.clone();
+            let (mut edit_request, mut edit_answer) = edits();
             tokio::spawn(async move {
                 let mut head = [0u8; REQUEST_HEADER];
                 while cr.read_exact(&mut head).await.is_ok() {
                     let req = Request::decode(&head).unwrap();
-                    if req.op == Op::Info {
-                        asked.lock().unwrap().insert(req.id);
-                    }
                     let mut payload = vec![0u8; req.payload_len()];
-                    if cr.read_exact(&mut payload).await.is_err()
-                        || sw.write_all(&head).await.is_err()
-                        || sw.write_all(&payload).await.is_err()
-                    {
+                    if cr.read_exact(&mut payload).await.is_err() {
+                        return;
+                    }
+                    edit_request(&req, &mut payload);
+                    if sw.write_all(&head).await.is_err() || sw.write_all(&payload).await.is_err() {
                         return;
                     }
                 }
             });
-            let value = value.clone();
             tokio::spawn(async move {
                 let mut head = [0u8; RESPONSE_HEADER];
                 while sr.read_exact(&mut head).await.is_ok() {
@@ -668,12 +670,8 @@ async fn claiming_proxy(
                     if sr.read_exact(&mut body).await.is_err() {
                         return;
                     }
-                    if infos.lock().unwrap().remove(&resp.id) {
-                        let mut info: serde_json::Value = serde_json::from_slice(&body).unwrap();
-                        info[field] = value.clone();
-                        body = serde_json::to_vec(&info).unwrap();
-                        resp.len = body.len() as u32;
-                    }
+                    edit_answer(&mut resp, &mut body);
+                    resp.len = body.len() as u32;
                     if cw.write_all(&resp.encode()).await.is_err()
                         || cw.write_all(&body).await.is_err()
                     {
@@ -687,6 +685,36 @@ async fn claiming_proxy(
         name: to.name.clone(),
         addr,
     }
+}
+
+/// Between the engine and `to`: sets `field` of each INFO answer's body to
+/// `value`, as a server gone wrong might claim.
+async fn claiming_proxy(
+    to: &ReplicaAddr,
+    field: &'static str,
+    value: serde_json::Value,
+) -> ReplicaAddr {
+    use ballast_node::wire::protocol::Op;
+    proxy(to, move || {
+        let asked = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+        let infos = asked.clone();
+        let value = value.clone();
+        (
+            Box::new(move |req, _| {
+                if req.op == Op::Info {
+                    asked.lock().unwrap().insert(req.id);
+                }
+            }),
+            Box::new(move |resp, body| {
+                if infos.lock().unwrap().remove(&resp.id) {
+                    let mut info: serde_json::Value = serde_json::from_slice(body).unwrap();
+                    info[field] = value.clone();
+                    *body = serde_json::to_vec(&info).unwrap();
+                }
+            }),
+        )
+    })
+    .await
 }
 
 /// A replica whose server claims what no replica holds (a revision past
@@ -715,42 +743,21 @@ async fn a_replica_claiming_what_no_replica_holds_is_left_out() {
     }
 }
 
-/// Between the engine and `to`: passes every request on, but flips the
-/// first byte of each WRITE's data, as a fault on the way would.
+/// Between the engine and `to`: flips the first byte of each WRITE's
+/// data, as a fault on the way would.
 async fn corrupting_proxy(to: &ReplicaAddr) -> ReplicaAddr {
-    use ballast_node::wire::protocol::{Op, REQUEST_HEADER, Request};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let upstream = to.addr.clone();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
-            let (mut cr, mut cw) = client.into_split();
-            let (mut sr, mut sw) = server.into_split();
-            tokio::spawn(async move { tokio::io::copy(&mut sr, &mut cw).await });
-            tokio::spawn(async move {
-                let mut head = [0u8; REQUEST_HEADER];
-                while cr.read_exact(&mut head).await.is_ok() {
-                    let req = Request::decode(&head).unwrap();
-                    let mut payload = vec![0u8; req.payload_len()];
-                    if cr.read_exact(&mut payload).await.is_err() {
-                        return;
-                    }
-                    if req.op == Op::Write && req.len > 0 {
-                        payload[0] ^= 0xff;
-                    }
-                    if sw.write_all(&head).await.is_err() || sw.write_all(&payload).await.is_err() {
-                        return;
-                    }
+    use ballast_node::wire::protocol::Op;
+    proxy(to, || {
+        (
+            Box::new(|req, payload| {
+                if req.op == Op::Write && req.len > 0 {
+                    payload[0] ^= 0xff;
                 }
-            });
-        }
-    });
-    ReplicaAddr {
-        name: to.name.clone(),
-        addr,
-    }
+            }),
+            Box::new(|_, _| {}),
+        )
+    })
+    .await
 }
 
 /// A block changed on its way to a replica is never served: the engine
