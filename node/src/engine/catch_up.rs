@@ -10,6 +10,9 @@
 
 use std::collections::BTreeMap;
 
+use ballast::model::ReplicaMode;
+
+use super::{Link, Member, RebuildStatus};
 use crate::replica::{LogEntry, LogOp};
 use crate::wire::client::ReplicaClient;
 use crate::wire::protocol::MAX_DATA;
@@ -76,4 +79,82 @@ pub(super) async fn catch_up(
     }
     dst.flush().await.map_err(|e| e.to_string())?;
     Ok(copied)
+}
+
+/// After an unclean stop the replicas may differ in the writes that were
+/// in flight: the others take those ranges from one at the highest
+/// revision (`best`), where their write logs say which. Returns those
+/// whose logs cannot say (a power cut leaves them unable to), with why:
+/// the regions they wrote lately are compared next (`equalize`), and one
+/// that cannot be compared there either is failed, to be rebuilt
+/// (`fail_behind`).
+pub(super) async fn catch_up_members(
+    volume: &str,
+    members: &mut [Member],
+    revisions: &[u64],
+    best: u64,
+) -> Vec<(usize, String)> {
+    let mut behind = Vec::new();
+    let source = members
+        .iter()
+        .zip(revisions)
+        .position(|(m, r)| m.mode == ReplicaMode::Rw && *r == best);
+    let src = source.and_then(|i| match &members[i].link {
+        Some(Link::Remote(c)) => Some((members[i].at.name.clone(), c.clone())),
+        _ => None,
+    });
+    let Some((src_name, src)) = src else {
+        return behind;
+    };
+    for (i, (m, r)) in members.iter_mut().zip(revisions).enumerate() {
+        let Some(Link::Remote(dst)) = &m.link else {
+            continue;
+        };
+        if Some(i) == source || m.mode != ReplicaMode::Rw {
+            continue;
+        }
+        match catch_up(&src, dst, *r, best).await {
+            Ok(copied) => {
+                if copied > 0 || *r < best {
+                    tracing::info!(volume, replica = %m.at.name, source = %src_name, from = r, to = best, copied, "caught up after an unclean stop");
+                    m.rebuild = Some(RebuildStatus {
+                        source: src_name.clone(),
+                        kept_bytes: 0,
+                        copied_bytes: copied,
+                        path: "catch-up".into(),
+                        done: true,
+                    });
+                }
+            }
+            Err(why) => {
+                tracing::info!(volume, replica = %m.at.name, error = %why, "cannot catch up from the write logs; the regions written lately are compared");
+                behind.push((
+                    i,
+                    format!("revision {r} may differ from {best} and it cannot catch up: {why}"),
+                ));
+            }
+        }
+    }
+    behind
+}
+
+/// Fails each member of `behind` (with why its log could not catch it up)
+/// that the comparison of the regions written lately did not make equal
+/// either (not in `equal`): it is rebuilt.
+pub(super) fn fail_behind(
+    volume: &str,
+    members: &mut [Member],
+    behind: Vec<(usize, String)>,
+    equal: &[usize],
+) {
+    for (i, why) in behind {
+        let m = &mut members[i];
+        if equal.contains(&i) || m.mode != ReplicaMode::Rw {
+            continue;
+        }
+        tracing::warn!(volume, replica = %m.at.name, error = %why, "cannot be made equal; the replica is rebuilt");
+        m.mode = ReplicaMode::Err;
+        m.error = Some(why);
+        m.link = None;
+    }
 }

@@ -1,7 +1,7 @@
 //! The engine of one attached volume: it fans every write out to all `rw`
 //! replicas and acknowledges it once each has it, reads from one replica
-//! (the local one first), and drops a replica that fails an I/O to `err`,
-//! so that the volume degrades instead of stopping.
+//! (the local one first, `read`), and drops a replica that fails an I/O to
+//! `err`, so that the volume degrades instead of stopping.
 //!
 //! Writes go onto every replica's connection in one order (under `order`),
 //! and replica servers apply a connection's writes in arrival order, so all
@@ -9,9 +9,9 @@
 //! snapshots every replica at the same point, and resumes.
 //!
 //! It is started with the replicas the store records as holding the
-//! latest acknowledged data only; of those, after an unclean stop, the one
-//! with the highest revision counter is the one the others are made equal
-//! to.
+//! latest acknowledged data only (each met by `open`); of those, after an
+//! unclean stop, the one with the highest revision counter is the one the
+//! others are made equal to.
 //! Every change of its `rw` set is recorded in the store before a write
 //! that depends on it is acknowledged (`freshness`). A replica joins a
 //! running volume through a rebuild (`rebuild`); the node agent asks for it
@@ -35,13 +35,15 @@ use tokio::sync::{Mutex, RwLock};
 
 use crate::replica::BLOCK;
 use crate::wire::client::{ClientError, ReplicaClient, Waiter};
-use crate::wire::protocol::{FLAG_FUA, FLAG_ZEROES, MAX_DATA, Op, status};
+use crate::wire::protocol::{FLAG_FUA, FLAG_ZEROES, MAX_DATA, Op};
 use crate::wire::tls::WireTls;
 
 mod catch_up;
 mod equalize;
 pub mod freshness;
 mod lent;
+mod open;
+mod read;
 mod rebuild;
 mod repair;
 mod settle;
@@ -461,7 +463,7 @@ impl Engine {
         let mut suspects = Vec::new();
         let mut unreached = Vec::new();
         for at in replicas {
-            let (mut m, revision, suspect, reached) = open_member(&tls, at, size).await;
+            let (mut m, revision, suspect, reached) = open::open_member(&tls, at, size).await;
             suspects.push(suspect);
             // Whatever it claims, a replica the record leaves out holds older
             // data than the volume's (generation 0: nothing recorded yet).
@@ -489,7 +491,8 @@ impl Engine {
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             let mut still = Vec::new();
             for i in unreached {
-                let (m, revision, suspect, reached) = open_member(&tls, &replicas[i], size).await;
+                let (m, revision, suspect, reached) =
+                    open::open_member(&tls, &replicas[i], size).await;
                 if reached {
                     (members[i], revisions[i], suspects[i]) = (m, revision, suspect);
                 } else {
@@ -514,9 +517,9 @@ impl Engine {
                 )
             })?;
         settle::settle_suspects(volume, &members, &suspects, &revisions).await;
-        let behind = catch_up_members(volume, &mut members, &revisions, best).await;
+        let behind = catch_up::catch_up_members(volume, &mut members, &revisions, best).await;
         let equal = equalize::equalize_recent(volume, &mut members, &revisions, best).await;
-        fail_behind(volume, &mut members, behind, &equal);
+        catch_up::fail_behind(volume, &mut members, behind, &equal);
         tracing::info!(
             volume,
             size,
@@ -694,34 +697,6 @@ impl Engine {
         }
     }
 
-    pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, EngineError> {
-        self.check(offset, u64::from(len))?;
-        // A fenced engine is stale: another one may be writing elsewhere.
-        if let Some(why) = self.freshness.fenced() {
-            return Err(EngineError::NotRecorded(format!("engine fenced: {why}")));
-        }
-        let io = self.io.read().await;
-        let start = std::time::Instant::now();
-        let mut bad = Vec::new();
-        let read = self.read_noting(offset, len, Some(&mut bad)).await;
-        drop(io);
-        IoCounters::count(&self.counters.checksum_failures, bad.len() as u64);
-        if let Err(EngineError::Corrupt { .. }) = &read {
-            // The last replica that could serve it held it bad too.
-            IoCounters::count(&self.counters.checksum_failures, 1);
-            IoCounters::count(&self.counters.unreadable_reads, 1);
-        }
-        if !bad.is_empty() {
-            // The replicas that failed a checksum get the range back from
-            // the others (see `repair`).
-            self.repair(offset, u64::from(len), bad).await;
-        }
-        if read.is_ok() {
-            self.counters.read(u64::from(len), start.elapsed());
-        }
-        read
-    }
-
     /// The I/O served since the engine started.
     pub fn io(&self) -> IoStats {
         self.counters.stats()
@@ -772,141 +747,6 @@ impl Engine {
         x.link = Some(Link::Lent(lent));
         self.members_changed();
         Ok(())
-    }
-
-    /// A read from `name` failed with `e`. The replica is dropped, unless
-    /// the block is corrupt there and no replica after it can serve it:
-    /// then one bad block fails this read only, and the last replica that
-    /// holds the rest of the volume keeps serving it.
-    async fn read_failed(&self, name: &str, e: &ClientError, others: bool) -> Option<EngineError> {
-        if e.is_corrupt() && !others {
-            tracing::error!(volume = %self.volume, replica = name, error = %e,
-                "a block is corrupt in the last replica that holds it; the read fails");
-            return Some(EngineError::Corrupt {
-                replica: name.to_string(),
-                message: e.to_string(),
-            });
-        }
-        self.fail(name, e).await;
-        None
-    }
-
-    /// Reads with I/O already held (shared or exclusive).
-    async fn read_now(&self, offset: u64, len: u32) -> Result<Bytes, EngineError> {
-        self.read_noting(offset, len, None).await
-    }
-
-    /// Reads from the rw replicas but `skip`, with I/O held: a repair's
-    /// read. One whose blocks fail their checksums there too is passed
-    /// over, not dropped: a block bad in several replicas must not cost
-    /// the volume all but one of them.
-    async fn read_excluding(
-        &self,
-        offset: u64,
-        len: u32,
-        skip: &[&str],
-    ) -> Result<Bytes, EngineError> {
-        let links: Vec<_> = self
-            .rw_links()
-            .await
-            .into_iter()
-            .filter(|(n, _)| !skip.contains(&n.as_str()))
-            .collect();
-        let mut also_bad = Vec::new();
-        self.read_from(links, offset, len, Some(&mut also_bad))
-            .await
-    }
-
-    /// Whether an rw replica besides `name` holds block `block` sound.
-    /// Each is asked alone, so that a bad block there drops none.
-    async fn sound_elsewhere(&self, name: &str, block: u64) -> bool {
-        for link in self.rw_links().await.into_iter().filter(|(n, _)| n != name) {
-            if self
-                .read_from(vec![link], block * BLOCK, BLOCK as u32, None)
-                .await
-                .is_ok()
-            {
-                return true;
-            }
-        }
-        false
-    }
-
-    /// Reads with I/O held. With `bad`, a replica whose blocks fail their
-    /// checksum while another replica may serve them is noted there rather
-    /// than dropped: the caller repairs it once I/O is let go.
-    async fn read_noting(
-        &self,
-        offset: u64,
-        len: u32,
-        bad: Option<&mut Vec<(String, ClientError)>>,
-    ) -> Result<Bytes, EngineError> {
-        let links = self.rw_links().await;
-        self.read_from(links, offset, len, bad).await
-    }
-
-    async fn read_from(
-        &self,
-        links: Vec<(String, Link)>,
-        offset: u64,
-        len: u32,
-        mut bad: Option<&mut Vec<(String, ClientError)>>,
-    ) -> Result<Bytes, EngineError> {
-        let mut last = String::from("no rw replica");
-        let count = links.len();
-        for (i, (name, link)) in links.into_iter().enumerate() {
-            let others = i + 1 < count;
-            // Noted for repair rather than dropped: a bad block while
-            // another replica may hold it sound. A lost one is passed over
-            // (the others lost it too): nothing to repair it from, and no
-            // replica to drop for it.
-            let mut note = |e: &ClientError| match bad.as_deref_mut() {
-                Some(bad) if others && e.is_corrupt() => {
-                    bad.push((name.clone(), e.clone()));
-                    true
-                }
-                _ => false,
-            };
-            let e = match self.read_link(link, offset, len).await {
-                Ok(out) => return Ok(out),
-                Err(e) => e,
-            };
-            last = e.to_string();
-            if (e.is_lost() && others) || note(&e) {
-                continue;
-            }
-            if let Some(e) = self.read_failed(&name, &e, others).await {
-                return Err(e);
-            }
-        }
-        Err(EngineError::NoReplica(last))
-    }
-
-    /// One replica's read of `len` bytes at `offset`. The lent replica is
-    /// read inline, without a thread hop: a read of the local disk, mostly
-    /// from the page cache, is short. A remote one's read of one chunk (the
-    /// usual case) is returned as it came off the socket; larger reads are
-    /// put together.
-    async fn read_link(&self, link: Link, offset: u64, len: u32) -> Result<Bytes, ClientError> {
-        let c = match link {
-            Link::Lent(l) => {
-                let b = l.read(offset, len)?;
-                self.direct_reads.fetch_add(1, Ordering::Relaxed);
-                return Ok(Bytes::from(b));
-            }
-            Link::Remote(c) => c,
-        };
-        if len <= MAX_DATA {
-            return c.read(offset, len).await;
-        }
-        let mut out = bytes::BytesMut::with_capacity(len as usize);
-        let mut pos = 0u32;
-        while pos < len {
-            let n = (len - pos).min(MAX_DATA);
-            out.extend_from_slice(&c.read(offset + u64::from(pos), n).await?);
-            pos += n;
-        }
-        Ok(out.freeze())
     }
 
     /// Sends one mutation to every rw and wo replica in engine order, waits
@@ -1506,168 +1346,5 @@ impl Engine {
                 rebuild: m.rebuild.clone(),
             })
             .collect()
-    }
-}
-
-/// Connects to a replica for a starting engine: a member in `rw` mode
-/// with its revision and its suspect blocks (`Replica::suspect`), or in
-/// `err` mode with why (unreachable, a rebuild not finished, another
-/// size); and whether it answered at all.
-async fn open_member(tls: &WireTls, at: &ReplicaAddr, size: u64) -> (Member, u64, Vec<u64>, bool) {
-    let connected = async {
-        let c = ReplicaClient::dial(tls, &at.addr, &at.name).await?;
-        let info = c.info().await?;
-        Ok::<_, ClientError>((c, info))
-    }
-    .await;
-    let failed = |why: String| {
-        let m = Member {
-            at: at.clone(),
-            link: None,
-            mode: ReplicaMode::Err,
-            error: Some(why),
-            rebuild: None,
-            caught_up: false,
-        };
-        (m, 0, Vec::new())
-    };
-    // Reached, for the wait on suspect blocks (`settle::SUSPECTS_WAIT`),
-    // unless its node may yet come back: no connection, or a server that
-    // does not hold it yet (NOT_FOUND) or is busy with it. A replica
-    // whose server failed it (its disk full or failing) is not waited
-    // for: the wait would only hold the start back.
-    let reached = match &connected {
-        Ok(_) => true,
-        Err(ClientError::Closed { .. }) => false,
-        Err(ClientError::Failed { status: s, .. }) => {
-            !matches!(*s, status::NOT_FOUND | status::BUSY)
-        }
-    };
-    // What no replica's server holds (its open refuses such files): a
-    // server that claims it is not counted on.
-    let unsound = connected
-        .as_ref()
-        .ok()
-        .and_then(|(_, info)| claims_unsound(info, size));
-    let (m, revision, suspect) = match connected {
-        Ok((_, info)) if info["pending"].as_u64().unwrap_or(0) > 0 => {
-            failed("its rebuild did not finish".into())
-        }
-        Ok(_) if unsound.is_some() => failed(unsound.unwrap_or_default()),
-        Ok((c, info)) if info["size"].as_u64() == Some(size) => {
-            let m = Member {
-                at: at.clone(),
-                link: Some(Link::Remote(Arc::new(c))),
-                mode: ReplicaMode::Rw,
-                error: None,
-                rebuild: None,
-                caught_up: false,
-            };
-            let suspect = info["suspect"]
-                .as_array()
-                .map(|a| a.iter().filter_map(serde_json::Value::as_u64).collect())
-                .unwrap_or_default();
-            (m, info["revision"].as_u64().unwrap_or(0), suspect)
-        }
-        Ok((_, info)) => failed(format!("size {} is not the volume's {size}", info["size"])),
-        Err(e) => failed(e.to_string()),
-    };
-    (m, revision, suspect, reached)
-}
-
-/// What a replica's INFO claims that no replica of `size` bytes holds: a
-/// revision past `MAX_REVISION`, or a suspect block past its end.
-fn claims_unsound(info: &serde_json::Value, size: u64) -> Option<String> {
-    let blocks = size / crate::replica::BLOCK;
-    if let Some(r) = info["revision"].as_u64()
-        && r > crate::replica::MAX_REVISION
-    {
-        return Some(format!("its revision {r} is past any a replica reaches"));
-    }
-    let suspect = info["suspect"].as_array()?;
-    let past = suspect
-        .iter()
-        .filter_map(serde_json::Value::as_u64)
-        .find(|b| *b >= blocks)?;
-    Some(format!(
-        "its suspect block {past} is past any a replica of {blocks} blocks has"
-    ))
-}
-
-/// After an unclean stop the replicas may differ in the writes that were
-/// in flight: the others take those ranges from one at the highest
-/// revision (`best`), where their write logs say which. Returns those
-/// whose logs cannot say (a power cut leaves them unable to), with why:
-/// the regions they wrote lately are compared next (`equalize`), and one
-/// that cannot be compared there either is failed, to be rebuilt
-/// (`fail_behind`).
-async fn catch_up_members(
-    volume: &str,
-    members: &mut [Member],
-    revisions: &[u64],
-    best: u64,
-) -> Vec<(usize, String)> {
-    let mut behind = Vec::new();
-    let source = members
-        .iter()
-        .zip(revisions)
-        .position(|(m, r)| m.mode == ReplicaMode::Rw && *r == best);
-    let src = source.and_then(|i| match &members[i].link {
-        Some(Link::Remote(c)) => Some((members[i].at.name.clone(), c.clone())),
-        _ => None,
-    });
-    let Some((src_name, src)) = src else {
-        return behind;
-    };
-    for (i, (m, r)) in members.iter_mut().zip(revisions).enumerate() {
-        let Some(Link::Remote(dst)) = &m.link else {
-            continue;
-        };
-        if Some(i) == source || m.mode != ReplicaMode::Rw {
-            continue;
-        }
-        match catch_up::catch_up(&src, dst, *r, best).await {
-            Ok(copied) => {
-                if copied > 0 || *r < best {
-                    tracing::info!(volume, replica = %m.at.name, source = %src_name, from = r, to = best, copied, "caught up after an unclean stop");
-                    m.rebuild = Some(RebuildStatus {
-                        source: src_name.clone(),
-                        kept_bytes: 0,
-                        copied_bytes: copied,
-                        path: "catch-up".into(),
-                        done: true,
-                    });
-                }
-            }
-            Err(why) => {
-                tracing::info!(volume, replica = %m.at.name, error = %why, "cannot catch up from the write logs; the regions written lately are compared");
-                behind.push((
-                    i,
-                    format!("revision {r} may differ from {best} and it cannot catch up: {why}"),
-                ));
-            }
-        }
-    }
-    behind
-}
-
-/// Fails each member of `behind` (with why its log could not catch it up)
-/// that the comparison of the regions written lately did not make equal
-/// either (not in `equal`): it is rebuilt.
-fn fail_behind(
-    volume: &str,
-    members: &mut [Member],
-    behind: Vec<(usize, String)>,
-    equal: &[usize],
-) {
-    for (i, why) in behind {
-        let m = &mut members[i];
-        if equal.contains(&i) || m.mode != ReplicaMode::Rw {
-            continue;
-        }
-        tracing::warn!(volume, replica = %m.at.name, error = %why, "cannot be made equal; the replica is rebuilt");
-        m.mode = ReplicaMode::Err;
-        m.error = Some(why);
-        m.link = None;
     }
 }
