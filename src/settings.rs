@@ -90,6 +90,7 @@ pub const SCRUB_INTERVAL: &str = "replica-scrub-interval";
 pub const SCRUB_RATE: &str = "replica-scrub-rate";
 pub const SNAPSHOT_MAX_COUNT: &str = "snapshot-max-count";
 pub const MERGE_RATE: &str = "layer-merge-rate";
+pub const ENGINE_REPLICA_TIMEOUT: &str = "engine-replica-timeout";
 
 /// Every setting, in the order BEHAVIOR.md lists them.
 pub const DEFINITIONS: &[SettingDef] = &[
@@ -223,6 +224,15 @@ pub const DEFINITIONS: &[SettingDef] = &[
         kind: SettingKind::Int {
             min: 1,
             max: Some(10240),
+        },
+    },
+    SettingDef {
+        name: ENGINE_REPLICA_TIMEOUT,
+        default: "8",
+        description: "Seconds a replica may leave a read or write of an attached volume unanswered while another replica answers; then the engine gives it up (it is rebuilt or reused later). Engines started after a change use the new value.",
+        kind: SettingKind::Int {
+            min: 8,
+            max: Some(30),
         },
     },
 ];
@@ -375,6 +385,11 @@ impl Settings {
         self.int(MINIMAL_AVAILABLE_PERCENTAGE).clamp(0, 100) as u32
     }
     /// Bytes per second a merge copies.
+    /// `engine-replica-timeout`, in seconds.
+    pub fn engine_replica_timeout_secs(&self) -> u32 {
+        self.int(ENGINE_REPLICA_TIMEOUT).clamp(8, 30) as u32
+    }
+
     pub fn merge_rate_bytes(&self) -> u64 {
         (self.int(MERGE_RATE).clamp(1, 10240) as u64) << 20
     }

@@ -410,6 +410,11 @@ pub struct EngineArgs {
     /// Async worker threads (0: one per core).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
     pub workers: u16,
+    /// Seconds a remote replica may leave a read or write unanswered while
+    /// another replica answers; then the engine gives it up (the setting
+    /// `engine-replica-timeout`, which the node plugin passes).
+    #[arg(long, env = "BALLAST_REPLICA_TIMEOUT", default_value_t = ballast_node::engine::DEFAULT_REPLICA_TIMEOUT.as_secs(), value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub replica_timeout: u64,
     /// Where to write the engine's status (JSON) every second.
     #[arg(long, env = "BALLAST_STATUS_FILE")]
     pub status_file: Option<PathBuf>,

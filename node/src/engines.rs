@@ -392,6 +392,10 @@ impl Engines {
                     generation: spec["generation"].as_u64().unwrap_or(0),
                     current: strings(&spec["current"]),
                     epoch: spec["epoch"].as_u64().unwrap_or(0),
+                    replica_timeout_seconds: spec["replicaTimeoutSeconds"]
+                        .as_u64()
+                        .and_then(|s| u32::try_from(s).ok())
+                        .unwrap_or(0),
                     // The running engine holds its credentials; they are
                     // not kept in the record.
                     ..Default::default()
@@ -656,6 +660,12 @@ impl Engines {
         if let Some(d) = self.engine_tls(spec)? {
             cmd.arg("--tls-dir").arg(d);
         }
+        if spec.replica_timeout_seconds > 0 {
+            cmd.args([
+                "--replica-timeout",
+                &spec.replica_timeout_seconds.to_string(),
+            ]);
+        }
         for r in &spec.replicas {
             cmd.args(["--replica", r]);
         }
@@ -695,6 +705,7 @@ impl Engines {
             "generation": spec.generation,
             "current": spec.current,
             "epoch": spec.epoch,
+            "replicaTimeoutSeconds": spec.replica_timeout_seconds,
         });
         let _ = std::fs::write(self.pid_file(&spec.volume), format!("{pid}\n{record}\n"));
     }

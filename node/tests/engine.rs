@@ -637,6 +637,18 @@ async fn proxy(
     to: &ReplicaAddr,
     edits: impl Fn() -> (EditRequest, EditAnswer) + Send + 'static,
 ) -> ReplicaAddr {
+    let (_open, gate) = tokio::sync::watch::channel(true);
+    gated_proxy(to, gate, edits).await
+}
+
+/// `proxy`, whose answers wait while `gate` holds false: a replica whose
+/// server takes requests and answers none, as a frozen process or a
+/// network that drops packets leaves it.
+async fn gated_proxy(
+    to: &ReplicaAddr,
+    gate: tokio::sync::watch::Receiver<bool>,
+    edits: impl Fn() -> (EditRequest, EditAnswer) + Send + 'static,
+) -> ReplicaAddr {
     use ballast_node::wire::protocol::{REQUEST_HEADER, RESPONSE_HEADER, Request, Response};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -648,6 +660,7 @@ async fn proxy(
             let (mut cr, mut cw) = client.into_split();
             let (mut sr, mut sw) = server.into_split();
             let (mut edit_request, mut edit_answer) = edits();
+            let mut gate = gate.clone();
             tokio::spawn(async move {
                 let mut head = [0u8; REQUEST_HEADER];
                 while cr.read_exact(&mut head).await.is_ok() {
@@ -672,6 +685,9 @@ async fn proxy(
                     }
                     edit_answer(&mut resp, &mut body);
                     resp.len = body.len() as u32;
+                    if gate.wait_for(|open| *open).await.is_err() {
+                        return;
+                    }
                     if cw.write_all(&resp.encode()).await.is_err()
                         || cw.write_all(&body).await.is_err()
                     {
@@ -924,4 +940,145 @@ async fn bad_everywhere_at_a_snapshot(lend: bool) {
     let mut want = data.clone();
     want[below..above].fill(7);
     assert_eq!(engine.read(0, 8 * BLOCK as u32).await.unwrap(), want);
+}
+
+/// Three replicas, the last behind a gate that holds its answers back;
+/// the engine gives up on a replica after `timeout`.
+async fn one_behind_a_gate(
+    timeout: std::time::Duration,
+) -> (
+    Vec<tempfile::TempDir>,
+    Vec<ReplicaAddr>,
+    Arc<Engine>,
+    tokio::sync::watch::Sender<bool>,
+) {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut addrs = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        addrs.push(replica_server(d.path(), &format!("v-r{i}"), 64 * BLOCK).await);
+    }
+    let (open, gate) = tokio::sync::watch::channel(true);
+    addrs[2] = gated_proxy(&addrs[2], gate, || {
+        (Box::new(|_, _| {}), Box::new(|_, _| {}))
+    })
+    .await;
+    let engine = engine_over(64 * BLOCK, &addrs, Some("v-r0")).await;
+    engine.watch_stalls(timeout);
+    (dirs, addrs, engine, open)
+}
+
+/// A write through NBD's path (`write_then`), waited for at most a minute.
+async fn nbd_write(engine: &Arc<Engine>, offset: u64, data: Vec<u8>) -> Result<(), String> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    engine
+        .write_then(
+            offset,
+            bytes::Bytes::from(data),
+            false,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        )
+        .await;
+    match tokio::time::timeout(std::time::Duration::from_secs(60), rx).await {
+        Ok(answer) => answer.unwrap().map_err(|e| e.to_string()),
+        Err(_) => Err("no answer within a minute".into()),
+    }
+}
+
+/// A replica that stops answering (its server takes the requests and
+/// answers none, as a frozen process or a network that drops packets
+/// leaves it) is given up after the replica timeout: the writes waiting
+/// for it are acknowledged from the others, both write paths, and every
+/// acknowledged write reads back from them. Without it the writes would
+/// wait for the frozen replica for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_stops_answering_is_given_up_and_the_writes_go_on() {
+    let (_dirs, addrs, engine, open) = one_behind_a_gate(std::time::Duration::from_secs(1)).await;
+    let before: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 251) as u8).collect();
+    engine.write(0, &before, true).await.unwrap();
+
+    open.send(false).unwrap();
+    let awaited: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 241) as u8).collect();
+    let nbd: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 239) as u8).collect();
+    let (a, b) = tokio::join!(
+        tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            engine.write(8 * BLOCK, &awaited, false)
+        ),
+        nbd_write(&engine, 16 * BLOCK, nbd.clone()),
+    );
+    a.expect("the awaited write waited a minute").unwrap();
+    b.unwrap();
+    engine.flush().await.unwrap();
+
+    let status = engine.status().await;
+    let gone = status.iter().find(|s| s.name == "v-r2").unwrap();
+    assert_eq!(gone.mode, ReplicaMode::Err, "{status:?}");
+    let why = gone.error.clone().unwrap_or_default();
+    assert!(why.contains("no answer for"), "{why}");
+    for name in ["v-r0", "v-r1"] {
+        assert_eq!(mode_of(&engine, name).await, ReplicaMode::Rw, "{status:?}");
+    }
+    for (offset, data) in [(0, &before), (8 * BLOCK, &awaited), (16 * BLOCK, &nbd)] {
+        let len = data.len() as u32;
+        assert!(
+            engine.read(offset, len).await.unwrap() == *data,
+            "at {offset}"
+        );
+        for a in &addrs[..2] {
+            assert!(
+                read_given_back(a, offset, len).await == *data,
+                "{} at {offset}",
+                a.name
+            );
+        }
+    }
+}
+
+/// When every replica the volume writes to stops answering, none is given
+/// up: the writes wait (dropping them all would fail the volume), and once
+/// the replicas answer again the writes are acknowledged and every replica
+/// is still rw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_every_replica_stops_answering_none_is_given_up_and_the_writes_wait() {
+    let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
+    let (open, gate) = tokio::sync::watch::channel(true);
+    let mut addrs = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        let a = replica_server(d.path(), &format!("v-r{i}"), 64 * BLOCK).await;
+        let gated = gated_proxy(&a, gate.clone(), || {
+            (Box::new(|_, _| {}), Box::new(|_, _| {}))
+        })
+        .await;
+        addrs.push(gated);
+    }
+    let engine = engine_over(64 * BLOCK, &addrs, None).await;
+    engine.watch_stalls(std::time::Duration::from_secs(1));
+    open.send(false).unwrap();
+    let data: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 233) as u8).collect();
+    let write = {
+        let (engine, data) = (engine.clone(), data.clone());
+        tokio::spawn(async move { nbd_write(&engine, 0, data).await })
+    };
+    // Three replica timeouts and more: long past the point where one
+    // replica of two would have been given up.
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    assert!(
+        !write.is_finished(),
+        "the write was answered with no replica answering"
+    );
+    for a in &addrs {
+        assert_eq!(mode_of(&engine, &a.name).await, ReplicaMode::Rw);
+    }
+    open.send(true).unwrap();
+    write.await.unwrap().unwrap();
+    for a in &addrs {
+        assert_eq!(mode_of(&engine, &a.name).await, ReplicaMode::Rw);
+        assert!(
+            read_given_back(a, 0, data.len() as u32).await == data,
+            "{}",
+            a.name
+        );
+    }
 }

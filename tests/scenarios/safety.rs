@@ -1112,3 +1112,51 @@ fn a_block_no_replica_holds_sound_is_lost_alone_and_the_volume_gets_its_replicas
     let (ok, out) = qemu_io(&endpoint, &["write -P 0x77 1M 4k", "read -P 0x77 1M 4k"]);
     assert!(ok, "written again, the block is sound: {out}");
 }
+
+/// A replica whose node freezes (SIGSTOP: its connections stay open and
+/// nothing answers, as a hung process or a network that drops packets
+/// leaves them) is given up after `engine-replica-timeout`: the writes go
+/// on with the other two, the replica is failed in the store with why, and
+/// once its node is thawed it is rebuilt or reused. Every write reads
+/// back, from the volume and from each replica. Before, the writes waited
+/// for the frozen replica for as long as it stayed frozen, with the
+/// volume reported healthy.
+#[test]
+fn a_frozen_replica_node_is_given_up_after_the_replica_timeout_and_the_writes_go_on() {
+    let c = Cluster::start(3, 1);
+    // Not the default (8): the engine is started with the setting's value.
+    c.set("engine-replica-timeout", json!("9"));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 3, Duration::from_secs(60));
+    let engine = engine_pid(&c.path("node-1").join("state"), "v").unwrap();
+    let args = arguments_of(engine);
+    assert!(
+        args.windows(2).any(|w| w == ["--replica-timeout", "9"]),
+        "{args:?}"
+    );
+    write_data(c.dir.path(), &endpoint, 41);
+    let frozen = replica_of(&c, "node-3");
+
+    c.nodes[2].proc.signal(nix::sys::signal::Signal::SIGSTOP);
+    let b = write_data(c.dir.path(), &endpoint, 42);
+    wait_for(Duration::from_secs(30), "the frozen replica failed", || {
+        c.replicas("v")
+            .into_iter()
+            .find(|r| r["name"] == frozen.as_str() && r["status"]["mode"] == "err")
+    });
+    let events = c.events("volume/v");
+    assert!(
+        events.iter().any(|e| e["reason"] == "ReplicaSetChanged"
+            && e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("no answer for"))),
+        "no event says why the replica was given up: {events:?}"
+    );
+    verify_data(c.dir.path(), &endpoint, &b);
+
+    c.nodes[2].proc.signal(nix::sys::signal::Signal::SIGCONT);
+    c.wait_settled("v", 3, Duration::from_secs(180));
+    verify_data(c.dir.path(), &endpoint, &b);
+    verify_replicas(&c, "v", &b);
+}

@@ -417,6 +417,7 @@ async fn start_engine(
             tls_cert_pem,
             tls_key_pem,
             epoch,
+            replica_timeout_seconds: ctx.settings().await?.engine_replica_timeout_secs(),
         }),
     )
     .await;

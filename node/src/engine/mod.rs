@@ -23,7 +23,9 @@
 //! from their write logs (`catch_up`), then over the regions each wrote
 //! lately (`equalize`); one that neither can make equal is rebuilt. The
 //! replica on the engine's own node is lent to it by its server, and its
-//! I/O goes straight to its files (`lent`).
+//! I/O goes straight to its files (`lent`). A remote replica that leaves
+//! the volume's I/O unanswered past the replica timeout while another
+//! answers is given up (`stall`).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -48,8 +50,10 @@ mod rebuild;
 mod repair;
 mod settle;
 mod spare;
+mod stall;
 
 pub use freshness::{RecordError, Recorder, ReplicaSet};
+pub use stall::DEFAULT_TIMEOUT as DEFAULT_REPLICA_TIMEOUT;
 
 /// The exit status of an engine process that could open none of its
 /// replicas (the node agent answers FAILED_PRECONDITION for it).

@@ -126,7 +126,15 @@ impl Waiter {
     }
 }
 
-type Pending = Arc<std::sync::Mutex<HashMap<u64, Waiter>>>;
+/// A request that waits for its reply: who gets the reply, and, for the
+/// volume's own I/O (READ, WRITE, TRIM, FLUSH), when it was sent (see
+/// `ReplicaClient::stalled_for`).
+struct Outstanding {
+    waiter: Waiter,
+    io_since: Option<std::time::Instant>,
+}
+
+type Pending = Arc<std::sync::Mutex<HashMap<u64, Outstanding>>>;
 
 /// Whether the connection is gone, and who waits for it to go.
 #[derive(Default)]
@@ -154,7 +162,7 @@ fn close_all(closed: &Ended, pending: &Pending, addr: &str, reason: &str) {
     closed.flag.store(true, Ordering::SeqCst);
     closed.notify.notify_waiters();
     let waiting: Vec<Waiter> = match pending.lock() {
-        Ok(mut m) => m.drain().map(|(_, w)| w).collect(),
+        Ok(mut m) => m.drain().map(|(_, o)| o.waiter).collect(),
         Err(_) => Vec::new(),
     };
     // Run outside the lock: a callback may submit again.
@@ -445,7 +453,7 @@ impl ReplicaClient {
                     Err(e) => break e.to_string(),
                 };
                 let waiter = p.lock().ok().and_then(|mut m| m.remove(&resp.id));
-                if let Some(w) = waiter {
+                if let Some(Outstanding { waiter: w, .. }) = waiter {
                     let result = if resp.status == status::OK {
                         Ok(body)
                     } else {
@@ -486,6 +494,26 @@ impl ReplicaClient {
         client.takes_sums = serde_json::from_slice::<serde_json::Value>(&opened)
             .is_ok_and(|v| v["sums"] == serde_json::Value::Bool(true));
         Ok(client)
+    }
+
+    /// How long the oldest of the volume's I/O requests still waiting for
+    /// its reply has waited at `now` (None when none waits). A replica
+    /// that answers slowly still answers; one whose process or network
+    /// hangs leaves this growing.
+    pub fn stalled_for(&self, now: std::time::Instant) -> Option<std::time::Duration> {
+        let m = self.pending.lock().ok()?;
+        m.values()
+            .filter_map(|o| o.io_since)
+            .min()
+            .map(|since| now.saturating_duration_since(since))
+    }
+
+    /// Gives up on the connection: every request still waiting fails now
+    /// with `reason` (as if the connection had been lost), and nothing more
+    /// is sent or read. A reply that comes later finds no one waiting.
+    pub fn abandon(&self, reason: &str) {
+        close_all(&self.closed, &self.pending, &self.addr, reason);
+        self.reader.abort();
     }
 
     /// Whether writes to it may bring their block checksums (`send_write`).
@@ -647,10 +675,14 @@ impl ReplicaClient {
             addr: self.addr.clone(),
             reason,
         };
+        // The volume's I/O is timed (`stalled_for`); a FILL, a JOIN or a
+        // SNAPSHOT may take long by their nature.
+        let io_since =
+            matches!(op, Op::Read | Op::Write | Op::Trim | Op::Flush).then(std::time::Instant::now);
         self.pending
             .lock()
             .map_err(|_| closed("poisoned".into()))?
-            .insert(id, waiter);
+            .insert(id, Outstanding { waiter, io_since });
         if self.closed.flag.load(Ordering::SeqCst) {
             if let Ok(mut m) = self.pending.lock() {
                 m.remove(&id);

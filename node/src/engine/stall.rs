@@ -1,0 +1,120 @@
+//! A replica that stops answering. A replica whose node process is frozen,
+//! whose network drops packets without a reset, or whose disk hangs keeps
+//! its connection open and answers nothing: the writes the engine fans out
+//! to it would wait for it for ever, and with them the volume.
+//!
+//! The engine watches each remote replica's oldest unanswered request of
+//! the volume's I/O (`ReplicaClient::stalled_for`). One that has waited
+//! longer than the replica timeout (the setting `engine-replica-timeout`)
+//! while another rw replica is not stalled is given up: its connection is
+//! abandoned, so its requests fail as if the connection were lost, and the
+//! engine drops the replica as it drops one that failed an I/O (its record
+//! of the replica set changes first; the planner rebuilds or reuses the
+//! replica later). When every rw replica is stalled, none is given up:
+//! dropping them all would fail the volume's I/O, where waiting may still
+//! see it through. The lent replica is never given up here: its I/O runs
+//! in the engine's own threads, on its own node's disk.
+//!
+//! It owns no state of its own: it reads the members and asks their
+//! clients.
+
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use ballast::model::ReplicaMode;
+
+use super::{Engine, Link};
+use crate::wire::client::ReplicaClient;
+
+/// The setting's default: the time a replica may leave a request of the
+/// volume's I/O unanswered.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(8);
+
+/// A remote replica's state at one look.
+struct Look {
+    name: String,
+    client: Arc<ReplicaClient>,
+    rw: bool,
+    stalled: Option<Duration>,
+}
+
+impl Engine {
+    /// Gives up, from now on, on a remote replica that leaves a request of
+    /// the volume's I/O unanswered for longer than `timeout` while another
+    /// rw replica answers (see the module's head). The engine's process
+    /// calls it once, after the start.
+    pub fn watch_stalls(self: &Arc<Self>, timeout: Duration) {
+        tokio::spawn(watch(Arc::downgrade(self), timeout));
+    }
+
+    /// The remote replicas, and how long each has left a request
+    /// unanswered; and whether a replica is lent (always taken as
+    /// answering).
+    async fn look(&self, now: Instant) -> (Vec<Look>, bool) {
+        let members = self.members.lock().await;
+        let mut looks = Vec::new();
+        let mut lent_rw = false;
+        for m in members.iter() {
+            let rw = m.mode == ReplicaMode::Rw;
+            match &m.link {
+                Some(Link::Remote(c)) if matches!(m.mode, ReplicaMode::Rw | ReplicaMode::Wo) => {
+                    looks.push(Look {
+                        name: m.at.name.clone(),
+                        client: c.clone(),
+                        rw,
+                        stalled: c.stalled_for(now),
+                    });
+                }
+                Some(Link::Lent(_)) if rw => lent_rw = true,
+                _ => {}
+            }
+        }
+        (looks, lent_rw)
+    }
+}
+
+/// Looks at the replicas a few times per timeout for as long as the engine
+/// lives.
+async fn watch(engine: Weak<Engine>, timeout: Duration) {
+    let every = (timeout / 4).max(Duration::from_millis(250));
+    let mut waiting_said = false;
+    loop {
+        tokio::time::sleep(every).await;
+        let Some(engine) = engine.upgrade() else {
+            return;
+        };
+        let (looks, lent_rw) = engine.look(Instant::now()).await;
+        let over = |l: &Look| l.stalled.is_some_and(|d| d > timeout);
+        let answering: Vec<&str> = looks
+            .iter()
+            .filter(|l| l.rw && !over(l))
+            .map(|l| l.name.as_str())
+            .chain(lent_rw.then_some("the local replica"))
+            .collect();
+        let stalled: Vec<&Look> = looks.iter().filter(|l| over(l)).collect();
+        if stalled.is_empty() {
+            waiting_said = false;
+            continue;
+        }
+        if answering.is_empty() {
+            if !waiting_said {
+                tracing::warn!(volume = %engine.volume, timeout = ?timeout,
+                    replicas = ?stalled.iter().map(|l| &l.name).collect::<Vec<_>>(),
+                    "every rw replica has left a request unanswered past the replica timeout; none is given up, the volume's I/O waits for them");
+                waiting_said = true;
+            }
+            continue;
+        }
+        for l in stalled {
+            let waited = l.stalled.unwrap_or_default();
+            let reason = format!(
+                "no answer for {:.1}s (engine-replica-timeout {timeout:?}) while {} answers",
+                waited.as_secs_f64(),
+                answering.join(", ")
+            );
+            tracing::error!(volume = %engine.volume, replica = %l.name, reason = %reason,
+                "a replica stopped answering; it is given up and the volume goes on without it");
+            l.client.abandon(&reason);
+        }
+    }
+}
