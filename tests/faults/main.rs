@@ -522,6 +522,13 @@ fn random_schedules_with_power_cuts() {
     random_runs(Draw::PowerCuts);
 }
 
+/// The same, with replica nodes frozen (SIGSTOP: connections open, nothing
+/// answered) and thawed, some for longer than the replica timeout.
+#[test]
+fn random_schedules_with_freezes() {
+    random_runs(Draw::Freezes);
+}
+
 /// The same, with planned reboots of replica nodes besides the power
 /// cuts: a node plugin stopped by SIGTERM (its replicas closed clean), a
 /// new boot, the node back; no acknowledged write may be lost to one.

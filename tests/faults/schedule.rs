@@ -24,6 +24,12 @@ pub enum Fault {
     /// SIGKILL node process `i` (0 is node-1).
     KillNode(usize),
     RestartNode(usize),
+    /// Freeze node `i`'s process (SIGSTOP; 1 or 2: no engine runs there):
+    /// its connections stay open and nothing answers, as a hung process or
+    /// a network that drops packets leaves them. `ThawNode` (SIGCONT)
+    /// lets it go on.
+    FreezeNode(usize),
+    ThawNode(usize),
     KillController,
     RestartController,
     /// Cut node `i`'s power (1 or 2: no engine runs there): its process
@@ -129,6 +135,8 @@ struct Run {
     writer: Option<Writer>,
     next_slot: u64,
     down: Vec<bool>,
+    /// Nodes whose process is stopped (`FreezeNode`).
+    frozen: [bool; 3],
     controller_down: bool,
     fillers: Vec<Option<std::path::PathBuf>>,
     /// The offsets of the acknowledged writes a CorruptHead flipped.
@@ -242,6 +250,19 @@ impl Run {
             Fault::KillNode(i) => {
                 self.c.kill_node(*i);
                 self.down[*i] = true;
+                self.frozen[*i] = false;
+            }
+            Fault::FreezeNode(i) => {
+                self.c.nodes[*i]
+                    .proc
+                    .signal(nix::sys::signal::Signal::SIGSTOP);
+                self.frozen[*i] = true;
+            }
+            Fault::ThawNode(i) => {
+                self.c.nodes[*i]
+                    .proc
+                    .signal(nix::sys::signal::Signal::SIGCONT);
+                self.frozen[*i] = false;
             }
             Fault::RestartNode(i) => {
                 // With the controller down the node cannot register yet:
@@ -537,6 +558,11 @@ impl Run {
         if self.controller_down {
             self.apply(&Fault::RestartController)?;
         }
+        for i in 0..self.frozen.len() {
+            if self.frozen[i] {
+                self.apply(&Fault::ThawNode(i))?;
+            }
+        }
         for i in 0..self.down.len() {
             if self.down[i] {
                 self.apply(&Fault::RestartNode(i))?;
@@ -577,6 +603,7 @@ pub fn run(s: &Schedule) -> Result<Outcome, String> {
         writer: None,
         next_slot: 0,
         down: vec![false; 3],
+        frozen: [false; 3],
         controller_down: false,
         fillers: vec![None, None, None],
         flipped: Default::default(),
@@ -652,6 +679,9 @@ pub enum Draw {
     Moves,
     /// Also power cuts: a replica node's, and every machine's at once.
     PowerCuts,
+    /// Also replica nodes frozen (SIGSTOP) and thawed, some for longer
+    /// than the replica timeout.
+    Freezes,
     /// Also planned reboots of a replica node, besides the power cuts.
     Reboots,
 }
@@ -663,12 +693,14 @@ pub fn random(rng: &mut Rng, index: u64, draw: Draw) -> Schedule {
     let replicas = 2 + rng.below(2) as usize;
     let (mut down, mut full, mut ctl_down) = ([false; 3], [false; 3], false);
     let mut evicting = [false; 3];
+    let mut frozen = [false; 3];
     let mut faults = vec![Fault::Pause(300)];
     let kinds = match draw {
         Draw::Faults => 8,
         Draw::Moves => 13,
         Draw::PowerCuts => 10,
         Draw::Reboots => 11,
+        Draw::Freezes => 12,
     };
     let power = matches!(draw, Draw::PowerCuts | Draw::Reboots);
     for _ in 0..3 + rng.below(5) {
@@ -677,6 +709,7 @@ pub fn random(rng: &mut Rng, index: u64, draw: Draw) -> Schedule {
             0 => Fault::KillEngine,
             1 | 2 if !down[i] && i != 0 => {
                 down[i] = true;
+                frozen[i] = false;
                 Fault::KillNode(i)
             }
             1 | 2 if down[i] => {
@@ -711,6 +744,18 @@ pub fn random(rng: &mut Rng, index: u64, draw: Draw) -> Schedule {
                 Fault::PowerCutAll
             }
             10 if draw == Draw::Reboots && !down[i] && i != 0 => Fault::Reboot(i),
+            8..=11 if draw == Draw::Freezes && !down[i] && i != 0 => {
+                frozen[i] = !frozen[i];
+                if frozen[i] {
+                    // Frozen for a while: about a third of the time past
+                    // the replica timeout (8 s), then its other faults.
+                    faults.push(Fault::FreezeNode(i));
+                    Fault::Pause(2000 + rng.below(10_000))
+                } else {
+                    Fault::ThawNode(i)
+                }
+            }
+            8..=11 if draw == Draw::Freezes => Fault::Pause(500 + rng.below(1500)),
             8..=10 if power => Fault::Pause(500 + rng.below(1500)),
             8 => Fault::Replicas(if rng.below(2) == 0 {
                 replicas - 1
@@ -737,6 +782,7 @@ pub fn random(rng: &mut Rng, index: u64, draw: Draw) -> Schedule {
                 Draw::Moves => "moves",
                 Draw::PowerCuts => "power",
                 Draw::Reboots => "reboots",
+                Draw::Freezes => "freezes",
             }
         ),
         replicas,
