@@ -1082,3 +1082,41 @@ async fn when_every_replica_stops_answering_none_is_given_up_and_the_writes_wait
         );
     }
 }
+
+/// A snapshot (and a growth) pauses the volume's I/O while each replica
+/// answers, with no timeout on the answer (a freeze reads the whole head).
+/// A replica that stopped answering on an idle volume, with no I/O of its
+/// own waiting to show it, is given up before the pause: the snapshot is
+/// taken on the others and the volume goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_stopped_answering_is_given_up_before_a_snapshot_pauses_the_io() {
+    let limit = std::time::Duration::from_secs(60);
+    let (_dirs, addrs, engine, open) = one_behind_a_gate(std::time::Duration::from_secs(1)).await;
+    let before: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 251) as u8).collect();
+    engine.write(0, &before, true).await.unwrap();
+    open.send(false).unwrap();
+
+    let frozen = tokio::time::timeout(limit, engine.snapshot(Some("s1")))
+        .await
+        .expect("the snapshot waited a minute")
+        .unwrap();
+    assert_eq!(frozen.len(), 2, "{frozen:?}");
+    assert_eq!(mode_of(&engine, "v-r2").await, ReplicaMode::Err);
+    tokio::time::timeout(limit, engine.grow(128 * BLOCK))
+        .await
+        .expect("the growth waited a minute")
+        .unwrap();
+    let after: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 239) as u8).collect();
+    nbd_write(&engine, 100 * BLOCK, after.clone())
+        .await
+        .unwrap();
+    assert!(engine.read(0, 4 * BLOCK as u32).await.unwrap() == before);
+    assert!(engine.read(100 * BLOCK, 4 * BLOCK as u32).await.unwrap() == after);
+    for a in &addrs[..2] {
+        assert!(
+            read_given_back(a, 0, 4 * BLOCK as u32).await == before,
+            "{}",
+            a.name
+        );
+    }
+}

@@ -261,6 +261,9 @@ pub struct Engine {
     set_changed: Arc<tokio::sync::Notify>,
     /// How it connects to replicas.
     tls: WireTls,
+    /// How long a remote replica may leave a request unanswered while
+    /// another answers (`stall`); unset, none is given up for it.
+    replica_timeout: std::sync::OnceLock<std::time::Duration>,
 }
 
 impl Drop for Engine {
@@ -548,6 +551,7 @@ impl Engine {
             freshness: freshness::Freshness::new(recorded, recorder),
             set_changed: Arc::new(tokio::sync::Notify::new()),
             tls,
+            replica_timeout: std::sync::OnceLock::new(),
         });
         if keeps_record {
             // The set it opened may already differ from the record.
@@ -1209,6 +1213,7 @@ impl Engine {
     /// when none can, nothing changes. Refused while a rebuild runs.
     #[tracing::instrument(skip_all, fields(volume = %self.volume, size))]
     pub async fn grow(&self, size: u64) -> Result<(), EngineError> {
+        self.give_up_silent().await;
         let _pause = self.io.write().await;
         let from = self.size();
         if size < from {
@@ -1253,6 +1258,7 @@ impl Engine {
     /// rebuilt (`wo`) gets the label when it joins after this.
     #[tracing::instrument(skip_all, fields(volume = %self.volume, snapshot = label))]
     pub async fn snapshot(&self, label: Option<&str>) -> Result<Vec<String>, EngineError> {
+        self.give_up_silent().await;
         let _pause = self.io.write().await;
         if label.is_some() && self.rebuilding.load(Ordering::SeqCst) {
             // A joining replica takes the chain as it was at its join: a

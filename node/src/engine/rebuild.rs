@@ -69,6 +69,7 @@ impl Engine {
             ));
         }
         let client = Arc::new(client);
+        self.give_up_silent().await;
         let (src, kept) = {
             let _pause = self.io.write().await;
             // A replica that held the volume before may give a block the

@@ -15,6 +15,14 @@
 //! see it through. The lent replica is never given up here: its I/O runs
 //! in the engine's own threads, on its own node's disk.
 //!
+//! A snapshot, a growth and a rebuild's join pause the volume's I/O while
+//! each replica answers a request no timeout may bound (a freeze reads the
+//! whole head). Before such a pause, each remote replica is asked for its
+//! INFO, and one that does not answer within the replica timeout while
+//! another answers is given up first (`give_up_silent`): a replica frozen
+//! on an idle volume would otherwise hold the pause, and the volume, for
+//! as long as it stays frozen.
+//!
 //! It owns no state of its own: it reads the members and asks their
 //! clients.
 
@@ -44,7 +52,57 @@ impl Engine {
     /// rw replica answers (see the module's head). The engine's process
     /// calls it once, after the start.
     pub fn watch_stalls(self: &Arc<Self>, timeout: Duration) {
-        tokio::spawn(watch(Arc::downgrade(self), timeout));
+        if self.replica_timeout.set(timeout).is_ok() {
+            tokio::spawn(watch(Arc::downgrade(self), timeout));
+        }
+    }
+
+    /// Before a pause of the volume's I/O: gives up each remote replica
+    /// that leaves an INFO unanswered for the replica timeout while another
+    /// answers (see the module's head). Without a timeout (an engine a test
+    /// drives with none), nothing.
+    pub(super) async fn give_up_silent(&self) {
+        let Some(&timeout) = self.replica_timeout.get() else {
+            return;
+        };
+        let (looks, lent_rw) = self.look(Instant::now()).await;
+        // All asked at once: the wait is one timeout at most.
+        let mut asked = tokio::task::JoinSet::new();
+        for (i, l) in looks.iter().enumerate() {
+            let c = l.client.clone();
+            asked.spawn(async move { (i, tokio::time::timeout(timeout, c.info()).await.is_ok()) });
+        }
+        let mut answered = vec![false; looks.len()];
+        while let Some(Ok((i, ok))) = asked.join_next().await {
+            answered[i] = ok;
+        }
+        let answering: Vec<&str> = looks
+            .iter()
+            .zip(&answered)
+            .filter(|(l, ok)| **ok && l.rw)
+            .map(|(l, _)| l.name.as_str())
+            .chain(lent_rw.then_some("the local replica"))
+            .collect();
+        if answering.is_empty() {
+            return;
+        }
+        for (l, _) in looks.iter().zip(&answered).filter(|(_, ok)| !**ok) {
+            let reason = format!(
+                "no answer to INFO within the replica timeout ({timeout:?}, engine-replica-timeout) before a pause of the I/O, while {} answers",
+                answering.join(", ")
+            );
+            tracing::error!(volume = %self.volume, replica = %l.name, reason = %reason,
+                "a replica stopped answering; it is given up before the volume's I/O pauses");
+            l.client.abandon(&reason);
+            self.fail(
+                &l.name,
+                &crate::wire::client::ClientError::Closed {
+                    addr: l.client.addr().to_string(),
+                    reason,
+                },
+            )
+            .await;
+        }
     }
 
     /// The remote replicas, and how long each has left a request
