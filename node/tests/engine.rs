@@ -1036,12 +1036,13 @@ async fn a_replica_that_stops_answering_is_given_up_and_the_writes_go_on() {
     }
 }
 
-/// When every replica the volume writes to stops answering, none is given
-/// up: the writes wait (dropping them all would fail the volume), and once
-/// the replicas answer again the writes are acknowledged and every replica
-/// is still rw.
+/// When every replica stops answering, none is given up: a read waits
+/// (the replica it is not asked of proves nothing by its silence: it is
+/// asked for its INFO, and answers none), so do the writes (dropping them
+/// all would fail the volume), and once the replicas answer again the read
+/// and the writes are answered and every replica is still rw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn when_every_replica_stops_answering_none_is_given_up_and_the_writes_wait() {
+async fn when_every_replica_stops_answering_none_is_given_up_and_the_io_waits() {
     let dirs: Vec<_> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let (open, gate) = tokio::sync::watch::channel(true);
     let mut addrs = Vec::new();
@@ -1056,6 +1057,19 @@ async fn when_every_replica_stops_answering_none_is_given_up_and_the_writes_wait
     let engine = engine_over(64 * BLOCK, &addrs, None).await;
     engine.watch_stalls(std::time::Duration::from_secs(1));
     open.send(false).unwrap();
+    // A read asks one replica only.
+    let read = {
+        let engine = engine.clone();
+        tokio::spawn(async move { engine.read(0, 4096).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    assert!(
+        !read.is_finished(),
+        "the read was answered with no replica answering"
+    );
+    for a in &addrs {
+        assert_eq!(mode_of(&engine, &a.name).await, ReplicaMode::Rw);
+    }
     let data: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 233) as u8).collect();
     let write = {
         let (engine, data) = (engine.clone(), data.clone());
@@ -1073,6 +1087,7 @@ async fn when_every_replica_stops_answering_none_is_given_up_and_the_writes_wait
     }
     open.send(true).unwrap();
     write.await.unwrap().unwrap();
+    assert!(read.await.unwrap().unwrap() == vec![0u8; 4096]);
     for a in &addrs {
         assert_eq!(mode_of(&engine, &a.name).await, ReplicaMode::Rw);
         assert!(

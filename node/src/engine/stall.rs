@@ -6,13 +6,15 @@
 //! The engine watches each remote replica's oldest unanswered request of
 //! the volume's I/O (`ReplicaClient::stalled_for`). One that has waited
 //! longer than the replica timeout (the setting `engine-replica-timeout`)
-//! while another rw replica is not stalled is given up: its connection is
-//! abandoned, so its requests fail as if the connection were lost, and the
-//! engine drops the replica as it drops one that failed an I/O (its record
-//! of the replica set changes first; the planner rebuilds or reuses the
-//! replica later). When every rw replica is stalled, none is given up:
-//! dropping them all would fail the volume's I/O, where waiting may still
-//! see it through. The lent replica is never given up here: its I/O runs
+//! is given up once another rw replica proves that it answers: the others
+//! are asked for their INFO right then (a replica with nothing asked of it
+//! proves nothing by its silence), and the lent replica counts as
+//! answering. Given up, its connection is abandoned, so its requests fail
+//! as if the connection were lost, and the engine drops the replica as it
+//! drops one that failed an I/O (its record of the replica set changes
+//! first; the planner rebuilds or reuses the replica later). When no other
+//! rw replica answers, none is given up: dropping them all would fail the
+//! volume's I/O, where waiting may still see it through. The lent replica is never given up here: its I/O runs
 //! in the engine's own threads, on its own node's disk.
 //!
 //! A snapshot, a growth and a rebuild's join pause the volume's I/O while
@@ -66,33 +68,38 @@ impl Engine {
             return;
         };
         let (looks, lent_rw) = self.look(Instant::now()).await;
-        // All asked at once: the wait is one timeout at most.
-        let mut asked = tokio::task::JoinSet::new();
-        for (i, l) in looks.iter().enumerate() {
-            let c = l.client.clone();
-            asked.spawn(async move { (i, tokio::time::timeout(timeout, c.info()).await.is_ok()) });
-        }
-        let mut answered = vec![false; looks.len()];
-        while let Some(Ok((i, ok))) = asked.join_next().await {
-            answered[i] = ok;
-        }
-        let answering: Vec<&str> = looks
+        let all: Vec<&Look> = looks.iter().collect();
+        let answered = ask(&all, timeout).await;
+        let answering = answering(&all, &answered, lent_rw);
+        let silent: Vec<&Look> = all
             .iter()
             .zip(&answered)
-            .filter(|(l, ok)| **ok && l.rw)
-            .map(|(l, _)| l.name.as_str())
-            .chain(lent_rw.then_some("the local replica"))
+            .filter(|(_, ok)| !**ok)
+            .map(|(l, _)| *l)
             .collect();
+        let why = |_: &Look| {
+            format!(
+                "no answer to INFO within {timeout:?} (engine-replica-timeout) before a pause of the I/O"
+            )
+        };
+        self.give_up(&silent, &answering, &why).await;
+    }
+
+    /// Gives up each of `silent` (`why` says what it left unanswered),
+    /// when `answering` names a replica that answers; else none.
+    async fn give_up(
+        &self,
+        silent: &[&Look],
+        answering: &[&str],
+        why: &(dyn Fn(&Look) -> String + Sync),
+    ) {
         if answering.is_empty() {
             return;
         }
-        for (l, _) in looks.iter().zip(&answered).filter(|(_, ok)| !**ok) {
-            let reason = format!(
-                "no answer to INFO within the replica timeout ({timeout:?}, engine-replica-timeout) before a pause of the I/O, while {} answers",
-                answering.join(", ")
-            );
+        for l in silent {
+            let reason = format!("{}, while {} answers", why(l), answering.join(", "));
             tracing::error!(volume = %self.volume, replica = %l.name, reason = %reason,
-                "a replica stopped answering; it is given up before the volume's I/O pauses");
+                "a replica stopped answering; it is given up and the volume goes on without it");
             l.client.abandon(&reason);
             self.fail(
                 &l.name,
@@ -131,8 +138,38 @@ impl Engine {
     }
 }
 
+/// Asks each of `looks` for its INFO, all at once; whether each answered
+/// within `timeout` (an error is an answer: the replica is there to give
+/// it).
+async fn ask(looks: &[&Look], timeout: Duration) -> Vec<bool> {
+    let mut asked = tokio::task::JoinSet::new();
+    for (i, l) in looks.iter().enumerate() {
+        let c = l.client.clone();
+        asked.spawn(async move { (i, tokio::time::timeout(timeout, c.info()).await.is_ok()) });
+    }
+    let mut answered = vec![false; looks.len()];
+    while let Some(Ok((i, ok))) = asked.join_next().await {
+        answered[i] = ok;
+    }
+    answered
+}
+
+/// The rw replicas of `looks` that `answered`, and the lent one when
+/// there is one: the proof that the volume goes on without the others.
+fn answering<'a>(looks: &[&'a Look], answered: &[bool], lent_rw: bool) -> Vec<&'a str> {
+    looks
+        .iter()
+        .zip(answered)
+        .filter(|(l, ok)| **ok && l.rw)
+        .map(|(l, _)| l.name.as_str())
+        .chain(lent_rw.then_some("the local replica"))
+        .collect()
+}
+
 /// Looks at the replicas a few times per timeout for as long as the engine
-/// lives.
+/// lives. A replica past the timeout is given up only once another rw
+/// replica has just answered an INFO (or the lent one is there): one with
+/// nothing asked of it proves nothing by its silence.
 async fn watch(engine: Weak<Engine>, timeout: Duration) {
     let every = (timeout / 4).max(Duration::from_millis(250));
     let mut waiting_said = false;
@@ -143,36 +180,29 @@ async fn watch(engine: Weak<Engine>, timeout: Duration) {
         };
         let (looks, lent_rw) = engine.look(Instant::now()).await;
         let over = |l: &Look| l.stalled.is_some_and(|d| d > timeout);
-        let answering: Vec<&str> = looks
-            .iter()
-            .filter(|l| l.rw && !over(l))
-            .map(|l| l.name.as_str())
-            .chain(lent_rw.then_some("the local replica"))
-            .collect();
         let stalled: Vec<&Look> = looks.iter().filter(|l| over(l)).collect();
         if stalled.is_empty() {
             waiting_said = false;
             continue;
         }
+        let others: Vec<&Look> = looks.iter().filter(|l| l.rw && !over(l)).collect();
+        let answered = ask(&others, timeout).await;
+        let answering = answering(&others, &answered, lent_rw);
         if answering.is_empty() {
             if !waiting_said {
                 tracing::warn!(volume = %engine.volume, timeout = ?timeout,
                     replicas = ?stalled.iter().map(|l| &l.name).collect::<Vec<_>>(),
-                    "every rw replica has left a request unanswered past the replica timeout; none is given up, the volume's I/O waits for them");
+                    "every rw replica has left a request unanswered past the replica timeout, or answers nothing asked now; none is given up, the volume's I/O waits for them");
                 waiting_said = true;
             }
             continue;
         }
-        for l in stalled {
-            let waited = l.stalled.unwrap_or_default();
-            let reason = format!(
-                "no answer for {:.1}s (engine-replica-timeout {timeout:?}) while {} answers",
-                waited.as_secs_f64(),
-                answering.join(", ")
-            );
-            tracing::error!(volume = %engine.volume, replica = %l.name, reason = %reason,
-                "a replica stopped answering; it is given up and the volume goes on without it");
-            l.client.abandon(&reason);
-        }
+        let why = |l: &Look| {
+            format!(
+                "no answer for {:.1}s (engine-replica-timeout {timeout:?})",
+                l.stalled.unwrap_or_default().as_secs_f64()
+            )
+        };
+        engine.give_up(&stalled, &answering, &why).await;
     }
 }
