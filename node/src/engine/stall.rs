@@ -14,8 +14,9 @@
 //! drops one that failed an I/O (its record of the replica set changes
 //! first; the planner rebuilds or reuses the replica later). When no other
 //! rw replica answers, none is given up: dropping them all would fail the
-//! volume's I/O, where waiting may still see it through. The lent replica is never given up here: its I/O runs
-//! in the engine's own threads, on its own node's disk.
+//! volume's I/O, where waiting may still see it through. The lent replica
+//! is never given up here: its I/O runs in the engine's own threads, on
+//! its own node's disk.
 //!
 //! A snapshot, a growth and a rebuild's join pause the volume's I/O while
 //! each replica answers a request no timeout may bound (a freeze reads the
