@@ -1036,6 +1036,26 @@ async fn a_replica_that_stops_answering_is_given_up_and_the_writes_go_on() {
     }
 }
 
+/// Waits three replica timeouts and more (1 s each: long past the point
+/// where one replica of two would have been given up), then checks that
+/// the I/O under way (`task`) still waits and that every replica of
+/// `addrs` is still rw.
+async fn still_waiting<T>(
+    engine: &Engine,
+    addrs: &[ReplicaAddr],
+    task: &tokio::task::JoinHandle<T>,
+    what: &str,
+) {
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    assert!(
+        !task.is_finished(),
+        "the {what} was answered with no replica answering"
+    );
+    for a in addrs {
+        assert_eq!(mode_of(engine, &a.name).await, ReplicaMode::Rw, "{what}");
+    }
+}
+
 /// When every replica stops answering, none is given up: a read waits
 /// (the replica it is not asked of proves nothing by its silence: it is
 /// asked for its INFO, and answers none), so do the writes (dropping them
@@ -1062,29 +1082,13 @@ async fn when_every_replica_stops_answering_none_is_given_up_and_the_io_waits() 
         let engine = engine.clone();
         tokio::spawn(async move { engine.read(0, 4096).await })
     };
-    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
-    assert!(
-        !read.is_finished(),
-        "the read was answered with no replica answering"
-    );
-    for a in &addrs {
-        assert_eq!(mode_of(&engine, &a.name).await, ReplicaMode::Rw);
-    }
+    still_waiting(&engine, &addrs, &read, "read").await;
     let data: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 233) as u8).collect();
     let write = {
         let (engine, data) = (engine.clone(), data.clone());
         tokio::spawn(async move { nbd_write(&engine, 0, data).await })
     };
-    // Three replica timeouts and more: long past the point where one
-    // replica of two would have been given up.
-    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
-    assert!(
-        !write.is_finished(),
-        "the write was answered with no replica answering"
-    );
-    for a in &addrs {
-        assert_eq!(mode_of(&engine, &a.name).await, ReplicaMode::Rw);
-    }
+    still_waiting(&engine, &addrs, &write, "write").await;
     open.send(true).unwrap();
     write.await.unwrap().unwrap();
     assert!(read.await.unwrap().unwrap() == vec![0u8; 4096]);
