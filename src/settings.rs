@@ -384,12 +384,12 @@ impl Settings {
     pub fn minimal_available_percentage(&self) -> u32 {
         self.int(MINIMAL_AVAILABLE_PERCENTAGE).clamp(0, 100) as u32
     }
-    /// Bytes per second a merge copies.
     /// `engine-replica-timeout`, in seconds.
     pub fn engine_replica_timeout_secs(&self) -> u32 {
         self.int(ENGINE_REPLICA_TIMEOUT).clamp(8, 30) as u32
     }
 
+    /// Bytes per second a merge copies.
     pub fn merge_rate_bytes(&self) -> u64 {
         (self.int(MERGE_RATE).clamp(1, 10240) as u64) << 20
     }
