@@ -1420,15 +1420,170 @@ fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_a
 
 /// Whether a loop device is backed by `file` now.
 fn looped(file: &Path) -> bool {
+    loops_of(file) > 0
+}
+
+/// How many loop devices are backed by `file` now.
+fn loops_of(file: &Path) -> usize {
     let file = file.display().to_string();
     std::fs::read_dir("/sys/block")
         .into_iter()
         .flatten()
         .flatten()
-        .any(|d| {
+        .filter(|d| {
             std::fs::read_to_string(d.path().join("loop/backing_file"))
                 .is_ok_and(|b| b.trim() == file)
         })
+        .count()
+}
+
+/// How many mounts sit at `point` now (stacked ones count each).
+fn mounts_at(point: &Path) -> usize {
+    let point = point.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter(|l| l.split(' ').nth(4) == Some(point.as_str()))
+        .count()
+}
+
+/// A staging record that cannot be read (a torn write, a full disk, a
+/// hand's edit) or that is gone (the node plugin ended between setting up
+/// the loop device and recording it) does not make a second loop device
+/// over the volume's export, nor mount its filesystem a second time at
+/// the staging path (two block devices of one filesystem, both mounted,
+/// would corrupt it): the next NodeStage takes the loop device that is
+/// there and records it again, and NodeUnstage detaches every loop device
+/// of the export, recorded or not. The files read back throughout.
+#[test]
+fn a_staging_record_that_is_torn_or_gone_makes_no_second_device_and_unstage_leaves_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_ctl, _n, mut csi) = cluster(dir.path());
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let state = dir.path().join("node-1/state");
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/mount"));
+    let file = state.join("frontends/torn.fuse/volume");
+    let record = state.join("staged/torn.json");
+    csi.create("torn", false);
+    let context = csi.publish("torn", false);
+    csi.stage("torn", &staging, false, &context).unwrap();
+    csi.node_publish("torn", &staging, &target, false).unwrap();
+    let files = [(target.join("kept"), pattern(3 << 20, 5))];
+    std::fs::write(&files[0].0, &files[0].1).unwrap();
+    std::fs::File::open(&files[0].0)
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    assert_eq!((loops_of(&file), mounts_at(&staging)), (1, 1));
+
+    // Torn: the next stage takes the device and the mount that are there.
+    let whole = std::fs::read(&record).unwrap();
+    std::fs::write(&record, &whole[..whole.len() / 2]).unwrap();
+    csi.stage("torn", &staging, false, &context).unwrap();
+    assert_eq!((loops_of(&file), mounts_at(&staging)), (1, 1));
+    assert_files(&files);
+    // Published again at the same target: the record knows it again.
+    csi.node_publish("torn", &staging, &target, false).unwrap();
+    csi.node_unpublish("torn", &target);
+
+    // Gone: NodeUnstage still detaches the device.
+    std::fs::remove_file(&record).unwrap();
+    csi.unstage("torn", &staging);
+    assert_eq!((loops_of(&file), mounts_at(&staging)), (0, 0));
+
+    // Gone before the mount: the next stage takes the device there.
+    csi.stage("torn", &staging, false, &context).unwrap();
+    std::fs::remove_file(&record).unwrap();
+    nix::mount::umount(&staging).unwrap();
+    csi.stage("torn", &staging, false, &context).unwrap();
+    assert_eq!((loops_of(&file), mounts_at(&staging)), (1, 1));
+    csi.node_publish("torn", &staging, &target, false).unwrap();
+    assert_files(&files);
+    csi.down("torn", &staging, &target);
+    assert_eq!((loops_of(&file), mounts_at(&staging)), (0, 0));
+}
+
+/// Writes `data` at `offset` of the device file `at`, durably.
+fn write_device(at: &Path, offset: u64, data: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let dev = std::fs::OpenOptions::new().write(true).open(at).unwrap();
+    dev.write_all_at(data, offset).unwrap();
+    dev.sync_all().unwrap();
+}
+
+/// Reads `len` bytes at `offset` of the device file `at`.
+fn read_device(at: &Path, offset: u64, len: usize) -> Vec<u8> {
+    use std::os::unix::fs::FileExt;
+    let mut back = vec![0u8; len];
+    std::fs::File::open(at)
+        .unwrap()
+        .read_exact_at(&mut back, offset)
+        .unwrap();
+    back
+}
+
+/// A staging record outlives a reboot, loop devices do not: the number
+/// it names may be another volume's device by then. Such a record is
+/// never taken at its word: NodePublishVolume refuses (it would hand the
+/// pod the other volume's data), NodeStageVolume sets the volume up on a
+/// device of its own, and NodeUnstageVolume leaves the other volume's
+/// device attached. Each volume reads back its own data.
+#[test]
+fn a_staging_record_older_than_a_reboot_never_reaches_another_volumes_device() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_ctl, _n, mut csi) = cluster(dir.path());
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let state = dir.path().join("node-1/state");
+    let staging = |v: &str| dir.path().join(format!("staging-{v}"));
+    let target = |v: &str| dir.path().join(format!("pod/{v}"));
+    for (i, v) in ["mine", "other"].into_iter().enumerate() {
+        csi.create(v, true);
+        let context = csi.publish(v, true);
+        csi.stage(v, &staging(v), true, &context).unwrap();
+        csi.node_publish(v, &staging(v), &target(v), true).unwrap();
+        write_device(&target(v), 1 << 20, &pattern(1 << 20, i as u8));
+        csi.node_unpublish(v, &target(v));
+    }
+    let record = |v: &str| state.join(format!("staged/{v}.json"));
+    let device_of = |v: &str| {
+        let r: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(record(v)).unwrap()).unwrap();
+        PathBuf::from(r["device"].as_str().unwrap())
+    };
+    let theirs = device_of("other");
+    // "mine" down (its device detached), and its record put back naming
+    // the device "other" has: what a reboot that gave the numbers anew
+    // leaves.
+    let kept = std::fs::read(record("mine")).unwrap();
+    csi.unstage("mine", &staging("mine"));
+    let mut stale: serde_json::Value = serde_json::from_slice(&kept).unwrap();
+    stale["device"] = serde_json::json!(theirs);
+    std::fs::write(record("mine"), serde_json::to_vec(&stale).unwrap()).unwrap();
+
+    let refused = csi
+        .node_publish("mine", &staging("mine"), &target("mine"), true)
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    let published: fn(&Path) -> bool = ballast_node::frontend::blockdev::is_mountpoint;
+    assert!(!published(&target("mine")));
+    // Unstaged on that record: the other volume's device stays.
+    csi.unstage("mine", &staging("mine"));
+    let other_file = state.join("frontends/other.fuse/volume");
+    assert_eq!(loops_of(&other_file), 1);
+
+    std::fs::write(record("mine"), serde_json::to_vec(&stale).unwrap()).unwrap();
+    let context = csi.publish("mine", true);
+    csi.stage("mine", &staging("mine"), true, &context).unwrap();
+    assert_ne!(device_of("mine"), theirs);
+    assert_eq!(loops_of(&state.join("frontends/mine.fuse/volume")), 1);
+    for (i, v) in ["mine", "other"].into_iter().enumerate() {
+        csi.node_publish(v, &staging(v), &target(v), true).unwrap();
+        assert!(
+            read_device(&target(v), 1 << 20, 1 << 20) == pattern(1 << 20, i as u8),
+            "{v} does not read back its own data"
+        );
+        csi.down(v, &staging(v), &target(v));
+    }
 }
 
 /// The volume's engine is killed in the middle of its NodeStage: once

@@ -11,7 +11,12 @@
 //! ABORTED.
 //!
 //! What was staged is recorded in `<state-dir>/staged/<volume>.json` (the
-//! device and the staging path), so unstage works after a restart.
+//! device, the staging path, the targets), written whole and durably. The
+//! kernel has the last word: a record counts only while its loop device
+//! is on the volume's export (not after a reboot gave the number to
+//! another), a stage takes a loop device already on the export rather
+//! than make a second, and unstage detaches every one there, so a record
+//! torn or lost by a crash neither doubles a mount nor leaks a device.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,7 +45,7 @@ use tonic::{Request, Response, Status};
 
 use crate::context::NodeContext;
 use crate::error::Error;
-use crate::frontend::blockdev::{LoopDevice, is_mountpoint};
+use crate::frontend::blockdev::{LoopDevice, backing_file, is_mountpoint, loops_of, mounted_from};
 
 use super::paths::Confinement;
 
@@ -206,38 +211,102 @@ impl NodeService {
         self.records.join(format!("{volume}.json"))
     }
 
-    fn staged(&self, volume: &str) -> Option<Staged> {
-        let text = std::fs::read_to_string(self.record_path(volume)).ok()?;
-        serde_json::from_str(&text).ok()
+    /// The file of the volume's export, which its loop device is on.
+    fn export_file(&self, volume: &str) -> PathBuf {
+        self.ctx
+            .engines
+            .export_dir(volume)
+            .join(crate::frontend::fuse::FILE_NAME)
     }
 
+    /// What the record of `volume` says; None when there is none. One
+    /// that cannot be read or parsed (torn, edited by hand) is an error
+    /// naming its file.
+    fn staged(&self, volume: &str) -> Result<Option<Staged>, Error> {
+        let path = self.record_path(volume);
+        let text = match std::fs::read(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::disk(&path, format!("the staging record: {e}"))),
+        };
+        serde_json::from_slice(&text).map(Some).map_err(|e| {
+            Error::disk(
+                &path,
+                format!(
+                    "the staging record cannot be parsed ({e}); NodeStageVolume records the volume again"
+                ),
+            )
+        })
+    }
+
+    /// The record of `volume` when it is true now: its loop device is on
+    /// the volume's export. A record older than a reboot names a device
+    /// that is gone, or that another volume has now.
+    fn staged_now(&self, volume: &str) -> Result<Option<Staged>, Error> {
+        let file = self.export_file(volume);
+        Ok(self
+            .staged(volume)?
+            .filter(|s| backing_file(&s.device).as_deref() == Some(file.as_path())))
+    }
+
+    /// Writes the record of `volume` whole (a new file renamed over the
+    /// old) and durably.
     fn record(&self, volume: &str, s: &Staged) -> Result<(), Error> {
         std::fs::create_dir_all(&self.records)
             .map_err(|e| Error::disk(&self.records, e.to_string()))?;
         let path = self.record_path(volume);
         let tmp = path.with_extension("tmp");
         let body = serde_json::to_vec(s).map_err(|e| Error::Internal(e.to_string()))?;
-        std::fs::write(&tmp, body)
+        let written = std::fs::File::create(&tmp).and_then(|mut f| {
+            std::io::Write::write_all(&mut f, &body)?;
+            f.sync_all()
+        });
+        written
             .and_then(|()| std::fs::rename(&tmp, &path))
+            .and_then(|()| std::fs::File::open(&self.records)?.sync_all())
             .map_err(|e| Error::disk(&path, e.to_string()))
     }
 
     /// Undoes a stage as far as it got; every step tolerates what is
-    /// already undone.
+    /// already undone. Every loop device on the volume's export goes,
+    /// recorded or not (a record may be torn, or lost before it was
+    /// written); a recorded one that now serves something else stays.
     async fn teardown(&self, volume: &str, staging: &Path) -> Result<(), Error> {
         if is_mountpoint(staging) {
             run("umount", &[staging.as_os_str()])?;
         }
-        if let Some(s) = self.staged(volume)
-            && let Err(e) = LoopDevice::detach_path(&s.device)
-            // ENXIO: already detached.
-            && e.raw_os_error() != Some(libc::ENXIO)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            return Err(Error::Internal(format!(
-                "detaching {}: {e}",
-                s.device.display()
-            )));
+        let file = self.export_file(volume);
+        let mut devices = loops_of(&file);
+        match self.staged(volume) {
+            // On the export of an engine that died, unmounted since: the
+            // kernel names its file from the export's own root.
+            Ok(Some(s))
+                if !devices.contains(&s.device)
+                    && backing_file(&s.device).as_deref()
+                        == Some(
+                            Path::new("/")
+                                .join(crate::frontend::fuse::FILE_NAME)
+                                .as_path(),
+                        ) =>
+            {
+                devices.push(s.device);
+            }
+            Err(e) => {
+                tracing::warn!(volume, error = %e, "unstaging what is set up; the record is removed");
+            }
+            _ => {}
+        }
+        for device in devices {
+            if let Err(e) = LoopDevice::detach_path(&device)
+                // ENXIO: already detached.
+                && e.raw_os_error() != Some(libc::ENXIO)
+                && e.kind() != std::io::ErrorKind::NotFound
+            {
+                return Err(Error::Internal(format!(
+                    "detaching {}: {e}",
+                    device.display()
+                )));
+            }
         }
         self.ctx.engines.unexport(volume).await?;
         let _ = std::fs::remove_file(self.record_path(volume));
@@ -254,7 +323,12 @@ impl NodeService {
             .check("staging_target_path", &req.staging_target_path)?;
         let block = matches!(cap.access_type, Some(AccessType::Block(_)));
         let _busy = self.hold(volume)?;
-        if let Some(s) = self.staged(volume) {
+        let file = self.export_file(volume);
+        let recorded = self.staged_now(volume).unwrap_or_else(|e| {
+            tracing::warn!(volume, error = %e, "staging from what is set up; the record is written again");
+            None
+        });
+        if let Some(s) = recorded {
             if s.staging != staging || s.block != block {
                 return Err(Error::AlreadyExists(format!(
                     "volume {volume} is staged at {} as {}",
@@ -266,24 +340,32 @@ impl NodeService {
                     }
                 )));
             }
-            if block || is_mountpoint(&staging) {
+            if block || mounted_from(&staging, &s.device) {
                 return Ok(());
             }
         }
-        let file = self.ctx.engines.export(volume).await?;
-        let device = tokio::task::spawn_blocking(move || LoopDevice::attach_to_stay(&file))
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))?
-            .map_err(|e| match e.raw_os_error() {
-                // The export's engine ended, and its connection with it:
-                // the next stage asks the engine started next.
-                Some(libc::ENOTCONN) => Error::Unavailable(format!(
-                    "loop device: the engine of {volume} ended under its export ({e})"
-                )),
-                _ => Error::Internal(format!("loop device: {e}")),
-            })?
-            .path
-            .clone();
+        // A loop device already on the export is taken, not a second one
+        // (two block devices of one filesystem, both mounted, corrupt it):
+        // the record was torn, or lost before it was written, or written
+        // before the mount.
+        let there = loops_of(&file);
+        if !block && is_mountpoint(&staging) && !there.iter().any(|d| mounted_from(&staging, d)) {
+            return Err(Error::AlreadyExists(format!(
+                "{} has a filesystem mounted that is not volume {volume}'s",
+                staging.display()
+            )));
+        }
+        let taken = there
+            .iter()
+            .find(|d| mounted_from(&staging, d))
+            .or(there.first());
+        let device = match taken {
+            Some(d) => {
+                tracing::info!(volume, device = %d.display(), "a loop device is on the volume's export already; the stage takes it");
+                d.clone()
+            }
+            None => self.attach(volume).await?,
+        };
         self.record(
             volume,
             &Staged {
@@ -295,6 +377,8 @@ impl NodeService {
         )?;
         let mounted = if block {
             std::fs::create_dir_all(&staging).map_err(|e| Error::disk(&staging, e.to_string()))
+        } else if mounted_from(&staging, &device) {
+            Ok(())
         } else {
             self.make_and_mount(&req, cap, &device, &staging)
         };
@@ -304,6 +388,24 @@ impl NodeService {
         }
         tracing::info!(volume, device = %device.display(), staging = %staging.display(), block, "volume staged");
         Ok(())
+    }
+
+    /// Exports the volume as a file and attaches a loop device to it that
+    /// stays; the device.
+    async fn attach(&self, volume: &str) -> Result<PathBuf, Error> {
+        let file = self.ctx.engines.export(volume).await?;
+        let device = tokio::task::spawn_blocking(move || LoopDevice::attach_to_stay(&file))
+            .await
+            .map_err(|e| Error::Internal(e.to_string()))?
+            .map_err(|e| match e.raw_os_error() {
+                // The export's engine ended, and its connection with it:
+                // the next stage asks the engine started next.
+                Some(libc::ENOTCONN) => Error::Unavailable(format!(
+                    "loop device: the engine of {volume} ended under its export ({e})"
+                )),
+                _ => Error::Internal(format!("loop device: {e}")),
+            })?;
+        Ok(device.path.clone())
     }
 
     /// Makes the filesystem when the device holds none, and mounts it.
@@ -398,7 +500,7 @@ impl NodeService {
         let target = self.paths.check("target_path", &req.target_path)?;
         let cap = capability(req.volume_capability.as_ref())?;
         let _busy = self.hold(&req.volume_id)?;
-        let mut s = self.staged(&req.volume_id).ok_or_else(|| {
+        let mut s = self.staged_now(&req.volume_id)?.ok_or_else(|| {
             Error::Refused(format!(
                 "volume {} is not staged on this node (NodeStageVolume first)",
                 req.volume_id
@@ -477,10 +579,17 @@ impl NodeService {
             Err(_) => Ok(()),
         };
         removed.map_err(|e| Error::disk(&target, e.to_string()))?;
-        if let Some(mut s) = self.staged(&req.volume_id)
-            && s.published.remove(&target).is_some()
-        {
-            self.record(&req.volume_id, &s)?;
+        match self.staged(&req.volume_id) {
+            Ok(Some(mut s)) => {
+                if s.published.remove(&target).is_some() {
+                    self.record(&req.volume_id, &s)?;
+                }
+            }
+            // The next stage writes it again.
+            Err(e) => {
+                tracing::warn!(volume = %req.volume_id, error = %e, "unpublished; the record is not changed");
+            }
+            Ok(None) => {}
         }
         Ok(())
     }
@@ -491,7 +600,7 @@ impl NodeService {
         volume_id(&req.volume_id)?;
         required(&req.volume_path, "volume_path")?;
         let _busy = self.hold(&req.volume_id)?;
-        let s = self.staged(&req.volume_id).ok_or_else(|| {
+        let s = self.staged_now(&req.volume_id)?.ok_or_else(|| {
             Error::NotFound(format!(
                 "volume {} is not staged on this node",
                 req.volume_id
@@ -499,11 +608,7 @@ impl NodeService {
         })?;
         // Grown while published: the loop device takes the new size of the
         // engine's file first.
-        let file = self
-            .ctx
-            .engines
-            .export_dir(&req.volume_id)
-            .join(crate::frontend::fuse::FILE_NAME);
+        let file = self.export_file(&req.volume_id);
         if file.exists() {
             LoopDevice::refresh_capacity(&s.device, &file)
                 .map_err(|e| Error::disk(&s.device, format!("taking the new size: {e}")))?;

@@ -223,6 +223,41 @@ pub fn is_mountpoint(path: &Path) -> bool {
     })
 }
 
+/// The file the loop device at `device` is attached to, as the kernel
+/// names it now (`/sys/block/loopN/loop/backing_file`); None when the
+/// device is not attached, or is not a loop device.
+pub fn backing_file(device: &Path) -> Option<PathBuf> {
+    let name = device.file_name()?;
+    let at = Path::new("/sys/block").join(name).join("loop/backing_file");
+    let text = std::fs::read_to_string(at).ok()?;
+    Some(PathBuf::from(text.trim_end_matches('\n')))
+}
+
+/// The loop devices attached to `file` now, whatever any record says
+/// (`/dev/loopN`, in the kernel's order).
+pub fn loops_of(file: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| Path::new("/dev").join(e.file_name()))
+        .filter(|dev| backing_file(dev).as_deref() == Some(file))
+        .collect();
+    found.sort();
+    found
+}
+
+/// Whether the filesystem mounted at `point` is the one on `device` (the
+/// mount's device number is the device's).
+pub fn mounted_from(point: &Path, device: &Path) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let (Ok(at), Ok(dev)) = (std::fs::metadata(point), std::fs::metadata(device)) else {
+        return false;
+    };
+    dev.file_type().is_block_device() && at.dev() == dev.rdev() && is_mountpoint(point)
+}
+
 /// Marks this process as an I/O flusher, so that memory reclaim does not
 /// wait on writeback of the very device it serves (a deadlock otherwise).
 pub fn set_io_flusher() -> std::io::Result<()> {
