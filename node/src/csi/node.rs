@@ -254,17 +254,9 @@ impl NodeService {
     fn record(&self, volume: &str, s: &Staged) -> Result<(), Error> {
         std::fs::create_dir_all(&self.records)
             .map_err(|e| Error::disk(&self.records, e.to_string()))?;
-        let path = self.record_path(volume);
-        let tmp = path.with_extension("tmp");
         let body = serde_json::to_vec(s).map_err(|e| Error::Internal(e.to_string()))?;
-        let written = std::fs::File::create(&tmp).and_then(|mut f| {
-            std::io::Write::write_all(&mut f, &body)?;
-            f.sync_all()
-        });
-        written
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .and_then(|()| std::fs::File::open(&self.records)?.sync_all())
-            .map_err(|e| Error::disk(&path, e.to_string()))
+        crate::replica::write_durably(&self.records, &format!("{volume}.json"), &body)
+            .map_err(|e| Error::disk(self.record_path(volume), e.to_string()))
     }
 
     /// Undoes a stage as far as it got; every step tolerates what is
