@@ -103,7 +103,7 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
             .reading_through(Readers::new(controller.clone(), &config.node_id, &c.ca_pem)),
         _ => WireTls::default(),
     };
-    let disks = open_wanted_disks(&config, &controller).await?;
+    let disks = open_wanted_disks(&config, &controller, &state_dir).await?;
     let replica_server = crate::server::ReplicaServer::serving_with(
         crate::replica::Replicas::with_writeback(
             disks.iter().map(|d| d.path.clone()).collect(),
@@ -255,10 +255,12 @@ fn renewal_source(
 }
 
 /// The disks this node opens: its flags' (which must exist), its Ballast
-/// Node's spec and its default disks, as the controller answers.
+/// Node's spec and its default disks, as the controller answers. The
+/// node's records of its disks are in `<state-dir>/disks`.
 async fn open_wanted_disks(
     config: &NodeConfig,
     controller: &Authed,
+    state_dir: &std::path::Path,
 ) -> Result<Vec<crate::disks::Disk>, ServeError> {
     for d in &config.disks {
         crate::disks::dir_of(d).map_err(|e| ServeError::Config(e.to_string()))?;
@@ -269,7 +271,7 @@ async fn open_wanted_disks(
             "disk: no disks to open: give --disk, or name them in the Ballast Node's spec or the Kubernetes Node's annotation ballast.csi.dev/default-disks".into(),
         ));
     }
-    open_disks(&wanted).map_err(|e| ServeError::Config(e.to_string()))
+    open_disks(&wanted, &state_dir.join("disks")).map_err(|e| ServeError::Config(e.to_string()))
 }
 
 /// What every task of the node gets: its identity, disks, endpoints, the

@@ -45,3 +45,74 @@ fn removing_a_disk_directory_fails_its_replicas_and_the_volume_rebuilds_elsewher
     verify_data(c.dir.path(), &endpoint, &data);
     verify_replicas(&c, "vol", &data);
 }
+
+/// A node whose disk's filesystem did not mount after a reboot finds an
+/// empty directory where the disk was. It does not take it as a new disk
+/// (new replicas would land on the root filesystem, and be hidden under
+/// the disk once it mounted): the disk is not ready, its message says to
+/// mount it, and nothing is written in the directory, though the volume
+/// lacks a replica that only this disk could take. Mounted again, the
+/// disk is ready, its replica is found and caught up, and every replica
+/// holds what was written, before and while the disk was away.
+#[test]
+fn a_disk_not_mounted_after_a_reboot_is_not_taken_as_new_and_comes_back_when_mounted() {
+    let mut c = Cluster::start(2, 1);
+    c.set("replica-replenishment-wait-interval", json!(2));
+    c.create_volume(json!({"name": "vol", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("vol", "node-1");
+    c.wait_settled("vol", 2, SETTLE);
+    write_data(c.dir.path(), &endpoint, 61);
+
+    c.kill_node(1);
+    let (disk, away) = (c.path("node-2").join("disk-1"), c.path("node-2/away"));
+    std::fs::rename(&disk, &away).unwrap();
+    std::fs::create_dir(&disk).unwrap();
+    let since = chrono::Utc::now();
+    c.respawn_node(1);
+    // Up again, with its disk not ready.
+    let message = wait_for(SETTLE, "node-2 back, its disk not ready", || {
+        let n = c.node("node-2");
+        let d = &n["status"]["disks"]["disk-1"];
+        let heard = n["status"]["lastHeartbeat"]
+            .as_str()
+            .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
+            .is_some_and(|t| t > since);
+        (heard && n["status"]["ready"] == true && d["ready"] == false)
+            .then(|| d["message"].as_str().unwrap_or_default().to_string())
+    });
+    assert!(
+        message.contains("is the disk's filesystem mounted"),
+        "{message}"
+    );
+    // Writes go on; the replica on node-2 is failed, and no other place
+    // would take one.
+    let data = write_data(c.dir.path(), &endpoint, 62);
+    wait_for_or(
+        SETTLE,
+        "node-2's replica failed",
+        || {
+            c.replica_on("vol", "node-2")
+                .filter(|r| r["status"]["mode"] == "err")
+        },
+        || format!("{:#?}\n{:#?}", c.replicas("vol"), c.events("volume/vol")),
+    );
+    // The controller would put a replica nowhere (not on the disk that is
+    // not ready), and nothing is in the directory.
+    let plan = c.planned_changes("vol");
+    assert!(plan.is_empty(), "{plan:#?}");
+    let written: Vec<_> = std::fs::read_dir(&disk).unwrap().flatten().collect();
+    assert!(
+        written.is_empty(),
+        "written where the disk was: {written:?}"
+    );
+
+    // Mounted again.
+    std::fs::remove_dir(&disk).unwrap();
+    std::fs::rename(&away, &disk).unwrap();
+    wait_for(SETTLE, "node-2's disk ready", || {
+        (c.node("node-2")["status"]["disks"]["disk-1"]["ready"] == true).then_some(())
+    });
+    c.wait_settled("vol", 2, SETTLE);
+    verify_data(c.dir.path(), &endpoint, &data);
+    verify_replicas(&c, "vol", &data);
+}

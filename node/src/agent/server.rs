@@ -123,6 +123,13 @@ impl NodeAgent for NodeAgentService {
                     format!("no disk {:?} on node {}", req.disk_id, self.ctx.node_id),
                 )
             })?;
+        // Not onto whatever is in its directory now (the root filesystem,
+        // when the disk's did not mount).
+        if let Some(why) = disk.not_here() {
+            return Err(
+                Error::disk(&disk.path, format!("disk {} is not ready: {why}", disk.id)).into(),
+            );
+        }
         let dir = replica_dir(&disk.path, &req.name);
         if dir.join(META_FILE).exists() {
             // Idempotent: the same replica again is fine, another size is not.

@@ -4,6 +4,14 @@
 //! A disk's id is chosen once, when the node first sees the directory, and
 //! written into the identity file; it follows the directory from then on,
 //! whatever the order of the `--disk` flags.
+//!
+//! The node also keeps its own record of every disk it opened, in its
+//! state directory (`<state-dir>/disks/<id>.json`: id, uuid, path). A
+//! directory that held a disk and has no identity file now is that disk,
+//! missing, not a new one: a filesystem that did not mount after a reboot
+//! leaves its mount point empty, and taking it as new would put replicas
+//! on the root filesystem. The missing disk is not ready until its
+//! identity file is back, or until that record is deleted.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -56,6 +64,14 @@ pub struct DiskIdentityFile {
 /// Available bytes are reported in steps of this much.
 pub const ROUND: u64 = 16 << 20;
 
+/// The node's record of a disk it opened (`<state-dir>/disks/<id>.json`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+struct Seen {
+    id: String,
+    uuid: String,
+    path: PathBuf,
+}
+
 /// An opened disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Disk {
@@ -63,6 +79,9 @@ pub struct Disk {
     pub uuid: String,
     pub path: PathBuf,
     pub tags: Vec<String>,
+    /// The node's record of it (deleted, the directory may be taken as a
+    /// new disk).
+    pub record: PathBuf,
 }
 
 impl Disk {
@@ -87,6 +106,25 @@ impl Disk {
             .sum()
     }
 
+    /// Why the directory does not hold this disk now (its identity file
+    /// is gone, or names another disk); None when it does.
+    pub fn not_here(&self) -> Option<String> {
+        match read_identity(&self.path) {
+            Ok(Some(f)) if f.uuid == self.uuid => None,
+            Ok(Some(f)) => Some(format!(
+                "{IDENTITY_FILE} now names disk {} ({}), not {} ({})",
+                f.id, f.uuid, self.id, self.uuid
+            )),
+            Ok(None) => Some(format!(
+                "{IDENTITY_FILE} is missing: is the disk's filesystem mounted at {}? \
+                 To take the directory as a new, empty disk, delete {} and restart the node plugin",
+                self.path.display(),
+                self.record.display()
+            )),
+            Err(e) => Some(e.to_string()),
+        }
+    }
+
     /// Measures the disk now. A disk whose identity file is gone or names
     /// another disk is not ready, and says why.
     pub fn status(&self) -> DiskStatus {
@@ -95,23 +133,9 @@ impl Disk {
             path: self.path.display().to_string(),
             ..Default::default()
         };
-        match read_identity(&self.path) {
-            Ok(Some(f)) if f.uuid == self.uuid => {}
-            Ok(Some(f)) => {
-                status.message = format!(
-                    "{IDENTITY_FILE} now names disk {} ({}), not {} ({})",
-                    f.id, f.uuid, self.id, self.uuid
-                );
-                return status;
-            }
-            Ok(None) => {
-                status.message = format!("{IDENTITY_FILE} is missing");
-                return status;
-            }
-            Err(e) => {
-                status.message = e.to_string();
-                return status;
-            }
+        if let Some(why) = self.not_here() {
+            status.message = why;
+            return status;
         }
         match nix::sys::statvfs::statvfs(&self.path) {
             Ok(st) => {
@@ -161,10 +185,46 @@ pub fn dir_of(arg: &DiskArg) -> Result<PathBuf, Error> {
     Ok(path)
 }
 
+/// The node's records of the disks it opened, in `dir`; an error naming a
+/// record that cannot be read (its protection would be lost unseen).
+fn read_seen(dir: &Path) -> Result<Vec<Seen>, Error> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(Error::disk(
+                dir,
+                format!("cannot read the disk records: {e}"),
+            ));
+        }
+    };
+    let mut seen = Vec::new();
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().and_then(|x| x.to_str()) != Some("json") {
+            continue;
+        }
+        let parsed = std::fs::read(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<Seen>(&b).map_err(|e| e.to_string()));
+        seen.push(parsed.map_err(|e| {
+            Error::disk(
+                &path,
+                format!(
+                    "this disk record is unreadable ({e}); delete it to open the disks without it"
+                ),
+            )
+        })?);
+    }
+    Ok(seen)
+}
+
 /// Opens every disk: checks the directories, reads their identity files,
 /// and writes one (with a new id `disk-N`) on each disk seen for the first
-/// time.
-pub fn open_disks(args: &[DiskArg]) -> Result<Vec<Disk>, Error> {
+/// time. `records` holds the node's records of the disks it opened: a
+/// directory that held one of them and has no identity file now is that
+/// disk, missing (not ready), never a new one.
+pub fn open_disks(args: &[DiskArg], records: &Path) -> Result<Vec<Disk>, Error> {
     if args.is_empty() {
         return Err(Error::Invalid {
             field: "--disk".into(),
@@ -194,6 +254,37 @@ pub fn open_disks(args: &[DiskArg]) -> Result<Vec<Disk>, Error> {
             ));
         }
     }
+    // Directories whose disk is nowhere among these: that disk, missing.
+    let seen = read_seen(records)?;
+    let present: BTreeSet<String> = found
+        .iter()
+        .filter_map(|(_, _, f)| f.as_ref().map(|f| f.uuid.clone()))
+        .collect();
+    let mut missing = Vec::new();
+    for (_, path, f) in &mut found {
+        let held = seen
+            .iter()
+            .find(|s| s.path == *path && !present.contains(&s.uuid) && !used.contains(&s.id));
+        if f.is_none()
+            && let Some(s) = held
+        {
+            tracing::warn!(disk = %s.id, path = %path.display(),
+                "the directory held this disk and has no identity file now: not taken as a new disk");
+            used.insert(s.id.clone());
+            missing.push(path.clone());
+            *f = Some(DiskIdentityFile {
+                id: s.id.clone(),
+                uuid: s.uuid.clone(),
+                created: chrono::DateTime::UNIX_EPOCH,
+            });
+        }
+    }
+    std::fs::create_dir_all(records).map_err(|e| {
+        Error::disk(
+            records,
+            format!("cannot make the disk records' directory: {e}"),
+        )
+    })?;
     let mut disks = Vec::new();
     for (arg, path, f) in found {
         let f = match f {
@@ -214,11 +305,24 @@ pub fn open_disks(args: &[DiskArg]) -> Result<Vec<Disk>, Error> {
                 f
             }
         };
+        let record = records.join(format!("{}.json", f.id));
+        if !missing.contains(&path) {
+            let seen = Seen {
+                id: f.id.clone(),
+                uuid: f.uuid.clone(),
+                path: path.clone(),
+            };
+            let body = serde_json::to_vec_pretty(&seen)
+                .map_err(|e| Error::disk(&record, e.to_string()))?;
+            crate::replica::write_durably(records, &format!("{}.json", f.id), &body)
+                .map_err(|e| Error::disk(&record, format!("cannot write the disk record: {e}")))?;
+        }
         disks.push(Disk {
             id: f.id,
             uuid: f.uuid,
             path,
             tags: arg.tags.clone(),
+            record,
         });
     }
     Ok(disks)
@@ -227,6 +331,11 @@ pub fn open_disks(args: &[DiskArg]) -> Result<Vec<Disk>, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The node's disk records, beside the disks in the test's directory.
+    fn records(root: &tempfile::TempDir) -> PathBuf {
+        root.path().join("state/disks")
+    }
 
     fn arg(p: &Path) -> DiskArg {
         DiskArg {
@@ -249,12 +358,12 @@ mod tests {
         let (a, b) = (root.path().join("a"), root.path().join("b"));
         std::fs::create_dir_all(&a).unwrap();
         std::fs::create_dir_all(&b).unwrap();
-        let first = open_disks(&[arg(&a), arg(&b)]).unwrap();
+        let first = open_disks(&[arg(&a), arg(&b)], &records(&root)).unwrap();
         assert_eq!(first[0].id, "disk-1");
         assert_eq!(first[1].id, "disk-2");
         assert!(a.join(IDENTITY_FILE).exists());
         // Flags in the other order: same ids, same uuids.
-        let again = open_disks(&[arg(&b), arg(&a)]).unwrap();
+        let again = open_disks(&[arg(&b), arg(&a)], &records(&root)).unwrap();
         assert_eq!(again[0].id, "disk-2");
         assert_eq!(again[0].uuid, first[1].uuid);
         assert_eq!(again[1].id, "disk-1");
@@ -263,7 +372,7 @@ mod tests {
     #[test]
     fn status_measures_and_turns_not_ready_without_identity() {
         let root = tempfile::tempdir().unwrap();
-        let disks = open_disks(&[arg(root.path())]).unwrap();
+        let disks = open_disks(&[arg(root.path())], &records(&root)).unwrap();
         let s = disks[0].status();
         assert!(s.ready, "{}", s.message);
         assert!(s.storage_maximum > 0 && s.storage_available <= s.storage_maximum);
@@ -284,21 +393,74 @@ mod tests {
     fn bad_disks_are_refused_with_the_reason() {
         let root = tempfile::tempdir().unwrap();
         let missing = root.path().join("nope");
-        let e = open_disks(&[arg(&missing)]).unwrap_err().to_string();
+        let e = open_disks(&[arg(&missing)], &records(&root))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cannot open"), "{e}");
-        let e = open_disks(&[arg(root.path()), arg(root.path())])
+        let e = open_disks(&[arg(root.path()), arg(root.path())], &records(&root))
             .unwrap_err()
             .to_string();
         assert!(e.contains("given twice"), "{e}");
-        let e = open_disks(&[]).unwrap_err().to_string();
+        let e = open_disks(&[], &records(&root)).unwrap_err().to_string();
         assert!(e.contains("--disk"), "{e}");
         // A copied disk: two directories whose identity files claim one id.
         let (a, b) = (root.path().join("a"), root.path().join("b"));
         std::fs::create_dir_all(&a).unwrap();
         std::fs::create_dir_all(&b).unwrap();
-        open_disks(&[arg(&a)]).unwrap();
+        open_disks(&[arg(&a)], &records(&root)).unwrap();
         std::fs::copy(a.join(IDENTITY_FILE), b.join(IDENTITY_FILE)).unwrap();
-        let e = open_disks(&[arg(&a), arg(&b)]).unwrap_err().to_string();
+        let e = open_disks(&[arg(&a), arg(&b)], &records(&root))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("another disk"), "{e}");
+    }
+
+    #[test]
+    fn a_directory_that_held_a_disk_and_has_no_identity_now_is_that_disk_missing_not_a_new_one() {
+        let root = tempfile::tempdir().unwrap();
+        let (a, away) = (root.path().join("a"), root.path().join("a-unmounted"));
+        std::fs::create_dir_all(&a).unwrap();
+        let first = open_disks(&[arg(&a)], &records(&root)).unwrap();
+        assert!(first[0].status().ready);
+        // Its filesystem not mounted: the mount point is an empty directory.
+        std::fs::rename(&a, &away).unwrap();
+        std::fs::create_dir_all(&a).unwrap();
+        let again = open_disks(&[arg(&a)], &records(&root)).unwrap();
+        assert_eq!(
+            (&again[0].id, &again[0].uuid),
+            (&first[0].id, &first[0].uuid)
+        );
+        assert!(!a.join(IDENTITY_FILE).exists(), "taken as a new disk");
+        let s = again[0].status();
+        assert!(!s.ready);
+        let record = records(&root).join("disk-1.json");
+        assert!(
+            s.message.contains("is the disk's filesystem mounted")
+                && s.message.contains(&record.display().to_string()),
+            "{}",
+            s.message
+        );
+        // Mounted again: ready, the same disk.
+        std::fs::remove_dir(&a).unwrap();
+        std::fs::rename(&away, &a).unwrap();
+        assert!(again[0].status().ready);
+        // A new, empty disk in its place: taken once the record is deleted.
+        std::fs::remove_file(a.join(IDENTITY_FILE)).unwrap();
+        assert!(
+            open_disks(&[arg(&a)], &records(&root)).unwrap()[0]
+                .not_here()
+                .is_some()
+        );
+        std::fs::remove_file(&record).unwrap();
+        let new = open_disks(&[arg(&a)], &records(&root)).unwrap();
+        assert_eq!(new[0].id, "disk-1");
+        assert_ne!(new[0].uuid, first[0].uuid);
+        assert!(new[0].status().ready);
+        // An unreadable record is named, not passed over.
+        std::fs::write(&record, b"{").unwrap();
+        let e = open_disks(&[arg(&a)], &records(&root))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("disk-1.json") && e.contains("unreadable"), "{e}");
     }
 }

@@ -468,11 +468,15 @@ pub fn remove_replica_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Removes what deleted replicas left in `<disk>/deleting/` (made here
-/// when missing, for the next deletion). Each removal is tried a few
-/// times, then left for the next.
+/// when missing on a disk that holds replicas, for the next deletion;
+/// never in a directory without them, which may be the empty mount point
+/// of a disk that did not mount). Each removal is tried a few times, then
+/// left for the next.
 pub fn empty_bin(disk: &Path) {
     let bin = disk.join(DELETING);
-    let _ = std::fs::create_dir_all(&bin);
+    if disk.join("replicas").is_dir() {
+        let _ = std::fs::create_dir_all(&bin);
+    }
     let Ok(entries) = std::fs::read_dir(&bin) else {
         return;
     };
