@@ -38,7 +38,7 @@ use super::{Engine, Link};
 use crate::wire::client::ReplicaClient;
 
 /// The setting's default: the time a replica may leave a request of the
-/// volume's I/O unanswered.
+/// volume's I/O unanswered (a test holds it to the settings table's).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(8);
 
 /// A remote replica's state at one look.
@@ -205,5 +205,19 @@ async fn watch(engine: Weak<Engine>, timeout: Duration) {
             )
         };
         engine.give_up(&stalled, &answering, &why).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DEFAULT_TIMEOUT;
+    use ballast::settings::{ENGINE_REPLICA_TIMEOUT, definition};
+
+    /// What `ballast engine` run by hand uses is what the node plugin
+    /// passes when no one changed the setting.
+    #[test]
+    fn the_engines_default_timeout_is_the_settings_default() {
+        let setting = definition(ENGINE_REPLICA_TIMEOUT).unwrap();
+        assert_eq!(setting.default, DEFAULT_TIMEOUT.as_secs().to_string());
     }
 }
