@@ -242,11 +242,20 @@ fn cluster(dir: &Path) -> (ControllerProc, NodeProc, Csi) {
 }
 
 fn cluster_with(dir: &Path, node_flags: &[&str]) -> (ControllerProc, NodeProc, Csi) {
+    cluster_by(Proc::spawn, dir, node_flags)
+}
+
+/// Like `cluster_with`, the node plugin started by `spawn`.
+fn cluster_by(
+    spawn: fn(&[String], PathBuf) -> Proc,
+    dir: &Path,
+    node_flags: &[&str],
+) -> (ControllerProc, NodeProc, Csi) {
     assert!(
         nix::unistd::geteuid().is_root(),
         "this test needs root (CI runs as root)"
     );
-    let (ctl, n) = controller_with_one_node_with(dir, node_flags);
+    let (ctl, n) = controller_with_one_node_by(spawn, dir, node_flags);
     let rt = runtime();
     let (ctl_client, node_client) = {
         let _in = rt.enter();
@@ -1420,21 +1429,12 @@ fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_a
 
 /// Whether a loop device is backed by `file` now.
 fn looped(file: &Path) -> bool {
-    loops_of(file) > 0
+    !loops_on(file).is_empty()
 }
 
 /// How many loop devices are backed by `file` now.
 fn loops_of(file: &Path) -> usize {
-    let file = file.display().to_string();
-    std::fs::read_dir("/sys/block")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|d| {
-            std::fs::read_to_string(d.path().join("loop/backing_file"))
-                .is_ok_and(|b| b.trim() == file)
-        })
-        .count()
+    loops_on(file).len()
 }
 
 /// How many mounts sit at `point` now (stacked ones count each).
@@ -1501,6 +1501,206 @@ fn a_staging_record_that_is_torn_or_gone_makes_no_second_device_and_unstage_leav
     assert_files(&files);
     csi.down("torn", &staging, &target);
     assert_eq!((loops_of(&file), mounts_at(&staging)), (0, 0));
+}
+
+/// A loop device as util-linux lists it.
+#[derive(Clone, Debug, PartialEq)]
+struct Loop {
+    name: String,
+    file: String,
+    /// The device number ("major:minor") and inode of its file.
+    id: (String, u64),
+}
+
+fn loop_list() -> Vec<Loop> {
+    let out = std::process::Command::new("losetup")
+        .args([
+            "--list",
+            "--json",
+            "--output",
+            "NAME,BACK-FILE,BACK-INO,BACK-MAJ:MIN",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if out.stdout.is_empty() {
+        return Vec::new();
+    }
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    list["loopdevices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| Loop {
+            name: d["name"].as_str().unwrap().to_string(),
+            file: d["back-file"].as_str().unwrap_or_default().to_string(),
+            id: (
+                d["back-maj:min"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+                d["back-ino"].as_u64().unwrap_or_default(),
+            ),
+        })
+        .collect()
+}
+
+/// The loop devices on `file` as util-linux finds them: by the file's
+/// device number and inode, or by its path.
+fn loops_on(file: &Path) -> Vec<Loop> {
+    use std::os::unix::fs::MetadataExt;
+    let id = std::fs::metadata(file).ok().map(|m| {
+        let dev = m.dev();
+        let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+        (format!("{major}:{minor}"), m.ino())
+    });
+    let path = file.display().to_string();
+    loop_list()
+        .into_iter()
+        .filter(|d| d.file == path || Some(&d.id) == id.as_ref())
+        .collect()
+}
+
+/// Detaches, when dropped, those of its loop devices still on the file
+/// they were found on: a test that fails leaves none behind, and leaves
+/// alone a number another test has been given since.
+struct DetachLeft(Vec<Loop>);
+
+impl Drop for DetachLeft {
+    fn drop(&mut self) {
+        let now = loop_list();
+        for d in self
+            .0
+            .iter()
+            .filter(|d| now.iter().any(|n| n.name == d.name && n.id == d.id))
+        {
+            let _ = std::process::Command::new("losetup")
+                .args(["-d", &d.name])
+                .status();
+        }
+    }
+}
+
+/// The node plugin runs in a mount namespace of its own, as in its
+/// container (the state and kubelet directories shared both ways), and
+/// its engines in an engine host. The container ends: the node plugin's
+/// whole process group, and its mount namespace with it. The loop devices
+/// it set up now have files the kernel names from their filesystem's root
+/// (`/volume`): not by the path of the volume's export. A new node plugin,
+/// in a new namespace, still finds them by their file's identity:
+/// NodeStageVolume again (as a kubelet that restarted asks it) neither
+/// attaches a second device nor mounts a second time, NodePublishVolume
+/// at a new target serves the files and the device written before, and
+/// NodeUnstageVolume leaves no device behind.
+#[test]
+fn a_node_plugin_after_its_containers_mount_namespace_ended_finds_the_devices_it_set_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    // The test's directory stands for the host's: shared, so that the
+    // node plugin's namespace and this one see each other's mounts.
+    use nix::mount::{MsFlags, mount};
+    mount(
+        Some(dir.path()),
+        dir.path(),
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .unwrap();
+    mount(
+        None::<&str>,
+        dir.path(),
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .unwrap();
+    let host_socket = format!("unix://{}", dir.path().join("engine-host.sock").display());
+    let _host = Proc::spawn(
+        &[
+            "engine-host".to_string(),
+            "--socket".to_string(),
+            host_socket.clone(),
+        ],
+        dir.path().join("engine-host.log"),
+    );
+    let (ctl, mut n, mut csi) = cluster_by(
+        Proc::spawn_in_own_mounts,
+        dir.path(),
+        &["--engine-host", &host_socket],
+    );
+    let state = dir.path().join("node-1/state");
+    let file = |v: &str| state.join(format!("frontends/{v}.fuse/volume"));
+    let (staging, target) = (
+        |v: &str| places_of(dir.path(), v).0,
+        |v: &str| places_of(dir.path(), v).1,
+    );
+    csi.create("fs", false);
+    csi.up("fs", &staging("fs"), &target("fs"), false);
+    let files = [(target("fs").join("kept"), pattern(3 << 20, 7))];
+    std::fs::write(&files[0].0, &files[0].1).unwrap();
+    std::fs::File::open(&files[0].0)
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    csi.create("blk", true);
+    csi.up("blk", &staging("blk"), &target("blk"), true);
+    let data = pattern(1 << 20, 8);
+    write_device(&target("blk"), 1 << 20, &data);
+    let devices: Vec<_> = ["fs", "blk"].iter().map(|v| loops_on(&file(v))).collect();
+    assert_eq!(devices.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1]);
+    let _left = DetachLeft(devices.concat());
+
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(n.proc.pid()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    n.proc.wait_exit(Duration::from_secs(5)).unwrap();
+    // The namespace is gone: the devices' files are no longer named by
+    // the exports' paths.
+    let named = |d: &str| {
+        std::fs::read_to_string(format!("/sys/block/{}/loop/backing_file", &d[5..])).unwrap()
+    };
+    for d in &devices {
+        assert_eq!(named(&d[0].name).trim(), "/volume", "{}", d[0].name);
+    }
+
+    let restarted = chrono::Utc::now();
+    n.proc = Proc::spawn_in_own_mounts(&n.args, dir.path().join("node-1.restarted.log"));
+    back_with(&ctl, &n, restarted, "re-adopted a running engine");
+    csi.connect_node(&n.socket);
+    let context = csi.publish("fs", false);
+    csi.stage("fs", &staging("fs"), false, &context).unwrap();
+    let context = csi.publish("blk", true);
+    csi.stage("blk", &staging("blk"), true, &context).unwrap();
+    for (i, v) in ["fs", "blk"].into_iter().enumerate() {
+        let names = |l: &[Loop]| l.iter().map(|d| d.name.clone()).collect::<Vec<_>>();
+        assert_eq!(
+            names(&loops_on(&file(v))),
+            names(&devices[i]),
+            "{v}: its device"
+        );
+    }
+    assert_eq!(mounts_at(&staging("fs")), 1);
+    let again = |v: &str| dir.path().join(format!("pod-again-{v}/mount"));
+    csi.node_publish("fs", &staging("fs"), &again("fs"), false)
+        .unwrap();
+    assert!(std::fs::read(again("fs").join("kept")).unwrap() == files[0].1);
+    csi.node_publish("blk", &staging("blk"), &again("blk"), true)
+        .unwrap();
+    assert!(read_device(&again("blk"), 1 << 20, data.len()) == data);
+    for v in ["fs", "blk"] {
+        csi.node_unpublish(v, &again(v));
+        csi.down(v, &staging(v), &target(v));
+        assert!(loops_on(&file(v)).is_empty(), "{v}: a device left");
+    }
+    assert_eq!(mounts_at(&staging("fs")), 0);
 }
 
 /// Writes `data` at `offset` of the device file `at`, durably.

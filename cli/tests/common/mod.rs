@@ -67,15 +67,37 @@ impl Proc {
 
     /// Like `spawn`, with environment variables set.
     pub fn spawn_env(args: &[String], log: PathBuf, env: &[(&str, &str)]) -> Proc {
+        Proc::spawn_under(&[], args, log, env)
+    }
+
+    /// Like `spawn`, in a mount namespace of its own whose mounts are
+    /// peers of this one's where these are shared (`unshare --mount
+    /// --propagation unchanged`): as in a container whose volumes
+    /// propagate both ways. The namespace ends with its last process.
+    pub fn spawn_in_own_mounts(args: &[String], log: PathBuf) -> Proc {
+        let unshare = ["unshare", "--mount", "--propagation", "unchanged", "--"];
+        Proc::spawn_under(&unshare, args, log, &[])
+    }
+
+    /// Runs `ballast args` under the command `prefix` (none: directly).
+    fn spawn_under(prefix: &[&str], args: &[String], log: PathBuf, env: &[(&str, &str)]) -> Proc {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)
             .unwrap();
         use std::os::unix::process::CommandExt;
+        let mut command = match prefix.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(BALLAST);
+                c
+            }
+            None => Command::new(BALLAST),
+        };
         // Its own process group, so that Drop also stops what it started
         // (a node's engine processes outlive the node by design).
-        let child = Command::new(BALLAST)
+        let child = command
             .args(args)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
@@ -458,9 +480,20 @@ pub fn start_node(dir: &Path, id: &str, controller_agent: &str) -> NodeProc {
 
 /// Like `start_node`, with more flags.
 pub fn start_node_with(dir: &Path, id: &str, controller_agent: &str, extra: &[&str]) -> NodeProc {
+    start_node_by(Proc::spawn, dir, id, controller_agent, extra)
+}
+
+/// Like `start_node_with`, the process started by `spawn`.
+pub fn start_node_by(
+    spawn: fn(&[String], PathBuf) -> Proc,
+    dir: &Path,
+    id: &str,
+    controller_agent: &str,
+    extra: &[&str],
+) -> NodeProc {
     let (mut args, socket) = node_args(dir, id, controller_agent);
     args.extend(extra.iter().map(|a| a.to_string()));
-    let proc = Proc::spawn(&args, dir.join(format!("{id}.log")));
+    let proc = spawn(&args, dir.join(format!("{id}.log")));
     NodeProc {
         proc,
         id: id.into(),
@@ -481,8 +514,18 @@ pub fn controller_with_one_node_with(
     dir: &Path,
     node_flags: &[&str],
 ) -> (ControllerProc, NodeProc) {
+    controller_with_one_node_by(Proc::spawn, dir, node_flags)
+}
+
+/// Like `controller_with_one_node_with`, the node started by `spawn`.
+pub fn controller_with_one_node_by(
+    spawn: fn(&[String], PathBuf) -> Proc,
+    dir: &Path,
+    node_flags: &[&str],
+) -> (ControllerProc, NodeProc) {
     let ctl = start_controller(dir, "30s");
-    let n = start_node_with(dir, "node-1", &format!("http://{}", ctl.agent), node_flags);
+    let agent = format!("http://{}", ctl.agent);
+    let n = start_node_by(spawn, dir, "node-1", &agent, node_flags);
     // Generous: the whole suite shares two cores.
     wait_for(Duration::from_secs(90), "node-1 ready", || {
         node(&ctl.api, "node-1").filter(node_is_up)

@@ -17,6 +17,9 @@
 //! another), a stage takes a loop device already on the export rather
 //! than make a second, and unstage detaches every one there, so a record
 //! torn or lost by a crash neither doubles a mount nor leaks a device.
+//! Devices are found by their file's identity (device number and inode)
+//! as well as its path: one set up by a node plugin whose container (and
+//! mount namespace) ended has a file the kernel names `/volume`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -45,7 +48,9 @@ use tonic::{Request, Response, Status};
 
 use crate::context::NodeContext;
 use crate::error::Error;
-use crate::frontend::blockdev::{LoopDevice, backing_file, is_mountpoint, loops_of, mounted_from};
+use crate::frontend::blockdev::{
+    FileId, LoopDevice, backing_id, is_mountpoint, loops_of, mounted_from,
+};
 
 use super::paths::Confinement;
 
@@ -73,6 +78,20 @@ struct Staged {
     /// wanted the volume to itself (SINGLE_NODE_SINGLE_WRITER).
     #[serde(default)]
     published: std::collections::BTreeMap<PathBuf, bool>,
+    /// The boot it was staged in, and the identity of the export's file
+    /// the device was attached to: what finds the device again once the
+    /// file cannot be looked at (its engine died).
+    #[serde(default)]
+    boot: String,
+    #[serde(default)]
+    export: Option<FileId>,
+}
+
+/// This boot of the machine (`/proc/sys/kernel/random/boot_id`).
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|b| b.trim().to_string())
+        .unwrap_or_default()
 }
 
 fn required(value: &str, field: &str) -> Result<(), Error> {
@@ -243,10 +262,10 @@ impl NodeService {
     /// the volume's export. A record older than a reboot names a device
     /// that is gone, or that another volume has now.
     fn staged_now(&self, volume: &str) -> Result<Option<Staged>, Error> {
-        let file = self.export_file(volume);
+        let on_export = loops_of(&self.export_file(volume));
         Ok(self
             .staged(volume)?
-            .filter(|s| backing_file(&s.device).as_deref() == Some(file.as_path())))
+            .filter(|s| on_export.contains(&s.device)))
     }
 
     /// Writes the record of `volume` whole (a new file renamed over the
@@ -270,16 +289,14 @@ impl NodeService {
         let file = self.export_file(volume);
         let mut devices = loops_of(&file);
         match self.staged(volume) {
-            // On the export of an engine that died, unmounted since: the
-            // kernel names its file from the export's own root.
+            // On the export of an engine that died, which cannot be looked
+            // at or was unmounted since: the device the record names, if
+            // it is still on the file it was attached to in this boot.
             Ok(Some(s))
                 if !devices.contains(&s.device)
-                    && backing_file(&s.device).as_deref()
-                        == Some(
-                            Path::new("/")
-                                .join(crate::frontend::fuse::FILE_NAME)
-                                .as_path(),
-                        ) =>
+                    && s.boot == boot_id()
+                    && s.export.is_some()
+                    && backing_id(&s.device) == s.export =>
             {
                 devices.push(s.device);
             }
@@ -365,6 +382,8 @@ impl NodeService {
                 staging: staging.clone(),
                 block,
                 published: Default::default(),
+                boot: boot_id(),
+                export: backing_id(&device),
             },
         )?;
         let mounted = if block {

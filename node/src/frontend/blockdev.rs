@@ -22,6 +22,7 @@ pub use super::fuse::{FILE_NAME, FuseMount, mount, resume};
 const LOOP_SET_FD: libc::c_ulong = 0x4C00;
 const LOOP_CLR_FD: libc::c_ulong = 0x4C01;
 const LOOP_SET_STATUS64: libc::c_ulong = 0x4C04;
+const LOOP_GET_STATUS64: libc::c_ulong = 0x4C05;
 const LOOP_SET_CAPACITY: libc::c_ulong = 0x4C07;
 const LOOP_SET_DIRECT_IO: libc::c_ulong = 0x4C08;
 const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
@@ -43,6 +44,26 @@ struct LoopInfo64 {
     lo_crypt_name: [u8; 64],
     lo_encrypt_key: [u8; 32],
     lo_init: [u64; 2],
+}
+
+impl LoopInfo64 {
+    fn zeroed() -> Self {
+        LoopInfo64 {
+            lo_device: 0,
+            lo_inode: 0,
+            lo_rdevice: 0,
+            lo_offset: 0,
+            lo_sizelimit: 0,
+            lo_number: 0,
+            lo_encrypt_type: 0,
+            lo_encrypt_key_size: 0,
+            lo_flags: 0,
+            lo_file_name: [0; 64],
+            lo_crypt_name: [0; 64],
+            lo_encrypt_key: [0; 32],
+            lo_init: [0; 2],
+        }
+    }
 }
 
 fn check(r: libc::c_int, what: &str) -> std::io::Result<libc::c_int> {
@@ -144,19 +165,8 @@ impl LoopDevice {
                 stays: !autoclear,
             };
             let mut info = LoopInfo64 {
-                lo_device: 0,
-                lo_inode: 0,
-                lo_rdevice: 0,
-                lo_offset: 0,
-                lo_sizelimit: 0,
-                lo_number: 0,
-                lo_encrypt_type: 0,
-                lo_encrypt_key_size: 0,
                 lo_flags: if autoclear { LO_FLAGS_AUTOCLEAR } else { 0 },
-                lo_file_name: [0; 64],
-                lo_crypt_name: [0; 64],
-                lo_encrypt_key: [0; 32],
-                lo_init: [0; 2],
+                ..LoopInfo64::zeroed()
             };
             let name = backing.as_os_str().as_encoded_bytes();
             let n = name.len().min(63);
@@ -233,16 +243,64 @@ pub fn backing_file(device: &Path) -> Option<PathBuf> {
     Some(PathBuf::from(text.trim_end_matches('\n')))
 }
 
+/// What identifies a file whatever path leads to it: its device number
+/// and inode, as stat gives them and as a loop device keeps them of its
+/// file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+}
+
+/// The identity of `file` now (None: it cannot be looked at, as the file
+/// of an export whose engine is gone).
+pub fn file_id(file: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(file).ok()?;
+    Some(FileId {
+        dev: m.dev(),
+        ino: m.ino(),
+    })
+}
+
+/// The identity of the file the loop device at `device` is attached to
+/// (LOOP_GET_STATUS64); None when it is not attached.
+pub fn backing_id(device: &Path) -> Option<FileId> {
+    let dev = File::open(device).ok()?;
+    let mut info = LoopInfo64::zeroed();
+    // SAFETY: the pointer is to a live, correctly laid out loop_info64,
+    // which the kernel fills.
+    let r = unsafe {
+        libc::ioctl(
+            dev.as_raw_fd(),
+            LOOP_GET_STATUS64,
+            &mut info as *mut LoopInfo64,
+        )
+    };
+    (r == 0).then_some(FileId {
+        dev: info.lo_device,
+        ino: info.lo_inode,
+    })
+}
+
 /// The loop devices attached to `file` now, whatever any record says
-/// (`/dev/loopN`, in the kernel's order).
+/// (`/dev/loopN`, sorted): by the file's identity, and by its path. The
+/// path alone misses a device whose file was opened through a mount of
+/// another mount namespace that is gone (a node plugin's container that
+/// ended: the kernel then names the file from its filesystem's root);
+/// the identity alone misses one whose file cannot be looked at now (an
+/// export whose engine died).
 pub fn loops_of(file: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir("/sys/block") else {
         return Vec::new();
     };
+    let id = file_id(file);
     let mut found: Vec<PathBuf> = entries
         .flatten()
         .map(|e| Path::new("/dev").join(e.file_name()))
-        .filter(|dev| backing_file(dev).as_deref() == Some(file))
+        .filter(|dev| {
+            backing_file(dev).is_some_and(|b| b == file || (id.is_some() && backing_id(dev) == id))
+        })
         .collect();
     found.sort();
     found
