@@ -1703,6 +1703,80 @@ fn a_node_plugin_after_its_containers_mount_namespace_ended_finds_the_devices_it
     assert_eq!(mounts_at(&staging("fs")), 0);
 }
 
+/// Runs `cmd args`, which must succeed; its stdout.
+fn must(cmd: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(cmd).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// An ext4 left marked with errors, as a crash of the pod's node may
+/// leave it, is checked by NodeStageVolume before it is mounted: one
+/// whose errors `e2fsck -p` repairs (a wrong link count) is repaired and
+/// mounted clean, its files there; one whose errors need a person (its
+/// root directory gone) is not mounted: FAILED_PRECONDITION, saying why,
+/// and nothing is left set up. Before, either was mounted as it was.
+#[test]
+fn an_ext4_marked_with_errors_is_repaired_before_the_mount_and_one_beyond_repair_is_not_mounted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_ctl, _n, mut csi) = cluster(dir.path());
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let file = dir
+        .path()
+        .join("node-1/state/frontends/checked.fuse/volume");
+    let (staging, target) = places_of(dir.path(), "checked");
+    csi.create("checked", false);
+    let context = csi.publish("checked", false);
+    csi.stage("checked", &staging, false, &context).unwrap();
+    csi.node_publish("checked", &staging, &target, false)
+        .unwrap();
+    let files = [(target.join("kept"), pattern(2 << 20, 3))];
+    std::fs::write(&files[0].0, &files[0].1).unwrap();
+    std::fs::File::open(&files[0].0)
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    csi.node_unpublish("checked", &target);
+    csi.unstage("checked", &staging);
+    let state = |device: &str| {
+        let header = must("dumpe2fs", &["-h", device]);
+        let line = header.lines().find(|l| l.starts_with("Filesystem state:"));
+        line.unwrap()
+            .trim_start_matches("Filesystem state:")
+            .trim()
+            .to_string()
+    };
+    // The filesystem spoiled through the volume staged as a block device.
+    let spoil = |csi: &mut Csi, debugfs: &str| {
+        csi.stage("checked", &staging, true, &context).unwrap();
+        let device = loops_on(&file)[0].name.clone();
+        must("debugfs", &["-w", "-R", debugfs, &device]);
+        must("tune2fs", &["-E", "force_fsck", &device]);
+        assert_eq!(state(&device), "clean with errors");
+        csi.unstage("checked", &staging);
+    };
+
+    spoil(&mut csi, "set_inode_field <11> links_count 5");
+    csi.stage("checked", &staging, false, &context).unwrap();
+    assert_eq!(state(&loops_on(&file)[0].name), "clean");
+    csi.node_publish("checked", &staging, &target, false)
+        .unwrap();
+    assert_files(&files);
+    csi.node_unpublish("checked", &target);
+    csi.unstage("checked", &staging);
+
+    spoil(&mut csi, "clri <2>");
+    let refused = csi.stage("checked", &staging, false, &context).unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    assert!(refused.message().contains("e2fsck -p"), "{refused}");
+    assert_eq!((loops_on(&file).len(), mounts_at(&staging)), (0, 0));
+    csi.unpublish("checked");
+}
+
 /// Writes `data` at `offset` of the device file `at`, durably.
 fn write_device(at: &Path, offset: u64, data: &[u8]) {
     use std::os::unix::fs::FileExt;

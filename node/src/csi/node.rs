@@ -147,6 +147,50 @@ fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<(), Error> {
     }
 }
 
+/// Checks the ext4 on `device` with `e2fsck -p`, as a kubelet's own
+/// mounts do before mounting: a filesystem marked clean is left as it is
+/// (unless `full`, which resize2fs needs), one marked with errors is
+/// checked and what is safe to repair unattended is repaired. Errors it
+/// cannot repair so refuse the mount (FAILED_PRECONDITION), saying what
+/// e2fsck said: mounted, they would spread.
+fn check_ext4(device: &Path, full: bool) -> Result<(), Error> {
+    let mut args = vec![os("-p")];
+    if full {
+        args.push(os("-f"));
+    }
+    args.push(device.as_os_str());
+    let check = output("e2fsck", &args)?;
+    let said = || {
+        let mut text = String::from_utf8_lossy(&check.stdout).trim().to_string();
+        let err = String::from_utf8_lossy(&check.stderr);
+        if !err.trim().is_empty() {
+            text = format!("{text} {}", err.trim());
+        }
+        text
+    };
+    match check.status.code() {
+        // No errors.
+        Some(0) => Ok(()),
+        // Errors corrected (2: and the machine should reboot, which is
+        // for a mounted root filesystem, not this one).
+        Some(1 | 2) => {
+            tracing::warn!(device = %device.display(), e2fsck = %said(), "filesystem errors corrected before the mount");
+            Ok(())
+        }
+        Some(4) => Err(Error::Refused(format!(
+            "the volume's ext4 on {} has errors e2fsck -p does not correct unattended; \
+             it is not mounted (repair it by hand: stage the volume as a block device and run e2fsck on it): {}",
+            device.display(),
+            said()
+        ))),
+        code => Err(Error::Internal(format!(
+            "e2fsck {} (exit {code:?}): {}",
+            device.display(),
+            said()
+        ))),
+    }
+}
+
 /// Whether this process may resize a mounted ext4 (CAP_SYS_RESOURCE in
 /// its effective set).
 pub fn has_cap_sys_resource() -> bool {
@@ -462,20 +506,16 @@ impl NodeService {
                     "the volume holds a {found} filesystem, not {fs}; it is not reformatted"
                 )));
             }
-            // The volume grew while unpublished: the filesystem follows,
-            // checked first, before it is mounted.
-            Some(_) if fs == FsType::Ext4 && ext4_bytes(device)? < device_size(device)? => {
-                let check = output("e2fsck", &[os("-f"), os("-p"), device.as_os_str()])?;
-                // 0: clean; 1: errors corrected.
-                if !matches!(check.status.code(), Some(0 | 1)) {
-                    return Err(Error::Internal(format!(
-                        "e2fsck {}: {}",
-                        device.display(),
-                        String::from_utf8_lossy(&check.stdout).trim()
-                    )));
+            // Checked before every mount: a crash of the pod's node may
+            // have left it marked with errors. The volume grew while
+            // unpublished: the filesystem follows, checked in full first.
+            Some(_) if fs == FsType::Ext4 => {
+                let grown = ext4_bytes(device)? < device_size(device)?;
+                check_ext4(device, grown)?;
+                if grown {
+                    run("resize2fs", &[device.as_os_str()])?;
+                    tracing::info!(device = %device.display(), "filesystem grown to its device");
                 }
-                run("resize2fs", &[device.as_os_str()])?;
-                tracing::info!(device = %device.display(), "filesystem grown to its device");
             }
             Some(_) => {}
         }
