@@ -54,3 +54,21 @@ pub fn single_writer(cap: &VolumeCapability) -> bool {
         .as_ref()
         .is_some_and(|m| m.mode == Mode::SingleNodeSingleWriter as i32)
 }
+
+/// Whether a volume is to be used read-only on its node: a reader-only
+/// access mode, or a publication read-only (`READONLY_KEY` in the publish
+/// context). Nothing the node does for it writes to it on its own
+/// account (no filesystem repair).
+pub fn read_only(
+    cap: &VolumeCapability,
+    publish_context: &std::collections::HashMap<String, String>,
+) -> bool {
+    let reader = cap
+        .access_mode
+        .as_ref()
+        .is_some_and(|m| m.mode == Mode::SingleNodeReaderOnly as i32);
+    reader
+        || publish_context
+            .get(READONLY_KEY)
+            .is_some_and(|v| v == "true")
+}

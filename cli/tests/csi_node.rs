@@ -1719,7 +1719,8 @@ fn must(cmd: &str, args: &[&str]) -> String {
 /// whose errors `e2fsck -p` repairs (a wrong link count) is repaired and
 /// mounted clean, its files there; one whose errors need a person (its
 /// root directory gone) is not mounted: FAILED_PRECONDITION, saying why,
-/// and nothing is left set up. Before, either was mounted as it was.
+/// and nothing is left set up. Before, either was mounted as it was. A
+/// volume published read-only is not repaired.
 #[test]
 fn an_ext4_marked_with_errors_is_repaired_before_the_mount_and_one_beyond_repair_is_not_mounted() {
     let dir = tempfile::tempdir().unwrap();
@@ -1761,6 +1762,12 @@ fn an_ext4_marked_with_errors_is_repaired_before_the_mount_and_one_beyond_repair
     };
 
     spoil(&mut csi, "set_inode_field <11> links_count 5");
+    // Published read-only: not repaired (nothing writes to it unasked).
+    let mut read_only = context.clone();
+    read_only.insert("readonly".into(), "true".into());
+    csi.stage("checked", &staging, false, &read_only).unwrap();
+    assert_eq!(state(&loops_on(&file)[0].name), "clean with errors");
+    csi.unstage("checked", &staging);
     csi.stage("checked", &staging, false, &context).unwrap();
     assert_eq!(state(&loops_on(&file)[0].name), "clean");
     csi.node_publish("checked", &staging, &target, false)

@@ -147,8 +147,8 @@ fn run(cmd: &str, args: &[&std::ffi::OsStr]) -> Result<(), Error> {
     }
 }
 
-/// Checks the ext4 on `device` with `e2fsck -p`, as a kubelet's own
-/// mounts do before mounting: a filesystem marked clean is left as it is
+/// Checks the ext4 on `device` with `e2fsck -p`, as the kubelet's own
+/// mounts do before a read-write mount: a filesystem marked clean is left as it is
 /// (unless `full`, which resize2fs needs), one marked with errors is
 /// checked and what is safe to repair unattended is repaired. Errors it
 /// cannot repair so refuse the mount (FAILED_PRECONDITION), saying what
@@ -511,7 +511,13 @@ impl NodeService {
             // unpublished: the filesystem follows, checked in full first.
             Some(_) if fs == FsType::Ext4 => {
                 let grown = ext4_bytes(device)? < device_size(device)?;
-                check_ext4(device, grown)?;
+                // A read-only volume is not repaired, as the kubelet's own
+                // mounts leave it.
+                let read_only = ballast::csi_caps::read_only(cap, &req.publish_context)
+                    || m.mount_flags.iter().any(|f| f == "ro");
+                if grown || !read_only {
+                    check_ext4(device, grown)?;
+                }
                 if grown {
                     run("resize2fs", &[device.as_os_str()])?;
                     tracing::info!(device = %device.display(), "filesystem grown to its device");
