@@ -1784,6 +1784,49 @@ fn an_ext4_marked_with_errors_is_repaired_before_the_mount_and_one_beyond_repair
     csi.unpublish("checked");
 }
 
+/// An ext4 error while the volume is mounted (raised through the
+/// kernel's own trigger, `/sys/fs/ext4/<device>/trigger_fs_error`) turns
+/// the volume's condition abnormal in NodeGetVolumeStats, saying what the
+/// filesystem recorded; staged again, e2fsck checks it (the superblock is
+/// marked with errors) and the condition is normal again, the files there.
+#[test]
+fn an_ext4_error_while_mounted_turns_the_condition_abnormal_until_a_stage_checks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_ctl, _n, mut csi) = cluster(dir.path());
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let file = dir.path().join("node-1/state/frontends/errs.fuse/volume");
+    let (staging, target) = places_of(dir.path(), "errs");
+    csi.create("errs", false);
+    csi.up("errs", &staging, &target, false);
+    let files = [(target.join("kept"), pattern(1 << 20, 4))];
+    std::fs::write(&files[0].0, &files[0].1).unwrap();
+    std::fs::File::open(&files[0].0)
+        .unwrap()
+        .sync_all()
+        .unwrap();
+    let condition = |csi: &mut Csi| volume_stats(csi, "errs", &target).volume_condition.unwrap();
+    let before = condition(&mut csi);
+    assert!(!before.abnormal, "{before:?}");
+
+    let device = loops_on(&file)[0].name.clone();
+    let trigger = format!("/sys/fs/ext4/{}/trigger_fs_error", &device["/dev/".len()..]);
+    std::fs::write(&trigger, "raised by a test").unwrap();
+    let after = condition(&mut csi);
+    assert!(
+        after.abnormal
+            && after.message.contains("recorded 1 error(s)")
+            && after.message.contains("trigger_test_error"),
+        "{after:?}"
+    );
+
+    csi.down("errs", &staging, &target);
+    csi.up("errs", &staging, &target, false);
+    let checked = condition(&mut csi);
+    assert!(!checked.abnormal, "{checked:?}");
+    assert_files(&files);
+    csi.down("errs", &staging, &target);
+}
+
 /// Writes `data` at `offset` of the device file `at`, durably.
 fn write_device(at: &Path, offset: u64, data: &[u8]) {
     use std::os::unix::fs::FileExt;

@@ -191,6 +191,33 @@ fn check_ext4(device: &Path, full: bool) -> Result<(), Error> {
     }
 }
 
+/// What the ext4 mounted at `path` has recorded of errors (the kernel's
+/// `/sys/fs/ext4/<device>/`: the count its superblock keeps, which
+/// e2fsck clears once it checked them); None when there are none, or
+/// when no ext4 is mounted there.
+fn filesystem_errors(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::metadata(path).ok()?.dev();
+    let (major, minor) = (nix::sys::stat::major(dev), nix::sys::stat::minor(dev));
+    let block = std::fs::read_link(format!("/sys/dev/block/{major}:{minor}")).ok()?;
+    let at = Path::new("/sys/fs/ext4").join(block.file_name()?);
+    let read = |name: &str| std::fs::read_to_string(at.join(name)).map(|t| t.trim().to_string());
+    let count: u64 = read("errors_count").ok()?.parse().ok()?;
+    if count == 0 {
+        return None;
+    }
+    let first = read("first_error_func").unwrap_or_default();
+    let when = read("first_error_time")
+        .ok()
+        .and_then(|t| t.parse::<i64>().ok())
+        .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
+        .map_or_else(String::new, |t| format!(" at {}", t.to_rfc3339()));
+    Some(format!(
+        "its ext4 has recorded {count} error(s), the first in {first}{when}: its files may be damaged; \
+         unstage and stage it again for e2fsck to check it"
+    ))
+}
+
 /// Whether this process may resize a mounted ext4 (CAP_SYS_RESOURCE in
 /// its effective set).
 pub fn has_cap_sys_resource() -> bool {
@@ -871,9 +898,14 @@ impl Node for NodeService {
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
         let req = request.into_inner();
-        let volume = req.volume_id.clone();
+        let (volume, path) = (req.volume_id.clone(), PathBuf::from(&req.volume_path));
         let mut stats = self.stats(req)?;
-        stats.volume_condition = Some(self.condition(&volume).await);
+        let mut condition = self.condition(&volume).await;
+        if let Some(errors) = filesystem_errors(&path) {
+            condition.abnormal = true;
+            condition.message = format!("{}; {errors}", condition.message);
+        }
+        stats.volume_condition = Some(condition);
         Ok(Response::new(stats))
     }
 
