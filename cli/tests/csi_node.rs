@@ -1789,8 +1789,10 @@ fn an_ext4_marked_with_errors_is_repaired_before_the_mount_and_one_beyond_repair
 /// the volume's condition abnormal in NodeGetVolumeStats, saying what the
 /// filesystem recorded; staged again, e2fsck checks it (the superblock is
 /// marked with errors) and the condition is normal again, the files there.
+/// NodeGetVolumeHealth says the same (DEGRADED, FilesystemErrors).
 #[test]
 fn an_ext4_error_while_mounted_turns_the_condition_abnormal_until_a_stage_checks_it() {
+    use ballast::proto::csi::v1::{NodeGetVolumeHealthRequest, VolumeHealthErrorType};
     let dir = tempfile::tempdir().unwrap();
     let (_ctl, _n, mut csi) = cluster(dir.path());
     let _cleanup = Teardown(dir.path().to_path_buf());
@@ -1818,11 +1820,31 @@ fn an_ext4_error_while_mounted_turns_the_condition_abnormal_until_a_stage_checks
             && after.message.contains("trigger_test_error"),
         "{after:?}"
     );
+    // NodeGetVolumeHealth says it too.
+    let health = |csi: &mut Csi| {
+        let req = NodeGetVolumeHealthRequest {
+            volume_id: "errs".into(),
+            ..Default::default()
+        };
+        let h = csi.rt.block_on(csi.node.node_get_volume_health(req));
+        h.unwrap()
+            .into_inner()
+            .volume_health
+            .unwrap()
+            .health_statuses
+    };
+    let entries = health(&mut csi);
+    assert!(
+        entries.iter().any(|e| e.reason == "FilesystemErrors"
+            && e.status == VolumeHealthErrorType::Degraded as i32),
+        "{entries:?}"
+    );
 
     csi.down("errs", &staging, &target);
     csi.up("errs", &staging, &target, false);
     let checked = condition(&mut csi);
     assert!(!checked.abnormal, "{checked:?}");
+    assert!(health(&mut csi).is_empty());
     assert_files(&files);
     csi.down("errs", &staging, &target);
 }

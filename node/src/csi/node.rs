@@ -752,7 +752,8 @@ impl NodeService {
 
     /// The volume's health (CSI v1.13) as its engine on this node sees it:
     /// INACCESSIBLE when no replica is rw (or no engine of it runs here),
-    /// DEGRADED when one failed; no entry when all is well.
+    /// DEGRADED when one failed, or when the ext4 staged here has
+    /// recorded errors; no entry when all is well.
     async fn health(&self, volume: &str) -> VolumeHealth {
         let entry =
             |status: VolumeHealthErrorType, reason: &str, message: String| VolumeHealthEntry {
@@ -778,6 +779,18 @@ impl NodeService {
             )],
             Some(_) => Vec::new(),
         };
+        let mut health_statuses = health_statuses;
+        let staged = self.staged_now(volume).ok().flatten();
+        if let Some(errors) = staged
+            .filter(|s| !s.block)
+            .and_then(|s| filesystem_errors(&s.staging))
+        {
+            health_statuses.push(entry(
+                VolumeHealthErrorType::Degraded,
+                "FilesystemErrors",
+                errors,
+            ));
+        }
         VolumeHealth {
             volume_id: volume.to_string(),
             health_statuses,
