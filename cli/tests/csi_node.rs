@@ -226,6 +226,13 @@ fn back_with(
     });
 }
 
+/// Writes a file and syncs it, file by file: a global sync would wait on
+/// any FUSE export left without its server on this machine.
+fn write_synced((path, data): &(PathBuf, Vec<u8>)) {
+    std::fs::write(path, data).unwrap();
+    std::fs::File::open(path).unwrap().sync_all().unwrap();
+}
+
 /// Every file reads back as written.
 fn assert_files(files: &[(PathBuf, Vec<u8>)]) {
     for (p, data) in files {
@@ -971,6 +978,14 @@ fn parent_of(pid: i32) -> Option<i32> {
 /// `<dir>/engine-host.sock`: the host's arguments (to start another on the
 /// same socket), the host, the cluster, and the node's metrics URL.
 fn hosted_cluster(dir: &Path) -> (Vec<String>, Proc, ControllerProc, NodeProc, Csi, String) {
+    hosted_cluster_by(Proc::spawn, dir)
+}
+
+/// Like `hosted_cluster`, the node plugin started by `spawn`.
+fn hosted_cluster_by(
+    spawn: fn(&[String], PathBuf) -> Proc,
+    dir: &Path,
+) -> (Vec<String>, Proc, ControllerProc, NodeProc, Csi, String) {
     let socket = format!("unix://{}", dir.join("engine-host.sock").display());
     let args = vec![
         "engine-host".to_string(),
@@ -980,7 +995,7 @@ fn hosted_cluster(dir: &Path) -> (Vec<String>, Proc, ControllerProc, NodeProc, C
     let host = Proc::spawn(&args, dir.join("engine-host-old.log"));
     let metrics = free_addr().to_string();
     let flags = ["--engine-host", &socket, "--metrics-listen", &metrics];
-    let (ctl, n, csi) = cluster_with(dir, &flags);
+    let (ctl, n, csi) = cluster_by(spawn, dir, &flags);
     (args, host, ctl, n, csi, format!("http://{metrics}/metrics"))
 }
 
@@ -1248,10 +1263,7 @@ fn a_failed_handover_stops_the_others_and_keeps_the_block_device_until_a_working
         let (staging, target) = places(v);
         csi.up(v, &staging, &target, false);
         let file = (target.join("before"), pattern(4 << 20, 30 + i as u8));
-        std::fs::write(&file.0, &file.1).unwrap();
-        // Synced file by file: a global sync would wait on any FUSE
-        // export left without its server on this machine.
-        std::fs::File::open(&file.0).unwrap().sync_all().unwrap();
+        write_synced(&file);
         files.push(file);
     }
     let state = dir.path().join("node-1/state");
@@ -1340,8 +1352,7 @@ fn a_failed_handover_stops_the_others_and_keeps_the_block_device_until_a_working
     assert_files(&files);
     for (i, v) in volumes.iter().enumerate() {
         let file = (places(v).1.join("after"), pattern(1 << 20, 40 + i as u8));
-        std::fs::write(&file.0, &file.1).unwrap();
-        std::fs::File::open(&file.0).unwrap().sync_all().unwrap();
+        write_synced(&file);
         files.push(file);
     }
     for v in volumes {
@@ -1469,11 +1480,7 @@ fn a_staging_record_that_is_torn_or_gone_makes_no_second_device_and_unstage_leav
     csi.stage("torn", &staging, false, &context).unwrap();
     csi.node_publish("torn", &staging, &target, false).unwrap();
     let files = [(target.join("kept"), pattern(3 << 20, 5))];
-    std::fs::write(&files[0].0, &files[0].1).unwrap();
-    std::fs::File::open(&files[0].0)
-        .unwrap()
-        .sync_all()
-        .unwrap();
+    write_synced(&files[0]);
     assert_eq!((loops_of(&file), mounts_at(&staging)), (1, 1));
 
     // Torn: the next stage takes the device and the mount that are there.
@@ -1620,20 +1627,8 @@ fn a_node_plugin_after_its_containers_mount_namespace_ended_finds_the_devices_it
         None::<&str>,
     )
     .unwrap();
-    let host_socket = format!("unix://{}", dir.path().join("engine-host.sock").display());
-    let _host = Proc::spawn(
-        &[
-            "engine-host".to_string(),
-            "--socket".to_string(),
-            host_socket.clone(),
-        ],
-        dir.path().join("engine-host.log"),
-    );
-    let (ctl, mut n, mut csi) = cluster_by(
-        Proc::spawn_in_own_mounts,
-        dir.path(),
-        &["--engine-host", &host_socket],
-    );
+    let (_, _host, ctl, mut n, mut csi, _) =
+        hosted_cluster_by(Proc::spawn_in_own_mounts, dir.path());
     let state = dir.path().join("node-1/state");
     let file = |v: &str| state.join(format!("frontends/{v}.fuse/volume"));
     let (staging, target) = (
@@ -1643,11 +1638,7 @@ fn a_node_plugin_after_its_containers_mount_namespace_ended_finds_the_devices_it
     csi.create("fs", false);
     csi.up("fs", &staging("fs"), &target("fs"), false);
     let files = [(target("fs").join("kept"), pattern(3 << 20, 7))];
-    std::fs::write(&files[0].0, &files[0].1).unwrap();
-    std::fs::File::open(&files[0].0)
-        .unwrap()
-        .sync_all()
-        .unwrap();
+    write_synced(&files[0]);
     csi.create("blk", true);
     csi.up("blk", &staging("blk"), &target("blk"), true);
     let data = pattern(1 << 20, 8);
@@ -1736,11 +1727,7 @@ fn an_ext4_marked_with_errors_is_repaired_before_the_mount_and_one_beyond_repair
     csi.node_publish("checked", &staging, &target, false)
         .unwrap();
     let files = [(target.join("kept"), pattern(2 << 20, 3))];
-    std::fs::write(&files[0].0, &files[0].1).unwrap();
-    std::fs::File::open(&files[0].0)
-        .unwrap()
-        .sync_all()
-        .unwrap();
+    write_synced(&files[0]);
     csi.node_unpublish("checked", &target);
     csi.unstage("checked", &staging);
     let state = |device: &str| {
@@ -1801,11 +1788,7 @@ fn an_ext4_error_while_mounted_turns_the_condition_abnormal_until_a_stage_checks
     csi.create("errs", false);
     csi.up("errs", &staging, &target, false);
     let files = [(target.join("kept"), pattern(1 << 20, 4))];
-    std::fs::write(&files[0].0, &files[0].1).unwrap();
-    std::fs::File::open(&files[0].0)
-        .unwrap()
-        .sync_all()
-        .unwrap();
+    write_synced(&files[0]);
     let condition = |csi: &mut Csi| volume_stats(csi, "errs", &target).volume_condition.unwrap();
     let before = condition(&mut csi);
     assert!(!before.abnormal, "{before:?}");
@@ -1997,8 +1980,7 @@ fn an_engine_killed_in_the_middle_of_node_stage_is_replaced_and_the_stage_ends()
         );
         csi.node_publish(volume, &staging, &target, false).unwrap();
         let file = (target.join("after-stage"), pattern(8 << 20, 9 + i as u8));
-        std::fs::write(&file.0, &file.1).unwrap();
-        std::fs::File::open(&file.0).unwrap().sync_all().unwrap();
+        write_synced(&file);
         std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
         let files = [file];
         assert_files(&files);
