@@ -55,10 +55,17 @@ pub fn single_writer(cap: &VolumeCapability) -> bool {
         .is_some_and(|m| m.mode == Mode::SingleNodeSingleWriter as i32)
 }
 
+/// Whether ControllerPublishVolume published the volume read-only
+/// (`READONLY_KEY` in its publish context).
+pub fn published_read_only(publish_context: &std::collections::HashMap<String, String>) -> bool {
+    publish_context
+        .get(READONLY_KEY)
+        .is_some_and(|v| v == "true")
+}
+
 /// Whether a volume is to be used read-only on its node: a reader-only
-/// access mode, or a publication read-only (`READONLY_KEY` in the publish
-/// context). Nothing the node does for it writes to it on its own
-/// account (no filesystem repair).
+/// access mode, or published read-only. Nothing the node does for it
+/// writes to it on its own account (no filesystem repair).
 pub fn read_only(
     cap: &VolumeCapability,
     publish_context: &std::collections::HashMap<String, String>,
@@ -67,8 +74,5 @@ pub fn read_only(
         .access_mode
         .as_ref()
         .is_some_and(|m| m.mode == Mode::SingleNodeReaderOnly as i32);
-    reader
-        || publish_context
-            .get(READONLY_KEY)
-            .is_some_and(|v| v == "true")
+    reader || published_read_only(publish_context)
 }

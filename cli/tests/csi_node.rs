@@ -1443,11 +1443,6 @@ fn looped(file: &Path) -> bool {
     !loops_on(file).is_empty()
 }
 
-/// How many loop devices are backed by `file` now.
-fn loops_of(file: &Path) -> usize {
-    loops_on(file).len()
-}
-
 /// How many mounts sit at `point` now (stacked ones count each).
 fn mounts_at(point: &Path) -> usize {
     let point = point.display().to_string();
@@ -1481,13 +1476,13 @@ fn a_staging_record_that_is_torn_or_gone_makes_no_second_device_and_unstage_leav
     csi.node_publish("torn", &staging, &target, false).unwrap();
     let files = [(target.join("kept"), pattern(3 << 20, 5))];
     write_synced(&files[0]);
-    assert_eq!((loops_of(&file), mounts_at(&staging)), (1, 1));
+    assert_eq!((loops_on(&file).len(), mounts_at(&staging)), (1, 1));
 
     // Torn: the next stage takes the device and the mount that are there.
     let whole = std::fs::read(&record).unwrap();
     std::fs::write(&record, &whole[..whole.len() / 2]).unwrap();
     csi.stage("torn", &staging, false, &context).unwrap();
-    assert_eq!((loops_of(&file), mounts_at(&staging)), (1, 1));
+    assert_eq!((loops_on(&file).len(), mounts_at(&staging)), (1, 1));
     assert_files(&files);
     // Published again at the same target: the record knows it again.
     csi.node_publish("torn", &staging, &target, false).unwrap();
@@ -1496,18 +1491,18 @@ fn a_staging_record_that_is_torn_or_gone_makes_no_second_device_and_unstage_leav
     // Gone: NodeUnstage still detaches the device.
     std::fs::remove_file(&record).unwrap();
     csi.unstage("torn", &staging);
-    assert_eq!((loops_of(&file), mounts_at(&staging)), (0, 0));
+    assert_eq!((loops_on(&file).len(), mounts_at(&staging)), (0, 0));
 
     // Gone before the mount: the next stage takes the device there.
     csi.stage("torn", &staging, false, &context).unwrap();
     std::fs::remove_file(&record).unwrap();
     nix::mount::umount(&staging).unwrap();
     csi.stage("torn", &staging, false, &context).unwrap();
-    assert_eq!((loops_of(&file), mounts_at(&staging)), (1, 1));
+    assert_eq!((loops_on(&file).len(), mounts_at(&staging)), (1, 1));
     csi.node_publish("torn", &staging, &target, false).unwrap();
     assert_files(&files);
     csi.down("torn", &staging, &target);
-    assert_eq!((loops_of(&file), mounts_at(&staging)), (0, 0));
+    assert_eq!((loops_on(&file).len(), mounts_at(&staging)), (0, 0));
 }
 
 /// A loop device as util-linux lists it.
@@ -1898,13 +1893,13 @@ fn a_staging_record_older_than_a_reboot_never_reaches_another_volumes_device() {
     // Unstaged on that record: the other volume's device stays.
     csi.unstage("mine", &staging("mine"));
     let other_file = state.join("frontends/other.fuse/volume");
-    assert_eq!(loops_of(&other_file), 1);
+    assert_eq!(loops_on(&other_file).len(), 1);
 
     std::fs::write(record("mine"), serde_json::to_vec(&stale).unwrap()).unwrap();
     let context = csi.publish("mine", true);
     csi.stage("mine", &staging("mine"), true, &context).unwrap();
     assert_ne!(device_of("mine"), theirs);
-    assert_eq!(loops_of(&state.join("frontends/mine.fuse/volume")), 1);
+    assert_eq!(loops_on(&state.join("frontends/mine.fuse/volume")).len(), 1);
     for (i, v) in ["mine", "other"].into_iter().enumerate() {
         csi.node_publish(v, &staging(v), &target(v), true).unwrap();
         assert!(

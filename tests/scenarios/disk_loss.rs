@@ -73,11 +73,7 @@ fn a_disk_not_mounted_after_a_reboot_is_not_taken_as_new_and_comes_back_when_mou
     let message = wait_for(SETTLE, "node-2 back, its disk not ready", || {
         let n = c.node("node-2");
         let d = &n["status"]["disks"]["disk-1"];
-        let heard = n["status"]["lastHeartbeat"]
-            .as_str()
-            .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
-            .is_some_and(|t| t > since);
-        (heard && n["status"]["ready"] == true && d["ready"] == false)
+        (heard_since(&n, since) && n["status"]["ready"] == true && d["ready"] == false)
             .then(|| d["message"].as_str().unwrap_or_default().to_string())
     });
     assert!(

@@ -560,11 +560,15 @@ pub fn node_is_up(n: &Value) -> bool {
 /// Up, on a heartbeat received after `since` (not a status left over
 /// from before a restart).
 pub fn node_up_since(n: &Value, since: chrono::DateTime<chrono::Utc>) -> bool {
-    node_is_up(n)
-        && n["status"]["lastHeartbeat"]
-            .as_str()
-            .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
-            .is_some_and(|t| t > since)
+    node_is_up(n) && heard_since(n, since)
+}
+
+/// Whether the node's last heartbeat was received after `since`.
+pub fn heard_since(n: &Value, since: chrono::DateTime<chrono::Utc>) -> bool {
+    n["status"]["lastHeartbeat"]
+        .as_str()
+        .and_then(|t| t.parse::<chrono::DateTime<chrono::Utc>>().ok())
+        .is_some_and(|t| t > since)
 }
 
 /// Reasons of the events on `object`, oldest first.

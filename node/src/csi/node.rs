@@ -429,16 +429,14 @@ impl NodeService {
         // the record was torn, or lost before it was written, or written
         // before the mount.
         let there = loops_of(&file);
-        if !block && is_mountpoint(&staging) && !there.iter().any(|d| mounted_from(&staging, d)) {
+        let mounted = there.iter().find(|d| mounted_from(&staging, d));
+        if !block && mounted.is_none() && is_mountpoint(&staging) {
             return Err(Error::AlreadyExists(format!(
                 "{} has a filesystem mounted that is not volume {volume}'s",
                 staging.display()
             )));
         }
-        let taken = there
-            .iter()
-            .find(|d| mounted_from(&staging, d))
-            .or(there.first());
+        let taken = mounted.or(there.first());
         let device = match taken {
             Some(d) => {
                 tracing::info!(volume, device = %d.display(), "a loop device is on the volume's export already; the stage takes it");
@@ -632,12 +630,7 @@ impl NodeService {
         )?;
         // Read-only when this publication asks, or when the volume was
         // published to this node read-only (ControllerPublishVolume).
-        if req.readonly
-            || req
-                .publish_context
-                .get(ballast::csi_caps::READONLY_KEY)
-                .is_some_and(|v| v == "true")
-        {
+        if req.readonly || ballast::csi_caps::published_read_only(&req.publish_context) {
             run(
                 "mount",
                 &[os("-o"), os("remount,bind,ro"), target.as_os_str()],
@@ -761,7 +754,7 @@ impl NodeService {
                 reason: reason.into(),
                 message,
             };
-        let health_statuses = match self.replica_modes(volume).await {
+        let mut health_statuses = match self.replica_modes(volume).await {
             None => vec![entry(
                 VolumeHealthErrorType::Inaccessible,
                 "NotServedHere",
@@ -779,7 +772,6 @@ impl NodeService {
             )],
             Some(_) => Vec::new(),
         };
-        let mut health_statuses = health_statuses;
         let staged = self.staged_now(volume).ok().flatten();
         if let Some(errors) = staged
             .filter(|s| !s.block)

@@ -254,31 +254,25 @@ pub fn open_disks(args: &[DiskArg], records: &Path) -> Result<Vec<Disk>, Error> 
             ));
         }
     }
-    // Directories whose disk is nowhere among these: that disk, missing.
+    // A directory without an identity file that held a disk of the node's
+    // records, nowhere among these now: that disk, missing.
     let seen = read_seen(records)?;
-    let present: BTreeSet<String> = found
+    let present: BTreeSet<&str> = found
         .iter()
-        .filter_map(|(_, _, f)| f.as_ref().map(|f| f.uuid.clone()))
+        .filter_map(|(_, _, f)| f.as_ref().map(|f| f.uuid.as_str()))
         .collect();
-    let mut missing = Vec::new();
-    for (_, path, f) in &mut found {
-        let held = seen
-            .iter()
-            .find(|s| s.path == *path && !present.contains(&s.uuid) && !used.contains(&s.id));
-        if f.is_none()
-            && let Some(s) = held
-        {
-            tracing::warn!(disk = %s.id, path = %path.display(),
-                "the directory held this disk and has no identity file now: not taken as a new disk");
-            used.insert(s.id.clone());
-            missing.push(path.clone());
-            *f = Some(DiskIdentityFile {
-                id: s.id.clone(),
-                uuid: s.uuid.clone(),
-                created: chrono::DateTime::UNIX_EPOCH,
-            });
-        }
-    }
+    let missing: Vec<Option<&Seen>> = found
+        .iter()
+        .map(|(_, path, f)| {
+            seen.iter().find(|s| {
+                f.is_none()
+                    && s.path == *path
+                    && !present.contains(s.uuid.as_str())
+                    && !used.contains(&s.id)
+            })
+        })
+        .collect();
+    used.extend(missing.iter().flatten().map(|s| s.id.clone()));
     std::fs::create_dir_all(records).map_err(|e| {
         Error::disk(
             records,
@@ -286,10 +280,15 @@ pub fn open_disks(args: &[DiskArg], records: &Path) -> Result<Vec<Disk>, Error> 
         )
     })?;
     let mut disks = Vec::new();
-    for (arg, path, f) in found {
-        let f = match f {
-            Some(f) => f,
-            None => {
+    for ((arg, path, f), gone) in found.iter().zip(&missing) {
+        let (id, uuid) = match (f, gone) {
+            (Some(f), _) => (f.id.clone(), f.uuid.clone()),
+            (None, Some(s)) => {
+                tracing::warn!(disk = %s.id, path = %path.display(),
+                    "the directory held this disk and has no identity file now: not taken as a new disk");
+                (s.id.clone(), s.uuid.clone())
+            }
+            (None, None) => {
                 let id = (1..)
                     .map(|n| format!("disk-{n}"))
                     .find(|id| !used.contains(id))
@@ -300,27 +299,28 @@ pub fn open_disks(args: &[DiskArg], records: &Path) -> Result<Vec<Disk>, Error> 
                     uuid: uuid::Uuid::new_v4().to_string(),
                     created: chrono::Utc::now(),
                 };
-                write_identity(&path, &f)?;
+                write_identity(path, &f)?;
                 tracing::info!(disk = %f.id, path = %path.display(), "new disk: wrote its identity file");
-                f
+                (f.id, f.uuid)
             }
         };
-        let record = records.join(format!("{}.json", f.id));
-        if !missing.contains(&path) {
+        let record = records.join(format!("{id}.json"));
+        // A missing disk's record stays as it was.
+        if gone.is_none() {
             let seen = Seen {
-                id: f.id.clone(),
-                uuid: f.uuid.clone(),
+                id: id.clone(),
+                uuid: uuid.clone(),
                 path: path.clone(),
             };
             let body = serde_json::to_vec_pretty(&seen)
                 .map_err(|e| Error::disk(&record, e.to_string()))?;
-            crate::replica::write_durably(records, &format!("{}.json", f.id), &body)
+            crate::replica::write_durably(records, &format!("{id}.json"), &body)
                 .map_err(|e| Error::disk(&record, format!("cannot write the disk record: {e}")))?;
         }
         disks.push(Disk {
-            id: f.id,
-            uuid: f.uuid,
-            path,
+            id,
+            uuid,
+            path: path.clone(),
             tags: arg.tags.clone(),
             record,
         });
