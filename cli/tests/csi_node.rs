@@ -1983,6 +1983,177 @@ fn an_engine_killed_in_the_middle_of_node_stage_is_replaced_and_the_stage_ends()
     }
 }
 
+/// Continues stopped processes, however the test ends.
+struct Thaw(Vec<i32>);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+        }
+    }
+}
+
+fn stop(pid: i32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+}
+
+/// What `f` returns, run on a thread of its own, within `limit`; a panic
+/// naming `what` otherwise (the thread is left where it waits).
+fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(t) => t,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("{what}: not done within {limit:?}")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("{what}: failed"),
+    }
+}
+
+/// NodeUnstageVolume on a connection of its own to the node plugin's
+/// `socket`, as a kubelet's worker sends it.
+fn unstage_apart(socket: &Path, volume: &str, staging: &Path) -> Result<(), tonic::Status> {
+    let rt = runtime();
+    let mut node = {
+        let _in = rt.enter();
+        NodeClient::new(ballast::grpc::unix_channel(socket).unwrap())
+    };
+    let req = NodeUnstageVolumeRequest {
+        volume_id: volume.into(),
+        staging_target_path: staging.display().to_string(),
+    };
+    rt.block_on(node.node_unstage_volume(req)).map(drop)
+}
+
+/// An engine that stops answering (its process stopped, as a hung engine
+/// is) holds up the CSI calls that wait on its volume's I/O, and nothing
+/// else. With as many unstages held (their unmount waits on the engine)
+/// as the node plugin has async workers, and the controller stopped too
+/// (nothing replaces the engines meanwhile), another volume is staged,
+/// published, written and read back: its replica is served by the same
+/// node plugin, and its stage looks at every loop device, the held
+/// volumes' among them. Then the controller runs again, hears from the
+/// node that the engines hang, replaces them, and the held unstages end.
+/// Every file reads back.
+#[test]
+fn calls_waiting_on_a_hung_engine_hold_up_no_other_volume_and_end_when_it_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, n, mut csi) = cluster(dir.path());
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let state = dir.path().join("node-1/state");
+    let at = |v: &str| {
+        (
+            dir.path().join(format!("staging-{v}")),
+            dir.path().join(format!("pod/{v}")),
+        )
+    };
+    // The node plugin runs one async worker per core.
+    let workers = std::thread::available_parallelism().unwrap().get();
+    let hung: Vec<String> = (0..workers).map(|i| format!("hung-{i}")).collect();
+    let mut files = Vec::new();
+    for (i, v) in hung.iter().enumerate() {
+        let (staging, target) = at(v);
+        csi.create(v, false);
+        csi.up(v, &staging, &target, false);
+        let file = (target.join("kept"), pattern(4 << 20, i as u8));
+        write_synced(&file);
+        files.push((v.clone(), file.1));
+        csi.node_unpublish(v, &target);
+    }
+    csi.create("free", false);
+    let context = csi.publish("free", false);
+    let engines: Vec<i32> = hung
+        .iter()
+        .map(|v| engine_pid(&state, v).unwrap())
+        .collect();
+    let mut stopped = vec![ctl.proc.pid()];
+    stopped.extend(&engines);
+    let _thaw = Thaw(stopped.clone());
+    for pid in &stopped {
+        stop(*pid);
+    }
+
+    let held: Vec<_> = hung
+        .iter()
+        .map(|v| {
+            let (socket, v, (staging, _)) = (n.socket.clone(), v.clone(), at(v));
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || tx.send(unstage_apart(&socket, &v, &staging)));
+            rx
+        })
+        .collect();
+    // Time for every held unstage to reach its unmount.
+    std::thread::sleep(Duration::from_secs(2));
+
+    let (staging, target) = at("free");
+    let free = (target.join("written"), pattern(8 << 20, 77));
+    let mut csi = within(
+        Duration::from_secs(60),
+        "the other volume staged, published, written and read back while the hung engine's calls wait",
+        {
+            let free = free.clone();
+            move || {
+                csi.stage("free", &staging, false, &context).unwrap();
+                csi.node_publish("free", &staging, &target, false).unwrap();
+                write_synced(&free);
+                assert_files(&[free]);
+                csi
+            }
+        },
+    );
+    for (v, rx) in hung.iter().zip(&held) {
+        assert!(
+            matches!(rx.try_recv(), Err(std::sync::mpsc::TryRecvError::Empty)),
+            "{v}: the unstage was not held by its stopped engine"
+        );
+    }
+
+    // The controller runs again: it replaces the hung engines.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(ctl.proc.pid()),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .unwrap();
+    for ((v, rx), old) in hung.iter().zip(&held).zip(&engines) {
+        let ended = rx
+            .recv_timeout(Duration::from_secs(90))
+            .unwrap_or_else(|_| panic!("{v}: the held unstage never ended"));
+        ended.unwrap_or_else(|e| panic!("{v}: {e:?}"));
+        assert_ne!(engine_pid(&state, v), Some(*old), "{v}: not replaced");
+        let reasons = event_reasons(&ctl.api, &format!("volume/{v}"));
+        assert!(
+            reasons.contains(&"EngineRestarted".to_string()),
+            "{v}: {reasons:?}"
+        );
+    }
+    for (v, data) in &files {
+        let (staging, target) = at(v);
+        let context = csi.publish(v, false);
+        csi.stage(v, &staging, false, &context).unwrap();
+        csi.node_publish(v, &staging, &target, false).unwrap();
+        assert_files(&[(target.join("kept"), data.clone())]);
+        csi.down(v, &staging, &target);
+    }
+    let (staging, target) = at("free");
+    assert_files(&[free]);
+    csi.down("free", &staging, &target);
+}
+
 fn volume_stats(csi: &mut Csi, volume: &str, target: &Path) -> NodeGetVolumeStatsResponse {
     csi.rt
         .block_on(csi.node.node_get_volume_stats(NodeGetVolumeStatsRequest {

@@ -20,6 +20,14 @@
 //! Devices are found by their file's identity (device number and inode)
 //! as well as its path: one set up by a node plugin whose container (and
 //! mount namespace) ended has a file the kernel names `/volume`.
+//!
+//! **A call waits on its volume alone.** Each call's work on files,
+//! mounts and devices runs on the blocking pool, not on the async workers
+//! that also serve the node's replicas, heartbeats and other calls: a
+//! mount, an unmount or a filesystem check waits on the volume's I/O, so
+//! on its engine, which may hang. Such a call holds its volume (another
+//! call on it is ABORTED) and nothing else. A call whose client went
+//! away runs to its end, so it never leaves a stage half done.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -54,7 +62,10 @@ use crate::frontend::blockdev::{
 
 use super::paths::Confinement;
 
-pub struct NodeService {
+pub struct NodeService(Arc<Inner>);
+
+/// What the calls share.
+struct Inner {
     ctx: Arc<NodeContext>,
     /// `<state-dir>/staged`.
     records: PathBuf,
@@ -282,14 +293,33 @@ fn os(s: &str) -> &std::ffi::OsStr {
 
 impl NodeService {
     pub fn new(ctx: Arc<NodeContext>, state_dir: &Path, kubelet_dir: &Path) -> Self {
-        NodeService {
+        NodeService(Arc::new(Inner {
             ctx,
             records: state_dir.join("staged"),
             busy: KeyedGuards::default(),
             paths: Confinement::new([kubelet_dir.to_path_buf(), state_dir.to_path_buf()]),
-        }
+        }))
     }
 
+    /// Runs `call` on the blocking pool, in the span of the RPC.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        call: impl FnOnce(&Inner) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, Error> {
+        let inner = self.0.clone();
+        let span = tracing::Span::current();
+        tokio::task::spawn_blocking(move || span.in_scope(|| call(&inner)))
+            .await
+            .map_err(|e| Error::Internal(format!("the call ended: {e}")))?
+    }
+}
+
+/// Waits for an async call of the engines' table, from the blocking pool.
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Handle::current().block_on(f)
+}
+
+impl Inner {
     /// Takes the volume for this call; another call on it: ABORTED.
     fn hold(&self, volume: &str) -> Result<KeyGuard, Error> {
         self.busy
@@ -353,7 +383,7 @@ impl NodeService {
     /// already undone. Every loop device on the volume's export goes,
     /// recorded or not (a record may be torn, or lost before it was
     /// written); a recorded one that now serves something else stays.
-    async fn teardown(&self, volume: &str, staging: &Path) -> Result<(), Error> {
+    fn teardown(&self, volume: &str, staging: &Path) -> Result<(), Error> {
         if is_mountpoint(staging) {
             run("umount", &[staging.as_os_str()])?;
         }
@@ -388,12 +418,12 @@ impl NodeService {
                 )));
             }
         }
-        self.ctx.engines.unexport(volume).await?;
+        block_on(self.ctx.engines.unexport(volume))?;
         let _ = std::fs::remove_file(self.record_path(volume));
         Ok(())
     }
 
-    async fn stage(&self, req: NodeStageVolumeRequest) -> Result<(), Error> {
+    fn stage(&self, req: NodeStageVolumeRequest) -> Result<(), Error> {
         volume_id(&req.volume_id)?;
         required(&req.staging_target_path, "staging_target_path")?;
         let cap = capability(req.volume_capability.as_ref())?;
@@ -442,7 +472,7 @@ impl NodeService {
                 tracing::info!(volume, device = %d.display(), "a loop device is on the volume's export already; the stage takes it");
                 d.clone()
             }
-            None => self.attach(volume).await?,
+            None => self.attach(volume)?,
         };
         self.record(
             volume,
@@ -463,7 +493,7 @@ impl NodeService {
             self.make_and_mount(&req, cap, &device, &staging)
         };
         if let Err(e) = mounted {
-            let _ = self.teardown(volume, &staging).await;
+            let _ = self.teardown(volume, &staging);
             return Err(e);
         }
         tracing::info!(volume, device = %device.display(), staging = %staging.display(), block, "volume staged");
@@ -472,19 +502,16 @@ impl NodeService {
 
     /// Exports the volume as a file and attaches a loop device to it that
     /// stays; the device.
-    async fn attach(&self, volume: &str) -> Result<PathBuf, Error> {
-        let file = self.ctx.engines.export(volume).await?;
-        let device = tokio::task::spawn_blocking(move || LoopDevice::attach_to_stay(&file))
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))?
-            .map_err(|e| match e.raw_os_error() {
-                // The export's engine ended, and its connection with it:
-                // the next stage asks the engine started next.
-                Some(libc::ENOTCONN) => Error::Unavailable(format!(
-                    "loop device: the engine of {volume} ended under its export ({e})"
-                )),
-                _ => Error::Internal(format!("loop device: {e}")),
-            })?;
+    fn attach(&self, volume: &str) -> Result<PathBuf, Error> {
+        let file = block_on(self.ctx.engines.export(volume))?;
+        let device = LoopDevice::attach_to_stay(&file).map_err(|e| match e.raw_os_error() {
+            // The export's engine ended, and its connection with it:
+            // the next stage asks the engine started next.
+            Some(libc::ENOTCONN) => Error::Unavailable(format!(
+                "loop device: the engine of {volume} ended under its export ({e})"
+            )),
+            _ => Error::Internal(format!("loop device: {e}")),
+        })?;
         Ok(device.path.clone())
     }
 
@@ -560,14 +587,14 @@ impl NodeService {
         run("mount", &args)
     }
 
-    async fn unstage(&self, req: NodeUnstageVolumeRequest) -> Result<(), Error> {
+    fn unstage(&self, req: NodeUnstageVolumeRequest) -> Result<(), Error> {
         volume_id(&req.volume_id)?;
         required(&req.staging_target_path, "staging_target_path")?;
         let staging = self
             .paths
             .check("staging_target_path", &req.staging_target_path)?;
         let _busy = self.hold(&req.volume_id)?;
-        self.teardown(&req.volume_id, &staging).await?;
+        self.teardown(&req.volume_id, &staging)?;
         tracing::info!(volume = %req.volume_id, "volume unstaged");
         Ok(())
     }
@@ -743,18 +770,18 @@ impl NodeService {
         }
     }
 
-    /// The volume's health (CSI v1.13) as its engine on this node sees it:
-    /// INACCESSIBLE when no replica is rw (or no engine of it runs here),
-    /// DEGRADED when one failed, or when the ext4 staged here has
-    /// recorded errors; no entry when all is well.
-    async fn health(&self, volume: &str) -> VolumeHealth {
+    /// The volume's health (CSI v1.13) as its engine on this node sees it
+    /// (`replicas`: its replicas by mode): INACCESSIBLE when no replica is
+    /// rw (or no engine of it runs here), DEGRADED when one failed, or when
+    /// the ext4 staged here has recorded errors; no entry when all is well.
+    fn health(&self, volume: &str, replicas: Option<(usize, usize, usize)>) -> VolumeHealth {
         let entry =
             |status: VolumeHealthErrorType, reason: &str, message: String| VolumeHealthEntry {
                 status: status as i32,
                 reason: reason.into(),
                 message,
             };
-        let mut health_statuses = match self.replica_modes(volume).await {
+        let mut health_statuses = match replicas {
             None => vec![entry(
                 VolumeHealthErrorType::Inaccessible,
                 "NotServedHere",
@@ -866,7 +893,8 @@ impl Node for NodeService {
         &self,
         request: Request<NodeStageVolumeRequest>,
     ) -> Result<Response<NodeStageVolumeResponse>, Status> {
-        self.stage(request.into_inner()).await?;
+        let req = request.into_inner();
+        self.blocking(move |s| s.stage(req)).await?;
         Ok(Response::new(NodeStageVolumeResponse {}))
     }
 
@@ -875,7 +903,8 @@ impl Node for NodeService {
         &self,
         request: Request<NodeUnstageVolumeRequest>,
     ) -> Result<Response<NodeUnstageVolumeResponse>, Status> {
-        self.unstage(request.into_inner()).await?;
+        let req = request.into_inner();
+        self.blocking(move |s| s.unstage(req)).await?;
         Ok(Response::new(NodeUnstageVolumeResponse {}))
     }
 
@@ -884,7 +913,8 @@ impl Node for NodeService {
         &self,
         request: Request<NodePublishVolumeRequest>,
     ) -> Result<Response<NodePublishVolumeResponse>, Status> {
-        self.publish(request.into_inner())?;
+        let req = request.into_inner();
+        self.blocking(move |s| s.publish(req)).await?;
         Ok(Response::new(NodePublishVolumeResponse {}))
     }
 
@@ -893,7 +923,8 @@ impl Node for NodeService {
         &self,
         request: Request<NodeUnpublishVolumeRequest>,
     ) -> Result<Response<NodeUnpublishVolumeResponse>, Status> {
-        self.unpublish(request.into_inner())?;
+        let req = request.into_inner();
+        self.blocking(move |s| s.unpublish(req)).await?;
         Ok(Response::new(NodeUnpublishVolumeResponse {}))
     }
 
@@ -903,10 +934,15 @@ impl Node for NodeService {
         request: Request<NodeGetVolumeStatsRequest>,
     ) -> Result<Response<NodeGetVolumeStatsResponse>, Status> {
         let req = request.into_inner();
-        let (volume, path) = (req.volume_id.clone(), PathBuf::from(&req.volume_path));
-        let mut stats = self.stats(req)?;
-        let mut condition = self.condition(&volume).await;
-        if let Some(errors) = filesystem_errors(&path) {
+        let volume = req.volume_id.clone();
+        let (mut stats, errors) = self
+            .blocking(move |s| {
+                let path = PathBuf::from(&req.volume_path);
+                Ok((s.stats(req)?, filesystem_errors(&path)))
+            })
+            .await?;
+        let mut condition = self.0.condition(&volume).await;
+        if let Some(errors) = errors {
             condition.abnormal = true;
             condition.message = format!("{}; {errors}", condition.message);
         }
@@ -919,19 +955,23 @@ impl Node for NodeService {
         &self,
         request: Request<NodeGetVolumeHealthRequest>,
     ) -> Result<Response<NodeGetVolumeHealthResponse>, Status> {
-        let req = request.into_inner();
-        volume_id(&req.volume_id)?;
+        let volume = request.into_inner().volume_id;
+        volume_id(&volume)?;
+        let replicas = self.0.replica_modes(&volume).await;
+        let health = self
+            .blocking(move |s| Ok(s.health(&volume, replicas)))
+            .await?;
         Ok(Response::new(NodeGetVolumeHealthResponse {
-            volume_health: Some(self.health(&req.volume_id).await),
+            volume_health: Some(health),
         }))
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "NodeGetStorageHealth", node = %self.ctx.node_id))]
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGetStorageHealth", node = %self.0.ctx.node_id))]
     async fn node_get_storage_health(
         &self,
         _request: Request<NodeGetStorageHealthRequest>,
     ) -> Result<Response<NodeGetStorageHealthResponse>, Status> {
-        Ok(Response::new(self.storage_health()))
+        Ok(Response::new(self.0.storage_health()))
     }
 
     #[tracing::instrument(skip_all, fields(rpc = "NodeExpandVolume", volume = %request.get_ref().volume_id))]
@@ -939,7 +979,8 @@ impl Node for NodeService {
         &self,
         request: Request<NodeExpandVolumeRequest>,
     ) -> Result<Response<NodeExpandVolumeResponse>, Status> {
-        Ok(Response::new(self.expand(request.into_inner())?))
+        let req = request.into_inner();
+        Ok(Response::new(self.blocking(move |s| s.expand(req)).await?))
     }
 
     #[tracing::instrument(skip_all, fields(rpc = "NodeGetCapabilities"))]
@@ -966,17 +1007,17 @@ impl Node for NodeService {
         Ok(Response::new(NodeGetCapabilitiesResponse { capabilities }))
     }
 
-    #[tracing::instrument(skip_all, fields(rpc = "NodeGetInfo", node = %self.ctx.node_id))]
+    #[tracing::instrument(skip_all, fields(rpc = "NodeGetInfo", node = %self.0.ctx.node_id))]
     async fn node_get_info(
         &self,
         _request: Request<NodeGetInfoRequest>,
     ) -> Result<Response<NodeGetInfoResponse>, Status> {
         Ok(Response::new(NodeGetInfoResponse {
-            node_id: self.ctx.node_id.clone(),
-            max_volumes_per_node: i64::from(self.ctx.max_volumes),
+            node_id: self.0.ctx.node_id.clone(),
+            max_volumes_per_node: i64::from(self.0.ctx.max_volumes),
             accessible_topology: Some(ballast::topology::of_node(
-                &self.ctx.node_id,
-                &self.ctx.zone,
+                &self.0.ctx.node_id,
+                &self.0.ctx.zone,
             )),
         }))
     }

@@ -218,10 +218,21 @@ impl Drop for LoopDevice {
 }
 
 /// Whether something is mounted at `path` (from /proc/self/mountinfo).
-/// A path that cannot be resolved (a FUSE mount whose connection is gone
-/// fails with ENOTCONN) is looked for as it is written.
+/// Only its parent is resolved: what is mounted there is not looked at
+/// (a FUSE mount whose engine hangs would hold the look up; one whose
+/// connection is gone fails with ENOTCONN). A parent that cannot be
+/// resolved is looked for as it is written.
 pub fn is_mountpoint(path: &Path) -> bool {
-    let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
+    let path = match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => (if parent.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            parent
+        })
+        .canonicalize()
+        .map_or_else(|_| path.to_path_buf(), |p| p.join(name)),
+        _ => path.canonicalize().unwrap_or_else(|_| path.to_path_buf()),
+    };
     let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
         return false;
     };
@@ -253,13 +264,32 @@ pub struct FileId {
 }
 
 /// The identity of `file` now (None: it cannot be looked at, as the file
-/// of an export whose engine is gone).
+/// of an export whose engine is gone). Taken from what the kernel holds
+/// (statx, AT_STATX_DONT_SYNC): a FUSE file's engine is not asked, so a
+/// hung one holds up no look at it.
 pub fn file_id(file: &Path) -> Option<FileId> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(file).ok()?;
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(file.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: `path` is a NUL-terminated string that outlives the call,
+    // and `st` points to a statx the kernel fills.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_STATX_DONT_SYNC,
+            libc::STATX_INO,
+            st.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: statx succeeded: the kernel filled `st`.
+    let st = unsafe { st.assume_init() };
     Some(FileId {
-        dev: m.dev(),
-        ino: m.ino(),
+        dev: libc::makedev(st.stx_dev_major, st.stx_dev_minor),
+        ino: st.stx_ino,
     })
 }
 

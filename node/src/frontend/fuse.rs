@@ -100,8 +100,12 @@ const MAX_PAGES: u16 = (MAX_WRITE / 4096) as u16;
 /// I/O from the loop device), and where it starts to hold back.
 const MAX_BACKGROUND: u16 = 16;
 const CONGESTION: u16 = 12;
-/// Attributes and entries are valid this long (seconds).
-const TTL: u64 = 1;
+/// Attributes and entries are valid this long (seconds): for good, as
+/// nothing but the engine changes them, and it tells the kernel when the
+/// size changes (`size_changed`). So a look at the file (stat, a loop
+/// device's LOOP_GET_STATUS64, a path walk) is answered by the kernel, and
+/// never waits on an engine that hangs.
+const TTL: u64 = 10 * 365 * 24 * 3600;
 
 // Opcodes (linux/fuse.h).
 const LOOKUP: u32 = 1;
@@ -292,6 +296,13 @@ pub fn resume(
     let server = Server::new(Arc::new(EngineFile { engine, rt }), File::from(dev));
     let dev = server.dev.clone();
     let mount = start(server, dir);
+    // The volume may have grown since the kernel last asked its size
+    // (ENOENT: the kernel keeps nothing of the file).
+    if let Err(e) = mount.size_changed()
+        && e.raw_os_error() != Some(libc::ENOENT)
+    {
+        tracing::warn!(error = %e, "the kernel may keep the size it had of the file");
+    }
     let notify = out_header(OUT_HEADER, NOTIFY_RESEND, 0);
     match (&*dev).write(&notify) {
         Ok(_) => {
