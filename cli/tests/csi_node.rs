@@ -44,6 +44,13 @@ fn cap(block: bool) -> VolumeCapability {
     }
 }
 
+/// A block or mount volume's capability in access mode `mode`.
+fn cap_as(block: bool, mode: Mode) -> VolumeCapability {
+    let mut c = cap(block);
+    c.access_mode = Some(volume_capability::AccessMode { mode: mode as i32 });
+    c
+}
+
 struct Csi {
     rt: tokio::runtime::Runtime,
     ctl: ControllerClient<Channel>,
@@ -487,11 +494,6 @@ fn a_single_writer_has_its_volume_to_itself_while_multi_writers_share_it() {
     let targets: Vec<PathBuf> = (1..=3)
         .map(|i| dir.path().join(format!("pod-{i}/mount")))
         .collect();
-    let as_mode = |mode: Mode| {
-        let mut c = cap(false);
-        c.access_mode = Some(volume_capability::AccessMode { mode: mode as i32 });
-        c
-    };
     csi.create("shared", false);
     let context = csi.publish("shared", false);
     csi.stage("shared", &staging, false, &context).unwrap();
@@ -499,7 +501,7 @@ fn a_single_writer_has_its_volume_to_itself_while_multi_writers_share_it() {
         csi.node_publish_as(
             "shared",
             (&staging, t),
-            as_mode(Mode::SingleNodeMultiWriter),
+            cap_as(false, Mode::SingleNodeMultiWriter),
         )
         .unwrap();
     }
@@ -507,7 +509,7 @@ fn a_single_writer_has_its_volume_to_itself_while_multi_writers_share_it() {
     let data = pattern(1 << 20, 7);
     std::fs::write(targets[0].join("f"), &data).unwrap();
     assert!(std::fs::read(targets[1].join("f")).unwrap() == data);
-    let single = as_mode(Mode::SingleNodeSingleWriter);
+    let single = cap_as(false, Mode::SingleNodeSingleWriter);
     let refused = csi
         .node_publish_as("shared", (&staging, &targets[2]), single.clone())
         .unwrap_err();
@@ -524,7 +526,7 @@ fn a_single_writer_has_its_volume_to_itself_while_multi_writers_share_it() {
         .node_publish_as(
             "shared",
             (&staging, &targets[0]),
-            as_mode(Mode::SingleNodeMultiWriter),
+            cap_as(false, Mode::SingleNodeMultiWriter),
         )
         .unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
@@ -1459,8 +1461,10 @@ fn mounts_at(point: &Path) -> usize {
 /// over the volume's export, nor mount its filesystem a second time at
 /// the staging path (two block devices of one filesystem, both mounted,
 /// would corrupt it): the next NodeStage takes the loop device that is
-/// there and records it again, and NodeUnstage detaches every loop device
-/// of the export, recorded or not. The files read back throughout.
+/// there and records it again, with where the volume is published (from
+/// the kernel's mounts: a filesystem's, or a block device file's bind
+/// mounts), and NodeUnstage detaches every loop device of the export,
+/// recorded or not. The files read back throughout.
 #[test]
 fn a_staging_record_that_is_torn_or_gone_makes_no_second_device_and_unstage_leaves_none() {
     let dir = tempfile::tempdir().unwrap();
@@ -1478,12 +1482,27 @@ fn a_staging_record_that_is_torn_or_gone_makes_no_second_device_and_unstage_leav
     write_synced(&files[0]);
     assert_eq!((loops_on(&file).len(), mounts_at(&staging)), (1, 1));
 
-    // Torn: the next stage takes the device and the mount that are there.
+    // Torn: the next stage takes the device and the mount that are there,
+    // and where the volume is published: a single writer elsewhere is
+    // refused while it is published at `target`.
     let whole = std::fs::read(&record).unwrap();
     std::fs::write(&record, &whole[..whole.len() / 2]).unwrap();
     csi.stage("torn", &staging, false, &context).unwrap();
     assert_eq!((loops_on(&file).len(), mounts_at(&staging)), (1, 1));
     assert_files(&files);
+    let elsewhere = dir.path().join("pod/elsewhere");
+    let refused = csi
+        .node_publish_as(
+            "torn",
+            (&staging, &elsewhere),
+            cap_as(false, Mode::SingleNodeSingleWriter),
+        )
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    assert!(
+        refused.message().contains(&target.display().to_string()),
+        "{refused}"
+    );
     // Published again at the same target: the record knows it again.
     csi.node_publish("torn", &staging, &target, false).unwrap();
     csi.node_unpublish("torn", &target);
@@ -1503,6 +1522,32 @@ fn a_staging_record_that_is_torn_or_gone_makes_no_second_device_and_unstage_leav
     assert_files(&files);
     csi.down("torn", &staging, &target);
     assert_eq!((loops_on(&file).len(), mounts_at(&staging)), (0, 0));
+
+    // A block volume: its publication is a bind mount of its device file.
+    let (staging, target) = (
+        dir.path().join("staging-block"),
+        dir.path().join("pod/block"),
+    );
+    csi.create("torn-block", true);
+    let context = csi.publish("torn-block", true);
+    csi.stage("torn-block", &staging, true, &context).unwrap();
+    csi.node_publish("torn-block", &staging, &target, true)
+        .unwrap();
+    std::fs::write(state.join("staged/torn-block.json"), b"{").unwrap();
+    csi.stage("torn-block", &staging, true, &context).unwrap();
+    let refused = csi
+        .node_publish_as(
+            "torn-block",
+            (&staging, &dir.path().join("pod/block-2")),
+            cap_as(true, Mode::SingleNodeSingleWriter),
+        )
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
+    assert!(
+        refused.message().contains(&target.display().to_string()),
+        "{refused}"
+    );
+    csi.down("torn-block", &staging, &target);
 }
 
 /// A loop device as util-linux lists it.

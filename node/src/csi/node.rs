@@ -16,7 +16,9 @@
 //! is on the volume's export (not after a reboot gave the number to
 //! another), a stage takes a loop device already on the export rather
 //! than make a second, and unstage detaches every one there, so a record
-//! torn or lost by a crash neither doubles a mount nor leaks a device.
+//! torn or lost by a crash neither doubles a mount nor leaks a device;
+//! the stage that writes it again takes the targets from the kernel's
+//! mounts of the device.
 //! Devices are found by their file's identity (device number and inode)
 //! as well as its path: one set up by a node plugin whose container (and
 //! mount namespace) ended has a file the kernel names `/volume`.
@@ -57,7 +59,7 @@ use tonic::{Request, Response, Status};
 use crate::context::NodeContext;
 use crate::error::Error;
 use crate::frontend::blockdev::{
-    FileId, LoopDevice, backing_id, is_mountpoint, loops_of, mounted_from,
+    FileId, LoopDevice, backing_id, is_mountpoint, loops_of, mounted_from, mounts_of,
 };
 
 use super::paths::Confinement;
@@ -438,7 +440,7 @@ impl Inner {
             tracing::warn!(volume, error = %e, "staging from what is set up; the record is written again");
             None
         });
-        if let Some(s) = recorded {
+        if let Some(s) = &recorded {
             if s.staging != staging || s.block != block {
                 return Err(Error::AlreadyExists(format!(
                     "volume {volume} is staged at {} as {}",
@@ -474,13 +476,31 @@ impl Inner {
             }
             None => self.attach(volume)?,
         };
+        // Where it is published: as recorded, or, without a record, where
+        // the kernel has it mounted (each in the mode this stage asks).
+        let published = match recorded {
+            Some(s) => s.published,
+            None => {
+                let single = ballast::csi_caps::single_writer(cap);
+                mounts_of(&device)
+                    .into_iter()
+                    .filter(|t| *t != staging)
+                    .filter(|t| {
+                        self.paths
+                            .check("target_path", &t.to_string_lossy())
+                            .is_ok()
+                    })
+                    .map(|t| (t, single))
+                    .collect()
+            }
+        };
         self.record(
             volume,
             &Staged {
                 device: device.clone(),
                 staging: staging.clone(),
                 block,
-                published: Default::default(),
+                published,
                 boot: boot_id(),
                 export: backing_id(&device),
             },

@@ -217,6 +217,11 @@ impl Drop for LoopDevice {
     }
 }
 
+/// A path as /proc/self/mountinfo writes it (spaces and tabs escaped).
+fn unescaped(path: &str) -> String {
+    path.replace("\\040", " ").replace("\\011", "\t")
+}
+
 /// Whether something is mounted at `path` (from /proc/self/mountinfo).
 /// Only its parent is resolved: what is mounted there is not looked at
 /// (a FUSE mount whose engine hangs would hold the look up; one whose
@@ -239,7 +244,7 @@ pub fn is_mountpoint(path: &Path) -> bool {
     info.lines().any(|l| {
         l.split(' ')
             .nth(4)
-            .map(|p| p.replace("\\040", " ").replace("\\011", "\t"))
+            .map(unescaped)
             .is_some_and(|p| Path::new(&p) == path)
     })
 }
@@ -334,6 +339,34 @@ pub fn loops_of(file: &Path) -> Vec<PathBuf> {
         .collect();
     found.sort();
     found
+}
+
+/// Where `device` is mounted in this mount namespace (from
+/// /proc/self/mountinfo): each mount of the filesystem on it (found by
+/// the device's number), and each bind mount of the device file itself
+/// (a block volume's publication: its devtmpfs, rooted at the file).
+pub fn mounts_of(device: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(meta), Some(name)) = (std::fs::metadata(device), device.file_name()) else {
+        return Vec::new();
+    };
+    let number = format!("{}:{}", libc::major(meta.rdev()), libc::minor(meta.rdev()));
+    let root = format!("/{}", name.to_string_lossy());
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            let fstype = l.split(" - ").nth(1)?.split(' ').next()?;
+            let on_it = fields.get(2) == Some(&number.as_str())
+                || (fstype == "devtmpfs" && fields.get(3) == Some(&root.as_str()));
+            if !on_it {
+                return None;
+            }
+            Some(PathBuf::from(unescaped(fields.get(4)?)))
+        })
+        .collect()
 }
 
 /// Whether the filesystem mounted at `point` is the one on `device` (the
