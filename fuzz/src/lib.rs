@@ -13,7 +13,9 @@ use ballast_controller::csi::params::StorageClassParams;
 use ballast_controller::sim::{Scenario, Sim};
 use ballast_controller::volumes::MAX_REPLICAS;
 use ballast_node::frontend::nbd::{Command, handshake};
-use ballast_node::replica::{FENCE_FILE, META_FILE, Meta, Replica, read_fence};
+use ballast_node::replica::{
+    BOOKKEEPING_FILES, META_FILE, Meta, Replica, read_fence, sums_path_of,
+};
 use ballast_node::wire::protocol::{MAX_DATA, REQUEST_HEADER, RESPONSE_HEADER, Request, Response};
 
 /// A target: it takes one input.
@@ -143,18 +145,16 @@ pub fn replica_dir(data: &[u8]) {
     let chain = r.chain();
     drop(r);
     let (frozen, head) = (&chain[0], &chain[1]);
-    let files = [
-        (META_FILE.to_string(), false),
-        ("revision".to_string(), true),
-        ("dirty-regions".to_string(), true),
-        ("suspect-blocks".to_string(), true),
-        ("corrupt-layers".to_string(), true),
-        (FENCE_FILE.to_string(), true),
+    // Each file, and whether it holds only bookkeeping (the data must
+    // read back whatever happens to it).
+    let mut files = vec![(META_FILE.to_string(), false)];
+    files.extend(BOOKKEEPING_FILES.map(|f| (f.to_string(), true)));
+    files.extend([
         (sums_of(head), true),
         (sums_of(frozen), true),
         (head.clone(), false),
         (frozen.clone(), false),
-    ];
+    ]);
     let (name, bookkeeping) = &files[*which as usize % files.len()];
     let path = dir.join(name);
     let offset = u64::from(u32::from_le_bytes([*o0, *o1, *o2, *o3]));
@@ -188,11 +188,9 @@ pub fn replica_dir(data: &[u8]) {
     }
 }
 
-/// The name of a layer's checksums file (`layer-000002.img`'s is
-/// `layer-000002.sums`).
+/// The name of a layer's checksums file.
 fn sums_of(layer: &str) -> String {
-    Path::new(layer)
-        .with_extension("sums")
+    sums_path_of(Path::new(layer))
         .to_string_lossy()
         .into_owned()
 }

@@ -43,7 +43,10 @@ pub use meta::{META_FILE, Meta, valid_snapshot_id, write_durably};
 pub use prefetch::Prefetch;
 pub use regions::{IDLE_FLUSHES, INTERVAL as DIRTY_INTERVAL, REGION as DIRTY_REGION};
 pub use revision::{LOG_ENTRIES, LogEntry, LogOp, MAX_REVISION};
-pub use sums::{Way as SumWay, each as each_block_sum, of as block_sum, of_blocks as block_sums};
+pub use sums::{
+    Way as SumWay, each as each_block_sum, of as block_sum, of_blocks as block_sums,
+    path_of as sums_path_of,
+};
 pub use table::{
     LoanGuard, MergeReport, Replicas, Shared, merge_paced, remove_replica_dir, replica_dir,
 };
@@ -61,6 +64,17 @@ const REVISION_FILE: &str = "revision";
 /// power cut (`repair_head_sums`): a JSON array of block numbers.
 const SUSPECT_FILE: &str = "suspect-blocks";
 const CORRUPT_FILE: &str = "corrupt-layers";
+/// The files a replica keeps of its state beside `META_FILE`, its layers
+/// and their checksums (`sums_path_of`): the revision and write log, the
+/// regions written lately, the blocks whose checksums were taken again,
+/// the layers found corrupt, and the fence. None holds volume data.
+pub const BOOKKEEPING_FILES: [&str; 5] = [
+    REVISION_FILE,
+    regions::REGIONS_FILE,
+    SUSPECT_FILE,
+    CORRUPT_FILE,
+    FENCE_FILE,
+];
 
 /// What the text of a `LostBlock` error says of its block.
 const LOST: &str = "was lost when the layer was frozen";

@@ -55,7 +55,7 @@ pub const IDLE_FLUSHES: u8 = 4;
 /// The shortest flush interval counted towards a region's idleness.
 pub const INTERVAL: Duration = Duration::from_millis(500);
 
-const REGIONS_FILE: &str = "dirty-regions";
+pub(super) const REGIONS_FILE: &str = "dirty-regions";
 
 const BLOCKS_PER_REGION: u64 = REGION / BLOCK;
 
