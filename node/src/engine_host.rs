@@ -155,7 +155,9 @@ impl Host {
                 tracing::info!("engine host: no engine left, stopping");
                 return;
             }
-            let successor = serving_pid(&self.socket).filter(|p| *p != std::process::id() as i32);
+            let successor = serving_pid(&self.socket)
+                .await
+                .filter(|p| *p != std::process::id() as i32);
             if successor.is_none() && told_at.elapsed() > AWAIT_SUCCESSOR {
                 tracing::warn!(
                     engines = n,
@@ -176,14 +178,26 @@ impl Host {
     }
 }
 
-/// The pid of the engine host listening on `socket` now, from the peer
-/// credentials of a connection to it (None: no host listens there).
-pub fn serving_pid(socket: &Path) -> Option<i32> {
-    let conn = UnixStream::connect(socket).ok()?;
-    let creds =
-        nix::sys::socket::getsockopt(&conn, nix::sys::socket::sockopt::PeerCredentials).ok()?;
-    // 0: the host is in a PID namespace this process does not see.
-    Some(creds.pid()).filter(|p| *p > 0)
+/// How long a look at who listens on a unix socket waits for its
+/// connection to be taken.
+pub const LISTENER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The process that listens on the unix socket at `path`, from the peer
+/// credentials of a connection to it (None: it is in a PID namespace this
+/// process does not see). An error when nothing listens there, or when
+/// the connection is not taken within `limit` (a listener that hangs).
+pub async fn listener_pid(path: &Path, limit: std::time::Duration) -> std::io::Result<Option<i32>> {
+    let connect = tokio::net::UnixStream::connect(path);
+    let conn = tokio::time::timeout(limit, connect)
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    Ok(conn.peer_cred()?.pid().filter(|p| *p > 0))
+}
+
+/// The pid of the engine host listening on `socket` now (None: no host
+/// listens there, or it takes no connection in [`LISTENER_TIMEOUT`]).
+pub async fn serving_pid(socket: &Path) -> Option<i32> {
+    listener_pid(socket, LISTENER_TIMEOUT).await.ok().flatten()
 }
 
 /// Reads one request (with the descriptor it carries, if any) and starts
@@ -342,7 +356,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let host = host_in(dir.path());
         // It serves the socket itself: no successor.
-        assert_eq!(serving_pid(&host.socket), Some(std::process::id() as i32));
+        assert_eq!(
+            serving_pid(&host.socket).await,
+            Some(std::process::id() as i32)
+        );
         // With no engine, it stops at once.
         tokio::time::timeout(std::time::Duration::from_secs(1), host.until_empty())
             .await

@@ -165,16 +165,10 @@ fn parent_of(pid: i32) -> Option<i32> {
     after.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// The process that listens on the unix socket at `path`, from the peer
-/// credentials of a connection to it (None: it is in a PID namespace this
-/// process does not see). An error when nothing listens there, or when
-/// the connection is not taken within the health check's time.
+/// The process that listens on the unix socket at `path` (see
+/// `engine_host::listener_pid`), within the health check's time.
 async fn server_of(path: &Path) -> std::io::Result<Option<i32>> {
-    let connect = tokio::net::UnixStream::connect(path);
-    let conn = tokio::time::timeout(HEALTH_TIMEOUT, connect)
-        .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
-    Ok(conn.peer_cred()?.pid().filter(|p| *p > 0))
+    engine_host::listener_pid(path, HEALTH_TIMEOUT).await
 }
 
 /// Refuses process `pid`, found serving `path`, unless it is an engine of
@@ -471,7 +465,7 @@ impl Engines {
                 // Healthy, but under an engine host replaced since: it moves
                 // to the new one (a handover), its block device kept.
                 None => {
-                    let now = self.host_now();
+                    let now = self.host_now().await;
                     let stale = stale_host(r.host, now);
                     handing_to = now.filter(|_| stale.is_some());
                     // Started for an earlier attachment: the replicas may
@@ -1053,7 +1047,7 @@ impl Engines {
     /// The volumes whose engine runs under an engine host that another
     /// replaced: each waits for its handover (for the metrics).
     pub async fn awaiting_handover(&self) -> Vec<String> {
-        let host_now = self.host_now();
+        let host_now = self.host_now().await;
         let running = self.running.lock().await;
         running
             .iter()
@@ -1064,8 +1058,11 @@ impl Engines {
 
     /// The pid of the engine host that serves the socket now (None: no
     /// host, or none listens).
-    fn host_now(&self) -> Option<i32> {
-        self.host.as_deref().and_then(engine_host::serving_pid)
+    async fn host_now(&self) -> Option<i32> {
+        match self.host.as_deref() {
+            Some(socket) => engine_host::serving_pid(socket).await,
+            None => None,
+        }
     }
 
     /// Every engine this node started (or re-adopted) and has not been
@@ -1079,7 +1076,7 @@ impl Engines {
                 .map(|(v, r)| (v.clone(), r.pid, r.host))
                 .collect()
         };
-        let host_now = self.host_now();
+        let host_now = self.host_now().await;
         let failed = *self
             .failed_handover
             .lock()

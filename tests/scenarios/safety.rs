@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use ballast::proto::csi::v1::controller_client::ControllerClient;
 use ballast::proto::csi::v1::{CapacityRange, ControllerExpandVolumeRequest};
-use ballast_node::engine_host::serving_pid;
 use serde_json::json;
 
 use crate::harness::*;
@@ -352,6 +351,15 @@ fn arguments_of(pid: i32) -> Vec<String> {
         .collect()
 }
 
+/// The process listening on the unix socket at `path`, if any.
+fn serving_pid(path: &std::path::Path) -> Option<i32> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(ballast_node::engine_host::serving_pid(path))
+}
+
 /// A stray engine of the volume (one whose start was abandoned while it
 /// waited for its replicas, coming up late), here started by hand as the
 /// node started the engine, binds the volume's sockets while the engine
@@ -403,11 +411,17 @@ fn a_stray_engine_that_takes_the_volumes_sockets_is_stopped_and_the_volume_goes_
             .all(|s| serving_pid(s) == Some(now))
             .then_some(())
     });
-    assert!(
-        c.event_reasons("volume/v")
-            .contains(&"EngineRestarted".to_string()),
-        "{:?}",
-        c.event_reasons("volume/v")
+    // Recorded once the start call returned, which may be after the new
+    // engine serves.
+    wait_for_or(
+        Duration::from_secs(30),
+        "the restart recorded",
+        || {
+            c.event_reasons("volume/v")
+                .contains(&"EngineRestarted".to_string())
+                .then_some(())
+        },
+        || format!("{:?}", c.event_reasons("volume/v")),
     );
     verify_data(c.dir.path(), &endpoint, &a);
     let b = write_data(c.dir.path(), &endpoint, 42);

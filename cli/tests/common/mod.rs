@@ -581,6 +581,23 @@ pub fn event_reasons(api: &str, object: &str) -> Vec<String> {
         .collect()
 }
 
+/// Waits until the controller has recorded an event `reason` of `object`
+/// (an engine's restart is recorded once the start call returned, which
+/// may be after the new engine serves).
+pub fn wait_event(api: &str, object: &str, reason: &str) {
+    wait_for_or(
+        Duration::from_secs(30),
+        &format!("event {reason} of {object}"),
+        || {
+            event_reasons(api, object)
+                .iter()
+                .any(|r| r == reason)
+                .then_some(())
+        },
+        || format!("{:?}", event_reasons(api, object)),
+    );
+}
+
 /// Runs `ballastctl` and returns (success, stdout, stderr).
 pub fn ballastctl(api: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(BALLASTCTL)
