@@ -2021,28 +2021,6 @@ fn an_engine_killed_in_the_middle_of_node_stage_is_replaced_and_the_stage_ends()
     }
 }
 
-/// Continues stopped processes, however the test ends.
-struct Thaw(Vec<i32>);
-
-impl Drop for Thaw {
-    fn drop(&mut self) {
-        for pid in &self.0 {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(*pid),
-                nix::sys::signal::Signal::SIGCONT,
-            );
-        }
-    }
-}
-
-fn stop(pid: i32) {
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGSTOP,
-    )
-    .unwrap();
-}
-
 /// What `f` returns, run on a thread of its own, within `limit`; a panic
 /// naming `what` otherwise (the thread is left where it waits).
 fn within<T: Send + 'static>(
@@ -2123,7 +2101,7 @@ fn calls_waiting_on_a_hung_engine_hold_up_no_other_volume_and_end_when_it_is_rep
     stopped.extend(&engines);
     let _thaw = Thaw(stopped.clone());
     for pid in &stopped {
-        stop(*pid);
+        stop_process(*pid);
     }
 
     let held: Vec<_> = hung

@@ -184,6 +184,60 @@ fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
     drop(again);
 }
 
+/// A node whose engines hang (their processes stopped, as engines on a
+/// hung disk are) is not taken for down: its heartbeat checks its engines
+/// all at once, not one after another, so it comes within the node-down
+/// timeout however many hang (eight here, each check given 2 s, against
+/// a timeout of 10 s). The controller hears that they hang and starts them
+/// again, and every byte written before reads back.
+#[test]
+fn a_node_whose_engines_hang_is_not_taken_for_down_and_its_engines_are_started_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, _nodes) = cluster(dir.path(), "10s", 1, &[]);
+    let api = &ctl.api;
+    let state = dir.path().join("node-1/state");
+    let volumes: Vec<String> = (0..8).map(|i| format!("hung-{i}")).collect();
+    let mut endpoints = Vec::new();
+    for (i, v) in volumes.iter().enumerate() {
+        let (s, body) = call(
+            "POST",
+            &format!("{api}/v1/volumes"),
+            Some(json!({"name": v, "size": "16Mi", "numberOfReplicas": 1})),
+        );
+        assert_eq!(s, 201, "{body}");
+        let endpoint = attach(api, v, "node-1");
+        let write = format!("write -P {} 0 1M", 0x10 + i);
+        let (ok, out) = qemu_io(&endpoint, &[&write, "flush"]);
+        assert!(ok, "{v}: {out}");
+        endpoints.push(endpoint);
+    }
+    let engines: Vec<i32> = volumes
+        .iter()
+        .map(|v| engine_pid(&state, v).unwrap())
+        .collect();
+    let _thaw = Thaw(engines.clone());
+    for pid in &engines {
+        stop_process(*pid);
+    }
+
+    for (v, old) in volumes.iter().zip(&engines) {
+        wait_for(
+            Duration::from_secs(90),
+            &format!("{v} started again"),
+            || engine_pid(&state, v).filter(|p| p != old),
+        );
+        wait_event(api, &format!("volume/{v}"), "EngineRestarted");
+    }
+    let reasons = event_reasons(api, "node/node-1");
+    assert!(!reasons.iter().any(|r| r == "NodeDown"), "{reasons:?}");
+    for (i, (v, endpoint)) in volumes.iter().zip(&endpoints).enumerate() {
+        let read = format!("read -P {} 0 1M", 0x10 + i);
+        let (ok, out) = qemu_io(endpoint, &[&read]);
+        assert!(ok, "{v}: {out}");
+        detach(api, v);
+    }
+}
+
 #[test]
 fn a_volume_grows_attached_and_detached_with_ballastctl_and_keeps_its_data() {
     let dir = tempfile::tempdir().unwrap();

@@ -171,6 +171,40 @@ async fn server_of(path: &Path) -> std::io::Result<Option<i32>> {
     engine_host::listener_pid(path, HEALTH_TIMEOUT).await
 }
 
+/// Why the engine of pid `pid`, with `sockets` (NBD, control), is not
+/// healthy, if it is not: its process is gone, it does not answer on its
+/// control socket within the health check's time, or another process
+/// serves its sockets.
+async fn problem_of(sockets: [PathBuf; 2], pid: i32) -> Option<String> {
+    if !alive(pid) {
+        return Some(format!("its process {pid} exited"));
+    }
+    let ping = control::call(&sockets[1], &ControlRequest::Ping);
+    match tokio::time::timeout(HEALTH_TIMEOUT, ping).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Some(format!("its control socket fails: {}", e.message)),
+        Err(_) => {
+            return Some(format!(
+                "its control socket did not answer in {}s",
+                HEALTH_TIMEOUT.as_secs()
+            ));
+        }
+    }
+    // What answered is the engine itself, and its clients reach it: a
+    // stray engine of the volume (one whose start was abandoned) may have
+    // bound the paths since.
+    for path in &sockets {
+        match server_of(path).await {
+            Ok(Some(p)) if p != pid => {
+                return Some(format!("process {p} serves {}, not it", path.display()));
+            }
+            Ok(_) => {}
+            Err(e) => return Some(format!("nothing serves {}: {e}", path.display())),
+        }
+    }
+    None
+}
+
 /// Refuses process `pid`, found serving `path`, unless it is an engine of
 /// `volume` (one that may be stopped): anything else is never killed.
 fn only_an_engine(pid: i32, path: &Path, volume: &str) -> Result<(), Error> {
@@ -263,37 +297,10 @@ impl Engines {
         }
     }
 
-    /// Why the engine of `volume` (pid `pid`) is not healthy, if it is not:
-    /// its process is gone, or it does not answer on its control socket.
+    /// Why the engine of `volume` (pid `pid`) is not healthy, if it is not
+    /// (see [`problem_of`]).
     async fn problem(&self, volume: &str, pid: i32) -> Option<String> {
-        if !alive(pid) {
-            return Some(format!("its process {pid} exited"));
-        }
-        let socket = self.control(volume);
-        let ping = control::call(&socket, &ControlRequest::Ping);
-        match tokio::time::timeout(HEALTH_TIMEOUT, ping).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Some(format!("its control socket fails: {}", e.message)),
-            Err(_) => {
-                return Some(format!(
-                    "its control socket did not answer in {}s",
-                    HEALTH_TIMEOUT.as_secs()
-                ));
-            }
-        }
-        // What answered is the engine itself, and its clients reach it: a
-        // stray engine of the volume (one whose start was abandoned) may
-        // have bound the paths since.
-        for path in self.sockets(volume) {
-            match server_of(&path).await {
-                Ok(Some(p)) if p != pid => {
-                    return Some(format!("process {p} serves {}, not it", path.display()));
-                }
-                Ok(_) => {}
-                Err(e) => return Some(format!("nothing serves {}: {e}", path.display())),
-            }
-        }
-        None
+        problem_of(self.sockets(volume), pid).await
     }
 
     /// The sockets of `volume`'s engine: NBD (its clients') and control
@@ -1083,9 +1090,21 @@ impl Engines {
             .unwrap_or_else(|e| e.into_inner());
         // A handover to this host failed: the other engines stay.
         let mut handing_over = host_now.is_some() && failed == host_now;
+        // Every engine checked at once: each hung one takes the health
+        // check's whole time, and the heartbeat waits for the list.
+        let mut checks = tokio::task::JoinSet::new();
+        for (i, (volume, pid, _)) in entries.iter().enumerate() {
+            let (sockets, pid) = (self.sockets(volume), *pid);
+            checks.spawn(async move { (i, problem_of(sockets, pid).await) });
+        }
+        let mut problems = vec![Some("its health check failed".to_string()); entries.len()];
+        while let Some(checked) = checks.join_next().await {
+            if let Ok((i, problem)) = checked {
+                problems[i] = problem;
+            }
+        }
         let mut out = Vec::new();
-        for (volume, pid, host) in entries {
-            let problem = self.problem(&volume, pid).await;
+        for ((volume, _, host), problem) in entries.into_iter().zip(problems) {
             let mut status = self.status(
                 &volume,
                 problem.is_none(),

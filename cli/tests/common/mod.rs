@@ -581,6 +581,30 @@ pub fn event_reasons(api: &str, object: &str) -> Vec<String> {
         .collect()
 }
 
+/// Continues stopped processes, however the test ends.
+pub struct Thaw(pub Vec<i32>);
+
+impl Drop for Thaw {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGCONT,
+            );
+        }
+    }
+}
+
+/// Stops process `pid` (SIGSTOP): it keeps its sockets and answers
+/// nothing, as a hung process does.
+pub fn stop_process(pid: i32) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+}
+
 /// Waits until the controller has recorded an event `reason` of `object`
 /// (an engine's restart is recorded once the start call returned, which
 /// may be after the new engine serves).
