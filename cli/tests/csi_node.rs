@@ -1731,17 +1731,6 @@ fn a_node_plugin_after_its_containers_mount_namespace_ended_finds_the_devices_it
     assert_eq!(mounts_at(&staging("fs")), 0);
 }
 
-/// Runs `cmd args`, which must succeed; its stdout.
-fn must(cmd: &str, args: &[&str]) -> String {
-    let out = std::process::Command::new(cmd).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// An ext4 left marked with errors, as a crash of the pod's node may
 /// leave it, is checked by NodeStageVolume before it is mounted: one
 /// whose errors `e2fsck -p` repairs (a wrong link count) is repaired and

@@ -238,6 +238,85 @@ fn a_node_whose_engines_hang_is_not_taken_for_down_and_its_engines_are_started_a
     }
 }
 
+/// A disk that hangs (its filesystem frozen with fsfreeze: every write to
+/// it waits) holds up the calls that write to it, and nothing else of its
+/// node: with the replicas of more volumes being deleted there than the
+/// node plugin has async workers (each delete waits on the disk), the
+/// node's heartbeats go on past the node-down timeout, and it is not
+/// taken for down; the controller's deletes give up on the node's answer
+/// and say so. Thawed, the deletes asked again end, and the replicas'
+/// files are gone.
+#[test]
+fn deletes_waiting_on_a_frozen_disk_hold_up_no_heartbeat_and_end_when_it_thaws() {
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    // node-1's disk: an ext4 of its own, on a loop device.
+    let disk = dir.path().join("node-1/disk-1");
+    std::fs::create_dir_all(&disk).unwrap();
+    let image = dir.path().join("disk.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let (image, point) = (image.display().to_string(), disk.display().to_string());
+    must("mkfs.ext4", &["-q", &image]);
+    must("mount", &["-o", "loop", &image, &point]);
+    let (ctl, _nodes) = cluster(dir.path(), "10s", 1, &[]);
+    let api = ctl.api.clone();
+    let workers = std::thread::available_parallelism().unwrap().get();
+    let volumes: Vec<String> = (0..=workers).map(|i| format!("gone-{i}")).collect();
+    let mut files = Vec::new();
+    for v in &volumes {
+        let (s, body) = call(
+            "POST",
+            &format!("{api}/v1/volumes"),
+            Some(json!({"name": v, "size": "16Mi", "numberOfReplicas": 1})),
+        );
+        assert_eq!(s, 201, "{body}");
+        let (_, body) = call("GET", &format!("{api}/v1/volumes/{v}"), None);
+        let files_of = replica_dir_in(dir.path(), &body["status"]["replicas"][0]);
+        wait_for(Duration::from_secs(30), "the replica's files", || {
+            files_of.exists().then_some(())
+        });
+        files.push(files_of);
+    }
+
+    let frozen = Frozen::freeze(&disk);
+    let deletes: Vec<_> = volumes
+        .iter()
+        .map(|v| {
+            let url = format!("{api}/v1/volumes/{v}");
+            std::thread::spawn(move || call("DELETE", &url, None))
+        })
+        .collect();
+    // Past the node-down timeout, the node is still ready: heard from
+    // within it.
+    std::thread::sleep(Duration::from_secs(15));
+    let n = node(&api, "node-1").unwrap();
+    assert_eq!(n["status"]["ready"], true, "{n}");
+    let reasons = event_reasons(&api, "node/node-1");
+    assert!(!reasons.iter().any(|r| r == "NodeDown"), "{reasons:?}");
+    for (d, v) in deletes.into_iter().zip(&volumes) {
+        let (s, body) = d.join().unwrap();
+        assert_eq!(s, 500, "{v}: {body}");
+        assert!(
+            body.to_string().contains("could not delete every replica"),
+            "{v}: {body}"
+        );
+    }
+
+    drop(frozen);
+    for v in &volumes {
+        let url = format!("{api}/v1/volumes/{v}");
+        wait_for(Duration::from_secs(30), &format!("{v} deleted"), || {
+            (call("DELETE", &url, None).0 == 204).then_some(())
+        });
+    }
+    for f in &files {
+        assert!(!f.exists(), "{} is left", f.display());
+    }
+}
+
 #[test]
 fn a_volume_grows_attached_and_detached_with_ballastctl_and_keeps_its_data() {
     let dir = tempfile::tempdir().unwrap();

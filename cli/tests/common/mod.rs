@@ -581,6 +581,36 @@ pub fn event_reasons(api: &str, object: &str) -> Vec<String> {
         .collect()
 }
 
+/// Runs `cmd args`, which must succeed; its stdout.
+pub fn must(cmd: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(cmd).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A filesystem frozen (`fsfreeze`: every write to it waits, as on a
+/// disk that hangs) until dropped.
+pub struct Frozen(pub PathBuf);
+
+impl Frozen {
+    pub fn freeze(mountpoint: &Path) -> Frozen {
+        must("fsfreeze", &["--freeze", &mountpoint.display().to_string()]);
+        Frozen(mountpoint.to_path_buf())
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("fsfreeze")
+            .args(["--unfreeze", &self.0.display().to_string()])
+            .status();
+    }
+}
+
 /// Continues stopped processes, however the test ends.
 pub struct Thaw(pub Vec<i32>);
 

@@ -2,6 +2,12 @@
 //! Create, delete, grow, rebuild and scrub replicas on its disks; start,
 //! stop and change the engines of volumes attached here. It decides
 //! nothing: every call is the controller's decision.
+//!
+//! Work on a replica's files that waits on its disk (a delete, a fence
+//! raised and synced) runs on the blocking pool, holding that replica
+//! (another such call on it meanwhile is ABORTED): a disk that hangs
+//! holds up those calls alone, not the async workers that serve the
+//! node's heartbeats, its other replicas and its engines.
 
 use std::sync::Arc;
 
@@ -20,6 +26,8 @@ use ballast::proto::agent::v1::{
 };
 use tonic::{Request, Response, Status};
 
+use ballast::guard::KeyedGuards;
+
 use crate::context::NodeContext;
 use crate::error::Error;
 use crate::replica::replica_dir;
@@ -30,11 +38,35 @@ use crate::server::ReplicaServer;
 #[derive(Clone)]
 pub struct NodeAgentService {
     ctx: Arc<NodeContext>,
+    /// Replicas whose files a call is working on.
+    busy: KeyedGuards,
 }
 
 impl NodeAgentService {
     pub fn new(ctx: Arc<NodeContext>) -> Self {
-        NodeAgentService { ctx }
+        NodeAgentService {
+            ctx,
+            busy: KeyedGuards::default(),
+        }
+    }
+
+    /// Runs `work` on replica `name`'s files on the blocking pool, holding
+    /// the replica until the work ends (even when the caller went away).
+    async fn on_files<T: Send + 'static>(
+        &self,
+        name: &str,
+        work: impl FnOnce(&NodeContext) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, Error> {
+        let busy = self.busy.try_take(name).ok_or_else(|| {
+            Error::Busy(format!("another call is working on replica {name}'s files"))
+        })?;
+        let ctx = self.ctx.clone();
+        tokio::task::spawn_blocking(move || {
+            let _busy = busy;
+            work(&ctx)
+        })
+        .await
+        .map_err(|e| Error::Internal(format!("the call ended: {e}")))?
     }
 
     /// The node's replica server (every node plugin has one; an agent
@@ -172,14 +204,18 @@ impl NodeAgent for NodeAgentService {
             field: "name".into(),
             message: m,
         })?;
-        let Some(server) = &self.ctx.replicas else {
+        let Some(server) = self.ctx.replicas.clone() else {
             return Err(Error::Unavailable("this node serves no replicas".into()).into());
         };
         server.replicas().dir_of(&name).map_err(Error::NotFound)?;
-        let fence = server
-            .replicas()
-            .raise_fence(&name, epoch)
-            .map_err(Error::Internal)?;
+        let fence = self
+            .on_files(&name.clone(), move |_| {
+                server
+                    .replicas()
+                    .raise_fence(&name, epoch)
+                    .map_err(Error::Internal)
+            })
+            .await?;
         Ok(Response::new(FenceReplicaResponse { fence }))
     }
 
@@ -201,16 +237,20 @@ impl NodeAgent for NodeAgentService {
             ))
             .into());
         }
-        for d in &self.ctx.disks {
-            let dir = replica_dir(&d.path, &name);
-            if dir.join(META_FILE).exists() {
-                let deleted = match &self.ctx.replicas {
-                    Some(server) => server.replicas().delete(&name, &dir),
-                    None => crate::replica::remove_replica_dir(&dir),
-                };
-                deleted.map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
+        self.on_files(&name.clone(), move |ctx| {
+            for d in &ctx.disks {
+                let dir = replica_dir(&d.path, &name);
+                if dir.join(META_FILE).exists() {
+                    let deleted = match &ctx.replicas {
+                        Some(server) => server.replicas().delete(&name, &dir),
+                        None => crate::replica::remove_replica_dir(&dir),
+                    };
+                    deleted.map_err(|e| Error::Internal(format!("{}: {e}", dir.display())))?;
+                }
             }
-        }
+            Ok(())
+        })
+        .await?;
         // Deleting what is not there succeeds: the call is idempotent.
         Ok(Response::new(DeleteReplicaResponse {}))
     }

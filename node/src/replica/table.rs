@@ -28,6 +28,9 @@ pub struct Replicas {
     /// Each replica's engine fence (see `fence`), read from its file at
     /// first use. Locked alone.
     fences: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    /// Replicas whose files are being deleted: none is opened meanwhile.
+    /// Locked after `open` when both are needed.
+    deleting: Mutex<std::collections::HashSet<String>>,
 }
 
 /// A loan as the borrower holds it; dropping it ends it.
@@ -87,6 +90,7 @@ impl Replicas {
             lent: Mutex::new(HashMap::new()),
             next_loan: std::sync::atomic::AtomicU64::new(1),
             fences: Mutex::new(HashMap::new()),
+            deleting: Mutex::new(Default::default()),
         })
     }
 
@@ -168,6 +172,9 @@ impl Replicas {
             .open
             .lock()
             .map_err(|_| "registry poisoned".to_string())?;
+        if self.deleting.lock().is_ok_and(|d| d.contains(name)) {
+            return Err(format!("replica {name} is being deleted"));
+        }
         if let Some(r) = open.get(name) {
             if let Some(why) = r.read().ok().and_then(|r| r.broken().map(str::to_string)) {
                 return Err(why);
@@ -407,13 +414,22 @@ impl Replicas {
     /// Deletes replica `name` in `dir`: closed, whoever still holds it (a
     /// merge, a fill) fails its next step rather than write into it (a
     /// step under way ends first), and nobody opens it again while its
-    /// files go.
+    /// files go. The registry is held only to take the replica out: the
+    /// files' removal waits on their disk, which may hang, and holds up no
+    /// other replica's lookup.
     pub fn delete(&self, name: &str, dir: &Path) -> std::io::Result<()> {
-        let mut open = self
-            .open
-            .lock()
-            .map_err(|_| std::io::Error::other("registry poisoned"))?;
-        if let Some(r) = open.remove(name)
+        let held = {
+            let mut open = self
+                .open
+                .lock()
+                .map_err(|_| std::io::Error::other("registry poisoned"))?;
+            self.deleting
+                .lock()
+                .map_err(|_| std::io::Error::other("registry poisoned"))?
+                .insert(name.to_string());
+            open.remove(name)
+        };
+        if let Some(r) = held
             && let Ok(mut r) = r.write()
         {
             r.break_off(format!("replica {name} is being deleted"));
@@ -421,7 +437,11 @@ impl Replicas {
         if let Ok(mut fences) = self.fences.lock() {
             fences.remove(name);
         }
-        remove_replica_dir(dir)
+        let removed = remove_replica_dir(dir);
+        if let Ok(mut deleting) = self.deleting.lock() {
+            deleting.remove(name);
+        }
+        removed
     }
 }
 
