@@ -4,10 +4,12 @@
 //! nothing: every call is the controller's decision.
 //!
 //! Work on a replica's files that waits on its disk (a delete, a fence
-//! raised and synced) runs on the blocking pool, holding that replica
-//! (another such call on it meanwhile is ABORTED): a disk that hangs
-//! holds up those calls alone, not the async workers that serve the
-//! node's heartbeats, its other replicas and its engines.
+//! raised and synced) runs on the blocking pool, one call per replica at
+//! a time (another waits for it, without a thread, and is ABORTED after
+//! [`FILES_PATIENCE`]): a disk that hangs holds up those calls alone, not
+//! the async workers that serve the node's heartbeats, its other replicas
+//! and its engines, and costs one thread per replica however often the
+//! controller asks again.
 
 use std::sync::Arc;
 
@@ -34,6 +36,9 @@ use crate::replica::replica_dir;
 use crate::replica::{META_FILE, Meta, Replica};
 use crate::server::ReplicaServer;
 
+/// How long a call on a replica's files waits for another on them.
+const FILES_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The gRPC service the controller calls on this node.
 #[derive(Clone)]
 pub struct NodeAgentService {
@@ -57,9 +62,16 @@ impl NodeAgentService {
         name: &str,
         work: impl FnOnce(&NodeContext) -> Result<T, Error> + Send + 'static,
     ) -> Result<T, Error> {
-        let busy = self.busy.try_take(name).ok_or_else(|| {
-            Error::Busy(format!("another call is working on replica {name}'s files"))
-        })?;
+        let busy = self
+            .busy
+            .take_within(name, FILES_PATIENCE)
+            .await
+            .ok_or_else(|| {
+                Error::Busy(format!(
+                    "another call has been working on replica {name}'s files for {}s (its disk may hang)",
+                    FILES_PATIENCE.as_secs()
+                ))
+            })?;
         let ctx = self.ctx.clone();
         tokio::task::spawn_blocking(move || {
             let _busy = busy;
