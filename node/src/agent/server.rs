@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+use ballast::guard::KeyedGuards;
 use ballast::proto::agent::v1::node_agent_server::NodeAgent;
 use ballast::proto::agent::v1::{
     AddEngineReplicaRequest, AddEngineReplicaResponse, CreateReplicaRequest, CreateReplicaResponse,
@@ -27,8 +28,6 @@ use ballast::proto::agent::v1::{
     StartEngineRequest, StartEngineResponse, StopEngineRequest, StopEngineResponse,
 };
 use tonic::{Request, Response, Status};
-
-use ballast::guard::KeyedGuards;
 
 use crate::context::NodeContext;
 use crate::error::Error;
