@@ -1488,18 +1488,7 @@ fn a_staging_record_that_is_torn_or_gone_makes_no_second_device_and_unstage_leav
     assert_eq!((loops_on(&file).len(), mounts_at(&staging)), (1, 1));
     assert_files(&files);
     let elsewhere = dir.path().join("pod/elsewhere");
-    let refused = csi
-        .node_publish_as(
-            "torn",
-            (&staging, &elsewhere),
-            cap_as(false, Mode::SingleNodeSingleWriter),
-        )
-        .unwrap_err();
-    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
-    assert!(
-        refused.message().contains(&target.display().to_string()),
-        "{refused}"
-    );
+    no_single_writer_while_at(&mut csi, "torn", (&staging, &elsewhere), false, &target);
     // Published again at the same target: the record knows it again.
     csi.node_publish("torn", &staging, &target, false).unwrap();
     csi.node_unpublish("torn", &target);
@@ -1532,11 +1521,32 @@ fn a_staging_record_that_is_torn_or_gone_makes_no_second_device_and_unstage_leav
         .unwrap();
     std::fs::write(state.join("staged/torn-block.json"), b"{").unwrap();
     csi.stage("torn-block", &staging, true, &context).unwrap();
+    let elsewhere = dir.path().join("pod/block-2");
+    no_single_writer_while_at(
+        &mut csi,
+        "torn-block",
+        (&staging, &elsewhere),
+        true,
+        &target,
+    );
+    csi.down("torn-block", &staging, &target);
+}
+
+/// A publication of `volume` as a single writer at `elsewhere` is
+/// refused (FAILED_PRECONDITION) while the volume is published at
+/// `target`, which the refusal names.
+fn no_single_writer_while_at(
+    csi: &mut Csi,
+    volume: &str,
+    (staging, elsewhere): (&Path, &Path),
+    block: bool,
+    target: &Path,
+) {
     let refused = csi
         .node_publish_as(
-            "torn-block",
-            (&staging, &dir.path().join("pod/block-2")),
-            cap_as(true, Mode::SingleNodeSingleWriter),
+            volume,
+            (staging, elsewhere),
+            cap_as(block, Mode::SingleNodeSingleWriter),
         )
         .unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition, "{refused}");
@@ -1544,7 +1554,6 @@ fn a_staging_record_that_is_torn_or_gone_makes_no_second_device_and_unstage_leav
         refused.message().contains(&target.display().to_string()),
         "{refused}"
     );
-    csi.down("torn-block", &staging, &target);
 }
 
 /// A loop device as util-linux lists it.
@@ -2129,11 +2138,7 @@ fn calls_waiting_on_a_hung_engine_hold_up_no_other_volume_and_end_when_it_is_rep
     }
 
     // The controller runs again: it replaces the hung engines.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(ctl.proc.pid()),
-        nix::sys::signal::Signal::SIGCONT,
-    )
-    .unwrap();
+    ctl.proc.signal(nix::sys::signal::Signal::SIGCONT);
     for ((v, rx), old) in hung.iter().zip(&held).zip(&engines) {
         let ended = rx
             .recv_timeout(Duration::from_secs(90))

@@ -217,9 +217,36 @@ impl Drop for LoopDevice {
     }
 }
 
-/// A path as /proc/self/mountinfo writes it (spaces and tabs escaped).
-fn unescaped(path: &str) -> String {
-    path.replace("\\040", " ").replace("\\011", "\t")
+/// One mount of this mount namespace, as /proc/self/mountinfo says it.
+struct Mount {
+    /// The filesystem's device number, `major:minor`.
+    number: String,
+    /// The directory of the filesystem the mount shows (`/` for the
+    /// whole of it; a bind mount of one file shows that file).
+    root: String,
+    point: PathBuf,
+    fstype: String,
+}
+
+/// Every mount of this mount namespace (none when mountinfo cannot be
+/// read).
+fn mounts() -> Vec<Mount> {
+    // Spaces and tabs in paths are escaped there.
+    let unescaped = |p: &str| p.replace("\\040", " ").replace("\\011", "\t");
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            Some(Mount {
+                number: fields.get(2)?.to_string(),
+                root: unescaped(fields.get(3)?),
+                point: PathBuf::from(unescaped(fields.get(4)?)),
+                fstype: l.split(" - ").nth(1)?.split(' ').next()?.to_string(),
+            })
+        })
+        .collect()
 }
 
 /// Whether something is mounted at `path` (from /proc/self/mountinfo).
@@ -238,15 +265,7 @@ pub fn is_mountpoint(path: &Path) -> bool {
         .map_or_else(|_| path.to_path_buf(), |p| p.join(name)),
         _ => path.canonicalize().unwrap_or_else(|_| path.to_path_buf()),
     };
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    info.lines().any(|l| {
-        l.split(' ')
-            .nth(4)
-            .map(unescaped)
-            .is_some_and(|p| Path::new(&p) == path)
-    })
+    mounts().iter().any(|m| m.point == path)
 }
 
 /// The file the loop device at `device` is attached to, as the kernel
@@ -350,22 +369,16 @@ pub fn mounts_of(device: &Path) -> Vec<PathBuf> {
     let (Ok(meta), Some(name)) = (std::fs::metadata(device), device.file_name()) else {
         return Vec::new();
     };
-    let number = format!("{}:{}", libc::major(meta.rdev()), libc::minor(meta.rdev()));
+    let number = format!(
+        "{}:{}",
+        nix::sys::stat::major(meta.rdev()),
+        nix::sys::stat::minor(meta.rdev())
+    );
     let root = format!("/{}", name.to_string_lossy());
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return Vec::new();
-    };
-    info.lines()
-        .filter_map(|l| {
-            let fields: Vec<&str> = l.split(' ').collect();
-            let fstype = l.split(" - ").nth(1)?.split(' ').next()?;
-            let on_it = fields.get(2) == Some(&number.as_str())
-                || (fstype == "devtmpfs" && fields.get(3) == Some(&root.as_str()));
-            if !on_it {
-                return None;
-            }
-            Some(PathBuf::from(unescaped(fields.get(4)?)))
-        })
+    mounts()
+        .into_iter()
+        .filter(|m| m.number == number || (m.fstype == "devtmpfs" && m.root == root))
+        .map(|m| m.point)
         .collect()
 }
 
