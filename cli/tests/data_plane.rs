@@ -24,11 +24,6 @@ struct Cluster {
     replica_addrs: Vec<String>,
 }
 
-fn flag(args: &[String], name: &str) -> String {
-    let i = args.iter().position(|a| a == name).unwrap();
-    args[i + 1].clone()
-}
-
 fn cluster(n: usize) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let ctl = start_controller(dir.path(), "30s");

@@ -184,6 +184,91 @@ fn a_volume_is_placed_attached_used_degraded_detached_and_deleted() {
     drop(again);
 }
 
+/// A heartbeat older than the engine it reports on does not start the
+/// engine again. A node lists its engines, then sends the list; an attach
+/// can start an engine in between, and the controller, hearing of no
+/// engine for an attached volume, took it for dead and started it again,
+/// taking its socket from the client the attach had just given it. Such a
+/// heartbeat is sent here by hand, as node-1, its engine list taken before
+/// the attach: the engine keeps its process, no `EngineDown` is recorded,
+/// and the data written before reads back.
+#[test]
+fn a_heartbeat_older_than_its_engine_does_not_start_it_again() {
+    use ballast::proto::agent::v1::controlplane_client::ControlplaneClient;
+    use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
+    use ballast::proto::agent::v1::{
+        GetNodeStatusRequest, HeartbeatRequest, ListEnginesRequest, ListReplicasRequest,
+    };
+    use ballast::tls::Role;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, nodes) = cluster(dir.path(), "30s", 1, &[]);
+    let api = &ctl.api;
+    let state = dir.path().join("node-1/state");
+    let (s, body) = call(
+        "POST",
+        &format!("{api}/v1/volumes"),
+        Some(json!({"name": "late", "size": "16Mi", "numberOfReplicas": 1})),
+    );
+    assert_eq!(s, 201, "{body}");
+
+    let rt = runtime();
+    let agent = format!("http://{}", flag(&nodes[0].args, "--agent-listen"));
+    let as_controller = member_as(dir.path(), Role::Controller);
+    let node_agent = || {
+        let ch = as_controller
+            .channel(&agent, &Role::Node("node-1".into()))
+            .unwrap();
+        NodeAgentClient::new(ch)
+    };
+    let before = rt.block_on(async {
+        let list = node_agent().list_engines(ListEnginesRequest {}).await;
+        list.unwrap().into_inner().engines
+    });
+    assert!(before.iter().all(|e| e.volume != "late"), "{before:?}");
+
+    let endpoint = attach(api, "late", "node-1");
+    let (ok, out) = qemu_io(&endpoint, &["write -P 0x5a 0 4M", "flush"]);
+    assert!(ok, "{out}");
+    let pid = engine_pid(&state, "late").unwrap();
+
+    // The node's own report but for its engines, which are as they were
+    // before the attach.
+    let stale = rt.block_on(async {
+        let mut c = node_agent();
+        let disks = c.get_node_status(GetNodeStatusRequest {}).await.unwrap();
+        let replicas = c.list_replicas(ListReplicasRequest {}).await.unwrap();
+        HeartbeatRequest {
+            node_id: "node-1".into(),
+            disks: disks.into_inner().disks,
+            replicas: replicas.into_inner().replicas,
+            engines: before,
+        }
+    });
+    let known = rt.block_on(async {
+        let as_node = member_as(dir.path(), Role::Node("node-1".into()));
+        let url = format!("http://{}", ctl.agent);
+        let ch = as_node.channel(&url, &Role::Controller).unwrap();
+        let beat = ControlplaneClient::new(ch).heartbeat(stale).await;
+        beat.unwrap().into_inner().known
+    });
+    assert!(known);
+
+    // The controller asks the node before it starts anything, and says
+    // what it found.
+    let events = || event_reasons(api, "volume/late");
+    wait_for(Duration::from_secs(60), "the stale report handled", || {
+        let handled = ctl.proc.log_text().contains("older than the engine");
+        (handled || events().iter().any(|r| r == "EngineDown")).then_some(())
+    });
+    let seen = events();
+    assert!(!seen.iter().any(|r| r == "EngineDown"), "{seen:?}");
+    assert_eq!(engine_pid(&state, "late"), Some(pid), "the engine kept");
+    let (ok, out) = qemu_io(&endpoint, &["read -P 0x5a 0 4M"]);
+    assert!(ok, "{out}");
+    detach(api, "late");
+}
+
 /// A node whose engines hang (their processes stopped, as engines on a
 /// hung disk are) is not taken for down: its heartbeat checks its engines
 /// all at once, not one after another, so it comes within the node-down

@@ -207,12 +207,8 @@ impl ControllerProc {
     /// A controller process just started with `args` (which name its
     /// `--api-listen` and `--agent-listen`), once its REST API answers.
     pub fn up(proc: Proc, args: Vec<String>, socket: PathBuf, store: PathBuf) -> ControllerProc {
-        let flag = |name: &str| {
-            let at = args.iter().position(|a| a == name).unwrap();
-            args[at + 1].clone()
-        };
-        let api = format!("http://{}", flag("--api-listen"));
-        let agent = flag("--agent-listen").parse().unwrap();
+        let api = format!("http://{}", flag(&args, "--api-listen"));
+        let agent = flag(&args, "--agent-listen").parse().unwrap();
         wait_api(&api, &proc);
         ControllerProc {
             proc,
@@ -438,6 +434,12 @@ pub struct NodeProc {
     pub id: String,
     pub socket: PathBuf,
     pub args: Vec<String>,
+}
+
+/// The value given to flag `name` in `args` (which must hold it).
+pub fn flag(args: &[String], name: &str) -> String {
+    let at = args.iter().position(|a| a == name).unwrap();
+    args[at + 1].clone()
 }
 
 /// Node arguments: one disk `dir/<id>/disk-1`, zone `zone-<id>`.

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use ballast::model::{Kind, Node, Replica, Robustness, Volume, VolumeState};
-use ballast::proto::agent::v1::{GrowReplicaRequest, StartEngineRequest, StopEngineRequest};
+use ballast::proto::agent::v1::{
+    GrowReplicaRequest, ListEnginesRequest, StartEngineRequest, StopEngineRequest,
+};
 
 use super::replica;
 use crate::agents::{client as agent, with_timeout};
@@ -455,6 +457,12 @@ pub enum Restart {
 /// started again with the current replicas. A dead one leaves the volume
 /// faulted until then. A volume busy with another call is left to the
 /// next heartbeat.
+///
+/// The heartbeat may be older than the engine: a node lists its engines,
+/// then sends the list, and an attach (or an earlier restart) can start
+/// the engine in between. So the node is asked again, under the guard,
+/// and an engine it now runs as asked is left alone: starting it again
+/// would take its socket from the client just given it.
 #[tracing::instrument(skip_all, fields(volume = %name, node = %node_id))]
 pub async fn restart_engine(
     ctx: &Arc<Context>,
@@ -470,6 +478,10 @@ pub async fn restart_engine(
         return Ok(()); // detached or moved meanwhile
     }
     let node: Node = ctx.store.fetch(node_id).await?;
+    if runs_as_asked(ctx, &node, name).await? {
+        tracing::info!("the node runs the engine now; its report was older than the engine");
+        return Ok(());
+    }
     match why {
         Restart::Down(problem) => {
             if volume.status.robustness != Robustness::Faulted {
@@ -508,6 +520,18 @@ pub async fn restart_engine(
         }
     }
     Ok(())
+}
+
+/// Whether `node` runs the engine of volume `name` now, answering, under
+/// its current engine host.
+async fn runs_as_asked(ctx: &Arc<Context>, node: &Node, name: &str) -> Result<bool, Error> {
+    let mut c = agent(node, &ctx.member)?;
+    let engines = with_timeout(&node.id, c.list_engines(ListEnginesRequest {})).await?;
+    Ok(engines
+        .into_inner()
+        .engines
+        .iter()
+        .any(|e| e.volume == name && e.running && !e.handover))
 }
 
 /// Stops the volume's engine. When its node is down and cannot be asked,
