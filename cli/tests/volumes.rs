@@ -323,6 +323,101 @@ fn a_node_whose_engines_hang_is_not_taken_for_down_and_its_engines_are_started_a
     }
 }
 
+/// Makes `node`'s disk (`node/disk-1` under `dir`) an ext4 of its own, on
+/// a loop device, so that it can be frozen; returns where it is mounted.
+/// The test's `Teardown` unmounts it.
+fn ext4_disk(dir: &std::path::Path, node: &str) -> std::path::PathBuf {
+    let disk = dir.join(node).join("disk-1");
+    std::fs::create_dir_all(&disk).unwrap();
+    let image = dir.join(format!("{node}-disk.img"));
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let (image, point) = (image.display().to_string(), disk.display().to_string());
+    must("mkfs.ext4", &["-q", &image]);
+    must("mount", &["-o", "loop", &image, &point]);
+    disk
+}
+
+/// Writes to a disk that hangs (frozen with fsfreeze) hold up nothing else
+/// of its node. The engines on node-1 write to their volumes' replicas on
+/// node-2, more volumes than node-2's plugin has async workers, while
+/// node-2's disk is frozen: its heartbeats go on past the node-down
+/// timeout (it is not taken for down), and each engine gives up the
+/// replica that does not answer and goes on with the other, so every
+/// write is acknowledged. Thawed, the replicas there are brought back up
+/// to date, and every byte reads back.
+#[test]
+fn writes_to_a_frozen_disk_hold_up_no_heartbeat_and_its_replicas_come_back_when_it_thaws() {
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let disk = ext4_disk(dir.path(), "node-2");
+    let (ctl, _nodes) = cluster(dir.path(), "10s", 2, &[]);
+    let api = ctl.api.clone();
+    let workers = std::thread::available_parallelism().unwrap().get();
+    let volumes: Vec<String> = (0..3 * workers).map(|i| format!("held-{i}")).collect();
+    let mut endpoints = Vec::new();
+    for (i, v) in volumes.iter().enumerate() {
+        let (s, body) = call(
+            "POST",
+            &format!("{api}/v1/volumes"),
+            Some(json!({"name": v, "size": "16Mi", "numberOfReplicas": 2})),
+        );
+        assert_eq!(s, 201, "{body}");
+        let (_, body) = call("GET", &format!("{api}/v1/volumes/{v}"), None);
+        let mut at: Vec<&str> = body["status"]["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["nodeId"].as_str().unwrap())
+            .collect();
+        at.sort();
+        assert_eq!(at, ["node-1", "node-2"], "{body}");
+        let endpoint = attach(&api, v, "node-1");
+        let write = format!("write -P {} 0 4M", 0x20 + i);
+        let (ok, out) = qemu_io(&endpoint, &[&write, "flush"]);
+        assert!(ok, "{v}: {out}");
+        endpoints.push(endpoint);
+    }
+
+    let frozen = Frozen::freeze(&disk);
+    let writers: Vec<_> = endpoints
+        .iter()
+        .enumerate()
+        .map(|(i, endpoint)| {
+            let (endpoint, write) = (endpoint.clone(), format!("write -P {} 4M 4M", 0x40 + i));
+            std::thread::spawn(move || qemu_io(&endpoint, &[&write, "flush"]))
+        })
+        .collect();
+    // Past the node-down timeout, node-2 is still ready: heard from
+    // within it.
+    std::thread::sleep(Duration::from_secs(15));
+    let n = node(&api, "node-2").unwrap();
+    assert_eq!(n["status"]["ready"], true, "{n}");
+    let reasons = event_reasons(&api, "node/node-2");
+    assert!(!reasons.iter().any(|r| r == "NodeDown"), "{reasons:?}");
+    for (w, v) in writers.into_iter().zip(&volumes) {
+        let (ok, out) = w.join().unwrap();
+        assert!(ok, "{v}: {out}");
+    }
+
+    drop(frozen);
+    for (i, (v, endpoint)) in volumes.iter().zip(&endpoints).enumerate() {
+        wait_for(Duration::from_secs(120), &format!("{v} healthy"), || {
+            let (_, body) = call("GET", &format!("{api}/v1/volumes/{v}"), None);
+            (body["status"]["robustness"] == "healthy").then_some(())
+        });
+        let (first, second) = (
+            format!("read -P {} 0 4M", 0x20 + i),
+            format!("read -P {} 4M 4M", 0x40 + i),
+        );
+        let (ok, out) = qemu_io(endpoint, &[&first, &second]);
+        assert!(ok, "{v}: {out}");
+        detach(&api, v);
+    }
+}
+
 /// A disk that hangs (its filesystem frozen with fsfreeze: every write to
 /// it waits) holds up the calls that write to it, and nothing else of its
 /// node: with the replicas of more volumes being deleted there than the
@@ -335,17 +430,7 @@ fn a_node_whose_engines_hang_is_not_taken_for_down_and_its_engines_are_started_a
 fn deletes_waiting_on_a_frozen_disk_hold_up_no_heartbeat_and_end_when_it_thaws() {
     let dir = tempfile::tempdir().unwrap();
     let _cleanup = Teardown(dir.path().to_path_buf());
-    // node-1's disk: an ext4 of its own, on a loop device.
-    let disk = dir.path().join("node-1/disk-1");
-    std::fs::create_dir_all(&disk).unwrap();
-    let image = dir.path().join("disk.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(256 << 20)
-        .unwrap();
-    let (image, point) = (image.display().to_string(), disk.display().to_string());
-    must("mkfs.ext4", &["-q", &image]);
-    must("mount", &["-o", "loop", &image, &point]);
+    let disk = ext4_disk(dir.path(), "node-1");
     let (ctl, _nodes) = cluster(dir.path(), "10s", 1, &[]);
     let api = ctl.api.clone();
     let workers = std::thread::available_parallelism().unwrap().get();

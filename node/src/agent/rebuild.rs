@@ -79,7 +79,11 @@ pub async fn offline(
     source: &str,
 ) -> Result<RebuildReplicaResponse, Error> {
     split_source(source)?;
-    let target = server.replicas().find(name).map_err(Error::NotFound)?;
+    let target = server
+        .replicas()
+        .find_async(name)
+        .await
+        .map_err(Error::NotFound)?;
     let src = dial_source(server, name, source).await?;
     src.snapshot(None).await.map_err(remote)?;
     let info = src.info().await.map_err(remote)?;
@@ -115,7 +119,11 @@ pub async fn restore(
         });
     }
     let (src_name, _) = split_source(source)?;
-    let target = server.replicas().find(name).map_err(Error::NotFound)?;
+    let target = server
+        .replicas()
+        .find_async(name)
+        .await
+        .map_err(Error::NotFound)?;
     let src = dial_source(server, name, source).await?;
     let layers = src.layers().await.map_err(remote)?;
     let upto = layers

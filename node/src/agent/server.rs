@@ -360,7 +360,11 @@ impl NodeAgent for NodeAgentService {
             ))
             .into());
         }
-        let replica = server.replicas().find(&req.name).map_err(Error::NotFound)?;
+        let replica = server
+            .replicas()
+            .find_async(&req.name)
+            .await
+            .map_err(Error::NotFound)?;
         tokio::task::spawn_blocking(move || {
             let mut r = replica
                 .write()
@@ -451,7 +455,11 @@ impl NodeAgent for NodeAgentService {
             ))
             .into());
         }
-        let replica = server.replicas().find(&req.name).map_err(Error::NotFound)?;
+        let replica = server
+            .replicas()
+            .find_async(&req.name)
+            .await
+            .map_err(Error::NotFound)?;
         let answer = tokio::task::spawn_blocking(move || {
             let mut r = replica
                 .write()
@@ -519,7 +527,11 @@ impl NodeAgent for NodeAgentService {
                 ..Default::default()
             }));
         }
-        server.replicas().find(&req.name).map_err(Error::NotFound)?;
+        server
+            .replicas()
+            .find_async(&req.name)
+            .await
+            .map_err(Error::NotFound)?;
         let done = server
             .replicas()
             .merge(&req.name, req.keep, req.bytes_per_second)

@@ -31,6 +31,38 @@ pub struct Replicas {
     /// Replicas whose files are being deleted: none is opened meanwhile.
     /// Locked after `open` when both are needed.
     deleting: Mutex<std::collections::HashSet<String>>,
+    /// One lock per replica for the work on its files that must not run
+    /// twice at once (its opening, its fence's raise, its deletion), held
+    /// instead of the table's: a replica whose disk hangs holds up no
+    /// other replica. Taken before any of the table's locks.
+    gates: NameLocks,
+}
+
+/// A lock per name, made at first use.
+#[derive(Default)]
+struct NameLocks(Mutex<HashMap<String, Arc<Mutex<()>>>>);
+
+impl NameLocks {
+    /// The lock of `name`.
+    fn of(&self, name: &str) -> Result<Arc<Mutex<()>>, String> {
+        let mut locks = self.0.lock().map_err(|_| "registry poisoned".to_string())?;
+        Ok(locks.entry(name.to_string()).or_default().clone())
+    }
+
+    /// Forgets the lock of `name` (its replica is gone), held by the
+    /// caller, unless another call waits on it.
+    fn forget(&self, name: &str) {
+        if let Ok(mut locks) = self.0.lock()
+            && locks.get(name).is_some_and(|l| Arc::strong_count(l) <= 2)
+        {
+            locks.remove(name);
+        }
+    }
+}
+
+/// Holds `lock`, whoever poisoned it: it guards no data, only turns.
+fn hold(lock: &Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+    lock.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A loan as the borrower holds it; dropping it ends it.
@@ -91,6 +123,7 @@ impl Replicas {
             next_loan: std::sync::atomic::AtomicU64::new(1),
             fences: Mutex::new(HashMap::new()),
             deleting: Mutex::new(Default::default()),
+            gates: NameLocks::default(),
         })
     }
 
@@ -163,23 +196,21 @@ impl Replicas {
         }
     }
 
-    /// The open replica called `name`, opening it on first use.
+    /// The open replica called `name`, opening it on first use. The
+    /// opening reads (and may write) its files, and holds only the
+    /// replica's own gate meanwhile, not the table.
     pub fn find(&self, name: &str) -> Result<Shared, String> {
         if !valid_name(name) {
             return Err(format!("{name:?} is not a replica name"));
         }
-        let mut open = self
-            .open
-            .lock()
-            .map_err(|_| "registry poisoned".to_string())?;
-        if self.deleting.lock().is_ok_and(|d| d.contains(name)) {
-            return Err(format!("replica {name} is being deleted"));
+        if let Some(r) = self.cached(name)? {
+            return Ok(r);
         }
-        if let Some(r) = open.get(name) {
-            if let Some(why) = r.read().ok().and_then(|r| r.broken().map(str::to_string)) {
-                return Err(why);
-            }
-            return Ok(r.clone());
+        let gate = self.gates.of(name)?;
+        let _opening = hold(&gate);
+        // Opened by another call while this one waited.
+        if let Some(r) = self.cached(name)? {
+            return Ok(r);
         }
         // A lent replica changes under the server: it is opened afresh for
         // each use and never kept.
@@ -206,9 +237,41 @@ impl Replicas {
         opened.set_writeback_every(self.writeback_every);
         let r = Arc::new(RwLock::new(opened));
         if !lent {
+            let mut open = self
+                .open
+                .lock()
+                .map_err(|_| "registry poisoned".to_string())?;
             open.insert(name.to_string(), r.clone());
         }
         Ok(r)
+    }
+
+    /// `find`, run on the blocking pool: an async task never waits on a
+    /// replica's disk.
+    pub async fn find_async(self: &Arc<Self>, name: &str) -> Result<Shared, String> {
+        let (table, name) = (self.clone(), name.to_string());
+        tokio::task::spawn_blocking(move || table.find(&name))
+            .await
+            .map_err(|e| format!("the replica's opening failed: {e}"))?
+    }
+
+    /// The replica `name` as the table holds it open, if it does; an error
+    /// when it is being deleted, or broken.
+    fn cached(&self, name: &str) -> Result<Option<Shared>, String> {
+        let open = self
+            .open
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?;
+        if self.deleting.lock().is_ok_and(|d| d.contains(name)) {
+            return Err(format!("replica {name} is being deleted"));
+        }
+        let Some(r) = open.get(name) else {
+            return Ok(None);
+        };
+        if let Some(why) = r.read().ok().and_then(|r| r.broken().map(str::to_string)) {
+            return Err(why);
+        }
+        Ok(Some(r.clone()))
     }
 
     /// Closes every replica the table holds open clean
@@ -243,24 +306,32 @@ impl Replicas {
 
     /// The engine fence of replica `name`: the latest attachment that may
     /// change it (see `fence`). It only ever grows; whoever holds it sees
-    /// it raised.
+    /// it raised. Read from its file at first use, outside the table's
+    /// lock.
     pub fn fence(&self, name: &str) -> Result<Arc<AtomicU64>, String> {
-        let mut fences = self
-            .fences
-            .lock()
-            .map_err(|_| "registry poisoned".to_string())?;
-        self.fence_in(&mut fences, name)
+        let known = |fences: &HashMap<String, Arc<AtomicU64>>| fences.get(name).cloned();
+        let poisoned = |_| "registry poisoned".to_string();
+        if let Some(f) = known(&*self.fences.lock().map_err(poisoned)?) {
+            return Ok(f);
+        }
+        let dir = self.dir_of(name)?;
+        let epoch = super::fence::read(&dir).map_err(|e| e.to_string())?;
+        let mut fences = self.fences.lock().map_err(poisoned)?;
+        // The first one read stays: a raise goes through the table's copy.
+        let f = fences
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::new(AtomicU64::new(epoch)));
+        Ok(f.clone())
     }
 
     /// Raises the engine fence of replica `name` to `epoch` when it is
     /// lower, on disk first; returns the fence as it is then. One raise at
-    /// a time (under the table's lock), so that the file never goes back.
+    /// a time per replica (under its gate), so that the file never goes
+    /// back; a raise on a disk that hangs holds up no other replica's.
     pub fn raise_fence(&self, name: &str, epoch: u64) -> Result<u64, String> {
-        let mut fences = self
-            .fences
-            .lock()
-            .map_err(|_| "registry poisoned".to_string())?;
-        let fence = self.fence_in(&mut fences, name)?;
+        let fence = self.fence(name)?;
+        let gate = self.gates.of(name)?;
+        let _raising = hold(&gate);
         let now = fence.load(Ordering::SeqCst);
         if epoch <= now {
             return Ok(now);
@@ -275,22 +346,6 @@ impl Replicas {
             "engine fence raised"
         );
         Ok(epoch)
-    }
-
-    /// The fence of `name` in `fences`, read from its file at first use.
-    fn fence_in(
-        &self,
-        fences: &mut HashMap<String, Arc<AtomicU64>>,
-        name: &str,
-    ) -> Result<Arc<AtomicU64>, String> {
-        if let Some(f) = fences.get(name) {
-            return Ok(f.clone());
-        }
-        let dir = self.dir_of(name)?;
-        let epoch = super::fence::read(&dir).map_err(|e| e.to_string())?;
-        let f = Arc::new(AtomicU64::new(epoch));
-        fences.insert(name.to_string(), f.clone());
-        Ok(f)
     }
 
     /// The directory of replica `name` on this node's disks.
@@ -349,7 +404,7 @@ impl Replicas {
         keep: Vec<String>,
         bytes_per_second: u64,
     ) -> Result<MergeReport, ReplicaError> {
-        let replica = self.find(name).map_err(ReplicaError::Invalid)?;
+        let replica = self.find_async(name).await.map_err(ReplicaError::Invalid)?;
         let (table, name) = (self.clone(), name.to_string());
         // Lent meanwhile: the engine owns the files now, and merges them.
         let lent = move || table.is_lent(&name);
@@ -418,6 +473,9 @@ impl Replicas {
     /// files' removal waits on their disk, which may hang, and holds up no
     /// other replica's lookup.
     pub fn delete(&self, name: &str, dir: &Path) -> std::io::Result<()> {
+        // An opening or a fence's raise under way ends first.
+        let gate = self.gates.of(name).map_err(std::io::Error::other)?;
+        let _deleting = hold(&gate);
         let held = {
             let mut open = self
                 .open
@@ -441,6 +499,7 @@ impl Replicas {
         if let Ok(mut deleting) = self.deleting.lock() {
             deleting.remove(name);
         }
+        self.gates.forget(name);
         removed
     }
 }

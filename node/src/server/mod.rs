@@ -42,6 +42,51 @@ pub struct ReplicaServer {
     /// Changes refused since the server started, by the replica's volume
     /// and why (`/metrics`).
     refusals: std::sync::Mutex<std::collections::BTreeMap<(String, Refusal), u64>>,
+    /// The writes applied on their connections' own tasks just now.
+    inline: InlineWrites,
+}
+
+/// How many writes the connections apply on their own tasks at once (a
+/// plain write into the page cache, without the hop to the mutator
+/// thread): one fewer than the runtime's async workers. A write waits
+/// there on a disk that hangs, and the node's heartbeats, agent and CSI
+/// calls run on the same workers: one is always left to them. The other
+/// writes go to their connection's mutator thread meanwhile, as a write
+/// that must sync does.
+struct InlineWrites {
+    now: std::sync::atomic::AtomicUsize,
+    most: usize,
+}
+
+impl InlineWrites {
+    /// For the runtime the server is made in (none: no write inline).
+    fn for_this_runtime() -> InlineWrites {
+        let workers = tokio::runtime::Handle::try_current()
+            .map(|h| h.metrics().num_workers())
+            .unwrap_or(1);
+        InlineWrites {
+            now: Default::default(),
+            most: workers.saturating_sub(1),
+        }
+    }
+
+    /// A turn to apply a write inline, if one is free.
+    fn take(&self) -> Option<InlineTurn<'_>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.now
+            .fetch_update(SeqCst, SeqCst, |n| (n < self.most).then_some(n + 1))
+            .ok()?;
+        Some(InlineTurn(&self.now))
+    }
+}
+
+/// A write applied inline; dropped once it is.
+struct InlineTurn<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for InlineTurn<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// Why a change of a replica was refused.
@@ -82,6 +127,7 @@ impl ReplicaServer {
             fills: Fills::default(),
             tls,
             refusals: Default::default(),
+            inline: InlineWrites::for_this_runtime(),
         })
     }
 
@@ -506,7 +552,7 @@ impl Connection {
         }
         // What is lent is read from its files as they are now.
         let replica = if fresh && replicas.is_lent(&name) {
-            match replicas.find(&name) {
+            match replicas.find_async(&name).await {
                 Ok(r) => r,
                 Err(e) => return Ok(self.reply(error(req.id, status::NOT_FOUND, &e)).await),
             }
@@ -523,32 +569,40 @@ impl Connection {
     async fn open(&mut self, req: &Request, payload: &[u8]) -> Flow {
         let (id, claimed) = (req.id, req.offset);
         let name = String::from_utf8_lossy(payload).into_owned();
-        let found = self.server.replicas.find(&name).and_then(|r| {
+        let reply = match self.bind(&name, claimed).await {
+            Ok((r, sums, volume, fence)) => {
+                self.engine = self.drives(&volume);
+                self.volume = volume;
+                self.bound = Some((name, r));
+                self.claimed = claimed;
+                self.fence = Some(fence);
+                ok_json(id, &serde_json::json!({ "sums": sums }))
+            }
+            Err((code, why)) => error(id, code, &why),
+        };
+        self.reply(reply).await
+    }
+
+    /// Opens replica `name` for the peer, claiming attachment `claimed`:
+    /// the replica, whether it keeps sums, its volume and its fence. Its
+    /// files are read on the blocking pool: their disk may hang.
+    async fn bind(&self, name: &str, claimed: u64) -> Result<Bound, (u32, String)> {
+        let (replicas, at) = (self.server.replicas.clone(), name.to_string());
+        let (r, sums, volume) = tokio::task::spawn_blocking(move || {
+            let r = replicas.find(&at)?;
             let read = r
                 .read()
-                .map_err(|_| format!("replica {name}: lock poisoned"))?;
+                .map_err(|_| format!("replica {at}: lock poisoned"))?;
             let (sums, volume) = (read.keeps_sums(), read.volume().to_string());
             drop(read);
             Ok((r, sums, volume))
-        });
-        let reply = match found {
-            Ok((r, sums, volume)) => match self
-                .may_open(&name, &volume)
-                .and_then(|()| self.claim(&name, &volume, claimed))
-            {
-                Ok(fence) => {
-                    self.engine = self.drives(&volume);
-                    self.volume = volume;
-                    self.bound = Some((name, r));
-                    self.claimed = claimed;
-                    self.fence = Some(fence);
-                    ok_json(id, &serde_json::json!({ "sums": sums }))
-                }
-                Err((code, why)) => error(id, code, &why),
-            },
-            Err(e) => error(id, status::NOT_FOUND, &e),
-        };
-        self.reply(reply).await
+        })
+        .await
+        .unwrap_or_else(|e| Err(e.to_string()))
+        .map_err(|e| (status::NOT_FOUND, e))?;
+        self.may_open(name, &volume)?;
+        let fence = self.claim(name, &volume, claimed).await?;
+        Ok((r, sums, volume, fence))
     }
 
     /// Refuses (DENIED) to open replica `name` of `volume` for a peer that
@@ -584,20 +638,18 @@ impl Connection {
     /// rises to it; a claim below the fence is refused. No claim (0) binds
     /// for reading (and, for the volume's engine, for mutations while no
     /// engine has claimed one).
-    fn claim(
+    /// The fence is read and raised on the blocking pool: its file's disk
+    /// may hang.
+    async fn claim(
         &self,
         name: &str,
         volume: &str,
         claimed: u64,
     ) -> Result<Arc<std::sync::atomic::AtomicU64>, (u32, String)> {
-        let replicas = &self.server.replicas;
-        let fence = replicas.fence(name).map_err(|e| (status::NOT_FOUND, e))?;
-        if claimed == 0 {
-            return Ok(fence);
-        }
-        if !self
-            .peer
-            .is(&ballast::tls::Role::Attachment(volume.to_string(), claimed))
+        if claimed != 0
+            && !self
+                .peer
+                .is(&ballast::tls::Role::Attachment(volume.to_string(), claimed))
         {
             let why = format!(
                 "the peer's certificate does not name attachment {claimed} of volume {volume}"
@@ -605,9 +657,19 @@ impl Connection {
             self.server.refused(volume, Refusal::Denied);
             return Err((status::DENIED, why));
         }
-        let latest = replicas
-            .raise_fence(name, claimed)
-            .map_err(|e| (status::IO, e))?;
+        let (replicas, at) = (self.server.replicas.clone(), name.to_string());
+        let (fence, latest) = tokio::task::spawn_blocking(move || {
+            let fence = replicas.fence(&at).map_err(|e| (status::NOT_FOUND, e))?;
+            let latest = match claimed {
+                0 => 0,
+                _ => replicas
+                    .raise_fence(&at, claimed)
+                    .map_err(|e| (status::IO, e))?,
+            };
+            Ok((fence, latest))
+        })
+        .await
+        .map_err(|e| (status::IO, e.to_string()))??;
         if claimed < latest {
             self.server.refused(volume, Refusal::Fenced);
             return Err((status::FENCED, fenced(name, claimed, latest)));
@@ -647,7 +709,13 @@ impl Connection {
         } else if self.queued.load(std::sync::atomic::Ordering::SeqCst) > 0 {
             error(req.id, status::BUSY, "mutations are still in flight")
         } else {
-            match self.server.replicas.lend(name) {
+            // On the blocking pool: it opens the replica, and waits for a
+            // step under way on it.
+            let (replicas, at) = (self.server.replicas.clone(), name.to_string());
+            let lent = tokio::task::spawn_blocking(move || replicas.lend(&at))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            match lent {
                 Ok(guard) => {
                     self.loan = Some(guard);
                     (ok_empty(req.id), Vec::new())
@@ -673,8 +741,8 @@ impl Connection {
     }
 
     /// Runs a request where it belongs: a fill beside the rest, reads on
-    /// blocking threads, a plain write here, other mutations in order on
-    /// the mutator thread.
+    /// blocking threads, a plain write here (when a turn is free, see
+    /// `InlineWrites`), other mutations in order on the mutator thread.
     async fn dispatch(
         &mut self,
         req: Request,
@@ -729,6 +797,7 @@ impl Connection {
         } else if matches!(req.op, Op::Write | Op::Trim)
             && req.flags & FLAG_FUA == 0
             && self.queued.load(std::sync::atomic::Ordering::SeqCst) == 0
+            && let Some(_turn) = self.server.inline.take()
         {
             self.answered.push(execute(&replica, &req, payload));
         } else {
@@ -765,6 +834,10 @@ async fn send_answered(
     }
     w.flush().await
 }
+
+/// A replica opened on a connection: it, whether it keeps sums, its
+/// volume, its fence.
+type Bound = (Shared, bool, String, Arc<std::sync::atomic::AtomicU64>);
 
 /// Why an engine of attachment `claimed` may not change replica `name`.
 fn fenced(name: &str, claimed: u64, latest: u64) -> String {

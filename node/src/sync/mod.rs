@@ -159,7 +159,7 @@ impl Fills {
     /// one fill per replica at a time.
     pub async fn run(
         &self,
-        replicas: &Replicas,
+        replicas: &Arc<Replicas>,
         tls: &WireTls,
         target: &str,
         source: &str,
@@ -170,7 +170,10 @@ impl Fills {
             .ok_or_else(|| {
                 SyncError::Source(format!("fill source {source:?}: expected NAME@HOST:PORT"))
             })?;
-        let replica = replicas.find(target).map_err(SyncError::Source)?;
+        let replica = replicas
+            .find_async(target)
+            .await
+            .map_err(SyncError::Source)?;
         let progress = Arc::new(Progress::default());
         {
             let mut running = self
@@ -197,7 +200,7 @@ impl Fills {
 /// served at `source_addr`.
 #[tracing::instrument(skip_all, fields(replica = %target_name, source = %source_name))]
 async fn fill(
-    replicas: &Replicas,
+    replicas: &Arc<Replicas>,
     target_name: &str,
     target: Shared,
     (tls, source_name, source_addr): (&WireTls, &str, &str),
@@ -237,7 +240,7 @@ async fn fill(
     };
     // The source is on this node when the table can open it.
     let local_source = if source_name != target_name {
-        replicas.find(source_name).ok()
+        replicas.find_async(source_name).await.ok()
     } else {
         None
     };
