@@ -478,9 +478,14 @@ pub async fn restart_engine(
         return Ok(()); // detached or moved meanwhile
     }
     let node: Node = ctx.store.fetch(node_id).await?;
-    if runs_as_asked(ctx, &node, name).await? {
-        tracing::info!("the node runs the engine now; its report was older than the engine");
-        return Ok(());
+    match runs_as_asked(ctx, &node, name).await {
+        Ok(true) => {
+            tracing::info!("the node runs the engine now; its report was older than the engine");
+            return Ok(());
+        }
+        Ok(false) => {}
+        // The report stands: the start says what is wrong, if it fails.
+        Err(e) => tracing::warn!(error = %e, "cannot ask the node which engines it runs"),
     }
     match why {
         Restart::Down(problem) => {

@@ -241,6 +241,16 @@ impl Replicas {
                 .open
                 .lock()
                 .map_err(|_| "registry poisoned".to_string())?;
+            // Its disk failed while it opened (`fail_disk` marks the disk,
+            // then breaks what the table holds): not kept, not served.
+            let failed = self
+                .failed_disks
+                .lock()
+                .map_err(|_| "registry poisoned".to_string())?;
+            if let Some(disk) = failed.iter().find(|d| dir.starts_with(d)) {
+                return Err(format!("disk {} is not ready", disk.display()));
+            }
+            drop(failed);
             open.insert(name.to_string(), r.clone());
         }
         Ok(r)
