@@ -316,22 +316,41 @@ impl Replicas {
 
     /// The engine fence of replica `name`: the latest attachment that may
     /// change it (see `fence`). It only ever grows; whoever holds it sees
-    /// it raised. Read from its file at first use, outside the table's
-    /// lock.
+    /// it raised. Read from its file at first use, under the replica's
+    /// gate, not the table's lock.
     pub fn fence(&self, name: &str) -> Result<Arc<AtomicU64>, String> {
-        let known = |fences: &HashMap<String, Arc<AtomicU64>>| fences.get(name).cloned();
-        let poisoned = |_| "registry poisoned".to_string();
-        if let Some(f) = known(&*self.fences.lock().map_err(poisoned)?) {
+        if let Some(f) = self.known_fence(name)? {
+            return Ok(f);
+        }
+        let gate = self.gates.of(name)?;
+        let _reading = hold(&gate);
+        self.fence_gated(name)
+    }
+
+    /// The fence of `name` if the table has read it.
+    fn known_fence(&self, name: &str) -> Result<Option<Arc<AtomicU64>>, String> {
+        let fences = self
+            .fences
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?;
+        Ok(fences.get(name).cloned())
+    }
+
+    /// The fence of `name`, read from its file if the table has not yet;
+    /// the caller holds the replica's gate, so that a deletion (which
+    /// forgets the fence under it) comes wholly before or after.
+    fn fence_gated(&self, name: &str) -> Result<Arc<AtomicU64>, String> {
+        if let Some(f) = self.known_fence(name)? {
             return Ok(f);
         }
         let dir = self.dir_of(name)?;
         let epoch = super::fence::read(&dir).map_err(|e| e.to_string())?;
-        let mut fences = self.fences.lock().map_err(poisoned)?;
-        // The first one read stays: a raise goes through the table's copy.
-        let f = fences
-            .entry(name.to_string())
-            .or_insert_with(|| Arc::new(AtomicU64::new(epoch)));
-        Ok(f.clone())
+        let f = Arc::new(AtomicU64::new(epoch));
+        self.fences
+            .lock()
+            .map_err(|_| "registry poisoned".to_string())?
+            .insert(name.to_string(), f.clone());
+        Ok(f)
     }
 
     /// Raises the engine fence of replica `name` to `epoch` when it is
@@ -339,9 +358,9 @@ impl Replicas {
     /// a time per replica (under its gate), so that the file never goes
     /// back; a raise on a disk that hangs holds up no other replica's.
     pub fn raise_fence(&self, name: &str, epoch: u64) -> Result<u64, String> {
-        let fence = self.fence(name)?;
         let gate = self.gates.of(name)?;
         let _raising = hold(&gate);
+        let fence = self.fence_gated(name)?;
         let now = fence.load(Ordering::SeqCst);
         if epoch <= now {
             return Ok(now);
