@@ -151,6 +151,8 @@ struct Run {
     snapshots: Vec<String>,
     snapshots_taken: usize,
     outcome: Outcome,
+    /// Batches of writes that hung and were killed.
+    hung: usize,
 }
 
 /// Slots of the 64 MiB volume the writer may use.
@@ -164,8 +166,9 @@ impl Run {
 
     fn stop_writer(&mut self) {
         if let Some(w) = self.writer.take() {
-            let acks = w.finish();
+            let (acks, hung) = w.finish();
             self.acks.extend(acks);
+            self.hung += hung;
         }
         // Slots of failed batches are never used again.
         self.next_slot = self.next_slot.max(
@@ -612,7 +615,27 @@ pub fn run(s: &Schedule) -> Result<Outcome, String> {
         snapshots: Vec::new(),
         snapshots_taken: 0,
         outcome: Outcome::default(),
+        hung: 0,
     };
+    let played = play(&mut run, s);
+    // The evidence of a schedule that broke, or whose writes hung, is kept
+    // (`BALLAST_KEEP_TEST_DIRS=1` keeps every schedule's).
+    if played.is_err() || run.hung > 0 {
+        run.c.dir.disable_cleanup(true);
+        eprintln!(
+            "{}: {} batch(es) hung, {}; its cluster's directory (logs, disks) is kept: {}",
+            s.name,
+            run.hung,
+            if played.is_err() { "broke" } else { "passed" },
+            run.c.dir.path().display()
+        );
+    }
+    played
+}
+
+/// Plays schedule `s` on `run`'s cluster: its faults under the writer,
+/// then the checks that every acknowledged write is there.
+fn play(run: &mut Run, s: &Schedule) -> Result<Outcome, String> {
     run.start_writer();
     let context = |e: String| format!("schedule {:?}: {e}", s);
     for f in &s.faults {
@@ -650,7 +673,7 @@ pub fn run(s: &Schedule) -> Result<Outcome, String> {
     if run.acks.is_empty() {
         return Err(context("no write was acknowledged at all".into()));
     }
-    Ok(run.outcome)
+    Ok(std::mem::take(&mut run.outcome))
 }
 
 /// A small seeded generator (xorshift64*), for random schedules.

@@ -31,6 +31,8 @@ pub struct Writer {
     pub acks: Arc<Mutex<Vec<Ack>>>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// Batches that hung for `BATCH_LIMIT` and were killed.
+    hung: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Writer {
@@ -39,11 +41,20 @@ impl Writer {
     pub fn start(endpoint: &str, first_slot: u64, slots: u64, batch: u64) -> Writer {
         let acks: Arc<Mutex<Vec<Ack>>> = Arc::default();
         let stop = Arc::new(AtomicBool::new(false));
-        let (a, s, endpoint) = (acks.clone(), stop.clone(), endpoint.to_string());
+        let hung: Arc<std::sync::atomic::AtomicUsize> = Arc::default();
+        let (a, s, h, endpoint) = (
+            acks.clone(),
+            stop.clone(),
+            hung.clone(),
+            endpoint.to_string(),
+        );
         let thread = std::thread::spawn(move || {
             let mut slot = first_slot;
             while !s.load(Ordering::SeqCst) && slot + batch <= first_slot + slots {
-                let done = write_batch(&endpoint, slot, batch);
+                let (done, killed) = write_run(&endpoint, slot, batch, true);
+                if killed {
+                    h.fetch_add(1, Ordering::SeqCst);
+                }
                 a.lock().unwrap().extend(done);
                 slot += batch;
                 // A batch that failed at once (no engine yet) waits a little.
@@ -54,16 +65,19 @@ impl Writer {
             acks,
             stop,
             thread: Some(thread),
+            hung,
         }
     }
 
-    /// Stops after the batch in flight and returns every acknowledged write.
-    pub fn finish(mut self) -> Vec<Ack> {
+    /// Stops after the batch in flight; returns every acknowledged write,
+    /// and how many batches hung and were killed.
+    pub fn finish(mut self) -> (Vec<Ack>, usize) {
         self.stop.store(true, Ordering::SeqCst);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        self.acks.lock().unwrap().clone()
+        let acks = self.acks.lock().unwrap().clone();
+        (acks, self.hung.load(Ordering::SeqCst))
     }
 }
 
@@ -72,19 +86,16 @@ impl Writer {
 /// whether the volume serves again); a read-back that hangs is a failure.
 const BATCH_LIMIT: &str = "60";
 
-/// One qemu-io run: `batch` writes from `slot`, then a flush. Returns the
-/// writes it reported done (flushed when the flush was reported too).
-fn write_batch(endpoint: &str, slot: u64, batch: u64) -> Vec<Ack> {
-    write_run(endpoint, slot, batch, true)
-}
-
 /// One qemu-io run of `count` writes from `slot` and no flush: the writes
 /// it reported done, none flushed.
 pub fn write_unflushed(endpoint: &str, slot: u64, count: u64) -> Vec<Ack> {
-    write_run(endpoint, slot, count, false)
+    write_run(endpoint, slot, count, false).0
 }
 
-fn write_run(endpoint: &str, slot: u64, batch: u64, flush: bool) -> Vec<Ack> {
+/// One qemu-io run: `batch` writes from `slot`, then a flush when `flush`.
+/// Returns the writes it reported done (flushed when the flush was
+/// reported too), and whether it hung and was killed.
+fn write_run(endpoint: &str, slot: u64, batch: u64, flush: bool) -> (Vec<Ack>, bool) {
     let mut c = Command::new("timeout");
     c.args(["-s", "KILL", BATCH_LIMIT, "qemu-io", "-f", "raw"]);
     if !flush {
@@ -102,9 +113,10 @@ fn write_run(endpoint: &str, slot: u64, batch: u64, flush: bool) -> Vec<Ack> {
         c.args(["-c", "flush", "-c", "write -P 255 0 0"]);
     }
     let Ok(out) = c.arg(endpoint).output() else {
-        return Vec::new();
+        return (Vec::new(), false);
     };
-    if out.status.code() == Some(137) || out.status.code().is_none() {
+    let killed = out.status.code() == Some(137) || out.status.code().is_none();
+    if killed {
         eprintln!("a batch of writes from slot {slot} hung for {BATCH_LIMIT} s and was killed");
     }
     let text = String::from_utf8_lossy(&out.stdout);
@@ -130,7 +142,7 @@ fn write_run(endpoint: &str, slot: u64, batch: u64, flush: bool) -> Vec<Ack> {
             a.flushed = true;
         }
     }
-    acks
+    (acks, killed)
 }
 
 /// What a read-back found wrong.
