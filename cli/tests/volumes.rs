@@ -342,8 +342,10 @@ fn ext4_disk(dir: &std::path::Path, node: &str) -> std::path::PathBuf {
 
 /// Writes to a disk that hangs (frozen with fsfreeze) hold up nothing else
 /// of its node. The engines on node-1 write to their volumes' replicas on
-/// node-2, more volumes than node-2's plugin has async workers, while
-/// node-2's disk is frozen: its heartbeats go on past the node-down
+/// node-2 (plain writes and a flush, as a filesystem sends them; qemu-io's
+/// default cache mode would make each a FUA write, which the replica
+/// server never applies on its async task), more volumes than node-2's
+/// plugin has async workers, while node-2's disk is frozen: its heartbeats go on past the node-down
 /// timeout (it is not taken for down), and each engine gives up the
 /// replica that does not answer and goes on with the other, so every
 /// write is acknowledged. Thawed, the replicas there are brought back up
@@ -387,7 +389,9 @@ fn writes_to_a_frozen_disk_hold_up_no_heartbeat_and_its_replicas_come_back_when_
         .enumerate()
         .map(|(i, endpoint)| {
             let (endpoint, write) = (endpoint.clone(), format!("write -P {} 4M 4M", 0x40 + i));
-            std::thread::spawn(move || qemu_io(&endpoint, &[&write, "flush"]))
+            // Plain writes, then a flush, as a filesystem sends them.
+            let writeback = ["-t", "writeback"];
+            std::thread::spawn(move || qemu_io_with(&endpoint, &writeback, &[&write, "flush"]))
         })
         .collect();
     // Past the node-down timeout, node-2 is still ready: heard from

@@ -758,7 +758,14 @@ pub fn qemu_compare(a: &str, b: &str) -> std::process::Output {
 }
 
 pub fn qemu_io(target: &str, cmds: &[&str]) -> (bool, String) {
+    qemu_io_with(target, &[], cmds)
+}
+
+/// `qemu_io` with more options, such as `-t writeback` (qemu-io's default
+/// cache mode, writethrough, sends every write with FUA).
+pub fn qemu_io_with(target: &str, options: &[&str], cmds: &[&str]) -> (bool, String) {
     let mut args = vec!["-f", "raw"];
+    args.extend(options);
     for cmd in cmds {
         args.extend(["-c", cmd]);
     }
