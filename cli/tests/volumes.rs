@@ -51,16 +51,17 @@ fn cluster(
 
 /// Waits until `volume`'s robustness is `want`.
 fn wait_robustness(api: &str, volume: &str, want: &str) {
-    wait_for(
-        Duration::from_secs(30),
-        &format!("robustness {want}"),
-        || {
-            call("GET", &format!("{api}/v1/volumes/{volume}"), None).1["status"]["robustness"]
-                .as_str()
-                .filter(|r| *r == want)
-                .map(drop)
-        },
-    );
+    wait_robustness_within(api, volume, want, Duration::from_secs(30));
+}
+
+/// `wait_robustness`, waiting at most `limit`.
+fn wait_robustness_within(api: &str, volume: &str, want: &str, limit: Duration) {
+    wait_for(limit, &format!("robustness {want}"), || {
+        call("GET", &format!("{api}/v1/volumes/{volume}"), None).1["status"]["robustness"]
+            .as_str()
+            .filter(|r| *r == want)
+            .map(drop)
+    });
 }
 
 #[test]
@@ -323,6 +324,16 @@ fn a_node_whose_engines_hang_is_not_taken_for_down_and_its_engines_are_started_a
     }
 }
 
+/// Past the 10 s node-down timeout the tests here give, `node` is still
+/// ready, and was never taken for down: heard from within it.
+fn still_ready_past_its_timeout(api: &str, node_id: &str) {
+    std::thread::sleep(Duration::from_secs(15));
+    let n = node(api, node_id).unwrap();
+    assert_eq!(n["status"]["ready"], true, "{n}");
+    let reasons = event_reasons(api, &format!("node/{node_id}"));
+    assert!(!reasons.iter().any(|r| r == "NodeDown"), "{reasons:?}");
+}
+
 /// Makes `node`'s disk (`node/disk-1` under `dir`) an ext4 of its own, on
 /// a loop device, so that it can be frozen; returns where it is mounted.
 /// The test's `Teardown` unmounts it.
@@ -394,13 +405,7 @@ fn writes_to_a_frozen_disk_hold_up_no_heartbeat_and_its_replicas_come_back_when_
             std::thread::spawn(move || qemu_io_with(&endpoint, &writeback, &[&write, "flush"]))
         })
         .collect();
-    // Past the node-down timeout, node-2 is still ready: heard from
-    // within it.
-    std::thread::sleep(Duration::from_secs(15));
-    let n = node(&api, "node-2").unwrap();
-    assert_eq!(n["status"]["ready"], true, "{n}");
-    let reasons = event_reasons(&api, "node/node-2");
-    assert!(!reasons.iter().any(|r| r == "NodeDown"), "{reasons:?}");
+    still_ready_past_its_timeout(&api, "node-2");
     for (w, v) in writers.into_iter().zip(&volumes) {
         let (ok, out) = w.join().unwrap();
         assert!(ok, "{v}: {out}");
@@ -408,10 +413,7 @@ fn writes_to_a_frozen_disk_hold_up_no_heartbeat_and_its_replicas_come_back_when_
 
     drop(frozen);
     for (i, (v, endpoint)) in volumes.iter().zip(&endpoints).enumerate() {
-        wait_for(Duration::from_secs(120), &format!("{v} healthy"), || {
-            let (_, body) = call("GET", &format!("{api}/v1/volumes/{v}"), None);
-            (body["status"]["robustness"] == "healthy").then_some(())
-        });
+        wait_robustness_within(&api, v, "healthy", Duration::from_secs(120));
         let (first, second) = (
             format!("read -P {} 0 4M", 0x20 + i),
             format!("read -P {} 4M 4M", 0x40 + i),
@@ -463,13 +465,7 @@ fn deletes_waiting_on_a_frozen_disk_hold_up_no_heartbeat_and_end_when_it_thaws()
             std::thread::spawn(move || call("DELETE", &url, None))
         })
         .collect();
-    // Past the node-down timeout, the node is still ready: heard from
-    // within it.
-    std::thread::sleep(Duration::from_secs(15));
-    let n = node(&api, "node-1").unwrap();
-    assert_eq!(n["status"]["ready"], true, "{n}");
-    let reasons = event_reasons(&api, "node/node-1");
-    assert!(!reasons.iter().any(|r| r == "NodeDown"), "{reasons:?}");
+    still_ready_past_its_timeout(&api, "node-1");
     for (d, v) in deletes.into_iter().zip(&volumes) {
         let (s, body) = d.join().unwrap();
         assert_eq!(s, 500, "{v}: {body}");

@@ -54,28 +54,23 @@ pub struct ReplicaServer {
 /// writes go to their connection's mutator thread meanwhile, as a write
 /// that must sync does.
 ///
-/// One free worker is not enough by itself: a worker parked on its
-/// condition variable (while another turned the I/O driver) is woken only
-/// when a task is scheduled, and with the blocked one no longer turning
-/// the driver, no socket or timer schedules any: the whole runtime stops
-/// (seen: one write held on a frozen disk stopped the node's heartbeats).
-/// So the runtime is also nudged (see `Nudger`).
+/// One free worker is not enough by itself: the node plugin also nudges
+/// its runtime (`daemon::Nudger`), or the free one may sleep on while the
+/// blocked one no longer turns the I/O driver.
 struct InlineWrites {
     now: std::sync::atomic::AtomicUsize,
     most: usize,
-    _nudger: Option<Nudger>,
 }
 
 impl InlineWrites {
     /// For the runtime the server is made in (none: no write inline).
     fn for_this_runtime() -> InlineWrites {
-        let handle = tokio::runtime::Handle::try_current().ok();
-        let workers = handle.as_ref().map_or(1, |h| h.metrics().num_workers());
-        let most = workers.saturating_sub(1);
+        let workers = tokio::runtime::Handle::try_current()
+            .map(|h| h.metrics().num_workers())
+            .unwrap_or(1);
         InlineWrites {
             now: Default::default(),
-            most,
-            _nudger: handle.filter(|_| most > 0).map(Nudger::start),
+            most: workers.saturating_sub(1),
         }
     }
 
@@ -86,40 +81,6 @@ impl InlineWrites {
             .fetch_update(SeqCst, SeqCst, |n| (n < self.most).then_some(n + 1))
             .ok()?;
         Some(InlineTurn(&self.now))
-    }
-}
-
-/// A thread that schedules an empty task on the runtime every
-/// `Nudger::EVERY`, so that a parked worker wakes and turns the I/O driver
-/// even while another is blocked in a write. Stops when dropped.
-struct Nudger {
-    stop: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Nudger {
-    const EVERY: std::time::Duration = std::time::Duration::from_millis(250);
-
-    fn start(runtime: tokio::runtime::Handle) -> Nudger {
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopped = stop.clone();
-        let spawned = std::thread::Builder::new()
-            .name("runtime-nudge".into())
-            .spawn(move || {
-                while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::thread::sleep(Nudger::EVERY);
-                    drop(runtime.spawn(async {}));
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "no thread to nudge the runtime: a write held on a hung disk may stop it");
-        }
-        Nudger { stop }
-    }
-}
-
-impl Drop for Nudger {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
