@@ -33,6 +33,9 @@ impl From<String> for EngineExit {
 const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
+    // The lent replica's writes run on the async workers: one held on a
+    // disk that hangs must not stop the others.
+    let _nudger = ballast_node::nudge::Nudger::start(tokio::runtime::Handle::current());
     if a.size == 0 || !a.size.is_multiple_of(4096) {
         return Err(EngineExit::Failed(format!(
             "--size {} is not a positive multiple of 4096",

@@ -61,7 +61,7 @@ pub struct NodeConfig {
 
 /// Runs the node plugin until a shutdown signal.
 pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
-    let _nudger = Nudger::start(tokio::runtime::Handle::current());
+    let _nudger = crate::nudge::Nudger::start(tokio::runtime::Handle::current());
     ballast::model::validate_name(&config.node_id)
         .map_err(|m| ServeError::Config(format!("--node-id: {m}")))?;
     // Sockets and engine files; by default in the temporary directory.
@@ -323,43 +323,4 @@ fn context(
             engine_host,
         ),
     }))
-}
-
-/// A thread that schedules an empty task on the runtime every
-/// `Nudger::EVERY`, so that a parked worker wakes and turns the I/O driver
-/// even while another is blocked (a write held on a disk that hangs, say).
-/// A worker parked on its condition variable, while another turned the
-/// driver, is woken only when a task is scheduled; with the blocked one no
-/// longer turning the driver, no socket or timer schedules any, and the
-/// whole runtime stops (seen: one write held on a frozen disk stopped the
-/// node's heartbeats). Stops when dropped.
-struct Nudger {
-    stop: Arc<AtomicBool>,
-}
-
-impl Nudger {
-    const EVERY: std::time::Duration = std::time::Duration::from_millis(250);
-
-    fn start(runtime: tokio::runtime::Handle) -> Nudger {
-        let stop = Arc::new(AtomicBool::new(false));
-        let stopped = stop.clone();
-        let spawned = std::thread::Builder::new()
-            .name("runtime-nudge".into())
-            .spawn(move || {
-                while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
-                    std::thread::sleep(Nudger::EVERY);
-                    drop(runtime.spawn(async {}));
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(error = %e, "no thread to nudge the runtime: a worker held on a hung disk may stop it");
-        }
-        Nudger { stop }
-    }
-}
-
-impl Drop for Nudger {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
 }

@@ -26,6 +26,7 @@ pub mod engines;
 pub mod error;
 pub mod frontend;
 pub mod metrics;
+pub mod nudge;
 pub mod replica;
 pub mod server;
 pub mod sync;

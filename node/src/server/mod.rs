@@ -55,7 +55,7 @@ pub struct ReplicaServer {
 /// that must sync does.
 ///
 /// One free worker is not enough by itself: the node plugin also nudges
-/// its runtime (`daemon::Nudger`), or the free one may sleep on while the
+/// its runtime (`nudge::Nudger`), or the free one may sleep on while the
 /// blocked one no longer turns the I/O driver.
 struct InlineWrites {
     now: std::sync::atomic::AtomicUsize,
