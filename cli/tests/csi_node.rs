@@ -59,6 +59,11 @@ struct Csi {
 
 impl Csi {
     fn create(&mut self, name: &str, block: bool) {
+        self.create_with(name, block, 1);
+    }
+
+    /// `create`, with `replicas` replicas.
+    fn create_with(&mut self, name: &str, block: bool, replicas: usize) {
         let req = CreateVolumeRequest {
             name: name.into(),
             capacity_range: Some(CapacityRange {
@@ -66,7 +71,7 @@ impl Csi {
                 limit_bytes: 0,
             }),
             volume_capabilities: vec![cap(block)],
-            parameters: HashMap::from([("numberOfReplicas".into(), "1".into())]),
+            parameters: HashMap::from([("numberOfReplicas".into(), replicas.to_string())]),
             ..Default::default()
         };
         self.rt.block_on(self.ctl.create_volume(req)).unwrap();
@@ -608,6 +613,72 @@ fn a_block_volume_is_published_as_a_device_file_that_reads_back_what_was_written
     let all = std::fs::read(&image).unwrap();
     assert!(all[1 << 20..(1 << 20) + data.len()] == expected[..]);
     csi.unpublish("blkvol");
+}
+
+/// A disk that hangs under the replica the engine writes itself (on its
+/// own node: the local replica lent to it) holds up the block device's
+/// writes only for the replica timeout. Two replicas, on node-1 (whose
+/// disk is an ext4 of its own, frozen with fsfreeze) and node-2; the
+/// block device published on node-1. With the disk frozen, 4 MiB written
+/// through the device and synced: the engine's watch gives up node-1's
+/// replica, whose disk holds a write, while node-2's answers; the write
+/// that hung is answered by the engine, on a serving thread other than
+/// the one the disk holds, and the sync goes to node-2's replica. Before,
+/// the writes and the sync waited for as long as the disk stayed frozen.
+/// Thawed, node-1's replica is brought back up to date, and the bytes
+/// read back from a fresh engine, which reads its local replica first.
+#[test]
+fn a_frozen_disk_under_the_engines_own_replica_holds_up_the_block_device_only_for_the_replica_timeout()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let disk = ext4_disk(dir.path(), "node-1");
+    // node-1's disk is small: the cluster asks for no space kept free.
+    let (ctl, nodes) = cluster_of_nodes(dir.path(), "10s", 2, &[]);
+    let rt = runtime();
+    let mut csi = {
+        let _in = rt.enter();
+        Csi {
+            ctl: ControllerClient::new(ballast::grpc::unix_channel(&ctl.socket).unwrap()),
+            node: NodeClient::new(ballast::grpc::unix_channel(&nodes[0].socket).unwrap()),
+            rt,
+        }
+    };
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/dev"));
+    let v = "lent-held";
+    csi.create_with(v, true, 2);
+    csi.up(v, &staging, &target, true);
+    assert_eq!(replica_nodes(&ctl.api, v), ["node-1", "node-2"]);
+    let write = |at: u64, byte: u8| {
+        let target = target.clone();
+        move || {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut dev = std::fs::OpenOptions::new().write(true).open(&target)?;
+            dev.seek(SeekFrom::Start(at))?;
+            dev.write_all(&vec![byte; 4 << 20])?;
+            dev.sync_all()
+        }
+    };
+    write(0, 0x21)().unwrap();
+
+    let frozen = Frozen::freeze(&disk);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let second = write(4 << 20, 0x41);
+    std::thread::spawn(move || {
+        let _ = tx.send(second());
+    });
+    rx.recv_timeout(Duration::from_secs(90))
+        .expect("the write still waits on node-1's frozen disk after 90 s")
+        .unwrap();
+    wait_robustness_within(&ctl.api, v, "degraded", Duration::from_secs(30));
+
+    drop(frozen);
+    wait_robustness_within(&ctl.api, v, "healthy", Duration::from_secs(120));
+    csi.down(v, &staging, &target);
+    let endpoint = csi.publish(v, true)["frontendEndpoint"].clone();
+    let (ok, out) = qemu_io(&endpoint, &["read -P 0x21 0 4M", "read -P 0x41 4M 4M"]);
+    assert!(ok, "{out}");
+    csi.unpublish(v);
 }
 
 #[test]

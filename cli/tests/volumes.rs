@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::cluster_of_nodes as cluster;
 use common::*;
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -17,51 +18,9 @@ fn replica_dir_in(dir: &std::path::Path, r: &serde_json::Value) -> std::path::Pa
         .join(r["name"].as_str().unwrap())
 }
 
-/// A controller (`node_down` its node-down timeout) and `n` nodes
-/// (`node-1`...), each with `flags`, all ready. The disks are directories
-/// on this machine's filesystem, whatever its free space: the 25% free
-/// minimum is set to 0, so that it does not decide the tests.
-fn cluster(
-    dir: &std::path::Path,
-    node_down: &str,
-    n: usize,
-    flags: &[&str],
-) -> (ControllerProc, Vec<NodeProc>) {
-    let ctl = start_controller(dir, node_down);
-    let agent = format!("http://{}", ctl.agent);
-    let nodes: Vec<NodeProc> = (1..=n)
-        .map(|i| start_node_with(dir, &format!("node-{i}"), &agent, flags))
-        .collect();
-    for n in &nodes {
-        wait_for(Duration::from_secs(30), "node ready", || {
-            node(&ctl.api, &n.id).filter(node_is_up)
-        });
-    }
-    let (s, _) = call(
-        "PUT",
-        &format!(
-            "{}/v1/settings/storage-minimal-available-percentage",
-            ctl.api
-        ),
-        Some(json!({"value": 0})),
-    );
-    assert_eq!(s, 200);
-    (ctl, nodes)
-}
-
 /// Waits until `volume`'s robustness is `want`.
 fn wait_robustness(api: &str, volume: &str, want: &str) {
     wait_robustness_within(api, volume, want, Duration::from_secs(30));
-}
-
-/// `wait_robustness`, waiting at most `limit`.
-fn wait_robustness_within(api: &str, volume: &str, want: &str, limit: Duration) {
-    wait_for(limit, &format!("robustness {want}"), || {
-        call("GET", &format!("{api}/v1/volumes/{volume}"), None).1["status"]["robustness"]
-            .as_str()
-            .filter(|r| *r == want)
-            .map(drop)
-    });
 }
 
 #[test]
@@ -334,23 +293,6 @@ fn still_ready_past_its_timeout(api: &str, node_id: &str) {
     assert!(!reasons.iter().any(|r| r == "NodeDown"), "{reasons:?}");
 }
 
-/// Makes `node`'s disk (`node/disk-1` under `dir`) an ext4 of its own, on
-/// a loop device, so that it can be frozen; returns where it is mounted.
-/// The test's `Teardown` unmounts it.
-fn ext4_disk(dir: &std::path::Path, node: &str) -> std::path::PathBuf {
-    let disk = dir.join(node).join("disk-1");
-    std::fs::create_dir_all(&disk).unwrap();
-    let image = dir.join(format!("{node}-disk.img"));
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(256 << 20)
-        .unwrap();
-    let (image, point) = (image.display().to_string(), disk.display().to_string());
-    must("mkfs.ext4", &["-q", &image]);
-    must("mount", &["-o", "loop", &image, &point]);
-    disk
-}
-
 /// Writes to a disk that hangs (frozen with fsfreeze) hold up nothing else
 /// of its node. The engines on node-1 write to their volumes' replicas on
 /// node-2 (plain writes and a flush, as a filesystem sends them; qemu-io's
@@ -378,15 +320,7 @@ fn writes_to_a_frozen_disk_hold_up_no_heartbeat_and_its_replicas_come_back_when_
             Some(json!({"name": v, "size": "16Mi", "numberOfReplicas": 2})),
         );
         assert_eq!(s, 201, "{body}");
-        let (_, body) = call("GET", &format!("{api}/v1/volumes/{v}"), None);
-        let mut at: Vec<&str> = body["status"]["replicas"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["nodeId"].as_str().unwrap())
-            .collect();
-        at.sort();
-        assert_eq!(at, ["node-1", "node-2"], "{body}");
+        assert_eq!(replica_nodes(&api, v), ["node-1", "node-2"]);
         let endpoint = attach(&api, v, "node-1");
         let write = format!("write -P {} 0 4M", 0x20 + i);
         let (ok, out) = qemu_io(&endpoint, &[&write, "flush"]);

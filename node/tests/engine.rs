@@ -208,16 +208,79 @@ async fn large_and_small_writes_and_trims_racing_on_a_lent_replica_leave_every_r
     );
 }
 
+/// One replica server of `size` bytes in `dir` and an engine over it,
+/// on its node, the replica lent to the engine.
+async fn lent_alone(dir: &std::path::Path, size: u64) -> (ReplicaAddr, Arc<Engine>) {
+    let a = replica_server(dir, "v-r0", size).await;
+    let engine = engine_over(size, std::slice::from_ref(&a), Some("v-r0")).await;
+    engine
+        .lend_local(replica_dir(dir, "v-r0"), WRITEBACK_EVERY)
+        .await
+        .unwrap();
+    (a, engine)
+}
+
+/// Writes to a lent replica made at once from several threads outside
+/// the engine's runtime (as the block device's serving threads make
+/// them), each answered through `write_then`: every write gets its own
+/// answer, once. The lent replica holds one answer at a time, the turn's;
+/// it was emptied after the turn was let go, so that the next writer's
+/// answer could take the place of one not yet given (which was lost,
+/// and its writer waited for ever), and the next writer found none.
+#[test]
+fn every_write_to_a_lent_replica_from_many_threads_gets_its_own_answer() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let size = 64 * BLOCK;
+    let (_, engine) = rt.block_on(lent_alone(d.path(), size));
+    const THREADS: u64 = 8;
+    const WRITES: u64 = 1500;
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, bool)>();
+    let writers: Vec<_> = (0..THREADS)
+        .map(|t| {
+            let (engine, tx, rt) = (engine.clone(), tx.clone(), rt.handle().clone());
+            std::thread::spawn(move || {
+                for i in 0..WRITES {
+                    let id = t * WRITES + i;
+                    // Unaligned, within a block of the thread's own.
+                    let offset = t * BLOCK + (i % 7) * 512;
+                    let data = bytes::Bytes::from(vec![id as u8; 512]);
+                    let tx = tx.clone();
+                    let done = Box::new(move |r: Result<(), _>| {
+                        let _ = tx.send((id, r.is_ok()));
+                    });
+                    rt.block_on(engine.write_then(offset, data, false, done));
+                }
+            })
+        })
+        .collect();
+    drop(tx);
+    let mut answers = vec![0u32; (THREADS * WRITES) as usize];
+    for _ in 0..THREADS * WRITES {
+        let (id, ok) = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("a write's answer never came");
+        assert!(ok, "write {id} failed");
+        answers[id as usize] += 1;
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    assert!(
+        answers.iter().all(|&n| n == 1),
+        "a write answered more than once"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lent_local_replica_matches_a_model_through_writes_trims_and_snapshots() {
     let d = tempfile::tempdir().unwrap();
     let size = 256 * BLOCK;
-    let a = replica_server(d.path(), "v-r0", size).await;
-    let engine = engine_over(size, std::slice::from_ref(&a), Some("v-r0")).await;
-    engine
-        .lend_local(replica_dir(d.path(), "v-r0"), WRITEBACK_EVERY)
-        .await
-        .unwrap();
+    let (a, engine) = lent_alone(d.path(), size).await;
     let through_server = ReplicaClient::connect(&a.addr, &a.name).await.unwrap();
     let mut model = vec![0u8; size as usize];
     let mut x = 0x2545_f491_4f6c_dd1du64;

@@ -594,6 +594,78 @@ pub fn must(cmd: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A controller (`node_down` its node-down timeout) and `n` nodes
+/// (`node-1`...), each with `flags`, all ready. The disks are directories
+/// on this machine's filesystem, whatever its free space: the 25% free
+/// minimum is set to 0, so that it does not decide the tests.
+pub fn cluster_of_nodes(
+    dir: &Path,
+    node_down: &str,
+    n: usize,
+    flags: &[&str],
+) -> (ControllerProc, Vec<NodeProc>) {
+    let ctl = start_controller(dir, node_down);
+    let agent = format!("http://{}", ctl.agent);
+    let nodes: Vec<NodeProc> = (1..=n)
+        .map(|i| start_node_with(dir, &format!("node-{i}"), &agent, flags))
+        .collect();
+    for n in &nodes {
+        wait_for(Duration::from_secs(30), "node ready", || {
+            node(&ctl.api, &n.id).filter(node_is_up)
+        });
+    }
+    let (s, _) = call(
+        "PUT",
+        &format!(
+            "{}/v1/settings/storage-minimal-available-percentage",
+            ctl.api
+        ),
+        Some(serde_json::json!({"value": 0})),
+    );
+    assert_eq!(s, 200);
+    (ctl, nodes)
+}
+
+/// The nodes of `volume`'s replicas, as the API answers, in order.
+pub fn replica_nodes(api: &str, volume: &str) -> Vec<String> {
+    let (_, body) = call("GET", &format!("{api}/v1/volumes/{volume}"), None);
+    let mut at: Vec<String> = body["status"]["replicas"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{body}"))
+        .iter()
+        .map(|r| r["nodeId"].as_str().unwrap().to_string())
+        .collect();
+    at.sort();
+    at
+}
+
+/// Waits at most `limit` until `volume`'s robustness is `want`.
+pub fn wait_robustness_within(api: &str, volume: &str, want: &str, limit: Duration) {
+    wait_for(limit, &format!("robustness {want}"), || {
+        call("GET", &format!("{api}/v1/volumes/{volume}"), None).1["status"]["robustness"]
+            .as_str()
+            .filter(|r| *r == want)
+            .map(drop)
+    });
+}
+
+/// Makes `node`'s disk (`node/disk-1` under `dir`) an ext4 of its own, on
+/// a loop device, so that it can be frozen; returns where it is mounted.
+/// The test's `Teardown` unmounts it.
+pub fn ext4_disk(dir: &Path, node: &str) -> PathBuf {
+    let disk = dir.join(node).join("disk-1");
+    std::fs::create_dir_all(&disk).unwrap();
+    let image = dir.join(format!("{node}-disk.img"));
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let (image, point) = (image.display().to_string(), disk.display().to_string());
+    must("mkfs.ext4", &["-q", &image]);
+    must("mount", &["-o", "loop", &image, &point]);
+    disk
+}
+
 /// A filesystem frozen (`fsfreeze`: every write to it waits, as on a
 /// disk that hangs) until dropped.
 pub struct Frozen(pub PathBuf);

@@ -9,10 +9,23 @@
 //! If the connection drops (the node plugin restarts), the engine keeps
 //! going and asks again until the server answers; if the server refuses
 //! (the disk was lost), the replica fails like any other.
+//!
+//! A disk that hangs holds the write under way for as long as it hangs,
+//! and the engine's thread with it; nothing else may wait behind it for
+//! ever. Every call takes the gate before the replica (shared by reads,
+//! alone by the rest), and the volume's I/O waits for it in turns,
+//! stopping once the replica is given up (`give_up`, by the engine's
+//! watch, `stall::watch_lent`): from then on every call fails at once,
+//! and the write that hung is answered with an error in its stead. The
+//! replica's files stay the engine's, and the loan held, until that
+//! write returns (the thread holds the replica): its server cannot open
+//! them meanwhile, so the late write lands in no rebuild. A merge takes
+//! the replica step by step without the gate: its hang is not bounded.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -20,6 +33,14 @@ use crate::replica::{LayerInfo, Replica, ReplicaError};
 use crate::wire::client::ClientError;
 use crate::wire::client::ReplicaClient;
 use crate::wire::protocol::status;
+
+/// How long one wait for the gate lasts before the waiter looks whether
+/// the replica was given up.
+const GATE_TURN: Duration = Duration::from_millis(100);
+
+/// A write's answer, given once: by the write, or by the give-up when the
+/// write hangs.
+pub type Answer = Box<dyn FnOnce(Result<(), ClientError>) + Send>;
 
 pub struct Lent {
     name: String,
@@ -34,6 +55,22 @@ pub struct Lent {
     lease: Mutex<Arc<ReplicaClient>>,
     /// The task that keeps the loan; stopped with the replica.
     keeper: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Taken before `replica` (see the module's head).
+    gate: parking_lot::RwLock<()>,
+    /// Why the engine gave the replica up; every call fails from then on.
+    given_up: OnceLock<String>,
+    /// Told when it is given up (a flush waiting on the disk ends).
+    gone: tokio::sync::Notify,
+    /// When the write that holds the replica began (ns after `born`, 0:
+    /// none).
+    writing: AtomicU64,
+    /// The reads and flushes under way, and when the last of them began
+    /// or ended (ns after `born`).
+    readers: AtomicUsize,
+    reading: AtomicU64,
+    born: Instant,
+    /// The answer of the volume's write under way (`write_answered`).
+    answer: Mutex<Option<Answer>>,
 }
 
 impl Drop for Lent {
@@ -100,7 +137,121 @@ impl Lent {
             replica: RwLock::new(replica),
             lease: Mutex::new(lease),
             keeper: Mutex::new(None),
+            gate: parking_lot::RwLock::new(()),
+            given_up: OnceLock::new(),
+            gone: tokio::sync::Notify::new(),
+            writing: AtomicU64::new(0),
+            readers: AtomicUsize::new(0),
+            reading: AtomicU64::new(0),
+            born: Instant::now(),
+            answer: Mutex::new(None),
         }))
+    }
+
+    /// The error of every call once the replica is given up.
+    fn gone_error(&self, why: &str) -> ClientError {
+        ClientError::Closed {
+            addr: self.dir.display().to_string(),
+            reason: format!("the local replica was given up: {why}"),
+        }
+    }
+
+    fn not_given_up(&self) -> Result<(), ClientError> {
+        match self.given_up.get() {
+            Some(why) => Err(self.gone_error(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// The gate alone, waited for in turns until the replica is given up.
+    fn alone(&self) -> Result<parking_lot::RwLockWriteGuard<'_, ()>, ClientError> {
+        loop {
+            self.not_given_up()?;
+            if let Some(g) = self.gate.try_write_for(GATE_TURN) {
+                return Ok(g);
+            }
+        }
+    }
+
+    /// The gate shared, waited for as `alone`.
+    fn shared(&self) -> Result<parking_lot::RwLockReadGuard<'_, ()>, ClientError> {
+        loop {
+            self.not_given_up()?;
+            if let Some(g) = self.gate.try_read_for(GATE_TURN) {
+                return Ok(g);
+            }
+        }
+    }
+
+    /// Now, in ns after `born` (never 0).
+    fn now(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_nanos())
+            .unwrap_or(u64::MAX - 1)
+            .saturating_add(1)
+    }
+
+    /// Runs `f` on the replica, alone (`gate` held), as a write of it: its
+    /// time counts as the replica's stall while it lasts (`stalled_for`).
+    fn writing_in<T>(
+        &self,
+        _gate: &parking_lot::RwLockWriteGuard<'_, ()>,
+        f: impl FnOnce(&mut Replica) -> Result<T, ReplicaError>,
+    ) -> Result<T, ClientError> {
+        let mut r = self.replica.write().map_err(|_| self.poisoned())?;
+        self.writing.store(self.now(), Ordering::Release);
+        let done = f(&mut r).map_err(|e| self.error(e));
+        self.writing.store(0, Ordering::Release);
+        done
+    }
+
+    /// Runs `f` on the replica, shared, as a read or a flush: its time
+    /// counts as the replica's stall while no other ends
+    /// (`stalled_for`).
+    fn reading<T>(
+        &self,
+        f: impl FnOnce(&Replica) -> Result<T, ReplicaError>,
+    ) -> Result<T, ClientError> {
+        let _gate = self.shared()?;
+        let r = self.replica.read().map_err(|_| self.poisoned())?;
+        if self.readers.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.reading.store(self.now(), Ordering::Release);
+        }
+        let done = f(&r).map_err(|e| {
+            r.note_corruption(&e);
+            self.error(e)
+        });
+        // Another under way counts from this one's end.
+        self.reading.store(self.now(), Ordering::Release);
+        self.readers.fetch_sub(1, Ordering::AcqRel);
+        done
+    }
+
+    /// How long, at `now`, the replica has held a write, or its reads and
+    /// flushes, without one ending (None when none is under way): a disk
+    /// that hangs leaves this growing.
+    pub fn stalled_for(&self, now: Instant) -> Option<Duration> {
+        let reading = (self.readers.load(Ordering::Acquire) > 0)
+            .then(|| self.reading.load(Ordering::Acquire));
+        let since = [Some(self.writing.load(Ordering::Acquire)), reading]
+            .into_iter()
+            .flatten()
+            .filter(|t| *t != 0)
+            .min()?;
+        let at = self.born + Duration::from_nanos(since - 1);
+        Some(now.saturating_duration_since(at))
+    }
+
+    /// Gives the replica up, as its disk hangs: every call fails from now
+    /// on, and every wait for the gate ends. Returns the answer of the
+    /// volume's write under way, for the caller to give (an error), or
+    /// None when there is none or it was given up already.
+    pub fn give_up(&self, why: String) -> Option<Answer> {
+        self.given_up.set(why).ok()?;
+        self.gone.notify_waiters();
+        self.answer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 
     fn error(&self, e: ReplicaError) -> ClientError {
@@ -112,39 +263,19 @@ impl Lent {
     }
 
     pub fn read(&self, offset: u64, len: u32) -> Result<Vec<u8>, ClientError> {
-        let r = self.replica.read().map_err(|_| self.poisoned())?;
         let mut buf = vec![0u8; len as usize];
-        r.read(offset, &mut buf).map_err(|e| {
-            r.note_corruption(&e);
-            self.error(e)
-        })?;
+        self.reading(|r| r.read(offset, &mut buf))?;
         Ok(buf)
     }
 
-    /// Writes into the head (into the page cache: short enough to run
-    /// inline); `revision` 0 keeps the replica's own count going.
-    pub fn write(&self, offset: u64, data: &[u8], revision: u64) -> Result<(), ClientError> {
-        let mut r = self.replica.write().map_err(|_| self.poisoned())?;
-        r.write(offset, data, (revision != 0).then_some(revision))
-            .map_err(|e| self.error(e))
-    }
-
-    /// `write`, with the checksums of its whole blocks when the engine
-    /// took them once for every replica and this one keeps them (see
-    /// `Replica::write_summed`).
-    pub fn write_maybe_summed(
-        &self,
-        offset: u64,
-        data: &[u8],
-        sums: Option<&Bytes>,
-        revision: u64,
-    ) -> Result<(), ClientError> {
-        let (Some(sums), true) = (sums, self.keeps_sums) else {
-            return self.write(offset, data, revision);
-        };
-        let mut r = self.replica.write().map_err(|_| self.poisoned())?;
-        r.write_summed(offset, data, sums, (revision != 0).then_some(revision))
-            .map_err(|e| self.error(e))
+    /// The replica's turn for one write, taken before the engine's order
+    /// lock and used once that is let go (see `Turn`).
+    /// Fails once the replica is given up.
+    pub fn turn(&self) -> Result<Turn<'_>, ClientError> {
+        Ok(Turn {
+            lent: self,
+            gate: self.alone()?,
+        })
     }
 
     /// Whether the replica keeps block checksums.
@@ -152,28 +283,19 @@ impl Lent {
         self.keeps_sums
     }
 
-    /// Trims, or with `zeroes` writes zeros (see `Replica::discard`).
-    pub fn discard(
-        &self,
-        offset: u64,
-        len: u64,
-        revision: u64,
-        zeroes: bool,
-    ) -> Result<(), ClientError> {
-        let mut r = self.replica.write().map_err(|_| self.poisoned())?;
-        r.discard(offset, len, (revision != 0).then_some(revision), zeroes)
-            .map_err(|e| self.error(e))
-    }
-
-    /// Makes every write so far durable, on a blocking thread.
+    /// Makes every write so far durable, on a blocking thread; ends with
+    /// an error once the replica is given up, the flush hung or not.
     pub async fn flush(self: &Arc<Self>) -> Result<(), ClientError> {
+        let gone = self.gone.notified();
+        tokio::pin!(gone);
+        gone.as_mut().enable();
+        self.not_given_up()?;
         let me = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let r = me.replica.read().map_err(|_| me.poisoned())?;
-            r.flush().map_err(|e| me.error(e))
-        })
-        .await
-        .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
+        let flushed = tokio::task::spawn_blocking(move || me.reading(Replica::flush));
+        tokio::select! {
+            r = flushed => r.map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?,
+            () = gone => self.not_given_up(),
+        }
     }
 
     /// Closes the replica clean (`Replica::close_clean`), on a blocking
@@ -191,6 +313,7 @@ impl Lent {
         };
         let me = self.clone();
         tokio::task::spawn_blocking(move || {
+            let _gate = me.alone()?;
             let mut r = me.replica.write().map_err(|_| me.poisoned())?;
             if !held {
                 r.break_off(format!("closed: {why}"));
@@ -223,6 +346,7 @@ impl Lent {
     pub async fn grow(self: &Arc<Self>, size: u64) -> Result<(), ClientError> {
         let me = self.clone();
         tokio::task::spawn_blocking(move || {
+            let _gate = me.alone()?;
             let mut r = me.replica.write().map_err(|_| me.poisoned())?;
             r.grow(size).map_err(|e| me.error(e))
         })
@@ -241,6 +365,7 @@ impl Lent {
         let label = label.map(str::to_string);
         let lose = lose.clone();
         tokio::task::spawn_blocking(move || {
+            let _gate = me.alone()?;
             let mut r = me.replica.write().map_err(|_| me.poisoned())?;
             r.snapshot_losing(label.as_deref(), &lose)
                 .map_err(|e| me.error(e))
@@ -255,6 +380,7 @@ impl Lent {
         let me = self.clone();
         let layer = layer.to_string();
         tokio::task::spawn_blocking(move || {
+            let _gate = me.alone()?;
             let mut r = me.replica.write().map_err(|_| me.poisoned())?;
             r.lose_frozen_block(&layer, block * crate::replica::BLOCK)
                 .map_err(|e| me.error(e))
@@ -269,15 +395,11 @@ impl Lent {
         &self,
         since: u64,
     ) -> Result<Option<Vec<crate::replica::LogEntry>>, ClientError> {
-        Ok(self
-            .replica
-            .read()
-            .map_err(|_| self.poisoned())?
-            .writes_since(since))
+        self.reading(|r| Ok(r.writes_since(since)))
     }
 
     pub fn layers(&self) -> Result<Vec<LayerInfo>, ClientError> {
-        Ok(self.replica.read().map_err(|_| self.poisoned())?.layers())
+        self.reading(|r| Ok(r.layers()))
     }
 
     fn lease(&self) -> Option<Arc<ReplicaClient>> {
@@ -344,5 +466,97 @@ impl Lent {
         if let Ok(mut k) = self.keeper.lock() {
             *k = Some(task.abort_handle());
         }
+    }
+}
+
+/// The lent replica's turn for one write. A writer takes it before the
+/// engine's order lock and holds it until its write is made, once that
+/// lock is let go: writes reach the replica in the engine's order, the
+/// remote replicas' sends never wait on the local disk, and while the
+/// disk holds one write the next waits for its turn without the order
+/// lock, in turns that end when the replica is given up; none waits for
+/// ever. (Taken inside the order lock instead, each write paid two
+/// hand-offs between writers, the lock's and the turn's: the block
+/// device's 64k writes fell from 0.89x - 1.03x of a loop device to
+/// 0.73x - 0.81x.)
+pub struct Turn<'a> {
+    lent: &'a Lent,
+    gate: parking_lot::RwLockWriteGuard<'a, ()>,
+}
+
+impl Turn<'_> {
+    /// Writes into the head (into the page cache: short enough to run
+    /// inline), with the checksums of its whole blocks when the engine
+    /// took them once for every replica and this one keeps them (see
+    /// `Replica::write_summed`); `revision` 0 keeps the replica's own
+    /// count going.
+    pub fn write(
+        self,
+        offset: u64,
+        data: &[u8],
+        sums: Option<&Bytes>,
+        revision: u64,
+    ) -> Result<(), ClientError> {
+        self.write_held(offset, data, sums, revision)
+    }
+
+    /// `write`, the turn kept.
+    fn write_held(
+        &self,
+        offset: u64,
+        data: &[u8],
+        sums: Option<&Bytes>,
+        revision: u64,
+    ) -> Result<(), ClientError> {
+        let revision = (revision != 0).then_some(revision);
+        match (sums, self.lent.keeps_sums) {
+            (Some(sums), true) => self
+                .lent
+                .writing_in(&self.gate, |r| r.write_summed(offset, data, sums, revision)),
+            _ => self
+                .lent
+                .writing_in(&self.gate, |r| r.write(offset, data, revision)),
+        }
+    }
+
+    /// `write`, for the volume's writes, whose `answer` the give-up gives
+    /// instead while the write hangs: the write's outcome with its answer,
+    /// for the caller to give, or None when the give-up gave it.
+    pub fn write_answered(
+        self,
+        offset: u64,
+        data: &[u8],
+        sums: Option<&Bytes>,
+        revision: u64,
+        answer: Answer,
+    ) -> Option<(Answer, Result<(), ClientError>)> {
+        let lent = self.lent;
+        // The slot is the turn's, one answer at a time: it is filled and
+        // emptied while the turn is held, and the next turn's answer never
+        // takes its place.
+        let slot = || lent.answer.lock().unwrap_or_else(PoisonError::into_inner);
+        *slot() = Some(answer);
+        // Given up before the answer was in its slot, the give-up did not
+        // see it: it is taken back and answered here.
+        if let Err(e) = lent.not_given_up() {
+            return slot().take().map(|a| (a, Err(e)));
+        }
+        let done = self.write_held(offset, data, sums, revision);
+        let answer = slot().take();
+        drop(self);
+        answer.map(|a| (a, done))
+    }
+
+    /// Trims, or with `zeroes` writes zeros (see `Replica::discard`).
+    pub fn discard(
+        self,
+        offset: u64,
+        len: u64,
+        revision: u64,
+        zeroes: bool,
+    ) -> Result<(), ClientError> {
+        let revision = (revision != 0).then_some(revision);
+        self.lent
+            .writing_in(&self.gate, |r| r.discard(offset, len, revision, zeroes))
     }
 }

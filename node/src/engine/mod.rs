@@ -744,6 +744,9 @@ impl Engine {
         let lent = lent::Lent::borrow(c, &local, &dir, self.size(), revision, writeback_every)
             .await
             .map_err(|e| EngineError::of_replica(&local, e))?;
+        if let Some(&timeout) = self.replica_timeout.get() {
+            self.watch_lent(&lent, &local, timeout);
+        }
         let engine = Arc::downgrade(self);
         lent.keep(move |refused| {
             tokio::spawn(async move {
@@ -786,49 +789,65 @@ impl Engine {
             None
         };
         {
-            let _order = self
-                .order
-                .lock()
-                .map_err(|_| EngineError::NoReplica("engine order lock poisoned".into()))?;
-            let revision = if matches!(op, Op::Write | Op::Trim) {
-                self.revision.fetch_add(1, Ordering::SeqCst) + 1
-            } else {
-                0
-            };
-            // Remote replicas first, so they work while the local one does.
-            for (name, link, rw) in clients.iter() {
-                if let Link::Remote(c) = link {
-                    let sent = c.submit_summed(
-                        op,
-                        offset,
-                        len,
-                        (revision, flags),
-                        data.clone(),
-                        sums.as_ref(),
-                    );
-                    match sent {
-                        Ok(w) => waits.push((name.clone(), w, *rw)),
-                        Err(e) => failed.push((name.clone(), e, *rw)),
+            // Lent replicas' turns, taken before the order lock and held
+            // until their change is made once it is let go (`lent::Turn`;
+            // their guards are not held across an await).
+            let mut turns: Vec<_> = clients
+                .iter()
+                .filter_map(|(name, link, rw)| match link {
+                    Link::Lent(l) => {
+                        let turn = matches!(op, Op::Write | Op::Trim).then(|| l.turn());
+                        Some((name, l, *rw, turn, 0))
+                    }
+                    Link::Remote(_) => None,
+                })
+                .collect();
+            {
+                let _order = self
+                    .order
+                    .lock()
+                    .map_err(|_| EngineError::NoReplica("engine order lock poisoned".into()))?;
+                let revision = if matches!(op, Op::Write | Op::Trim) {
+                    self.revision.fetch_add(1, Ordering::SeqCst) + 1
+                } else {
+                    0
+                };
+                // Remote replicas first, so they work while the local one does.
+                for (name, link, rw) in clients.iter() {
+                    if let Link::Remote(c) = link {
+                        let sent = c.submit_summed(
+                            op,
+                            offset,
+                            len,
+                            (revision, flags),
+                            data.clone(),
+                            sums.as_ref(),
+                        );
+                        match sent {
+                            Ok(w) => waits.push((name.clone(), w, *rw)),
+                            Err(e) => failed.push((name.clone(), e, *rw)),
+                        }
                     }
                 }
+                for t in &mut turns {
+                    t.4 = revision;
+                }
             }
-            for (name, link, rw) in clients.iter() {
-                let Link::Lent(l) = link else {
-                    continue;
-                };
-                let done = match op {
-                    Op::Write => l.write_maybe_summed(offset, &data, sums.as_ref(), revision),
-                    Op::Trim => {
-                        l.discard(offset, u64::from(len), revision, flags & FLAG_ZEROES != 0)
+            for (name, l, rw, turn, revision) in turns {
+                let done = match (op, turn) {
+                    (_, Some(Err(e))) => Err(e),
+                    (Op::Write, Some(Ok(t))) => t.write(offset, &data, sums.as_ref(), revision),
+                    (Op::Trim, Some(Ok(t))) => {
+                        t.discard(offset, u64::from(len), revision, flags & FLAG_ZEROES != 0)
                     }
                     _ => Ok(()),
                 };
                 let sync = op == Op::Flush || flags & FLAG_FUA != 0;
                 match done {
-                    Ok(()) if sync => flushes.push((name.clone(), l.clone(), *rw)),
-                    Ok(()) if *rw => acked.push(name.clone()),
+                    Ok(()) if sync => flushes.push((name.clone(), l.clone(), rw)),
+                    Ok(()) if rw => acked.push(name.clone()),
                     Ok(()) => held.push(name.clone()),
-                    Err(e) => failed.push((name.clone(), e, *rw)),
+                    Err(e) => failed.push((name.clone(), e, rw)),
                 }
             }
         }
@@ -1053,6 +1072,15 @@ impl Engine {
             }),
         });
         let sums = sums_for(&clients, offset, &data);
+        // The local one's turn is taken before the order lock and held
+        // until its write is made once the lock is let go (`lent::Turn`).
+        let turns: Vec<_> = clients
+            .iter()
+            .filter_map(|(name, link, rw)| match link {
+                Link::Lent(l) => Some((name, l, *rw, l.turn())),
+                Link::Remote(_) => None,
+            })
+            .collect();
         let Ok(order) = self.order.lock() else {
             return fan.answer_all(EngineError::NoReplica("engine order lock poisoned".into()));
         };
@@ -1069,28 +1097,23 @@ impl Engine {
                 fan.one(name.clone(), rw, Err(e));
             }
         }
-        let local: Vec<_> = clients
-            .iter()
-            .filter_map(|(name, link, rw)| match link {
-                Link::Lent(l) => Some((
-                    name.clone(),
-                    l.clone(),
-                    *rw,
-                    l.write_maybe_summed(offset, &data, sums.as_ref(), revision),
-                )),
-                Link::Remote(_) => None,
-            })
-            .collect();
         drop(order);
-        for (name, l, rw, done) in local {
-            if fua && done.is_ok() {
-                let fan = fan.clone();
-                tokio::spawn(async move {
-                    let r = l.flush().await;
-                    fan.one(name, rw, r);
-                });
-            } else {
-                fan.one(name, rw, done);
+        for (name, l, rw, turn) in turns {
+            // Its answer is given by its write, or by its give-up while the
+            // write hangs on the disk.
+            let (f, n) = (fan.clone(), name.clone());
+            let answer: lent::Answer = Box::new(move |r| f.one(n, rw, r));
+            let done = match turn {
+                Ok(t) => t.write_answered(offset, &data, sums.as_ref(), revision, answer),
+                Err(e) => Some((answer, Err(e))),
+            };
+            match done {
+                Some((answer, Ok(()))) if fua => {
+                    let l = l.clone();
+                    tokio::spawn(async move { answer(l.flush().await) });
+                }
+                Some((answer, r)) => answer(r),
+                None => {}
             }
         }
     }

@@ -14,9 +14,16 @@
 //! drops one that failed an I/O (its record of the replica set changes
 //! first; the planner rebuilds or reuses the replica later). When no other
 //! rw replica answers, none is given up: dropping them all would fail the
-//! volume's I/O, where waiting may still see it through. The lent replica
-//! is never given up here: its I/O runs in the engine's own threads, on
-//! its own node's disk.
+//! volume's I/O, where waiting may still see it through.
+//!
+//! The lent replica's I/O runs on the engine's own threads: a write held
+//! on its disk holds the thread too, and may hold every async worker
+//! behind it, so the async watch could not run. A thread of its own
+//! watches it (`watch_lent`): one that has held a write or a flush past
+//! the timeout while a remote rw replica answers (it has no request
+//! older than the timeout: each was sent the write the local one holds)
+//! is given up (`Lent::give_up`), the hung write answered with an error,
+//! and the replica dropped as above.
 //!
 //! A snapshot, a growth and a rebuild's join pause the volume's I/O while
 //! each replica answers a request no timeout may bound (a freeze reads the
@@ -34,8 +41,9 @@ use std::time::{Duration, Instant};
 
 use ballast::model::ReplicaMode;
 
+use super::lent::Lent;
 use super::{Engine, Link};
-use crate::wire::client::ReplicaClient;
+use crate::wire::client::{ClientError, ReplicaClient};
 
 /// The setting's default: the time a replica may leave a request of the
 /// volume's I/O unanswered (a test holds it to the settings table's).
@@ -104,12 +112,83 @@ impl Engine {
             l.client.abandon(&reason);
             self.fail(
                 &l.name,
-                &crate::wire::client::ClientError::Closed {
+                &ClientError::Closed {
                     addr: l.client.addr().to_string(),
                     reason,
                 },
             )
             .await;
+        }
+    }
+
+    /// Gives up, from now on, the lent replica `lent` (named `name`) once
+    /// it holds a write or a flush past `timeout` while a remote rw
+    /// replica answers (see the module's head), from a thread of its own;
+    /// it ends with the replica or the engine.
+    pub(super) fn watch_lent(self: &Arc<Self>, lent: &Arc<Lent>, name: &str, timeout: Duration) {
+        let (engine, lent, name) = (Arc::downgrade(self), Arc::downgrade(lent), name.to_string());
+        let runtime = tokio::runtime::Handle::current();
+        let every = (timeout / 4).max(Duration::from_millis(250));
+        let watch = move || {
+            let mut waiting_said = false;
+            loop {
+                std::thread::sleep(every);
+                let (Some(engine), Some(lent)) = (engine.upgrade(), lent.upgrade()) else {
+                    return;
+                };
+                let now = Instant::now();
+                let Some(held) = lent.stalled_for(now).filter(|d| *d > timeout) else {
+                    waiting_said = false;
+                    continue;
+                };
+                // Not awaited: the async workers may all be held.
+                let Ok(members) = engine.members.try_lock() else {
+                    continue;
+                };
+                let answering: Vec<String> = members
+                    .iter()
+                    .filter(|m| m.mode == ReplicaMode::Rw)
+                    .filter(|m| match &m.link {
+                        Some(Link::Remote(c)) => c.stalled_for(now).is_none_or(|d| d <= timeout),
+                        _ => false,
+                    })
+                    .map(|m| m.at.name.clone())
+                    .collect();
+                drop(members);
+                if answering.is_empty() {
+                    if !waiting_said {
+                        tracing::warn!(volume = %engine.volume, replica = %name, timeout = ?timeout,
+                            "the local replica's disk holds a write past the replica timeout, and no other rw replica answers; it is not given up, the volume's I/O waits for it");
+                        waiting_said = true;
+                    }
+                    continue;
+                }
+                let reason = format!(
+                    "its disk held a write or a flush for {:.1}s (engine-replica-timeout {timeout:?}), while {} answers",
+                    held.as_secs_f64(),
+                    answering.join(", ")
+                );
+                tracing::error!(volume = %engine.volume, replica = %name, reason = %reason,
+                    "the local replica's disk stopped answering; it is given up and the volume goes on without it");
+                let why = ClientError::Closed {
+                    addr: name.clone(),
+                    reason: reason.clone(),
+                };
+                // The answer may start the write's conclusion, a task.
+                let _in = runtime.enter();
+                if let Some(answer) = lent.give_up(reason) {
+                    answer(Err(why.clone()));
+                }
+                let name = name.clone();
+                runtime.spawn(async move { engine.fail(&name, &why).await });
+                return;
+            }
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("lent-watch".into())
+            .spawn(watch)
+        {
+            tracing::warn!(volume = %self.volume, error = %e, "no thread to watch the local replica: a disk that hangs under it holds the volume's I/O");
         }
     }
 

@@ -29,11 +29,19 @@ pub trait Backing: Send + Sync + 'static {
     fn size(&self) -> u64;
     fn read(&self, offset: u64, len: u32) -> Result<bytes::Bytes, i32>;
     fn write(&self, offset: u64, data: bytes::Bytes) -> Result<(), i32>;
+    /// `write`, answered through `answer`, which may be called later and
+    /// from another thread: the serving thread goes on meanwhile.
+    fn write_then(&self, offset: u64, data: bytes::Bytes, answer: Answer) {
+        answer(self.write(offset, data));
+    }
     /// Discards `offset..+len`, which then reads as zeros.
     fn trim(&self, offset: u64, len: u64) -> Result<(), i32>;
     /// Makes every write answered so far durable.
     fn flush(&self) -> Result<(), i32>;
 }
+
+/// How a write is answered (`Backing::write_then`).
+pub type Answer = Box<dyn FnOnce(Result<(), i32>) + Send>;
 
 /// The block device's backing: the engine, whose I/O runs on `rt`.
 struct EngineFile {
@@ -72,6 +80,17 @@ impl Backing for EngineFile {
         self.rt
             .block_on(self.engine.write_bytes(offset, data, false))
             .map_err(|e| Self::failed("write", offset, &e))
+    }
+
+    /// Answered by the engine once every replica has (`Engine::write_then`):
+    /// a write the local replica's disk holds is answered when the engine
+    /// gives that replica up, while the serving thread that made it waits
+    /// on the disk.
+    fn write_then(&self, offset: u64, data: bytes::Bytes, answer: Answer) {
+        let done: crate::engine::WriteDone =
+            Box::new(move |r| answer(r.map_err(|e| Self::failed("write", offset, &e))));
+        self.rt
+            .block_on(self.engine.write_then(offset, data, false, done));
     }
 
     fn trim(&self, offset: u64, len: u64) -> Result<(), i32> {
@@ -319,6 +338,18 @@ fn buffer_size() -> usize {
     MAX_WRITE as usize + 4096
 }
 
+/// Answers request `unique` on the FUSE device `dev` with `body`. The
+/// request may have been interrupted meanwhile (ENOENT): fine.
+fn reply_on(dev: &File, unique: u64, body: &[u8]) {
+    let h = out_header(OUT_HEADER + body.len(), 0, unique);
+    let _ = (&*dev).write_vectored(&[IoSlice::new(&h), IoSlice::new(body)]);
+}
+
+/// Answers request `unique` on `dev` with the error `errno`.
+fn reply_error_on(dev: &File, unique: u64, errno: i32) {
+    let _ = (&*dev).write(&out_header(OUT_HEADER, -errno, unique));
+}
+
 /// One read(2) of the FUSE device into the spare capacity of `buf`, which
 /// then holds what was read.
 fn read_into(dev: &File, buf: &mut bytes::BytesMut) -> std::io::Result<usize> {
@@ -468,13 +499,11 @@ impl Server {
     }
 
     fn reply(&self, unique: u64, body: &[u8]) {
-        let h = out_header(OUT_HEADER + body.len(), 0, unique);
-        // The request may have been interrupted meanwhile (ENOENT): fine.
-        let _ = (&*self.dev).write_vectored(&[IoSlice::new(&h), IoSlice::new(body)]);
+        reply_on(&self.dev, unique, body);
     }
 
     fn reply_error(&self, unique: u64, errno: i32) {
-        let _ = (&*self.dev).write(&out_header(OUT_HEADER, -errno, unique));
+        reply_error_on(&self.dev, unique, errno);
     }
 
     fn init(&self, h: &Header, b: &[u8]) {
@@ -661,10 +690,12 @@ impl Server {
         {
             return self.reply_error(h.unique, libc::ENOSPC);
         }
-        match self.backing.write(offset, data) {
-            Ok(()) => self.reply(h.unique, &Body::default().u32(size).u32(0).0),
-            Err(errno) => self.reply_error(h.unique, errno),
-        }
+        let (dev, unique) = (self.dev.clone(), h.unique);
+        let answer: Answer = Box::new(move |r| match r {
+            Ok(()) => reply_on(&dev, unique, &Body::default().u32(size).u32(0).0),
+            Err(errno) => reply_error_on(&dev, unique, errno),
+        });
+        self.backing.write_then(offset, data, answer);
     }
 
     /// Discards and zeroes (what the loop device sends for a block
