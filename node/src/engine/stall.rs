@@ -19,8 +19,8 @@
 //! The lent replica's I/O runs on the engine's own threads: a write held
 //! on its disk holds the thread too, and may hold every async worker
 //! behind it, so the async watch could not run. A thread of its own
-//! watches it (`watch_lent`): one that has held a write or a flush past
-//! the timeout while a remote rw replica answers (it has no request
+//! watches it (`watch_lent`): one that has held a write, a read or a
+//! flush past the timeout while a remote rw replica answers (it has no request
 //! older than the timeout: each was sent the write the local one holds)
 //! is given up (`Lent::give_up`), the hung write answered with an error,
 //! and the replica dropped as above.
@@ -122,7 +122,7 @@ impl Engine {
     }
 
     /// Gives up, from now on, the lent replica `lent` (named `name`) once
-    /// it holds a write or a flush past `timeout` while a remote rw
+    /// it holds a write, a read or a flush past `timeout` while a remote rw
     /// replica answers (see the module's head), from a thread of its own;
     /// it ends with the replica or the engine.
     pub(super) fn watch_lent(self: &Arc<Self>, lent: &Arc<Lent>, name: &str, timeout: Duration) {
