@@ -792,17 +792,17 @@ impl Engine {
             // Lent replicas' turns, taken before the order lock and held
             // until their change is made once it is let go (`lent::Turn`;
             // their guards are not held across an await).
-            let mut turns: Vec<_> = clients
+            let turns: Vec<_> = clients
                 .iter()
                 .filter_map(|(name, link, rw)| match link {
                     Link::Lent(l) => {
                         let turn = matches!(op, Op::Write | Op::Trim).then(|| l.turn());
-                        Some((name, l, *rw, turn, 0))
+                        Some((name, l, *rw, turn))
                     }
                     Link::Remote(_) => None,
                 })
                 .collect();
-            {
+            let revision = {
                 let _order = self
                     .order
                     .lock()
@@ -829,11 +829,9 @@ impl Engine {
                         }
                     }
                 }
-                for t in &mut turns {
-                    t.4 = revision;
-                }
-            }
-            for (name, l, rw, turn, revision) in turns {
+                revision
+            };
+            for (name, l, rw, turn) in turns {
                 let done = match (op, turn) {
                     (_, Some(Err(e))) => Err(e),
                     (Op::Write, Some(Ok(t))) => t.write(offset, &data, sums.as_ref(), revision),

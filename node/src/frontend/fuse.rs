@@ -28,19 +28,17 @@ pub trait Backing: Send + Sync + 'static {
     fn name(&self) -> String;
     fn size(&self) -> u64;
     fn read(&self, offset: u64, len: u32) -> Result<bytes::Bytes, i32>;
-    fn write(&self, offset: u64, data: bytes::Bytes) -> Result<(), i32>;
-    /// `write`, answered through `answer`, which may be called later and
-    /// from another thread: the serving thread goes on meanwhile.
-    fn write_then(&self, offset: u64, data: bytes::Bytes, answer: Answer) {
-        answer(self.write(offset, data));
-    }
+    /// Writes `data` at `offset` and gives the outcome to `answer`, which
+    /// may be called later and from another thread: the serving thread
+    /// goes on meanwhile.
+    fn write(&self, offset: u64, data: bytes::Bytes, answer: Answer);
     /// Discards `offset..+len`, which then reads as zeros.
     fn trim(&self, offset: u64, len: u64) -> Result<(), i32>;
     /// Makes every write answered so far durable.
     fn flush(&self) -> Result<(), i32>;
 }
 
-/// How a write is answered (`Backing::write_then`).
+/// How a write is answered (`Backing::write`).
 pub type Answer = Box<dyn FnOnce(Result<(), i32>) + Send>;
 
 /// The block device's backing: the engine, whose I/O runs on `rt`.
@@ -76,17 +74,11 @@ impl Backing for EngineFile {
             .map_err(|e| Self::failed("read", offset, &e))
     }
 
-    fn write(&self, offset: u64, data: bytes::Bytes) -> Result<(), i32> {
-        self.rt
-            .block_on(self.engine.write_bytes(offset, data, false))
-            .map_err(|e| Self::failed("write", offset, &e))
-    }
-
     /// Answered by the engine once every replica has (`Engine::write_then`):
     /// a write the local replica's disk holds is answered when the engine
     /// gives that replica up, while the serving thread that made it waits
     /// on the disk.
-    fn write_then(&self, offset: u64, data: bytes::Bytes, answer: Answer) {
+    fn write(&self, offset: u64, data: bytes::Bytes, answer: Answer) {
         let done: crate::engine::WriteDone =
             Box::new(move |r| answer(r.map_err(|e| Self::failed("write", offset, &e))));
         self.rt
@@ -695,7 +687,7 @@ impl Server {
             Ok(()) => reply_on(&dev, unique, &Body::default().u32(size).u32(0).0),
             Err(errno) => reply_error_on(&dev, unique, errno),
         });
-        self.backing.write_then(offset, data, answer);
+        self.backing.write(offset, data, answer);
     }
 
     /// Discards and zeroes (what the loop device sends for a block
@@ -745,8 +737,8 @@ mod tests {
         fn read(&self, _: u64, _: u32) -> Result<bytes::Bytes, i32> {
             Err(libc::EIO)
         }
-        fn write(&self, _: u64, _: bytes::Bytes) -> Result<(), i32> {
-            Err(libc::EIO)
+        fn write(&self, _: u64, _: bytes::Bytes, answer: Answer) {
+            answer(Err(libc::EIO))
         }
         fn trim(&self, _: u64, _: u64) -> Result<(), i32> {
             Err(libc::EIO)

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 
-use ballast_node::frontend::fuse::{Backing, FuseMount, mount_backing};
+use ballast_node::frontend::fuse::{Answer, Backing, FuseMount, mount_backing};
 
 const BLOCK: u64 = 4096;
 
@@ -121,13 +121,13 @@ impl Backing for Forgetful {
         Ok(out.into())
     }
 
-    fn write(&self, offset: u64, data: bytes::Bytes) -> Result<(), i32> {
+    fn write(&self, offset: u64, data: bytes::Bytes, answer: Answer) {
         let mut s = self.state.lock().unwrap();
         if s.cut {
-            return Err(libc::EIO);
+            return answer(Err(libc::EIO));
         }
         self.put(&mut s, offset, &data);
-        Ok(())
+        answer(Ok(()))
     }
 
     fn trim(&self, offset: u64, len: u64) -> Result<(), i32> {
