@@ -615,6 +615,24 @@ fn a_block_volume_is_published_as_a_device_file_that_reads_back_what_was_written
     csi.unpublish("blkvol");
 }
 
+/// A controller and two nodes, node-1's disk an ext4 of its own (a loop
+/// device, which a test may freeze), and a CSI client of the controller
+/// and node-1. The disk is small: the cluster asks for no space kept free.
+fn two_nodes_the_first_on_ext4(dir: &Path) -> (ControllerProc, Vec<NodeProc>, Csi, PathBuf) {
+    let disk = ext4_disk(dir, "node-1");
+    let (ctl, nodes) = cluster_of_nodes(dir, "10s", 2, &[]);
+    let rt = runtime();
+    let csi = {
+        let _in = rt.enter();
+        Csi {
+            ctl: ControllerClient::new(ballast::grpc::unix_channel(&ctl.socket).unwrap()),
+            node: NodeClient::new(ballast::grpc::unix_channel(&nodes[0].socket).unwrap()),
+            rt,
+        }
+    };
+    (ctl, nodes, csi, disk)
+}
+
 /// A disk that hangs under the replica the engine writes itself (on its
 /// own node: the local replica lent to it) holds up the block device's
 /// writes only for the replica timeout. Two replicas, on node-1 (whose
@@ -632,18 +650,7 @@ fn a_frozen_disk_under_the_engines_own_replica_holds_up_the_block_device_only_fo
  {
     let dir = tempfile::tempdir().unwrap();
     let _cleanup = Teardown(dir.path().to_path_buf());
-    let disk = ext4_disk(dir.path(), "node-1");
-    // node-1's disk is small: the cluster asks for no space kept free.
-    let (ctl, nodes) = cluster_of_nodes(dir.path(), "10s", 2, &[]);
-    let rt = runtime();
-    let mut csi = {
-        let _in = rt.enter();
-        Csi {
-            ctl: ControllerClient::new(ballast::grpc::unix_channel(&ctl.socket).unwrap()),
-            node: NodeClient::new(ballast::grpc::unix_channel(&nodes[0].socket).unwrap()),
-            rt,
-        }
-    };
+    let (ctl, _nodes, mut csi, disk) = two_nodes_the_first_on_ext4(dir.path());
     let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/dev"));
     let v = "lent-held";
     csi.create_with(v, true, 2);
@@ -677,6 +684,55 @@ fn a_frozen_disk_under_the_engines_own_replica_holds_up_the_block_device_only_fo
     csi.down(v, &staging, &target);
     let endpoint = csi.publish(v, true)["frontendEndpoint"].clone();
     let (ok, out) = qemu_io(&endpoint, &["read -P 0x21 0 4M", "read -P 0x41 4M 4M"]);
+    assert!(ok, "{out}");
+    csi.unpublish(v);
+}
+
+/// The same disk, hung under the lent replica, holds up an NBD
+/// connection only for the replica timeout. The connection's one reading
+/// task makes the lent replica's write itself, and the frozen disk holds
+/// it there: the write is answered by the give-up, but the requests that
+/// follow it on the connection were never read, and waited for as long as
+/// the disk stayed frozen. Now another task takes the reading over once
+/// the replica is given up. With the disk frozen, qemu-io writes 4 MiB,
+/// 4 MiB more and flushes, on one connection; all answered. Thawed, the
+/// replica is brought back up to date and every byte reads back.
+#[test]
+fn a_frozen_disk_under_the_engines_own_replica_holds_up_an_nbd_connection_only_for_the_replica_timeout()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let (ctl, _nodes, mut csi, disk) = two_nodes_the_first_on_ext4(dir.path());
+    let v = "lent-held-nbd";
+    csi.create_with(v, false, 2);
+    let endpoint = csi.publish(v, false)["frontendEndpoint"].clone();
+    assert_eq!(replica_nodes(&ctl.api, v), ["node-1", "node-2"]);
+    let (ok, out) = qemu_io(&endpoint, &["write -P 0x21 0 4M", "flush"]);
+    assert!(ok, "{out}");
+
+    let frozen = Frozen::freeze(&disk);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let at = endpoint.clone();
+    std::thread::spawn(move || {
+        let cmds = ["write -P 0x41 4M 4M", "write -P 0x42 8M 4M", "flush"];
+        let _ = tx.send(qemu_io_with(&at, &["-t", "writeback"], &cmds));
+    });
+    let (ok, out) = rx
+        .recv_timeout(Duration::from_secs(90))
+        .expect("the connection still waits on node-1's frozen disk after 90 s");
+    assert!(ok, "{out}");
+    wait_robustness_within(&ctl.api, v, "degraded", Duration::from_secs(30));
+
+    drop(frozen);
+    wait_robustness_within(&ctl.api, v, "healthy", Duration::from_secs(120));
+    csi.unpublish(v);
+    let endpoint = csi.publish(v, false)["frontendEndpoint"].clone();
+    let reads = [
+        "read -P 0x21 0 4M",
+        "read -P 0x41 4M 4M",
+        "read -P 0x42 8M 4M",
+    ];
+    let (ok, out) = qemu_io(&endpoint, &reads);
     assert!(ok, "{out}");
     csi.unpublish(v);
 }

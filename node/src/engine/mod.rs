@@ -264,6 +264,10 @@ pub struct Engine {
     /// How long a remote replica may leave a request unanswered while
     /// another answers (`stall`); unset, none is given up for it.
     replica_timeout: std::sync::OnceLock<std::time::Duration>,
+    /// Counts the lent replicas given up while their disk held a call
+    /// (`stall::watch_lent`): a frontend whose task the disk holds hands
+    /// its work to another (`lent_given_up`).
+    lent_given_up: tokio::sync::watch::Sender<u64>,
 }
 
 impl Drop for Engine {
@@ -552,6 +556,7 @@ impl Engine {
             set_changed: Arc::new(tokio::sync::Notify::new()),
             tls,
             replica_timeout: std::sync::OnceLock::new(),
+            lent_given_up: tokio::sync::watch::Sender::new(0),
         });
         if keeps_record {
             // The set it opened may already differ from the record.
@@ -1221,6 +1226,13 @@ impl Engine {
         lent.merge(keep, rate)
             .await
             .map_err(|e| EngineError::of_replica(replica, e))
+    }
+
+    /// Changes each time the local replica is given up while its disk
+    /// holds a call: the task that made the call is held until the disk
+    /// answers, though the call itself was answered by the give-up.
+    pub fn lent_given_up(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.lent_given_up.subscribe()
     }
 
     /// The volume's size in bytes.

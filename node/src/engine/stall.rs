@@ -23,7 +23,9 @@
 //! flush past the timeout while a remote rw replica answers (it has no request
 //! older than the timeout: each was sent the write the local one holds)
 //! is given up (`Lent::give_up`), the hung write answered with an error,
-//! and the replica dropped as above.
+//! and the replica dropped as above. The engine says so
+//! (`Engine::lent_given_up`): a frontend whose task the disk holds hands
+//! that task's work to another.
 //!
 //! A snapshot, a growth and a rebuild's join pause the volume's I/O while
 //! each replica answers a request no timeout may bound (a freeze reads the
@@ -179,6 +181,7 @@ impl Engine {
                 if let Some(answer) = lent.give_up(reason) {
                     answer(Err(why.clone()));
                 }
+                engine.lent_given_up.send_modify(|n| *n += 1);
                 let name = name.clone();
                 runtime.spawn(async move { engine.fail(&name, &why).await });
                 return;

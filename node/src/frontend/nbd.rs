@@ -3,6 +3,12 @@
 //! (FUA honoured), requests served concurrently and answered with simple
 //! replies as they finish. Every request is validated; a bad one gets an
 //! error, a request that breaks the framing closes the connection.
+//!
+//! One task reads a connection's requests, and makes each write itself
+//! (the engine writes its local replica inline). A disk that hangs under
+//! that replica holds the task; the engine gives the replica up after
+//! its timeout and answers the write, and another task takes the
+//! connection's reading over (`Conn::parked`, `take_over`).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -249,18 +255,61 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         return Ok(());
     }
     let (rd, wr) = tokio::io::split(stream);
-    let mut rd = crate::bufio::FrameReader::new(rd, IO_BUFFER);
     // Unbounded, but what waits is bounded: a read takes its share of the
     // reply budget before it is started, and gives it back once its reply
     // is written; a write's answer (16 bytes) is sent from the task that
     // read the replicas' answers, which must not wait.
     let (tx, rx) = mpsc::unbounded_channel::<Queued>();
-    let budget = Budget::default();
     let writer = tokio::spawn(write_replies(rx, wr));
-    let mut inflight = tokio::task::JoinSet::new();
+    let conn = Arc::new(Conn {
+        engine: engine.clone(),
+        parked: parking_lot::Mutex::new(None),
+    });
+    let watch = tokio::spawn(take_over(Arc::downgrade(&conn), engine.lent_given_up()));
+    let reading = Box::new(Reading {
+        rd: crate::bufio::FrameReader::new(rd, IO_BUFFER),
+        tx,
+        budget: Budget::default(),
+        inflight: tokio::task::JoinSet::new(),
+        writer,
+        watch: watch.abort_handle(),
+    });
+    serve(conn, reading).await
+}
+
+/// What every task that serves a connection shares.
+struct Conn<R> {
+    engine: Arc<Engine>,
+    /// The reading side, left here by its task while it makes a write:
+    /// the local replica's disk may hold that task (the engine writes the
+    /// replica lent to it inline), and another then takes the reading
+    /// over (`take_over`).
+    parked: parking_lot::Mutex<Option<Box<Reading<R>>>>,
+}
+
+/// A connection's reading side and what it needs to serve the requests
+/// it reads; one task holds it at a time.
+struct Reading<R> {
+    rd: crate::bufio::FrameReader<R>,
+    tx: mpsc::UnboundedSender<Queued>,
+    budget: Budget,
+    inflight: tokio::task::JoinSet<()>,
+    writer: tokio::task::JoinHandle<()>,
+    /// `take_over`'s task, stopped with the connection.
+    watch: tokio::task::AbortHandle,
+}
+
+/// Reads and serves requests until the client disconnects (or breaks the
+/// framing), then answers what is in flight; or, taken over while it made
+/// a write (see `Conn::parked`), ends when that write returns.
+async fn serve<R: AsyncRead + Unpin>(
+    conn: Arc<Conn<R>>,
+    mut r: Box<Reading<R>>,
+) -> std::io::Result<()> {
+    let engine = &conn.engine;
     let result = loop {
         let mut h = [0u8; 28];
-        if let Err(e) = rd.read_exact(&mut h).await {
+        if let Err(e) = r.rd.read_exact(&mut h).await {
             break if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 Ok(())
             } else {
@@ -274,30 +323,76 @@ async fn connection<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
         let served = match req.cmd {
             CMD_DISC => break Ok(()),
             // A write's payload is read here, in order.
-            CMD_WRITE => write(&engine, &mut rd, &tx, &req).await,
+            CMD_WRITE => match payload(&mut r.rd, &r.tx, &req).await {
+                Ok(Some(data)) => {
+                    let tx = r.tx.clone();
+                    *conn.parked.lock() = Some(r);
+                    write(engine, tx, &req, data).await;
+                    match conn.parked.lock().take() {
+                        Some(back) => r = back,
+                        // Another task reads now; the write is answered.
+                        None => return Ok(()),
+                    }
+                    Ok(())
+                }
+                refused => refused.map(drop),
+            },
             _ => {
                 // Backpressure: no more requests are read while the replies
                 // already read wait for the client.
                 let share = match req.cmd {
-                    CMD_READ => budget.take(u64::from(req.len)).await,
+                    CMD_READ => r.budget.take(u64::from(req.len)).await,
                     _ => None,
                 };
-                spawn(&engine, &tx, &mut inflight, req, share);
+                spawn(engine, &r.tx, &mut r.inflight, req, share);
                 Ok(())
             }
         };
         if let Err(e) = served {
             break Err(e);
         }
-        while inflight.try_join_next().is_some() {}
+        while r.inflight.try_join_next().is_some() {}
     };
     // Answer what is in flight before closing.
+    let Reading {
+        mut inflight,
+        tx,
+        writer,
+        watch,
+        ..
+    } = *r;
+    watch.abort();
     while inflight.join_next().await.is_some() {}
     drop(tx);
     let _ = writer.await;
     result
 }
 
+/// Each time the engine gives its local replica up while the disk holds
+/// a call, takes the connection's reading side if its task left it for a
+/// write (the disk may hold that task), and serves it from a new task.
+/// Taking it from a task the disk does not hold costs nothing: that task
+/// ends once its write returns, and this one goes on.
+async fn take_over<R: AsyncRead + Unpin + Send + 'static>(
+    conn: std::sync::Weak<Conn<R>>,
+    mut given_up: tokio::sync::watch::Receiver<u64>,
+) {
+    while given_up.changed().await.is_ok() {
+        let Some(conn) = conn.upgrade() else {
+            return;
+        };
+        let Some(reading) = conn.parked.lock().take() else {
+            continue;
+        };
+        tracing::info!(volume = %conn.engine.volume,
+            "the local replica was given up while its disk held this connection's write: another task reads the connection's requests");
+        tokio::spawn(async move {
+            if let Err(e) = serve(conn, reading).await {
+                tracing::debug!(error = %e, "nbd connection ended");
+            }
+        });
+    }
+}
 /// One transmission request's header.
 pub struct Command {
     pub cmd: u16,
@@ -353,26 +448,35 @@ async fn write_replies<W: AsyncWrite + Unpin>(mut rx: mpsc::UnboundedReceiver<Qu
     let _ = wr.shutdown().await;
 }
 
-/// WRITE: its payload, then the engine's write, answered when the
-/// replicas have it (with FUA each replica syncs it first). A payload too
-/// large to skip ends the connection.
-async fn write<R: AsyncRead + Unpin>(
-    engine: &Arc<Engine>,
+/// A WRITE's payload, read in order; None when the write is refused (out
+/// of range: answered here). A payload too large to skip ends the
+/// connection.
+async fn payload<R: AsyncRead + Unpin>(
     rd: &mut crate::bufio::FrameReader<R>,
     tx: &mpsc::UnboundedSender<Queued>,
     req: &Command,
-) -> std::io::Result<()> {
-    let handle = req.handle;
+) -> std::io::Result<Option<bytes::Bytes>> {
     if req.len > MAX_REQUEST {
-        let _ = tx.send(simple_reply(EINVAL, handle, bytes::Bytes::new()).into());
+        let _ = tx.send(simple_reply(EINVAL, req.handle, bytes::Bytes::new()).into());
         return Err(invalid("write too large"));
     }
     let data = rd.payload(req.len as usize).await?;
     if !req.in_range {
-        let _ = tx.send(simple_reply(ENOSPC, handle, bytes::Bytes::new()).into());
-        return Ok(());
+        let _ = tx.send(simple_reply(ENOSPC, req.handle, bytes::Bytes::new()).into());
+        return Ok(None);
     }
-    let tx = tx.clone();
+    Ok(Some(data))
+}
+
+/// WRITE: the engine's write, answered when the replicas have it (with
+/// FUA each replica syncs it first).
+async fn write(
+    engine: &Arc<Engine>,
+    tx: mpsc::UnboundedSender<Queued>,
+    req: &Command,
+    data: bytes::Bytes,
+) {
+    let handle = req.handle;
     engine
         .write_then(
             req.offset,
@@ -383,7 +487,6 @@ async fn write<R: AsyncRead + Unpin>(
             }),
         )
         .await;
-    Ok(())
 }
 
 /// Every other request runs in a task of its own and answers when done.
