@@ -633,6 +633,24 @@ fn two_nodes_the_first_on_ext4(dir: &Path) -> (ControllerProc, Vec<NodeProc>, Cs
     (ctl, nodes, csi, disk)
 }
 
+/// `write_device` from a thread of its own, which must end within
+/// `wait`; `held` says what would hold it.
+fn write_device_within(at: &Path, offset: u64, data: Vec<u8>, wait: Duration, held: &str) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let at = at.to_path_buf();
+    std::thread::spawn(move || {
+        write_device(&at, offset, &data);
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(wait) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("the write still waits after {wait:?}: {held}")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => panic!("the write failed"),
+    }
+}
+
 /// A disk that hangs under the replica the engine writes itself (on its
 /// own node: the local replica lent to it) holds up the block device's
 /// writes only for the replica timeout. Two replicas, on node-1 (whose
@@ -656,27 +674,11 @@ fn a_frozen_disk_under_the_engines_own_replica_holds_up_the_block_device_only_fo
     csi.create_with(v, true, 2);
     csi.up(v, &staging, &target, true);
     assert_eq!(replica_nodes(&ctl.api, v), ["node-1", "node-2"]);
-    let write = |at: u64, byte: u8| {
-        let target = target.clone();
-        move || {
-            use std::io::{Seek, SeekFrom, Write};
-            let mut dev = std::fs::OpenOptions::new().write(true).open(&target)?;
-            dev.seek(SeekFrom::Start(at))?;
-            dev.write_all(&vec![byte; 4 << 20])?;
-            dev.sync_all()
-        }
-    };
-    write(0, 0x21)().unwrap();
+    write_device(&target, 0, &vec![0x21; 4 << 20]);
 
     let frozen = Frozen::freeze(&disk);
-    let (tx, rx) = std::sync::mpsc::channel();
-    let second = write(4 << 20, 0x41);
-    std::thread::spawn(move || {
-        let _ = tx.send(second());
-    });
-    rx.recv_timeout(Duration::from_secs(90))
-        .expect("the write still waits on node-1's frozen disk after 90 s")
-        .unwrap();
+    let (data, wait) = (vec![0x41; 4 << 20], Duration::from_secs(90));
+    write_device_within(&target, 4 << 20, data, wait, "node-1's frozen disk");
     wait_robustness_within(&ctl.api, v, "degraded", Duration::from_secs(30));
 
     drop(frozen);
@@ -731,6 +733,86 @@ fn a_frozen_disk_under_the_engines_own_replica_holds_up_an_nbd_connection_only_f
         "read -P 0x21 0 4M",
         "read -P 0x41 4M 4M",
         "read -P 0x42 8M 4M",
+    ];
+    let (ok, out) = qemu_io(&endpoint, &reads);
+    assert!(ok, "{out}");
+    csi.unpublish(v);
+}
+
+/// The same disk, hung while the engine merges its own replica's layers
+/// (a snapshot deleted, the merge paced at 1 MiB/s so that it is under
+/// way), holds up the block device only for the replica timeout. A merge
+/// takes the replica's lock step by step, and a step the disk holds held
+/// every write behind it for as long as the disk stayed frozen: the
+/// writes waited for the lock, which did not count as the replica's
+/// stall. Now it counts: the replica is given up, the merge stops at its
+/// next step, and the writes go on with node-2's replica. Thawed, the
+/// replica is brought back up to date and every byte reads back.
+#[test]
+fn a_frozen_disk_under_a_merge_of_the_engines_own_replica_holds_up_the_block_device_only_for_the_replica_timeout()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let (ctl, _nodes, mut csi, disk) = two_nodes_the_first_on_ext4(dir.path());
+    let rest = |method: &str, path: &str, body: Option<serde_json::Value>| {
+        let (code, body) = call(method, &format!("{}{path}", ctl.api), body);
+        assert!(code < 300, "{method} {path}: {code} {body}");
+    };
+    rest(
+        "PUT",
+        "/v1/settings/layer-merge-rate",
+        Some(serde_json::json!({"value": "1"})),
+    );
+    let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/dev"));
+    let v = "lent-merging";
+    csi.create_with(v, true, 2);
+    csi.up(v, &staging, &target, true);
+    assert_eq!(replica_nodes(&ctl.api, v), ["node-1", "node-2"]);
+    let snapshot = |name: &str| {
+        let body = serde_json::json!({"name": name, "volume": v});
+        rest("POST", "/v1/snapshots", Some(body));
+    };
+    write_device(&target, 0, &vec![0x31; 24 << 20]);
+    snapshot("s");
+    write_device(&target, 20 << 20, &vec![0x32; 8 << 20]);
+    snapshot("t");
+    write_device(&target, 40 << 20, &vec![0x33; 1 << 20]);
+
+    // s's 20 MiB that t does not cover move up, 4 MiB a step, one step
+    // about every 4 s.
+    rest("DELETE", "/v1/snapshots/s", None);
+    let replicas = disk.join("replicas");
+    let meta = || {
+        let only = std::fs::read_dir(&replicas).ok()?.flatten().next()?;
+        std::fs::read_to_string(only.path().join("meta.json")).ok()
+    };
+    let start = std::time::Instant::now();
+    while !meta().is_some_and(|m| m.contains("\"merging\"")) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "node-1's replica never began its merge: {:?}",
+            meta()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let frozen = Frozen::freeze(&disk);
+    // The merge's next step begins and the disk holds it, the lock held.
+    std::thread::sleep(Duration::from_secs(6));
+    let (data, wait) = (vec![0x41; 4 << 20], Duration::from_secs(90));
+    let held = "the merge on node-1's frozen disk";
+    write_device_within(&target, 48 << 20, data, wait, held);
+    wait_robustness_within(&ctl.api, v, "degraded", Duration::from_secs(30));
+
+    drop(frozen);
+    wait_robustness_within(&ctl.api, v, "healthy", Duration::from_secs(120));
+    csi.down(v, &staging, &target);
+    let endpoint = csi.publish(v, true)["frontendEndpoint"].clone();
+    let reads = [
+        "read -P 0x31 0 20M",
+        "read -P 0x32 20M 8M",
+        "read -P 0 28M 12M",
+        "read -P 0x33 40M 1M",
+        "read -P 0x41 48M 4M",
     ];
     let (ok, out) = qemu_io(&endpoint, &reads);
     assert!(ok, "{out}");

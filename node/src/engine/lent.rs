@@ -20,7 +20,9 @@
 //! replica's files stay the engine's, and the loan held, until that
 //! write returns (the thread holds the replica): its server cannot open
 //! them meanwhile, so the late write lands in no rebuild. A merge takes
-//! the replica step by step without the gate: its hang is not bounded.
+//! the replica step by step without the gate; a call waiting for a step
+//! the disk holds counts as held by the disk, and the merge stops at its
+//! next step once the replica is given up.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -191,35 +193,47 @@ impl Lent {
     }
 
     /// Runs `f` on the replica, alone (`gate` held), as a write of it: its
-    /// time counts as the replica's stall while it lasts (`stalled_for`).
+    /// time counts as the replica's stall while it lasts (`stalled_for`),
+    /// the wait for the replica's lock included: a merge holds it step by
+    /// step without the gate, and a step the disk holds holds this write.
     fn writing_in<T>(
         &self,
         _gate: &parking_lot::RwLockWriteGuard<'_, ()>,
         f: impl FnOnce(&mut Replica) -> Result<T, ReplicaError>,
     ) -> Result<T, ClientError> {
-        let mut r = self.replica.write().map_err(|_| self.poisoned())?;
         self.writing.store(self.now(), Ordering::Release);
-        let done = f(&mut r).map_err(|e| self.error(e));
+        let done = match self.replica.write() {
+            // Given up while it waited, it writes nothing.
+            Ok(mut r) => self
+                .not_given_up()
+                .and_then(|()| f(&mut r).map_err(|e| self.error(e))),
+            Err(_) => Err(self.poisoned()),
+        };
         self.writing.store(0, Ordering::Release);
         done
     }
 
     /// Runs `f` on the replica, shared, as a read or a flush: its time
     /// counts as the replica's stall while no other ends
-    /// (`stalled_for`).
+    /// (`stalled_for`), the wait for the replica's lock included (see
+    /// `writing_in`).
     fn reading<T>(
         &self,
         f: impl FnOnce(&Replica) -> Result<T, ReplicaError>,
     ) -> Result<T, ClientError> {
         let _gate = self.shared()?;
-        let r = self.replica.read().map_err(|_| self.poisoned())?;
         if self.readers.fetch_add(1, Ordering::AcqRel) == 0 {
             self.reading.store(self.now(), Ordering::Release);
         }
-        let done = f(&r).map_err(|e| {
-            r.note_corruption(&e);
-            self.error(e)
-        });
+        let done = match self.replica.read() {
+            Ok(r) => self.not_given_up().and_then(|()| {
+                f(&r).map_err(|e| {
+                    r.note_corruption(&e);
+                    self.error(e)
+                })
+            }),
+            Err(_) => Err(self.poisoned()),
+        };
         // Another under way counts from this one's end.
         self.reading.store(self.now(), Ordering::Release);
         self.readers.fetch_sub(1, Ordering::AcqRel);
@@ -335,7 +349,10 @@ impl Lent {
     ) -> Result<crate::replica::MergeReport, ClientError> {
         let me = self.clone();
         tokio::task::spawn_blocking(move || {
-            crate::replica::merge_paced(&me.replica, &keep, rate, &|| false)
+            // Given up, it stops at its next step: the replica is no longer
+            // the volume's, and whoever opens it next finishes the merge.
+            let given_up = || me.given_up.get().is_some();
+            crate::replica::merge_paced(&me.replica, &keep, rate, &given_up)
                 .map_err(|e| me.error(e))
         })
         .await
