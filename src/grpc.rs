@@ -101,17 +101,36 @@ pub fn tcp_channel(url: &str) -> Result<Channel, ServeError> {
     tcp_channel_with(url, None)
 }
 
+/// How long a channel's calls may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Calls {
+    /// At most [`CALL_TIMEOUT`] each.
+    Bounded,
+    /// As long as the work they ask for (a merge copies a layer at its
+    /// pace): the caller bounds them.
+    Long,
+}
+
 /// As [`tcp_channel`], over TLS with `tls` when given (an `http://` URL is
 /// then reached as `https://`).
 pub fn tcp_channel_with(
     url: &str,
     tls: Option<tonic::transport::ClientTlsConfig>,
 ) -> Result<Channel, ServeError> {
+    tcp_channel_calls(url, tls, Calls::Bounded)
+}
+
+/// As [`tcp_channel_with`], its calls bounded as `calls` says.
+pub fn tcp_channel_calls(
+    url: &str,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+    calls: Calls,
+) -> Result<Channel, ServeError> {
     let endpoints = url
         .split(',')
         .map(str::trim)
         .filter(|u| !u.is_empty())
-        .map(|u| tcp_endpoint(u, tls.clone()))
+        .map(|u| tcp_endpoint(u, tls.clone(), calls))
         .collect::<Result<Vec<_>, _>>()?;
     match endpoints.len() {
         0 => Err(ServeError::Endpoint {
@@ -126,6 +145,7 @@ pub fn tcp_channel_with(
 fn tcp_endpoint(
     url: &str,
     tls: Option<tonic::transport::ClientTlsConfig>,
+    calls: Calls,
 ) -> Result<Endpoint, ServeError> {
     let bad = |reason: String| ServeError::Endpoint {
         endpoint: url.to_string(),
@@ -139,9 +159,15 @@ fn tcp_endpoint(
     if let Some(tls) = tls {
         endpoint = endpoint.tls_config(tls).map_err(|e| bad(e.to_string()))?;
     }
-    Ok(endpoint
-        .connect_timeout(std::time::Duration::from_secs(3))
-        .timeout(std::time::Duration::from_secs(10)))
+    Ok(bounded(endpoint.connect_timeout(CONNECT_TIMEOUT), calls))
+}
+
+/// `endpoint` with its calls bounded as `calls` says.
+fn bounded(endpoint: Endpoint, calls: Calls) -> Endpoint {
+    match calls {
+        Calls::Bounded => endpoint.timeout(CALL_TIMEOUT),
+        Calls::Long => endpoint,
+    }
 }
 
 /// How long a member's server keeps a connection before it asks the
@@ -151,7 +177,7 @@ pub const CONNECTION_AGE: std::time::Duration = std::time::Duration::from_secs(3
 /// How long a TCP connection, then a TLS handshake, may take, per address.
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
 /// How long a call may take.
-const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A member's gRPC server (the agent endpoints): connections last at most
 /// [`CONNECTION_AGE`].
@@ -224,6 +250,7 @@ pub fn tls_channel(
     url: &str,
     tls: std::sync::Arc<rustls::ClientConfig>,
     peer: &str,
+    calls: Calls,
 ) -> Result<Channel, ServeError> {
     let bad = |reason: String| ServeError::Endpoint {
         endpoint: url.to_string(),
@@ -253,9 +280,9 @@ pub fn tls_channel(
         name,
     });
     // The URI names the first address; the dialer picks the one it dials.
-    let endpoint = Endpoint::from_shared(format!("http://{first}"))
-        .map_err(|e| bad(e.to_string()))?
-        .timeout(CALL_TIMEOUT);
+    let endpoint =
+        Endpoint::from_shared(format!("http://{first}")).map_err(|e| bad(e.to_string()))?;
+    let endpoint = bounded(endpoint, calls);
     Ok(
         endpoint.connect_with_connector_lazy(tower::service_fn(move |_: Uri| {
             let dialer = dialer.clone();

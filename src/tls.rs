@@ -845,9 +845,19 @@ impl Tls {
         url: &str,
         peer: &Role,
     ) -> Result<tonic::transport::Channel, crate::error::ServeError> {
+        self.channel_calls(url, peer, crate::grpc::Calls::Bounded)
+    }
+
+    /// As `channel`, its calls bounded as `calls` says.
+    pub fn channel_calls(
+        &self,
+        url: &str,
+        peer: &Role,
+        calls: crate::grpc::Calls,
+    ) -> Result<tonic::transport::Channel, crate::error::ServeError> {
         match &self.0 {
-            None => crate::grpc::tcp_channel(url),
-            Some(h) => crate::grpc::tls_channel(url, h.client.clone(), &peer.name()),
+            None => crate::grpc::tcp_channel_calls(url, None, calls),
+            Some(h) => crate::grpc::tls_channel(url, h.client.clone(), &peer.name(), calls),
         }
     }
 
@@ -948,8 +958,18 @@ pub struct Member {
 impl Member {
     /// A channel to `url` checked to be `peer`, whose calls carry the token.
     pub fn channel(&self, url: &str, peer: &Role) -> Result<Authed, crate::error::ServeError> {
+        self.channel_calls(url, peer, crate::grpc::Calls::Bounded)
+    }
+
+    /// As `channel`, its calls bounded as `calls` says.
+    pub fn channel_calls(
+        &self,
+        url: &str,
+        peer: &Role,
+        calls: crate::grpc::Calls,
+    ) -> Result<Authed, crate::error::ServeError> {
         Ok(tonic::service::interceptor::InterceptedService::new(
-            self.tls.channel(url, peer)?,
+            self.tls.channel_calls(url, peer, calls)?,
             self.token.sender(),
         ))
     }

@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use ballast::cluster_token::Authed;
+use ballast::grpc::Calls;
 use ballast::model::Node;
 use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
 use ballast::proto::agent::v1::{
@@ -22,6 +23,21 @@ use crate::error::Error;
 /// A client of a node's agent, which is checked to be that node; the
 /// calls are made as `member`.
 pub fn client(node: &Node, member: &Member) -> Result<NodeAgentClient<Authed>, Error> {
+    client_calls(node, member, Calls::Bounded)
+}
+
+/// A client of `node`'s agent for calls that last as long as their work
+/// (a merge): the channel does not cut them at its call timeout, the
+/// caller bounds them.
+pub fn long_client(node: &Node, member: &Member) -> Result<NodeAgentClient<Authed>, Error> {
+    client_calls(node, member, Calls::Long)
+}
+
+fn client_calls(
+    node: &Node,
+    member: &Member,
+    calls: Calls,
+) -> Result<NodeAgentClient<Authed>, Error> {
     if node.status.agent_endpoint.is_empty() {
         return Err(Error::Unprocessable(format!(
             "node {} has not registered an agent endpoint",
@@ -29,7 +45,11 @@ pub fn client(node: &Node, member: &Member) -> Result<NodeAgentClient<Authed>, E
         )));
     }
     let ch = member
-        .channel(&node.status.agent_endpoint, &Role::Node(node.id.clone()))
+        .channel_calls(
+            &node.status.agent_endpoint,
+            &Role::Node(node.id.clone()),
+            calls,
+        )
         .map_err(|e| Error::Internal(e.to_string()))?;
     Ok(NodeAgentClient::new(ch))
 }

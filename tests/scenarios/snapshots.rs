@@ -388,6 +388,58 @@ fn twenty_rebuilds_leave_a_chain_of_the_snapshots_and_two_layers() {
     check_volume(&c, "r", &here, &at_keep);
 }
 
+/// A merge that lasts longer than an agent call may (paced at 1 MiB/s,
+/// 20 MiB to move: about 20 s, against the channel's 10 s call timeout)
+/// is one merge, which the controller waits for: the node runs no second
+/// merge of the replica beside it. Before, the controller's call was cut
+/// at 10 s while the node went on merging, and the snapshot's deletion
+/// and the merge pass each began the same merge, one beside the other.
+#[test]
+fn a_merge_longer_than_a_call_is_waited_for_and_never_run_twice_at_once() {
+    let c = Cluster::start(1, 1);
+    c.set("layer-merge-rate", json!("1"));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    let endpoint = c.attach("v", "node-1");
+    let live = Expected::new(c.dir.path(), "live", SIZE);
+    live.write(&endpoint, 0, 24 << 20, 0x41);
+    snapshot(&c, "s", "v");
+    live.write(&endpoint, 20 << 20, 8 << 20, 0x42);
+    snapshot(&c, "t", "v");
+    live.write(&endpoint, 40 << 20, 1 << 20, 0x43);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let replica = c.replicas("v")[0]["name"].as_str().unwrap().to_string();
+    let dir = c
+        .path("node-1")
+        .join("disk-1")
+        .join("replicas")
+        .join(&replica);
+
+    c.ok("DELETE", "/v1/snapshots/s", None);
+    wait_for(Duration::from_secs(90), "the merge finished", || {
+        let meta = std::fs::read_to_string(dir.join("meta.json")).ok()?;
+        (!meta.contains("\"merging\"") && !meta.contains("layer-000001.img")).then_some(())
+    });
+    let log = std::fs::read_to_string(c.dir.path().join("node-1.log")).unwrap();
+    let began = log
+        .lines()
+        .filter(|l| l.contains("merging a layer no snapshot needs"))
+        .filter(|l| l.contains("from=layer-000001.img"))
+        .count();
+    assert_eq!(began, 1, "the merge of s's layer began {began} times");
+    let ctl = std::fs::read_to_string(c.dir.path().join("controller.log")).unwrap();
+    let cut: Vec<&str> = ctl
+        .lines()
+        .filter(|l| l.contains("merg") && l.contains("Timeout expired"))
+        .collect();
+    assert!(
+        cut.is_empty(),
+        "the controller's merge call was cut: {cut:?}"
+    );
+    let endpoint = c.attach("v", "node-1");
+    verify_data(c.dir.path(), &endpoint, &live.data());
+    c.ok("POST", "/v1/volumes/v/detach", None);
+}
+
 /// A merge the node is killed in the middle of (SIGKILL, paced at
 /// 1 MiB/s so that it is under way) is finished when the replica is next
 /// opened, and the volume holds the same data.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use ballast::model::{Node, Replica, ReplicaMode, Snapshot, Volume};
 use ballast::proto::agent::v1::{MergeReplicaRequest, MergeReplicaResponse};
 
-use crate::agents::client as agent;
+use crate::agents::long_client;
 use crate::context::Context;
 use crate::error::Error;
 use crate::mirror::Mirror;
@@ -165,8 +165,10 @@ pub async fn merge(ctx: &Context, node: &Node, r: &Replica) -> Result<MergeRepli
         .map(|s| s.name)
         .collect();
     let rate = ctx.settings().await?.merge_rate_bytes();
-    let mut c = agent(node, &ctx.member)?;
-    // A merge copies data: it may take longer than a call that does not.
+    // A merge copies data at its pace: the call lasts as long, bounded here
+    // (cut at the channel's call timeout instead, the merge went on on the
+    // node while the node was taken as free for the next).
+    let mut c = long_client(node, &ctx.member)?;
     let call = c.merge_replica(MergeReplicaRequest {
         name: r.name.clone(),
         keep,

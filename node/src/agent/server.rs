@@ -44,6 +44,8 @@ pub struct NodeAgentService {
     ctx: Arc<NodeContext>,
     /// Replicas whose files a call is working on.
     busy: KeyedGuards,
+    /// Replicas being merged.
+    merging: KeyedGuards,
 }
 
 impl NodeAgentService {
@@ -51,6 +53,7 @@ impl NodeAgentService {
         NodeAgentService {
             ctx,
             busy: KeyedGuards::default(),
+            merging: KeyedGuards::default(),
         }
     }
 
@@ -88,6 +91,51 @@ impl NodeAgentService {
             .clone()
             .ok_or_else(|| Error::Internal("this node serves no replicas".into()))
     }
+}
+
+/// Merges replica `req.name`'s layers that no snapshot in `req.keep`
+/// needs: by its engine when it is lent (between the volume's I/O), else
+/// by its server.
+async fn merge_now(
+    ctx: &NodeContext,
+    server: &ReplicaServer,
+    req: MergeReplicaRequest,
+) -> Result<MergeReplicaResponse, Error> {
+    if server.replicas().is_lent(&req.name) {
+        // Its engine holds it: the engine merges it, between its I/O.
+        let dir = server
+            .replicas()
+            .dir_of(&req.name)
+            .map_err(Error::NotFound)?;
+        let volume = Meta::read(&dir)
+            .map_err(|e| Error::Internal(e.to_string()))?
+            .volume;
+        ctx.engines
+            .merge(&volume, &req.name, req.keep, req.bytes_per_second)
+            .await?;
+        let view = Replica::open_view(&dir).map_err(|e| Error::Internal(e.to_string()))?;
+        return Ok(MergeReplicaResponse {
+            layers: view.chain().len() as u32,
+            ..Default::default()
+        });
+    }
+    server
+        .replicas()
+        .find_async(&req.name)
+        .await
+        .map_err(Error::NotFound)?;
+    let done = server
+        .replicas()
+        .merge(&req.name, req.keep, req.bytes_per_second)
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?;
+    Ok(MergeReplicaResponse {
+        merged: done.merged,
+        copied_bytes: done.copied,
+        allocated_before: done.allocated_before,
+        allocated_after: done.allocated_after,
+        layers: done.layers,
+    })
 }
 
 fn status_of(name: &str, disk_id: &str, meta: &Meta) -> ReplicaStatus {
@@ -508,42 +556,23 @@ impl NodeAgent for NodeAgentService {
             }
             .into());
         }
-        if server.replicas().is_lent(&req.name) {
-            // Its engine holds it: the engine merges it, between its I/O.
-            let dir = server
-                .replicas()
-                .dir_of(&req.name)
-                .map_err(Error::NotFound)?;
-            let volume = Meta::read(&dir)
-                .map_err(|e| Error::Internal(e.to_string()))?
-                .volume;
-            self.ctx
-                .engines
-                .merge(&volume, &req.name, req.keep, req.bytes_per_second)
-                .await?;
-            let view = Replica::open_view(&dir).map_err(|e| Error::Internal(e.to_string()))?;
-            return Ok(Response::new(MergeReplicaResponse {
-                layers: view.chain().len() as u32,
-                ..Default::default()
-            }));
-        }
-        server
-            .replicas()
-            .find_async(&req.name)
+        // One merge of a replica at a time: a second beside it would copy
+        // the same blocks again. Held until the merge ends, even when the
+        // caller went away (its call cut), as the merge goes on.
+        let merging = self
+            .merging
+            .try_take(&req.name)
+            .ok_or_else(|| Error::Busy(format!("replica {} is being merged already", req.name)))?;
+        let ctx = self.ctx.clone();
+        let merge = async move {
+            let _merging = merging;
+            merge_now(&ctx, &server, req).await
+        };
+        tokio::spawn(tracing::Instrument::in_current_span(merge))
             .await
-            .map_err(Error::NotFound)?;
-        let done = server
-            .replicas()
-            .merge(&req.name, req.keep, req.bytes_per_second)
-            .await
-            .map_err(|e| Error::Internal(e.to_string()))?;
-        Ok(Response::new(MergeReplicaResponse {
-            merged: done.merged,
-            copied_bytes: done.copied,
-            allocated_before: done.allocated_before,
-            allocated_after: done.allocated_after,
-            layers: done.layers,
-        }))
+            .map_err(|e| Error::Internal(format!("the merge ended: {e}")))?
+            .map(Response::new)
+            .map_err(Into::into)
     }
 
     #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, volume = %request.get_ref().volume, size = request.get_ref().size))]
