@@ -180,6 +180,49 @@ async fn a_rebuild_under_concurrent_writes_ends_with_all_replicas_identical_laye
     );
 }
 
+/// A rebuild asked for while the only rw replica is being merged fails
+/// before it freezes anything: the source has a layer without its
+/// checksum until the merge ends. Before, each attempt froze every
+/// replica's head first, one more layer for the merge to fold; the
+/// controller's attempts a few seconds apart kept the merge from ending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_from_a_merging_source_fails_without_freezing_a_layer() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let s1 = listener.local_addr().unwrap().to_string();
+    let server1 = ReplicaServer::new(vec![d1.path().to_path_buf()]);
+    let table = server1.replicas().clone();
+    tokio::spawn(server1.serve(listener));
+    let s2 = server(&[d2.path()]).await;
+    let (r0, r1) = (
+        replica(d1.path(), "v-r0", &s1),
+        replica(d2.path(), "v-r1", &s2),
+    );
+    let src = ReplicaClient::connect(&s1, "v-r0").await.unwrap();
+    // 5 MiB only the lowest layer holds: merged at 1 MiB/s, about 5 s.
+    src.write(0, &pattern(0, 5 << 20, 1), 1, false)
+        .await
+        .unwrap();
+    src.snapshot(None).await.unwrap();
+    src.write(8 << 20, &pattern(8 << 20, 1 << 20, 2), 2, false)
+        .await
+        .unwrap();
+    src.snapshot(None).await.unwrap();
+    let engine = engine_over(SIZE, std::slice::from_ref(&r0), None).await;
+    let merging = tokio::spawn(async move { table.merge("v-r0", vec![], 1 << 20).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = layers(&r0).await;
+    let err = engine.add_replica(r1.clone(), None).await.unwrap_err();
+    assert!(
+        err.to_string().contains("no rw replica to copy from"),
+        "{err}"
+    );
+    assert_eq!(layers(&r0).await, before, "the attempt froze a layer");
+    merging.await.unwrap().unwrap();
+    engine.add_replica(r1, None).await.unwrap();
+    assert_eq!(wait_rw(&engine, "v-r1").await.mode, ReplicaMode::Rw);
+}
+
 /// Allocated bytes of a file.
 fn allocated(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().blocks() * 512

@@ -69,6 +69,11 @@ impl Engine {
             ));
         }
         let client = Arc::new(client);
+        // A replica merging is no source until its merge ends. Asked before
+        // the heads are frozen, so that an attempt that cannot start
+        // freezes nothing: each freeze is one more layer for the merge to
+        // fold, and attempts a few seconds apart kept it from ending.
+        self.pick_source(source.as_deref()).await?;
         self.give_up_silent().await;
         let (src, kept) = {
             let _pause = self.io.write().await;

@@ -626,7 +626,10 @@ pub struct MergeReport {
 /// 4 MiB step at a time under its lock, copying at most `rate` bytes per
 /// second (by its server, or by the engine it is lent to). Stops, leaving
 /// the merge to whoever opens the replica next, once `stop` says so
-/// (asked under the lock before each step).
+/// (asked under the lock before each step). Folds only into layers
+/// frozen when it began: a head frozen meanwhile (a rebuild's freeze,
+/// whose layers the rebuild then copies) is left for the next merge, so
+/// that the layer a rebuild copies does not change under it.
 pub fn merge_paced(
     replica: &RwLock<Replica>,
     keep: &[String],
@@ -637,14 +640,17 @@ pub fn merge_paced(
     let poisoned = || ReplicaError::Invalid("replica lock poisoned".into());
     let allocated = |r: &Replica| r.layers().iter().map(|l| l.allocated).sum::<u64>();
     let mut report = MergeReport::default();
-    {
+    let frozen_then: Vec<String> = {
         let mut r = replica.write().map_err(|_| poisoned())?;
         if stop() {
             return Ok(report);
         }
         r.keep_snapshots(keep)?;
         report.allocated_before = allocated(&r);
-    }
+        let mut chain = r.chain();
+        chain.pop();
+        chain
+    };
     let start = std::time::Instant::now();
     loop {
         let next = {
@@ -652,7 +658,9 @@ pub fn merge_paced(
             if stop() {
                 return Ok(report);
             }
-            let Some(j) = r.next_merge() else { break };
+            let Some(j) = r.next_merge().filter(|j| frozen_then.contains(&j.into)) else {
+                break;
+            };
             r.begin_merge(&j)?;
             j
         };

@@ -740,6 +740,46 @@ fn allocated(r: &Replica) -> u64 {
     r.layers().iter().map(|l| l.allocated).sum()
 }
 
+/// A paced merge folds only into the layers frozen when it began: a head
+/// frozen while it runs (as a rebuild freezes every replica's head, then
+/// copies the frozen layers) is left for the next merge, so that the
+/// layer a rebuild copies does not change under it. Before, the merge
+/// went on into it, and the rebuild's copy failed ("the source's layer
+/// is not complete").
+#[test]
+fn a_paced_merge_leaves_a_head_frozen_while_it_ran_for_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(dir.path(), 16 << 20).unwrap();
+    // 5 MiB only the lowest layer holds: two steps at 1 MiB/s, the second
+    // about 4 s after the first.
+    r.write(0, &vec![0xa1; 5 << 20], None).unwrap();
+    r.snapshot(None).unwrap();
+    r.write(8 << 20, &vec![0xb1; 1 << 20], None).unwrap();
+    r.snapshot(None).unwrap();
+    r.write(12 << 20, &vec![0xc1; 1 << 20], None).unwrap();
+    let mut want = vec![0u8; 16 << 20];
+    r.read(0, &mut want).unwrap();
+    let r = std::sync::Arc::new(std::sync::RwLock::new(r));
+    let merging = {
+        let r = r.clone();
+        std::thread::spawn(move || super::merge_paced(&r, &[], 1 << 20, &|| false))
+    };
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let frozen = r.write().unwrap().snapshot(None).unwrap();
+    let report = merging.join().unwrap().unwrap();
+    assert_eq!(report.merged, 1, "{report:?}");
+    let r = r.read().unwrap();
+    assert_eq!(
+        r.chain(),
+        ["layer-000002.img", frozen.as_str(), "layer-000004.img"],
+        "the layer frozen during the merge was merged into"
+    );
+    assert!(r.next_merge().is_some(), "left for the next merge");
+    let mut all = vec![0u8; 16 << 20];
+    r.read(0, &mut all).unwrap();
+    assert!(all == want, "reads changed");
+}
+
 #[test]
 fn a_merge_keeps_every_read_and_gives_the_overlap_back() {
     let dir = tempfile::tempdir().unwrap();
