@@ -85,11 +85,14 @@ pub async fn offline(
         .await
         .map_err(Error::NotFound)?;
     let src = dial_source(server, name, source).await?;
+    // A source merging has a layer without its checksum until the merge
+    // ends: try again then (not counted as a failed attempt). Asked before
+    // its head is frozen too, so that such an attempt freezes nothing: each
+    // freeze is one more layer for the merge to fold.
+    JoinSpec::following(&src.layers().await.map_err(remote)?, 0).map_err(Error::Unavailable)?;
     src.snapshot(None).await.map_err(remote)?;
     let info = src.info().await.map_err(remote)?;
     let layers = src.layers().await.map_err(remote)?;
-    // A source merging has a layer without its checksum until the merge
-    // ends: try again then (not counted as a failed attempt).
     let spec = JoinSpec::following(&layers, info["revision"].as_u64().unwrap_or(0))
         .map_err(Error::Unavailable)?;
     let report = join(target, spec).await?;
@@ -180,4 +183,50 @@ pub async fn restore(
         copied_bytes: filled.bytes,
         copy_path: filled.path.as_str().to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replica::{Replica, replica_dir};
+
+    /// An offline rebuild asked for while its source is being merged fails
+    /// as Unavailable (tried again, not counted) before it freezes the
+    /// source's head: each frozen head was one more layer for the merge.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_offline_rebuild_from_a_merging_source_freezes_nothing() {
+        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let source = ReplicaServer::new(vec![d1.path().to_path_buf()]);
+        let table = source.replicas().clone();
+        tokio::spawn(source.serve(listener));
+        let target = ReplicaServer::new(vec![d2.path().to_path_buf()]);
+        Replica::create(&replica_dir(d1.path(), "v-r0"), 16 << 20).unwrap();
+        Replica::create(&replica_dir(d2.path(), "v-r1"), 16 << 20).unwrap();
+        let src = ReplicaClient::connect(&addr, "v-r0").await.unwrap();
+        // 5 MiB only the lowest layer holds: merged at 1 MiB/s, about 5 s.
+        src.write(0, &vec![0x51; 5 << 20], 1, false).await.unwrap();
+        src.snapshot(None).await.unwrap();
+        src.write(8 << 20, &vec![0x52; 1 << 20], 2, false)
+            .await
+            .unwrap();
+        src.snapshot(None).await.unwrap();
+        let merging = tokio::spawn(async move { table.merge("v-r0", vec![], 1 << 20).await });
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let names = |layers: Vec<crate::replica::LayerInfo>| {
+            layers.into_iter().map(|l| l.name).collect::<Vec<_>>()
+        };
+        let before = names(src.layers().await.unwrap());
+        let from = format!("v-r0@{addr}");
+        let err = offline(&target, "v-r1", &from).await.unwrap_err();
+        assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+        assert_eq!(
+            names(src.layers().await.unwrap()),
+            before,
+            "a layer was frozen"
+        );
+        merging.await.unwrap().unwrap();
+        offline(&target, "v-r1", &from).await.unwrap();
+    }
 }
