@@ -165,9 +165,9 @@ pub async fn merge(ctx: &Context, node: &Node, r: &Replica) -> Result<MergeRepli
         .map(|s| s.name)
         .collect();
     let rate = ctx.settings().await?.merge_rate_bytes();
-    // A merge copies data at its pace: the call lasts as long, bounded here
-    // (cut at the channel's call timeout instead, the merge went on on the
-    // node while the node was taken as free for the next).
+    // A merge copies data at its pace, and its call lasts as long: bounded
+    // by MERGE_TIMEOUT below, not by the channel's call timeout (which cut
+    // it at 10 s while the node went on merging).
     let mut c = long_client(node, &ctx.member)?;
     let call = c.merge_replica(MergeReplicaRequest {
         name: r.name.clone(),
