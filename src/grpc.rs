@@ -107,7 +107,8 @@ pub enum Calls {
     /// At most [`CALL_TIMEOUT`] each.
     Bounded,
     /// As long as the work they ask for (a merge copies a layer at its
-    /// pace): the caller bounds them.
+    /// pace, a rebuild or a restore copies a replica): the caller bounds
+    /// them, and a peer that stops answering pings ends them.
     Long,
 }
 
@@ -162,11 +163,17 @@ fn tcp_endpoint(
     Ok(bounded(endpoint.connect_timeout(CONNECT_TIMEOUT), calls))
 }
 
-/// `endpoint` with its calls bounded as `calls` says.
+/// `endpoint` with its calls bounded as `calls` says. A long call's peer
+/// is still asked every [`CALL_TIMEOUT`] whether it is there (an HTTP/2
+/// ping): one that does not answer within as long (a node stopped or cut
+/// off) ends the call.
 fn bounded(endpoint: Endpoint, calls: Calls) -> Endpoint {
     match calls {
         Calls::Bounded => endpoint.timeout(CALL_TIMEOUT),
-        Calls::Long => endpoint,
+        Calls::Long => endpoint
+            .http2_keep_alive_interval(CALL_TIMEOUT)
+            .keep_alive_timeout(CALL_TIMEOUT)
+            .keep_alive_while_idle(true),
     }
 }
 

@@ -57,6 +57,10 @@ fn client_calls(
 /// How long one agent call may take.
 pub const AGENT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a call that copies a replica's data (an offline rebuild, a
+/// restore) may take.
+pub const COPY_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
+
 /// Maps a failed agent call to a controller error naming the node.
 pub fn agent_error(node: &str, s: tonic::Status) -> Error {
     let msg = format!("node {node}: {}", s.message());
@@ -251,10 +255,23 @@ impl Agents for GrpcAgents {
             source: source.to_string(),
         };
         Box::pin(async move {
-            let done = ask(&self.member, node, |mut c| async move {
-                c.rebuild_replica(req).await
-            })
-            .await?;
+            // The node copies the data in the call: it lasts as long as the
+            // copy. Cut at an agent call's timeout instead, it was marked
+            // failed while the node went on filling, and each attempt made
+            // one more copy on the node's disk.
+            let mut c = long_client(node, &self.member)?;
+            let done = match tokio::time::timeout(COPY_TIMEOUT, c.rebuild_replica(req)).await {
+                Ok(r) => r
+                    .map(tonic::Response::into_inner)
+                    .map_err(|s| agent_error(&node.id, s))?,
+                Err(_) => {
+                    return Err(Error::Internal(format!(
+                        "node {}: the rebuild took over {}s",
+                        node.id,
+                        COPY_TIMEOUT.as_secs()
+                    )));
+                }
+            };
             Ok(Rebuilt {
                 kept_bytes: done.kept_bytes,
                 copied_bytes: done.copied_bytes,

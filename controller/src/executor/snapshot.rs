@@ -249,15 +249,22 @@ pub async fn restore(
                 failures.push(format!("{}: node {} is not ready", h.name, hn.id));
                 continue;
             }
-            let mut c = agent(&node, &ctx.member)?;
+            // A restore copies the data: the call lasts as long as the copy,
+            // not an agent call's timeout (which cut it at 10 s).
+            let mut c = crate::agents::long_client(&node, &ctx.member)?;
             let call = c.restore_replica(RestoreReplicaRequest {
                 name: target.name.clone(),
                 source: format!("{}@{}", h.name, hn.status.replica_endpoint),
                 snapshot: snapshot.to_string(),
             });
-            // A restore copies the data: the agent timeout is for calls
-            // that do not.
-            match call.await {
+            let answer = tokio::time::timeout(crate::agents::COPY_TIMEOUT, call)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(tonic::Status::deadline_exceeded(
+                        "the restore took too long",
+                    ))
+                });
+            match answer {
                 Ok(done) => {
                     let done = done.into_inner();
                     tracing::info!(replica = %target.name, source = %h.name, bytes = done.copied_bytes, way = %done.copy_path, "replica restored");
