@@ -754,24 +754,13 @@ fn a_frozen_disk_under_a_merge_of_the_engines_own_replica_holds_up_the_block_dev
     let dir = tempfile::tempdir().unwrap();
     let _cleanup = Teardown(dir.path().to_path_buf());
     let (ctl, _nodes, mut csi, disk) = two_nodes_the_first_on_ext4(dir.path());
-    let rest = |method: &str, path: &str, body: Option<serde_json::Value>| {
-        let (code, body) = call(method, &format!("{}{path}", ctl.api), body);
-        assert!(code < 300, "{method} {path}: {code} {body}");
-    };
-    rest(
-        "PUT",
-        "/v1/settings/layer-merge-rate",
-        Some(serde_json::json!({"value": "1"})),
-    );
+    ctl_ok(&ctl.api, &["setting", "set", "layer-merge-rate", "1"]);
     let (staging, target) = (dir.path().join("staging"), dir.path().join("pod/dev"));
     let v = "lent-merging";
     csi.create_with(v, true, 2);
     csi.up(v, &staging, &target, true);
     assert_eq!(replica_nodes(&ctl.api, v), ["node-1", "node-2"]);
-    let snapshot = |name: &str| {
-        let body = serde_json::json!({"name": name, "volume": v});
-        rest("POST", "/v1/snapshots", Some(body));
-    };
+    let snapshot = |name: &str| ctl_ok(&ctl.api, &["snapshot", "create", name, "--volume", v]);
     write_device(&target, 0, &vec![0x31; 24 << 20]);
     snapshot("s");
     write_device(&target, 20 << 20, &vec![0x32; 8 << 20]);
@@ -780,21 +769,18 @@ fn a_frozen_disk_under_a_merge_of_the_engines_own_replica_holds_up_the_block_dev
 
     // s's 20 MiB that t does not cover move up, 4 MiB a step, one step
     // about every 4 s.
-    rest("DELETE", "/v1/snapshots/s", None);
+    ctl_ok(&ctl.api, &["snapshot", "delete", "s"]);
     let replicas = disk.join("replicas");
     let meta = || {
         let only = std::fs::read_dir(&replicas).ok()?.flatten().next()?;
         std::fs::read_to_string(only.path().join("meta.json")).ok()
     };
-    let start = std::time::Instant::now();
-    while !meta().is_some_and(|m| m.contains("\"merging\"")) {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "node-1's replica never began its merge: {:?}",
-            meta()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_or(
+        Duration::from_secs(60),
+        "node-1's replica to begin its merge",
+        || meta().filter(|m| m.contains("\"merging\"")).map(drop),
+        || format!("{:?}", meta()),
+    );
     let frozen = Frozen::freeze(&disk);
     // The merge's next step begins and the disk holds it, the lock held.
     std::thread::sleep(Duration::from_secs(6));

@@ -388,6 +388,33 @@ fn twenty_rebuilds_leave_a_chain_of_the_snapshots_and_two_layers() {
     check_volume(&c, "r", &here, &at_keep);
 }
 
+/// One node, merges paced at 1 MiB/s, and volume `v` (one replica)
+/// written, snapshotted as `s`, written over, snapshotted as `t`, written
+/// again, and detached: deleting `s` then moves the 20 MiB of s's layer
+/// that t's does not cover, about 20 s. The bytes are `first`, `first +
+/// 1` and `first + 2`. Returns the cluster, what `v` holds, and the
+/// replica's directory.
+fn a_slow_merge_to_come(first: u8) -> (Cluster, Expected, PathBuf) {
+    let c = Cluster::start(1, 1);
+    c.set("layer-merge-rate", json!("1"));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    let endpoint = c.attach("v", "node-1");
+    let live = Expected::new(c.dir.path(), "live", SIZE);
+    live.write(&endpoint, 0, 24 << 20, first);
+    snapshot(&c, "s", "v");
+    live.write(&endpoint, 20 << 20, 8 << 20, first + 1);
+    snapshot(&c, "t", "v");
+    live.write(&endpoint, 40 << 20, 1 << 20, first + 2);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let replica = c.replicas("v")[0]["name"].as_str().unwrap().to_string();
+    let dir = c
+        .path("node-1")
+        .join("disk-1")
+        .join("replicas")
+        .join(&replica);
+    (c, live, dir)
+}
+
 /// A merge that lasts longer than an agent call may (paced at 1 MiB/s,
 /// 20 MiB to move: about 20 s, against the channel's 10 s call timeout)
 /// is one merge, which the controller waits for: the node runs no second
@@ -396,23 +423,7 @@ fn twenty_rebuilds_leave_a_chain_of_the_snapshots_and_two_layers() {
 /// and the merge pass each began the same merge, one beside the other.
 #[test]
 fn a_merge_longer_than_a_call_is_waited_for_and_never_run_twice_at_once() {
-    let c = Cluster::start(1, 1);
-    c.set("layer-merge-rate", json!("1"));
-    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
-    let endpoint = c.attach("v", "node-1");
-    let live = Expected::new(c.dir.path(), "live", SIZE);
-    live.write(&endpoint, 0, 24 << 20, 0x41);
-    snapshot(&c, "s", "v");
-    live.write(&endpoint, 20 << 20, 8 << 20, 0x42);
-    snapshot(&c, "t", "v");
-    live.write(&endpoint, 40 << 20, 1 << 20, 0x43);
-    c.ok("POST", "/v1/volumes/v/detach", None);
-    let replica = c.replicas("v")[0]["name"].as_str().unwrap().to_string();
-    let dir = c
-        .path("node-1")
-        .join("disk-1")
-        .join("replicas")
-        .join(&replica);
+    let (c, live, dir) = a_slow_merge_to_come(0x41);
 
     c.ok("DELETE", "/v1/snapshots/s", None);
     wait_for(Duration::from_secs(90), "the merge finished", || {
@@ -445,23 +456,7 @@ fn a_merge_longer_than_a_call_is_waited_for_and_never_run_twice_at_once() {
 /// opened, and the volume holds the same data.
 #[test]
 fn a_merge_killed_mid_way_is_finished_after_the_restart_with_the_same_data() {
-    let mut c = Cluster::start(1, 1);
-    c.set("layer-merge-rate", json!("1"));
-    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
-    let endpoint = c.attach("v", "node-1");
-    let live = Expected::new(c.dir.path(), "live", SIZE);
-    live.write(&endpoint, 0, 24 << 20, 0x31);
-    snapshot(&c, "s", "v");
-    live.write(&endpoint, 20 << 20, 8 << 20, 0x32);
-    snapshot(&c, "t", "v");
-    live.write(&endpoint, 40 << 20, 1 << 20, 0x33);
-    c.ok("POST", "/v1/volumes/v/detach", None);
-    let replica = c.replicas("v")[0]["name"].as_str().unwrap().to_string();
-    let dir = c
-        .path("node-1")
-        .join("disk-1")
-        .join("replicas")
-        .join(&replica);
+    let (mut c, live, dir) = a_slow_merge_to_come(0x31);
 
     // s's 20 MiB that t does not cover move up at 1 MiB/s: the node is
     // killed once the merge is recorded and some of it copied.
