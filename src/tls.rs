@@ -1187,26 +1187,36 @@ mod tests {
         let ca = Ca::generate().unwrap();
         let sets = [0, 1].map(|_| ca.issue(&Role::Node("node-1".into())).unwrap());
         sets[0].save(d.path()).unwrap();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let stop = Arc::new(AtomicBool::new(false));
+        let saved = Arc::new(AtomicUsize::new(0));
         let writer = {
-            let (dir, stop, sets) = (d.path().to_path_buf(), stop.clone(), sets.clone());
+            let (dir, stop, saved) = (d.path().to_path_buf(), stop.clone(), saved.clone());
+            let sets = sets.clone();
             std::thread::spawn(move || {
-                let mut saves = 0;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    sets[saves % 2].save(&dir).unwrap();
-                    saves += 1;
+                while !stop.load(Ordering::Relaxed) {
+                    let n = saved.load(Ordering::Relaxed);
+                    sets[n % 2].save(&dir).unwrap();
+                    saved.store(n + 1, Ordering::Relaxed);
                 }
-                saves
             })
         };
-        for _ in 0..300 {
+        // At least 300 loads, and on until the files were replaced 50
+        // times while they ran: on a busy machine the writer may not be
+        // scheduled before the first 300 are done.
+        let mut loads = 0;
+        let replaced_during = |from: usize| saved.load(Ordering::Relaxed) - from;
+        let first = saved.load(Ordering::Relaxed);
+        while (loads < 300 || replaced_during(first) < 50) && !writer.is_finished() {
             let read = Credentials::load(d.path()).unwrap();
             let set = sets.iter().find(|s| s.cert_pem == read.cert_pem).unwrap();
             assert_eq!(read.key_pem, set.key_pem, "the key of the certificate read");
             read.rustls_client().unwrap();
+            loads += 1;
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        assert!(writer.join().unwrap() > 1, "the files were replaced");
+        stop.store(true, Ordering::Relaxed);
+        writer.join().expect("the writer saves every time");
+        assert!(replaced_during(first) >= 50, "the files were replaced");
         // Apart for good: the error says where.
         let apart = tempfile::tempdir().unwrap();
         sets[0].save(apart.path()).unwrap();
