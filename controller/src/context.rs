@@ -40,6 +40,9 @@ pub struct Context {
     pub events: Recorder,
     /// Volumes with a call in progress.
     busy: KeyedGuards,
+    /// Nodes merging a replica now: one at a time per node, whether the
+    /// merge pass or a deleted snapshot's merges began it.
+    pub merging: KeyedGuards,
     /// The node agents the executor calls.
     pub agents: Arc<dyn Agents>,
     clock: Clock,
@@ -133,6 +136,7 @@ impl Context {
             rebuilding_seen: Mutex::new(HashMap::new()),
             events: Recorder::default(),
             busy: KeyedGuards::default(),
+            merging: KeyedGuards::default(),
             agents,
             clock: Clock::System,
             names: Names::Random,

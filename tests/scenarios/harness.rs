@@ -3,6 +3,7 @@
 //! written through NBD by `qemu-img` before a move and verified by checksum
 //! after it. Nothing is mocked.
 
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -488,6 +489,60 @@ pub fn write_data(dir: &Path, endpoint: &str, seed: u64) -> Data {
     let sum = sha256(&image);
     std::fs::remove_file(&image).unwrap();
     Data { sum }
+}
+
+/// What a volume must hold: a local image written alike.
+pub struct Expected {
+    image: PathBuf,
+}
+
+impl Expected {
+    pub fn new(dir: &Path, name: &str, size: u64) -> Expected {
+        let image = dir.join(format!("expected-{name}.img"));
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        Expected { image }
+    }
+
+    /// Writes `pattern` over `len` bytes at `offset` of the volume behind
+    /// `endpoint` (through NBD, by qemu-io) and of the image.
+    pub fn write(&self, endpoint: &str, offset: u64, len: u64, pattern: u8) {
+        let cmd = format!("write -P {pattern:#x} {offset} {len}");
+        let (ok, out) = qemu_io(endpoint, &[&cmd, "flush"]);
+        assert!(ok, "qemu-io {cmd}: {out}");
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.image)
+            .unwrap()
+            .write_all_at(&vec![pattern; len as usize], offset)
+            .unwrap();
+    }
+
+    /// The image as it is now, as its own file of `size` bytes.
+    pub fn copy(&self, dir: &Path, name: &str, size: u64) -> Expected {
+        let image = dir.join(format!("expected-{name}.img"));
+        std::fs::copy(&self.image, &image).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&image)
+            .unwrap()
+            .set_len(size)
+            .unwrap();
+        Expected { image }
+    }
+
+    pub fn data(&self) -> Data {
+        let out = Command::new("sha256sum").arg(&self.image).output().unwrap();
+        assert!(out.status.success());
+        let sum = String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string();
+        Data { sum }
+    }
 }
 
 /// Reads the whole volume back through NBD and checks it against `data`.

@@ -4,69 +4,12 @@
 //! the data and reads zeros past it, and deleting a snapshot changes no
 //! other data.
 
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::json;
 
-use crate::common::qemu_io;
 use crate::harness::*;
-
-/// What a volume must hold: a local image written alike.
-struct Expected {
-    image: PathBuf,
-}
-
-impl Expected {
-    fn new(dir: &Path, name: &str, size: u64) -> Expected {
-        let image = dir.join(format!("expected-{name}.img"));
-        std::fs::File::create(&image)
-            .unwrap()
-            .set_len(size)
-            .unwrap();
-        Expected { image }
-    }
-
-    /// Writes `pattern` over `len` bytes at `offset` of the volume behind
-    /// `endpoint` (through NBD, by qemu-io) and of the image.
-    fn write(&self, endpoint: &str, offset: u64, len: u64, pattern: u8) {
-        let cmd = format!("write -P {pattern:#x} {offset} {len}");
-        let (ok, out) = qemu_io(endpoint, &[&cmd, "flush"]);
-        assert!(ok, "qemu-io {cmd}: {out}");
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&self.image)
-            .unwrap()
-            .write_all_at(&vec![pattern; len as usize], offset)
-            .unwrap();
-    }
-
-    /// The image as it is now, as its own file of `size` bytes.
-    fn copy(&self, dir: &Path, name: &str, size: u64) -> Expected {
-        let image = dir.join(format!("expected-{name}.img"));
-        std::fs::copy(&self.image, &image).unwrap();
-        std::fs::OpenOptions::new()
-            .write(true)
-            .open(&image)
-            .unwrap()
-            .set_len(size)
-            .unwrap();
-        Expected { image }
-    }
-
-    fn data(&self) -> Data {
-        let out = Command::new("sha256sum").arg(&self.image).output().unwrap();
-        assert!(out.status.success());
-        let sum = String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .to_string();
-        Data { sum }
-    }
-}
 
 fn snapshot(c: &Cluster, name: &str, volume: &str) -> serde_json::Value {
     c.ok(
@@ -388,31 +331,52 @@ fn twenty_rebuilds_leave_a_chain_of_the_snapshots_and_two_layers() {
     check_volume(&c, "r", &here, &at_keep);
 }
 
-/// One node, merges paced at 1 MiB/s, and volume `v` (one replica)
-/// written, snapshotted as `s`, written over, snapshotted as `t`, written
-/// again, and detached: deleting `s` then moves the 20 MiB of s's layer
-/// that t's does not cover, about 20 s. The bytes are `first`, `first +
-/// 1` and `first + 2`. Returns the cluster, what `v` holds, and the
-/// replica's directory.
+/// One node, merges paced at 1 MiB/s, and volume `v` (one replica) with
+/// a slow merge to come (`a_slow_merge_of`). Returns the cluster, what
+/// `v` holds, and the replica's directory.
 fn a_slow_merge_to_come(first: u8) -> (Cluster, Expected, PathBuf) {
     let c = Cluster::start(1, 1);
     c.set("layer-merge-rate", json!("1"));
-    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
-    let endpoint = c.attach("v", "node-1");
-    let live = Expected::new(c.dir.path(), "live", SIZE);
+    let (live, dir) = a_slow_merge_of(&c, "v", first);
+    (c, live, dir)
+}
+
+/// Volume `volume` (one replica, on node-1) written, snapshotted as
+/// `{volume}-s`, written over, snapshotted as `{volume}-t`, written again,
+/// and detached: deleting `{volume}-s` then moves the 20 MiB of its layer
+/// that the next does not cover, about 20 s at 1 MiB/s. The bytes are
+/// `first`, `first + 1` and `first + 2`. Returns what the volume holds
+/// and the replica's directory.
+fn a_slow_merge_of(c: &Cluster, volume: &str, first: u8) -> (Expected, PathBuf) {
+    c.create_volume(json!({"name": volume, "size": SIZE, "numberOfReplicas": 1}));
+    let endpoint = c.attach(volume, "node-1");
+    let live = Expected::new(c.dir.path(), &format!("{volume}-live"), SIZE);
     live.write(&endpoint, 0, 24 << 20, first);
-    snapshot(&c, "s", "v");
+    snapshot(c, &format!("{volume}-s"), volume);
     live.write(&endpoint, 20 << 20, 8 << 20, first + 1);
-    snapshot(&c, "t", "v");
+    snapshot(c, &format!("{volume}-t"), volume);
     live.write(&endpoint, 40 << 20, 1 << 20, first + 2);
-    c.ok("POST", "/v1/volumes/v/detach", None);
-    let replica = c.replicas("v")[0]["name"].as_str().unwrap().to_string();
+    c.ok("POST", &format!("/v1/volumes/{volume}/detach"), None);
+    let replica = c.replicas(volume)[0]["name"].as_str().unwrap().to_string();
     let dir = c
         .path("node-1")
         .join("disk-1")
         .join("replicas")
         .join(&replica);
-    (c, live, dir)
+    (live, dir)
+}
+
+/// Whether the replica in `dir` is merging a layer now, as its
+/// `meta.json` says (None while the file is being replaced).
+fn merging_now(dir: &Path) -> Option<bool> {
+    let meta = std::fs::read_to_string(dir.join("meta.json")).ok()?;
+    Some(meta.contains("\"merging\""))
+}
+
+/// Whether the replica in `dir` merged its first frozen layer away.
+fn merged(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join("meta.json"))
+        .is_ok_and(|m| !m.contains("\"merging\"") && !m.contains("layer-000001.img"))
 }
 
 /// A merge that lasts longer than an agent call may (paced at 1 MiB/s,
@@ -425,10 +389,9 @@ fn a_slow_merge_to_come(first: u8) -> (Cluster, Expected, PathBuf) {
 fn a_merge_longer_than_a_call_is_waited_for_and_never_run_twice_at_once() {
     let (c, live, dir) = a_slow_merge_to_come(0x41);
 
-    c.ok("DELETE", "/v1/snapshots/s", None);
+    c.ok("DELETE", "/v1/snapshots/v-s", None);
     wait_for(Duration::from_secs(90), "the merge finished", || {
-        let meta = std::fs::read_to_string(dir.join("meta.json")).ok()?;
-        (!meta.contains("\"merging\"") && !meta.contains("layer-000001.img")).then_some(())
+        merged(&dir).then_some(())
     });
     let log = std::fs::read_to_string(c.dir.path().join("node-1.log")).unwrap();
     let began = log
@@ -451,6 +414,38 @@ fn a_merge_longer_than_a_call_is_waited_for_and_never_run_twice_at_once() {
     c.ok("POST", "/v1/volumes/v/detach", None);
 }
 
+/// One replica per node merges at a time, whoever began it: two
+/// volumes' snapshots on one node, deleted one after the other while the
+/// first's merge runs (20 MiB at 1 MiB/s each), merge one after the
+/// other. Before, each deletion began its merge at once, side by side
+/// (and beside the merge pass's), each taking the disk's bandwidth.
+#[test]
+fn two_deleted_snapshots_on_one_node_merge_one_after_the_other() {
+    let c = Cluster::start(1, 1);
+    c.set("layer-merge-rate", json!("1"));
+    let (v, v_dir) = a_slow_merge_of(&c, "v", 0x51);
+    let (w, w_dir) = a_slow_merge_of(&c, "w", 0x61);
+
+    c.ok("DELETE", "/v1/snapshots/v-s", None);
+    wait_for(Duration::from_secs(30), "v's merge under way", || {
+        merging_now(&v_dir)?.then_some(())
+    });
+    c.ok("DELETE", "/v1/snapshots/w-s", None);
+    // Looked at every 50 ms until both are merged: never both at once.
+    let mut looks = 0u64;
+    wait_for(Duration::from_secs(180), "both merged", || {
+        looks += 1;
+        let both = merging_now(&v_dir) == Some(true) && merging_now(&w_dir) == Some(true);
+        assert!(!both, "v's and w's replicas merge at once (look {looks})");
+        (merged(&v_dir) && merged(&w_dir)).then_some(())
+    });
+    for (name, live) in [("v", &v), ("w", &w)] {
+        let endpoint = c.attach(name, "node-1");
+        verify_data(c.dir.path(), &endpoint, &live.data());
+        c.ok("POST", &format!("/v1/volumes/{name}/detach"), None);
+    }
+}
+
 /// A merge the node is killed in the middle of (SIGKILL, paced at
 /// 1 MiB/s so that it is under way) is finished when the replica is next
 /// opened, and the volume holds the same data.
@@ -460,10 +455,9 @@ fn a_merge_killed_mid_way_is_finished_after_the_restart_with_the_same_data() {
 
     // s's 20 MiB that t does not cover move up at 1 MiB/s: the node is
     // killed once the merge is recorded and some of it copied.
-    c.ok("DELETE", "/v1/snapshots/s", None);
+    c.ok("DELETE", "/v1/snapshots/v-s", None);
     wait_for(Duration::from_secs(30), "the merge under way", || {
-        let meta = std::fs::read_to_string(dir.join("meta.json")).ok()?;
-        meta.contains("\"merging\"").then_some(())
+        merging_now(&dir)?.then_some(())
     });
     std::thread::sleep(Duration::from_secs(2));
     c.kill_node(0);
@@ -472,8 +466,7 @@ fn a_merge_killed_mid_way_is_finished_after_the_restart_with_the_same_data() {
 
     c.restart_node(0);
     wait_for(Duration::from_secs(60), "the merge finished", || {
-        let meta = std::fs::read_to_string(dir.join("meta.json")).ok()?;
-        (!meta.contains("\"merging\"") && !meta.contains("layer-000001.img")).then_some(())
+        merged(&dir).then_some(())
     });
     let endpoint = c.attach("v", "node-1");
     verify_data(c.dir.path(), &endpoint, &live.data());

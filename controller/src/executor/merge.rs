@@ -1,8 +1,9 @@
 //! Merging: each replica's frozen layers that no snapshot needs are folded
 //! into their neighbours on its node, so that a chain holds its volume's
 //! snapshots and at most two more layers however often it was rebuilt.
-//! One replica per node at a time, at `layer-merge-rate`, round robin
-//! over the node's replicas; a deleted snapshot's replicas go first. A
+//! One replica per node at a time (`Context::merging`), at
+//! `layer-merge-rate`, round robin over the node's replicas; a deleted
+//! snapshot's replicas go first, each as soon as its node is free. A
 //! replica lent to its engine (on the attached volume's own node) is
 //! merged by that engine, between its I/O.
 
@@ -21,16 +22,15 @@ use crate::mirror::Mirror;
 /// How long one replica's merges may take.
 const MERGE_TIMEOUT: Duration = Duration::from_secs(3600);
 
-/// Nodes merging now, and the last replica each one merged.
+/// The last replica the merge pass merged on each node.
 #[derive(Default)]
 pub struct Merges {
-    busy: Mutex<HashSet<String>>,
     last: Mutex<HashMap<String, String>>,
 }
 
 /// Runs the merges until the task is dropped, looking every `tick`.
 pub async fn run_merge(ctx: Arc<Context>, tick: Duration) {
-    let merges = Arc::new(Merges::default());
+    let merges = Merges::default();
     loop {
         tokio::time::sleep(tick).await;
         if let Err(e) = start_next(&ctx, &merges).await {
@@ -89,11 +89,14 @@ fn mergeable(r: &Replica, mirror: &Mirror, busy: &HashSet<String>) -> bool {
 
 /// Starts, on each ready node not merging already, the merge of its next
 /// replica after the last one merged.
-async fn start_next(ctx: &Arc<Context>, merges: &Arc<Merges>) -> Result<(), Error> {
+async fn start_next(ctx: &Arc<Context>, merges: &Merges) -> Result<(), Error> {
     let chosen = choose(ctx, |mirror, busy| {
         let by_node = super::by_node(mirror.replicas());
         let mut chosen = Vec::new();
-        for node in mirror.nodes().filter(|n| n.status.ready) {
+        let free = mirror
+            .nodes()
+            .filter(|n| n.status.ready && !ctx.merging.is_held(&n.id));
+        for node in free {
             // A volume a call holds (being deleted, attached, ...) waits.
             let mut mine: Vec<&Replica> = by_node
                 .get(node.id.as_str())
@@ -122,23 +125,18 @@ async fn start_next(ctx: &Arc<Context>, merges: &Arc<Merges>) -> Result<(), Erro
     })
     .await?;
     for (node, r) in chosen {
-        spawn_merge(ctx, merges, node, r);
+        spawn_merge(ctx, node, r);
     }
     Ok(())
 }
 
 /// Merges `r` on `node` in a task of its own, unless the node merges
 /// already.
-fn spawn_merge(ctx: &Arc<Context>, merges: &Arc<Merges>, node: Node, r: Replica) {
-    let started = merges
-        .busy
-        .lock()
-        .map(|mut b| b.insert(node.id.clone()))
-        .unwrap_or(false);
-    if !started {
+fn spawn_merge(ctx: &Arc<Context>, node: Node, r: Replica) {
+    let Some(merging) = ctx.merging.try_take(&node.id) else {
         return;
-    }
-    let (ctx, merges) = (ctx.clone(), merges.clone());
+    };
+    let ctx = ctx.clone();
     tokio::spawn(async move {
         match merge(&ctx, &node, &r).await {
             Ok(done) if done.merged > 0 => {
@@ -147,9 +145,7 @@ fn spawn_merge(ctx: &Arc<Context>, merges: &Arc<Merges>, node: Node, r: Replica)
             Ok(_) | Err(Error::Conflict(_)) => {}
             Err(e) => tracing::warn!(replica = %r.name, error = %e, "merge failed"),
         }
-        if let Ok(mut b) = merges.busy.lock() {
-            b.remove(&node.id);
-        }
+        drop(merging);
     });
 }
 
@@ -188,7 +184,8 @@ pub async fn merge(ctx: &Context, node: &Node, r: &Replica) -> Result<MergeRepli
 }
 
 /// Merges every replica of `volume` that can be now (after one of its
-/// snapshots was deleted), one after another.
+/// snapshots was deleted), one after another, each once its node is done
+/// with the merge it runs (the merge pass's, or another volume's).
 pub async fn merge_volume(ctx: &Context, volume: &str) -> Result<(), Error> {
     let replicas: Vec<Replica> = choose(ctx, |mirror, busy| {
         mirror
@@ -200,9 +197,17 @@ pub async fn merge_volume(ctx: &Context, volume: &str) -> Result<(), Error> {
     .await?;
     for r in &replicas {
         let node: Node = ctx.store.fetch(&r.spec.node_id).await?;
-        if node.status.ready {
-            merge(ctx, &node, r).await?;
+        if !node.status.ready {
+            continue;
         }
+        let Some(_merging) = ctx.merging.take_within(&node.id, MERGE_TIMEOUT).await else {
+            return Err(Error::Unavailable(format!(
+                "node {}: merging something else for over {}s",
+                node.id,
+                MERGE_TIMEOUT.as_secs()
+            )));
+        };
+        merge(ctx, &node, r).await?;
     }
     Ok(())
 }
