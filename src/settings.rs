@@ -91,6 +91,7 @@ pub const SCRUB_RATE: &str = "replica-scrub-rate";
 pub const SNAPSHOT_MAX_COUNT: &str = "snapshot-max-count";
 pub const MERGE_RATE: &str = "layer-merge-rate";
 pub const ENGINE_REPLICA_TIMEOUT: &str = "engine-replica-timeout";
+pub const OFFLINE_COPY_RATE: &str = "offline-copy-rate";
 
 /// Every setting, in the order BEHAVIOR.md lists them.
 pub const DEFINITIONS: &[SettingDef] = &[
@@ -233,6 +234,15 @@ pub const DEFINITIONS: &[SettingDef] = &[
         kind: SettingKind::Int {
             min: 8,
             max: Some(30),
+        },
+    },
+    SettingDef {
+        name: OFFLINE_COPY_RATE,
+        default: "0",
+        description: "MiB per second a node pulls over the network to rebuild a replica of a detached volume or to restore a snapshot into a new volume, per copy; 0: no limit. Copies within a node, and rebuilds through an attached volume's engine, are not paced.",
+        kind: SettingKind::Int {
+            min: 0,
+            max: Some(10240),
         },
     },
 ];
@@ -392,6 +402,11 @@ impl Settings {
     /// Bytes per second a merge copies.
     pub fn merge_rate_bytes(&self) -> u64 {
         (self.int(MERGE_RATE).clamp(1, 10240) as u64) << 20
+    }
+    /// Bytes per second an offline rebuild or a restore pulls over the
+    /// network; 0: no limit.
+    pub fn offline_copy_rate_bytes(&self) -> u64 {
+        (self.int(OFFLINE_COPY_RATE).clamp(0, 10240) as u64) << 20
     }
     /// User snapshots a volume may have at once.
     pub fn snapshot_max_count(&self) -> usize {

@@ -151,12 +151,14 @@ pub trait Agents: Send + Sync {
         replica: &'a str,
     ) -> Call<'a, ()>;
     /// Fills replica `name` on `node` from `source` (`NAME@ADDR`), with no
-    /// engine; answers when it is done.
+    /// engine, pulling at most `bytes_per_second` over the network (0: no
+    /// limit); answers when it is done.
     fn rebuild_replica<'a>(
         &'a self,
         node: &'a Node,
         name: &'a str,
         source: &'a str,
+        bytes_per_second: u64,
     ) -> Call<'a, Rebuilt>;
 }
 
@@ -249,10 +251,12 @@ impl Agents for GrpcAgents {
         node: &'a Node,
         name: &'a str,
         source: &'a str,
+        bytes_per_second: u64,
     ) -> Call<'a, Rebuilt> {
         let req = RebuildReplicaRequest {
             name: name.to_string(),
             source: source.to_string(),
+            bytes_per_second,
         };
         Box::pin(async move {
             // The node copies the data in the call: it lasts as long as the

@@ -43,6 +43,9 @@ pub struct Context {
     /// Nodes merging a replica now: one at a time per node, whether the
     /// merge pass or a deleted snapshot's merges began it.
     pub merging: KeyedGuards,
+    /// The copies of detached volumes' replicas under way (by volume),
+    /// which an attach calls off (`call_off_offline_copy`).
+    offline_copies: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
     /// The node agents the executor calls.
     pub agents: Arc<dyn Agents>,
     clock: Clock,
@@ -137,6 +140,7 @@ impl Context {
             events: Recorder::default(),
             busy: KeyedGuards::default(),
             merging: KeyedGuards::default(),
+            offline_copies: Mutex::new(HashMap::new()),
             agents,
             clock: Clock::System,
             names: Names::Random,
@@ -265,6 +269,44 @@ impl Context {
         let mut mirror = self.mirror.lock().await;
         mirror.refresh(self.store.as_ref()).await?;
         Ok(mirror)
+    }
+
+    /// Runs `copy`, an offline copy of a replica of `volume` (its guard
+    /// held), unless an attach of the volume calls it off first: then
+    /// Unavailable, and the copy's call is dropped (its node stops it).
+    pub async fn offline_copy<T>(
+        &self,
+        volume: &str,
+        copy: impl std::future::Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        let off = Arc::new(tokio::sync::Notify::new());
+        if let Ok(mut m) = self.offline_copies.lock() {
+            m.insert(volume.to_string(), off.clone());
+        }
+        let done = tokio::select! {
+            done = copy => done,
+            () = off.notified() => Err(Error::Unavailable(format!(
+                "the copy was called off: volume {volume} is being attached"
+            ))),
+        };
+        if let Ok(mut m) = self.offline_copies.lock() {
+            m.remove(volume);
+        }
+        done
+    }
+
+    /// Calls off the offline copy of `volume` under way, if one is;
+    /// whether one was.
+    pub fn call_off_offline_copy(&self, volume: &str) -> bool {
+        let off = self
+            .offline_copies
+            .lock()
+            .ok()
+            .and_then(|m| m.get(volume).cloned());
+        if let Some(off) = &off {
+            off.notify_one();
+        }
+        off.is_some()
     }
 
     /// Whether a call holds the volume now.

@@ -18,6 +18,7 @@ mod kube_nodes;
 mod kube_provisioning;
 mod leader;
 mod modify;
+mod offline_copies;
 mod orphans;
 mod rogue;
 mod rotation;

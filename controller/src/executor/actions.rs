@@ -247,7 +247,11 @@ async fn rebuild_offline(
             "no replica that holds the latest data is reachable to copy {name} from"
         ))
     })?;
-    let done = ctx.agents.rebuild_replica(target, name, &source).await;
+    // An attach calls the copy off (the engine rebuilds the replica then,
+    // keeping what was copied): a pod does not wait for a whole copy.
+    let rate = ctx.settings().await?.offline_copy_rate_bytes();
+    let copy = ctx.agents.rebuild_replica(target, name, &source, rate);
+    let done = ctx.offline_copy(&vol.name, copy).await;
     let done = match done {
         Ok(d) => d,
         Err(Error::DataLoss(why)) => {

@@ -239,6 +239,7 @@ pub async fn restore(
             )
         });
         let node: Node = ctx.store.fetch(&target.spec.node_id).await?;
+        let rate = ctx.settings().await?.offline_copy_rate_bytes();
         let mut failures = Vec::new();
         let mut filled = false;
         for h in order {
@@ -256,6 +257,7 @@ pub async fn restore(
                 name: target.name.clone(),
                 source: format!("{}@{}", h.name, hn.status.replica_endpoint),
                 snapshot: snapshot.to_string(),
+                bytes_per_second: rate,
             });
             let answer = tokio::time::timeout(crate::agents::COPY_TIMEOUT, call)
                 .await

@@ -257,13 +257,36 @@ pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// The volume's guard, for an attach: an offline copy of one of its
+/// replicas (a detached volume's rebuild, which may last hours) is called
+/// off, the one under way and one that begins while the attach waits; the
+/// engine rebuilds the replica once attached, keeping what was copied.
+async fn guard_calling_off_copies(
+    ctx: &Context,
+    name: &str,
+) -> Result<crate::context::VolumeGuard, Error> {
+    const LOOK: std::time::Duration = std::time::Duration::from_secs(1);
+    let until = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if ctx.call_off_offline_copy(name) {
+            tracing::info!(volume = %name, "an offline copy of a replica is called off for the attach");
+        }
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        match ctx.lock_volume_waiting(name, left.min(LOOK)).await {
+            Ok(guard) => return Ok(guard),
+            Err(e) if left <= LOOK => return Err(e),
+            Err(_) => {}
+        }
+    }
+}
+
 /// Starts the volume's engine on `node_id` and records its endpoint.
 /// Attached there already (a CSI publish repeated): the same attachment,
 /// whose engine the node keeps when it runs and is healthy, and starts
 /// again when not (a dead engine is never answered as attached).
 #[tracing::instrument(skip_all, fields(volume = %name, node = %node_id))]
 pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Volume, Error> {
-    let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
+    let _guard = guard_calling_off_copies(ctx, name).await?;
     let volume: Volume = ctx.store.fetch(name).await?;
     let again = match &volume.status.attached_node {
         Some(n) if n == node_id => true,

@@ -247,6 +247,7 @@ impl Agents for ModelAgents {
         node: &'a Node,
         name: &'a str,
         _source: &'a str,
+        _bytes_per_second: u64,
     ) -> Call<'a, Rebuilt> {
         Box::pin(async move {
             let (tx, rx) = oneshot::channel();

@@ -48,11 +48,18 @@ async fn dial_source(
     ReplicaClient::dial(&tls, addr, name).await.map_err(remote)
 }
 
-/// The target joins the chain `spec` names (on a blocking thread).
+/// The target `name` joins the chain `spec` names (on a blocking thread),
+/// unless a fill of it runs still (one called off writes its last pieces).
 async fn join(
-    target: crate::replica::Shared,
+    server: &ReplicaServer,
+    (name, target): (&str, crate::replica::Shared),
     spec: JoinSpec,
 ) -> Result<crate::replica::JoinReport, Error> {
+    if server.fill_progress(name).is_some() {
+        return Err(Error::Busy(format!(
+            "replica {name} is being filled; join when it ends"
+        )));
+    }
     tokio::task::spawn_blocking(move || {
         target
             .write()
@@ -73,10 +80,12 @@ fn fill_error(e: crate::sync::SyncError) -> Error {
     }
 }
 
+/// Fills `name` from `source`, pulling at most `bytes_per_second` over the
+/// network (0: no limit).
 pub async fn offline(
     server: &ReplicaServer,
     name: &str,
-    source: &str,
+    (source, bytes_per_second): (&str, u64),
 ) -> Result<RebuildReplicaResponse, Error> {
     split_source(source)?;
     let target = server
@@ -95,8 +104,11 @@ pub async fn offline(
     let layers = src.layers().await.map_err(remote)?;
     let spec = JoinSpec::following(&layers, info["revision"].as_u64().unwrap_or(0))
         .map_err(Error::Unavailable)?;
-    let report = join(target, spec).await?;
-    let filled = server.fill(name, source).await.map_err(fill_error)?;
+    let report = join(server, (name, target), spec).await?;
+    let filled = server
+        .fill(name, source, bytes_per_second)
+        .await
+        .map_err(fill_error)?;
     Ok(RebuildReplicaResponse {
         kept_bytes: report.kept_bytes + filled.reused,
         copied_bytes: filled.bytes,
@@ -112,7 +124,7 @@ pub async fn offline(
 pub async fn restore(
     server: &ReplicaServer,
     name: &str,
-    source: &str,
+    (source, bytes_per_second): (&str, u64),
     snapshot: &str,
 ) -> Result<ballast::proto::agent::v1::RestoreReplicaResponse, Error> {
     if !crate::replica::valid_snapshot_id(snapshot) {
@@ -175,10 +187,13 @@ pub async fn restore(
         )));
     }
     if fresh {
-        join(target, spec).await?;
+        join(server, (name, target), spec).await?;
     }
     // A restore cut off resumes here: the layers already filled are kept.
-    let filled = server.fill(name, source).await.map_err(fill_error)?;
+    let filled = server
+        .fill(name, source, bytes_per_second)
+        .await
+        .map_err(fill_error)?;
     Ok(ballast::proto::agent::v1::RestoreReplicaResponse {
         copied_bytes: filled.bytes,
         copy_path: filled.path.as_str().to_string(),
@@ -219,7 +234,7 @@ mod tests {
         };
         let before = names(src.layers().await.unwrap());
         let from = format!("v-r0@{addr}");
-        let err = offline(&target, "v-r1", &from).await.unwrap_err();
+        let err = offline(&target, "v-r1", (&from, 0)).await.unwrap_err();
         assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
         assert_eq!(
             names(src.layers().await.unwrap()),
@@ -227,6 +242,6 @@ mod tests {
             "a layer was frozen"
         );
         merging.await.unwrap().unwrap();
-        offline(&target, "v-r1", &from).await.unwrap();
+        offline(&target, "v-r1", (&from, 0)).await.unwrap();
     }
 }

@@ -386,7 +386,8 @@ impl NodeAgent for NodeAgentService {
     ) -> Result<Response<RebuildReplicaResponse>, Status> {
         let req = request.into_inner();
         let server = self.replica_server()?;
-        let done = super::rebuild::offline(&server, &req.name, &req.source).await?;
+        let source = (req.source.as_str(), req.bytes_per_second);
+        let done = super::rebuild::offline(&server, &req.name, source).await?;
         Ok(Response::new(done))
     }
 
@@ -534,7 +535,8 @@ impl NodeAgent for NodeAgentService {
     ) -> Result<Response<RestoreReplicaResponse>, Status> {
         let req = request.into_inner();
         let server = self.replica_server()?;
-        let done = super::rebuild::restore(&server, &req.name, &req.source, &req.snapshot).await?;
+        let source = (req.source.as_str(), req.bytes_per_second);
+        let done = super::rebuild::restore(&server, &req.name, source, &req.snapshot).await?;
         Ok(Response::new(done))
     }
 

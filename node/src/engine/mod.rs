@@ -82,6 +82,10 @@ pub enum EngineError {
     Replica { replica: String, message: String },
     #[error("a rebuild of {0} is already running; one at a time")]
     Busy(String),
+    /// The replica to add is still being filled by a copy called off (it
+    /// writes its last pieces): tried again once that ends.
+    #[error("replica {replica}: {message}")]
+    Filling { replica: String, message: String },
     /// A replica could not be reached: it may come back.
     #[error("replica {replica}: {message}")]
     Unreachable { replica: String, message: String },

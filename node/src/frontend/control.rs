@@ -103,7 +103,7 @@ impl ControlError {
 impl From<EngineError> for ControlError {
     fn from(e: EngineError) -> Self {
         let kind = match e {
-            EngineError::Busy(_) => FailureKind::Busy,
+            EngineError::Busy(_) | EngineError::Filling { .. } => FailureKind::Busy,
             // Each may pass: a node comes back, space is freed; with no
             // replica usable the volume waits for one to come back.
             EngineError::Unreachable { .. }

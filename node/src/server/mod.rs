@@ -166,9 +166,15 @@ impl ReplicaServer {
         &self,
         target: &str,
         source: &str,
+        bytes_per_second: u64,
     ) -> Result<crate::sync::FillReport, SyncError> {
         self.fills
-            .run(&self.replicas, &self.tls, target, source)
+            .run(
+                &self.replicas,
+                &self.tls,
+                target,
+                (source, bytes_per_second),
+            )
             .await
     }
 
@@ -754,12 +760,20 @@ impl Connection {
         name: String,
         replica: Shared,
     ) -> Flow {
+        if req.op == Op::Join && self.server.fill_progress(&name).is_some() {
+            // A fill called off writes its last pieces before it ends: no
+            // join changes the layers under it.
+            let busy = format!("replica {name} is being filled; join when it ends");
+            self.answered.push(error(req.id, status::BUSY, &busy));
+            return Flow::Go;
+        }
         if req.op == Op::Fill {
             // Long: it runs beside the connection's other requests.
             let (tx, server) = (self.tx.clone(), self.server.clone());
             tokio::spawn(async move {
                 let source = String::from_utf8_lossy(&payload).into_owned();
-                let reply = match server.fill(&name, &source).await {
+                // An engine's rebuild is not paced: the volume waits on it.
+                let reply = match server.fill(&name, &source, 0).await {
                     Ok(report) => ok_json(req.id, &report),
                     Err(e @ SyncError::SourceCorrupt { .. }) => {
                         reply_error(req.id, status::CORRUPT, &e.to_string(), e.corruption())

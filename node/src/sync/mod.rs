@@ -65,11 +65,83 @@ impl SyncError {
     }
 }
 
-/// Bytes done and to do of a running fill.
+/// Bytes done and to do of a running fill, the pace it keeps, and whether
+/// its caller went away (it stops then, at its next piece).
 #[derive(Debug, Default)]
 pub struct Progress {
     pub done: AtomicU64,
     pub total: AtomicU64,
+    pub pace: Pace,
+    pub called_off: std::sync::atomic::AtomicBool,
+    /// Wakes the fill waiting for its pace when it is called off.
+    off: tokio::sync::Notify,
+}
+
+impl Progress {
+    /// A fill's progress, pulling at most `bytes_per_second` over the
+    /// network (0: no limit).
+    pub fn paced(bytes_per_second: u64) -> Progress {
+        Progress {
+            pace: Pace::new(bytes_per_second),
+            ..Progress::default()
+        }
+    }
+
+    /// Waits until `n` more bytes may be pulled, or the fill is called off.
+    pub async fn pace(&self, n: u64) -> Result<(), SyncError> {
+        tokio::select! {
+            () = self.pace.take(n) => {}
+            () = self.off.notified() => {}
+        }
+        called_off(self)
+    }
+}
+
+/// Keeps a copy at or under a rate, counted from its start: each `take`
+/// waits until the bytes taken so far fit in the time since then.
+#[derive(Debug)]
+pub struct Pace {
+    bytes_per_second: u64,
+    started: tokio::time::Instant,
+    taken: AtomicU64,
+}
+
+impl Default for Pace {
+    /// No limit.
+    fn default() -> Self {
+        Pace::new(0)
+    }
+}
+
+impl Pace {
+    pub fn new(bytes_per_second: u64) -> Pace {
+        Pace {
+            bytes_per_second,
+            started: tokio::time::Instant::now(),
+            taken: AtomicU64::new(0),
+        }
+    }
+
+    /// Takes `n` bytes, once they are due (at once with no limit).
+    pub async fn take(&self, n: u64) {
+        if self.bytes_per_second == 0 {
+            return;
+        }
+        let taken = self.taken.fetch_add(n, Ordering::SeqCst) + n;
+        tokio::time::sleep_until(self.due(taken)).await;
+    }
+
+    /// Whether `n` more bytes are due now.
+    pub fn ready(&self, n: u64) -> bool {
+        self.bytes_per_second == 0
+            || self.due(self.taken.load(Ordering::SeqCst) + n) <= tokio::time::Instant::now()
+    }
+
+    /// When `taken` bytes in all are due.
+    fn due(&self, taken: u64) -> tokio::time::Instant {
+        let after = taken as f64 / self.bytes_per_second as f64;
+        self.started + std::time::Duration::from_secs_f64(after)
+    }
 }
 
 /// What a fill did.
@@ -141,7 +213,7 @@ fn byte_ranges(runs: &[(u64, u64)]) -> Vec<(u64, u64)> {
 /// replica, with its progress.
 #[derive(Default)]
 pub struct Fills {
-    running: std::sync::Mutex<std::collections::HashMap<String, Arc<Progress>>>,
+    running: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<Progress>>>>,
 }
 
 impl Fills {
@@ -156,13 +228,14 @@ impl Fills {
     }
 
     /// Fills the pending layers of `target` from `source` (`NAME@ADDR`),
-    /// one fill per replica at a time.
+    /// one fill per replica at a time, pulling at most `bytes_per_second`
+    /// over the network (0: no limit; a local copy is not paced).
     pub async fn run(
         &self,
         replicas: &Arc<Replicas>,
         tls: &WireTls,
         target: &str,
-        source: &str,
+        (source, bytes_per_second): (&str, u64),
     ) -> Result<FillReport, SyncError> {
         let (src_name, src_addr) = source
             .split_once('@')
@@ -174,7 +247,7 @@ impl Fills {
             .find_async(target)
             .await
             .map_err(SyncError::Source)?;
-        let progress = Arc::new(Progress::default());
+        let progress = Arc::new(Progress::paced(bytes_per_second));
         {
             let mut running = self
                 .running
@@ -187,13 +260,53 @@ impl Fills {
             }
             running.insert(target.to_string(), progress.clone());
         }
-        let source = (tls, src_name, src_addr);
-        let done = fill(replicas, target, replica, source, progress).await;
-        if let Ok(mut running) = self.running.lock() {
-            running.remove(target);
-        }
-        done
+        // The fill runs as a task of its own, which leaves the registry
+        // only once every piece it began is written: a caller that goes
+        // away (its call cut) calls it off, and until it has stopped, the
+        // replica is still being filled (no join changes its layers).
+        let task = {
+            let (replicas, tls, fills) = (replicas.clone(), tls.clone(), self.running.clone());
+            let (target, src_name, src_addr) = (
+                target.to_string(),
+                src_name.to_string(),
+                src_addr.to_string(),
+            );
+            let progress = progress.clone();
+            tokio::spawn(tracing::Instrument::in_current_span(async move {
+                let source = (&tls, src_name.as_str(), src_addr.as_str());
+                let done = fill(&replicas, &target, replica, source, progress.clone()).await;
+                if done.is_err() && progress.called_off.load(Ordering::SeqCst) {
+                    tracing::info!(replica = %target, "the fill was called off: its caller went away");
+                }
+                if let Ok(mut running) = fills.lock() {
+                    running.remove(&target);
+                }
+                done
+            }))
+        };
+        let _call_off = CallOff(progress);
+        task.await
+            .map_err(|e| SyncError::Source(format!("the fill ended: {e}")))?
     }
+}
+
+/// Calls a fill off when its caller goes away before it ends.
+struct CallOff(Arc<Progress>);
+
+impl Drop for CallOff {
+    fn drop(&mut self) {
+        self.0.called_off.store(true, Ordering::SeqCst);
+        // A permit kept for the next wait, if none waits now.
+        self.0.off.notify_one();
+    }
+}
+
+/// A fill's error once its caller went away.
+fn called_off(progress: &Progress) -> Result<(), SyncError> {
+    if progress.called_off.load(Ordering::SeqCst) {
+        return Err(SyncError::Source("the fill was called off".into()));
+    }
+    Ok(())
 }
 
 /// Fills every pending layer of `target` from the replica `source_name`
@@ -247,6 +360,7 @@ async fn fill(
     let mut remaining = todo.as_slice();
     if let Some(src) = local_source {
         while let Some(((_, layer), rest)) = remaining.split_first() {
+            called_off(&progress)?;
             let (src, dst, name) = (src.clone(), target.clone(), layer.name.clone());
             let lost = layer.lost.clone();
             let copied = blocking(move || {
@@ -303,10 +417,42 @@ async fn fill(
         }
     }
     for (index, layer) in remaining {
+        called_off(&progress)?;
         let pulled = remote::pull_layer(&client, (*index, layer), &target, &progress).await?;
         report.path = CopyPath::Remote;
         report.bytes += pulled.copied;
         report.reused += pulled.reused;
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A pace lets bytes through at its rate, counted from its start
+    /// however they are cut; with no limit it waits for nothing (on
+    /// tokio's paused clock).
+    #[tokio::test(start_paused = true)]
+    async fn a_pace_lets_bytes_through_at_its_rate_from_its_start() {
+        let started = tokio::time::Instant::now();
+        let pace = Pace::new(1 << 20);
+        assert!(!pace.ready(256 << 10));
+        pace.take(256 << 10).await;
+        assert_eq!(started.elapsed(), Duration::from_millis(250));
+        tokio::time::advance(Duration::from_millis(250)).await;
+        assert!(pace.ready(256 << 10) && !pace.ready(257 << 10));
+        pace.take(256 << 10).await;
+        assert_eq!(started.elapsed(), Duration::from_millis(500));
+        for _ in 0..10 {
+            pace.take(256 << 10).await;
+        }
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+        let free = Pace::default();
+        assert!(free.ready(1 << 30));
+        free.take(1 << 30).await;
+        assert_eq!(started.elapsed(), Duration::from_secs(3));
+    }
 }

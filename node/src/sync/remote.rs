@@ -290,9 +290,16 @@ async fn fetch(
         let mut bytes = 0u64;
         loop {
             while in_flight.len() < DEPTH && bytes < IN_FLIGHT {
-                let Some((at, n)) = chunks.pop_front() else {
+                let Some(&(at, n)) = chunks.front() else {
                     break;
                 };
+                // Paced: while the next piece is not due, what is in flight
+                // is written first.
+                if !in_flight.is_empty() && !progress.pace.ready(n) {
+                    break;
+                }
+                chunks.pop_front();
+                progress.pace(n).await?;
                 let wait =
                     source.submit(Op::LayerRead, at, n as u32, index, 0, bytes::Bytes::new())?;
                 in_flight.push_back((at, n, wait));

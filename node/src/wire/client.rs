@@ -95,6 +95,17 @@ impl ClientError {
         self.corruption().and_then(|c| c.at)
     }
 
+    /// The replica refused for now (a join while a fill of it ends).
+    pub fn is_busy(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Failed {
+                status: super::protocol::status::BUSY,
+                ..
+            }
+        )
+    }
+
     /// The replica's disk is full: it holds what it held, the write did
     /// not fit.
     pub fn is_no_space(&self) -> bool {

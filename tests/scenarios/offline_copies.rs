@@ -1,0 +1,143 @@
+//! Copies made with no engine on real processes: a detached volume's
+//! rebuild and a restore into a new volume, paced by `offline-copy-rate`
+//! so that each outlasts an agent call (10 s). Each is one copy, which the
+//! controller waits for, and every byte reads back.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::harness::*;
+
+/// 20 MiB, pulled at 1 MiB/s: about 20 s, twice an agent call's timeout.
+const PACED: u64 = 20 << 20;
+
+/// Two nodes, copies over the network paced at 1 MiB/s, and volume `v`
+/// (one replica) holding `bytes` written and detached. Returns the
+/// cluster, what `v` holds, the node holding it and the other node.
+fn a_detached_volume_to_copy(bytes: u64) -> (Cluster, Expected, String, String) {
+    let c = Cluster::start(2, 1);
+    c.set("offline-copy-rate", json!("1"));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    let holder = c.holders("v").remove(0);
+    let other = if holder == "node-1" {
+        "node-2"
+    } else {
+        "node-1"
+    };
+    let endpoint = c.attach("v", &holder);
+    let live = Expected::new(c.dir.path(), "v", SIZE);
+    live.write(&endpoint, 0, bytes, 0x5a);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    (c, live, holder, other.to_string())
+}
+
+/// The replicas' directories on `node`'s disk.
+fn copies_on(c: &Cluster, node: &str) -> Vec<String> {
+    let dir = c.path(node).join("disk-1").join("replicas");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+/// What the controller's log says of agent calls cut at their timeout.
+fn calls_cut(c: &Cluster) -> Vec<String> {
+    let log = std::fs::read_to_string(c.dir.path().join("controller.log")).unwrap();
+    log.lines()
+        .filter(|l| l.contains("Timeout expired"))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A detached volume's second replica, copied at 1 MiB/s (about 20 s), is
+/// one copy, which the controller waits for: the other node ends with one
+/// replica, rw, holding every byte. Before 9d9d797 the call was cut at
+/// 10 s, marked failed while the node went on copying, and each attempt
+/// left one more copy there.
+#[test]
+fn a_detached_volumes_rebuild_longer_than_a_call_is_one_copy_waited_for() {
+    let (c, live, _, other) = a_detached_volume_to_copy(PACED);
+
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    c.wait_settled("v", 2, Duration::from_secs(180));
+    let made = c
+        .replica_on("v", &other)
+        .expect("a replica on the other node");
+    assert_eq!(
+        copies_on(&c, &other),
+        [made["name"].as_str().unwrap()],
+        "{other} holds one copy"
+    );
+    assert_eq!(calls_cut(&c), Vec::<String>::new(), "a call was cut");
+    verify_replicas(&c, "v", &live.data());
+    let endpoint = c.attach("v", &other);
+    verify_data(c.dir.path(), &endpoint, &live.data());
+    c.ok("POST", "/v1/volumes/v/detach", None);
+}
+
+/// A restore into a new volume on the other node, copied at 1 MiB/s
+/// (about 20 s), is one copy, which the controller waits for: the new
+/// volume serves the snapshot's every byte from there.
+#[test]
+fn a_restore_longer_than_a_call_is_one_copy_waited_for() {
+    let (c, live, holder, other) = a_detached_volume_to_copy(PACED);
+    c.ok(
+        "POST",
+        "/v1/snapshots",
+        Some(json!({"name": "s", "volume": "v"})),
+    );
+    // The holder takes no new replica: the new volume's is placed on the
+    // other node, and copied over the network.
+    c.patch_node(&holder, json!({"allowScheduling": false}));
+    c.create_volume(json!({"name": "r", "size": SIZE, "numberOfReplicas": 1,
+                           "source": {"snapshot": "s"}}));
+    assert_eq!(c.holders("r"), std::slice::from_ref(&other));
+    let endpoint = c.attach("r", &other);
+    verify_data(c.dir.path(), &endpoint, &live.data());
+    c.ok("POST", "/v1/volumes/r/detach", None);
+    assert_eq!(copies_on(&c, &other).len(), 1, "{other} holds one copy");
+    assert_eq!(calls_cut(&c), Vec::<String>::new(), "a call was cut");
+}
+
+/// An attach during a detached volume's rebuild calls the copy off and
+/// attaches at once: 40 MiB at 1 MiB/s would take 40 s, past the 30 s an
+/// attach waits for the volume. The node stops copying; the engine
+/// rebuilds the replica, and both replicas hold every byte. Before, the
+/// attach waited for the copy, and was refused after 30 s.
+#[test]
+fn an_attach_calls_off_a_detached_volumes_rebuild_and_the_engine_finishes_it() {
+    let (c, live, holder, other) = a_detached_volume_to_copy(2 * PACED);
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    let copying = |c: &Cluster| {
+        let r = c.replica_on("v", &other)?;
+        let done = r["status"]["rebuildProgress"]["done"].as_u64()?;
+        (done > 0).then_some(())
+    };
+    wait_for(Duration::from_secs(60), "the copy under way", || {
+        copying(&c)
+    });
+
+    let endpoint = c.attach("v", &holder);
+    let log = c.path(&other).with_extension("log");
+    wait_for(Duration::from_secs(30), "the node stopped copying", || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains("the fill was called off").then_some(())
+    });
+    c.wait_settled("v", 2, Duration::from_secs(120));
+    verify_data(c.dir.path(), &endpoint, &live.data());
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &live.data());
+}
