@@ -620,6 +620,67 @@ async fn a_fill_reports_its_progress_while_it_runs() {
     );
 }
 
+/// A paced fill whose caller goes away (its call cut: an attach called a
+/// detached volume's copy off) stops at once, though it waits for its
+/// pace; while it runs, a join of its replica is refused (BUSY) rather
+/// than change the layers under its writes. Once it has stopped, the join
+/// is taken, and a fill completes the layer, checked against the source's
+/// checksum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_called_off_stops_at_once_and_no_join_comes_while_it_runs() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let size = 64u64 << 20;
+    {
+        let mut r = Replica::create(&replica_dir(d1.path(), "v-r0"), size).unwrap();
+        r.write(0, &pattern(0, 32 << 20, 3), Some(1)).unwrap();
+        r.snapshot(None).unwrap();
+    }
+    Replica::create(&replica_dir(d2.path(), "v-r1"), size).unwrap();
+    let s1 = server(&[d1.path()]).await;
+    let target = ReplicaServer::new(vec![d2.path().to_path_buf()]);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let s2 = l.local_addr().unwrap().to_string();
+    tokio::spawn(target.clone().serve(l));
+    let src = ReplicaClient::connect(&s1, "v-r0").await.unwrap();
+    let dst = ReplicaClient::connect(&s2, "v-r1").await.unwrap();
+    let spec = following(&src).await;
+    dst.join(&spec).await.unwrap();
+
+    // 512 KiB/s: a piece (4 MiB) every 8 s, the layer's 32 MiB in 64 s.
+    let source = format!("v-r0@{s1}");
+    let paced = {
+        let (target, source) = (target.clone(), source.clone());
+        tokio::spawn(async move { target.fill("v-r1", &source, 512 << 10).await })
+    };
+    let mut waited = 0;
+    while target
+        .fill_progress("v-r1")
+        .is_none_or(|(done, _)| done == 0)
+    {
+        assert!(waited < 3000, "no piece written in 30 s");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += 1;
+    }
+    let busy = dst.join(&spec).await.unwrap_err();
+    assert!(busy.is_busy(), "a join while the fill runs: {busy}");
+
+    // Called off while it waits 8 s for its next piece: it stops at once,
+    // not when the piece is due.
+    paced.abort();
+    let mut waited = 0;
+    while target.fill_progress("v-r1").is_some() {
+        assert!(
+            waited < 400,
+            "the fill still runs 4 s after it was called off"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += 1;
+    }
+    dst.join(&spec).await.unwrap();
+    let done = target.fill("v-r1", &source, 0).await.unwrap();
+    assert_eq!(done.layers.len(), 1, "{done:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_whose_frozen_layer_is_corrupt_is_failed_and_never_copied() {
     let (d1, d2, d3) = (
