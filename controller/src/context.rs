@@ -44,8 +44,8 @@ pub struct Context {
     /// merge pass or a deleted snapshot's merges began it.
     pub merging: KeyedGuards,
     /// The copies of detached volumes' replicas under way (by volume),
-    /// which an attach calls off (`call_off_offline_copy`).
-    offline_copies: Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
+    /// which an attach or a deletion calls off (`call_off_offline_copy`).
+    offline_copies: Mutex<HashMap<String, Arc<CallOff>>>,
     /// The node agents the executor calls.
     pub agents: Arc<dyn Agents>,
     clock: Clock,
@@ -64,6 +64,13 @@ pub struct Context {
     /// look into, kept by the store's change stream; whoever reads it
     /// brings it up to date first (`Context::records`).
     pub mirror: tokio::sync::Mutex<Mirror>,
+}
+
+/// Calls an offline copy off, saying why.
+#[derive(Default)]
+struct CallOff {
+    now: tokio::sync::Notify,
+    why: Mutex<String>,
 }
 
 /// Who leads, as this controller knows it.
@@ -272,22 +279,23 @@ impl Context {
     }
 
     /// Runs `copy`, an offline copy of a replica of `volume` (its guard
-    /// held), unless an attach of the volume calls it off first: then
+    /// held), unless a call on the volume calls it off first: then
     /// Unavailable, and the copy's call is dropped (its node stops it).
     pub async fn offline_copy<T>(
         &self,
         volume: &str,
         copy: impl std::future::Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
-        let off = Arc::new(tokio::sync::Notify::new());
+        let off = Arc::new(CallOff::default());
         if let Ok(mut m) = self.offline_copies.lock() {
             m.insert(volume.to_string(), off.clone());
         }
         let done = tokio::select! {
             done = copy => done,
-            () = off.notified() => Err(Error::Unavailable(format!(
-                "the copy was called off: volume {volume} is being attached"
-            ))),
+            () = off.now.notified() => {
+                let why = off.why.lock().map(|w| w.clone()).unwrap_or_default();
+                Err(Error::Unavailable(format!("the copy was called off: {why}")))
+            }
         };
         if let Ok(mut m) = self.offline_copies.lock() {
             m.remove(volume);
@@ -295,16 +303,19 @@ impl Context {
         done
     }
 
-    /// Calls off the offline copy of `volume` under way, if one is;
-    /// whether one was.
-    pub fn call_off_offline_copy(&self, volume: &str) -> bool {
+    /// Calls off the offline copy of `volume` under way, if one is, for
+    /// `why`; whether one was.
+    pub fn call_off_offline_copy(&self, volume: &str, why: &str) -> bool {
         let off = self
             .offline_copies
             .lock()
             .ok()
             .and_then(|m| m.get(volume).cloned());
         if let Some(off) = &off {
-            off.notify_one();
+            if let Ok(mut w) = off.why.lock() {
+                *w = why.to_string();
+            }
+            off.now.notify_one();
         }
         off.is_some()
     }

@@ -620,14 +620,22 @@ async fn a_fill_reports_its_progress_while_it_runs() {
     );
 }
 
-/// A paced fill whose caller goes away (its call cut: an attach called a
-/// detached volume's copy off) stops at once, though it waits for its
-/// pace; while it runs, a join of its replica is refused (BUSY) rather
-/// than change the layers under its writes. Once it has stopped, the join
-/// is taken, and a fill completes the layer, checked against the source's
-/// checksum.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fill_called_off_stops_at_once_and_no_join_comes_while_it_runs() {
+/// A paced fill under way: `v-r1` (on the second disk, its server's
+/// `target`) joined to `v-r0`'s chain (32 MiB in a frozen layer) and
+/// filling it at 512 KiB/s, a piece (4 MiB) every 8 s, once its first
+/// piece is written.
+struct PacedFill {
+    _disks: (tempfile::TempDir, tempfile::TempDir),
+    target: Arc<ReplicaServer>,
+    dst: ReplicaClient,
+    spec: JoinSpec,
+    source: String,
+    fill: tokio::task::JoinHandle<
+        Result<ballast_node::sync::FillReport, ballast_node::sync::SyncError>,
+    >,
+}
+
+async fn a_paced_fill() -> PacedFill {
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let size = 64u64 << 20;
     {
@@ -645,10 +653,8 @@ async fn a_fill_called_off_stops_at_once_and_no_join_comes_while_it_runs() {
     let dst = ReplicaClient::connect(&s2, "v-r1").await.unwrap();
     let spec = following(&src).await;
     dst.join(&spec).await.unwrap();
-
-    // 512 KiB/s: a piece (4 MiB) every 8 s, the layer's 32 MiB in 64 s.
     let source = format!("v-r0@{s1}");
-    let paced = {
+    let fill = {
         let (target, source) = (target.clone(), source.clone());
         tokio::spawn(async move { target.fill("v-r1", &source, 512 << 10).await })
     };
@@ -661,14 +667,33 @@ async fn a_fill_called_off_stops_at_once_and_no_join_comes_while_it_runs() {
         tokio::time::sleep(Duration::from_millis(10)).await;
         waited += 1;
     }
-    let busy = dst.join(&spec).await.unwrap_err();
+    PacedFill {
+        _disks: (d1, d2),
+        target,
+        dst,
+        spec,
+        source,
+        fill,
+    }
+}
+
+/// A paced fill whose caller goes away (its call cut: an attach called a
+/// detached volume's copy off) stops at once, though it waits for its
+/// pace; while it runs, a join of its replica is refused (BUSY) rather
+/// than change the layers under its writes. Once it has stopped, the join
+/// is taken, and a fill completes the layer, checked against the source's
+/// checksum.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_called_off_stops_at_once_and_no_join_comes_while_it_runs() {
+    let f = a_paced_fill().await;
+    let busy = f.dst.join(&f.spec).await.unwrap_err();
     assert!(busy.is_busy(), "a join while the fill runs: {busy}");
 
     // Called off while it waits 8 s for its next piece: it stops at once,
     // not when the piece is due.
-    paced.abort();
+    f.fill.abort();
     let mut waited = 0;
-    while target.fill_progress("v-r1").is_some() {
+    while f.target.fill_progress("v-r1").is_some() {
         assert!(
             waited < 400,
             "the fill still runs 4 s after it was called off"
@@ -676,9 +701,27 @@ async fn a_fill_called_off_stops_at_once_and_no_join_comes_while_it_runs() {
         tokio::time::sleep(Duration::from_millis(10)).await;
         waited += 1;
     }
-    dst.join(&spec).await.unwrap();
-    let done = target.fill("v-r1", &source, 0).await.unwrap();
+    f.dst.join(&f.spec).await.unwrap();
+    let done = f.target.fill("v-r1", &f.source, 0).await.unwrap();
     assert_eq!(done.layers.len(), 1, "{done:?}");
+}
+
+/// A replica's deletion calls off a fill of it (an engine's, whose caller
+/// stays) and waits for it to end: the fill stops at once, though it
+/// waits for its pace, and fails saying it was called off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_is_called_off_for_its_replicas_deletion_and_ends_at_once() {
+    let f = a_paced_fill().await;
+    assert!(
+        f.target.call_off_fill("v-r1", Duration::from_secs(4)).await,
+        "the fill still runs 4 s after it was called off"
+    );
+    let e = f.fill.await.unwrap().unwrap_err();
+    assert!(e.to_string().contains("called off"), "{e}");
+    assert!(
+        f.target.call_off_fill("v-r0", Duration::ZERO).await,
+        "no fill of v-r0 runs here"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

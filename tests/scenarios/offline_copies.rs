@@ -32,6 +32,24 @@ fn a_detached_volume_to_copy(bytes: u64) -> (Cluster, Expected, String, String) 
     (c, live, holder, other.to_string())
 }
 
+/// `a_detached_volume_to_copy` with 40 MiB (40 s to copy, past the 30 s
+/// a call waits for the volume), asked for a second replica, once some
+/// of the copy is written.
+fn a_detached_volumes_copy_under_way() -> (Cluster, Expected, String, String) {
+    let (c, live, holder, other) = a_detached_volume_to_copy(2 * PACED);
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    wait_for(Duration::from_secs(60), "the copy under way", || {
+        let r = c.replica_on("v", &other)?;
+        let done = r["status"]["rebuildProgress"]["done"].as_u64()?;
+        (done > 0).then_some(())
+    });
+    (c, live, holder, other)
+}
+
 /// The replicas' directories on `node`'s disk.
 fn copies_on(c: &Cluster, node: &str) -> Vec<String> {
     let dir = c.path(node).join("disk-1").join("replicas");
@@ -115,20 +133,7 @@ fn a_restore_longer_than_a_call_is_one_copy_waited_for() {
 /// attach waited for the copy, and was refused after 30 s.
 #[test]
 fn an_attach_calls_off_a_detached_volumes_rebuild_and_the_engine_finishes_it() {
-    let (c, live, holder, other) = a_detached_volume_to_copy(2 * PACED);
-    c.ok(
-        "PATCH",
-        "/v1/volumes/v",
-        Some(json!({"numberOfReplicas": 2})),
-    );
-    let copying = |c: &Cluster| {
-        let r = c.replica_on("v", &other)?;
-        let done = r["status"]["rebuildProgress"]["done"].as_u64()?;
-        (done > 0).then_some(())
-    };
-    wait_for(Duration::from_secs(60), "the copy under way", || {
-        copying(&c)
-    });
+    let (c, live, holder, other) = a_detached_volumes_copy_under_way();
 
     let endpoint = c.attach("v", &holder);
     let log = c.path(&other).with_extension("log");
@@ -140,4 +145,21 @@ fn an_attach_calls_off_a_detached_volumes_rebuild_and_the_engine_finishes_it() {
     verify_data(c.dir.path(), &endpoint, &live.data());
     c.ok("POST", "/v1/volumes/v/detach", None);
     verify_replicas(&c, "v", &live.data());
+}
+
+/// A deletion during a detached volume's rebuild calls the copy off and
+/// deletes at once (40 MiB at 1 MiB/s would take 40 s, past the 30 s a
+/// deletion waits for the volume): no replica of it is left on either
+/// node. Before, the deletion waited for the copy, and was refused after
+/// 30 s.
+#[test]
+fn a_deletion_calls_off_a_detached_volumes_rebuild() {
+    let (c, _, holder, other) = a_detached_volumes_copy_under_way();
+
+    c.ok("DELETE", "/v1/volumes/v", None);
+    let (status, _) = call("GET", &c.url("/v1/volumes/v"), None);
+    assert_eq!(status, 404);
+    for node in [&holder, &other] {
+        assert_eq!(copies_on(&c, node), Vec::<String>::new(), "left on {node}");
+    }
 }

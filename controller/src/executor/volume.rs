@@ -201,7 +201,8 @@ async fn source_of(
 /// call can be repeated.
 #[tracing::instrument(skip_all, fields(volume = %name))]
 pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
-    let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
+    let why = format!("volume {name} is being deleted");
+    let _guard = guard_calling_off_copies(ctx, name, &why).await?;
     let volume: Volume = ctx.store.fetch(name).await?;
     if let Some(node) = &volume.status.attached_node {
         return Err(Error::Conflict(format!(
@@ -257,19 +258,21 @@ pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// The volume's guard, for an attach: an offline copy of one of its
-/// replicas (a detached volume's rebuild, which may last hours) is called
-/// off, the one under way and one that begins while the attach waits; the
-/// engine rebuilds the replica once attached, keeping what was copied.
+/// The volume's guard, for an attach or a deletion (`why`): an offline
+/// copy of one of its replicas (a detached volume's rebuild, which may
+/// last hours) is called off, the one under way and one that begins while
+/// the call waits. Attached, the engine rebuilds the replica, keeping what
+/// was copied.
 async fn guard_calling_off_copies(
     ctx: &Context,
     name: &str,
+    why: &str,
 ) -> Result<crate::context::VolumeGuard, Error> {
     const LOOK: std::time::Duration = std::time::Duration::from_secs(1);
     let until = tokio::time::Instant::now() + PATIENCE;
     loop {
-        if ctx.call_off_offline_copy(name) {
-            tracing::info!(volume = %name, "an offline copy of a replica is called off for the attach");
+        if ctx.call_off_offline_copy(name, why) {
+            tracing::info!(volume = %name, why, "an offline copy of a replica is called off");
         }
         let left = until.saturating_duration_since(tokio::time::Instant::now());
         match ctx.lock_volume_waiting(name, left.min(LOOK)).await {
@@ -286,7 +289,8 @@ async fn guard_calling_off_copies(
 /// again when not (a dead engine is never answered as attached).
 #[tracing::instrument(skip_all, fields(volume = %name, node = %node_id))]
 pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Volume, Error> {
-    let _guard = guard_calling_off_copies(ctx, name).await?;
+    let why = format!("volume {name} is being attached to {node_id}");
+    let _guard = guard_calling_off_copies(ctx, name, &why).await?;
     let volume: Volume = ctx.store.fetch(name).await?;
     let again = match &volume.status.attached_node {
         Some(n) if n == node_id => true,

@@ -38,6 +38,10 @@ use crate::server::ReplicaServer;
 /// How long a call on a replica's files waits for another on them.
 const FILES_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How long a replica's deletion waits for a fill of it, called off, to
+/// write its last pieces and end.
+const FILL_STOP: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The gRPC service the controller calls on this node.
 #[derive(Clone)]
 pub struct NodeAgentService {
@@ -293,6 +297,17 @@ impl NodeAgent for NodeAgentService {
         {
             return Err(Error::Busy(format!(
                 "replica {name} is in use by its volume's engine; remove it from the engine first"
+            ))
+            .into());
+        }
+        // A fill of it stops first (its last pieces written), whoever
+        // asked for it: its data goes.
+        if let Some(server) = &self.ctx.replicas
+            && !server.call_off_fill(&name, FILL_STOP).await
+        {
+            return Err(Error::Busy(format!(
+                "replica {name} is being filled and its fill did not stop within {}s",
+                FILL_STOP.as_secs()
             ))
             .into());
         }

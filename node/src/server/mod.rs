@@ -178,6 +178,12 @@ impl ReplicaServer {
             .await
     }
 
+    /// Calls off the fill of `name`, if one runs, and waits at most
+    /// `patience` for it to end; whether none runs then.
+    pub async fn call_off_fill(&self, name: &str, patience: std::time::Duration) -> bool {
+        self.fills.call_off(name, patience).await
+    }
+
     /// Bytes done and total of the fill of `name`, while one runs.
     pub fn fill_progress(&self, name: &str) -> Option<(u64, u64)> {
         self.fills.progress(name)

@@ -227,6 +227,24 @@ impl Fills {
         ))
     }
 
+    /// Calls off the fill of `name`, if one runs, and waits at most
+    /// `patience` for it to end (its last pieces written); whether none
+    /// runs then.
+    pub async fn call_off(&self, name: &str, patience: std::time::Duration) -> bool {
+        if let Some(p) = self.running.lock().ok().and_then(|r| r.get(name).cloned()) {
+            p.called_off.store(true, Ordering::SeqCst);
+            p.off.notify_one();
+        }
+        let until = tokio::time::Instant::now() + patience;
+        while self.progress(name).is_some() {
+            if tokio::time::Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        true
+    }
+
     /// Fills the pending layers of `target` from `source` (`NAME@ADDR`),
     /// one fill per replica at a time, pulling at most `bytes_per_second`
     /// over the network (0: no limit; a local copy is not paced).
