@@ -247,8 +247,9 @@ async fn rebuild_offline(
             "no replica that holds the latest data is reachable to copy {name} from"
         ))
     })?;
-    // An attach calls the copy off (the engine rebuilds the replica then,
-    // keeping what was copied): a pod does not wait for a whole copy.
+    // An attach or a deletion of the volume calls the copy off (attached,
+    // the engine rebuilds the replica, keeping what was copied): neither
+    // waits for a whole copy.
     let rate = ctx.settings().await?.offline_copy_rate_bytes();
     let copy = ctx.agents.rebuild_replica(target, name, &source, rate);
     let done = ctx.offline_copy(&vol.name, copy).await;

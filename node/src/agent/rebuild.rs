@@ -48,18 +48,25 @@ async fn dial_source(
     ReplicaClient::dial(&tls, addr, name).await.map_err(remote)
 }
 
+/// Busy while a fill of `name` runs still (one called off writes its last
+/// pieces): no join changes its layers under it.
+fn not_filling(server: &ReplicaServer, name: &str) -> Result<(), Error> {
+    match server.fill_progress(name) {
+        Some(_) => Err(Error::Busy(format!(
+            "replica {name} is being filled; join when it ends"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The target `name` joins the chain `spec` names (on a blocking thread),
-/// unless a fill of it runs still (one called off writes its last pieces).
+/// unless a fill of it runs still.
 async fn join(
     server: &ReplicaServer,
     (name, target): (&str, crate::replica::Shared),
     spec: JoinSpec,
 ) -> Result<crate::replica::JoinReport, Error> {
-    if server.fill_progress(name).is_some() {
-        return Err(Error::Busy(format!(
-            "replica {name} is being filled; join when it ends"
-        )));
-    }
+    not_filling(server, name)?;
     tokio::task::spawn_blocking(move || {
         target
             .write()
@@ -93,6 +100,9 @@ pub async fn offline(
         .find_async(name)
         .await
         .map_err(Error::NotFound)?;
+    // Asked before the source's head is frozen, as below: an attempt that
+    // cannot join freezes nothing.
+    not_filling(server, name)?;
     let src = dial_source(server, name, source).await?;
     // A source merging has a layer without its checksum until the merge
     // ends: try again then (not counted as a failed attempt). Asked before
