@@ -3,8 +3,15 @@
 //! so that each outlasts an agent call (10 s). Each is one copy, which the
 //! controller waits for, and every byte reads back.
 
-use std::time::Duration;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
+use ballast::proto::csi::v1::controller_client::ControllerClient;
+use ballast::proto::csi::v1::volume_capability::{self, AccessType, access_mode::Mode};
+use ballast::proto::csi::v1::volume_content_source::{SnapshotSource, Type as SourceType};
+use ballast::proto::csi::v1::{
+    CapacityRange, CreateVolumeRequest, VolumeCapability, VolumeContentSource,
+};
 use serde_json::json;
 
 use crate::harness::*;
@@ -48,6 +55,30 @@ fn a_detached_volumes_copy_under_way() -> (Cluster, Expected, String, String) {
         (done > 0).then_some(())
     });
     (c, live, holder, other)
+}
+
+/// `a_detached_volume_to_copy` with 20 MiB, snapshot `s` of it taken,
+/// and its holder taking no new replica: a volume restored from `s` is
+/// placed on the other node (returned), and copied over the network.
+fn a_snapshot_to_restore_elsewhere() -> (Cluster, Expected, String) {
+    let (c, live, holder, other) = a_detached_volume_to_copy(PACED);
+    c.ok(
+        "POST",
+        "/v1/snapshots",
+        Some(json!({"name": "s", "volume": "v"})),
+    );
+    c.patch_node(&holder, json!({"allowScheduling": false}));
+    (c, live, other)
+}
+
+/// Restored volume `volume` is on `node` alone, one copy there, and serves
+/// every byte of `want`.
+fn check_restored(c: &Cluster, volume: &str, node: &str, want: &Expected) {
+    assert_eq!(c.holders(volume), [node.to_string()]);
+    assert_eq!(copies_on(c, node).len(), 1, "{node} holds one copy");
+    let endpoint = c.attach(volume, node);
+    verify_data(c.dir.path(), &endpoint, &want.data());
+    c.ok("POST", &format!("/v1/volumes/{volume}/detach"), None);
 }
 
 /// The replicas' directories on `node`'s disk.
@@ -107,22 +138,10 @@ fn a_detached_volumes_rebuild_longer_than_a_call_is_one_copy_waited_for() {
 /// volume serves the snapshot's every byte from there.
 #[test]
 fn a_restore_longer_than_a_call_is_one_copy_waited_for() {
-    let (c, live, holder, other) = a_detached_volume_to_copy(PACED);
-    c.ok(
-        "POST",
-        "/v1/snapshots",
-        Some(json!({"name": "s", "volume": "v"})),
-    );
-    // The holder takes no new replica: the new volume's is placed on the
-    // other node, and copied over the network.
-    c.patch_node(&holder, json!({"allowScheduling": false}));
+    let (c, live, other) = a_snapshot_to_restore_elsewhere();
     c.create_volume(json!({"name": "r", "size": SIZE, "numberOfReplicas": 1,
                            "source": {"snapshot": "s"}}));
-    assert_eq!(c.holders("r"), std::slice::from_ref(&other));
-    let endpoint = c.attach("r", &other);
-    verify_data(c.dir.path(), &endpoint, &live.data());
-    c.ok("POST", "/v1/volumes/r/detach", None);
-    assert_eq!(copies_on(&c, &other).len(), 1, "{other} holds one copy");
+    check_restored(&c, "r", &other, &live);
     assert_eq!(calls_cut(&c), Vec::<String>::new(), "a call was cut");
 }
 
@@ -162,4 +181,76 @@ fn a_deletion_calls_off_a_detached_volumes_rebuild() {
     for node in [&holder, &other] {
         assert_eq!(copies_on(&c, node), Vec::<String>::new(), "left on {node}");
     }
+}
+
+/// A CSI CreateVolume from a snapshot whose copy outlasts the CO's call
+/// (each call here gives up after 3 s, as the provisioner does after its
+/// `--timeout`, and asks again) goes on: the calls asked meanwhile answer
+/// ABORTED ("still being created"), and one after the copy answers the
+/// volume, filled once, with every byte. Before, a call cut off dropped
+/// the creation mid-way, and the next one started it again from nothing:
+/// a restore longer than the CO's timeout never ended.
+#[test]
+fn a_csi_restore_longer_than_the_cos_timeout_goes_on_and_is_answered_once_done() {
+    let (c, live, other) = a_snapshot_to_restore_elsewhere();
+    let req = CreateVolumeRequest {
+        name: "pvc-restored".into(),
+        capacity_range: Some(CapacityRange {
+            required_bytes: SIZE as i64,
+            limit_bytes: 0,
+        }),
+        volume_capabilities: vec![VolumeCapability {
+            access_type: Some(AccessType::Mount(volume_capability::MountVolume {
+                fs_type: "ext4".into(),
+                ..Default::default()
+            })),
+            access_mode: Some(volume_capability::AccessMode {
+                mode: Mode::SingleNodeWriter as i32,
+            }),
+        }],
+        parameters: HashMap::from([("numberOfReplicas".into(), "1".into())]),
+        volume_content_source: Some(VolumeContentSource {
+            r#type: Some(SourceType::Snapshot(SnapshotSource {
+                snapshot_id: "s".into(),
+            })),
+        }),
+        ..Default::default()
+    };
+    let (made, refusals) = runtime().block_on(async {
+        let ch = ballast::grpc::unix_channel(&c.ctl.socket).unwrap();
+        let mut csi = ControllerClient::new(ch);
+        let until = Instant::now() + Duration::from_secs(120);
+        let mut refusals = Vec::new();
+        loop {
+            let mut call = tonic::Request::new(req.clone());
+            call.set_timeout(Duration::from_secs(3));
+            match csi.create_volume(call).await {
+                Ok(r) => break (r.into_inner().volume.unwrap(), refusals),
+                Err(s) => refusals.push((s.code(), s.message().to_string())),
+            }
+            assert!(
+                Instant::now() < until,
+                "no answer in 120 s; refused {} times, last {:?}",
+                refusals.len(),
+                refusals.last()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    assert!(
+        refusals.first().is_some_and(|(code, _)| matches!(
+            code,
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+        )),
+        "the first call was cut at 3 s: {refusals:?}"
+    );
+    assert!(
+        refusals.iter().skip(1).all(|(code, m)| match code {
+            tonic::Code::Aborted => m.contains("still being created"),
+            tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => true,
+            _ => false,
+        }),
+        "{refusals:?}"
+    );
+    check_restored(&c, &made.volume_id, &other, &live);
 }

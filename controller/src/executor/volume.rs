@@ -21,9 +21,23 @@ use crate::error::Error;
 use crate::{observe, planner};
 
 /// Places a new volume's replicas with the planner, records them, and
-/// creates them on their nodes. Nothing is left behind when a step fails.
+/// creates them on their nodes (and fills them from the volume's source).
+/// Nothing is left behind when a step fails. The creation runs as a task
+/// of its own: a caller that goes away (a CO's call cut at its timeout
+/// while a restore copies) leaves it going, the volume busy, and the call
+/// asked again is answered "still being created" until it is done. Before,
+/// the next call found the creation cut off and began it again from
+/// nothing: a restore longer than the CO's timeout never ended.
 #[tracing::instrument(skip_all, fields(volume = %volume.name))]
-pub async fn create(ctx: &Arc<Context>, mut volume: Volume) -> Result<Volume, Error> {
+pub async fn create(ctx: &Arc<Context>, volume: Volume) -> Result<Volume, Error> {
+    let creation = create_now(ctx.clone(), volume);
+    tokio::spawn(tracing::Instrument::in_current_span(creation))
+        .await
+        .map_err(|e| Error::Internal(format!("the creation ended: {e}")))?
+}
+
+async fn create_now(ctx: Arc<Context>, mut volume: Volume) -> Result<Volume, Error> {
+    let ctx = &ctx;
     let _guard = ctx.lock_volume_waiting(&volume.name, PATIENCE).await?;
     if let Some(old) = ctx.store.get::<Volume>(&volume.name).await? {
         if old.status.state != VolumeState::Creating || old.spec != volume.spec {
