@@ -44,7 +44,8 @@ pub struct Context {
     /// merge pass or a deleted snapshot's merges began it.
     pub merging: KeyedGuards,
     /// The copies of detached volumes' replicas under way (by volume),
-    /// which an attach or a deletion calls off (`call_off_offline_copy`).
+    /// which a user's call on the volume calls off
+    /// (`lock_volume_calling_off_copies`).
     offline_copies: Mutex<HashMap<String, Arc<CallOff>>>,
     /// The node agents the executor calls.
     pub agents: Arc<dyn Agents>,
@@ -303,9 +304,36 @@ impl Context {
         done
     }
 
+    /// The volume's guard for a user's call on it (`why`: an attach, a
+    /// deletion, an expansion, a snapshot), waiting at most `patience`: an
+    /// offline copy of one of its replicas (a detached volume's rebuild,
+    /// which may last hours) is called off, the one under way and one that
+    /// begins while the call waits. The replica is rebuilt later, keeping
+    /// what was copied.
+    pub async fn lock_volume_calling_off_copies(
+        &self,
+        name: &str,
+        why: &str,
+        patience: Duration,
+    ) -> Result<VolumeGuard, Error> {
+        const LOOK: Duration = Duration::from_secs(1);
+        let until = tokio::time::Instant::now() + patience;
+        loop {
+            if self.call_off_offline_copy(name, why) {
+                tracing::info!(volume = %name, why, "an offline copy of a replica is called off");
+            }
+            let left = until.saturating_duration_since(tokio::time::Instant::now());
+            match self.lock_volume_waiting(name, left.min(LOOK)).await {
+                Ok(guard) => return Ok(guard),
+                Err(e) if left <= LOOK => return Err(e),
+                Err(_) => {}
+            }
+        }
+    }
+
     /// Calls off the offline copy of `volume` under way, if one is, for
     /// `why`; whether one was.
-    pub fn call_off_offline_copy(&self, volume: &str, why: &str) -> bool {
+    fn call_off_offline_copy(&self, volume: &str, why: &str) -> bool {
         let off = self
             .offline_copies
             .lock()

@@ -254,3 +254,37 @@ fn a_csi_restore_longer_than_the_cos_timeout_goes_on_and_is_answered_once_done()
     );
     check_restored(&c, &made.volume_id, &other, &live);
 }
+
+/// An expansion or a snapshot during a detached volume's rebuild calls
+/// the copy off and is done at once (the copy would take 40 s, past the
+/// 30 s each waits for the volume); the replica is rebuilt after, and
+/// every replica holds every byte. Before, each waited for the copy, and
+/// was refused after 30 s.
+#[test]
+fn an_expansion_and_a_snapshot_call_off_a_detached_volumes_rebuild() {
+    let (c, live, _, _) = a_detached_volumes_copy_under_way();
+    c.ok(
+        "POST",
+        "/v1/volumes/v/expand",
+        Some(json!({"size": "128Mi"})),
+    );
+    assert_eq!(c.volume("v")["spec"]["size"], 128u64 << 20);
+    // The copy begins again (paced, from what it kept): the snapshot
+    // calls it off in turn.
+    wait_for(Duration::from_secs(60), "the copy under way again", || {
+        let r = c
+            .replicas("v")
+            .into_iter()
+            .find(|r| r["status"]["mode"] == "wo")?;
+        (r["status"]["rebuildProgress"]["done"].as_u64()? > 0).then_some(())
+    });
+    let s = c.ok(
+        "POST",
+        "/v1/snapshots",
+        Some(json!({"name": "s", "volume": "v"})),
+    );
+    assert_eq!(s["status"]["readyToUse"], true, "{s}");
+    c.set("offline-copy-rate", json!("0"));
+    c.wait_settled("v", 2, Duration::from_secs(120));
+    verify_replicas(&c, "v", &live.data());
+}

@@ -247,9 +247,9 @@ async fn rebuild_offline(
             "no replica that holds the latest data is reachable to copy {name} from"
         ))
     })?;
-    // An attach or a deletion of the volume calls the copy off (attached,
-    // the engine rebuilds the replica, keeping what was copied): neither
-    // waits for a whole copy.
+    // A user's call on the volume (an attach, a deletion, an expansion, a
+    // snapshot) calls the copy off, and the replica is rebuilt later,
+    // keeping what was copied: none waits for a whole copy.
     let rate = ctx.settings().await?.offline_copy_rate_bytes();
     let copy = ctx.agents.rebuild_replica(target, name, &source, rate);
     let done = ctx.offline_copy(&vol.name, copy).await;

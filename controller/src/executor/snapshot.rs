@@ -35,7 +35,10 @@ pub struct NewSnapshot {
 #[tracing::instrument(skip_all, fields(volume = %new.volume, snapshot = %new.name))]
 pub async fn create(ctx: &Arc<Context>, new: NewSnapshot) -> Result<Snapshot, Error> {
     ballast::model::validate_name(&new.name).map_err(|m| Error::invalid("name", m))?;
-    let _guard = ctx.lock_volume_waiting(&new.volume, PATIENCE).await?;
+    let why = format!("a snapshot of volume {} is being taken", new.volume);
+    let _guard = ctx
+        .lock_volume_calling_off_copies(&new.volume, &why, PATIENCE)
+        .await?;
     if let Some(s) = ctx.store.get::<Snapshot>(&new.name).await? {
         if s.spec.volume != new.volume {
             return Err(Error::AlreadyExists(format!(

@@ -216,7 +216,9 @@ async fn source_of(
 #[tracing::instrument(skip_all, fields(volume = %name))]
 pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
     let why = format!("volume {name} is being deleted");
-    let _guard = guard_calling_off_copies(ctx, name, &why).await?;
+    let _guard = ctx
+        .lock_volume_calling_off_copies(name, &why, PATIENCE)
+        .await?;
     let volume: Volume = ctx.store.fetch(name).await?;
     if let Some(node) = &volume.status.attached_node {
         return Err(Error::Conflict(format!(
@@ -272,31 +274,6 @@ pub async fn delete(ctx: &Arc<Context>, name: &str) -> Result<(), Error> {
     Ok(())
 }
 
-/// The volume's guard, for an attach or a deletion (`why`): an offline
-/// copy of one of its replicas (a detached volume's rebuild, which may
-/// last hours) is called off, the one under way and one that begins while
-/// the call waits. Attached, the engine rebuilds the replica, keeping what
-/// was copied.
-async fn guard_calling_off_copies(
-    ctx: &Context,
-    name: &str,
-    why: &str,
-) -> Result<crate::context::VolumeGuard, Error> {
-    const LOOK: std::time::Duration = std::time::Duration::from_secs(1);
-    let until = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        if ctx.call_off_offline_copy(name, why) {
-            tracing::info!(volume = %name, why, "an offline copy of a replica is called off");
-        }
-        let left = until.saturating_duration_since(tokio::time::Instant::now());
-        match ctx.lock_volume_waiting(name, left.min(LOOK)).await {
-            Ok(guard) => return Ok(guard),
-            Err(e) if left <= LOOK => return Err(e),
-            Err(_) => {}
-        }
-    }
-}
-
 /// Starts the volume's engine on `node_id` and records its endpoint.
 /// Attached there already (a CSI publish repeated): the same attachment,
 /// whose engine the node keeps when it runs and is healthy, and starts
@@ -304,7 +281,9 @@ async fn guard_calling_off_copies(
 #[tracing::instrument(skip_all, fields(volume = %name, node = %node_id))]
 pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Volume, Error> {
     let why = format!("volume {name} is being attached to {node_id}");
-    let _guard = guard_calling_off_copies(ctx, name, &why).await?;
+    let _guard = ctx
+        .lock_volume_calling_off_copies(name, &why, PATIENCE)
+        .await?;
     let volume: Volume = ctx.store.fetch(name).await?;
     let again = match &volume.status.attached_node {
         Some(n) if n == node_id => true,
@@ -673,7 +652,10 @@ async fn fence_replicas(ctx: &Arc<Context>, volume: &Volume) -> usize {
 /// is left exactly as it was.
 #[tracing::instrument(skip_all, fields(volume = %name, size))]
 pub async fn expand(ctx: &Arc<Context>, name: &str, size: u64) -> Result<Volume, Error> {
-    let _guard = ctx.lock_volume_waiting(name, PATIENCE).await?;
+    let why = format!("volume {name} is being expanded");
+    let _guard = ctx
+        .lock_volume_calling_off_copies(name, &why, PATIENCE)
+        .await?;
     let volume: Volume = ctx.store.fetch(name).await?;
     let mut grown = volume.spec.clone();
     grown.size = size;
