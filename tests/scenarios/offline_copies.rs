@@ -1,7 +1,9 @@
 //! Copies made with no engine on real processes: a detached volume's
 //! rebuild and a restore into a new volume, paced by `offline-copy-rate`
-//! so that each outlasts an agent call (10 s). Each is one copy, which the
-//! controller waits for, and every byte reads back.
+//! so that each outlasts an agent call (10 s), a user's call's wait for
+//! the volume (30 s) or a CO's call. Each is one copy, which the
+//! controller waits for, unless a user's call on the volume calls it off;
+//! a restore goes on when the CO's call is cut; every byte reads back.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
