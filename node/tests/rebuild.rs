@@ -573,28 +573,16 @@ fn a_rebuild_cut_off_by_a_restart_resumes_from_the_layers_it_had_finished() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fill_reports_its_progress_while_it_runs() {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let size = 1u64 << 30;
-    {
-        let mut r = Replica::create(&replica_dir(d1.path(), "v-r0"), size).unwrap();
-        let chunk = pattern(0, 8 << 20, 9);
+    let chunk = pattern(0, 8 << 20, 9);
+    let j = joined(1 << 30, |r| {
         for k in 0..64u64 {
             r.write(k * (16 << 20), &chunk, Some(k + 1)).unwrap();
         }
-        r.snapshot(None).unwrap();
-    }
-    Replica::create(&replica_dir(d2.path(), "v-r1"), size).unwrap();
-    let s1 = server(&[d1.path()]).await;
-    let target = ReplicaServer::new(vec![d2.path().to_path_buf()]);
-    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let s2 = l.local_addr().unwrap().to_string();
-    tokio::spawn(target.clone().serve(l));
-    let src = ReplicaClient::connect(&s1, "v-r0").await.unwrap();
-    let dst = ReplicaClient::connect(&s2, "v-r1").await.unwrap();
-    let spec = following(&src).await;
-    dst.join(&spec).await.unwrap();
+    })
+    .await;
+    let (target, dst, source) = (j.target, j.dst, j.source);
     assert_eq!(target.fill_progress("v-r1"), None);
-    let fill = tokio::spawn(async move { dst.fill(&format!("v-r0@{s1}")).await });
+    let fill = tokio::spawn(async move { dst.fill(&source).await });
     let mut seen = Vec::new();
     while !fill.is_finished() {
         if let Some(p) = target.fill_progress("v-r1") {
@@ -620,27 +608,22 @@ async fn a_fill_reports_its_progress_while_it_runs() {
     );
 }
 
-/// A paced fill under way: `v-r1` (on the second disk, its server's
-/// `target`) joined to `v-r0`'s chain (32 MiB in a frozen layer) and
-/// filling it at 512 KiB/s, a piece (4 MiB) every 8 s, once its first
-/// piece is written.
-struct PacedFill {
+/// `v-r1` (on the second disk, served by `target`) joined to the chain of
+/// `v-r0` (on the first, its server at `source`), whose one frozen layer
+/// holds what `write` wrote; nothing filled yet.
+struct Joined {
     _disks: (tempfile::TempDir, tempfile::TempDir),
     target: Arc<ReplicaServer>,
     dst: ReplicaClient,
     spec: JoinSpec,
     source: String,
-    fill: tokio::task::JoinHandle<
-        Result<ballast_node::sync::FillReport, ballast_node::sync::SyncError>,
-    >,
 }
 
-async fn a_paced_fill() -> PacedFill {
+async fn joined(size: u64, write: impl FnOnce(&mut Replica)) -> Joined {
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let size = 64u64 << 20;
     {
         let mut r = Replica::create(&replica_dir(d1.path(), "v-r0"), size).unwrap();
-        r.write(0, &pattern(0, 32 << 20, 3), Some(1)).unwrap();
+        write(&mut r);
         r.snapshot(None).unwrap();
     }
     Replica::create(&replica_dir(d2.path(), "v-r1"), size).unwrap();
@@ -653,13 +636,37 @@ async fn a_paced_fill() -> PacedFill {
     let dst = ReplicaClient::connect(&s2, "v-r1").await.unwrap();
     let spec = following(&src).await;
     dst.join(&spec).await.unwrap();
-    let source = format!("v-r0@{s1}");
+    Joined {
+        _disks: (d1, d2),
+        target,
+        dst,
+        spec,
+        source: format!("v-r0@{s1}"),
+    }
+}
+
+/// A paced fill under way: `joined` with 32 MiB in the frozen layer,
+/// filled at 512 KiB/s, a piece (4 MiB) every 8 s, once its first piece
+/// is written.
+struct PacedFill {
+    j: Joined,
+    fill: tokio::task::JoinHandle<
+        Result<ballast_node::sync::FillReport, ballast_node::sync::SyncError>,
+    >,
+}
+
+async fn a_paced_fill() -> PacedFill {
+    let j = joined(64 << 20, |r| {
+        r.write(0, &pattern(0, 32 << 20, 3), Some(1)).unwrap();
+    })
+    .await;
     let fill = {
-        let (target, source) = (target.clone(), source.clone());
+        let (target, source) = (j.target.clone(), j.source.clone());
         tokio::spawn(async move { target.fill("v-r1", &source, 512 << 10).await })
     };
     let mut waited = 0;
-    while target
+    while j
+        .target
         .fill_progress("v-r1")
         .is_none_or(|(done, _)| done == 0)
     {
@@ -667,14 +674,7 @@ async fn a_paced_fill() -> PacedFill {
         tokio::time::sleep(Duration::from_millis(10)).await;
         waited += 1;
     }
-    PacedFill {
-        _disks: (d1, d2),
-        target,
-        dst,
-        spec,
-        source,
-        fill,
-    }
+    PacedFill { j, fill }
 }
 
 /// A paced fill whose caller goes away (its call cut: an attach called a
@@ -685,15 +685,15 @@ async fn a_paced_fill() -> PacedFill {
 /// checksum.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fill_called_off_stops_at_once_and_no_join_comes_while_it_runs() {
-    let f = a_paced_fill().await;
-    let busy = f.dst.join(&f.spec).await.unwrap_err();
+    let PacedFill { j, fill } = a_paced_fill().await;
+    let busy = j.dst.join(&j.spec).await.unwrap_err();
     assert!(busy.is_busy(), "a join while the fill runs: {busy}");
 
     // Called off while it waits 8 s for its next piece: it stops at once,
     // not when the piece is due.
-    f.fill.abort();
+    fill.abort();
     let mut waited = 0;
-    while f.target.fill_progress("v-r1").is_some() {
+    while j.target.fill_progress("v-r1").is_some() {
         assert!(
             waited < 400,
             "the fill still runs 4 s after it was called off"
@@ -701,8 +701,8 @@ async fn a_fill_called_off_stops_at_once_and_no_join_comes_while_it_runs() {
         tokio::time::sleep(Duration::from_millis(10)).await;
         waited += 1;
     }
-    f.dst.join(&f.spec).await.unwrap();
-    let done = f.target.fill("v-r1", &f.source, 0).await.unwrap();
+    j.dst.join(&j.spec).await.unwrap();
+    let done = j.target.fill("v-r1", &j.source, 0).await.unwrap();
     assert_eq!(done.layers.len(), 1, "{done:?}");
 }
 
@@ -711,15 +711,15 @@ async fn a_fill_called_off_stops_at_once_and_no_join_comes_while_it_runs() {
 /// waits for its pace, and fails saying it was called off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fill_is_called_off_for_its_replicas_deletion_and_ends_at_once() {
-    let f = a_paced_fill().await;
+    let PacedFill { j, fill } = a_paced_fill().await;
     assert!(
-        f.target.call_off_fill("v-r1", Duration::from_secs(4)).await,
+        j.target.call_off_fill("v-r1", Duration::from_secs(4)).await,
         "the fill still runs 4 s after it was called off"
     );
-    let e = f.fill.await.unwrap().unwrap_err();
+    let e = fill.await.unwrap().unwrap_err();
     assert!(e.to_string().contains("called off"), "{e}");
     assert!(
-        f.target.call_off_fill("v-r0", Duration::ZERO).await,
+        j.target.call_off_fill("v-r0", Duration::ZERO).await,
         "no fill of v-r0 runs here"
     );
 }

@@ -48,15 +48,11 @@ async fn dial_source(
     ReplicaClient::dial(&tls, addr, name).await.map_err(remote)
 }
 
-/// Busy while a fill of `name` runs still (one called off writes its last
-/// pieces): no join changes its layers under it.
+/// Busy while `name` may join no chain (`ReplicaServer::join_refused`).
 fn not_filling(server: &ReplicaServer, name: &str) -> Result<(), Error> {
-    match server.fill_progress(name) {
-        Some(_) => Err(Error::Busy(format!(
-            "replica {name} is being filled; join when it ends"
-        ))),
-        None => Ok(()),
-    }
+    server
+        .join_refused(name)
+        .map_or(Ok(()), |why| Err(Error::Busy(why)))
 }
 
 /// The target `name` joins the chain `spec` names (on a blocking thread),

@@ -184,6 +184,14 @@ impl ReplicaServer {
         self.fills.call_off(name, patience).await
     }
 
+    /// Why replica `name` may join no chain now: a fill of it runs still
+    /// (one called off writes its last pieces), and no join changes the
+    /// layers under it.
+    pub fn join_refused(&self, name: &str) -> Option<String> {
+        self.fill_progress(name)
+            .map(|_| format!("replica {name} is being filled; join when it ends"))
+    }
+
     /// Bytes done and total of the fill of `name`, while one runs.
     pub fn fill_progress(&self, name: &str) -> Option<(u64, u64)> {
         self.fills.progress(name)
@@ -766,10 +774,9 @@ impl Connection {
         name: String,
         replica: Shared,
     ) -> Flow {
-        if req.op == Op::Join && self.server.fill_progress(&name).is_some() {
-            // A fill called off writes its last pieces before it ends: no
-            // join changes the layers under it.
-            let busy = format!("replica {name} is being filled; join when it ends");
+        if req.op == Op::Join
+            && let Some(busy) = self.server.join_refused(&name)
+        {
             self.answered.push(error(req.id, status::BUSY, &busy));
             return Flow::Go;
         }

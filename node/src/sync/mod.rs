@@ -71,8 +71,8 @@ impl SyncError {
 pub struct Progress {
     pub done: AtomicU64,
     pub total: AtomicU64,
-    pub pace: Pace,
-    pub called_off: std::sync::atomic::AtomicBool,
+    pace: Pace,
+    called_off: std::sync::atomic::AtomicBool,
     /// Wakes the fill waiting for its pace when it is called off.
     off: tokio::sync::Notify,
 }
