@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
 use crate::agents::{Agents, GrpcAgents};
+use crate::call_off::OfflineCopies;
 use crate::error::Error;
 use crate::events::Recorder;
 use crate::mirror::Mirror;
@@ -46,7 +47,7 @@ pub struct Context {
     /// The copies of detached volumes' replicas under way (by volume),
     /// which a user's call on the volume calls off
     /// (`lock_volume_calling_off_copies`).
-    offline_copies: Mutex<HashMap<String, Arc<CallOff>>>,
+    offline_copies: OfflineCopies,
     /// The node agents the executor calls.
     pub agents: Arc<dyn Agents>,
     clock: Clock,
@@ -65,13 +66,6 @@ pub struct Context {
     /// look into, kept by the store's change stream; whoever reads it
     /// brings it up to date first (`Context::records`).
     pub mirror: tokio::sync::Mutex<Mirror>,
-}
-
-/// Calls an offline copy off, saying why.
-#[derive(Default)]
-struct CallOff {
-    now: tokio::sync::Notify,
-    why: Mutex<String>,
 }
 
 /// Who leads, as this controller knows it.
@@ -148,7 +142,7 @@ impl Context {
             events: Recorder::default(),
             busy: KeyedGuards::default(),
             merging: KeyedGuards::default(),
-            offline_copies: Mutex::new(HashMap::new()),
+            offline_copies: OfflineCopies::default(),
             agents,
             clock: Clock::System,
             names: Names::Random,
@@ -287,65 +281,26 @@ impl Context {
         volume: &str,
         copy: impl std::future::Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
-        let off = Arc::new(CallOff::default());
-        if let Ok(mut m) = self.offline_copies.lock() {
-            m.insert(volume.to_string(), off.clone());
-        }
-        let done = tokio::select! {
-            done = copy => done,
-            () = off.now.notified() => {
-                let why = off.why.lock().map(|w| w.clone()).unwrap_or_default();
-                Err(Error::Unavailable(format!("the copy was called off: {why}")))
-            }
-        };
-        if let Ok(mut m) = self.offline_copies.lock() {
-            m.remove(volume);
-        }
-        done
+        self.offline_copies.run(volume, copy).await
     }
 
     /// The volume's guard for a user's call on it (`why`: an attach, a
     /// deletion, an expansion, a snapshot), waiting at most `patience`: an
     /// offline copy of one of its replicas (a detached volume's rebuild,
-    /// which may last hours) is called off, the one under way and one that
-    /// begins while the call waits. The replica is rebuilt later, keeping
-    /// what was copied.
+    /// which may last hours) is called off, the one under way, and one
+    /// that would begin while the call waits does not. The replica is
+    /// rebuilt later, keeping what was copied.
     pub async fn lock_volume_calling_off_copies(
         &self,
         name: &str,
         why: &str,
         patience: Duration,
     ) -> Result<VolumeGuard, Error> {
-        const LOOK: Duration = Duration::from_secs(1);
-        let until = tokio::time::Instant::now() + patience;
-        loop {
-            if self.call_off_offline_copy(name, why) {
-                tracing::info!(volume = %name, why, "an offline copy of a replica is called off");
-            }
-            let left = until.saturating_duration_since(tokio::time::Instant::now());
-            match self.lock_volume_waiting(name, left.min(LOOK)).await {
-                Ok(guard) => return Ok(guard),
-                Err(e) if left <= LOOK => return Err(e),
-                Err(_) => {}
-            }
+        let (_waiting, called_off) = self.offline_copies.call_off(name, why)?;
+        if called_off {
+            tracing::info!(volume = %name, why, "an offline copy of a replica is called off");
         }
-    }
-
-    /// Calls off the offline copy of `volume` under way, if one is, for
-    /// `why`; whether one was.
-    fn call_off_offline_copy(&self, volume: &str, why: &str) -> bool {
-        let off = self
-            .offline_copies
-            .lock()
-            .ok()
-            .and_then(|m| m.get(volume).cloned());
-        if let Some(off) = &off {
-            if let Ok(mut w) = off.why.lock() {
-                *w = why.to_string();
-            }
-            off.now.notify_one();
-        }
-        off.is_some()
+        self.lock_volume_waiting(name, patience).await
     }
 
     /// Whether a call holds the volume now.

@@ -2,7 +2,8 @@
 //! controller socket, the registry of nodes (registration, heartbeats,
 //! liveness), the pure planner (`planner`, and `sim` to run it on a model),
 //! the executor with the control loop that carries its plans out
-//! (`executor`), how it reaches the node agents (`agents`), and the record
+//! (`executor`), how it reaches the node agents (`agents`), the offline
+//! copies a user's call on their volume calls off (`call_off`), the record
 //! of which replicas may serve (`freshness`), and its own certificate
 //! (`certificate`).
 //!
@@ -11,6 +12,7 @@
 
 pub mod agents;
 pub mod api;
+pub mod call_off;
 pub mod certificate;
 pub mod context;
 pub mod csi;

@@ -75,6 +75,9 @@ pub struct Progress {
     called_off: std::sync::atomic::AtomicBool,
     /// Wakes the fill waiting for its pace when it is called off.
     off: tokio::sync::Notify,
+    /// Wakes the callers waiting for the fill to end, once it has left
+    /// the node's list of fills.
+    ended: tokio::sync::Notify,
 }
 
 impl Progress {
@@ -228,21 +231,23 @@ impl Fills {
     }
 
     /// Calls off the fill of `name`, if one runs, and waits at most
-    /// `patience` for it to end (its last pieces written); whether none
-    /// runs then.
+    /// `patience` for it to end (its last pieces written); whether it
+    /// has ended (or none ran).
     pub async fn call_off(&self, name: &str, patience: std::time::Duration) -> bool {
-        if let Some(p) = self.running.lock().ok().and_then(|r| r.get(name).cloned()) {
-            p.called_off.store(true, Ordering::SeqCst);
-            p.off.notify_one();
+        let Some(p) = self.running.lock().ok().and_then(|r| r.get(name).cloned()) else {
+            return true;
+        };
+        p.called_off.store(true, Ordering::SeqCst);
+        p.off.notify_one();
+        // Made before the look, so that an end after it wakes this.
+        let ended = p.ended.notified();
+        let still = |r: &std::collections::HashMap<String, Arc<Progress>>| {
+            r.get(name).is_some_and(|q| Arc::ptr_eq(q, &p))
+        };
+        if !self.running.lock().is_ok_and(|r| still(&r)) {
+            return true;
         }
-        let until = tokio::time::Instant::now() + patience;
-        while self.progress(name).is_some() {
-            if tokio::time::Instant::now() >= until {
-                return false;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        true
+        tokio::time::timeout(patience, ended).await.is_ok()
     }
 
     /// Fills the pending layers of `target` from `source` (`NAME@ADDR`),
@@ -299,6 +304,7 @@ impl Fills {
                 if let Ok(mut running) = fills.lock() {
                     running.remove(&target);
                 }
+                progress.ended.notify_waiters();
                 done
             }))
         };
