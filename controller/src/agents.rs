@@ -135,13 +135,14 @@ pub trait Agents: Send + Sync {
     /// Deletes replica `name`'s data.
     fn delete_replica<'a>(&'a self, node: &'a Node, name: &'a str) -> Call<'a, ()>;
     /// Has the engine of `volume` on `node` add `replica` (`NAME@ADDR`) in
-    /// `wo` mode and rebuild it (from `source` when given).
+    /// `wo` mode and rebuild it (from `source` when given), pulling at
+    /// most `bytes_per_second` over the network (0: no limit).
     fn add_engine_replica<'a>(
         &'a self,
         node: &'a Node,
         volume: &'a str,
         replica: &'a str,
-        source: &'a str,
+        source: (&'a str, u64),
     ) -> Call<'a, ()>;
     /// Has the engine of `volume` on `node` drop `replica`.
     fn remove_engine_replica<'a>(
@@ -220,12 +221,13 @@ impl Agents for GrpcAgents {
         node: &'a Node,
         volume: &'a str,
         replica: &'a str,
-        source: &'a str,
+        (source, bytes_per_second): (&'a str, u64),
     ) -> Call<'a, ()> {
         let req = AddEngineReplicaRequest {
             volume: volume.to_string(),
             replica: replica.to_string(),
             source: source.to_string(),
+            bytes_per_second,
         };
         self.done(node, |mut c| async move { c.add_engine_replica(req).await })
     }

@@ -347,7 +347,7 @@ fn fills(disk: &Path, source: &str, label: &str, local_copy: Duration) {
                 dst.join(&spec).await.unwrap();
                 drop_caches();
                 let t = Instant::now();
-                let report = dst.fill(&format!("{source}@{near}")).await.unwrap();
+                let report = dst.fill(&format!("{source}@{near}"), 0).await.unwrap();
                 times[k].push(t.elapsed());
                 assert_eq!(report["path"], path, "{report}");
                 let a = allocated(&replica_dir(d, &name).join("layer-000001.img"));
@@ -365,13 +365,13 @@ fn fills(disk: &Path, source: &str, label: &str, local_copy: Duration) {
             let mut wrong = spec.clone();
             wrong.frozen[0].checksum = "0".repeat(64);
             dst.join(&wrong).await.unwrap();
-            dst.fill(&format!("{source}@{near}")).await.unwrap_err();
+            dst.fill(&format!("{source}@{near}"), 0).await.unwrap_err();
             let changed = rewrite_every_hundredth(&dir.join("layer-000001.img"), &runs);
             let joined = dst.join(&spec).await.unwrap();
             assert_eq!(joined.seeded, ["layer-000001.img"], "{joined:?}");
             drop_caches();
             let t = Instant::now();
-            let report = dst.fill(&format!("{source}@{near}")).await.unwrap();
+            let report = dst.fill(&format!("{source}@{near}"), 0).await.unwrap();
             times[2].push(t.elapsed());
             assert_eq!(report["bytes"], changed, "{report}");
             moved = (changed, report["reused"].as_u64().unwrap());

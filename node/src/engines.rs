@@ -712,13 +712,14 @@ impl Engines {
     }
 
     /// Asks the running engine of `volume` to add `replica` (`NAME@ADDR`)
-    /// and rebuild it from `source` (or a replica it picks).
+    /// and rebuild it from `source` (or a replica it picks), pulling at
+    /// most `bytes_per_second` over the network (0: no limit).
     #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]
     pub async fn add_replica(
         &self,
         volume: &str,
         replica: &str,
-        source: Option<String>,
+        (source, bytes_per_second): (Option<String>, u64),
     ) -> Result<(), Error> {
         let at: crate::engine::ReplicaAddr = replica.parse().map_err(|m| Error::Invalid {
             field: "replica".into(),
@@ -729,6 +730,7 @@ impl Engines {
         let req = ControlRequest::Add {
             replica: replica.to_string(),
             source,
+            bytes_per_second,
         };
         control::call(&self.control(volume), &req)
             .await

@@ -154,7 +154,7 @@ async fn a_rebuild_under_concurrent_writes_ends_with_all_replicas_identical_laye
             })
         })
         .collect();
-    engine.add_replica(r1.clone(), None).await.unwrap();
+    engine.add_replica(r1.clone(), None, 0).await.unwrap();
     let m = wait_rw(&engine, "v-r1").await;
     stop.store(true, Ordering::SeqCst);
     for w in writers {
@@ -212,14 +212,14 @@ async fn a_rebuild_from_a_merging_source_fails_without_freezing_a_layer() {
     let merging = tokio::spawn(async move { table.merge("v-r0", vec![], 1 << 20).await });
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = layers(&r0).await;
-    let err = engine.add_replica(r1.clone(), None).await.unwrap_err();
+    let err = engine.add_replica(r1.clone(), None, 0).await.unwrap_err();
     assert!(
         err.to_string().contains("no rw replica to copy from"),
         "{err}"
     );
     assert_eq!(layers(&r0).await, before, "the attempt froze a layer");
     merging.await.unwrap().unwrap();
-    engine.add_replica(r1, None).await.unwrap();
+    engine.add_replica(r1, None, 0).await.unwrap();
     assert_eq!(wait_rw(&engine, "v-r1").await.mode, ReplicaMode::Rw);
 }
 
@@ -289,7 +289,7 @@ async fn a_rebuild_on_the_same_node_copies_locally_and_keeps_the_holes() {
     }
     let before = blake3::hash(&engine.read(0, SIZE as u32).await.unwrap());
     engine
-        .add_replica(r1.clone(), Some("v-r0".into()))
+        .add_replica(r1.clone(), Some("v-r0".into()), 0)
         .await
         .unwrap();
     let m = wait_rw(&engine, "v-r1").await;
@@ -364,7 +364,7 @@ async fn a_failed_local_copy_falls_back_to_remote_sync_with_a_clean_target() {
         .unwrap();
     assert!(ok.success(), "chattr +i failed");
     let _undo = Immutable(&blocker);
-    let report = dst.fill(&format!("v-r0@{s}")).await.unwrap();
+    let report = dst.fill(&format!("v-r0@{s}"), 0).await.unwrap();
     assert_eq!(report["path"], "remote", "{report}");
     assert_eq!(report["bytes"], 8 * (32 << 10));
     let leftovers: Vec<_> = std::fs::read_dir(&dir)
@@ -396,7 +396,7 @@ async fn a_local_fill_from_a_corrupt_source_is_the_sources_fault_and_completes_n
     // A block inside the fourth extent of the source's frozen layer.
     let frozen = replica_dir(d1.path(), "v-r0").join("layer-000001.img");
     spoil(&frozen, (3 << 20) + 8192);
-    let err = dst.fill(&format!("v-r0@{s}")).await.unwrap_err();
+    let err = dst.fill(&format!("v-r0@{s}"), 0).await.unwrap_err();
     assert!(err.is_corrupt(), "the source is not blamed: {err}");
     assert_eq!(dst.info().await.unwrap()["pending"], 1);
     drop((src, dst));
@@ -436,7 +436,7 @@ async fn cut_off_after_one_layer() -> CutOff {
     spec.frozen[1].checksum = "0".repeat(64);
     dst.join(&spec).await.unwrap();
     let source = format!("v-r0@{}", n.s1);
-    let err = dst.fill(&source).await.unwrap_err();
+    let err = dst.fill(&source, 0).await.unwrap_err();
     assert!(err.to_string().contains("checksum"), "{err}");
     let pending = dst.info().await.unwrap()["pending"].as_u64().unwrap();
     assert_eq!(pending, 1);
@@ -465,7 +465,7 @@ async fn a_rebuild_cut_off_resumes_from_the_layers_it_had_finished() {
     assert_eq!(report["kept"], serde_json::json!(["layer-000001.img"]));
     assert_eq!(report["keptBytes"], 1 << 20);
     assert_eq!(report["seeded"], serde_json::json!(["layer-000002.img"]));
-    let filled = dst.fill(&s1).await.unwrap();
+    let filled = dst.fill(&s1, 0).await.unwrap();
     assert_eq!(filled["bytes"], 0, "{filled}");
     assert_eq!(filled["reused"], 1 << 20, "{filled}");
     assert_eq!(dst.info().await.unwrap()["pending"], 0);
@@ -533,7 +533,7 @@ fn a_rebuild_cut_off_by_a_restart_resumes_from_the_layers_it_had_finished() {
         let spec = following(&src).await;
         let joined = dst.join(&spec).await.unwrap();
         assert_eq!(joined.pending.len(), 2);
-        let fill = tokio::spawn(async move { dst.fill(&format!("v-r0@{s_addr}")).await });
+        let fill = tokio::spawn(async move { dst.fill(&format!("v-r0@{s_addr}"), 0).await });
         // Wait until the first layer is complete, then cut the target off.
         let probe = ReplicaClient::connect(&t_addr, "v-r1").await.unwrap();
         loop {
@@ -559,7 +559,7 @@ fn a_rebuild_cut_off_by_a_restart_resumes_from_the_layers_it_had_finished() {
         let joined = dst.join(&spec).await.unwrap();
         assert_eq!(joined.kept, ["layer-000001.img"]);
         assert_eq!(joined.kept_bytes, 1 << 20);
-        let report = dst.fill(&format!("v-r0@{}", source.addr)).await.unwrap();
+        let report = dst.fill(&format!("v-r0@{}", source.addr), 0).await.unwrap();
         assert_eq!(report["bytes"], 48 * (8u64 << 20), "{report}");
         let a = ReplicaClient::connect(&source.addr, "v-r0").await.unwrap();
         let (la, lb) = (a.layers().await.unwrap(), dst.layers().await.unwrap());
@@ -582,7 +582,7 @@ async fn a_fill_reports_its_progress_while_it_runs() {
     .await;
     let (target, dst, source) = (j.target, j.dst, j.source);
     assert_eq!(target.fill_progress("v-r1"), None);
-    let fill = tokio::spawn(async move { dst.fill(&source).await });
+    let fill = tokio::spawn(async move { dst.fill(&source, 0).await });
     let mut seen = Vec::new();
     while !fill.is_finished() {
         if let Some(p) = target.fill_progress("v-r1") {
@@ -614,6 +614,8 @@ async fn a_fill_reports_its_progress_while_it_runs() {
 struct Joined {
     _disks: (tempfile::TempDir, tempfile::TempDir),
     target: Arc<ReplicaServer>,
+    /// `target`'s address.
+    target_addr: String,
     dst: ReplicaClient,
     spec: JoinSpec,
     source: String,
@@ -639,6 +641,7 @@ async fn joined(size: u64, write: impl FnOnce(&mut Replica)) -> Joined {
     Joined {
         _disks: (d1, d2),
         target,
+        target_addr: s2,
         dst,
         spec,
         source: format!("v-r0@{s1}"),
@@ -724,6 +727,59 @@ async fn a_fill_is_called_off_for_its_replicas_deletion_and_ends_at_once() {
     );
 }
 
+/// An engine's FILL keeps the pace it asks for (the header's offset:
+/// `replica-rebuild-rate`), and is called off when its connection ends
+/// (the engine stopped, or gave the replica up): it stops at once though
+/// it waits for its pace, and the replica is free for the next join.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engines_fill_keeps_its_pace_and_is_called_off_when_its_connection_ends() {
+    let j = joined(64 << 20, |r| {
+        r.write(0, &pattern(0, 32 << 20, 3), Some(1)).unwrap();
+    })
+    .await;
+    const RATE: u64 = 512 << 10;
+    let asked = std::time::Instant::now();
+    let fill = {
+        let (dst, source) = (j.dst, j.source.clone());
+        tokio::spawn(async move { dst.fill(&source, RATE).await })
+    };
+    let (done, seen) = loop {
+        if let Some((done, _)) = j.target.fill_progress("v-r1").filter(|(d, _)| *d > 0) {
+            break (done, asked.elapsed());
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "no piece in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        done as f64 <= RATE as f64 * seen.as_secs_f64(),
+        "{done} bytes written {seen:?} after the FILL at {RATE} bytes per second"
+    );
+
+    // The engine's connection ends while the fill waits 8 s for its next
+    // piece: the fill stops at once.
+    fill.abort();
+    let _ = fill.await;
+    let ended = std::time::Instant::now();
+    while j.target.fill_progress("v-r1").is_some() {
+        assert!(
+            ended.elapsed() < Duration::from_secs(4),
+            "the fill still runs 4 s after its connection ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Free for the next join; a fill then completes the layer, checked
+    // against the source's checksum.
+    let dst = ReplicaClient::connect(&j.target_addr, "v-r1")
+        .await
+        .unwrap();
+    dst.join(&j.spec).await.unwrap();
+    let done = dst.fill(&j.source, 0).await.unwrap();
+    assert_eq!(done["layers"].as_array().map(Vec::len), Some(1), "{done}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_whose_frozen_layer_is_corrupt_is_failed_and_never_copied() {
     let (d1, d2, d3) = (
@@ -745,7 +801,7 @@ async fn a_source_whose_frozen_layer_is_corrupt_is_failed_and_never_copied() {
         .await
         .unwrap();
     // r1 joins: the data is frozen into a layer of r0 and copied to r1.
-    engine.add_replica(r1.clone(), None).await.unwrap();
+    engine.add_replica(r1.clone(), None, 0).await.unwrap();
     wait_rw(&engine, "v-r1").await;
     // r0's frozen layer goes bad on its disk.
     let frozen = layers(&r0)
@@ -759,7 +815,7 @@ async fn a_source_whose_frozen_layer_is_corrupt_is_failed_and_never_copied() {
     // block, r0 (the source) is failed as well as the unfinished r2, and
     // nothing corrupt reached r2.
     engine
-        .add_replica(r2.clone(), Some("v-r0".into()))
+        .add_replica(r2.clone(), Some("v-r0".into()), 0)
         .await
         .unwrap();
     let mut status = engine.status().await;
@@ -789,7 +845,7 @@ async fn a_source_whose_frozen_layer_is_corrupt_is_failed_and_never_copied() {
             .is_corrupt(&frozen)
     );
     // Asked again without a wish, r2 is rebuilt from the sound replica.
-    engine.add_replica(r2.clone(), None).await.unwrap();
+    engine.add_replica(r2.clone(), None, 0).await.unwrap();
     wait_rw(&engine, "v-r2").await;
     assert_eq!(image(&r2).await, image(&r1).await);
 }
@@ -804,7 +860,7 @@ async fn a_reused_replica_copies_only_the_blocks_that_changed_while_it_was_out()
         .write(0, &pattern(0, 1 << 20, 1), false)
         .await
         .unwrap();
-    engine.add_replica(r1.clone(), None).await.unwrap();
+    engine.add_replica(r1.clone(), None, 0).await.unwrap();
     wait_rw(&engine, "v-r1").await;
     // Both replicas' heads get 8 MiB: the layer a later rebuild has to
     // bring r1 up to.
@@ -829,7 +885,7 @@ async fn a_reused_replica_copies_only_the_blocks_that_changed_while_it_was_out()
         .unwrap();
     engine.flush().await.unwrap();
     let want = blake3::hash(&engine.read(0, SIZE as u32).await.unwrap());
-    engine.add_replica(r1.clone(), None).await.unwrap();
+    engine.add_replica(r1.clone(), None, 0).await.unwrap();
     let m = wait_rw(&engine, "v-r1").await;
     let rebuild = m.rebuild.unwrap();
     assert_eq!(rebuild.path, "remote", "{rebuild:?}");
@@ -922,7 +978,7 @@ async fn a_seeded_block_whose_checksum_agrees_on_other_data_is_caught_and_the_la
     }
     let report = join(&src, &dst).await;
     assert_eq!(report["seeded"], serde_json::json!(["layer-000002.img"]));
-    let filled = dst.fill(&s1).await.unwrap();
+    let filled = dst.fill(&s1, 0).await.unwrap();
     // The compare kept the block, the layer's checksum did not match, and
     // the layer was copied whole.
     assert_eq!(filled["bytes"], 1 << 20, "{filled}");
@@ -965,7 +1021,7 @@ async fn a_source_layer_marked_for_a_bad_block_gives_its_sums_and_the_seed_keeps
     );
     let report = join(&src, &dst).await;
     assert_eq!(report["seeded"], serde_json::json!(["layer-000002.img"]));
-    let filled = dst.fill(&s1).await.unwrap();
+    let filled = dst.fill(&s1, 0).await.unwrap();
     assert_eq!(filled["bytes"], 0, "{filled}");
     assert_eq!(filled["reused"], 1 << 20, "{filled}");
     assert_eq!(dst.info().await.unwrap()["pending"], 0);
@@ -1060,7 +1116,7 @@ async fn bad_in_the_last_replica(lend: bool) {
     // from r1, and r1 rebuilt.
     let (nine, _) = blocks(9, 1);
     spoil(&head_file(&r0_dir), nine);
-    engine.add_replica(r1.clone(), None).await.unwrap();
+    engine.add_replica(r1.clone(), None, 0).await.unwrap();
     wait_rw(&engine, "v-r1").await;
     // r0 serves the engine's reads first (through its server, or lent).
     assert!(
@@ -1082,7 +1138,7 @@ async fn bad_in_the_last_replica(lend: bool) {
         .unwrap();
     engine.flush().await.unwrap();
     spoil(&head_file(&r0_dir), five);
-    engine.add_replica(r1.clone(), None).await.unwrap();
+    engine.add_replica(r1.clone(), None, 0).await.unwrap();
     wait_rw(&engine, "v-r1").await;
     assert_eq!(engine.io().lost_blocks, 1, "lend {lend}");
     // v-r1 fails the lost block, and never serves its old copy.
@@ -1146,7 +1202,7 @@ async fn a_block_bad_in_the_last_replica_is_taken_from_a_returning_one_whose_cop
     // has r0's recorded checksum, and is taken.
     let (nine, _) = block(9);
     spoil(&head_file(&r0_dir), nine);
-    engine.add_replica(r1.clone(), None).await.unwrap();
+    engine.add_replica(r1.clone(), None, 0).await.unwrap();
     wait_rw(&engine, "v-r1").await;
     assert_eq!(engine.io().lost_blocks, 0);
     assert!(
@@ -1162,7 +1218,7 @@ async fn a_block_bad_in_the_last_replica_is_taken_from_a_returning_one_whose_cop
     engine.write(five, &data, false).await.unwrap();
     engine.flush().await.unwrap();
     spoil(&head_file(&r0_dir), five);
-    engine.add_replica(r1.clone(), None).await.unwrap();
+    engine.add_replica(r1.clone(), None, 0).await.unwrap();
     wait_rw(&engine, "v-r1").await;
     assert_eq!(engine.io().lost_blocks, 1);
     all_but_lost(&engine, r1, &want, five, "the stale copy").await;
@@ -1211,7 +1267,7 @@ async fn frozen_block_lost(lend: bool, same_node: bool) {
     );
 
     let r1 = replica(d2.path(), "v-r1", &s2);
-    engine.add_replica(r1.clone(), None).await.unwrap();
+    engine.add_replica(r1.clone(), None, 0).await.unwrap();
     let failed = async {
         loop {
             let st = engine.status().await;
@@ -1233,7 +1289,7 @@ async fn frozen_block_lost(lend: bool, same_node: bool) {
     );
     assert_eq!(engine.io().lost_blocks, 1, "{what}");
 
-    engine.add_replica(r1.clone(), None).await.unwrap();
+    engine.add_replica(r1.clone(), None, 0).await.unwrap();
     wait_rw(&engine, "v-r1").await;
     all_but_lost(&engine, &r1, &want, seven, &what).await;
     let (before, after) = (seven as usize, seven as usize + 4096);
@@ -1272,7 +1328,7 @@ async fn a_bad_block_in_the_last_replicas_frozen_layer_is_kept_sound_from_a_retu
         Replica::open(&r0_dir).unwrap().is_corrupt(&frozen),
         "the layer is marked"
     );
-    engine.add_replica(r1.clone(), None).await.unwrap();
+    engine.add_replica(r1.clone(), None, 0).await.unwrap();
     let m = wait_rw(&engine, "v-r1").await;
     let rebuild = m.rebuild.unwrap();
     assert_eq!(rebuild.copied_bytes, 0, "{rebuild:?}");

@@ -491,6 +491,47 @@ pub fn write_data(dir: &Path, endpoint: &str, seed: u64) -> Data {
     Data { sum }
 }
 
+/// Volume `v` with one replica on one of two nodes, attached there, and
+/// what it holds.
+pub struct OneOfTwo {
+    pub c: Cluster,
+    pub live: Expected,
+    pub endpoint: String,
+    /// The node holding `v`'s replica, where it is attached.
+    pub holder: String,
+    pub other: String,
+}
+
+/// Two nodes with `setting` set to `value`, and volume `v` (one replica,
+/// [`SIZE`]) attached where its replica is, `bytes` of `pattern` written
+/// from its start.
+pub fn one_replica_of_two_nodes(
+    (setting, value): (&str, &str),
+    bytes: u64,
+    pattern: u8,
+) -> OneOfTwo {
+    let c = Cluster::start(2, 1);
+    c.set(setting, serde_json::json!(value));
+    c.create_volume(serde_json::json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    let holder = c.holders("v").remove(0);
+    let other = if holder == "node-1" {
+        "node-2"
+    } else {
+        "node-1"
+    }
+    .to_string();
+    let endpoint = c.attach("v", &holder);
+    let live = Expected::new(c.dir.path(), "v", SIZE);
+    live.write(&endpoint, 0, bytes, pattern);
+    OneOfTwo {
+        c,
+        live,
+        endpoint,
+        holder,
+        other,
+    }
+}
+
 /// What a volume must hold: a local image written alike.
 pub struct Expected {
     image: PathBuf,

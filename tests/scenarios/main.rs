@@ -20,6 +20,7 @@ mod leader;
 mod modify;
 mod offline_copies;
 mod orphans;
+mod paced_rebuilds;
 mod rogue;
 mod rotation;
 mod safety;

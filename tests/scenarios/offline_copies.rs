@@ -25,20 +25,9 @@ const PACED: u64 = 20 << 20;
 /// (one replica) holding `bytes` written and detached. Returns the
 /// cluster, what `v` holds, the node holding it and the other node.
 fn a_detached_volume_to_copy(bytes: u64) -> (Cluster, Expected, String, String) {
-    let c = Cluster::start(2, 1);
-    c.set("offline-copy-rate", json!("1"));
-    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
-    let holder = c.holders("v").remove(0);
-    let other = if holder == "node-1" {
-        "node-2"
-    } else {
-        "node-1"
-    };
-    let endpoint = c.attach("v", &holder);
-    let live = Expected::new(c.dir.path(), "v", SIZE);
-    live.write(&endpoint, 0, bytes, 0x5a);
-    c.ok("POST", "/v1/volumes/v/detach", None);
-    (c, live, holder, other.to_string())
+    let v = one_replica_of_two_nodes(("offline-copy-rate", "1"), bytes, 0x5a);
+    v.c.ok("POST", "/v1/volumes/v/detach", None);
+    (v.c, v.live, v.holder, v.other)
 }
 
 /// `a_detached_volume_to_copy` with 40 MiB (40 s to copy, past the 30 s

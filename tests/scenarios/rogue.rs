@@ -99,7 +99,7 @@ fn a_rogue_join_is_refused_and_the_volume_keeps_its_data() {
                 trim,
                 flush,
                 client.join(&join).await.map(drop).unwrap_err(),
-                client.fill("x@127.0.0.1:1").await.map(drop).unwrap_err(),
+                client.fill("x@127.0.0.1:1", 0).await.map(drop).unwrap_err(),
                 client.grow(2 * SIZE).await.map(drop).unwrap_err(),
             ];
             for e in refused {

@@ -202,8 +202,8 @@ async fn build_replica(
     filled
 }
 
-/// The engine adds the replica in `wo` mode and rebuilds it; its heartbeat
-/// reports when it turns `rw`.
+/// The engine adds the replica in `wo` mode and rebuilds it, at
+/// `replica-rebuild-rate`; its heartbeat reports when it turns `rw`.
 async fn add_to_engine(
     ctx: &Context,
     volume: &str,
@@ -212,8 +212,10 @@ async fn add_to_engine(
     copy_from: Option<&str>,
 ) -> Result<(), Error> {
     let engine_node = ready_node(ctx, attached).await?;
+    let rate = ctx.settings().await?.replica_rebuild_rate_bytes();
+    let source = (copy_from.unwrap_or_default(), rate);
     ctx.agents
-        .add_engine_replica(&engine_node, volume, at, copy_from.unwrap_or_default())
+        .add_engine_replica(&engine_node, volume, at, source)
         .await
 }
 

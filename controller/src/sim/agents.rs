@@ -224,7 +224,7 @@ impl Agents for ModelAgents {
         _node: &'a Node,
         _volume: &'a str,
         replica: &'a str,
-        _source: &'a str,
+        _source: (&'a str, u64),
     ) -> Call<'a, ()> {
         let (name, on) = (replica_name(replica), replica_node(replica));
         Box::pin(async move { self.start(on, name, Kind::Engine) })

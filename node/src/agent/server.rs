@@ -377,10 +377,13 @@ impl NodeAgent for NodeAgentService {
             volume,
             replica,
             source,
+            bytes_per_second,
         } = request.into_inner();
         let source = (!source.is_empty()).then_some(source);
         let engines = &self.ctx.engines;
-        engines.add_replica(&volume, &replica, source).await?;
+        engines
+            .add_replica(&volume, &replica, (source, bytes_per_second))
+            .await?;
         Ok(Response::new(AddEngineReplicaResponse {}))
     }
 

@@ -42,6 +42,7 @@ impl Engine {
         self: &Arc<Self>,
         at: ReplicaAddr,
         source: Option<String>,
+        bytes_per_second: u64,
     ) -> Result<(), EngineError> {
         {
             let m = self.members.lock().await;
@@ -129,7 +130,7 @@ impl Engine {
         let src_name = src.split('@').next().unwrap_or_default().to_string();
         tokio::spawn(async move {
             let _guard = guard;
-            let filled = client.fill(&src).await;
+            let filled = client.fill(&src, bytes_per_second).await;
             engine.finish_rebuild(&at.name, &src_name, filled).await;
         });
         Ok(())

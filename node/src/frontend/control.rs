@@ -36,6 +36,10 @@ pub enum ControlRequest {
         replica: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         source: Option<String>,
+        /// Bytes per second the rebuild pulls over the network; 0 (or
+        /// absent, from a node plugin before it): no limit.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        bytes_per_second: u64,
     },
     Remove {
         replica: String,
@@ -58,6 +62,10 @@ pub enum ControlRequest {
     Device,
     Credentials,
     Ping,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How the engine takes its renewed credentials (None: it runs without
@@ -130,9 +138,13 @@ async fn handle(
     let req: ControlRequest =
         serde_json::from_str(line).map_err(|e| invalid(format!("request: {e}")))?;
     match req {
-        ControlRequest::Add { replica, source } => {
+        ControlRequest::Add {
+            replica,
+            source,
+            bytes_per_second,
+        } => {
             let at: ReplicaAddr = replica.parse().map_err(invalid)?;
-            engine.add_replica(at, source).await?;
+            engine.add_replica(at, source, bytes_per_second).await?;
             Ok(None)
         }
         ControlRequest::Remove { replica } => {

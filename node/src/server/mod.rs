@@ -286,6 +286,7 @@ impl ReplicaServer {
             fence: None,
             engine: false,
             volume: String::new(),
+            fills: Vec::new(),
         };
         let result = loop {
             // A connection that has not opened a replica yet has
@@ -319,8 +320,11 @@ impl ReplicaServer {
             mut answered,
             loan,
             mtx,
+            fills,
             ..
         } = conn;
+        // Its fills are called off first: each holds a sender of its reply.
+        drop(fills);
         drop(loan);
         let _ = send_answered(&wr, &mut answered).await;
         drop(mtx);
@@ -472,6 +476,18 @@ struct Connection {
     /// only peer that may change it (known at OPEN), and that volume.
     engine: bool,
     volume: String,
+    /// The FILLs this connection asked for: called off when it ends.
+    fills: Vec<AbortOnDrop>,
+}
+
+/// Ends a task when dropped: a FILL's, whose dropped call calls the fill
+/// off at its next piece (see `sync::Fills::run`).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl Connection {
@@ -781,12 +797,14 @@ impl Connection {
             return Flow::Go;
         }
         if req.op == Op::Fill {
-            // Long: it runs beside the connection's other requests.
+            // Long: it runs beside the connection's other requests, at the
+            // pace the engine asked for (the header's offset), and is
+            // called off when the connection ends: an engine that went
+            // away (stopped, or gave the replica up) waits for it no more.
             let (tx, server) = (self.tx.clone(), self.server.clone());
-            tokio::spawn(async move {
+            let task = tokio::spawn(async move {
                 let source = String::from_utf8_lossy(&payload).into_owned();
-                // An engine's rebuild is not paced: the volume waits on it.
-                let reply = match server.fill(&name, &source, 0).await {
+                let reply = match server.fill(&name, &source, req.offset).await {
                     Ok(report) => ok_json(req.id, &report),
                     Err(e @ SyncError::SourceCorrupt { .. }) => {
                         reply_error(req.id, status::CORRUPT, &e.to_string(), e.corruption())
@@ -795,6 +813,8 @@ impl Connection {
                 };
                 let _ = tx.send(reply.into()).await;
             });
+            self.fills.retain(|f| !f.0.is_finished());
+            self.fills.push(AbortOnDrop(task.abort_handle()));
         } else if matches!(
             req.op,
             Op::Read

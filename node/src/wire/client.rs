@@ -874,11 +874,18 @@ impl ReplicaClient {
         self.json(&body)
     }
 
-    /// Fills the replica's pending layers from `source` (`NAME@ADDR`);
-    /// returns `{path, bytes, layers}` when every layer is complete.
-    pub async fn fill(&self, source: &str) -> Result<serde_json::Value, ClientError> {
+    /// Fills the replica's pending layers from `source` (`NAME@ADDR`),
+    /// pulling at most `bytes_per_second` over the network (0: no limit;
+    /// the header's offset carries it); returns `{path, bytes, layers}`
+    /// when every layer is complete.
+    pub async fn fill(
+        &self,
+        source: &str,
+        bytes_per_second: u64,
+    ) -> Result<serde_json::Value, ClientError> {
+        let len = source.len() as u32;
         let body = self
-            .call(Op::Fill, 0, source.len() as u32, 0, 0, source.as_bytes())
+            .call(Op::Fill, bytes_per_second, len, 0, 0, source.as_bytes())
             .await?;
         self.json(&body)
     }

@@ -60,8 +60,10 @@ pub enum Op {
     /// Joins a rebuild: payload JSON `{frozen: [{name, checksum}], head,
     /// revision}`; replies a JSON join report.
     Join = 9,
-    /// Fills the pending layers from `NAME@HOST:PORT` (payload); replies
-    /// JSON `{path, bytes}` once every layer is checked and complete.
+    /// Fills the pending layers from `NAME@HOST:PORT` (payload), pulling
+    /// at most `offset` bytes per second over the network (0: no limit);
+    /// replies JSON `{path, bytes}` once every layer is checked and
+    /// complete. It is called off when its connection ends.
     Fill = 10,
     /// Data extents of the frozen layer at chain index `revision`: JSON
     /// `[[offset, length], ...]` in bytes.

@@ -1,0 +1,80 @@
+//! An attached volume's rebuild paced by `replica-rebuild-rate`, on real
+//! processes: the engine's copy to a replica on another node pulls no more
+//! than the setting allows, counted from when it was asked for, the
+//! volume takes writes meanwhile, and every byte reads back once the new
+//! replica is rw.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::harness::*;
+
+/// 20 MiB written, rebuilt at 1 MiB/s: about 20 s.
+const WRITTEN: u64 = 20 << 20;
+
+/// Volume `v`, attached with one replica holding 20 MiB, is given a
+/// second replica with `replica-rebuild-rate` at 1 MiB/s: the rebuild's
+/// bytes copied stay within 1 MiB for each second since the replica was
+/// asked for, writes during it are taken, and both replicas end holding
+/// every byte. Before the setting, an engine's rebuild took what the
+/// network and disks gave.
+#[test]
+fn an_attached_volumes_rebuild_keeps_the_replica_rebuild_rate_and_takes_writes() {
+    const RATE: u64 = 1 << 20;
+    let OneOfTwo {
+        c,
+        live,
+        endpoint,
+        other,
+        ..
+    } = one_replica_of_two_nodes(("replica-rebuild-rate", "1"), WRITTEN, 0x3c);
+
+    let asked = Instant::now();
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    let mut seen = Vec::new();
+    let mut wrote = false;
+    loop {
+        let at = asked.elapsed();
+        let replica = c.replica_on("v", &other);
+        let mode = replica
+            .as_ref()
+            .and_then(|r| r["status"]["mode"].as_str().map(str::to_string));
+        if mode.as_deref() == Some("rw") {
+            break;
+        }
+        if let Some(done) = replica
+            .as_ref()
+            .and_then(|r| r["status"]["rebuildProgress"]["done"].as_u64())
+        {
+            assert!(
+                done as f64 <= RATE as f64 * at.as_secs_f64(),
+                "{done} bytes copied {at:?} after the replica was asked for, at {RATE} bytes per second"
+            );
+            seen.push(done);
+            if done > 0 && !wrote {
+                // A write while the copy goes on reaches both replicas.
+                live.write(&endpoint, WRITTEN + (4 << 20), 1 << 20, 0xc3);
+                wrote = true;
+            }
+        }
+        assert!(
+            at < Duration::from_secs(180),
+            "no rw replica on {other} in 180 s; progress seen {seen:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        seen.iter().any(|&d| d > 0 && d < WRITTEN),
+        "no progress seen mid-copy: {seen:?}"
+    );
+    assert!(wrote, "no write during the copy");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    verify_data(c.dir.path(), &endpoint, &live.data());
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &live.data());
+}
