@@ -2,11 +2,11 @@
 //! processes: the engine's copy to a replica on another node pulls no more
 //! than the setting allows, counted from when it was asked for, the
 //! volume takes writes meanwhile, and every byte reads back once the new
-//! replica is rw.
+//! replica is rw; a detach stops the copy and has it start again at once.
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::harness::*;
 
@@ -77,4 +77,55 @@ fn an_attached_volumes_rebuild_keeps_the_replica_rebuild_rate_and_takes_writes()
     verify_data(c.dir.path(), &endpoint, &live.data());
     c.ok("POST", "/v1/volumes/v/detach", None);
     verify_replicas(&c, "v", &live.data());
+}
+
+/// A detach during an attached volume's paced rebuild stops the copy on
+/// the target's node (its engine's connection ended) and fails the
+/// replica as interrupted by the detach itself, not after the node-down
+/// timeout; the detached volume's replica is then rebuilt offline, and
+/// both replicas hold every byte. Before, the node went on copying for
+/// an engine that had gone, and the replica waited for the timeout.
+#[test]
+fn a_detach_during_a_paced_rebuild_stops_the_copy_and_the_rebuild_starts_again_at_once() {
+    let OneOfTwo {
+        c,
+        live,
+        holder,
+        other,
+        ..
+    } = one_replica_of_two_nodes(("replica-rebuild-rate", "1"), WRITTEN, 0x5a);
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    let name = wait_for(Duration::from_secs(60), "the copy under way", || {
+        let r = c.replica_on("v", &other)?;
+        let done = r["status"]["rebuildProgress"]["done"].as_u64()?;
+        (done > 0).then(|| r["name"].as_str().unwrap().to_string())
+    });
+
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let interrupted: Vec<Value> = c
+        .events(&format!("replica/{name}"))
+        .into_iter()
+        .filter(|e| e["reason"] == "RebuildInterrupted")
+        .collect();
+    assert!(
+        interrupted.iter().any(|e| e["message"]
+            .as_str()
+            .unwrap()
+            .contains("its engine stopped")),
+        "the detach interrupts the rebuild: {interrupted:#?}"
+    );
+    let log = c.path(&other).with_extension("log");
+    wait_for(Duration::from_secs(30), "the node stopped copying", || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains("the fill was called off").then_some(())
+    });
+    c.wait_settled("v", 2, Duration::from_secs(120));
+    verify_replicas(&c, "v", &live.data());
+    let endpoint = c.attach("v", &holder);
+    verify_data(c.dir.path(), &endpoint, &live.data());
+    c.ok("POST", "/v1/volumes/v/detach", None);
 }

@@ -6,6 +6,8 @@
 //! replica that no engine or node has reported, and no call of this
 //! controller has held, for the node-down timeout is failed (not counted as
 //! an attempt), so that the planner reuses it and the rebuild starts again.
+//! A detach fails the replicas its engine was filling at once: it stopped
+//! that engine, and knows no one drives them.
 //!
 //! On Kubernetes a record's status is a request of its own, after the
 //! create: a controller killed between the two leaves a replica with no
@@ -75,34 +77,64 @@ pub async fn fail_interrupted<'a>(
     };
     let mut failed = Vec::new();
     for r in stalled {
-        let at = ctx.now();
-        let mut changed = false;
-        ctx.store
-            .modify::<Replica, Error>(&r.name, |rep| {
-                // Re-check on the fresh copy: its engine may have just
-                // reported it.
-                changed = rep.status.mode == r.status.mode;
-                if changed {
-                    effects::failed(rep, at, true);
-                }
-                Ok(changed)
-            })
-            .await?;
-        if changed {
-            ctx.event(
-                Kind::Replica,
-                &r.name,
-                "RebuildInterrupted",
-                format!(
-                    "no engine or node has reported filling it for {}s (its controller may have died); it is rebuilt again",
-                    ctx.node_down_timeout.as_secs_f64()
-                ),
-            )
-            .await;
+        let why = format!(
+            "no engine or node has reported filling it for {}s (its controller may have died); it is rebuilt again",
+            ctx.node_down_timeout.as_secs_f64()
+        );
+        if interrupt(ctx, r, &why).await? {
             failed.push(r.name.clone());
         }
     }
     Ok(failed)
+}
+
+/// Fails every replica of `volume` its engine was filling, once that
+/// engine is stopped (`why`: the volume detached): no one drives those
+/// rebuilds now, and the planner starts them again at once (offline, or
+/// by the next attachment's engine, keeping what was copied) rather than
+/// after the node-down timeout. Returns their names.
+pub async fn fail_engines_rebuilds(
+    ctx: &Context,
+    volume: &str,
+    why: &str,
+) -> Result<Vec<String>, Error> {
+    let filled: Vec<Replica> = ctx
+        .records()
+        .await?
+        .replicas()
+        .filter(|r| r.spec.volume == volume && r.status.mode == Some(ReplicaMode::Wo))
+        .cloned()
+        .collect();
+    let mut failed = Vec::new();
+    for r in &filled {
+        if interrupt(ctx, r, &format!("{why}; it is rebuilt again")).await? {
+            failed.push(r.name.clone());
+        }
+    }
+    Ok(failed)
+}
+
+/// Fails `r`, still in the mode it was seen in, as a rebuild whose driver
+/// is gone (not counted as an attempt), saying `why`; whether it was.
+async fn interrupt(ctx: &Context, r: &Replica, why: &str) -> Result<bool, Error> {
+    let at = ctx.now();
+    let mut changed = false;
+    ctx.store
+        .modify::<Replica, Error>(&r.name, |rep| {
+            // Re-check on the fresh copy: its engine may have just
+            // reported it.
+            changed = rep.status.mode == r.status.mode;
+            if changed {
+                effects::failed(rep, at, true);
+            }
+            Ok(changed)
+        })
+        .await?;
+    if changed {
+        ctx.event(Kind::Replica, &r.name, "RebuildInterrupted", why)
+            .await;
+    }
+    Ok(changed)
 }
 
 #[cfg(test)]

@@ -604,6 +604,11 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
         })
         .await?;
     let fenced = fence_replicas(ctx, &volume).await;
+    // The replicas its engine was filling are filled by no one now.
+    let why = format!("its engine stopped: volume {name} detached from {node_id}");
+    if let Err(e) = super::interrupted::fail_engines_rebuilds(ctx, name, &why).await {
+        tracing::warn!(volume = %name, error = %e, "the rebuilds of the detached engine are left to the node-down timeout");
+    }
     let message = match left_behind {
         None => format!("detached from {node_id}"),
         Some(why) => format!(
