@@ -99,11 +99,7 @@ fn a_detach_during_a_paced_rebuild_stops_the_copy_and_the_rebuild_starts_again_a
         "/v1/volumes/v",
         Some(json!({"numberOfReplicas": 2})),
     );
-    let name = wait_for(Duration::from_secs(60), "the copy under way", || {
-        let r = c.replica_on("v", &other)?;
-        let done = r["status"]["rebuildProgress"]["done"].as_u64()?;
-        (done > 0).then(|| r["name"].as_str().unwrap().to_string())
-    });
+    let name = copy_under_way(&c, &other);
 
     c.ok("POST", "/v1/volumes/v/detach", None);
     let interrupted: Vec<Value> = c
@@ -128,4 +124,58 @@ fn a_detach_during_a_paced_rebuild_stops_the_copy_and_the_rebuild_starts_again_a
     let endpoint = c.attach("v", &holder);
     verify_data(c.dir.path(), &endpoint, &live.data());
     c.ok("POST", "/v1/volumes/v/detach", None);
+}
+
+/// An engine killed during a paced rebuild is started again, and the
+/// replica it was filling is failed as interrupted by that restart, not
+/// after the node-down timeout; the new engine rebuilds it, and both
+/// replicas hold every byte.
+#[test]
+fn an_engine_started_again_during_a_paced_rebuild_has_the_rebuild_start_again_at_once() {
+    let OneOfTwo {
+        c,
+        live,
+        endpoint,
+        holder,
+        other,
+    } = one_replica_of_two_nodes(("replica-rebuild-rate", "1"), WRITTEN, 0x66);
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    let name = copy_under_way(&c, &other);
+
+    let state = c.path(&holder).join("state");
+    let pid = engine_pid(&state, "v").expect("the engine's pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let interrupted = wait_for(Duration::from_secs(60), "the rebuild interrupted", || {
+        c.events(&format!("replica/{name}"))
+            .into_iter()
+            .find(|e| e["reason"] == "RebuildInterrupted")
+    });
+    assert!(
+        interrupted["message"]
+            .as_str()
+            .unwrap()
+            .contains("was started again"),
+        "interrupted by the restart: {interrupted:#?}"
+    );
+    c.wait_settled("v", 2, Duration::from_secs(120));
+    verify_data(c.dir.path(), &endpoint, &live.data());
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    verify_replicas(&c, "v", &live.data());
+}
+
+/// The name of `v`'s replica on `node`, once its copy has written some.
+fn copy_under_way(c: &Cluster, node: &str) -> String {
+    wait_for(Duration::from_secs(60), "the copy under way", || {
+        let r = c.replica_on("v", node)?;
+        let done = r["status"]["rebuildProgress"]["done"].as_u64()?;
+        (done > 0).then(|| r["name"].as_str().unwrap().to_string())
+    })
 }

@@ -6,8 +6,8 @@
 //! replica that no engine or node has reported, and no call of this
 //! controller has held, for the node-down timeout is failed (not counted as
 //! an attempt), so that the planner reuses it and the rebuild starts again.
-//! A detach fails the replicas its engine was filling at once: it stopped
-//! that engine, and knows no one drives them.
+//! A detach, or an engine started again, fails the replicas the stopped
+//! engine was filling at once: the call knows no one drives them.
 //!
 //! On Kubernetes a record's status is a request of its own, after the
 //! create: a controller killed between the two leaves a replica with no
@@ -89,7 +89,8 @@ pub async fn fail_interrupted<'a>(
 }
 
 /// Fails every replica of `volume` its engine was filling, once that
-/// engine is stopped (`why`: the volume detached): no one drives those
+/// engine is stopped (`why`: the volume detached, or its engine started
+/// again): no one drives those
 /// rebuilds now, and the planner starts them again at once (offline, or
 /// by the next attachment's engine, keeping what was copied) rather than
 /// after the node-down timeout. Returns their names.

@@ -544,7 +544,18 @@ pub async fn restart_engine(
             .await;
         }
     }
+    let why = format!("its engine on {node_id} was started again");
+    interrupt_rebuilds(ctx, name, &why).await;
     Ok(())
+}
+
+/// The replicas the stopped engine of `volume` was filling are filled by
+/// no one now (the new engine starts with the current ones): they are
+/// failed as interrupted, and rebuilt again at once.
+async fn interrupt_rebuilds(ctx: &Arc<Context>, volume: &str, why: &str) {
+    if let Err(e) = super::interrupted::fail_engines_rebuilds(ctx, volume, why).await {
+        tracing::warn!(volume = %volume, error = %e, "the stopped engine's rebuilds are left to the node-down timeout");
+    }
 }
 
 /// Whether `node` runs the engine of volume `name` now, answering, under
@@ -604,11 +615,8 @@ pub async fn detach(ctx: &Arc<Context>, name: &str) -> Result<Volume, Error> {
         })
         .await?;
     let fenced = fence_replicas(ctx, &volume).await;
-    // The replicas its engine was filling are filled by no one now.
     let why = format!("its engine stopped: volume {name} detached from {node_id}");
-    if let Err(e) = super::interrupted::fail_engines_rebuilds(ctx, name, &why).await {
-        tracing::warn!(volume = %name, error = %e, "the rebuilds of the detached engine are left to the node-down timeout");
-    }
+    interrupt_rebuilds(ctx, name, &why).await;
     let message = match left_behind {
         None => format!("detached from {node_id}"),
         Some(why) => format!(
