@@ -266,13 +266,7 @@ async fn rebuild_offline(
         }
         Err(e) => return Err(e),
     };
-    let now = ctx.now();
-    ctx.store
-        .modify::<Replica, Error>(name, |r| {
-            effects::rebuilt(r, now);
-            Ok(true)
-        })
-        .await?;
+    // The event first: whoever sees the replica rw finds it.
     ctx.event(
         Kind::Replica,
         name,
@@ -283,6 +277,13 @@ async fn rebuild_offline(
         ),
     )
     .await;
+    let now = ctx.now();
+    ctx.store
+        .modify::<Replica, Error>(name, |r| {
+            effects::rebuilt(r, now);
+            Ok(true)
+        })
+        .await?;
     crate::freshness::add_current(
         ctx,
         &vol.name,

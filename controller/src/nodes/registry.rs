@@ -687,35 +687,16 @@ async fn record_replica(
     now: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), Error> {
     use ballast::model::ReplicaMode;
-    if ctx
-        .store
-        .get::<ballast::model::Replica>(&r.name)
-        .await?
-        .is_none()
-    {
+    let Some(seen) = ctx.store.get::<ballast::model::Replica>(&r.name).await? else {
+        return Ok(());
+    };
+    let running = engine_running && mode != ReplicaMode::Err;
+    if seen.status.mode == Some(mode) && seen.status.running == running {
         return Ok(());
     }
-    let mut rebuilt = false;
-    ctx.store
-        .modify::<ballast::model::Replica, Error>(&r.name, |rep| {
-            let running = engine_running && mode != ReplicaMode::Err;
-            if rep.status.mode == Some(mode) && rep.status.running == running {
-                return Ok(false);
-            }
-            // A rebuild's end is reported once, as the replica turns rw.
-            rebuilt = mode == ReplicaMode::Rw && r.rebuild_done;
-            rep.status.mode = Some(mode);
-            rep.status.running = running;
-            match mode {
-                // Reaching rw ends a rebuild and resets the retry count.
-                ReplicaMode::Rw => crate::executor::effects::rebuilt(rep, now),
-                ReplicaMode::Err if rep.spec.failed_at.is_none() => rep.spec.failed_at = Some(now),
-                _ => {}
-            }
-            Ok(true)
-        })
-        .await?;
-    if rebuilt {
+    // A rebuild's end is reported once, as the replica turns rw, and
+    // before it does: whoever sees it rw finds the event.
+    if mode == ReplicaMode::Rw && r.rebuild_done && seen.status.mode != Some(ReplicaMode::Rw) {
         ctx.event(
             Kind::Replica,
             &r.name,
@@ -727,6 +708,22 @@ async fn record_replica(
         )
         .await;
     }
+    ctx.store
+        .modify::<ballast::model::Replica, Error>(&r.name, |rep| {
+            if rep.status.mode == Some(mode) && rep.status.running == running {
+                return Ok(false);
+            }
+            rep.status.mode = Some(mode);
+            rep.status.running = running;
+            match mode {
+                // Reaching rw ends a rebuild and resets the retry count.
+                ReplicaMode::Rw => crate::executor::effects::rebuilt(rep, now),
+                ReplicaMode::Err if rep.spec.failed_at.is_none() => rep.spec.failed_at = Some(now),
+                _ => {}
+            }
+            Ok(true)
+        })
+        .await?;
     if mode == ReplicaMode::Err && !r.error.is_empty() {
         tracing::debug!(replica = %r.name, error = %r.error, "replica is err");
     }
