@@ -511,8 +511,8 @@ pub fn one_replica_of_two_nodes(
     pattern: u8,
 ) -> OneOfTwo {
     let c = Cluster::start(2, 1);
-    c.set(setting, serde_json::json!(value));
-    c.create_volume(serde_json::json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    c.set(setting, json!(value));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
     let holder = c.holders("v").remove(0);
     let other = if holder == "node-1" {
         "node-2"
@@ -530,6 +530,30 @@ pub fn one_replica_of_two_nodes(
         holder,
         other,
     }
+}
+
+/// Asks for a second replica of volume `v`, and waits until its copy on
+/// `node` has written some; the new replica's name.
+pub fn a_second_replica_copying(c: &Cluster, node: &str) -> String {
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    wait_for(Duration::from_secs(60), "the copy under way", || {
+        let r = c.replica_on("v", node)?;
+        let done = r["status"]["rebuildProgress"]["done"].as_u64()?;
+        (done > 0).then(|| r["name"].as_str().unwrap().to_string())
+    })
+}
+
+/// Waits until `node`'s log says a fill of it was called off.
+pub fn wait_fill_called_off(c: &Cluster, node: &str) {
+    let log = c.path(node).with_extension("log");
+    wait_for(Duration::from_secs(30), "the node stopped copying", || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        text.contains("the fill was called off").then_some(())
+    });
 }
 
 /// What a volume must hold: a local image written alike.

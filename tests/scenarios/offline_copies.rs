@@ -35,16 +35,7 @@ fn a_detached_volume_to_copy(bytes: u64) -> (Cluster, Expected, String, String) 
 /// of the copy is written.
 fn a_detached_volumes_copy_under_way() -> (Cluster, Expected, String, String) {
     let (c, live, holder, other) = a_detached_volume_to_copy(2 * PACED);
-    c.ok(
-        "PATCH",
-        "/v1/volumes/v",
-        Some(json!({"numberOfReplicas": 2})),
-    );
-    wait_for(Duration::from_secs(60), "the copy under way", || {
-        let r = c.replica_on("v", &other)?;
-        let done = r["status"]["rebuildProgress"]["done"].as_u64()?;
-        (done > 0).then_some(())
-    });
+    a_second_replica_copying(&c, &other);
     (c, live, holder, other)
 }
 
@@ -146,11 +137,7 @@ fn an_attach_calls_off_a_detached_volumes_rebuild_and_the_engine_finishes_it() {
     let (c, live, holder, other) = a_detached_volumes_copy_under_way();
 
     let endpoint = c.attach("v", &holder);
-    let log = c.path(&other).with_extension("log");
-    wait_for(Duration::from_secs(30), "the node stopped copying", || {
-        let text = std::fs::read_to_string(&log).ok()?;
-        text.contains("the fill was called off").then_some(())
-    });
+    wait_fill_called_off(&c, &other);
     c.wait_settled("v", 2, Duration::from_secs(120));
     verify_data(c.dir.path(), &endpoint, &live.data());
     c.ok("POST", "/v1/volumes/v/detach", None);

@@ -94,12 +94,7 @@ fn a_detach_during_a_paced_rebuild_stops_the_copy_and_the_rebuild_starts_again_a
         other,
         ..
     } = one_replica_of_two_nodes(("replica-rebuild-rate", "1"), WRITTEN, 0x5a);
-    c.ok(
-        "PATCH",
-        "/v1/volumes/v",
-        Some(json!({"numberOfReplicas": 2})),
-    );
-    let name = copy_under_way(&c, &other);
+    let name = a_second_replica_copying(&c, &other);
 
     c.ok("POST", "/v1/volumes/v/detach", None);
     let interrupted: Vec<Value> = c
@@ -114,11 +109,7 @@ fn a_detach_during_a_paced_rebuild_stops_the_copy_and_the_rebuild_starts_again_a
             .contains("its engine stopped")),
         "the detach interrupts the rebuild: {interrupted:#?}"
     );
-    let log = c.path(&other).with_extension("log");
-    wait_for(Duration::from_secs(30), "the node stopped copying", || {
-        let text = std::fs::read_to_string(&log).ok()?;
-        text.contains("the fill was called off").then_some(())
-    });
+    wait_fill_called_off(&c, &other);
     c.wait_settled("v", 2, Duration::from_secs(120));
     verify_replicas(&c, "v", &live.data());
     let endpoint = c.attach("v", &holder);
@@ -139,12 +130,7 @@ fn an_engine_started_again_during_a_paced_rebuild_has_the_rebuild_start_again_at
         holder,
         other,
     } = one_replica_of_two_nodes(("replica-rebuild-rate", "1"), WRITTEN, 0x66);
-    c.ok(
-        "PATCH",
-        "/v1/volumes/v",
-        Some(json!({"numberOfReplicas": 2})),
-    );
-    let name = copy_under_way(&c, &other);
+    let name = a_second_replica_copying(&c, &other);
 
     let state = c.path(&holder).join("state");
     let pid = engine_pid(&state, "v").expect("the engine's pid");
@@ -169,13 +155,4 @@ fn an_engine_started_again_during_a_paced_rebuild_has_the_rebuild_start_again_at
     verify_data(c.dir.path(), &endpoint, &live.data());
     c.ok("POST", "/v1/volumes/v/detach", None);
     verify_replicas(&c, "v", &live.data());
-}
-
-/// The name of `v`'s replica on `node`, once its copy has written some.
-fn copy_under_way(c: &Cluster, node: &str) -> String {
-    wait_for(Duration::from_secs(60), "the copy under way", || {
-        let r = c.replica_on("v", node)?;
-        let done = r["status"]["rebuildProgress"]["done"].as_u64()?;
-        (done > 0).then(|| r["name"].as_str().unwrap().to_string())
-    })
 }
