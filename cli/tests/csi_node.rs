@@ -438,6 +438,67 @@ fn a_volume_published_read_only_is_mounted_read_only_and_keeps_its_data() {
     csi.down("ro", &staging, &target);
 }
 
+/// A loop device that another opener still holds after the unstage's
+/// detach (here the test itself; on a node, a mount of its filesystem
+/// left in another mount namespace, or udev's probe) lets go of the
+/// volume's file only at that opener's last close. The unstage waits a
+/// little, then says so (ABORTED, naming the device) and keeps the
+/// volume's export, every time it is asked while the holder holds; once
+/// the holder lets go, it ends and leaves no device. Before, the FUSE
+/// unmount failed ("Device or resource busy") and fell back to a lazy
+/// unmount that waited for the holder: the unstage hung while it held
+/// (here for ever: the holder is the caller), then failed INTERNAL, and
+/// the next unstage said done (a CI run met it: another test's mount
+/// namespace held a copy of the filesystem for a second).
+#[test]
+fn an_unstage_whose_device_another_opener_holds_says_so_and_ends_once_it_lets_go() {
+    use ballast_node::frontend::blockdev::is_mountpoint;
+    let dir = tempfile::tempdir().unwrap();
+    let (_ctl, _n, mut csi) = cluster(dir.path());
+    let _cleanup = Teardown(dir.path().to_path_buf());
+    let (staging, target) = places_of(dir.path(), "held");
+    csi.create("held", true);
+    csi.up("held", &staging, &target, true);
+    let data = pattern(1 << 20, 5);
+    write_device(&target, 0, &data);
+    csi.node_unpublish("held", &target);
+    let export = dir.path().join("node-1/state/frontends/held.fuse");
+    let devices = loops_on(&export.join("volume"));
+    assert_eq!(devices.len(), 1, "one device on the export");
+    let _left = DetachLeft(loops_on(&export.join("volume")));
+    let holder = std::fs::File::open(&devices[0].name).unwrap();
+
+    for attempt in 1..=2 {
+        let req = NodeUnstageVolumeRequest {
+            volume_id: "held".into(),
+            staging_target_path: staging.display().to_string(),
+        };
+        let e = csi
+            .rt
+            .block_on(csi.node.node_unstage_volume(req))
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Aborted, "attempt {attempt}: {e}");
+        assert!(
+            e.message().contains(&devices[0].name) && e.message().contains("another opener"),
+            "attempt {attempt}: {e}"
+        );
+        assert!(
+            is_mountpoint(&export),
+            "attempt {attempt}: the export went while its device held it"
+        );
+    }
+    // What the device shows is still the volume's.
+    let mut read = vec![0u8; data.len()];
+    std::os::unix::fs::FileExt::read_exact_at(&holder, &mut read, 0).unwrap();
+    assert!(read == data, "the held device reads the volume's data");
+
+    drop(holder);
+    csi.unstage("held", &staging);
+    assert!(loops_on(&export.join("volume")).is_empty(), "a device left");
+    assert!(!is_mountpoint(&export), "the export left mounted");
+    csi.unpublish("held");
+}
+
 /// CSI v1.13 health from the node: a volume published here is healthy (no
 /// entry), one whose engine does not run here is INACCESSIBLE, and ready
 /// disks report no storage problem.

@@ -59,10 +59,42 @@ use tonic::{Request, Response, Status};
 use crate::context::NodeContext;
 use crate::error::Error;
 use crate::frontend::blockdev::{
-    FileId, LoopDevice, backing_id, is_mountpoint, loops_of, mounted_from, mounts_of,
+    FileId, LoopDevice, backing_file, backing_id, is_mountpoint, loops_of, mounted_from, mounts_of,
 };
 
 use super::paths::Confinement;
+
+/// How long an unstage waits for a detached loop device that another
+/// opener still holds.
+const LET_GO: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Waits until each detached device (with the file it had) has let go of
+/// that file. LOOP_CLR_FD detaches at once only from the device's last
+/// opener; another (udev's probe, a scan of the machine's loop devices, a
+/// mount of its filesystem left in another mount namespace) defers it to
+/// its own last close, and the volume's export stays busy until then.
+/// Busy (ABORTED, the CO asks again) past `LET_GO`, naming the device.
+fn wait_let_go(detached: &[(PathBuf, Option<PathBuf>)]) -> Result<(), Error> {
+    let start = std::time::Instant::now();
+    loop {
+        let held: Vec<String> = detached
+            .iter()
+            .filter(|(device, file)| file.is_some() && backing_file(device) == *file)
+            .map(|(device, _)| device.display().to_string())
+            .collect();
+        if held.is_empty() {
+            return Ok(());
+        }
+        if start.elapsed() >= LET_GO {
+            return Err(Error::Busy(format!(
+                "{} still attached to the volume's file {:?} after its detach: another opener holds it (a mount of its filesystem in another mount namespace, or a process); it lets go at that opener's last close",
+                held.join(", "),
+                LET_GO
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
 
 pub struct NodeService(Arc<Inner>);
 
@@ -408,7 +440,9 @@ impl Inner {
             }
             _ => {}
         }
+        let mut detached = Vec::new();
         for device in devices {
+            let file = backing_file(&device);
             if let Err(e) = LoopDevice::detach_path(&device)
                 // ENXIO: already detached.
                 && e.raw_os_error() != Some(libc::ENXIO)
@@ -419,7 +453,9 @@ impl Inner {
                     device.display()
                 )));
             }
+            detached.push((device, file));
         }
+        wait_let_go(&detached)?;
         block_on(self.ctx.engines.unexport(volume))?;
         let _ = std::fs::remove_file(self.record_path(volume));
         Ok(())

@@ -223,12 +223,15 @@ async fn handle(
             let export = export.clone();
             tokio::task::spawn_blocking(move || {
                 let mut current = export.lock().map_err(|_| failed("poisoned".into()))?;
-                let Some(m) = current.take() else {
+                let Some(m) = current.as_mut() else {
                     return Ok(None);
                 };
-                let dir = m.dir.clone();
+                // Kept, and served, when it cannot go yet: the next call
+                // tries again (dropped, it would go lazily while a holder
+                // of its file still wrote through it).
                 m.unmount()
-                    .map_err(|e| failed(format!("FUSE unmount of {}: {e}", dir.display())))?;
+                    .map_err(|e| failed(format!("FUSE unmount of {}: {e}", m.dir.display())))?;
+                *current = None;
                 Ok(None)
             })
             .await

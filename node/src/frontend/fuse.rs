@@ -195,8 +195,8 @@ impl FuseMount {
     }
 
     /// Unmounts now, saying why it could not (EBUSY while a loop device is
-    /// still attached to the file).
-    pub fn unmount(mut self) -> std::io::Result<()> {
+    /// still attached to the file); the mount stays served then.
+    pub fn unmount(&mut self) -> std::io::Result<()> {
         nix::mount::umount(&self.dir).map_err(std::io::Error::from)?;
         self.join();
         Ok(())
