@@ -93,6 +93,8 @@ pub const MERGE_RATE: &str = "layer-merge-rate";
 pub const ENGINE_REPLICA_TIMEOUT: &str = "engine-replica-timeout";
 pub const OFFLINE_COPY_RATE: &str = "offline-copy-rate";
 pub const REPLICA_REBUILD_RATE: &str = "replica-rebuild-rate";
+/// The highest copy rate, in MiB/s, a setting or a volume may ask for.
+pub const MAX_COPY_RATE: u64 = 10240;
 
 /// Every setting, in the order BEHAVIOR.md lists them.
 pub const DEFINITIONS: &[SettingDef] = &[
@@ -240,19 +242,19 @@ pub const DEFINITIONS: &[SettingDef] = &[
     SettingDef {
         name: OFFLINE_COPY_RATE,
         default: "0",
-        description: "MiB per second a node pulls over the network to rebuild a replica of a detached volume or to restore a snapshot into a new volume, per copy; 0: no limit. Copies within a node, and rebuilds through an attached volume's engine, are not paced.",
+        description: "MiB per second a node pulls over the network to rebuild a replica of a detached volume or to restore a snapshot into a new volume, per copy; 0: no limit. A volume's own replicaRebuildRate, when set, takes its place. Copies within a node, and rebuilds through an attached volume's engine, are not paced.",
         kind: SettingKind::Int {
             min: 0,
-            max: Some(10240),
+            max: Some(MAX_COPY_RATE as i64),
         },
     },
     SettingDef {
         name: REPLICA_REBUILD_RATE,
         default: "0",
-        description: "MiB per second a node pulls over the network to rebuild a replica of an attached volume through its engine, per rebuild, taken when the rebuild starts; 0: no limit. The volume stays degraded for as long as the copy lasts. Copies within a node are not paced.",
+        description: "MiB per second a node pulls over the network to rebuild a replica of an attached volume through its engine, per rebuild, taken when the rebuild starts; 0: no limit. A volume's own replicaRebuildRate, when set, takes its place. The volume stays degraded for as long as the copy lasts. Copies within a node are not paced.",
         kind: SettingKind::Int {
             min: 0,
-            max: Some(10240),
+            max: Some(MAX_COPY_RATE as i64),
         },
     },
 ];
@@ -416,12 +418,15 @@ impl Settings {
     /// Bytes per second an offline rebuild or a restore pulls over the
     /// network; 0: no limit.
     pub fn offline_copy_rate_bytes(&self) -> u64 {
-        (self.int(OFFLINE_COPY_RATE).clamp(0, 10240) as u64) << 20
+        (self.int(OFFLINE_COPY_RATE).clamp(0, MAX_COPY_RATE as i64) as u64) << 20
     }
     /// Bytes per second an attached volume's rebuild pulls over the
     /// network; 0: no limit.
     pub fn replica_rebuild_rate_bytes(&self) -> u64 {
-        (self.int(REPLICA_REBUILD_RATE).clamp(0, 10240) as u64) << 20
+        (self
+            .int(REPLICA_REBUILD_RATE)
+            .clamp(0, MAX_COPY_RATE as i64) as u64)
+            << 20
     }
     /// User snapshots a volume may have at once.
     pub fn snapshot_max_count(&self) -> usize {

@@ -487,6 +487,46 @@ fn a_volume_grows_attached_and_detached_with_ballastctl_and_keeps_its_data() {
     detach(api, "grow");
 }
 
+/// `ballastctl volume create|update --rebuild-rate N` sets the volume's
+/// own rebuild pace; a rate past the highest is refused naming the field,
+/// and the volume keeps the rate it had.
+#[test]
+fn ballastctl_sets_a_volumes_rebuild_rate_and_a_bad_one_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, _n) = controller_with_one_node(dir.path());
+    let api = &ctl.api;
+    let rate = |out: &str| {
+        let v: serde_json::Value = serde_json::from_str(out).unwrap();
+        v["spec"]["replicaRebuildRate"].as_u64()
+    };
+    let out = ctl_ok(
+        api,
+        &[
+            "-o",
+            "json",
+            "volume",
+            "create",
+            "r",
+            "--size",
+            "64Mi",
+            "--replicas",
+            "1",
+            "--rebuild-rate",
+            "40",
+        ],
+    );
+    assert_eq!(rate(&out), Some(40), "{out}");
+    let (ok, _, err) = ballastctl(api, &["volume", "update", "r", "--rebuild-rate", "20000"]);
+    assert!(!ok && err.contains("replicaRebuildRate"), "{err}");
+    let out = ctl_ok(api, &["-o", "json", "volume", "get", "r"]);
+    assert_eq!(rate(&out), Some(40), "{out}");
+    let out = ctl_ok(
+        api,
+        &["-o", "json", "volume", "update", "r", "--rebuild-rate", "0"],
+    );
+    assert_eq!(rate(&out), None, "0 follows the settings: {out}");
+}
+
 /// `ballastctl -o yaml` prints what `-o json` does, `volume watch` follows
 /// a volume until its replicas are rw, and `completion` writes a shell's
 /// completion script.

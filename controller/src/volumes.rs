@@ -6,7 +6,7 @@ use ballast::model::{
     AccessMode, DataLocality, Frontend, FsType, MAX_VOLUME_SIZE, Volume, VolumeAutoBalance,
     VolumeSpec, VolumeStatus, validate_name,
 };
-use ballast::settings::Settings;
+use ballast::settings::{MAX_COPY_RATE, Settings};
 use serde::Deserialize;
 
 use crate::error::Error;
@@ -29,6 +29,8 @@ pub struct CreateVolume {
     pub data_locality: Option<DataLocality>,
     pub replica_auto_balance: Option<VolumeAutoBalance>,
     pub stale_replica_timeout: Option<u64>,
+    /// MiB/s for the copies rebuilding its replicas (0: the settings').
+    pub replica_rebuild_rate: Option<u64>,
     pub disk_selector: Option<Vec<String>>,
     pub node_selector: Option<Vec<String>>,
     pub access_mode: Option<AccessMode>,
@@ -51,6 +53,8 @@ pub struct PatchVolume {
     pub number_of_replicas: Option<u32>,
     pub data_locality: Option<DataLocality>,
     pub replica_auto_balance: Option<VolumeAutoBalance>,
+    /// Taken by the next rebuild; one under way keeps its pace.
+    pub replica_rebuild_rate: Option<u64>,
     /// When given, the patch applies only to this version.
     pub resource_version: Option<u64>,
 }
@@ -109,6 +113,15 @@ pub fn validate_spec(spec: &VolumeSpec) -> Result<(), Error> {
             "accepted values: minutes, an integer >= 1",
         ));
     }
+    if spec.replica_rebuild_rate > MAX_COPY_RATE {
+        return Err(Error::invalid(
+            "replicaRebuildRate",
+            format!(
+                "{} is out of range; accepted values: MiB/s, an integer from 0 (follow the settings) to {MAX_COPY_RATE}",
+                spec.replica_rebuild_rate
+            ),
+        ));
+    }
     for (field, tags) in [
         ("diskSelector", &spec.disk_selector),
         ("nodeSelector", &spec.node_selector),
@@ -147,6 +160,9 @@ pub fn build(req: CreateVolume, settings: &Settings) -> Result<Volume, Error> {
     }
     if let Some(v) = req.stale_replica_timeout {
         spec.stale_replica_timeout = v;
+    }
+    if let Some(v) = req.replica_rebuild_rate {
+        spec.replica_rebuild_rate = v;
     }
     spec.disk_selector = req.disk_selector.unwrap_or_default();
     spec.node_selector = req.node_selector.unwrap_or_default();
@@ -207,6 +223,9 @@ pub fn apply_patch(volume: &mut Volume, patch: &PatchVolume) -> Result<(), Error
     if let Some(b) = patch.replica_auto_balance {
         spec.replica_auto_balance = b;
     }
+    if let Some(r) = patch.replica_rebuild_rate {
+        spec.replica_rebuild_rate = r;
+    }
     validate_spec(&spec)?;
     volume.spec = spec;
     Ok(())
@@ -264,5 +283,39 @@ mod tests {
         };
         assert!(apply_patch(&mut v, &bad).is_err());
         assert_eq!(v, before);
+    }
+
+    /// A volume's rebuild rate is set at creation and by a patch, from 0
+    /// (follow the settings) to the settings' own highest; past it, the
+    /// error names the field and the record is left as it was.
+    #[test]
+    fn the_rebuild_rate_is_set_and_patched_within_its_range() {
+        let s = Settings::default();
+        let v = build(req("v1", 4096), &s).unwrap();
+        assert_eq!(v.spec.replica_rebuild_rate, 0);
+        let mut r = req("v1", 4096);
+        r.replica_rebuild_rate = Some(50);
+        let mut v = build(r, &s).unwrap();
+        assert_eq!(v.spec.replica_rebuild_rate, 50);
+        let mut r = req("v1", 4096);
+        r.replica_rebuild_rate = Some(MAX_COPY_RATE + 1);
+        let e = build(r, &s).unwrap_err().to_string();
+        assert!(
+            e.starts_with("replicaRebuildRate:") && e.contains("0 (follow the settings) to 10240"),
+            "{e}"
+        );
+
+        let patch = |rate| PatchVolume {
+            replica_rebuild_rate: Some(rate),
+            ..Default::default()
+        };
+        apply_patch(&mut v, &patch(MAX_COPY_RATE)).unwrap();
+        assert_eq!(v.spec.replica_rebuild_rate, MAX_COPY_RATE);
+        let before = v.clone();
+        let e = apply_patch(&mut v, &patch(20000)).unwrap_err().to_string();
+        assert!(e.starts_with("replicaRebuildRate:"), "{e}");
+        assert_eq!(v, before);
+        apply_patch(&mut v, &patch(0)).unwrap();
+        assert_eq!(v.spec.replica_rebuild_rate, 0);
     }
 }

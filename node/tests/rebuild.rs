@@ -709,6 +709,54 @@ async fn a_fill_called_off_stops_at_once_and_no_join_comes_while_it_runs() {
     assert_eq!(done.layers.len(), 1, "{done:?}");
 }
 
+/// An engine asked to rebuild a replica a fill still writes to (one
+/// called off writes its last pieces first) fails with "being filled"
+/// before it freezes anything: INFO says the fill runs. Before, the
+/// engine froze every rw replica's head, then met the join's BUSY: one
+/// more layer for the merge to fold at each attempt. Once the fill has
+/// ended, the same rebuild goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_of_a_replica_being_filled_fails_without_freezing_a_layer() {
+    let PacedFill { j, fill } = a_paced_fill().await;
+    let info = j.dst.info().await.unwrap();
+    assert_eq!(info["filling"], true, "{info}");
+    let (_, r0_addr) = j.source.split_once('@').unwrap();
+    let r0 = ReplicaAddr {
+        name: "v-r0".into(),
+        addr: r0_addr.into(),
+    };
+    let r1 = ReplicaAddr {
+        name: "v-r1".into(),
+        addr: j.target_addr.clone(),
+    };
+    let engine = engine_over(64 << 20, std::slice::from_ref(&r0), None).await;
+    let before = layers(&r0).await;
+    let err = engine.add_replica(r1.clone(), None, 0).await.unwrap_err();
+    assert!(
+        matches!(err, ballast_node::engine::EngineError::Filling { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("a fill of it is still writing"),
+        "{err}"
+    );
+    assert_eq!(layers(&r0).await, before, "the attempt froze a layer");
+
+    fill.abort();
+    let _ = fill.await;
+    let ended = std::time::Instant::now();
+    while j.target.fill_progress("v-r1").is_some() {
+        assert!(
+            ended.elapsed() < Duration::from_secs(4),
+            "the fill still runs 4 s after it was called off"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(j.dst.info().await.unwrap()["filling"], false);
+    engine.add_replica(r1, None, 0).await.unwrap();
+    assert_eq!(wait_rw(&engine, "v-r1").await.mode, ReplicaMode::Rw);
+}
+
 /// A replica's deletion calls off a fill of it (an engine's, whose caller
 /// stays) and waits for it to end: the fill stops at once, though it
 /// waits for its pace, and fails saying it was called off.

@@ -54,6 +54,12 @@ custom_resource! {
         /// Minutes after which a failed replica is deleted.
         #[serde(default = "default_stale_timeout")]
         pub stale_replica_timeout: u64,
+        /// MiB/s that each copy rebuilding one of its replicas over the
+        /// network may pull, attached (by its engine) or detached (node
+        /// to node). 0 follows the settings `replica-rebuild-rate` and
+        /// `offline-copy-rate`.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        pub replica_rebuild_rate: u64,
         #[serde(default)]
         pub disk_selector: Vec<String>,
         #[serde(default)]
@@ -96,6 +102,9 @@ pub struct VolumeSource {
     pub volume: Option<String>,
 }
 
+fn is_zero(v: &u64) -> bool {
+    *v == 0
+}
 fn default_auto_balance() -> VolumeAutoBalance {
     VolumeAutoBalance::Ignored
 }
@@ -124,6 +133,7 @@ impl VolumeSpec {
             data_locality: None,
             replica_auto_balance: default_auto_balance(),
             stale_replica_timeout: default_stale_timeout(),
+            replica_rebuild_rate: 0,
             disk_selector: Vec::new(),
             node_selector: Vec::new(),
             access_mode: default_access_mode(),

@@ -1,8 +1,9 @@
-//! An attached volume's rebuild paced by `replica-rebuild-rate`, on real
-//! processes: the engine's copy to a replica on another node pulls no more
-//! than the setting allows, counted from when it was asked for, the
-//! volume takes writes meanwhile, and every byte reads back once the new
-//! replica is rw; a detach stops the copy and has it start again at once.
+//! An attached volume's rebuild paced by `replica-rebuild-rate`, or by
+//! the volume's own `replicaRebuildRate`, on real processes: the
+//! engine's copy to a replica on another node pulls no more than the rate
+//! allows, counted from when it was asked for, the volume takes writes
+//! meanwhile, and every byte reads back once the new replica is rw; a
+//! detach stops the copy and has it start again at once.
 
 use std::time::{Duration, Instant};
 
@@ -21,6 +22,38 @@ const WRITTEN: u64 = 20 << 20;
 /// network and disks gave.
 #[test]
 fn an_attached_volumes_rebuild_keeps_the_replica_rebuild_rate_and_takes_writes() {
+    let one = one_replica_of_two_nodes(("replica-rebuild-rate", "1"), WRITTEN, 0x3c);
+    let name = a_paced_rebuild_taking_writes(&one);
+    assert_started(&one.c, &name, "at most 1 MiB/s (replica-rebuild-rate)");
+}
+
+/// The same volume with the setting at its highest (10240 MiB/s) and its
+/// own `replicaRebuildRate` at 1 MiB/s: the volume's rate paces the
+/// rebuild, as Longhorn's per-volume rebuild limit does over its global
+/// one. Before the field, every volume's rebuilds kept the setting.
+#[test]
+fn a_volumes_own_rebuild_rate_paces_its_rebuild_in_place_of_the_setting() {
+    let one = one_replica_of_two_nodes(("replica-rebuild-rate", "10240"), WRITTEN, 0x4d);
+    let v = one.c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"replicaRebuildRate": 1})),
+    );
+    assert_eq!(v["spec"]["replicaRebuildRate"], 1, "{v}");
+    let name = a_paced_rebuild_taking_writes(&one);
+    assert_started(
+        &one.c,
+        &name,
+        "at most 1 MiB/s (the volume's replicaRebuildRate)",
+    );
+}
+
+/// Asks for a second replica of `v` on the other node and watches its
+/// rebuild at 1 MiB/s: its bytes copied stay within 1 MiB for each second
+/// since it was asked for, a write mid-copy is taken, and once it is rw
+/// every byte reads back through the volume and from both replicas. The
+/// new replica's name.
+fn a_paced_rebuild_taking_writes(one: &OneOfTwo) -> String {
     const RATE: u64 = 1 << 20;
     let OneOfTwo {
         c,
@@ -28,8 +61,7 @@ fn an_attached_volumes_rebuild_keeps_the_replica_rebuild_rate_and_takes_writes()
         endpoint,
         other,
         ..
-    } = one_replica_of_two_nodes(("replica-rebuild-rate", "1"), WRITTEN, 0x3c);
-
+    } = one;
     let asked = Instant::now();
     c.ok(
         "PATCH",
@@ -38,14 +70,14 @@ fn an_attached_volumes_rebuild_keeps_the_replica_rebuild_rate_and_takes_writes()
     );
     let mut seen = Vec::new();
     let mut wrote = false;
-    loop {
+    let name = loop {
         let at = asked.elapsed();
-        let replica = c.replica_on("v", &other);
+        let replica = c.replica_on("v", other);
         let mode = replica
             .as_ref()
             .and_then(|r| r["status"]["mode"].as_str().map(str::to_string));
         if mode.as_deref() == Some("rw") {
-            break;
+            break replica.unwrap()["name"].as_str().unwrap().to_string();
         }
         if let Some(done) = replica
             .as_ref()
@@ -58,7 +90,7 @@ fn an_attached_volumes_rebuild_keeps_the_replica_rebuild_rate_and_takes_writes()
             seen.push(done);
             if done > 0 && !wrote {
                 // A write while the copy goes on reaches both replicas.
-                live.write(&endpoint, WRITTEN + (4 << 20), 1 << 20, 0xc3);
+                live.write(endpoint, WRITTEN + (4 << 20), 1 << 20, 0xc3);
                 wrote = true;
             }
         }
@@ -67,16 +99,34 @@ fn an_attached_volumes_rebuild_keeps_the_replica_rebuild_rate_and_takes_writes()
             "no rw replica on {other} in 180 s; progress seen {seen:?}"
         );
         std::thread::sleep(Duration::from_millis(200));
-    }
+    };
     assert!(
         seen.iter().any(|&d| d > 0 && d < WRITTEN),
         "no progress seen mid-copy: {seen:?}"
     );
     assert!(wrote, "no write during the copy");
     c.wait_settled("v", 2, Duration::from_secs(60));
-    verify_data(c.dir.path(), &endpoint, &live.data());
+    verify_data(c.dir.path(), endpoint, &live.data());
     c.ok("POST", "/v1/volumes/v/detach", None);
-    verify_replicas(&c, "v", &live.data());
+    verify_replicas(c, "v", &live.data());
+    name
+}
+
+/// Replica `name`'s rebuild was started by the engine with the pace `how`
+/// (its `RebuildStarted` event says so).
+fn assert_started(c: &Cluster, name: &str, how: &str) {
+    let started: Vec<String> = c
+        .events(&format!("replica/{name}"))
+        .into_iter()
+        .filter(|e| e["reason"] == "RebuildStarted")
+        .map(|e| e["message"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        started
+            .iter()
+            .any(|m| m.starts_with("by the engine on ") && m.ends_with(how)),
+        "no RebuildStarted event saying {how:?}: {started:#?}"
+    );
 }
 
 /// A detach during an attached volume's paced rebuild stops the copy on

@@ -334,6 +334,10 @@ pub struct VolumeOptions {
     /// ignored, disabled, least-effort or best-effort.
     #[arg(long)]
     auto_balance: Option<String>,
+    /// MiB/s each copy rebuilding a replica may pull over the network;
+    /// 0 follows the settings replica-rebuild-rate and offline-copy-rate.
+    #[arg(long, value_name = "MIB_PER_S")]
+    rebuild_rate: Option<u64>,
 }
 
 impl VolumeOptions {
@@ -347,6 +351,9 @@ impl VolumeOptions {
         }
         if let Some(a) = self.auto_balance {
             body["replicaAutoBalance"] = json!(a);
+        }
+        if let Some(r) = self.rebuild_rate {
+            body["replicaRebuildRate"] = json!(r);
         }
     }
 }
@@ -420,7 +427,7 @@ async fn volume(c: &Client, out: Out, cmd: VolumeCmd) -> Result<(), CtlError> {
             options.add_to(&mut body);
             if body.as_object().is_some_and(Map::is_empty) {
                 return Err(CtlError::Usage(
-                    "nothing to update: give --replicas, --data-locality or --auto-balance".into(),
+                    "nothing to update: give --replicas, --data-locality, --auto-balance or --rebuild-rate".into(),
                 ));
             }
             let v = c.call(Method::PATCH, &path(&name, ""), Some(body)).await?;

@@ -48,7 +48,7 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     (
         "patch",
         "/v1/volumes/{name}",
-        "Change numberOfReplicas, dataLocality or replicaAutoBalance",
+        "Change numberOfReplicas, dataLocality, replicaAutoBalance or replicaRebuildRate",
     ),
     (
         "delete",

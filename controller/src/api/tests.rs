@@ -285,6 +285,32 @@ async fn volume_records_get_patch_delete() {
     assert_eq!(v["spec"]["numberOfReplicas"], 2);
     assert_eq!(v["spec"]["replicaAutoBalance"], "best-effort");
 
+    // A rate past the highest: 400, naming the field; a good one is kept.
+    let (s, e) = api
+        .call(
+            "PATCH",
+            "/v1/volumes/v1",
+            Some(json!({"replicaRebuildRate": 20000})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{e}");
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("replicaRebuildRate:"),
+        "{e}"
+    );
+    let (s, v) = api
+        .call(
+            "PATCH",
+            "/v1/volumes/v1",
+            Some(json!({"replicaRebuildRate": 25})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["spec"]["replicaRebuildRate"], 25);
+
     let (s, v) = api
         .call(
             "PATCH",

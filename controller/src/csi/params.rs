@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use ballast::model::DataLocality;
+use ballast::settings::MAX_COPY_RATE;
 
 use crate::error::Error;
 use crate::volumes::{CreateVolume, MAX_REPLICAS, PatchVolume};
@@ -16,6 +17,7 @@ const KEYS: &[&str] = &[
     "dataLocality",
     "replicaAutoBalance",
     "staleReplicaTimeout",
+    "replicaRebuildRate",
     "diskSelector",
     "nodeSelector",
     "fsType",
@@ -24,7 +26,12 @@ const KEYS: &[&str] = &[
 
 /// The keys a VolumeAttributesClass may set and ControllerModifyVolume may
 /// change (`mutable_parameters`).
-pub const MUTABLE_KEYS: &[&str] = &["numberOfReplicas", "dataLocality", "replicaAutoBalance"];
+pub const MUTABLE_KEYS: &[&str] = &[
+    "numberOfReplicas",
+    "dataLocality",
+    "replicaAutoBalance",
+    "replicaRebuildRate",
+];
 
 /// What the CO's sidecars may add to the parameters.
 const CO_PREFIX: &str = "csi.storage.k8s.io/";
@@ -85,6 +92,22 @@ impl TryFrom<&HashMap<String, String>> for StorageClassParams {
                         })?;
                     out.stale_replica_timeout = Some(m);
                 }
+                "replicaRebuildRate" => {
+                    let r = v
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|r| *r <= MAX_COPY_RATE)
+                        .ok_or_else(|| {
+                            Error::invalid(
+                                k,
+                                format!(
+                                    "{v:?}; accepted values: MiB/s, an integer from 0 (follow the settings) to {MAX_COPY_RATE}"
+                                ),
+                            )
+                        })?;
+                    out.replica_rebuild_rate = Some(r);
+                }
                 "diskSelector" => out.disk_selector = Some(tags(v)),
                 "nodeSelector" => out.node_selector = Some(tags(v)),
                 "fsType" => out.fs_type = Some(enum_value(k, v)?),
@@ -128,6 +151,7 @@ pub fn mutable(params: &HashMap<String, String>) -> Result<PatchVolume, Error> {
         number_of_replicas: p.number_of_replicas,
         data_locality: p.data_locality,
         replica_auto_balance: p.replica_auto_balance,
+        replica_rebuild_rate: p.replica_rebuild_rate,
         resource_version: None,
     })
 }
@@ -147,7 +171,7 @@ mod tests {
     }
 
     #[test]
-    fn mutable_parameters_are_the_three_keys_and_checked_values() {
+    fn mutable_parameters_are_the_four_keys_and_checked_values() {
         let m = |kv: &[(&str, &str)]| {
             let map: HashMap<String, String> = kv
                 .iter()
@@ -158,14 +182,18 @@ mod tests {
         let p = m(&[
             ("numberOfReplicas", "2"),
             ("replicaAutoBalance", "best-effort"),
+            ("replicaRebuildRate", "40"),
         ])
         .unwrap();
         assert_eq!(p.number_of_replicas, Some(2));
         assert_eq!(p.replica_auto_balance, Some(VolumeAutoBalance::BestEffort));
+        assert_eq!(p.replica_rebuild_rate, Some(40));
         let e = m(&[("fsType", "xfs")]).unwrap_err().to_string();
         assert!(
             e.contains("mutable_parameters")
-                && e.contains("numberOfReplicas, dataLocality, replicaAutoBalance"),
+                && e.contains(
+                    "numberOfReplicas, dataLocality, replicaAutoBalance, replicaRebuildRate"
+                ),
             "{e}"
         );
         let e = m(&[("numberOfReplicas", "0")]).unwrap_err().to_string();
@@ -179,6 +207,7 @@ mod tests {
             ("dataLocality", "best-effort"),
             ("replicaAutoBalance", "least-effort"),
             ("staleReplicaTimeout", "30"),
+            ("replicaRebuildRate", "100"),
             ("diskSelector", "ssd, fast"),
             ("nodeSelector", "storage"),
             ("fsType", "xfs"),
@@ -190,6 +219,7 @@ mod tests {
         assert_eq!(p.data_locality, Some(DataLocality::BestEffort));
         assert_eq!(p.replica_auto_balance, Some(VolumeAutoBalance::LeastEffort));
         assert_eq!(p.stale_replica_timeout, Some(30));
+        assert_eq!(p.replica_rebuild_rate, Some(100));
         assert_eq!(p.disk_selector, Some(vec!["ssd".into(), "fast".into()]));
         assert_eq!(p.node_selector, Some(vec!["storage".into()]));
         assert_eq!(p.fs_type, Some(FsType::Xfs));
@@ -209,6 +239,12 @@ mod tests {
                 "best-effort",
             ),
             (("staleReplicaTimeout", "0"), "staleReplicaTimeout", ">= 1"),
+            (
+                ("replicaRebuildRate", "20000"),
+                "replicaRebuildRate",
+                "0 (follow the settings) to 10240",
+            ),
+            (("replicaRebuildRate", "-1"), "replicaRebuildRate", "MiB/s"),
             (("fsType", "btrfs"), "fsType", "ext4, xfs"),
             (("replicas", "3"), "replicas", "numberOfReplicas"),
         ] {

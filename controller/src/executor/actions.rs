@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ballast::model::{Kind, Node, Replica, ReplicaMode, Volume};
 
+use super::pace::{self, Way};
 use super::{effects, replica};
 use crate::agents::NewReplica;
 use crate::context::Context;
@@ -191,7 +192,7 @@ async fn build_replica(
             ctx.agents.create_replica(&target, new).await?;
         }
         match &vol.status.attached_node {
-            Some(attached) => add_to_engine(ctx, volume, attached, &at, copy_from).await,
+            Some(attached) => add_to_engine(ctx, &vol, attached, (&name, &at), copy_from).await,
             None => rebuild_offline(ctx, &vol, &current, &name, &target, copy_from).await,
         }
     }
@@ -202,21 +203,29 @@ async fn build_replica(
     filled
 }
 
-/// The engine adds the replica in `wo` mode and rebuilds it, at
-/// `replica-rebuild-rate`; its heartbeat reports when it turns `rw`.
+/// The engine adds replica `name` (at `at`) in `wo` mode and rebuilds it,
+/// at the volume's pace (see `pace`); its heartbeat reports when it turns
+/// `rw`.
 async fn add_to_engine(
     ctx: &Context,
-    volume: &str,
+    vol: &Volume,
     attached: &str,
-    at: &str,
+    (name, at): (&str, &str),
     copy_from: Option<&str>,
 ) -> Result<(), Error> {
     let engine_node = ready_node(ctx, attached).await?;
-    let rate = ctx.settings().await?.replica_rebuild_rate_bytes();
-    let source = (copy_from.unwrap_or_default(), rate);
+    let pace = pace::pace(&vol.spec, &ctx.settings().await?, Way::Engine);
+    let source = (copy_from.unwrap_or_default(), pace.bytes_per_second);
     ctx.agents
-        .add_engine_replica(&engine_node, volume, at, source)
-        .await
+        .add_engine_replica(&engine_node, &vol.name, at, source)
+        .await?;
+    // A source named is on the target's node: a local copy, not paced.
+    let how = match copy_from {
+        Some(src) => format!("by the engine on {attached}, from {src} on the same node: not paced"),
+        None => format!("by the engine on {attached}, {pace}"),
+    };
+    ctx.event(Kind::Replica, name, "RebuildStarted", how).await;
+    Ok(())
 }
 
 /// A detached volume has no engine: the target's node copies from a
@@ -240,11 +249,12 @@ async fn rebuild_offline(
     let mut source = None;
     for r in &sources {
         if let Ok(n) = ready_node(ctx, &r.spec.node_id).await {
-            source = Some(format!("{}@{}", r.name, n.status.replica_endpoint));
+            let at = format!("{}@{}", r.name, n.status.replica_endpoint);
+            source = Some((at, r.spec.node_id == target.id));
             break;
         }
     }
-    let source = source.ok_or_else(|| {
+    let (source, source_local) = source.ok_or_else(|| {
         Error::Unprocessable(format!(
             "no replica that holds the latest data is reachable to copy {name} from"
         ))
@@ -252,8 +262,16 @@ async fn rebuild_offline(
     // A user's call on the volume (an attach, a deletion, an expansion, a
     // snapshot) calls the copy off, and the replica is rebuilt later,
     // keeping what was copied: none waits for a whole copy.
-    let rate = ctx.settings().await?.offline_copy_rate_bytes();
-    let copy = ctx.agents.rebuild_replica(target, name, &source, rate);
+    let pace = pace::pace(&vol.spec, &ctx.settings().await?, Way::Offline);
+    let how = if source_local {
+        format!("offline, from {source} on the same node: not paced")
+    } else {
+        format!("offline, from {source}, {pace}")
+    };
+    ctx.event(Kind::Replica, name, "RebuildStarted", how).await;
+    let copy = ctx
+        .agents
+        .rebuild_replica(target, name, &source, pace.bytes_per_second);
     let done = ctx.offline_copy(&vol.name, copy).await;
     let done = match done {
         Ok(d) => d,

@@ -10,12 +10,13 @@
 //! `scrub` has every replica's frozen layers checked on its node;
 //! `interrupted` fails a rebuild whose controller died, to start it again;
 //! `snapshot` takes, deletes and restores snapshots; `merge` folds the
-//! layers no snapshot needs.
+//! layers no snapshot needs; `pace` is the rate a rebuild's copy keeps.
 
 mod actions;
 pub mod effects;
 mod interrupted;
 pub mod merge;
+mod pace;
 mod reconcile;
 mod replica;
 mod scrub;

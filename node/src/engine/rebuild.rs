@@ -69,6 +69,15 @@ impl Engine {
                 format!("size {} is not the volume's {}", info["size"], self.size()),
             ));
         }
+        // A fill of it still writes (one called off writes its last
+        // pieces first): its join would be refused, so nothing is frozen
+        // for it (each freeze is one more layer for the merge to fold).
+        if info["filling"].as_bool() == Some(true) {
+            return Err(EngineError::Filling {
+                replica: at.name.clone(),
+                message: "a fill of it is still writing; join when it ends".into(),
+            });
+        }
         let client = Arc::new(client);
         // A replica merging is no source until its merge ends. Asked before
         // the heads are frozen, so that an attempt that cannot start

@@ -436,7 +436,7 @@ fn apply_mutations(
     queued: Arc<std::sync::atomic::AtomicUsize>,
 ) {
     while let Some((replica, req, payload, share)) = mrx.blocking_recv() {
-        let reply = execute(&replica, &req, payload);
+        let reply = execute(&replica, &req, payload, false);
         drop(share);
         queued.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
         if tx.blocking_send(reply.into()).is_err() {
@@ -837,9 +837,13 @@ impl Connection {
             let Some(share) = self.share(reply).await else {
                 return Flow::Stop;
             };
+            // INFO says whether a fill of the replica runs: an engine
+            // asks before it freezes anything for a rebuild the replica
+            // would refuse (see `join_refused`).
+            let filling = req.op == Op::Info && self.server.fill_progress(&name).is_some();
             let tx = self.tx.clone();
             tokio::task::spawn_blocking(move || {
-                let reply = execute(&replica, &req, payload);
+                let reply = execute(&replica, &req, payload, filling);
                 let _ = tx.blocking_send(Queued {
                     reply,
                     _share: Some(share),
@@ -850,7 +854,7 @@ impl Connection {
             && self.queued.load(std::sync::atomic::Ordering::SeqCst) == 0
             && let Some(_turn) = self.server.inline.take()
         {
-            self.answered.push(execute(&replica, &req, payload));
+            self.answered.push(execute(&replica, &req, payload, false));
         } else {
             let Some(share) = self.share(payload.len() as u64).await else {
                 return Flow::Stop;
@@ -946,8 +950,14 @@ fn reply_error(
     )
 }
 
-/// Runs one request against the replica.
-fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> Reply {
+/// Runs one request against the replica; `filling`: a fill of it runs
+/// (for INFO).
+fn execute(
+    replica: &RwLock<Replica>,
+    req: &Request,
+    payload: bytes::Bytes,
+    filling: bool,
+) -> Reply {
     let poisoned = || error(req.id, status::IO, "replica lock poisoned");
     let done = match req.op {
         Op::Read
@@ -960,7 +970,7 @@ fn execute(replica: &RwLock<Replica>, req: &Request, payload: bytes::Bytes) -> R
         | Op::LayerSums
         | Op::RecentRuns
         | Op::ViewSums => match replica.read() {
-            Ok(r) => read_op(&r, req),
+            Ok(r) => read_op(&r, req, filling),
             Err(_) => return poisoned(),
         },
         Op::Write | Op::Trim | Op::Snapshot | Op::Join | Op::Grow | Op::Lose => {
@@ -992,7 +1002,7 @@ fn json(value: &impl serde::Serialize) -> Result<Vec<u8>, ReplicaError> {
 
 /// What needs the replica shared: reads, flush, and what describes it. A
 /// block found corrupt is marked where the replica is kept.
-fn read_op(r: &Replica, req: &Request) -> Result<Vec<u8>, ReplicaError> {
+fn read_op(r: &Replica, req: &Request, filling: bool) -> Result<Vec<u8>, ReplicaError> {
     let read = |layer: Option<&str>| {
         let mut buf = vec![0u8; req.len as usize];
         match layer {
@@ -1006,7 +1016,7 @@ fn read_op(r: &Replica, req: &Request) -> Result<Vec<u8>, ReplicaError> {
         Op::Flush => r.flush().map(|()| Vec::new()),
         Op::Info => json(&serde_json::json!({
             "size": r.size(), "chain": r.chain(), "revision": r.revision(),
-            "pending": r.pending().len(), "suspect": r.suspects()
+            "pending": r.pending().len(), "suspect": r.suspects(), "filling": filling
         })),
         Op::Layers => json(&r.layers()),
         Op::WriteLog => json(&r.writes_since(req.offset)),
