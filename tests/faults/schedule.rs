@@ -574,6 +574,18 @@ impl Run {
         for i in 0..self.fillers.len() {
             self.apply(&Fault::FreeDisk(i))?;
         }
+        // Back as the controller sees it too: a controller started again
+        // reads a node that was down or frozen as "not ready" from its
+        // record until that node's next heartbeat (within a second), and
+        // rightly refuses an attach that needs it meanwhile.
+        let api = self.c.api.clone();
+        for n in &self.c.nodes {
+            wait_for(
+                Duration::from_secs(90),
+                &format!("{} ready again", n.id),
+                || node(&api, &n.id).filter(node_is_up),
+            );
+        }
         Ok(())
     }
 }
