@@ -680,6 +680,22 @@ async fn a_paced_fill() -> PacedFill {
     PacedFill { j, fill }
 }
 
+/// Ends the task of `fill` (its caller, or the engine's connection, goes
+/// away) and waits until `target` no longer runs a fill of `v-r1`: within
+/// 4 s after `what`, where a paced fill's next piece is due 8 s later.
+async fn call_off<T>(fill: tokio::task::JoinHandle<T>, target: &ReplicaServer, what: &str) {
+    fill.abort();
+    let _ = fill.await;
+    let ended = std::time::Instant::now();
+    while target.fill_progress("v-r1").is_some() {
+        assert!(
+            ended.elapsed() < Duration::from_secs(4),
+            "the fill still runs 4 s after {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A paced fill whose caller goes away (its call cut: an attach called a
 /// detached volume's copy off) stops at once, though it waits for its
 /// pace; while it runs, a join of its replica is refused (BUSY) rather
@@ -694,16 +710,7 @@ async fn a_fill_called_off_stops_at_once_and_no_join_comes_while_it_runs() {
 
     // Called off while it waits 8 s for its next piece: it stops at once,
     // not when the piece is due.
-    fill.abort();
-    let mut waited = 0;
-    while j.target.fill_progress("v-r1").is_some() {
-        assert!(
-            waited < 400,
-            "the fill still runs 4 s after it was called off"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        waited += 1;
-    }
+    call_off(fill, &j.target, "it was called off").await;
     j.dst.join(&j.spec).await.unwrap();
     let done = j.target.fill("v-r1", &j.source, 0).await.unwrap();
     assert_eq!(done.layers.len(), 1, "{done:?}");
@@ -742,16 +749,7 @@ async fn a_rebuild_of_a_replica_being_filled_fails_without_freezing_a_layer() {
     );
     assert_eq!(layers(&r0).await, before, "the attempt froze a layer");
 
-    fill.abort();
-    let _ = fill.await;
-    let ended = std::time::Instant::now();
-    while j.target.fill_progress("v-r1").is_some() {
-        assert!(
-            ended.elapsed() < Duration::from_secs(4),
-            "the fill still runs 4 s after it was called off"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    call_off(fill, &j.target, "it was called off").await;
     assert_eq!(j.dst.info().await.unwrap()["filling"], false);
     engine.add_replica(r1, None, 0).await.unwrap();
     assert_eq!(wait_rw(&engine, "v-r1").await.mode, ReplicaMode::Rw);
@@ -808,16 +806,7 @@ async fn an_engines_fill_keeps_its_pace_and_is_called_off_when_its_connection_en
 
     // The engine's connection ends while the fill waits 8 s for its next
     // piece: the fill stops at once.
-    fill.abort();
-    let _ = fill.await;
-    let ended = std::time::Instant::now();
-    while j.target.fill_progress("v-r1").is_some() {
-        assert!(
-            ended.elapsed() < Duration::from_secs(4),
-            "the fill still runs 4 s after its connection ended"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    call_off(fill, &j.target, "its connection ended").await;
     // Free for the next join; a fill then completes the layer, checked
     // against the source's checksum.
     let dst = ReplicaClient::connect(&j.target_addr, "v-r1")
