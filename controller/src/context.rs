@@ -29,10 +29,15 @@ pub struct Context {
     /// How often nodes are asked to heartbeat.
     pub heartbeat_interval: Duration,
     /// When each node was last heard from, by this process's clock. A node
-    /// the store knows but this process has not heard from yet counts from
-    /// `started`.
+    /// the store knows but this controller has not heard from since it
+    /// began to lead counts from then (`leading_since`).
     pub last_seen: Mutex<HashMap<String, Instant>>,
-    pub started: Instant,
+    /// When this controller began to lead: its start on its own store, its
+    /// win of the Lease on Kubernetes. Not the process's start: a follower
+    /// hears no heartbeat (it forwards them), and one that took over after
+    /// following for longer than the node-down timeout found every node
+    /// silent since its start, and marked them all down.
+    leading_since: Mutex<Instant>,
     /// When each replica in `wo` was last seen being filled: reported by
     /// its engine or its node, or under a call of this controller. A
     /// rebuild no one has driven for the node-down timeout was interrupted
@@ -137,7 +142,7 @@ impl Context {
             node_down_timeout,
             heartbeat_interval,
             last_seen: Mutex::new(HashMap::new()),
-            started: Instant::now(),
+            leading_since: Mutex::new(Instant::now()),
             rebuilding_seen: Mutex::new(HashMap::new()),
             events: Recorder::default(),
             busy: KeyedGuards::default(),
@@ -321,15 +326,67 @@ impl Context {
         }
     }
 
-    /// How long since the node was heard from.
-    pub fn silence(&self, id: &str) -> Duration {
-        let seen = self
-            .last_seen
+    /// This controller leads from now on: nodes it has not heard from
+    /// count as silent from now, and get their first heartbeats' grace.
+    pub fn began_leading(&self) {
+        if let Ok(mut since) = self.leading_since.lock() {
+            *since = Instant::now();
+        }
+    }
+
+    fn leading_since(&self) -> Instant {
+        *self.leading_since.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// When the node was last heard from since this controller began to
+    /// lead, if it was.
+    fn heard(&self, id: &str) -> Option<Instant> {
+        let since = self.leading_since();
+        self.last_seen
             .lock()
             .ok()
             .and_then(|m| m.get(id).copied())
-            .unwrap_or(self.started);
-        seen.elapsed()
+            .filter(|&seen| seen >= since)
+    }
+
+    /// How long since the node was heard from (since this controller began
+    /// to lead, when not since).
+    pub fn silence(&self, id: &str) -> Duration {
+        self.heard(id)
+            .unwrap_or_else(|| self.leading_since())
+            .elapsed()
+    }
+
+    /// How long after it begins to lead this controller waits for a node's
+    /// first heartbeat before it takes the store's word that the node is
+    /// not ready: two heartbeats (never past the node-down timeout).
+    pub fn first_heartbeats_grace(&self) -> Duration {
+        (self.heartbeat_interval * 2).min(self.node_down_timeout)
+    }
+
+    /// Waits, within the first heartbeats' grace, until each of `nodes`
+    /// has been heard from since this controller began to lead. A node
+    /// the store says is not ready may have come back while no controller
+    /// led (a controller killed, then started again; a new leader): until
+    /// it could have beaten, the store's word is stale, and an attach must
+    /// not fault the volume on it. Returns whether it waited (the caller
+    /// reads the nodes again); outside the grace, or when every node was
+    /// heard, it returns false at once.
+    pub async fn await_first_heartbeats(&self, nodes: &[impl AsRef<str>]) -> bool {
+        let end = self.leading_since() + self.first_heartbeats_grace();
+        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
+        let unheard = |ids: &[&str]| ids.iter().any(|id| self.heard(id).is_none());
+        if Instant::now() >= end || !unheard(&nodes) {
+            return false;
+        }
+        tracing::info!(
+            nodes = ?nodes,
+            "waiting for the first heartbeats of nodes the store says are not ready"
+        );
+        while Instant::now() < end && unheard(&nodes) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        true
     }
 }
 

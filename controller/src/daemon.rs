@@ -280,6 +280,7 @@ fn lead(
             return;
         }
         tracing::info!("leading: planning and acting");
+        ctx.began_leading();
         tokio::spawn(run_liveness(ctx.clone()));
         tokio::spawn(crate::executor::run_reconcile(ctx.clone(), resync_interval));
         tokio::spawn(crate::executor::run_scrub(ctx.clone(), resync_interval));

@@ -214,6 +214,39 @@ impl Serving {
     }
 }
 
+/// A current replica an engine cannot be started with now.
+struct Away {
+    /// "NAME on NODE (why)", for the refusal.
+    why: String,
+    /// Its node, when the store says that node is not ready by its
+    /// silence (not held down by Kubernetes).
+    down: Option<String>,
+}
+
+/// The current replicas an engine can be started with (`NAME@ADDR`), and
+/// those it cannot.
+async fn reach(ctx: &Context, current: &[Replica]) -> Result<(Vec<String>, Vec<Away>), Error> {
+    let mut reachable = Vec::new();
+    let mut away = Vec::new();
+    for r in current {
+        let node = &r.spec.node_id;
+        match ctx.store.get::<Node>(node).await? {
+            Some(n) if n.status.ready && !n.status.replica_endpoint.is_empty() => {
+                reachable.push(format!("{}@{}", r.name, n.status.replica_endpoint));
+            }
+            Some(n) => away.push(Away {
+                why: format!("{} on {node} (not ready)", r.name),
+                down: n.status.held_down.is_none().then(|| node.clone()),
+            }),
+            None => away.push(Away {
+                why: format!("{} on {node} (unknown node)", r.name),
+                down: None,
+            }),
+        }
+    }
+    Ok((reachable, away))
+}
+
 /// Marks the volume faulted, records why, and returns the refusal.
 pub async fn fault(ctx: &Context, volume: &str, why: String) -> Error {
     let _ = ctx
@@ -234,18 +267,17 @@ pub async fn fault(ctx: &Context, volume: &str, why: String) -> Error {
 /// error names where the latest data is.
 pub async fn serving(ctx: &Context, volume: &Volume) -> Result<Serving, Error> {
     let current = current_records(ctx, volume).await?;
-    let mut reachable = Vec::new();
-    let mut away = Vec::new();
-    for r in &current {
-        match ctx.store.get::<Node>(&r.spec.node_id).await? {
-            Some(n) if n.status.ready && !n.status.replica_endpoint.is_empty() => {
-                reachable.push(format!("{}@{}", r.name, n.status.replica_endpoint));
-            }
-            Some(_) => away.push(format!("{} on {} (not ready)", r.name, r.spec.node_id)),
-            None => away.push(format!("{} on {} (unknown node)", r.name, r.spec.node_id)),
+    let (mut reachable, mut away) = reach(ctx, &current).await?;
+    if reachable.is_empty() {
+        // Nodes the store says are not ready may be back, unheard yet by a
+        // controller that has just begun to lead.
+        let down: Vec<String> = away.iter().filter_map(|a| a.down.clone()).collect();
+        if !down.is_empty() && ctx.await_first_heartbeats(&down).await {
+            (reachable, away) = reach(ctx, &current).await?;
         }
     }
     if reachable.is_empty() {
+        let away: Vec<&str> = away.iter().map(|a| a.why.as_str()).collect();
         let name = volume.name.clone();
         let why = if away.is_empty() {
             format!("no replica of {name} holds its latest data")
@@ -534,16 +566,12 @@ mod tests {
             assert!(e.to_string().contains(stranger), "{e}");
         }
 
-        // v5's only current replica is on the node that is not ready: no
-        // one serves, the volume is faulted, and the refusal says where the
-        // data is.
-        store
-            .modify::<Volume, Error>("v5", |v| {
-                v.status.current_replicas = vec!["v5-r1".into()];
-                Ok(true)
-            })
-            .await
-            .unwrap();
+        // v5's only current replica is on the node that is not ready (and
+        // was heard from since this controller began to lead: down by this
+        // controller's own word, not a stale record): no one serves, the
+        // volume is faulted, and the refusal says where the data is.
+        ctx.saw_node("n2");
+        only_on_n2(store.as_ref()).await;
         let v5: Volume = store.fetch("v5").await.unwrap();
         let (e, whole) = lists(&counting, serving(&ctx, &v5)).await;
         let e = e.err().expect("no current replica is reachable");
@@ -604,13 +632,8 @@ mod tests {
         assert_eq!(record(&ctx, "v3", "n1", (2, 0), &one, "").await.unwrap(), 3);
     }
 
-    /// A volume from before the record (generation 0): every replica of it
-    /// counts, read by listing them.
-    #[tokio::test]
-    async fn a_volume_from_before_the_record_serves_from_every_replica() {
-        let counting = Arc::new(Counting::default());
-        let store: Arc<dyn Store> = counting.clone();
-        cluster(store.as_ref()).await;
+    /// n2 is ready (its heartbeat, as the registry writes it).
+    async fn n2_ready(store: &dyn Store) {
         store
             .modify::<Node, Error>("n2", |n| {
                 n.status.ready = true;
@@ -618,6 +641,93 @@ mod tests {
             })
             .await
             .unwrap();
+    }
+
+    /// v5's only current replica is v5-r1, on n2 (not ready).
+    async fn only_on_n2(store: &dyn Store) {
+        store
+            .modify::<Volume, Error>("v5", |v| {
+                v.status.current_replicas = vec!["v5-r1".into()];
+                Ok(true)
+            })
+            .await
+            .unwrap();
+    }
+
+    /// v5 with its only current replica on n2, which the store says is not
+    /// ready; a controller that has just begun to lead (a node-down timeout
+    /// of 4 s: heartbeats every second, a grace of two).
+    async fn led_anew_with_n2_away() -> (Arc<dyn Store>, Arc<Context>, Volume) {
+        let store: Arc<dyn Store> = Arc::new(Counting::default());
+        cluster(store.as_ref()).await;
+        only_on_n2(store.as_ref()).await;
+        let ctx = Context::new(store.clone(), Duration::from_secs(4));
+        ctx.began_leading();
+        let v5 = store.fetch("v5").await.unwrap();
+        (store, ctx, v5)
+    }
+
+    /// A controller that has just begun to lead does not take the store's
+    /// word that a node is not ready before that node could have beaten:
+    /// n2 came back while no controller led, and its first heartbeat, 300
+    /// ms in, arrives within the grace. The engine is started with its
+    /// replica; the volume is not faulted, and no VolumeFaulted is told.
+    #[tokio::test]
+    async fn a_node_back_before_its_first_heartbeat_to_a_new_leader_serves_and_faults_nothing() {
+        let (store, ctx, v5) = led_anew_with_n2_away().await;
+        assert_eq!(ctx.first_heartbeats_grace(), Duration::from_secs(2));
+        let beat = {
+            let (store, ctx) = (store.clone(), ctx.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                n2_ready(store.as_ref()).await;
+                ctx.saw_node("n2");
+            })
+        };
+        let s = serving(&ctx, &v5).await.expect("n2's replica serves");
+        beat.await.unwrap();
+        assert_eq!(s.replicas, ["v5-r1@n2:9500"]);
+        let v5: Volume = store.fetch("v5").await.unwrap();
+        assert_ne!(v5.status.robustness, Robustness::Faulted);
+        let told: Vec<ballast::model::Event> = store.list().await.unwrap();
+        assert!(
+            !told.iter().any(|e| e.reason == "VolumeFaulted"),
+            "{told:?}"
+        );
+    }
+
+    /// A node still silent when the grace ends is taken as not ready: the
+    /// volume is faulted as before, naming where its data is. And once the
+    /// grace is over, a refusal comes at once.
+    #[tokio::test]
+    async fn a_node_silent_through_the_grace_faults_the_volume_as_before() {
+        let (store, ctx, v5) = led_anew_with_n2_away().await;
+        let asked = std::time::Instant::now();
+        let e = serving(&ctx, &v5).await.err().expect("n2 never beat");
+        assert!(
+            asked.elapsed() >= ctx.first_heartbeats_grace(),
+            "refused after {:?}, within the grace",
+            asked.elapsed()
+        );
+        assert!(e.to_string().contains("v5-r1 on n2 (not ready)"), "{e}");
+        let v5: Volume = store.fetch("v5").await.unwrap();
+        assert_eq!(v5.status.robustness, Robustness::Faulted);
+        let told: Vec<ballast::model::Event> = store.list().await.unwrap();
+        assert!(told.iter().any(|e| e.reason == "VolumeFaulted"), "{told:?}");
+        assert!(
+            !ctx.await_first_heartbeats(&["n2"]).await,
+            "the grace is over"
+        );
+    }
+
+    /// A volume from before the record (generation 0): every replica of it
+    /// counts, read by listing them.
+    #[tokio::test]
+    async fn a_volume_from_before_the_record_serves_from_every_replica() {
+        let counting = Arc::new(Counting::default());
+        let store: Arc<dyn Store> = counting.clone();
+        cluster(store.as_ref()).await;
+        n2_ready(store.as_ref()).await;
         store
             .modify::<Volume, Error>("v7", |v| {
                 v.status.generation = 0;

@@ -20,6 +20,7 @@ fn kube_the_leader_killed_during_a_rebuild_is_replaced_and_the_rebuild_finishes_
         cp,
         rt,
     } = KubeCluster::start_with(3, 3);
+    let followers_since = Instant::now();
     // A follower serves reads and refuses writes, naming the leader.
     let (code, body) = call(
         "PUT",
@@ -67,6 +68,12 @@ fn kube_the_leader_killed_during_a_rebuild_is_replaced_and_the_rebuild_finishes_
                 && r["status"]["mode"] != "rw"
         })
     });
+    // The followers have run for longer than the node-down timeout (4 s)
+    // before the leader dies.
+    let ran = followers_since.elapsed();
+    if ran < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_secs(5) - ran);
+    }
     let killed_at = Instant::now();
     c.ctl.proc.signal(nix::sys::signal::Signal::SIGKILL);
     c.ctl.proc.wait_exit(Duration::from_secs(10));
@@ -103,4 +110,17 @@ fn kube_the_leader_killed_during_a_rebuild_is_replaced_and_the_rebuild_finishes_
     });
     verify_data(c.dir.path(), &endpoint, &data);
     verify_replicas(&c, "vol", &data);
+
+    // The new leader ran as a follower for longer than the node-down
+    // timeout before it took over; it counts a node's silence from its
+    // takeover, so only the dead node went down: no node that kept
+    // beating was marked down by the new leader.
+    let victim_object = format!("node/{}", holders[1]);
+    let down: Vec<String> = c
+        .all_events("NodeDown")
+        .iter()
+        .filter(|e| e["object"] != victim_object.as_str())
+        .map(|e| format!("{} at {}: {}", e["object"], e["time"], e["message"]))
+        .collect();
+    assert!(down.is_empty(), "a live node was marked down: {down:#?}");
 }

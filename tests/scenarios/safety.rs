@@ -1174,3 +1174,69 @@ fn a_frozen_replica_node_is_given_up_after_the_replica_timeout_and_the_writes_go
     verify_data(c.dir.path(), &endpoint, &b);
     verify_replicas(&c, "v", &b);
 }
+
+/// A controller started again does not take its store's word that a node
+/// is down before that node could have beaten. Node-2 holds the only
+/// replica of `v` (attached at node-1) and of `w` (attached at node-2); it
+/// freezes and is marked down; the controller is killed and started again
+/// (with a node-down timeout of 20 s: heartbeats every 5 s, a grace of
+/// 10 s) while node-2 is still frozen; both attaches are asked, and node-2
+/// thaws 300 ms later. Each attach waits for node-2's first heartbeat and
+/// goes ahead: the data reads back, and neither volume was faulted or told
+/// VolumeFaulted. Before, both were refused at once (node-2 not ready), and
+/// `v` was marked faulted with a VolumeFaulted event for a node that was
+/// back a second later.
+#[test]
+fn a_controller_started_again_waits_for_a_nodes_first_heartbeat_before_it_faults_a_volume() {
+    let mut c = Cluster::start(2, 1);
+    c.patch_node("node-1", json!({"allowScheduling": false}));
+    let mut data = Vec::new();
+    for (volume, at, seed) in [("v", "node-1", 61), ("w", "node-2", 62)] {
+        c.create_volume(json!({"name": volume, "size": SIZE, "numberOfReplicas": 1}));
+        assert_eq!(c.holders(volume), ["node-2"]);
+        let endpoint = c.attach(volume, at);
+        data.push(write_data(c.dir.path(), &endpoint, seed));
+        c.ok("POST", &format!("/v1/volumes/{volume}/detach"), None);
+    }
+
+    c.nodes[1].proc.signal(nix::sys::signal::Signal::SIGSTOP);
+    wait_for(Duration::from_secs(30), "node-2 seen down", || {
+        (c.node("node-2")["status"]["ready"] == false).then_some(())
+    });
+    c.ctl.proc.signal(nix::sys::signal::Signal::SIGKILL);
+    c.ctl.proc.wait_exit(Duration::from_secs(10));
+    let at = c
+        .ctl
+        .args
+        .iter()
+        .position(|a| a == "--node-down-timeout")
+        .unwrap();
+    c.ctl.args[at + 1] = "20s".into();
+    c.ctl.restart();
+    assert_eq!(c.node("node-2")["status"]["ready"], false, "still frozen");
+
+    let endpoints: Vec<String> = std::thread::scope(|s| {
+        let c = &c;
+        let attaches: Vec<_> = [("v", "node-1"), ("w", "node-2")]
+            .into_iter()
+            .map(|(volume, at)| s.spawn(move || c.attach(volume, at)))
+            .collect();
+        std::thread::sleep(Duration::from_millis(300));
+        c.nodes[1].proc.signal(nix::sys::signal::Signal::SIGCONT);
+        attaches.into_iter().map(|a| a.join().unwrap()).collect()
+    });
+    for ((volume, endpoint), data) in ["v", "w"].iter().zip(&endpoints).zip(&data) {
+        verify_data(c.dir.path(), endpoint, data);
+        assert_ne!(c.volume(volume)["status"]["robustness"], "faulted");
+        let reasons = c.event_reasons(&format!("volume/{volume}"));
+        assert!(
+            !reasons.iter().any(|r| r == "VolumeFaulted"),
+            "{volume}: {reasons:?}"
+        );
+    }
+    let log = std::fs::read_to_string(&c.ctl.proc.log).unwrap();
+    assert!(
+        log.contains("waiting for the first heartbeats"),
+        "the attaches did not wait for node-2: was it heard before them?"
+    );
+}

@@ -62,3 +62,37 @@ pub async fn run_liveness(ctx: Arc<Context>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use ballast::store::Store;
+
+    use super::*;
+    use crate::test_store::{Counting, node};
+
+    /// A controller that takes over after following for longer than the
+    /// timeout counts each node's silence from its takeover, not from its
+    /// start (a follower hears no heartbeat): the nodes it has not heard
+    /// from yet stay ready until a whole timeout passes with no word from
+    /// them, and then they go down.
+    #[tokio::test]
+    async fn a_new_leader_counts_silence_from_its_takeover_not_its_start() {
+        let store: Arc<dyn Store> = Arc::new(Counting::default());
+        store.create(&node("n1", true)).await.unwrap();
+        store.create(&node("n2", true)).await.unwrap();
+        let ctx = Context::new(store.clone(), Duration::from_secs(1));
+        // Following, for longer than the timeout.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        ctx.began_leading();
+        assert_eq!(check_liveness(&ctx).await.unwrap(), Vec::<String>::new());
+        // n1 beats; n2 stays silent for a whole timeout since the takeover.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        ctx.saw_node("n1");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert_eq!(check_liveness(&ctx).await.unwrap(), ["n2"]);
+        let n1: Node = store.fetch("n1").await.unwrap();
+        assert!(n1.status.ready);
+    }
+}
