@@ -359,9 +359,14 @@ impl Context {
 
     /// How long after it begins to lead this controller waits for a node's
     /// first heartbeat before it takes the store's word that the node is
-    /// not ready: two heartbeats (never past the node-down timeout).
+    /// not ready: two heartbeats (never past the node-down timeout). None
+    /// over a model: its nodes beat when its owner moves its clock, not
+    /// while a call waits.
     pub fn first_heartbeats_grace(&self) -> Duration {
-        (self.heartbeat_interval * 2).min(self.node_down_timeout)
+        match self.clock {
+            Clock::System => (self.heartbeat_interval * 2).min(self.node_down_timeout),
+            Clock::Manual(_) => Duration::ZERO,
+        }
     }
 
     /// Waits, within the first heartbeats' grace, until each of `nodes`

@@ -268,13 +268,13 @@ pub async fn fault(ctx: &Context, volume: &str, why: String) -> Error {
 pub async fn serving(ctx: &Context, volume: &Volume) -> Result<Serving, Error> {
     let current = current_records(ctx, volume).await?;
     let (mut reachable, mut away) = reach(ctx, &current).await?;
-    if reachable.is_empty() {
-        // Nodes the store says are not ready may be back, unheard yet by a
-        // controller that has just begun to lead.
-        let down: Vec<String> = away.iter().filter_map(|a| a.down.clone()).collect();
-        if !down.is_empty() && ctx.await_first_heartbeats(&down).await {
-            (reachable, away) = reach(ctx, &current).await?;
-        }
+    // Nodes the store says are not ready may be back, unheard yet by a
+    // controller that has just begun to lead: an engine started without
+    // their replicas would fault the volume when they are all it has, and
+    // otherwise drop them from the record, to be rebuilt for nothing.
+    let down: Vec<String> = away.iter().filter_map(|a| a.down.clone()).collect();
+    if !down.is_empty() && ctx.await_first_heartbeats(&down).await {
+        (reachable, away) = reach(ctx, &current).await?;
     }
     if reachable.is_empty() {
         let away: Vec<&str> = away.iter().map(|a| a.why.as_str()).collect();
@@ -531,6 +531,9 @@ mod tests {
         let store: Arc<dyn Store> = counting.clone();
         cluster(store.as_ref()).await;
         let ctx = Context::new(store.clone(), Duration::from_secs(30));
+        // n2 was heard from since this controller began to lead: it is not
+        // ready by this controller's own word, not by a stale record.
+        ctx.saw_node("n2");
 
         let v3: Volume = store.fetch("v3").await.unwrap();
         let (s, whole) = lists(&counting, serving(&ctx, &v3)).await;
@@ -566,11 +569,9 @@ mod tests {
             assert!(e.to_string().contains(stranger), "{e}");
         }
 
-        // v5's only current replica is on the node that is not ready (and
-        // was heard from since this controller began to lead: down by this
-        // controller's own word, not a stale record): no one serves, the
-        // volume is faulted, and the refusal says where the data is.
-        ctx.saw_node("n2");
+        // v5's only current replica is on the node that is not ready: no
+        // one serves, the volume is faulted, and the refusal says where the
+        // data is.
         only_on_n2(store.as_ref()).await;
         let v5: Volume = store.fetch("v5").await.unwrap();
         let (e, whole) = lists(&counting, serving(&ctx, &v5)).await;
@@ -643,6 +644,19 @@ mod tests {
             .unwrap();
     }
 
+    /// n2's first heartbeat to `ctx`, 300 ms from now.
+    fn n2_beats_in_300ms(
+        store: &Arc<dyn Store>,
+        ctx: &Arc<Context>,
+    ) -> tokio::task::JoinHandle<()> {
+        let (store, ctx) = (store.clone(), ctx.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            n2_ready(store.as_ref()).await;
+            ctx.saw_node("n2");
+        })
+    }
+
     /// v5's only current replica is v5-r1, on n2 (not ready).
     async fn only_on_n2(store: &dyn Store) {
         store
@@ -676,14 +690,7 @@ mod tests {
     async fn a_node_back_before_its_first_heartbeat_to_a_new_leader_serves_and_faults_nothing() {
         let (store, ctx, v5) = led_anew_with_n2_away().await;
         assert_eq!(ctx.first_heartbeats_grace(), Duration::from_secs(2));
-        let beat = {
-            let (store, ctx) = (store.clone(), ctx.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-                n2_ready(store.as_ref()).await;
-                ctx.saw_node("n2");
-            })
-        };
+        let beat = n2_beats_in_300ms(&store, &ctx);
         let s = serving(&ctx, &v5).await.expect("n2's replica serves");
         beat.await.unwrap();
         assert_eq!(s.replicas, ["v5-r1@n2:9500"]);
@@ -694,6 +701,24 @@ mod tests {
             !told.iter().any(|e| e.reason == "VolumeFaulted"),
             "{told:?}"
         );
+    }
+
+    /// The same when other current replicas are reachable: v3's engine is
+    /// started with both its replicas, n2's too once it has beaten, not
+    /// with n1's alone (which would drop n2's from the record, to be
+    /// rebuilt for nothing).
+    #[tokio::test]
+    async fn a_new_leader_starts_an_engine_with_a_replica_whose_node_beats_within_the_grace() {
+        let store: Arc<dyn Store> = Arc::new(Counting::default());
+        cluster(store.as_ref()).await;
+        let ctx = Context::new(store.clone(), Duration::from_secs(4));
+        ctx.began_leading();
+        ctx.saw_node("n1");
+        let beat = n2_beats_in_300ms(&store, &ctx);
+        let v3: Volume = store.fetch("v3").await.unwrap();
+        let s = serving(&ctx, &v3).await.unwrap();
+        beat.await.unwrap();
+        assert_eq!(s.replicas, ["v3-r0@n1:9500", "v3-r1@n2:9500"]);
     }
 
     /// A node still silent when the grace ends is taken as not ready: the
