@@ -328,15 +328,22 @@ async fn a_client_gives_up_on_a_server_that_never_answers_its_open() {
 /// full, 64 MiB of writes queued) sends nothing more: the connection ends
 /// without the rest of its frames, which must not reach a replica that
 /// may be opened again on a new connection, and nothing of it is left
-/// waiting for the server to read again.
+/// waiting for the server to read again. Every write still waiting for
+/// its reply is answered, with an error: before 2026-12-05 a dropped
+/// client's waiting writes were never answered, so that an engine's write
+/// fanned out to a replica it had just dropped (a rebuild that failed as
+/// it began: the fault soak's moves-3, seed 20261258) waited for ever,
+/// holding the engine's I/O.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_dropped_while_its_server_stops_reading_sends_nothing_more() {
+async fn a_client_dropped_while_its_server_stops_reading_sends_nothing_more_and_answers_what_waits()
+{
     dropped_client_sends_nothing_more(WireTls::default()).await;
 }
 
 /// The same over mutual TLS, whose frames leave through the session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tls_client_dropped_while_its_server_stops_reading_sends_nothing_more() {
+async fn a_tls_client_dropped_while_its_server_stops_reading_sends_nothing_more_and_answers_what_waits()
+ {
     let ca = ballast::tls::Ca::generate().unwrap();
     let node = ca.issue(&ballast::tls::Role::Node("n1".into())).unwrap();
     dropped_client_sends_nothing_more(WireTls::new(&node, "n1").unwrap()).await;
@@ -385,8 +392,15 @@ async fn dropped_client_sends_nothing_more(tls: WireTls) {
         got
     });
     let c = ReplicaClient::dial(&tls, &addr, "v-r1").await.unwrap();
+    let (answered, answers) = std::sync::mpsc::channel();
     for i in 0..QUEUED >> 20 {
-        let waiter = Waiter::Callback(Box::new(|_| {}));
+        let answered = answered.clone();
+        // Answered where the engine's writes are: a callback that may
+        // start a task of the runtime.
+        let waiter = Waiter::Callback(Box::new(move |r| {
+            tokio::spawn(async {});
+            let _ = answered.send(r.map(drop));
+        }));
         c.send_write(
             i << 20,
             vec![7u8; 1 << 20].into(),
@@ -399,6 +413,26 @@ async fn dropped_client_sends_nothing_more(tls: WireTls) {
     // Let the sending side fill the socket and wait on it.
     tokio::time::sleep(Duration::from_millis(300)).await;
     drop(c);
+    drop(answered);
+    // Every write is answered, with an error, without the server reading
+    // on (the channel ends once every callback was run or dropped; a
+    // dropped one is a write never answered).
+    let answers = tokio::task::spawn_blocking(move || answers.iter().collect::<Vec<_>>());
+    let answers = tokio::time::timeout(Duration::from_secs(30), answers)
+        .await
+        .expect("the waiting writes are let go")
+        .unwrap();
+    assert_eq!(
+        answers.len() as u64,
+        QUEUED >> 20,
+        "writes waiting on the dropped client were never answered"
+    );
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Err(ClientError::Closed { .. }))),
+        "{answers:?}"
+    );
     drain.send(()).unwrap();
     let got = server.await.unwrap();
     assert!(

@@ -282,12 +282,13 @@ fn next_frame(frames: &mut mpsc::UnboundedReceiver<Frame>) -> Option<Frame> {
 /// three replicas, 64k writes, 1.06x – 1.22x the rate (`-- ab=`,
 /// data-plane.md). `_wr` is the connection's write half, held so that
 /// the socket is not shut down for writing while the thread sends.
+/// Returns why it ended; its caller fails what still waits for a reply.
 fn send_thread(
     fd: std::os::fd::OwnedFd,
     _wr: super::tls::Writer,
     mut frames: mpsc::UnboundedReceiver<Frame>,
-    (closed, pending, addr): (&Ended, &Pending, &str),
-) {
+    closed: &Ended,
+) -> String {
     use nix::errno::Errno;
     use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
     use nix::sys::socket::{MsgFlags, sendmsg};
@@ -304,33 +305,35 @@ fn send_thread(
             // opened again on a new connection (a frame cut short fails
             // at the server, unapplied).
             if closed.flag.load(Ordering::SeqCst) {
-                return;
+                return CLOSED.into();
             }
             let sent = sendmsg::<()>(fd.as_raw_fd(), rest, &[], MsgFlags::MSG_NOSIGNAL, None);
             match sent {
-                Ok(0) => return close_all(closed, pending, addr, "the socket took nothing"),
+                Ok(0) => return "the socket took nothing".into(),
                 Ok(n) => std::io::IoSlice::advance_slices(&mut rest, n),
                 Err(Errno::EAGAIN) => {
                     // The socket is full: wait until it takes more, looking
                     // now and then whether the client or the connection
                     // ended meanwhile (a peer that stopped reading).
                     if frames.is_closed() {
-                        return;
+                        return CLOSED.into();
                     }
                     let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLOUT)];
                     let _ = poll(&mut fds, PollTimeout::from(100u8));
                 }
                 Err(Errno::EINTR) => {}
-                Err(e) => {
-                    let e = std::io::Error::from(e);
-                    return close_all(closed, pending, addr, &e.to_string());
-                }
+                Err(e) => return std::io::Error::from(e).to_string(),
             }
         }
         drop(slices);
         batch.clear();
     }
+    CLOSED.into()
 }
+
+/// Why a connection's requests still waiting when its client closed it
+/// (or dropped it) fail.
+const CLOSED: &str = "the connection was closed by its client";
 
 /// The sending side of a TLS connection (or of a plain one whose
 /// descriptor could not be copied), on a thread of its own as over plain
@@ -342,13 +345,14 @@ fn send_thread(
 /// was made on, whose workers drive its socket) runs each batch's writes
 /// to the end on this thread. A client dropped sends nothing more: the
 /// batch's writes stop at its drop (`Ended::notify`). With nothing
-/// queued it sleeps at once (see `next_frame`).
+/// queued it sleeps at once (see `next_frame`). Returns why it ended, as
+/// `send_thread` does.
 fn session_send_thread(
     runtime: tokio::runtime::Handle,
     mut wr: super::tls::Writer,
     mut frames: mpsc::UnboundedReceiver<Frame>,
-    (closed, pending, addr): (&Ended, &Pending, &str),
-) {
+    closed: &Ended,
+) -> String {
     let mut batch = Vec::new();
     while let Some(first) = frames.blocking_recv() {
         take_batch(first, &mut frames, &mut batch);
@@ -361,11 +365,12 @@ fn session_send_thread(
             }
         });
         match sent {
-            None => return,
-            Some(Err(e)) => return close_all(closed, pending, addr, &e.to_string()),
+            None => return CLOSED.into(),
+            Some(Err(e)) => return e.to_string(),
             Some(Ok(())) => batch.clear(),
         }
     }
+    CLOSED.into()
 }
 
 /// What follows a request's header: its payload, and a write's block
@@ -443,9 +448,19 @@ impl ReplicaClient {
         let runtime = tokio::runtime::Handle::current();
         std::thread::Builder::new()
             .name("replica-send".into())
-            .spawn(move || match raw {
-                Some(fd) => send_thread(fd, wr, frames, (&wc, &wp, &wa)),
-                None => session_send_thread(runtime, wr, frames, (&wc, &wp, &wa)),
+            .spawn(move || {
+                let reason = match raw {
+                    Some(fd) => send_thread(fd, wr, frames, &wc),
+                    None => session_send_thread(runtime.clone(), wr, frames, &wc),
+                };
+                // The connection or its client is gone: every request still
+                // waiting gets its answer now. A client dropped aborts its
+                // reader, so no one else would give it, and a write whose
+                // fan-in waits on it would never be answered (nor let go of
+                // the engine's I/O). Inside the runtime: an answer may start
+                // a task (the engine's conclusion of a failed write).
+                let _in_runtime = runtime.enter();
+                close_all(&wc, &wp, &wa, &reason);
             })
             .map_err(|e| lost(format!("no thread to send: {e}")))?;
         let (p, a, c) = (pending.clone(), addr.to_string(), closed.clone());
