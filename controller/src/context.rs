@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ballast::guard::{KeyGuard, KeyedGuards};
-use ballast::model::Setting;
+use ballast::model::{Node, Setting};
 use ballast::settings::Settings;
 use ballast::store::Store;
 use ballast::tls::{Ca, Member};
@@ -338,22 +338,16 @@ impl Context {
         *self.leading_since.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// When the node was last heard from since this controller began to
-    /// lead, if it was.
-    fn heard(&self, id: &str) -> Option<Instant> {
+    /// How long since the node was heard from (since this controller began
+    /// to lead, when not since).
+    pub fn silence(&self, id: &str) -> Duration {
         let since = self.leading_since();
         self.last_seen
             .lock()
             .ok()
             .and_then(|m| m.get(id).copied())
             .filter(|&seen| seen >= since)
-    }
-
-    /// How long since the node was heard from (since this controller began
-    /// to lead, when not since).
-    pub fn silence(&self, id: &str) -> Duration {
-        self.heard(id)
-            .unwrap_or_else(|| self.leading_since())
+            .unwrap_or(since)
             .elapsed()
     }
 
@@ -369,29 +363,51 @@ impl Context {
         }
     }
 
-    /// Waits, within the first heartbeats' grace, until each of `nodes`
-    /// has been heard from since this controller began to lead. A node
-    /// the store says is not ready may have come back while no controller
-    /// led (a controller killed, then started again; a new leader): until
-    /// it could have beaten, the store's word is stale, and an attach must
-    /// not fault the volume on it. Returns whether it waited (the caller
-    /// reads the nodes again); outside the grace, or when every node was
-    /// heard, it returns false at once.
-    pub async fn await_first_heartbeats(&self, nodes: &[impl AsRef<str>]) -> bool {
+    /// Waits, within the first heartbeats' grace, until the store says each
+    /// of `nodes` is ready (or held down by Kubernetes, which heartbeats do
+    /// not lift). A node the store says is not ready may have come back
+    /// while no controller led (a controller killed, then started again; a
+    /// new leader): until it could have beaten, the store's word is stale,
+    /// and an attach must not fault the volume on it. (Within the grace
+    /// this controller has marked no node down: silence counts from its
+    /// start to lead, and the grace is shorter than the timeout.) Returns
+    /// whether it waited (the caller reads the nodes again); after the
+    /// grace it returns false at once.
+    pub async fn await_first_heartbeats(&self, nodes: &[impl AsRef<str>]) -> Result<bool, Error> {
         let end = self.leading_since() + self.first_heartbeats_grace();
-        let nodes: Vec<&str> = nodes.iter().map(AsRef::as_ref).collect();
-        let unheard = |ids: &[&str]| ids.iter().any(|id| self.heard(id).is_none());
-        if Instant::now() >= end || !unheard(&nodes) {
-            return false;
-        }
-        tracing::info!(
-            nodes = ?nodes,
-            "waiting for the first heartbeats of nodes the store says are not ready"
-        );
-        while Instant::now() < end && unheard(&nodes) {
+        let mut waited = false;
+        while Instant::now() < end {
+            let mut down = Vec::new();
+            for id in nodes.iter().map(AsRef::as_ref) {
+                if let Some(n) = self.store.get::<Node>(id).await?
+                    && !n.status.ready
+                    && n.status.held_down.is_none()
+                {
+                    down.push(id);
+                }
+            }
+            if down.is_empty() {
+                break;
+            }
+            if !waited {
+                tracing::info!(
+                    nodes = ?down,
+                    "waiting for the first heartbeats of nodes the store says are not ready"
+                );
+                waited = true;
+            }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        true
+        Ok(waited)
+    }
+
+    /// This controller has led for `d` already (a test's controller whose
+    /// first heartbeats' grace is over).
+    #[cfg(test)]
+    pub fn led_for(&self, d: Duration) {
+        if let Ok(mut since) = self.leading_since.lock() {
+            *since = Instant::now() - d;
+        }
     }
 }
 

@@ -273,7 +273,7 @@ pub async fn serving(ctx: &Context, volume: &Volume) -> Result<Serving, Error> {
     // their replicas would fault the volume when they are all it has, and
     // otherwise drop them from the record, to be rebuilt for nothing.
     let down: Vec<String> = away.iter().filter_map(|a| a.down.clone()).collect();
-    if !down.is_empty() && ctx.await_first_heartbeats(&down).await {
+    if !down.is_empty() && ctx.await_first_heartbeats(&down).await? {
         (reachable, away) = reach(ctx, &current).await?;
     }
     if reachable.is_empty() {
@@ -531,9 +531,9 @@ mod tests {
         let store: Arc<dyn Store> = counting.clone();
         cluster(store.as_ref()).await;
         let ctx = Context::new(store.clone(), Duration::from_secs(30));
-        // n2 was heard from since this controller began to lead: it is not
-        // ready by this controller's own word, not by a stale record.
-        ctx.saw_node("n2");
+        // This controller has led for a minute: n2 is not ready by its own
+        // word, not by a stale record.
+        ctx.led_for(Duration::from_secs(60));
 
         let v3: Volume = store.fetch("v3").await.unwrap();
         let (s, whole) = lists(&counting, serving(&ctx, &v3)).await;
@@ -644,7 +644,9 @@ mod tests {
             .unwrap();
     }
 
-    /// n2's first heartbeat to `ctx`, 300 ms from now.
+    /// n2's first heartbeat to `ctx`, 300 ms from now, as the registry
+    /// takes it: heard first (for liveness), written to the store as ready
+    /// a moment later.
     fn n2_beats_in_300ms(
         store: &Arc<dyn Store>,
         ctx: &Arc<Context>,
@@ -652,8 +654,9 @@ mod tests {
         let (store, ctx) = (store.clone(), ctx.clone());
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            n2_ready(store.as_ref()).await;
             ctx.saw_node("n2");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            n2_ready(store.as_ref()).await;
         })
     }
 
@@ -713,7 +716,6 @@ mod tests {
         cluster(store.as_ref()).await;
         let ctx = Context::new(store.clone(), Duration::from_secs(4));
         ctx.began_leading();
-        ctx.saw_node("n1");
         let beat = n2_beats_in_300ms(&store, &ctx);
         let v3: Volume = store.fetch("v3").await.unwrap();
         let s = serving(&ctx, &v3).await.unwrap();
@@ -740,7 +742,7 @@ mod tests {
         let told: Vec<ballast::model::Event> = store.list().await.unwrap();
         assert!(told.iter().any(|e| e.reason == "VolumeFaulted"), "{told:?}");
         assert!(
-            !ctx.await_first_heartbeats(&["n2"]).await,
+            !ctx.await_first_heartbeats(&["n2"]).await.unwrap(),
             "the grace is over"
         );
     }

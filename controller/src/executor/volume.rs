@@ -301,7 +301,7 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
         .ok_or_else(|| Error::invalid("nodeId", format!("no node {node_id:?}")))?;
     if !node.status.ready
         && node.status.held_down.is_none()
-        && ctx.await_first_heartbeats(&[node_id]).await
+        && ctx.await_first_heartbeats(&[node_id]).await?
     {
         node = ctx.store.fetch(node_id).await?;
     }
