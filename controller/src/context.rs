@@ -329,8 +329,12 @@ impl Context {
     /// This controller leads from now on: nodes it has not heard from
     /// count as silent from now, and get their first heartbeats' grace.
     pub fn began_leading(&self) {
+        self.lead_since(Instant::now());
+    }
+
+    fn lead_since(&self, at: Instant) {
         if let Ok(mut since) = self.leading_since.lock() {
-            *since = Instant::now();
+            *since = at;
         }
     }
 
@@ -405,9 +409,7 @@ impl Context {
     /// first heartbeats' grace is over).
     #[cfg(test)]
     pub fn led_for(&self, d: Duration) {
-        if let Ok(mut since) = self.leading_since.lock() {
-            *since = Instant::now() - d;
-        }
+        self.lead_since(Instant::now() - d);
     }
 }
 

@@ -218,8 +218,7 @@ impl Serving {
 struct Away {
     /// "NAME on NODE (why)", for the refusal.
     why: String,
-    /// Its node, when the store says that node is not ready by its
-    /// silence (not held down by Kubernetes).
+    /// Its node, when the store knows it (and says it is not ready).
     down: Option<String>,
 }
 
@@ -234,9 +233,9 @@ async fn reach(ctx: &Context, current: &[Replica]) -> Result<(Vec<String>, Vec<A
             Some(n) if n.status.ready && !n.status.replica_endpoint.is_empty() => {
                 reachable.push(format!("{}@{}", r.name, n.status.replica_endpoint));
             }
-            Some(n) => away.push(Away {
+            Some(_) => away.push(Away {
                 why: format!("{} on {node} (not ready)", r.name),
-                down: n.status.held_down.is_none().then(|| node.clone()),
+                down: Some(node.clone()),
             }),
             None => away.push(Away {
                 why: format!("{} on {node} (unknown node)", r.name),
@@ -745,6 +744,21 @@ mod tests {
             !ctx.await_first_heartbeats(&["n2"]).await.unwrap(),
             "the grace is over"
         );
+    }
+
+    /// A node held down by Kubernetes (its Node deleted or NotReady) gets
+    /// no grace: heartbeats do not lift it, so nothing is waited for.
+    #[tokio::test]
+    async fn a_node_held_down_gets_no_grace() {
+        let (store, ctx, _) = led_anew_with_n2_away().await;
+        store
+            .modify::<Node, Error>("n2", |n| {
+                n.status.held_down = Some("its Kubernetes Node was deleted".into());
+                Ok(true)
+            })
+            .await
+            .unwrap();
+        assert!(!ctx.await_first_heartbeats(&["n2"]).await.unwrap());
     }
 
     /// A volume from before the record (generation 0): every replica of it

@@ -299,10 +299,7 @@ pub async fn attach(ctx: &Arc<Context>, name: &str, node_id: &str) -> Result<Vol
         .get(node_id)
         .await?
         .ok_or_else(|| Error::invalid("nodeId", format!("no node {node_id:?}")))?;
-    if !node.status.ready
-        && node.status.held_down.is_none()
-        && ctx.await_first_heartbeats(&[node_id]).await?
-    {
+    if !node.status.ready && ctx.await_first_heartbeats(&[node_id]).await? {
         node = ctx.store.fetch(node_id).await?;
     }
     if !node.status.ready {
