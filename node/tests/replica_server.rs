@@ -310,6 +310,34 @@ async fn a_lost_disk_ends_the_loan_and_closes_the_borrowing_connection() {
     );
 }
 
+/// A write sent on a connection that has ended is answered, once, with
+/// the reason. Before 2026-12-05 its callback was dropped unrun and the
+/// caller answered for it; when the connection's end took the write first
+/// it was answered twice, which counted one replica's answer twice in the
+/// engine's fan-in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_sent_on_an_ended_connection_is_answered_once_with_the_reason() {
+    use ballast_node::wire::client::Waiter;
+    let disk = tempfile::tempdir().unwrap();
+    Replica::create(&replica_dir(disk.path(), "v-r1"), 64 * BLOCK).unwrap();
+    let (addr, server) = serve(disk.path()).await;
+    let c = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    c.lend().await.unwrap();
+    server.replicas().fail_disk(disk.path(), "test");
+    tokio::time::timeout(std::time::Duration::from_secs(5), c.closed())
+        .await
+        .expect("the borrowing connection is closed");
+    let (answered, answers) = std::sync::mpsc::channel();
+    let waiter = Waiter::Callback(Box::new(move |r| {
+        let _ = answered.send(r.map(drop));
+    }));
+    c.send_write(0, vec![7u8; 4096].into(), None, (1, false), waiter);
+    let answers: Vec<_> = answers.iter().collect();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    let e = answers[0].as_ref().unwrap_err().to_string();
+    assert!(e.contains("connection closed"), "{e}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_client_gives_up_on_a_server_that_never_answers_its_open() {
     // It takes the connection, reads, and never answers.
@@ -407,8 +435,7 @@ async fn dropped_client_sends_nothing_more(tls: WireTls) {
             None,
             (i + 1, false),
             waiter,
-        )
-        .unwrap();
+        );
     }
     // Let the sending side fill the socket and wait on it.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -472,8 +499,7 @@ async fn block_checksums_sent_with_a_write_are_recorded_as_sent_and_checked_on_r
             Some(&sums),
             (rev, false),
             Waiter::Task(tx),
-        )
-        .unwrap();
+        );
         async move { rx.await.unwrap() }
     };
 

@@ -83,6 +83,8 @@ pub fn node_of(
                 "--replica-listen",
                 &format!("127.0.0.1:{replica_port}"),
             ])
+            .arg("--state-dir")
+            .arg(dir.join(format!("node-{i}/state")))
             .args(extra),
     )
     .spawn()

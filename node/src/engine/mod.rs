@@ -42,6 +42,8 @@ use crate::wire::tls::WireTls;
 
 mod catch_up;
 mod equalize;
+mod fan_in;
+use fan_in::FanIn;
 pub mod freshness;
 mod lent;
 mod open;
@@ -373,84 +375,6 @@ impl IoCounters {
 
     fn count(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Ordering::Relaxed);
-    }
-}
-
-/// The answers to one write from every replica, gathered as they come.
-struct FanIn {
-    engine: Arc<Engine>,
-    state: std::sync::Mutex<FanInState>,
-}
-
-struct FanInState {
-    remaining: usize,
-    /// rw replicas that have the write.
-    acked: Vec<String>,
-    /// Replicas being rebuilt (wo) that have it: one may turn rw, and be
-    /// recorded, before the write is answered.
-    held: Vec<String>,
-    /// Replicas that failed it, and whether each is rw.
-    failed: Vec<(String, ClientError, bool)>,
-    done: Option<WriteDone>,
-    /// I/O stays held until every replica answered (a snapshot waits).
-    guard: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
-}
-
-impl FanIn {
-    /// One replica's answer; the last one finishes the write.
-    fn one(&self, name: String, rw: bool, r: Result<(), ClientError>) {
-        let finished = {
-            let Ok(mut s) = self.state.lock() else {
-                return;
-            };
-            match r {
-                Ok(()) if rw => s.acked.push(name),
-                Ok(()) => s.held.push(name),
-                Err(e) => s.failed.push((name, e, rw)),
-            }
-            s.remaining = s.remaining.saturating_sub(1);
-            if s.remaining > 0 {
-                return;
-            }
-            (
-                std::mem::take(&mut s.acked),
-                std::mem::take(&mut s.held),
-                std::mem::take(&mut s.failed),
-                s.done.take(),
-                s.guard.take(),
-            )
-        };
-        let (acked, held, failed, done, guard) = finished;
-        let Some(done) = done else {
-            return;
-        };
-        if failed.is_empty() {
-            let names: Vec<&str> = acked.iter().chain(&held).map(String::as_str).collect();
-            if self.engine.freshness.covers(&names) {
-                drop(guard);
-                return done(Ok(()));
-            }
-        }
-        // A replica failed (it is dropped from the volume, which takes the
-        // members' lock), or the record lags: the write is acknowledged once
-        // the store's replica set holds only replicas that have it.
-        let engine = self.engine.clone();
-        tokio::spawn(async move {
-            let outcome = engine.conclude(acked, held, failed).await;
-            drop(guard);
-            done(outcome);
-        });
-    }
-
-    /// Fails the write before anything was sent.
-    fn answer_all(&self, e: EngineError) {
-        let done = self.state.lock().ok().and_then(|mut s| {
-            s.guard.take();
-            s.done.take()
-        });
-        if let Some(done) = done {
-            done(Err(e));
-        }
     }
 }
 
@@ -1067,17 +991,7 @@ impl Engine {
         if !clients.iter().any(|(_, _, rw)| *rw) {
             return done(Err(EngineError::NoReplica("no rw replica".into())));
         }
-        let fan = Arc::new(FanIn {
-            engine: self.clone(),
-            state: std::sync::Mutex::new(FanInState {
-                remaining: clients.len(),
-                acked: Vec::new(),
-                held: Vec::new(),
-                failed: Vec::new(),
-                done: Some(done),
-                guard: Some(guard),
-            }),
-        });
+        let fan = FanIn::new(self.clone(), clients.len(), done, guard);
         let sums = sums_for(&clients, offset, &data);
         // The local one's turn is taken before the order lock and held
         // until its write is made once the lock is let go (`lent::Turn`).
@@ -1097,19 +1011,16 @@ impl Engine {
             let Link::Remote(c) = link else {
                 continue;
             };
-            let (f, n, rw) = (fan.clone(), name.clone(), *rw);
-            let waiter = Waiter::Callback(Box::new(move |r| f.one(n, rw, r.map(drop))));
-            let sent = c.send_write(offset, data.clone(), sums.as_ref(), (revision, fua), waiter);
-            if let Err(e) = sent {
-                fan.one(name.clone(), rw, Err(e));
-            }
+            let answer = fan.answer(name, *rw);
+            let waiter = Waiter::Callback(Box::new(move |r| answer.give(r.map(drop))));
+            c.send_write(offset, data.clone(), sums.as_ref(), (revision, fua), waiter);
         }
         drop(order);
         for (name, l, rw, turn) in turns {
             // Its answer is given by its write, or by its give-up while the
             // write hangs on the disk.
-            let (f, n) = (fan.clone(), name.clone());
-            let answer: lent::Answer = Box::new(move |r| f.one(n, rw, r));
+            let answer = fan.answer(name, rw);
+            let answer: lent::Answer = Box::new(move |r| answer.give(r));
             let done = match turn {
                 Ok(t) => t.write_answered(offset, &data, sums.as_ref(), revision, answer),
                 Err(e) => Some((answer, Err(e))),

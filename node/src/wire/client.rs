@@ -669,7 +669,8 @@ impl ReplicaClient {
 
     /// Sends a WRITE of `data` at `offset` now, with `sums` (its blocks'
     /// checksums, `replica::block_sums`) when given and the replica takes
-    /// them; `waiter` gets its reply.
+    /// them; `waiter` gets its reply, or the error that kept it from being
+    /// sent, once, always.
     pub fn send_write(
         &self,
         offset: u64,
@@ -677,14 +678,16 @@ impl ReplicaClient {
         sums: Option<&bytes::Bytes>,
         (revision, fua): (u64, bool),
         waiter: Waiter,
-    ) -> Result<(), ClientError> {
+    ) {
         let len = data.len() as u32;
         let (flags, parts) = self.parts(Op::Write, u8::from(fua), data, sums);
-        self.send(Op::Write, offset, len, revision, flags, parts, waiter)
+        // An error was given to the waiter.
+        let _ = self.send(Op::Write, offset, len, revision, flags, parts, waiter);
     }
 
     /// Sends a request now; `waiter` gets its reply (or the connection's
-    /// end). On an error here the waiter is dropped unrun.
+    /// end), once. On an error here the waiter is answered with it too,
+    /// unless the connection's end took it first and answered it then.
     #[allow(clippy::too_many_arguments)]
     fn send(
         &self,
@@ -705,15 +708,25 @@ impl ReplicaClient {
         // SNAPSHOT may take long by their nature.
         let io_since =
             matches!(op, Op::Read | Op::Write | Op::Trim | Op::Flush).then(std::time::Instant::now);
-        self.pending
-            .lock()
-            .map_err(|_| closed("poisoned".into()))?
-            .insert(id, Outstanding { waiter, io_since });
-        if self.closed.flag.load(Ordering::SeqCst) {
-            if let Ok(mut m) = self.pending.lock() {
-                m.remove(&id);
+        // Taken back unanswered (by no one else), the waiter is answered
+        // with the error.
+        let unsent = |e: ClientError| {
+            let back = self.pending.lock().ok().and_then(|mut m| m.remove(&id));
+            if let Some(o) = back {
+                o.waiter.finish(Err(e.clone()));
             }
-            return Err(closed("connection closed".into()));
+            Err(e)
+        };
+        match self.pending.lock() {
+            Ok(mut m) => m.insert(id, Outstanding { waiter, io_since }),
+            Err(_) => {
+                let e = closed("poisoned".into());
+                waiter.finish(Err(e.clone()));
+                return Err(e);
+            }
+        };
+        if self.closed.flag.load(Ordering::SeqCst) {
+            return unsent(closed("connection closed".into()));
         }
         let head = Request {
             op,
@@ -734,10 +747,7 @@ impl ReplicaClient {
             })
             .is_err()
         {
-            if let Ok(mut m) = self.pending.lock() {
-                m.remove(&id);
-            }
-            return Err(closed("writer stopped".into()));
+            return unsent(closed("writer stopped".into()));
         }
         Ok(())
     }
