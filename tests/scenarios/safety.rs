@@ -647,6 +647,45 @@ fn a_full_disk_refuses_the_write_keeps_the_data_and_the_volume_comes_back_when_f
     verify_replicas(&c, "v", &a);
 }
 
+/// A volume whose replicas' disks are full attaches again: its data is
+/// read, and a write into blocks it holds goes on (the engine's open and
+/// the replica's fence need no new room on the disk).
+#[test]
+fn a_volume_on_full_disks_attaches_again_and_reads_its_data() {
+    let c = Cluster::start_with(2, 1, Some(256 << 20));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 53);
+    let fillers = [
+        fill_disk(&c.path("node-1").join("disk-1")),
+        fill_disk(&c.path("node-2").join("disk-1")),
+    ];
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let endpoint = c.attach("v", "node-2");
+    verify_data(c.dir.path(), &endpoint, &a);
+    let v = c.volume("v");
+    assert_eq!(
+        v["status"]["currentReplicas"].as_array().unwrap().len(),
+        2,
+        "{v}"
+    );
+    // Blocks the volume holds are written in place.
+    let first = first_extent(53);
+    let (ok, out) = qemu_io(
+        &endpoint,
+        &[
+            &format!("write -P 0x6b {first} 64k"),
+            "flush",
+            &format!("read -P 0x6b {first} 64k"),
+        ],
+    );
+    assert!(ok, "{out}");
+    for f in fillers {
+        std::fs::remove_dir_all(&f).unwrap();
+    }
+}
+
 #[test]
 fn a_full_disk_fails_only_the_replica_on_it() {
     let c = Cluster::start_with(2, 1, Some(256 << 20));

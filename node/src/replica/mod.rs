@@ -524,6 +524,8 @@ impl Replica {
         // Nothing written yet: no region dirty. Its bytes are allocated
         // now, so that a mark needs no room on a full disk.
         regions::DirtyRegions::create(dir, size)?;
+        // Its fence too, raised in place later (`fence`).
+        fence::create(dir)?;
         meta.write(dir)?;
         Replica::open(dir)
     }
