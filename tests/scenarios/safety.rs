@@ -649,10 +649,11 @@ fn a_full_disk_refuses_the_write_keeps_the_data_and_the_volume_comes_back_when_f
 
 /// A volume whose replicas' disks are full attaches again: its data is
 /// read, and a write into blocks it holds goes on (the engine's open and
-/// the replica's fence need no new room on the disk).
+/// the replica's fence need no new room on the disk); so again after its
+/// nodes' plugins were killed and started.
 #[test]
 fn a_volume_on_full_disks_attaches_again_and_reads_its_data() {
-    let c = Cluster::start_with(2, 1, Some(256 << 20));
+    let mut c = Cluster::start_with(2, 1, Some(256 << 20));
     c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
     let endpoint = c.attach("v", "node-1");
     c.wait_settled("v", 2, Duration::from_secs(60));
@@ -670,17 +671,22 @@ fn a_volume_on_full_disks_attaches_again_and_reads_its_data() {
         2,
         "{v}"
     );
-    // Blocks the volume holds are written in place.
-    let first = first_extent(53);
-    let (ok, out) = qemu_io(
-        &endpoint,
-        &[
-            &format!("write -P 0x6b {first} 64k"),
-            "flush",
-            &format!("read -P 0x6b {first} 64k"),
-        ],
+    // Blocks the volume holds are written in place: the same data again.
+    write_data(c.dir.path(), &endpoint, 53);
+    verify_data(c.dir.path(), &endpoint, &a);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    for i in 0..2 {
+        c.kill_node(i);
+        c.restart_node(i);
+    }
+    let endpoint = c.attach("v", "node-1");
+    verify_data(c.dir.path(), &endpoint, &a);
+    let v = c.volume("v");
+    assert_eq!(
+        v["status"]["currentReplicas"].as_array().unwrap().len(),
+        2,
+        "{v}"
     );
-    assert!(ok, "{out}");
     for f in fillers {
         std::fs::remove_dir_all(&f).unwrap();
     }
