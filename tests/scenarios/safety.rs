@@ -1285,3 +1285,46 @@ fn a_controller_started_again_waits_for_a_nodes_first_heartbeat_before_it_faults
         "the attaches did not wait for node-2: was it heard before them?"
     );
 }
+
+/// A snapshot that no replica has room for fails, and says so; every
+/// replica stays as it was and the volume serves on. Before 2026-12-05
+/// the engine failed each replica whose freeze found no room, the last
+/// one too: the snapshot was refused with "no replica is usable" and
+/// every read of the volume failed (EIO) until it was attached again.
+#[test]
+fn a_snapshot_with_no_room_on_any_replica_fails_and_the_volume_serves_on() {
+    let c = Cluster::start_with(2, 1, Some(256 << 20));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 54);
+    let fillers = [
+        fill_disk(&c.path("node-1").join("disk-1")),
+        fill_disk(&c.path("node-2").join("disk-1")),
+    ];
+    let (s, v) = call(
+        "POST",
+        &c.url("/v1/snapshots"),
+        Some(json!({"name": "s1", "volume": "v"})),
+    );
+    assert_eq!(s, 503, "{v}");
+    let why = v["error"].as_str().unwrap_or_default();
+    assert!(why.contains("No space left on device"), "{v}");
+    verify_data(c.dir.path(), &endpoint, &a);
+    let v = c.volume("v");
+    assert_eq!(v["status"]["robustness"], "healthy", "{v}");
+    for r in c.replicas("v") {
+        assert_eq!(r["status"]["mode"], "rw", "{r}");
+    }
+    // Space freed: the snapshot is taken, and the data is as it was.
+    for f in fillers {
+        std::fs::remove_dir_all(&f).unwrap();
+    }
+    c.ok(
+        "POST",
+        "/v1/snapshots",
+        Some(json!({"name": "s1", "volume": "v"})),
+    );
+    verify_data(c.dir.path(), &endpoint, &a);
+    verify_replicas(&c, "v", &a);
+}

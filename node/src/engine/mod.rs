@@ -1228,6 +1228,10 @@ impl Engine {
         spare: Option<&spare::Spare<'_>>,
     ) -> Result<Vec<String>, EngineError> {
         let mut names = Vec::new();
+        // Replicas that had no room for the new head: unchanged, and
+        // failed only once another took the snapshot (as a write that no
+        // rw replica had room for fails alone and leaves them all).
+        let mut no_room = Vec::new();
         for (name, c) in self.rw_links().await {
             let mut repaired = 0;
             let mut lose = BTreeSet::new();
@@ -1280,9 +1284,25 @@ impl Engine {
                         message: e.to_string(),
                     });
                 }
+                if e.is_no_space() {
+                    no_room.push((name, e));
+                    break;
+                }
                 self.fail(&name, &e).await;
                 break;
             }
+        }
+        if names.is_empty()
+            && let Some((replica, e)) = no_room.first()
+        {
+            tracing::warn!(volume = %self.volume, replicas = ?no_room.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                "no rw replica has room for a snapshot's new head; none changed, all stay, and the snapshot fails");
+            return Err(EngineError::NoSpace(format!(
+                "snapshot: replica {replica}: {e}"
+            )));
+        }
+        for (name, e) in &no_room {
+            self.fail(name, e).await;
         }
         if names.is_empty() {
             Err(EngineError::NoReplica("snapshot failed everywhere".into()))

@@ -1351,7 +1351,12 @@ impl Replica {
             meta.lost.insert(frozen.clone(), lost);
         }
         meta.revision = self.revision;
-        meta.write(&self.dir)?;
+        if let Err(e) = meta.write(&self.dir) {
+            // Unchanged (no room for the new chain, say): the new head's
+            // file goes too.
+            let _ = std::fs::remove_file(&path);
+            return Err(e);
+        }
         self.meta = meta;
         let _ = std::fs::remove_file(sums::path_of(&path));
         self.layers.push(Layer::open(
