@@ -1202,3 +1202,21 @@ async fn a_replica_that_stopped_answering_is_given_up_before_a_snapshot_pauses_t
         );
     }
 }
+
+/// A growth that no replica can take changes none: every replica stays
+/// rw and serves. Before 2026-12-05 the engine failed each replica that
+/// refused it but the last one asked, so that the volume lost all its
+/// other replicas to a growth that did not happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_growth_no_replica_can_take_fails_and_drops_none() {
+    let (_dirs, _addrs, engine) = three_replicas(false).await;
+    let data: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 251) as u8).collect();
+    engine.write(0, &data, true).await.unwrap();
+    let past = ballast_node::replica::MAX_SIZE + BLOCK;
+    let e = engine.grow(past).await.unwrap_err().to_string();
+    assert!(e.contains("no replica could grow"), "{e}");
+    for r in ["v-r0", "v-r1", "v-r2"] {
+        assert_eq!(mode_of(&engine, r).await, ReplicaMode::Rw, "{r}");
+    }
+    assert!(engine.read(0, 4 * BLOCK as u32).await.unwrap() == data);
+}

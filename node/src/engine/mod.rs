@@ -1177,24 +1177,24 @@ impl Engine {
         }
         let links = self.rw_links().await;
         let mut grown = 0;
-        let mut last_error = None;
+        // Failed only once another grew: when none can, none changed, and
+        // all stay.
+        let mut failed = Vec::new();
         for (name, link) in &links {
             match link.grow(size).await {
                 Ok(()) => grown += 1,
-                Err(e) if grown == 0 && self.others_rw(name).await == 0 => {
-                    last_error = Some(e.to_string())
-                }
-                Err(e) => {
-                    last_error = Some(e.to_string());
-                    self.fail(name, &e).await;
-                }
+                Err(e) => failed.push((name, e)),
             }
         }
         if grown == 0 {
+            let why: Vec<String> = failed.iter().map(|(_, e)| e.to_string()).collect();
             return Err(EngineError::NoReplica(format!(
                 "no replica could grow to {size} bytes: {}",
-                last_error.unwrap_or_default()
+                why.join("; ")
             )));
+        }
+        for (name, e) in &failed {
+            self.fail(name, e).await;
         }
         self.size.store(size, Ordering::SeqCst);
         tracing::info!(from, size, replicas = grown, "volume grown online");
