@@ -780,3 +780,54 @@ fn a_new_boot_checks_only_the_regions_written_lately() {
         "no record of the regions: every block of the head checked"
     );
 }
+
+/// After a cut, a write that settles a suspect block is made durable by
+/// the next flush, which then rewrites the replica's list of them. On a
+/// full disk there is no room for a new list: the flush still succeeds
+/// (the list keeps naming the block, which is only taken as suspect again
+/// after another cut, and settled again from the current replicas), and a
+/// flush with room rewrites it. Before 2026-12-05 every flush of such a
+/// replica failed with ENOSPC until space was freed.
+#[test]
+fn a_flush_that_settles_a_suspect_block_on_a_full_disk_succeeds_and_the_list_follows_with_room() {
+    let (_d, fs) = forgetful_disk();
+    let dir = replica_dir(&fs.at, "v-r0");
+    Replica::create(&dir, 64 * BLOCK).unwrap();
+    let mut r = Replica::open(&dir).unwrap();
+    write_run(&mut r, 0, 1, 1);
+    r.flush().unwrap();
+    drop(r);
+    common::flip_block(&common::head_file(&dir), 3 * BLOCK);
+    forgetful::as_after_a_reboot(&fs.at);
+    let mut r = Replica::open(&dir).unwrap();
+    assert_eq!(r.suspects(), vec![3]);
+    let listed = || std::fs::read_to_string(dir.join("suspect-blocks")).unwrap();
+    assert_eq!(listed(), "[3]");
+
+    // The disk filled to its last block.
+    let filler = fs.at.join("filler");
+    std::fs::create_dir(&filler).unwrap();
+    let mut n = 0;
+    for chunk in [64i64 << 20, 1 << 20, 64 << 10, 4 << 10] {
+        loop {
+            let f = std::fs::File::create(filler.join(n.to_string())).unwrap();
+            n += 1;
+            if nix::fcntl::fallocate(&f, nix::fcntl::FallocateFlags::empty(), 0, chunk).is_err() {
+                break;
+            }
+        }
+    }
+    let whole = pattern(0, 2);
+    r.write(3 * BLOCK, &whole[..BLOCK as usize], None).unwrap();
+    r.flush().unwrap();
+    assert_eq!(r.suspects(), Vec::<u64>::new());
+    assert_eq!(listed(), "[3]", "no room: the list on the disk is kept");
+    let mut block = vec![0u8; BLOCK as usize];
+    r.read(3 * BLOCK, &mut block).unwrap();
+    assert!(block[..] == whole[..BLOCK as usize]);
+
+    // Room again: the next flush rewrites the list.
+    std::fs::remove_dir_all(&filler).unwrap();
+    r.flush().unwrap();
+    assert_eq!(listed(), "[]");
+}

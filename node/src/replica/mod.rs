@@ -143,6 +143,11 @@ impl ReplicaError {
         }
     }
 
+    /// Whether the disk had no room for what was asked (ENOSPC).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, ReplicaError::Io { source, .. } if source.raw_os_error() == Some(nix::libc::ENOSPC))
+    }
+
     /// Where the data failed, for an error of data failing its checksum.
     pub fn corruption(&self) -> Option<Corruption> {
         match self {
@@ -1230,7 +1235,12 @@ impl Replica {
         if always || interval {
             self.revision_file.sync()?;
         }
-        // The writes that settled suspect blocks are durable now.
+        // The writes that settled suspect blocks are durable now: the list
+        // on the disk follows. With no room for it (a full disk) it stays
+        // as it was until a flush finds room, and this flush succeeds: a
+        // block it still names is only taken as suspect again after a cut,
+        // and settled again from the volume's current replicas, which hold
+        // what the flush made durable (the safe side).
         if self
             .suspect_stale
             .swap(false, std::sync::atomic::Ordering::AcqRel)
@@ -1238,7 +1248,11 @@ impl Replica {
         {
             self.suspect_stale
                 .store(true, std::sync::atomic::Ordering::Release);
-            return Err(e);
+            if !e.is_no_space() {
+                return Err(e);
+            }
+            tracing::warn!(dir = %self.dir.display(), error = %e,
+                "no room to rewrite the list of suspect blocks: it keeps naming blocks settled since, until a flush finds room");
         }
         self.regions
             .lock()

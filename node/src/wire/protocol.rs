@@ -391,9 +391,7 @@ pub fn status_of(e: &crate::replica::ReplicaError) -> u32 {
         | ReplicaError::CorruptLayer { .. }
         | ReplicaError::CorruptBlock { .. }
         | ReplicaError::LostBlock { .. } => status::CORRUPT,
-        ReplicaError::Io { source, .. } if source.raw_os_error() == Some(nix::libc::ENOSPC) => {
-            status::NO_SPACE
-        }
+        e @ ReplicaError::Io { .. } if e.is_no_space() => status::NO_SPACE,
         _ => status::IO,
     }
 }
