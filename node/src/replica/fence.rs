@@ -70,6 +70,18 @@ pub fn write(dir: &Path, epoch: u64) -> Result<(), ReplicaError> {
     }
 }
 
+/// The file of the replica in `dir`, whose fence is `epoch`, given the
+/// fixed width when it has another (a replica from before it, or one
+/// never fenced), while there is room: its raises need none from then on.
+/// Best effort: without room it stays, and a raise replaces it whole, as
+/// before.
+pub fn keep_fixed_width(dir: &Path, epoch: u64) {
+    let fixed = std::fs::metadata(dir.join(FENCE_FILE)).is_ok_and(|m| m.len() == WIDTH as u64);
+    if !fixed && let Err(e) = super::meta::write_durably(dir, FENCE_FILE, &record(epoch)) {
+        tracing::debug!(dir = %dir.display(), error = %e, "the fence file keeps its width for now");
+    }
+}
+
 /// The file of a new replica: no fence yet, in its fixed width.
 pub(super) fn create(dir: &Path) -> Result<(), ReplicaError> {
     super::meta::write_durably(dir, FENCE_FILE, &record(0))
@@ -119,5 +131,20 @@ mod tests {
         write(fresh.path(), 1).unwrap();
         let after = std::fs::metadata(fresh.path().join(FENCE_FILE)).unwrap();
         assert_eq!((after.ino(), read(fresh.path()).unwrap()), (inode, 1));
+    }
+
+    /// A replica's file from before the fixed width, or none, takes it
+    /// when the server first reads the fence, with the same number.
+    #[test]
+    fn a_fence_file_of_another_width_or_none_takes_the_fixed_width() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FENCE_FILE);
+        keep_fixed_width(dir.path(), 0);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), WIDTH as u64);
+        assert_eq!(read(dir.path()).unwrap(), 0);
+        std::fs::write(&path, "7\n").unwrap();
+        keep_fixed_width(dir.path(), 7);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), WIDTH as u64);
+        assert_eq!(read(dir.path()).unwrap(), 7);
     }
 }

@@ -345,6 +345,7 @@ impl Replicas {
         }
         let dir = self.dir_of(name)?;
         let epoch = super::fence::read(&dir).map_err(|e| e.to_string())?;
+        super::fence::keep_fixed_width(&dir, epoch);
         let f = Arc::new(AtomicU64::new(epoch));
         self.fences
             .lock()
