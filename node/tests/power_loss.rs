@@ -7,6 +7,8 @@
 
 #[allow(dead_code)] // shared with the engine tests; this one uses what starts engines
 mod common;
+#[path = "support/fill.rs"]
+mod fill;
 #[path = "support/forgetful.rs"]
 mod forgetful;
 
@@ -805,18 +807,7 @@ fn a_flush_that_settles_a_suspect_block_on_a_full_disk_succeeds_and_the_list_fol
     assert_eq!(listed(), "[3]");
 
     // The disk filled to its last block.
-    let filler = fs.at.join("filler");
-    std::fs::create_dir(&filler).unwrap();
-    let mut n = 0;
-    for chunk in [64i64 << 20, 1 << 20, 64 << 10, 4 << 10] {
-        loop {
-            let f = std::fs::File::create(filler.join(n.to_string())).unwrap();
-            n += 1;
-            if nix::fcntl::fallocate(&f, nix::fcntl::FallocateFlags::empty(), 0, chunk).is_err() {
-                break;
-            }
-        }
-    }
+    let filler = fill::fill_disk(&fs.at);
     let whole = pattern(0, 2);
     r.write(3 * BLOCK, &whole[..BLOCK as usize], None).unwrap();
     r.flush().unwrap();

@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+#[path = "../../node/tests/support/fill.rs"]
+mod fill;
+pub use fill::fill_disk;
+
 pub use crate::common::*;
 
 /// Volume size in the scenarios: small, so that rebuilds are quick.
@@ -665,31 +669,6 @@ pub fn verify_replicas(c: &Cluster, volume: &str, data: &Data) {
         );
         std::fs::remove_file(&copy).unwrap();
     }
-}
-
-/// Fills the filesystem holding `dir` with files there, to the last 4 KiB
-/// block (as root, who may also use the blocks ext4 reserves).
-pub fn fill_disk(dir: &std::path::Path) -> std::path::PathBuf {
-    let filler = dir.join("filler");
-    std::fs::create_dir_all(&filler).unwrap();
-    let mut n = 0;
-    for chunk in [64u64 << 20, 1 << 20, 64 << 10, 4 << 10] {
-        loop {
-            let f = std::fs::File::create(filler.join(n.to_string())).unwrap();
-            n += 1;
-            let took = nix::fcntl::fallocate(
-                std::os::fd::AsFd::as_fd(&f),
-                nix::fcntl::FallocateFlags::empty(),
-                0,
-                chunk as i64,
-            );
-            if took.is_err() {
-                break;
-            }
-        }
-    }
-    nix::unistd::sync();
-    filler
 }
 
 /// Inverts 4 KiB of a file in place, as a bad disk would: in the page
