@@ -17,7 +17,8 @@
 //! disks were full could not attach at all). Its size never changes once
 //! it has that width, so a cut cannot leave new bytes under an old size.
 //! A file of another width (a replica from before, or none yet) is
-//! replaced whole, as before, which needs room.
+//! replaced whole, as before, which needs room. (On a copy-on-write
+//! filesystem such as btrfs every overwrite needs room, this one too.)
 
 use std::path::Path;
 
