@@ -30,12 +30,18 @@ fn an_unknown_flag_exits_non_zero_and_names_it() {
 
 #[test]
 fn a_node_without_disk_exits_non_zero_and_says_disk_is_required() {
-    let (code, text) = run("node \
+    let dir = tempfile::tempdir().unwrap();
+    let (code, text) = run(&format!(
+        "node \
          --node-id n1 \
          --controller http://127.0.0.1:1 \
-         --csi-endpoint unix:///tmp/n.sock \
+         --csi-endpoint unix://{}/n.sock \
          --agent-listen 127.0.0.1:0 \
-         --replica-listen 127.0.0.1:0");
+         --replica-listen 127.0.0.1:0 \
+         --state-dir {}/state",
+        dir.path().display(),
+        dir.path().display()
+    ));
     assert_ne!(code, 0);
     assert!(text.contains("--disk"), "{text}");
 }
@@ -52,9 +58,11 @@ fn a_node_with_a_missing_disk_directory_exits_non_zero_and_names_it() {
          --controller http://127.0.0.1:1 \
          --csi-endpoint {} \
          --agent-listen 127.0.0.1:0 \
-         --replica-listen 127.0.0.1:0",
+         --replica-listen 127.0.0.1:0 \
+         --state-dir {}",
         missing.to_str().unwrap(),
-        sock
+        sock,
+        dir.path().join("state").display()
     ));
     assert_ne!(code, 0);
     assert!(
