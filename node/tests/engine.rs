@@ -1203,6 +1203,87 @@ async fn a_replica_that_stopped_answering_is_given_up_before_a_snapshot_pauses_t
     }
 }
 
+/// A rebuild's target that stops answering during its join (its node
+/// frozen right after it answered its INFO) is given up after the replica
+/// timeout: the join holds the volume's I/O paused, and before 2026-12-06
+/// a write waited for as long as the target's node stayed frozen (soak
+/// seed 20261265, freezes 3). The rebuild fails naming the timeout, the
+/// writes go on, and once the target answers again it is rebuilt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_target_that_stops_answering_its_join_is_given_up_and_the_io_goes_on() {
+    use ballast_node::wire::protocol::Op;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let limit = std::time::Duration::from_secs(60);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut addrs = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        addrs.push(replica_server(d.path(), &format!("v-r{i}"), 64 * BLOCK).await);
+    }
+    let (open, gate) = tokio::sync::watch::channel(true);
+    let open = Arc::new(open);
+    let first_join = Arc::new(AtomicBool::new(true));
+    let freeze = open.clone();
+    let target = gated_proxy(&addrs[2], gate, move || {
+        let (freeze, first_join) = (freeze.clone(), first_join.clone());
+        (
+            Box::new(move |req, _| {
+                if req.op == Op::Join && first_join.swap(false, Ordering::SeqCst) {
+                    freeze.send_replace(false);
+                }
+            }),
+            Box::new(|_, _| {}),
+        )
+    })
+    .await;
+    let engine = engine_over(64 * BLOCK, &addrs[..2], Some("v-r0")).await;
+    engine.watch_stalls(std::time::Duration::from_secs(1));
+    let before: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 251) as u8).collect();
+    engine.write(0, &before, true).await.unwrap();
+
+    let adding = {
+        let (engine, target) = (engine.clone(), target.clone());
+        tokio::spawn(async move { engine.add_replica(target, None, 0).await })
+    };
+    let mut frozen = open.subscribe();
+    frozen.wait_for(|open| !*open).await.unwrap();
+    let during: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 241) as u8).collect();
+    tokio::time::timeout(limit, nbd_write(&engine, 8 * BLOCK, during.clone()))
+        .await
+        .expect("a write waited a minute behind the frozen target's join")
+        .unwrap();
+    let e = tokio::time::timeout(limit, adding)
+        .await
+        .expect("the rebuild waited a minute for its frozen target")
+        .unwrap()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("engine-replica-timeout"), "{e}");
+    for name in ["v-r0", "v-r1"] {
+        assert_eq!(mode_of(&engine, name).await, ReplicaMode::Rw, "{name}");
+    }
+
+    open.send_replace(true);
+    engine.add_replica(target, None, 0).await.unwrap();
+    tokio::time::timeout(limit, async {
+        while mode_of(&engine, "v-r2").await != ReplicaMode::Rw {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the target was not rebuilt within a minute");
+    for (offset, data) in [(0, &before), (8 * BLOCK, &during)] {
+        let len = data.len() as u32;
+        assert!(engine.read(offset, len).await.unwrap() == *data);
+        for a in &addrs {
+            assert!(
+                read_given_back(a, offset, len).await == *data,
+                "{} at {offset}",
+                a.name
+            );
+        }
+    }
+}
+
 /// A growth that no replica can take changes none: every replica stays
 /// rw and serves. Before 2026-12-05 the engine failed each replica that
 /// refused it but the last one asked, so that the volume lost all its

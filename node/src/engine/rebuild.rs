@@ -102,13 +102,16 @@ impl Engine {
             let (src_name, layers) = self.pick_source(source.as_deref()).await?;
             let spec = JoinSpec::following(&layers, self.revision.load(Ordering::SeqCst))
                 .map_err(|e| replica_err(&src_name, e))?;
-            let report = client.join(&spec).await.map_err(|e| match e {
-                e if e.is_busy() => EngineError::Filling {
-                    replica: at.name.clone(),
-                    message: e.to_string(),
-                },
-                e => EngineError::of_replica(&at.name, e),
-            })?;
+            let report = self
+                .joining_answer((&at.name, &client), client.join(&spec))
+                .await
+                .map_err(|e| match e {
+                    e if e.is_busy() => EngineError::Filling {
+                        replica: at.name.clone(),
+                        message: e.to_string(),
+                    },
+                    e => EngineError::of_replica(&at.name, e),
+                })?;
             let src_addr = {
                 let m = self.members.lock().await;
                 m.iter()

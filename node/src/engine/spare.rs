@@ -54,14 +54,18 @@ impl Engine {
             return Err("it keeps no block checksums to check its copy by".into());
         }
         let why = match self.logs_prove(spare, start, n, bad).await {
-            Ok(()) => return spare.client.read(start, n).await.map_err(|e| e.to_string()),
+            Ok(()) => {
+                return self
+                    .joining_answer((spare.name, spare.client), spare.client.read(start, n))
+                    .await
+                    .map_err(|e| e.to_string());
+            }
             Err(why) => why,
         };
         match recorded {
             Some((at, sum)) if at == start && u64::from(n) == BLOCK => {
-                let data = spare
-                    .client
-                    .read(start, n)
+                let data = self
+                    .joining_answer((spare.name, spare.client), spare.client.read(start, n))
                     .await
                     .map_err(|e| format!("{why}; and its copy: {e}"))?;
                 if crate::replica::block_sum(&data) == sum {
@@ -114,9 +118,11 @@ impl Engine {
                 "the write log of {bad} does not reach its revision {now}"
             ));
         }
-        let ours = spare
-            .client
-            .writes_since(spare.revision)
+        let ours = self
+            .joining_answer(
+                (spare.name, spare.client),
+                spare.client.writes_since(spare.revision),
+            )
             .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("its write log after revision {} has a gap", spare.revision))?;

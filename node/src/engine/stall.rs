@@ -33,7 +33,10 @@
 //! INFO, and one that does not answer within the replica timeout while
 //! another answers is given up first (`give_up_silent`): a replica frozen
 //! on an idle volume would otherwise hold the pause, and the volume, for
-//! as long as it stays frozen.
+//! as long as it stays frozen. The replica joining, no member yet, is
+//! asked under the pause only what is quick (its join, a spare's reads):
+//! it is given up when it leaves that unanswered for the replica timeout
+//! (`joining_answer`), its node frozen after it answered its INFO.
 //!
 //! It owns no state of its own: it reads the members and asks their
 //! clients.
@@ -94,6 +97,37 @@ impl Engine {
             )
         };
         self.give_up(&silent, &answering, &why).await;
+    }
+
+    /// `asked` of `client`, a replica joining the volume (no member yet),
+    /// while the volume's I/O is paused for its join: past the replica
+    /// timeout it is given up (its connection abandoned) and the pause
+    /// ends, since no member's silence is at stake. What it is asked under
+    /// the pause (the join, and a spare's reads of a few blocks) is quick
+    /// on a node that answers. Without a timeout, unbounded.
+    pub(super) async fn joining_answer<T>(
+        &self,
+        (name, client): (&str, &ReplicaClient),
+        asked: impl std::future::Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, ClientError> {
+        let Some(&timeout) = self.replica_timeout.get() else {
+            return asked.await;
+        };
+        match tokio::time::timeout(timeout, asked).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                let reason = format!(
+                    "no answer within {timeout:?} (engine-replica-timeout) while the volume's I/O waited for its join; the rebuild is given up"
+                );
+                tracing::error!(volume = %self.volume, replica = name, reason = %reason,
+                    "a replica joining the volume stopped answering");
+                client.abandon(&reason);
+                Err(ClientError::Closed {
+                    addr: client.addr().to_string(),
+                    reason,
+                })
+            }
+        }
     }
 
     /// Gives up each of `silent` (`why` says what it left unanswered),
