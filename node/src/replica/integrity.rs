@@ -242,7 +242,15 @@ impl Replica {
             if meta.pending.contains(name) || corrupt.contains_key(name) || merging {
                 continue;
             }
-            let l = Layer::open(dir, name, blocks, meta.block_sums)?;
+            let l = match Layer::open(dir, name, blocks, meta.block_sums) {
+                Ok(l) => l,
+                // Folded away by a merge since the meta was read.
+                Err(e) if changed_under(dir, name, want) => {
+                    tracing::info!(dir = %dir.display(), layer = %name, error = %e, "layer merged away before it was scrubbed");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let lost = meta.lost.get(name).cloned().unwrap_or_default();
             let got = layer_checksum(&l, |b, chunk| {
                 pace(chunk.len() as u64);

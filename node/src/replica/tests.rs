@@ -557,6 +557,38 @@ fn a_scrub_of_a_sound_replica_checks_every_frozen_block() {
     );
 }
 
+/// A layer a merge folds away while a scrub reads the layers below it is
+/// passed over, as a layer a merge changes is: before 2026-12-06 the scrub
+/// failed ("No such file or directory") on the layer its reading of the
+/// replica's record still named.
+#[test]
+fn a_scrub_passes_over_a_layer_merged_away_while_it_ran() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("r");
+    let mut r = Replica::create(&dir, 64 * BLOCK).unwrap();
+    r.write(0, &[1u8; 3 * BLOCK as usize], None).unwrap();
+    r.snapshot(Some("s1")).unwrap();
+    r.write(BLOCK, &[2u8; 2 * BLOCK as usize], None).unwrap();
+    r.snapshot(None).unwrap();
+    r.write(2 * BLOCK, &[3u8; BLOCK as usize], None).unwrap();
+    r.snapshot(None).unwrap();
+    let j = r.next_merge().unwrap();
+    let (labelled, from) = (r.chain()[0].clone(), j.from.clone());
+    assert_eq!(from, r.chain()[1], "the layer above the labelled one");
+    let mut merged = false;
+    let checked = Replica::scrub(&dir, |_| {
+        if !merged {
+            merged = true;
+            r.merge(&j, false, |_| {}).unwrap();
+        }
+    })
+    .unwrap();
+    assert!(merged);
+    assert!(!dir.join(&from).exists());
+    assert!(checked >= 3 * BLOCK, "{labelled} was checked: {checked}");
+    assert_eq!(Replica::scrub(&dir, |_| {}).unwrap(), 5 * BLOCK);
+}
+
 #[test]
 fn after_an_unclean_stop_the_checksums_of_unflushed_writes_are_taken_again() {
     let d = tempfile::tempdir().unwrap();
