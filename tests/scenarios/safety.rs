@@ -739,6 +739,83 @@ fn a_full_disk_fails_only_the_replica_on_it() {
     verify_replicas(&c, "v", &a);
 }
 
+/// A rebuild whose target's disk runs out of room mid-copy (the volume's
+/// snapshots hold three times its size; the planner counts its size) fails
+/// that target only: the volume serves on, healthy, from the replicas it
+/// had, and when room is freed the rebuild completes with every layer.
+#[test]
+fn a_rebuild_that_runs_out_of_room_mid_copy_fails_only_its_target() {
+    let c = Cluster::start_with(3, 1, Some(256 << 20));
+    c.set("storage-minimal-available-percentage", json!("0"));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let holders = c.holders("v");
+    let endpoint = c.attach("v", &holders[0]);
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let e = Expected::new(c.dir.path(), "v", SIZE);
+    for (i, pattern) in [0x11u8, 0x22, 0x33].into_iter().enumerate() {
+        e.write(&endpoint, 0, 60 << 20, pattern);
+        c.ok(
+            "POST",
+            "/v1/snapshots",
+            Some(json!({"name": format!("s{i}"), "volume": "v"})),
+        );
+    }
+    e.write(&endpoint, 4 << 20, 1 << 20, 0x44);
+    let a = e.data();
+    let spare = ["node-1", "node-2", "node-3"]
+        .into_iter()
+        .find(|n| !holders.iter().any(|h| h == n))
+        .unwrap();
+    // Room for the volume's size, not for its 180 MiB of layers.
+    let filler = fill_disk(&c.path(spare).join("disk-1"));
+    for f in ["0", "1"] {
+        std::fs::remove_file(filler.join(f)).unwrap();
+    }
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 3})),
+    );
+    let target = wait_for(Duration::from_secs(120), "the copy out of room", || {
+        let r = c.replica_on("v", spare)?;
+        (r["status"]["mode"] == "err").then(|| r["name"].as_str().unwrap().to_string())
+    });
+    // The volume serves on from the replicas it had; the failed target
+    // waits for room to be reused (its layers copied whole are kept), and
+    // nothing is tried on the full disk meanwhile.
+    let full = format!("{target}: disk {spare}/disk-1 is full");
+    wait_for(Duration::from_secs(30), "the wait for room", || {
+        let plan = c.ok("GET", "/v1/plan", None);
+        plan["waits"].to_string().contains(&full).then_some(())
+    });
+    for _ in 0..3 {
+        let plan = c.ok("GET", "/v1/plan", None);
+        assert_eq!(plan["actions"], json!([]), "{plan}");
+        assert!(plan["waits"].to_string().contains(&full), "{plan}");
+        let v = c.volume("v");
+        assert_eq!(
+            v["status"]["currentReplicas"].as_array().unwrap().len(),
+            2,
+            "{v}"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    for h in &holders {
+        assert_eq!(c.replica_on("v", h).unwrap()["status"]["mode"], "rw");
+    }
+    verify_data(c.dir.path(), &endpoint, &a);
+    std::fs::remove_dir_all(&filler).unwrap();
+    c.wait_settled("v", 3, Duration::from_secs(120));
+    let (_, rebuilt) = c
+        .rebuilds()
+        .into_iter()
+        .find(|(r, _)| *r == format!("replica/{target}"))
+        .unwrap();
+    assert!(!rebuilt.contains("kept 0 B"), "{rebuilt}");
+    verify_data(c.dir.path(), &endpoint, &a);
+    verify_replicas(&c, "v", &a);
+}
+
 /// The layers of a replica as its files hold them (head last).
 fn layers_of(dir: &std::path::Path) -> Vec<ballast_node::replica::LayerInfo> {
     ballast_node::replica::Replica::open_view(dir)
