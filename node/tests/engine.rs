@@ -1284,6 +1284,119 @@ async fn a_rebuild_target_that_stops_answering_its_join_is_given_up_and_the_io_g
     }
 }
 
+/// A rebuild whose source stops answering mid-copy (its node frozen at the
+/// fill's first read) ends once the engine gives the source up: the target
+/// fails, its node calls the fill off, and the next rebuild copies from
+/// the other replica. Before 2026-12-06 the fill waited for the frozen
+/// source, and every later rebuild of the volume was refused as busy, for
+/// as long as the source's node stayed frozen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_whose_source_stops_answering_ends_and_the_next_copies_from_another() {
+    use ballast_node::wire::protocol::Op;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let limit = std::time::Duration::from_secs(60);
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut addrs = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        addrs.push(replica_server(d.path(), &format!("v-r{i}"), 1024 * BLOCK).await);
+    }
+    let (open, gate) = tokio::sync::watch::channel(true);
+    let open = Arc::new(open);
+    let first_read = Arc::new(AtomicBool::new(true));
+    let freeze = open.clone();
+    // v-r0, first by name, is the source.
+    addrs[0] = gated_proxy(&addrs[0], gate, move || {
+        let (freeze, first_read) = (freeze.clone(), first_read.clone());
+        (
+            Box::new(move |req, _| {
+                if req.op == Op::LayerRead && first_read.swap(false, Ordering::SeqCst) {
+                    freeze.send_replace(false);
+                }
+            }),
+            Box::new(|_, _| {}),
+        )
+    })
+    .await;
+    let engine = engine_over(1024 * BLOCK, &addrs[..2], None).await;
+    engine.watch_stalls(std::time::Duration::from_secs(1));
+    let before: Vec<u8> = (0..256 * BLOCK).map(|i| (i % 251) as u8).collect();
+    engine.write(0, &before, true).await.unwrap();
+
+    engine.add_replica(addrs[2].clone(), None, 0).await.unwrap();
+    let mut frozen = open.subscribe();
+    tokio::time::timeout(limit, frozen.wait_for(|open| !*open))
+        .await
+        .expect("the fill never read its source")
+        .unwrap();
+    // A write the frozen source leaves unanswered: it is given up.
+    let during: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 241) as u8).collect();
+    tokio::time::timeout(limit, nbd_write(&engine, 512 * BLOCK, during.clone()))
+        .await
+        .expect("a write waited a minute for the frozen source")
+        .unwrap();
+    assert_eq!(mode_of(&engine, "v-r0").await, ReplicaMode::Err);
+    tokio::time::timeout(limit, async {
+        while mode_of(&engine, "v-r2").await != ReplicaMode::Err {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the rebuild from the frozen source never ended");
+    let status = engine.status().await;
+    let why = status
+        .iter()
+        .find(|s| s.name == "v-r2")
+        .unwrap()
+        .error
+        .clone();
+    assert!(
+        why.as_deref()
+            .is_some_and(|w| w.contains("its rebuild's source v-r0 was given up")),
+        "{status:?}"
+    );
+    // The next rebuild copies from v-r1 (the fill on v-r2's node was called
+    // off, so it may join again).
+    tokio::time::timeout(limit, async {
+        loop {
+            match engine.add_replica(addrs[2].clone(), None, 0).await {
+                Ok(()) => return,
+                Err(e) => {
+                    let e = e.to_string();
+                    assert!(
+                        e.contains("still writing") || e.contains("already running"),
+                        "{e}"
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    })
+    .await
+    .expect("no rebuild could start again");
+    tokio::time::timeout(limit, async {
+        while mode_of(&engine, "v-r2").await != ReplicaMode::Rw {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the second rebuild did not end within a minute");
+    let rebuilt = engine.status().await;
+    let r2 = rebuilt.iter().find(|s| s.name == "v-r2").unwrap();
+    assert_eq!(r2.rebuild.as_ref().unwrap().source, "v-r1", "{rebuilt:?}");
+    open.send_replace(true);
+    for (offset, data) in [(0, &before), (512 * BLOCK, &during)] {
+        let len = data.len() as u32;
+        assert!(engine.read(offset, len).await.unwrap() == *data);
+        for a in &addrs[1..] {
+            assert!(
+                read_given_back(a, offset, len).await == *data,
+                "{} at {offset}",
+                a.name
+            );
+        }
+    }
+}
+
 /// A growth that no replica can take changes none: every replica stays
 /// rw and serves. Before 2026-12-05 the engine failed each replica that
 /// refused it but the last one asked, so that the volume lost all its

@@ -282,6 +282,39 @@ impl Engine {
         }
     }
 
+    /// Ends the rebuilds copying from `source`, given up for its silence
+    /// (`why`): their fills read from it too, over their targets' own
+    /// connections, and would wait for it as long (a rebuild holds the
+    /// volume's only rebuild slot while it runs). Each target fails, its
+    /// connection abandoned so that its node calls the fill off, and the
+    /// next rebuild picks another source.
+    pub(super) async fn end_rebuilds_from(&self, source: &str, why: &str) {
+        let copying: Vec<(String, Arc<ReplicaClient>)> = {
+            let m = self.members.lock().await;
+            m.iter()
+                .filter(|x| x.mode == ReplicaMode::Wo)
+                .filter(|x| {
+                    x.rebuild
+                        .as_ref()
+                        .is_some_and(|r| r.source == source && !r.done)
+                })
+                .filter_map(|x| match &x.link {
+                    Some(Link::Remote(c)) => Some((x.at.name.clone(), c.clone())),
+                    _ => None,
+                })
+                .collect()
+        };
+        for (name, client) in copying {
+            let reason = format!("its rebuild's source {source} was given up ({why})");
+            client.abandon(&reason);
+            let e = ClientError::Closed {
+                addr: client.addr().to_string(),
+                reason,
+            };
+            self.fail(&name, &e).await;
+        }
+    }
+
     /// How many rw replicas there are besides `name`.
     pub(super) async fn others_rw(&self, name: &str) -> usize {
         let m = self.members.lock().await;

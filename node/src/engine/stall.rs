@@ -12,7 +12,10 @@
 //! answering. Given up, its connection is abandoned, so its requests fail
 //! as if the connection were lost, and the engine drops the replica as it
 //! drops one that failed an I/O (its record of the replica set changes
-//! first; the planner rebuilds or reuses the replica later). When no other
+//! first; the planner rebuilds or reuses the replica later). A replica
+//! given up that a rebuild copies from ends that rebuild
+//! (`end_rebuilds_from`): the fill reads it over its target's own
+//! connection and would wait for it as long. When no other
 //! rw replica answers, none is given up: dropping them all would fail the
 //! volume's I/O, where waiting may still see it through.
 //!
@@ -150,10 +153,11 @@ impl Engine {
                 &l.name,
                 &ClientError::Closed {
                     addr: l.client.addr().to_string(),
-                    reason,
+                    reason: reason.clone(),
                 },
             )
             .await;
+            self.end_rebuilds_from(&l.name, &reason).await;
         }
     }
 
@@ -212,12 +216,15 @@ impl Engine {
                 };
                 // The answer may start the write's conclusion, a task.
                 let _in = runtime.enter();
-                if let Some(answer) = lent.give_up(reason) {
+                if let Some(answer) = lent.give_up(reason.clone()) {
                     answer(Err(why.clone()));
                 }
                 engine.lent_given_up.send_modify(|n| *n += 1);
                 let name = name.clone();
-                runtime.spawn(async move { engine.fail(&name, &why).await });
+                runtime.spawn(async move {
+                    engine.fail(&name, &why).await;
+                    engine.end_rebuilds_from(&name, &reason).await;
+                });
                 return;
             }
         };

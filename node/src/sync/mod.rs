@@ -94,9 +94,28 @@ impl Progress {
     pub async fn pace(&self, n: u64) -> Result<(), SyncError> {
         tokio::select! {
             () = self.pace.take(n) => {}
-            () = self.off.notified() => {}
+            () = self.off.notified() => self.off.notify_one(),
         }
         called_off(self)
+    }
+
+    /// The source's answer `answer`, unless the fill is called off first: a
+    /// source that stopped answering (its node frozen) would otherwise
+    /// keep a fill called off, and its target with it, for as long.
+    pub async fn unless_called_off<T>(
+        &self,
+        answer: impl std::future::Future<Output = T>,
+    ) -> Result<T, SyncError> {
+        called_off(self)?;
+        tokio::select! {
+            got = answer => Ok(got),
+            () = self.off.notified() => {
+                // The permit stays for any other wait of the fill.
+                self.off.notify_one();
+                called_off(self)?;
+                Err(SyncError::Source("the fill was called off".into()))
+            }
+        }
     }
 }
 
@@ -349,8 +368,10 @@ async fn fill(
         .to_read(target_name, source_name)
         .await
         .map_err(SyncError::Source)?;
-    let client = ReplicaClient::dial(&tls, source_addr, source_name).await?;
-    let layers = client.layers().await?;
+    let client = progress
+        .unless_called_off(ReplicaClient::dial(&tls, source_addr, source_name))
+        .await??;
+    let layers = progress.unless_called_off(client.layers()).await??;
     let mut todo = Vec::new();
     for name in &pending {
         let (index, info) = layers

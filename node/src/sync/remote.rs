@@ -57,7 +57,9 @@ pub async fn pull_layer(
     progress: &Arc<Progress>,
 ) -> Result<Pulled, SyncError> {
     let (name, lost) = (layer.name.as_str(), layer.lost.as_slice());
-    let body = source.call(Op::LayerExtents, 0, 0, index, 0, &[]).await?;
+    let body = progress
+        .unless_called_off(source.call(Op::LayerExtents, 0, 0, index, 0, &[]))
+        .await??;
     let extents: Vec<(u64, u64)> = serde_json::from_slice(&body)
         .map_err(|e| SyncError::Source(format!("layer {name}: bad extent list: {e}")))?;
     let (held, path) = {
@@ -167,7 +169,10 @@ async fn pull_seeded(
             let Some((at, wait)) = in_flight.pop_front() else {
                 return Ok(());
             };
-            let sums = wait.await.map_err(|e| of_source(name, e))?;
+            let sums = progress
+                .unless_called_off(wait)
+                .await?
+                .map_err(|e| of_source(name, e))?;
             if tx.send((at, sums)).await.is_err() {
                 // The comparer stopped: its error says why.
                 return Ok(());
@@ -308,7 +313,10 @@ async fn fetch(
             let Some((at, n, wait)) = in_flight.pop_front() else {
                 return Ok(());
             };
-            let data = wait.await.map_err(|e| of_source(name, e))?;
+            let data = progress
+                .unless_called_off(wait)
+                .await?
+                .map_err(|e| of_source(name, e))?;
             bytes -= n;
             if tx.send((at, data)).await.is_err() {
                 // The writer stopped: its error says why.
