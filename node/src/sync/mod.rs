@@ -2,7 +2,9 @@
 //! source, by local sparse copy when the source is on this node, else over
 //! the replica protocol as data extents only. Each layer is checked against
 //! the source's checksum on arrival and only then completed, so a fill cut
-//! off resumes from the layers already done.
+//! off resumes from the layers already done. A fill ends when its caller
+//! goes away, or when its source leaves a request unanswered for
+//! `SOURCE_SILENCE`, even while it waits for that answer.
 //!
 //! This module copies layers and nothing else: it neither decides which
 //! replica to rebuild (the controller does) nor when it turns `rw` (the
@@ -99,10 +101,12 @@ impl Progress {
         called_off(self)
     }
 
-    /// The source's answer `answer`, unless the fill is called off first: a
-    /// source that stopped answering (its node frozen) would otherwise
-    /// keep a fill called off, and its target with it, for as long.
-    pub async fn unless_called_off<T>(
+    /// The source's answer `answer`, unless the fill is called off first or
+    /// the source leaves it unanswered for `SOURCE_SILENCE`. A source that
+    /// stopped answering (its node frozen) would otherwise hold the fill,
+    /// and its target (no join while it fills), for as long: a fill called
+    /// off, or one whose caller waits for it (an offline rebuild, hours).
+    pub async fn source_answer<T>(
         &self,
         answer: impl std::future::Future<Output = T>,
     ) -> Result<T, SyncError> {
@@ -115,9 +119,19 @@ impl Progress {
                 called_off(self)?;
                 Err(SyncError::Source("the fill was called off".into()))
             }
+            () = tokio::time::sleep(SOURCE_SILENCE) => Err(SyncError::Source(format!(
+                "the source left a request of the fill unanswered for {}s; given up",
+                SOURCE_SILENCE.as_secs()
+            ))),
         }
     }
 }
+
+/// The longest a fill waits for one answer of its source: each request
+/// asks for at most 4 MiB, and at most 32 MiB are in flight, so a source
+/// that answers none for this long is not working (its node frozen, its
+/// network dropping packets, its disk hung).
+pub const SOURCE_SILENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Keeps a copy at or under a rate, counted from its start: each `take`
 /// waits until the bytes taken so far fit in the time since then.
@@ -369,9 +383,9 @@ async fn fill(
         .await
         .map_err(SyncError::Source)?;
     let client = progress
-        .unless_called_off(ReplicaClient::dial(&tls, source_addr, source_name))
+        .source_answer(ReplicaClient::dial(&tls, source_addr, source_name))
         .await??;
-    let layers = progress.unless_called_off(client.layers()).await??;
+    let layers = progress.source_answer(client.layers()).await??;
     let mut todo = Vec::new();
     for name in &pending {
         let (index, info) = layers
@@ -476,6 +490,35 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// A fill waits for its source's answer until the answer comes, the
+    /// fill is called off, or `SOURCE_SILENCE` passes (on tokio's paused
+    /// clock).
+    #[tokio::test(start_paused = true)]
+    async fn a_fill_waits_for_its_source_until_called_off_or_its_silence_is_too_long() {
+        let p = Progress::paced(0);
+        assert_eq!(p.source_answer(async { 7 }).await.unwrap(), 7);
+        let started = tokio::time::Instant::now();
+        let e = p
+            .source_answer(std::future::pending::<()>())
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("unanswered for 60s"), "{e}");
+        assert_eq!(started.elapsed(), SOURCE_SILENCE);
+        let p = Arc::new(Progress::paced(0));
+        let waiting = {
+            let p = p.clone();
+            tokio::spawn(async move { p.source_answer(std::future::pending::<()>()).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        drop(CallOff(p.clone()));
+        let e = waiting.await.unwrap().unwrap_err();
+        assert!(e.to_string().contains("called off"), "{e}");
+        assert_eq!(started.elapsed(), SOURCE_SILENCE + Duration::from_secs(1));
+        // Every later wait of the fill is called off at once.
+        let e = p.source_answer(async { 7 }).await.unwrap_err();
+        assert!(e.to_string().contains("called off"), "{e}");
+    }
 
     /// A pace lets bytes through at its rate, counted from its start
     /// however they are cut; with no limit it waits for nothing (on

@@ -58,7 +58,7 @@ pub async fn pull_layer(
 ) -> Result<Pulled, SyncError> {
     let (name, lost) = (layer.name.as_str(), layer.lost.as_slice());
     let body = progress
-        .unless_called_off(source.call(Op::LayerExtents, 0, 0, index, 0, &[]))
+        .source_answer(source.call(Op::LayerExtents, 0, 0, index, 0, &[]))
         .await??;
     let extents: Vec<(u64, u64)> = serde_json::from_slice(&body)
         .map_err(|e| SyncError::Source(format!("layer {name}: bad extent list: {e}")))?;
@@ -170,7 +170,7 @@ async fn pull_seeded(
                 return Ok(());
             };
             let sums = progress
-                .unless_called_off(wait)
+                .source_answer(wait)
                 .await?
                 .map_err(|e| of_source(name, e))?;
             if tx.send((at, sums)).await.is_err() {
@@ -314,7 +314,7 @@ async fn fetch(
                 return Ok(());
             };
             let data = progress
-                .unless_called_off(wait)
+                .source_answer(wait)
                 .await?
                 .map_err(|e| of_source(name, e))?;
             bytes -= n;
