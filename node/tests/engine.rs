@@ -108,11 +108,7 @@ async fn concurrent_overlapping_writes_with_a_lent_local_replica_leave_every_rep
 /// node of the first, which with `lend` is lent to it. The directories
 /// live as long as what is returned.
 async fn three_replicas(lend: bool) -> (Vec<tempfile::TempDir>, Vec<ReplicaAddr>, Arc<Engine>) {
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut addrs = Vec::new();
-    for (i, d) in dirs.iter().enumerate() {
-        addrs.push(replica_server(d.path(), &format!("v-r{i}"), 64 * BLOCK).await);
-    }
+    let (dirs, addrs) = three_servers(64).await;
     let engine = engine_over(64 * BLOCK, &addrs, Some("v-r0")).await;
     if lend {
         engine
@@ -1015,11 +1011,7 @@ async fn one_behind_a_gate(
     Arc<Engine>,
     tokio::sync::watch::Sender<bool>,
 ) {
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut addrs = Vec::new();
-    for (i, d) in dirs.iter().enumerate() {
-        addrs.push(replica_server(d.path(), &format!("v-r{i}"), 64 * BLOCK).await);
-    }
+    let (dirs, mut addrs) = three_servers(64).await;
     let (open, gate) = tokio::sync::watch::channel(true);
     addrs[2] = gated_proxy(&addrs[2], gate, || {
         (Box::new(|_, _| {}), Box::new(|_, _| {}))
@@ -1203,6 +1195,54 @@ async fn a_replica_that_stopped_answering_is_given_up_before_a_snapshot_pauses_t
     }
 }
 
+/// `to` behind a proxy whose answers stop at the first `op` request (as
+/// if its node froze right then), and the gate's sender, to open it again.
+async fn frozen_at_first(
+    to: &ReplicaAddr,
+    op: ballast_node::wire::protocol::Op,
+) -> (ReplicaAddr, Arc<tokio::sync::watch::Sender<bool>>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (open, gate) = tokio::sync::watch::channel(true);
+    let open = Arc::new(open);
+    let first = Arc::new(AtomicBool::new(true));
+    let freeze = open.clone();
+    let proxied = gated_proxy(to, gate, move || {
+        let (freeze, first) = (freeze.clone(), first.clone());
+        (
+            Box::new(move |req, _| {
+                if req.op == op && first.swap(false, Ordering::SeqCst) {
+                    freeze.send_replace(false);
+                }
+            }),
+            Box::new(|_, _| {}),
+        )
+    })
+    .await;
+    (proxied, open)
+}
+
+/// Waits (a minute at most: `what` otherwise) until replica `name` of
+/// `engine` is in `mode`.
+async fn wait_mode(engine: &Engine, name: &str, mode: ReplicaMode, what: &str) {
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while mode_of(engine, name).await != mode {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect(what);
+}
+
+/// Three replica servers of `blocks` blocks each, v-r0 to v-r2.
+async fn three_servers(blocks: u64) -> (Vec<tempfile::TempDir>, Vec<ReplicaAddr>) {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let mut addrs = Vec::new();
+    for (i, d) in dirs.iter().enumerate() {
+        addrs.push(replica_server(d.path(), &format!("v-r{i}"), blocks * BLOCK).await);
+    }
+    (dirs, addrs)
+}
+
 /// A rebuild's target that stops answering during its join (its node
 /// frozen right after it answered its INFO) is given up after the replica
 /// timeout: the join holds the volume's I/O paused, and before 2026-12-06
@@ -1211,30 +1251,20 @@ async fn a_replica_that_stopped_answering_is_given_up_before_a_snapshot_pauses_t
 /// writes go on, and once the target answers again it is rebuilt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_target_that_stops_answering_its_join_is_given_up_and_the_io_goes_on() {
-    use ballast_node::wire::protocol::Op;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    rebuild_target_frozen_at(ballast_node::wire::protocol::Op::Join).await;
+}
+
+/// The same, its node frozen right after its dial: its INFO, asked before
+/// the pause, held the volume's one rebuild at a time as long.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_target_that_stops_answering_its_info_is_given_up_and_the_io_goes_on() {
+    rebuild_target_frozen_at(ballast_node::wire::protocol::Op::Info).await;
+}
+
+async fn rebuild_target_frozen_at(op: ballast_node::wire::protocol::Op) {
     let limit = std::time::Duration::from_secs(60);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut addrs = Vec::new();
-    for (i, d) in dirs.iter().enumerate() {
-        addrs.push(replica_server(d.path(), &format!("v-r{i}"), 64 * BLOCK).await);
-    }
-    let (open, gate) = tokio::sync::watch::channel(true);
-    let open = Arc::new(open);
-    let first_join = Arc::new(AtomicBool::new(true));
-    let freeze = open.clone();
-    let target = gated_proxy(&addrs[2], gate, move || {
-        let (freeze, first_join) = (freeze.clone(), first_join.clone());
-        (
-            Box::new(move |req, _| {
-                if req.op == Op::Join && first_join.swap(false, Ordering::SeqCst) {
-                    freeze.send_replace(false);
-                }
-            }),
-            Box::new(|_, _| {}),
-        )
-    })
-    .await;
+    let (_dirs, addrs) = three_servers(64).await;
+    let (target, open) = frozen_at_first(&addrs[2], op).await;
     let engine = engine_over(64 * BLOCK, &addrs[..2], Some("v-r0")).await;
     engine.watch_stalls(std::time::Duration::from_secs(1));
     let before: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 251) as u8).collect();
@@ -1264,13 +1294,8 @@ async fn a_rebuild_target_that_stops_answering_its_join_is_given_up_and_the_io_g
 
     open.send_replace(true);
     engine.add_replica(target, None, 0).await.unwrap();
-    tokio::time::timeout(limit, async {
-        while mode_of(&engine, "v-r2").await != ReplicaMode::Rw {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the target was not rebuilt within a minute");
+    let what = "the target was not rebuilt within a minute";
+    wait_mode(&engine, "v-r2", ReplicaMode::Rw, what).await;
     for (offset, data) in [(0, &before), (8 * BLOCK, &during)] {
         let len = data.len() as u32;
         assert!(engine.read(offset, len).await.unwrap() == *data);
@@ -1293,30 +1318,11 @@ async fn a_rebuild_target_that_stops_answering_its_join_is_given_up_and_the_io_g
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_whose_source_stops_answering_ends_and_the_next_copies_from_another() {
     use ballast_node::wire::protocol::Op;
-    use std::sync::atomic::{AtomicBool, Ordering};
     let limit = std::time::Duration::from_secs(60);
-    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-    let mut addrs = Vec::new();
-    for (i, d) in dirs.iter().enumerate() {
-        addrs.push(replica_server(d.path(), &format!("v-r{i}"), 1024 * BLOCK).await);
-    }
-    let (open, gate) = tokio::sync::watch::channel(true);
-    let open = Arc::new(open);
-    let first_read = Arc::new(AtomicBool::new(true));
-    let freeze = open.clone();
+    let (_dirs, mut addrs) = three_servers(1024).await;
     // v-r0, first by name, is the source.
-    addrs[0] = gated_proxy(&addrs[0], gate, move || {
-        let (freeze, first_read) = (freeze.clone(), first_read.clone());
-        (
-            Box::new(move |req, _| {
-                if req.op == Op::LayerRead && first_read.swap(false, Ordering::SeqCst) {
-                    freeze.send_replace(false);
-                }
-            }),
-            Box::new(|_, _| {}),
-        )
-    })
-    .await;
+    let (source, open) = frozen_at_first(&addrs[0], Op::LayerRead).await;
+    addrs[0] = source;
     let engine = engine_over(1024 * BLOCK, &addrs[..2], None).await;
     engine.watch_stalls(std::time::Duration::from_secs(1));
     let before: Vec<u8> = (0..256 * BLOCK).map(|i| (i % 251) as u8).collect();
@@ -1335,13 +1341,8 @@ async fn a_rebuild_whose_source_stops_answering_ends_and_the_next_copies_from_an
         .expect("a write waited a minute for the frozen source")
         .unwrap();
     assert_eq!(mode_of(&engine, "v-r0").await, ReplicaMode::Err);
-    tokio::time::timeout(limit, async {
-        while mode_of(&engine, "v-r2").await != ReplicaMode::Err {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the rebuild from the frozen source never ended");
+    let what = "the rebuild from the frozen source never ended";
+    wait_mode(&engine, "v-r2", ReplicaMode::Err, what).await;
     let status = engine.status().await;
     let why = status
         .iter()
@@ -1373,13 +1374,8 @@ async fn a_rebuild_whose_source_stops_answering_ends_and_the_next_copies_from_an
     })
     .await
     .expect("no rebuild could start again");
-    tokio::time::timeout(limit, async {
-        while mode_of(&engine, "v-r2").await != ReplicaMode::Rw {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the second rebuild did not end within a minute");
+    let what = "the second rebuild did not end within a minute";
+    wait_mode(&engine, "v-r2", ReplicaMode::Rw, what).await;
     let rebuilt = engine.status().await;
     let r2 = rebuilt.iter().find(|s| s.name == "v-r2").unwrap();
     assert_eq!(r2.rebuild.as_ref().unwrap().source, "v-r1", "{rebuilt:?}");

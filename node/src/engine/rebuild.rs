@@ -59,8 +59,8 @@ impl Engine {
         let client = ReplicaClient::dial(&self.tls, &at.addr, &at.name)
             .await
             .map_err(|e| EngineError::of_replica(&at.name, e))?;
-        let info = client
-            .info()
+        let info = self
+            .joining_answer((&at.name, &client), client.info())
             .await
             .map_err(|e| EngineError::of_replica(&at.name, e))?;
         if info["size"].as_u64() != Some(self.size()) {

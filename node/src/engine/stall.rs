@@ -37,9 +37,9 @@
 //! another answers is given up first (`give_up_silent`): a replica frozen
 //! on an idle volume would otherwise hold the pause, and the volume, for
 //! as long as it stays frozen. The replica joining, no member yet, is
-//! asked under the pause only what is quick (its join, a spare's reads):
-//! it is given up when it leaves that unanswered for the replica timeout
-//! (`joining_answer`), its node frozen after it answered its INFO.
+//! asked only what is quick (its INFO; under the pause its join and a
+//! spare's reads): it is given up when it leaves that unanswered for the
+//! replica timeout (`joining_answer`), its node frozen after its dial.
 //!
 //! It owns no state of its own: it reads the members and asks their
 //! clients.
@@ -102,12 +102,13 @@ impl Engine {
         self.give_up(&silent, &answering, &why).await;
     }
 
-    /// `asked` of `client`, a replica joining the volume (no member yet),
-    /// while the volume's I/O is paused for its join: past the replica
-    /// timeout it is given up (its connection abandoned) and the pause
-    /// ends, since no member's silence is at stake. What it is asked under
-    /// the pause (the join, and a spare's reads of a few blocks) is quick
-    /// on a node that answers. Without a timeout, unbounded.
+    /// `asked` of `client`, a replica joining the volume (no member yet):
+    /// past the replica timeout it is given up (its connection abandoned),
+    /// since no member's silence is at stake, and the rebuild fails. What
+    /// it is asked (its INFO; under the pause of the volume's I/O, its join
+    /// and a spare's reads of a few blocks) is quick on a node that
+    /// answers; unanswered, it would hold the pause, or the volume's one
+    /// rebuild at a time. Without a timeout, unbounded.
     pub(super) async fn joining_answer<T>(
         &self,
         (name, client): (&str, &ReplicaClient),
@@ -120,7 +121,7 @@ impl Engine {
             Ok(answer) => answer,
             Err(_) => {
                 let reason = format!(
-                    "no answer within {timeout:?} (engine-replica-timeout) while the volume's I/O waited for its join; the rebuild is given up"
+                    "no answer within {timeout:?} (engine-replica-timeout) to a request of its join; the rebuild is given up"
                 );
                 tracing::error!(volume = %self.volume, replica = name, reason = %reason,
                     "a replica joining the volume stopped answering");
