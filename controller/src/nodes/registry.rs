@@ -726,6 +726,18 @@ async fn record_replica(
         .await?;
     if mode == ReplicaMode::Err && !r.error.is_empty() {
         tracing::debug!(replica = %r.name, error = %r.error, "replica is err");
+        // A rebuild the engine ended with an error says why: no other
+        // record does (an rw replica's does, the record of the replica
+        // set's change).
+        if seen.status.mode == Some(ReplicaMode::Wo) {
+            ctx.event(
+                Kind::Replica,
+                &r.name,
+                "RebuildFailed",
+                format!("by its engine: {}", r.error),
+            )
+            .await;
+        }
     }
     Ok(())
 }
