@@ -630,6 +630,12 @@ async fn record_engine(
     }
     let now = ctx.now();
     let mut rw = 0u32;
+    let failed: Vec<&str> = e
+        .replicas
+        .iter()
+        .filter(|r| r.mode == ReplicaMode::Err.as_str())
+        .map(|r| r.name.as_str())
+        .collect();
     for r in &e.replicas {
         ctx.saw_rebuilding(&r.name);
         let Ok(mode) = r.mode.parse::<ReplicaMode>() else {
@@ -638,7 +644,8 @@ async fn record_engine(
         if mode == ReplicaMode::Rw {
             rw += 1;
         }
-        record_replica(ctx, e.running, mode, r, now).await?;
+        let source_failed = failed.contains(&r.rebuild_source.as_str());
+        record_replica(ctx, (e.running, source_failed), mode, r, now).await?;
     }
     let robustness = if rw >= volume.spec.number_of_replicas {
         Robustness::Healthy
@@ -678,10 +685,12 @@ async fn record_engine(
 
 /// Records one replica's mode as its engine reports it: reaching rw ends
 /// its rebuild (with an event) and resets its retry count; err marks when
-/// it failed. Writes only a change.
+/// it failed, and a rebuild that failed with its source (`source_failed`:
+/// the source's silence or corruption ended it) is not counted as an
+/// attempt of its target. Writes only a change.
 async fn record_replica(
     ctx: &Context,
-    engine_running: bool,
+    (engine_running, source_failed): (bool, bool),
     mode: ballast::model::ReplicaMode,
     r: &ballast::proto::agent::v1::EngineReplica,
     now: chrono::DateTime<chrono::Utc>,
@@ -708,19 +717,24 @@ async fn record_replica(
         )
         .await;
     }
+    let rebuilding = seen.status.mode == Some(ReplicaMode::Wo);
+    let uncounted = rebuilding && source_failed;
     ctx.store
         .modify::<ballast::model::Replica, Error>(&r.name, |rep| {
             if rep.status.mode == Some(mode) && rep.status.running == running {
                 return Ok(false);
             }
-            rep.status.mode = Some(mode);
-            rep.status.running = running;
             match mode {
                 // Reaching rw ends a rebuild and resets the retry count.
                 ReplicaMode::Rw => crate::executor::effects::rebuilt(rep, now),
-                ReplicaMode::Err if rep.spec.failed_at.is_none() => rep.spec.failed_at = Some(now),
+                ReplicaMode::Err if rep.spec.failed_at.is_none() => {
+                    let uncounted = uncounted && rep.status.mode == Some(ReplicaMode::Wo);
+                    crate::executor::effects::failed(rep, now, uncounted)
+                }
                 _ => {}
             }
+            rep.status.mode = Some(mode);
+            rep.status.running = running;
             Ok(true)
         })
         .await?;
@@ -729,12 +743,17 @@ async fn record_replica(
         // A rebuild the engine ended with an error says why: no other
         // record does (an rw replica's does, the record of the replica
         // set's change).
-        if seen.status.mode == Some(ReplicaMode::Wo) {
+        if rebuilding {
+            let counted = if uncounted {
+                " (its source failed too: not counted as an attempt)"
+            } else {
+                ""
+            };
             ctx.event(
                 Kind::Replica,
                 &r.name,
                 "RebuildFailed",
-                format!("by its engine: {}", r.error),
+                format!("by its engine: {}{counted}", r.error),
             )
             .await;
         }
@@ -848,6 +867,76 @@ mod tests {
         }))
         .await
         .unwrap();
+    }
+
+    /// A rebuild its engine ended is recorded failed with its event; it
+    /// counts as an attempt of its target unless its source failed too
+    /// (given up for its silence, or found corrupt): the target was not
+    /// at fault.
+    #[tokio::test]
+    async fn a_rebuild_that_failed_with_its_source_is_not_counted_against_its_target() {
+        use ballast::model::{ReplicaMode, Volume, VolumeSpec};
+        use ballast::proto::agent::v1::{EngineReplica, EngineStatus};
+        let (_dir, svc) = service().await;
+        let ctx = svc.ctx.clone();
+        let mut v = Volume {
+            name: "v".into(),
+            resource_version: 0,
+            spec: VolumeSpec::new(1 << 30, 2),
+            status: Default::default(),
+        };
+        v.status.attached_node = Some("n1".into());
+        ctx.store.create(&v).await.unwrap();
+        for (source_mode, counted) in [("rw", 1), ("err", 0)] {
+            for (name, mode) in [("v-r0", ReplicaMode::Rw), ("v-r1", ReplicaMode::Wo)] {
+                let mut r =
+                    crate::executor::effects::new_replica(name, "v", "n1", "disk-1", Some(mode));
+                if name == "v-r1" {
+                    // Reused: one attempt.
+                    r.spec.rebuild_retry_count = 1;
+                }
+                let _ = ctx.store.delete::<Replica>(name, None).await;
+                ctx.store.create(&r).await.unwrap();
+            }
+            let engine = EngineStatus {
+                volume: "v".into(),
+                running: true,
+                replicas: vec![
+                    EngineReplica {
+                        name: "v-r0".into(),
+                        mode: source_mode.into(),
+                        ..Default::default()
+                    },
+                    EngineReplica {
+                        name: "v-r1".into(),
+                        mode: "err".into(),
+                        error: "the fill failed".into(),
+                        rebuild_source: "v-r0".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            };
+            record_engine(&ctx, "n1", &engine).await.unwrap();
+            let r: Replica = ctx.store.fetch("v-r1").await.unwrap();
+            assert_eq!(r.status.mode, Some(ReplicaMode::Err));
+            assert!(r.spec.failed_at.is_some());
+            assert_eq!(r.spec.rebuild_retry_count, counted, "source {source_mode}");
+            let mut events: Vec<ballast::model::Event> = ctx.store.list().await.unwrap();
+            events.retain(|e| e.object == "replica/v-r1");
+            events.sort_by(|a, b| a.name.cmp(&b.name));
+            let last = events.last().unwrap();
+            assert_eq!(last.reason, "RebuildFailed");
+            assert!(
+                last.message.starts_with("by its engine: the fill failed"),
+                "{last:?}"
+            );
+            assert_eq!(
+                last.message.contains("not counted"),
+                counted == 0,
+                "{last:?}"
+            );
+        }
     }
 
     #[tokio::test]
