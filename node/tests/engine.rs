@@ -1296,10 +1296,16 @@ async fn rebuild_target_frozen_at(op: ballast_node::wire::protocol::Op) {
     engine.add_replica(target, None, 0).await.unwrap();
     let what = "the target was not rebuilt within a minute";
     wait_mode(&engine, "v-r2", ReplicaMode::Rw, what).await;
-    for (offset, data) in [(0, &before), (8 * BLOCK, &during)] {
+    all_read_back(&engine, &addrs, &[(0, &before), (8 * BLOCK, &during)]).await;
+}
+
+/// Each of `written` (offset, data) reads back through `engine` and from
+/// each replica of `addrs`.
+async fn all_read_back(engine: &Engine, addrs: &[ReplicaAddr], written: &[(u64, &Vec<u8>)]) {
+    for &(offset, data) in written {
         let len = data.len() as u32;
         assert!(engine.read(offset, len).await.unwrap() == *data);
-        for a in &addrs {
+        for a in addrs {
             assert!(
                 read_given_back(a, offset, len).await == *data,
                 "{} at {offset}",
@@ -1380,17 +1386,12 @@ async fn a_rebuild_whose_source_stops_answering_ends_and_the_next_copies_from_an
     let r2 = rebuilt.iter().find(|s| s.name == "v-r2").unwrap();
     assert_eq!(r2.rebuild.as_ref().unwrap().source, "v-r1", "{rebuilt:?}");
     open.send_replace(true);
-    for (offset, data) in [(0, &before), (512 * BLOCK, &during)] {
-        let len = data.len() as u32;
-        assert!(engine.read(offset, len).await.unwrap() == *data);
-        for a in &addrs[1..] {
-            assert!(
-                read_given_back(a, offset, len).await == *data,
-                "{} at {offset}",
-                a.name
-            );
-        }
-    }
+    all_read_back(
+        &engine,
+        &addrs[1..],
+        &[(0, &before), (512 * BLOCK, &during)],
+    )
+    .await;
 }
 
 /// A growth that no replica can take changes none: every replica stays
