@@ -741,8 +741,9 @@ fn a_full_disk_fails_only_the_replica_on_it() {
 
 /// A rebuild whose target's disk runs out of room mid-copy (the volume's
 /// snapshots hold three times its size; the planner counts its size) fails
-/// that target only: the volume serves on, healthy, from the replicas it
-/// had, and when room is freed the rebuild completes with every layer.
+/// that target only, with an event that says why: the volume serves on
+/// from the replicas it had, and when room is freed the rebuild completes,
+/// keeping the layers it had copied whole.
 #[test]
 fn a_rebuild_that_runs_out_of_room_mid_copy_fails_only_its_target() {
     let c = Cluster::start_with(3, 1, Some(256 << 20));
@@ -780,9 +781,6 @@ fn a_rebuild_that_runs_out_of_room_mid_copy_fails_only_its_target() {
         let r = c.replica_on("v", spare)?;
         (r["status"]["mode"] == "err").then(|| r["name"].as_str().unwrap().to_string())
     });
-    // The volume serves on from the replicas it had; the failed target
-    // waits for room to be reused (its layers copied whole are kept), and
-    // nothing is tried on the full disk meanwhile.
     // Its event says why.
     wait_for(Duration::from_secs(30), "the RebuildFailed event", || {
         c.events(&format!("replica/{target}"))
@@ -795,6 +793,9 @@ fn a_rebuild_that_runs_out_of_room_mid_copy_fails_only_its_target() {
             })
             .then_some(())
     });
+    // The volume serves on from the replicas it had; the failed target
+    // waits for room to be reused (its layers copied whole are kept), and
+    // nothing is tried on the full disk meanwhile.
     let full = format!("{target}: disk {spare}/disk-1 is full");
     wait_for(Duration::from_secs(30), "the wait for room", || {
         let plan = c.ok("GET", "/v1/plan", None);
