@@ -901,21 +901,36 @@ fn a_corrupt_frozen_layer_is_never_a_rebuild_source_and_the_volume_heals() {
         Some(json!({"numberOfReplicas": 3})),
     );
     c.wait_settled("v", 3, Duration::from_secs(120));
-    // The local replica's frozen layer goes bad.
-    let local = c.replica_on("v", &holders[0]).unwrap();
-    let dir = replica_dir_of(&c, &local);
+    // Each replica's first scrub is over: none will find the bad block
+    // below before the rebuild does.
+    wait_for(Duration::from_secs(120), "every replica scrubbed", || {
+        c.replicas("v")
+            .iter()
+            .all(|r| r["status"]["scrubbedAt"].is_string())
+            .then_some(())
+    });
+    // The replica first by name goes bad in its frozen layer, and the
+    // last is deleted: the rebuild that replaces it has no replica on its
+    // target's node to prefer, so it takes the first by name of those
+    // that agree on their layers' checksums, the bad one. The volume is
+    // served from the other, which no read of the bad block touches.
+    let mut by_name = c.replicas("v");
+    by_name.sort_by(|x, y| x["name"].as_str().cmp(&y["name"].as_str()));
+    let (bad, sound, other) = (&by_name[0], &by_name[1], &by_name[2]);
+    let sound_node = sound["spec"]["nodeId"].as_str().unwrap();
+    let endpoint = if sound_node == holders[0] {
+        endpoint
+    } else {
+        c.ok("POST", "/v1/volumes/v/detach", None);
+        c.attach("v", sound_node)
+    };
+    c.wait_settled("v", 3, Duration::from_secs(120));
+    let dir = replica_dir_of(&c, bad);
     let frozen = layers_of(&dir)
         .into_iter()
         .rfind(|l| l.checksum.is_some() && l.allocated > 0)
         .unwrap();
     flip_block(&dir.join(&frozen.name), first_extent(62)).unwrap();
-    // Another rebuild: a replica is replaced. Whatever source is tried,
-    // the corrupt layer is never copied, and the volume heals.
-    let other = c
-        .replicas("v")
-        .into_iter()
-        .find(|r| r["spec"]["nodeId"] != holders[0].as_str())
-        .unwrap();
     c.ok(
         "DELETE",
         &format!("/v1/replicas/{}", other["name"].as_str().unwrap()),
@@ -925,9 +940,9 @@ fn a_corrupt_frozen_layer_is_never_a_rebuild_source_and_the_volume_heals() {
     c.wait_settled("v", 3, Duration::from_secs(180));
     verify_data(c.dir.path(), &endpoint, &a);
     verify_replicas(&c, "v", &a);
-    // No rebuild failed over and over: the corrupt source was found once
-    // (its engine's event says so), and the controller's calls failed at
-    // most twice besides.
+    // The bad source was found as it was copied, once (its engine's event
+    // says so). No rebuild failed over and over: the controller's calls
+    // failed at most twice besides.
     let failed = c.all_events("RebuildFailed");
     let (found, calls): (Vec<&serde_json::Value>, Vec<&serde_json::Value>) =
         failed.iter().partition(|e| {
