@@ -10,7 +10,10 @@ use ballast_node::replica::replica_dir;
 use ballast_node::replica::{BLOCK, Replica, WRITEBACK_EVERY};
 use ballast_node::server::ReplicaServer;
 use ballast_node::wire::client::ReplicaClient;
-use common::{NodeProcess, chain_of, engine_over, flip_block, head_file, replica_server};
+use common::{
+    NodeProcess, chain_of, engine_over, flip_block, frozen_at_first, gated_proxy, head_file, proxy,
+    replica_server,
+};
 use tokio::net::TcpListener;
 
 /// After an unclean stop a replica behind the others takes the writes it
@@ -683,85 +686,6 @@ async fn a_replica_the_record_leaves_out_is_never_served_whatever_revision_it_cl
     assert_eq!(engine.read(0, 4096).await.unwrap(), vec![1u8; 4096]);
 }
 
-/// What a proxy does to a request (its header decoded, its payload) before
-/// passing it on.
-type EditRequest = Box<dyn FnMut(&ballast_node::wire::protocol::Request, &mut Vec<u8>) + Send>;
-/// What a proxy does to an answer (its header decoded, its body) before
-/// passing it on; a body it changes takes its new length into the header.
-type EditAnswer = Box<dyn FnMut(&mut ballast_node::wire::protocol::Response, &mut Vec<u8>) + Send>;
-
-/// Between the engine and `to`: every request and every answer, a frame
-/// at a time, through the pair of edits `edits` makes for each connection.
-async fn proxy(
-    to: &ReplicaAddr,
-    edits: impl Fn() -> (EditRequest, EditAnswer) + Send + 'static,
-) -> ReplicaAddr {
-    let (_open, gate) = tokio::sync::watch::channel(true);
-    gated_proxy(to, gate, edits).await
-}
-
-/// `proxy`, whose answers wait while `gate` holds false: a replica whose
-/// server takes requests and answers none, as a frozen process or a
-/// network that drops packets leaves it.
-async fn gated_proxy(
-    to: &ReplicaAddr,
-    gate: tokio::sync::watch::Receiver<bool>,
-    edits: impl Fn() -> (EditRequest, EditAnswer) + Send + 'static,
-) -> ReplicaAddr {
-    use ballast_node::wire::protocol::{REQUEST_HEADER, RESPONSE_HEADER, Request, Response};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let upstream = to.addr.clone();
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let server = tokio::net::TcpStream::connect(&upstream).await.unwrap();
-            let (mut cr, mut cw) = client.into_split();
-            let (mut sr, mut sw) = server.into_split();
-            let (mut edit_request, mut edit_answer) = edits();
-            let mut gate = gate.clone();
-            tokio::spawn(async move {
-                let mut head = [0u8; REQUEST_HEADER];
-                while cr.read_exact(&mut head).await.is_ok() {
-                    let req = Request::decode(&head).unwrap();
-                    let mut payload = vec![0u8; req.payload_len()];
-                    if cr.read_exact(&mut payload).await.is_err() {
-                        return;
-                    }
-                    edit_request(&req, &mut payload);
-                    if sw.write_all(&head).await.is_err() || sw.write_all(&payload).await.is_err() {
-                        return;
-                    }
-                }
-            });
-            tokio::spawn(async move {
-                let mut head = [0u8; RESPONSE_HEADER];
-                while sr.read_exact(&mut head).await.is_ok() {
-                    let mut resp = Response::decode(&head).unwrap();
-                    let mut body = vec![0u8; resp.len as usize];
-                    if sr.read_exact(&mut body).await.is_err() {
-                        return;
-                    }
-                    edit_answer(&mut resp, &mut body);
-                    resp.len = body.len() as u32;
-                    if gate.wait_for(|open| *open).await.is_err() {
-                        return;
-                    }
-                    if cw.write_all(&resp.encode()).await.is_err()
-                        || cw.write_all(&body).await.is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    ReplicaAddr {
-        name: to.name.clone(),
-        addr,
-    }
-}
-
 /// Between the engine and `to`: sets `field` of each INFO answer's body to
 /// `value`, as a server gone wrong might claim.
 async fn claiming_proxy(
@@ -1193,32 +1117,6 @@ async fn a_replica_that_stopped_answering_is_given_up_before_a_snapshot_pauses_t
             a.name
         );
     }
-}
-
-/// `to` behind a proxy whose answers stop at the first `op` request (as
-/// if its node froze right then), and the gate's sender, to open it again.
-async fn frozen_at_first(
-    to: &ReplicaAddr,
-    op: ballast_node::wire::protocol::Op,
-) -> (ReplicaAddr, Arc<tokio::sync::watch::Sender<bool>>) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let (open, gate) = tokio::sync::watch::channel(true);
-    let open = Arc::new(open);
-    let first = Arc::new(AtomicBool::new(true));
-    let freeze = open.clone();
-    let proxied = gated_proxy(to, gate, move || {
-        let (freeze, first) = (freeze.clone(), first.clone());
-        (
-            Box::new(move |req, _| {
-                if req.op == op && first.swap(false, Ordering::SeqCst) {
-                    freeze.send_replace(false);
-                }
-            }),
-            Box::new(|_, _| {}),
-        )
-    })
-    .await;
-    (proxied, open)
 }
 
 /// Waits (a minute at most: `what` otherwise) until replica `name` of

@@ -18,7 +18,7 @@ use ballast_node::replica::replica_dir;
 use ballast_node::server::ReplicaServer;
 use ballast_node::wire::JoinSpec;
 use ballast_node::wire::client::ReplicaClient;
-use common::{chain_of, engine_over, head_file};
+use common::{chain_of, engine_over, frozen_at_first, head_file};
 use tokio::net::TcpListener;
 
 const SIZE: u64 = 16 << 20;
@@ -1375,4 +1375,84 @@ async fn a_bad_block_in_the_last_replicas_frozen_layer_is_kept_sound_from_a_retu
     assert!(engine.read(0, SIZE as u32).await.unwrap() == want);
     assert!(image(r1).await == want, "v-r1 serves the whole volume");
     assert!(image(r0).await == want, "v-r0 serves the whole volume");
+}
+
+/// An offline rebuild (a detached volume's: no engine) waits for its
+/// source as long as the source answers, and no longer. Its source's node
+/// frozen right when it asked for the freeze of the source's head (the
+/// proxy answers nothing more, as a stopped process or a cut network
+/// leaves it): the rebuild is given up once the source leaves its pings
+/// unanswered, Unavailable, which the controller tries again without
+/// counting it; before, it waited for as long as the node stayed frozen,
+/// up to the controller's copy timeout of 6 h, holding the volume's
+/// rebuild. Its source busy instead (its replica locked for longer than
+/// the silence allowed, as a freeze reading a large head holds it): the
+/// rebuild waits, and completes with every byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_rebuild_waits_for_a_busy_source_and_gives_up_one_that_stopped_answering() {
+    use ballast_node::agent::rebuild::offline;
+    use ballast_node::wire::client::Liveness;
+    use ballast_node::wire::protocol::Op;
+    let liveness = Liveness {
+        every: Duration::from_millis(200),
+        silence: Duration::from_secs(1),
+    };
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let source = ReplicaAddr {
+        name: "v-r0".into(),
+        addr: listener.local_addr().unwrap().to_string(),
+    };
+    let served = ReplicaServer::new(vec![d1.path().to_path_buf()]);
+    let table = served.replicas().clone();
+    tokio::spawn(served.serve(listener));
+    Replica::create(&replica_dir(d1.path(), "v-r0"), SIZE).unwrap();
+    Replica::create(&replica_dir(d2.path(), "v-r1"), SIZE).unwrap();
+    let target = ReplicaServer::new(vec![d2.path().to_path_buf()]);
+    let writer = ReplicaClient::connect(&source.addr, "v-r0").await.unwrap();
+    let data = pattern(0, 4 << 20, 7);
+    writer.write(0, &data, 1, false).await.unwrap();
+    writer.flush().await.unwrap();
+
+    let (frozen, gate) = frozen_at_first(&source, Op::Snapshot).await;
+    let from = format!("v-r0@{}", frozen.addr);
+    let given_up = tokio::time::timeout(
+        Duration::from_secs(60),
+        offline(&target, "v-r1", (&from, 0), liveness),
+    )
+    .await
+    .expect("the rebuild waited a minute for a source that answers nothing");
+    let Err(ballast_node::error::Error::Unavailable(why)) = given_up else {
+        panic!("given up as unavailable: {given_up:?}")
+    };
+    assert!(why.contains("no answer to a ping"), "{why}");
+    gate.send_replace(true);
+
+    // The source's replica busy for 3 s: its pings are answered meanwhile.
+    let busy = table.find_async("v-r0").await.unwrap();
+    let released = Arc::new(AtomicBool::new(false));
+    let (locked_tx, locked) = tokio::sync::oneshot::channel();
+    let holder = {
+        let released = released.clone();
+        std::thread::spawn(move || {
+            let _held = busy.write().unwrap();
+            let _ = locked_tx.send(());
+            std::thread::sleep(Duration::from_secs(3));
+            released.store(true, Ordering::SeqCst);
+        })
+    };
+    locked.await.unwrap();
+    let done = offline(&target, "v-r1", (&from, 0), liveness)
+        .await
+        .expect("the rebuild waited for its busy source");
+    assert!(
+        released.load(Ordering::SeqCst),
+        "the rebuild ended while its source was locked"
+    );
+    holder.join().unwrap();
+    assert!(done.copied_bytes >= data.len() as u64, "{done:?}");
+    let copy = Replica::open_view(&replica_dir(d2.path(), "v-r1")).unwrap();
+    let mut back = vec![0u8; data.len()];
+    copy.read(0, &mut back).unwrap();
+    assert!(back == data, "the rebuilt replica holds other data");
 }

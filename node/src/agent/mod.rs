@@ -7,7 +7,7 @@
 mod disks;
 mod enroll;
 mod heartbeat;
-mod rebuild;
+pub mod rebuild;
 pub mod renewal;
 mod server;
 

@@ -8,7 +8,7 @@ use ballast::proto::agent::v1::RebuildReplicaResponse;
 use crate::error::Error;
 use crate::server::ReplicaServer;
 use crate::wire::JoinSpec;
-use crate::wire::client::ReplicaClient;
+use crate::wire::client::{Liveness, ReplicaClient};
 
 /// `NAME@HOST:PORT` of a source replica.
 fn split_source(source: &str) -> Result<(&str, &str), Error> {
@@ -84,11 +84,16 @@ fn fill_error(e: crate::sync::SyncError) -> Error {
 }
 
 /// Fills `name` from `source`, pulling at most `bytes_per_second` over the
-/// network (0: no limit).
+/// network (0: no limit). What it asks the source before the fill (its
+/// layers, the freeze of its head, its revision) is waited for while the
+/// source answers `liveness`'s pings: a freeze of a large head takes
+/// minutes, and a source whose node froze would hold the rebuild, and the
+/// controller's call, for as long (the fill bounds its own waits).
 pub async fn offline(
     server: &ReplicaServer,
     name: &str,
     (source, bytes_per_second): (&str, u64),
+    liveness: Liveness,
 ) -> Result<RebuildReplicaResponse, Error> {
     split_source(source)?;
     let target = server
@@ -104,10 +109,14 @@ pub async fn offline(
     // ends: try again then (not counted as a failed attempt). Asked before
     // its head is frozen too, so that such an attempt freezes nothing: each
     // freeze is one more layer for the merge to fold.
-    JoinSpec::following(&src.layers().await.map_err(remote)?, 0).map_err(Error::Unavailable)?;
-    src.snapshot(None).await.map_err(remote)?;
-    let info = src.info().await.map_err(remote)?;
-    let layers = src.layers().await.map_err(remote)?;
+    let first = src.answering(src.layers(), liveness).await;
+    JoinSpec::following(&first.map_err(remote)?, 0).map_err(Error::Unavailable)?;
+    src.answering(src.snapshot(None), liveness)
+        .await
+        .map_err(remote)?;
+    let info = src.answering(src.info(), liveness).await.map_err(remote)?;
+    let layers = src.answering(src.layers(), liveness).await;
+    let layers = layers.map_err(remote)?;
     let spec = JoinSpec::following(&layers, info["revision"].as_u64().unwrap_or(0))
         .map_err(Error::Unavailable)?;
     let report = join(server, (name, target), spec).await?;
@@ -132,6 +141,7 @@ pub async fn restore(
     name: &str,
     (source, bytes_per_second): (&str, u64),
     snapshot: &str,
+    liveness: Liveness,
 ) -> Result<ballast::proto::agent::v1::RestoreReplicaResponse, Error> {
     if !crate::replica::valid_snapshot_id(snapshot) {
         return Err(Error::Invalid {
@@ -146,7 +156,8 @@ pub async fn restore(
         .await
         .map_err(Error::NotFound)?;
     let src = dial_source(server, name, source).await?;
-    let layers = src.layers().await.map_err(remote)?;
+    let layers = src.answering(src.layers(), liveness).await;
+    let layers = layers.map_err(remote)?;
     let upto = layers
         .iter()
         .position(|l| l.snapshot.as_deref() == Some(snapshot))
@@ -240,7 +251,9 @@ mod tests {
         };
         let before = names(src.layers().await.unwrap());
         let from = format!("v-r0@{addr}");
-        let err = offline(&target, "v-r1", (&from, 0)).await.unwrap_err();
+        let err = offline(&target, "v-r1", (&from, 0), Liveness::default())
+            .await
+            .unwrap_err();
         assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
         assert_eq!(
             names(src.layers().await.unwrap()),
@@ -248,6 +261,8 @@ mod tests {
             "a layer was frozen"
         );
         merging.await.unwrap().unwrap();
-        offline(&target, "v-r1", (&from, 0)).await.unwrap();
+        offline(&target, "v-r1", (&from, 0), Liveness::default())
+            .await
+            .unwrap();
     }
 }

@@ -34,6 +34,7 @@ use crate::error::Error;
 use crate::replica::replica_dir;
 use crate::replica::{META_FILE, Meta, Replica};
 use crate::server::ReplicaServer;
+use crate::wire::client::Liveness;
 
 /// How long a call on a replica's files waits for another on them.
 const FILES_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
@@ -405,7 +406,7 @@ impl NodeAgent for NodeAgentService {
         let req = request.into_inner();
         let server = self.replica_server()?;
         let source = (req.source.as_str(), req.bytes_per_second);
-        let done = super::rebuild::offline(&server, &req.name, source).await?;
+        let done = super::rebuild::offline(&server, &req.name, source, Liveness::default()).await?;
         Ok(Response::new(done))
     }
 
@@ -554,7 +555,14 @@ impl NodeAgent for NodeAgentService {
         let req = request.into_inner();
         let server = self.replica_server()?;
         let source = (req.source.as_str(), req.bytes_per_second);
-        let done = super::rebuild::restore(&server, &req.name, source, &req.snapshot).await?;
+        let done = super::rebuild::restore(
+            &server,
+            &req.name,
+            source,
+            &req.snapshot,
+            Liveness::default(),
+        )
+        .await?;
         Ok(Response::new(done))
     }
 

@@ -880,7 +880,62 @@ impl ReplicaClient {
     }
 }
 
+/// How a caller waiting on a long request tells a server that works
+/// slowly from one that stopped answering (`ReplicaClient::answering`).
+#[derive(Clone, Copy, Debug)]
+pub struct Liveness {
+    /// How long a request may go unanswered before the caller pings.
+    pub every: std::time::Duration,
+    /// How long a ping may go unanswered before the connection is given up.
+    pub silence: std::time::Duration,
+}
+
+impl Default for Liveness {
+    /// A ping every 10 s; a minute of silence (as a fill allows its
+    /// source, `sync::SOURCE_SILENCE`).
+    fn default() -> Self {
+        Liveness {
+            every: std::time::Duration::from_secs(10),
+            silence: std::time::Duration::from_secs(60),
+        }
+    }
+}
+
 impl ReplicaClient {
+    /// Waits for `work` (requests on this connection) as long as the server
+    /// answers: every `liveness.every` a PING goes out, which the server
+    /// answers from the connection's own task, whatever its replica is
+    /// doing. A slow answer (a freeze that reads a large head, a slow disk)
+    /// is waited for; a ping unanswered for `liveness.silence` (the
+    /// server's process frozen, its network dropping packets) gives the
+    /// connection up, and every request on it fails.
+    pub async fn answering<T>(
+        &self,
+        work: impl std::future::Future<Output = Result<T, ClientError>>,
+        liveness: Liveness,
+    ) -> Result<T, ClientError> {
+        let silent = async {
+            loop {
+                tokio::time::sleep(liveness.every).await;
+                let ping = self.call(Op::Ping, 0, 0, 0, 0, &[]);
+                // Any answer is one, an error too.
+                if tokio::time::timeout(liveness.silence, ping).await.is_err() {
+                    return format!("no answer to a ping for {:?}: given up", liveness.silence);
+                }
+            }
+        };
+        tokio::select! {
+            done = work => done,
+            reason = silent => {
+                self.abandon(&reason);
+                Err(ClientError::Closed {
+                    addr: self.addr.clone(),
+                    reason,
+                })
+            }
+        }
+    }
+
     fn json<T: serde::de::DeserializeOwned>(&self, body: &[u8]) -> Result<T, ClientError> {
         serde_json::from_slice(body)
             .map_err(|e| ClientError::failed(&self.addr, status::IO, e.to_string()))

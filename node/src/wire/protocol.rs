@@ -100,6 +100,12 @@ pub enum Op {
     /// + length` (block aligned): 4 bytes a block, little endian; that of
     /// a block of zeros where no layer holds it (`Replica::view_sums`).
     ViewSums = 19,
+    /// Answered at once, empty, by the connection's own task: no replica
+    /// lock, no disk, no replica opened needed. A caller waiting on a long
+    /// request (a freeze reading a large head) asks it to tell a server
+    /// that works slowly from one that stopped answering
+    /// (`ReplicaClient::answering`).
+    Ping = 20,
 }
 
 impl Op {
@@ -135,6 +141,7 @@ impl Op {
             17 => Op::Lose,
             18 => Op::RecentRuns,
             19 => Op::ViewSums,
+            20 => Op::Ping,
             _ => return None,
         })
     }
