@@ -86,14 +86,14 @@ fn fill_error(e: crate::sync::SyncError) -> Error {
 /// Fills `name` from `source`, pulling at most `bytes_per_second` over the
 /// network (0: no limit). What it asks the source before the fill (its
 /// layers, the freeze of its head, its revision) is waited for while the
-/// source answers `liveness`'s pings: a freeze of a large head takes
+/// source answers `live`'s pings: a freeze of a large head takes
 /// minutes, and a source whose node froze would hold the rebuild, and the
 /// controller's call, for as long (the fill bounds its own waits).
 pub async fn offline(
     server: &ReplicaServer,
     name: &str,
     (source, bytes_per_second): (&str, u64),
-    liveness: Liveness,
+    live: Liveness,
 ) -> Result<RebuildReplicaResponse, Error> {
     split_source(source)?;
     let target = server
@@ -109,14 +109,13 @@ pub async fn offline(
     // ends: try again then (not counted as a failed attempt). Asked before
     // its head is frozen too, so that such an attempt freezes nothing: each
     // freeze is one more layer for the merge to fold.
-    let first = src.answering(src.layers(), liveness).await;
-    JoinSpec::following(&first.map_err(remote)?, 0).map_err(Error::Unavailable)?;
-    src.answering(src.snapshot(None), liveness)
+    let before = src.answering(src.layers(), live).await.map_err(remote)?;
+    JoinSpec::following(&before, 0).map_err(Error::Unavailable)?;
+    src.answering(src.snapshot(None), live)
         .await
         .map_err(remote)?;
-    let info = src.answering(src.info(), liveness).await.map_err(remote)?;
-    let layers = src.answering(src.layers(), liveness).await;
-    let layers = layers.map_err(remote)?;
+    let info = src.answering(src.info(), live).await.map_err(remote)?;
+    let layers = src.answering(src.layers(), live).await.map_err(remote)?;
     let spec = JoinSpec::following(&layers, info["revision"].as_u64().unwrap_or(0))
         .map_err(Error::Unavailable)?;
     let report = join(server, (name, target), spec).await?;
@@ -141,7 +140,7 @@ pub async fn restore(
     name: &str,
     (source, bytes_per_second): (&str, u64),
     snapshot: &str,
-    liveness: Liveness,
+    live: Liveness,
 ) -> Result<ballast::proto::agent::v1::RestoreReplicaResponse, Error> {
     if !crate::replica::valid_snapshot_id(snapshot) {
         return Err(Error::Invalid {
@@ -156,8 +155,7 @@ pub async fn restore(
         .await
         .map_err(Error::NotFound)?;
     let src = dial_source(server, name, source).await?;
-    let layers = src.answering(src.layers(), liveness).await;
-    let layers = layers.map_err(remote)?;
+    let layers = src.answering(src.layers(), live).await.map_err(remote)?;
     let upto = layers
         .iter()
         .position(|l| l.snapshot.as_deref() == Some(snapshot))
