@@ -1081,6 +1081,31 @@ async fn when_every_replica_stops_answering_none_is_given_up_and_the_io_waits() 
     }
 }
 
+/// A rebuild asked for while a rw replica's node is frozen, on an idle
+/// volume (no I/O of its own to show the silence): the engine asks every
+/// rw replica for its layers to choose the source, and the frozen one
+/// is given up once it leaves that unanswered for the replica timeout
+/// while another answers; the rebuild copies from another and completes.
+/// Before, the choice waited for as long as the node stayed frozen,
+/// holding the volume's one rebuild at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_asked_while_a_replica_stopped_answering_gives_it_up_and_completes() {
+    let limit = std::time::Duration::from_secs(60);
+    let (_dirs, addrs, engine, open) = one_behind_a_gate(std::time::Duration::from_secs(1)).await;
+    let data: Vec<u8> = (0..8 * BLOCK).map(|i| (i % 241) as u8).collect();
+    engine.write(0, &data, true).await.unwrap();
+    engine.remove_replica("v-r1").await.unwrap();
+    open.send(false).unwrap();
+
+    tokio::time::timeout(limit, engine.add_replica(addrs[1].clone(), None, 0))
+        .await
+        .expect("the rebuild waited a minute")
+        .unwrap();
+    wait_mode(&engine, "v-r1", ReplicaMode::Rw, "v-r1 rebuilt").await;
+    assert_eq!(mode_of(&engine, "v-r2").await, ReplicaMode::Err);
+    all_read_back(&engine, &addrs[..2], &[(0, &data)]).await;
+}
+
 /// A snapshot (and a growth) pauses the volume's I/O while each replica
 /// answers, with no timeout on the answer (a freeze reads the whole head).
 /// A replica that stopped answering on an idle volume, with no I/O of its

@@ -79,12 +79,15 @@ impl Engine {
             });
         }
         let client = Arc::new(client);
+        // A member that stopped answering on an idle volume is given up
+        // first: choosing the source asks every rw replica for its layers,
+        // and the pause below waits for each, with no bound.
+        self.give_up_silent().await;
         // A replica merging is no source until its merge ends. Asked before
         // the heads are frozen, so that an attempt that cannot start
         // freezes nothing: each freeze is one more layer for the merge to
         // fold, and attempts a few seconds apart kept it from ending.
         self.pick_source(source.as_deref()).await?;
-        self.give_up_silent().await;
         let (src, kept) = {
             let _pause = self.io.write().await;
             // A replica that held the volume before may give a block the

@@ -32,11 +32,12 @@
 //!
 //! A snapshot, a growth and a rebuild's join pause the volume's I/O while
 //! each replica answers a request no timeout may bound (a freeze reads the
-//! whole head). Before such a pause, each remote replica is asked for its
-//! INFO, and one that does not answer within the replica timeout while
-//! another answers is given up first (`give_up_silent`): a replica frozen
-//! on an idle volume would otherwise hold the pause, and the volume, for
-//! as long as it stays frozen. The replica joining, no member yet, is
+//! whole head). Before such a pause (for a rebuild, before its source is
+//! chosen: every rw replica is asked for its layers), each remote replica
+//! is asked for its INFO, and one that does not answer within the replica
+//! timeout while another answers is given up first (`give_up_silent`): a
+//! replica frozen on an idle volume would otherwise hold the pause, and
+//! the volume, for as long as it stays frozen. The replica joining, no member yet, is
 //! asked only what is quick (its INFO; under the pause its join and a
 //! spare's reads): it is given up when it leaves that unanswered for the
 //! replica timeout (`joining_answer`), its node frozen after its dial.
