@@ -1081,6 +1081,75 @@ async fn when_every_replica_stops_answering_none_is_given_up_and_the_io_waits() 
     }
 }
 
+/// A replica that stops answering on an idle volume (no I/O waits on it)
+/// is given up after the replica timeout all the same: the engine pings a
+/// replica with nothing asked of it at each look. Before, it stayed rw
+/// for as long as its node stayed frozen, until a write came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_volumes_replica_that_stops_answering_is_given_up() {
+    let (_dirs, addrs, engine, open) = one_behind_a_gate(std::time::Duration::from_secs(1)).await;
+    let data: Vec<u8> = (0..8 * BLOCK).map(|i| (i % 239) as u8).collect();
+    engine.write(0, &data, true).await.unwrap();
+    open.send(false).unwrap();
+    wait_mode(&engine, "v-r2", ReplicaMode::Err, "v-r2 given up").await;
+    let status = engine.status().await;
+    let why = status
+        .iter()
+        .find(|m| m.name == "v-r2")
+        .unwrap()
+        .error
+        .clone();
+    assert!(
+        why.as_deref().is_some_and(|w| w.contains("no answer for")),
+        "{why:?}"
+    );
+    all_read_back(&engine, &addrs[..2], &[(0, &data)]).await;
+}
+
+/// A replica server from before PING (its OPEN reply does not say it
+/// answers one; it would close the connection on one) is sent none: an
+/// idle engine leaves it be, and it stays rw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_does_not_say_it_answers_pings_is_sent_none() {
+    use ballast_node::wire::protocol::Op;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (_dirs, mut addrs) = three_servers(64).await;
+    let pings = Arc::new(AtomicUsize::new(0));
+    let seen = pings.clone();
+    addrs[2] = proxy(&addrs[2], move || {
+        let opens = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+        let (asked, seen) = (opens.clone(), seen.clone());
+        (
+            Box::new(move |req, _| match req.op {
+                Op::Open => {
+                    asked.lock().unwrap().insert(req.id);
+                }
+                Op::Ping => {
+                    seen.fetch_add(1, Ordering::SeqCst);
+                }
+                _ => {}
+            }),
+            Box::new(move |resp, body| {
+                if opens.lock().unwrap().remove(&resp.id) {
+                    let mut said: serde_json::Value = serde_json::from_slice(body).unwrap();
+                    said.as_object_mut().unwrap().remove("ping");
+                    *body = serde_json::to_vec(&said).unwrap();
+                }
+            }),
+        )
+    })
+    .await;
+    let engine = engine_over(64 * BLOCK, &addrs, Some("v-r0")).await;
+    engine.watch_stalls(std::time::Duration::from_secs(1));
+    // A dozen looks of the watch, which pings the two others.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    assert_eq!(pings.load(Ordering::SeqCst), 0);
+    assert_eq!(mode_of(&engine, "v-r2").await, ReplicaMode::Rw);
+    let data: Vec<u8> = (0..4 * BLOCK).map(|i| (i % 233) as u8).collect();
+    engine.write(0, &data, true).await.unwrap();
+    all_read_back(&engine, &addrs, &[(0, &data)]).await;
+}
+
 /// A rebuild asked for while a rw replica's node is frozen, on an idle
 /// volume (no I/O of its own to show the silence): the engine asks every
 /// rw replica for its layers to choose the source, and the frozen one

@@ -1330,6 +1330,57 @@ fn a_frozen_replica_node_is_given_up_after_the_replica_timeout_and_the_writes_go
     verify_replicas(&c, "v", &b);
 }
 
+/// A replica's node freezes under an idle volume: the engine, which
+/// pings each replica with nothing asked of it, gives it up after
+/// `engine-replica-timeout` (the `ReplicaSetChanged` event says so), and
+/// the controller has a replica built on the spare node. Before, an idle
+/// engine saw nothing amiss until a write came, and the volume showed
+/// healthy with a frozen node; and a rebuild asked meanwhile chose its
+/// source by asking the frozen replica for its layers, and waited for as
+/// long as its node stayed frozen. Thawed, the frozen node's replica
+/// stays failed and the volume goes on with the three others, each
+/// holding every byte.
+#[test]
+fn a_replica_node_frozen_under_an_idle_volume_is_replaced() {
+    let c = Cluster::start(4, 1);
+    c.set("replica-replenishment-wait-interval", json!(0));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 3}));
+    let mut holders = c.holders("v");
+    holders.sort();
+    let endpoint = c.attach("v", &holders[0]);
+    c.wait_settled("v", 3, Duration::from_secs(60));
+    let a = write_data(c.dir.path(), &endpoint, 43);
+    let frozen = &holders[1];
+    let spare = ["node-1", "node-2", "node-3", "node-4"]
+        .into_iter()
+        .find(|n| !holders.iter().any(|h| h == n))
+        .unwrap();
+    let i = c.nodes.iter().position(|n| n.id == *frozen).unwrap();
+    let _thaw = Thaw(vec![c.nodes[i].proc.pid()]);
+
+    c.nodes[i].proc.signal(nix::sys::signal::Signal::SIGSTOP);
+    wait_for_or(
+        Duration::from_secs(180),
+        "a replica built on the spare node",
+        || {
+            c.replica_on("v", spare)
+                .filter(|r| r["status"]["mode"] == "rw" && r["status"]["running"] == true)
+        },
+        || format!("{:#?}\n{:#?}", c.replicas("v"), c.events("volume/v")),
+    );
+    verify_data(c.dir.path(), &endpoint, &a);
+
+    // Thawed, its replica stays failed (a stale copy, kept for reuse
+    // until the volume's stale replica timeout); the three others take
+    // the writes.
+    c.nodes[i].proc.signal(nix::sys::signal::Signal::SIGCONT);
+    let b = write_data(c.dir.path(), &endpoint, 44);
+    verify_data(c.dir.path(), &endpoint, &b);
+    let rw = c.rw_per_node("v");
+    assert!(rw.len() == 3 && !rw.contains_key(frozen), "{rw:?}");
+    verify_replicas(&c, "v", &b);
+}
+
 /// A controller started again does not take its store's word that a node
 /// is down before that node could have beaten. Node-2 holds the only
 /// replica of `v` (attached at node-1) and of `w` (attached at node-2); it

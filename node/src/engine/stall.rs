@@ -4,7 +4,9 @@
 //! to it would wait for it for ever, and with them the volume.
 //!
 //! The engine watches each remote replica's oldest unanswered request of
-//! the volume's I/O (`ReplicaClient::stalled_for`). One that has waited
+//! the volume's I/O (`ReplicaClient::stalled_for`); a replica with none
+//! waiting is sent a PING at each look, timed the same way, so that an
+//! idle volume sees a frozen replica as a busy one does. One that has waited
 //! longer than the replica timeout (the setting `engine-replica-timeout`)
 //! is given up once another rw replica proves that it answers: the others
 //! are asked for their INFO right then (a replica with nothing asked of it
@@ -305,6 +307,12 @@ async fn watch(engine: Weak<Engine>, timeout: Duration) {
             return;
         };
         let (looks, lent_rw) = engine.look(Instant::now()).await;
+        // One with nothing asked of it is asked a PING, timed like the
+        // I/O: a replica whose node froze under an idle volume shows its
+        // silence at the next looks, as under I/O.
+        for l in looks.iter().filter(|l| l.stalled.is_none()) {
+            l.client.ping();
+        }
         let over = |l: &Look| l.stalled.is_some_and(|d| d > timeout);
         let stalled: Vec<&Look> = looks.iter().filter(|l| over(l)).collect();
         if stalled.is_empty() {

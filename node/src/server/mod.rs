@@ -622,7 +622,7 @@ impl Connection {
                 self.bound = Some((name, r));
                 self.claimed = claimed;
                 self.fence = Some(fence);
-                ok_json(id, &serde_json::json!({ "sums": sums }))
+                ok_json(id, &serde_json::json!({ "sums": sums, "ping": true }))
             }
             Err((code, why)) => error(id, code, &why),
         };

@@ -380,6 +380,15 @@ struct Parts {
     sums: bytes::Bytes,
 }
 
+impl Parts {
+    fn none() -> Parts {
+        Parts {
+            payload: bytes::Bytes::new(),
+            sums: bytes::Bytes::new(),
+        }
+    }
+}
+
 pub struct ReplicaClient {
     addr: String,
     /// How it connected (to connect again the same way).
@@ -398,6 +407,9 @@ pub struct ReplicaClient {
     /// The replica takes writes with their block checksums (its OPEN
     /// reply said so; a server from before FLAG_SUMS says nothing).
     takes_sums: bool,
+    /// The server answers PING (its OPEN reply said so; one from before
+    /// would close the connection on it).
+    takes_ping: bool,
 }
 
 impl Drop for ReplicaClient {
@@ -499,6 +511,7 @@ impl ReplicaClient {
             next: AtomicU64::new(1),
             reader,
             takes_sums: false,
+            takes_ping: false,
         };
         // A server that takes the connection but never answers the OPEN
         // does not hold the caller (an engine starting, a rebuild).
@@ -517,8 +530,9 @@ impl ReplicaClient {
                 addr: addr.to_string(),
                 reason: format!("no answer to OPEN within {:?}", super::HANDSHAKE_TIMEOUT),
             })??;
-        client.takes_sums = serde_json::from_slice::<serde_json::Value>(&opened)
-            .is_ok_and(|v| v["sums"] == serde_json::Value::Bool(true));
+        let said = serde_json::from_slice::<serde_json::Value>(&opened).unwrap_or_default();
+        client.takes_sums = said["sums"] == serde_json::Value::Bool(true);
+        client.takes_ping = said["ping"] == serde_json::Value::Bool(true);
         Ok(client)
     }
 
@@ -545,6 +559,17 @@ impl ReplicaClient {
     /// Whether writes to it may bring their block checksums (`send_write`).
     pub fn takes_sums(&self) -> bool {
         self.takes_sums
+    }
+
+    /// Sends a PING, timed like the volume's I/O (`stalled_for`), unless
+    /// the server would not know it: a replica with nothing asked of it
+    /// shows its silence that way. Its answer is not waited for.
+    pub fn ping(&self) {
+        if self.takes_ping {
+            let answered = Waiter::Callback(Box::new(drop));
+            // An error was given to the waiter.
+            let _ = self.send(Op::Ping, 0, 0, 0, 0, Parts::none(), answered);
+        }
     }
 
     pub fn addr(&self) -> &str {
@@ -704,10 +729,11 @@ impl ReplicaClient {
             addr: self.addr.clone(),
             reason,
         };
-        // The volume's I/O is timed (`stalled_for`); a FILL, a JOIN or a
-        // SNAPSHOT may take long by their nature.
-        let io_since =
-            matches!(op, Op::Read | Op::Write | Op::Trim | Op::Flush).then(std::time::Instant::now);
+        // The volume's I/O is timed (`stalled_for`), and a PING, answered
+        // at once; a FILL, a JOIN or a SNAPSHOT may take long by their
+        // nature.
+        let io_since = matches!(op, Op::Read | Op::Write | Op::Trim | Op::Flush | Op::Ping)
+            .then(std::time::Instant::now);
         // Taken back unanswered (by no one else), the waiter is answered
         // with the error.
         let unsent = |e: ClientError| {
@@ -908,12 +934,16 @@ impl ReplicaClient {
     /// doing. A slow answer (a freeze that reads a large head, a slow disk)
     /// is waited for; a ping unanswered for `liveness.silence` (the
     /// server's process frozen, its network dropping packets) gives the
-    /// connection up, and every request on it fails.
+    /// connection up, and every request on it fails. A server from before
+    /// PING is waited for, however long.
     pub async fn answering<T>(
         &self,
         work: impl std::future::Future<Output = Result<T, ClientError>>,
         liveness: Liveness,
     ) -> Result<T, ClientError> {
+        if !self.takes_ping {
+            return work.await;
+        }
         let silent = async {
             loop {
                 tokio::time::sleep(liveness.every).await;
