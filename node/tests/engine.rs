@@ -344,6 +344,17 @@ async fn mode_of(engine: &Engine, name: &str) -> ReplicaMode {
         .mode
 }
 
+/// Why the engine failed replica `name`, if it did.
+async fn error_of(engine: &Engine, name: &str) -> Option<String> {
+    engine
+        .status()
+        .await
+        .into_iter()
+        .find(|m| m.name == name)
+        .unwrap()
+        .error
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lent_replica_is_lent_again_after_its_server_restarts_and_fails_with_its_disk() {
     let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -1092,13 +1103,7 @@ async fn an_idle_volumes_replica_that_stops_answering_is_given_up() {
     engine.write(0, &data, true).await.unwrap();
     open.send(false).unwrap();
     wait_mode(&engine, "v-r2", ReplicaMode::Err, "v-r2 given up").await;
-    let status = engine.status().await;
-    let why = status
-        .iter()
-        .find(|m| m.name == "v-r2")
-        .unwrap()
-        .error
-        .clone();
+    let why = error_of(&engine, "v-r2").await;
     assert!(
         why.as_deref().is_some_and(|w| w.contains("no answer for")),
         "{why:?}"
@@ -1341,13 +1346,7 @@ async fn a_rebuild_whose_source_stops_answering_ends_and_the_next_copies_from_an
     assert_eq!(mode_of(&engine, "v-r0").await, ReplicaMode::Err);
     let what = "the rebuild from the frozen source never ended";
     wait_mode(&engine, "v-r2", ReplicaMode::Err, what).await;
-    let status = engine.status().await;
-    let why = status
-        .iter()
-        .find(|s| s.name == "v-r2")
-        .unwrap()
-        .error
-        .clone();
+    let why = error_of(&engine, "v-r2").await;
     assert!(
         why.as_deref()
             .is_some_and(|w| w.contains("its rebuild's source v-r0 was given up")),
