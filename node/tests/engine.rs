@@ -1350,7 +1350,7 @@ async fn a_rebuild_whose_source_stops_answering_ends_and_the_next_copies_from_an
     assert!(
         why.as_deref()
             .is_some_and(|w| w.contains("its rebuild's source v-r0 was given up")),
-        "{status:?}"
+        "{why:?}"
     );
     // The next rebuild copies from v-r1 (the fill on v-r2's node was called
     // off, so it may join again).
