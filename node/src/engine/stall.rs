@@ -6,8 +6,8 @@
 //! The engine watches each remote replica's oldest unanswered request of
 //! the volume's I/O (`ReplicaClient::stalled_for`); a replica with none
 //! waiting is sent a PING at each look, timed the same way, so that an
-//! idle volume sees a frozen replica as a busy one does. One that has waited
-//! longer than the replica timeout (the setting `engine-replica-timeout`)
+//! idle volume sees a frozen replica as a busy one does. One that has
+//! waited longer than the replica timeout (`engine-replica-timeout`)
 //! is given up once another rw replica proves that it answers: the others
 //! are asked for their INFO right then (a replica with nothing asked of it
 //! proves nothing by its silence), and the lent replica counts as
@@ -39,10 +39,11 @@
 //! is asked for its INFO, and one that does not answer within the replica
 //! timeout while another answers is given up first (`give_up_silent`): a
 //! replica frozen on an idle volume would otherwise hold the pause, and
-//! the volume, for as long as it stays frozen. The replica joining, no member yet, is
-//! asked only what is quick (its INFO; under the pause its join and a
-//! spare's reads): it is given up when it leaves that unanswered for the
-//! replica timeout (`joining_answer`), its node frozen after its dial.
+//! the volume, for as long as it stays frozen. The replica joining, no
+//! member yet, is asked only what is quick (its INFO; under the pause its
+//! join and a spare's reads): it is given up when it leaves that
+//! unanswered for the replica timeout (`joining_answer`), its node frozen
+//! after its dial.
 //!
 //! It owns no state of its own: it reads the members and asks their
 //! clients.
