@@ -261,6 +261,7 @@ impl Request {
             | Op::Grow
             | Op::Lose
             | Op::RecentRuns
+            | Op::Ping
                 if len != 0 =>
             {
                 return Err(refuse(format!("{op:?} carries no length, got {len}")));
@@ -470,6 +471,26 @@ mod tests {
                 Err(e) => prop_assert!(false, "unexpected {e:?}"),
             }
         }
+    }
+
+    /// A PING carries nothing: a length is refused, as for INFO.
+    #[test]
+    fn a_ping_with_a_length_is_refused() {
+        let ping = |len| {
+            Request::decode(
+                &Request {
+                    op: Op::Ping,
+                    flags: 0,
+                    id: 7,
+                    offset: 0,
+                    len,
+                    revision: 0,
+                }
+                .encode(),
+            )
+        };
+        assert!(ping(0).is_ok_and(|r| r.payload_len() == 0));
+        assert!(matches!(ping(5), Err(FrameError::Refused { id: 7, .. })));
     }
 
     #[test]
