@@ -233,7 +233,7 @@ pub const DEFINITIONS: &[SettingDef] = &[
     SettingDef {
         name: ENGINE_REPLICA_TIMEOUT,
         default: "8",
-        description: "Seconds a replica may leave a read or write of an attached volume unanswered while another replica answers; then the engine gives it up (it is rebuilt or reused later). Engines started after a change use the new value.",
+        description: "Seconds a replica may leave a read or write of an attached volume unanswered (or, on an idle volume, the engine's ping) while another replica answers; then the engine gives it up (it is rebuilt or reused later). Engines started after a change use the new value.",
         kind: SettingKind::Int {
             min: 8,
             max: Some(30),
