@@ -334,25 +334,23 @@ async fn a_lent_local_replica_matches_a_model_through_writes_trims_and_snapshots
     );
 }
 
-async fn mode_of(engine: &Engine, name: &str) -> ReplicaMode {
+/// Replica `name` as the engine reports it.
+async fn member(engine: &Engine, name: &str) -> ballast_node::engine::MemberStatus {
     engine
         .status()
         .await
         .into_iter()
         .find(|m| m.name == name)
         .unwrap()
-        .mode
+}
+
+async fn mode_of(engine: &Engine, name: &str) -> ReplicaMode {
+    member(engine, name).await.mode
 }
 
 /// Why the engine failed replica `name`, if it did.
 async fn error_of(engine: &Engine, name: &str) -> Option<String> {
-    engine
-        .status()
-        .await
-        .into_iter()
-        .find(|m| m.name == name)
-        .unwrap()
-        .error
+    member(engine, name).await.error
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
