@@ -727,9 +727,10 @@ async fn record_replica(
             match mode {
                 // Reaching rw ends a rebuild and resets the retry count.
                 ReplicaMode::Rw => crate::executor::effects::rebuilt(rep, now),
+                // Uncounted as judged on the fresh copy: it was rebuilding.
                 ReplicaMode::Err if rep.spec.failed_at.is_none() => {
-                    let uncounted = uncounted && rep.status.mode == Some(ReplicaMode::Wo);
-                    crate::executor::effects::failed(rep, now, uncounted)
+                    let was_rebuilding = rep.status.mode == Some(ReplicaMode::Wo);
+                    crate::executor::effects::failed(rep, now, source_failed && was_rebuilding)
                 }
                 _ => {}
             }

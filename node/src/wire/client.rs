@@ -380,15 +380,6 @@ struct Parts {
     sums: bytes::Bytes,
 }
 
-impl Parts {
-    fn none() -> Parts {
-        Parts {
-            payload: bytes::Bytes::new(),
-            sums: bytes::Bytes::new(),
-        }
-    }
-}
-
 pub struct ReplicaClient {
     addr: String,
     /// How it connected (to connect again the same way).
@@ -567,8 +558,9 @@ impl ReplicaClient {
     pub fn ping(&self) {
         if self.takes_ping {
             let answered = Waiter::Callback(Box::new(drop));
+            let (flags, parts) = self.parts(Op::Ping, 0, bytes::Bytes::new(), None);
             // An error was given to the waiter.
-            let _ = self.send(Op::Ping, 0, 0, 0, 0, Parts::none(), answered);
+            let _ = self.send(Op::Ping, 0, 0, 0, flags, parts, answered);
         }
     }
 
