@@ -129,9 +129,9 @@ impl Progress {
 
 /// The longest a fill waits for one answer of its source: each request
 /// asks for at most 4 MiB, and at most 32 MiB are in flight, so a source
-/// that answers none for this long is not working (its node frozen, its
-/// network dropping packets, its disk hung).
-pub const SOURCE_SILENCE: std::time::Duration = std::time::Duration::from_secs(60);
+/// that answers none for this long is not working (the wire's `SILENCE`:
+/// its node frozen, its network dropping packets, its disk hung).
+pub const SOURCE_SILENCE: std::time::Duration = crate::wire::client::SILENCE;
 
 /// Keeps a copy at or under a rate, counted from its start: each `take`
 /// waits until the bytes taken so far fit in the time since then.

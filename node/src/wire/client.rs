@@ -908,13 +908,18 @@ pub struct Liveness {
     pub silence: std::time::Duration,
 }
 
+/// The longest a working server leaves a ping, or a bounded request,
+/// unanswered: a minute. One silent for longer is not working (its
+/// process or node frozen, its network dropping packets, its disk hung).
+/// A fill gives its source as long for each piece (`sync::SOURCE_SILENCE`).
+pub const SILENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Default for Liveness {
-    /// A ping every 10 s; a minute of silence (as a fill allows its
-    /// source, `sync::SOURCE_SILENCE`).
+    /// A ping every 10 s; `SILENCE` of silence.
     fn default() -> Self {
         Liveness {
             every: std::time::Duration::from_secs(10),
-            silence: std::time::Duration::from_secs(60),
+            silence: SILENCE,
         }
     }
 }
