@@ -289,6 +289,59 @@ async fn a_lent_replica_serves_no_data_and_takes_no_mutation_until_given_back() 
     assert_eq!(engine.read(0, 4096).await.unwrap(), vec![8u8; 4096]);
 }
 
+/// A loan ends with one copy of the replica in the server, whichever
+/// connections were opened before or during it. Found by the fault suite
+/// (a power cut, then an engine that gave back a loan its files' revision
+/// did not match, 2026-12-06): the connection that lent kept the copy the
+/// loan had taken out of the server's table, the next opening made
+/// another, and a freeze through the first was never seen by the second,
+/// so a rebuild's fill found the source's frozen layer "not complete" at
+/// every attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_loan_every_connection_sees_one_copy_of_the_replica() {
+    let disk = tempfile::tempdir().unwrap();
+    Replica::create(&replica_dir(disk.path(), "v-r1"), 64 * BLOCK).unwrap();
+    let (addr, _server) = serve(disk.path()).await;
+    let engine = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    engine.write(0, &[7u8; 4096], 1, false).await.unwrap();
+    engine.lend().await.unwrap();
+    // Opened while the replica is lent.
+    let during = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    engine.give_back().await.unwrap();
+    // Opened after.
+    let after = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    let frozen = |layers: Vec<ballast_node::replica::LayerInfo>| -> Vec<(String, bool)> {
+        layers
+            .into_iter()
+            .map(|l| (l.name, l.checksum.is_some()))
+            .collect()
+    };
+    // A freeze through the lending connection is seen through the others.
+    engine.snapshot(None).await.unwrap();
+    let want = frozen(engine.layers().await.unwrap());
+    assert_eq!(want.len(), 2, "{want:?}");
+    assert_eq!(frozen(after.layers().await.unwrap()), want, "opened after");
+    assert_eq!(
+        frozen(during.layers().await.unwrap()),
+        want,
+        "opened during"
+    );
+    // And one through a connection opened during the loan, by the others.
+    during.snapshot(None).await.unwrap();
+    let want = frozen(during.layers().await.unwrap());
+    assert_eq!(want.len(), 3, "{want:?}");
+    assert_eq!(frozen(engine.layers().await.unwrap()), want, "the lender");
+    assert_eq!(frozen(after.layers().await.unwrap()), want, "opened after");
+    // Writes through each read back through every other.
+    for (i, c) in [&engine, &during, &after].into_iter().enumerate() {
+        let bytes = vec![i as u8 + 1; 4096];
+        c.write(0, &bytes, 10 + i as u64, false).await.unwrap();
+        for other in [&engine, &during, &after] {
+            assert_eq!(other.read(0, 4096).await.unwrap(), bytes);
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_disk_ends_the_loan_and_closes_the_borrowing_connection() {
     let disk = tempfile::tempdir().unwrap();

@@ -50,6 +50,9 @@ pub enum Fault {
     /// block by block, but never other bytes and never an error; flushed
     /// ones hold all.
     PowerCutAll,
+    /// `PowerCutAll`, but node `i`'s machine does not come back: its node
+    /// stays down until `RestartNode`. (Not drawn at random.)
+    PowerCutAllBut(usize),
     /// A planned reboot of node `i` (1 or 2: no engine runs there): its
     /// node plugin told to stop (SIGTERM), which closes its replicas clean,
     /// its filesystem synced as a shutdown does, then the machine's new
@@ -286,40 +289,8 @@ impl Run {
                     i + 1
                 );
             }
-            Fault::PowerCutAll => {
-                self.stop_writer();
-                let unflushed = write_unflushed(&self.endpoint, self.next_slot, 160);
-                eprintln!(
-                    "{} writes acknowledged with no flush after them",
-                    unflushed.len()
-                );
-                self.acks.extend(unflushed);
-                self.next_slot += 160;
-                for f in &self.c.forgetful {
-                    crate::forgetful::heads_reach_the_disk(&f.at);
-                }
-                self.apply(&Fault::KillEngine)?;
-                for i in 0..self.down.len() {
-                    if !self.down[i] {
-                        self.apply(&Fault::KillNode(i))?;
-                    }
-                }
-                self.power_cut = true;
-                for i in 0..self.down.len() {
-                    let lost = self.c.forgetful[i].power_cut();
-                    eprintln!(
-                        "node-{}: power cut, {lost} blocks lost from its disk's cache",
-                        i + 1
-                    );
-                }
-                // The engine's node first: its engine starts before the
-                // other replicas' nodes are back, and waits for them to
-                // settle its replica's suspect blocks.
-                for i in 0..self.down.len() {
-                    self.apply(&Fault::RestartNode(i))?;
-                }
-                self.start_writer();
-            }
+            Fault::PowerCutAll => self.power_cut_all(None)?,
+            Fault::PowerCutAllBut(i) => self.power_cut_all(Some(*i))?,
             Fault::Reboot(i) => self.reboot(*i)?,
             Fault::TrustedAfterReboot(i) => self.trusted_after_reboot(*i)?,
             Fault::Settle => {
@@ -398,6 +369,49 @@ impl Run {
                 self.start_writer();
             }
         }
+        Ok(())
+    }
+
+    /// Every machine's power cut at once (`PowerCutAll`), every node but
+    /// `left_down` started again.
+    fn power_cut_all(&mut self, left_down: Option<usize>) -> Result<(), String> {
+        self.stop_writer();
+        let unflushed = write_unflushed(&self.endpoint, self.next_slot, 160);
+        eprintln!(
+            "{} writes acknowledged with no flush after them",
+            unflushed.len()
+        );
+        self.acks.extend(unflushed);
+        self.next_slot += 160;
+        for f in &self.c.forgetful {
+            crate::forgetful::heads_reach_the_disk(&f.at);
+        }
+        self.apply(&Fault::KillEngine)?;
+        for i in 0..self.down.len() {
+            if !self.down[i] {
+                self.apply(&Fault::KillNode(i))?;
+            }
+        }
+        self.power_cut = true;
+        for i in 0..self.down.len() {
+            let lost = self.c.forgetful[i].power_cut();
+            eprintln!(
+                "node-{}: power cut, {lost} blocks lost from its disk's cache",
+                i + 1
+            );
+        }
+        // The engine's node first: its engine starts before the
+        // other replicas' nodes are back, and waits for them to
+        // settle its replica's suspect blocks.
+        for i in 0..self.down.len() {
+            if Some(i) == left_down {
+                self.down[i] = true;
+                eprintln!("node-{}: its machine does not come back", i + 1);
+            } else {
+                self.apply(&Fault::RestartNode(i))?;
+            }
+        }
+        self.start_writer();
         Ok(())
     }
 
@@ -595,7 +609,7 @@ pub fn run(s: &Schedule) -> Result<Outcome, String> {
     let c = if s.faults.iter().any(|f| {
         matches!(
             f,
-            Fault::PowerCut(_) | Fault::PowerCutAll | Fault::Reboot(_)
+            Fault::PowerCut(_) | Fault::PowerCutAll | Fault::PowerCutAllBut(_) | Fault::Reboot(_)
         )
     }) {
         Cluster::start_on_forgetful_disks(3, 256 << 20)

@@ -2,6 +2,15 @@
 //! each opened once and shared by whoever uses it, lent to the engine on
 //! its node, failed with a lost disk. It owns names and files, and knows
 //! nothing of sockets: the server and sync use it, never the other way.
+//!
+//! A loan takes the table's copy out (the engine opens the files itself),
+//! and its end leaves the next use to open them afresh. Whoever holds a
+//! copy across a loan's start or end (a server's connection) asks again
+//! when the table's `loan_epoch` has moved since it got it, or when the
+//! loan of the view it holds has ended (`find_kept`): a node serves one
+//! copy of a replica, never two whose states in memory part (2026-12-06:
+//! a freeze through one was not seen through the other, and a rebuild's
+//! fill found the frozen layer "not complete" at every attempt).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +32,8 @@ pub struct Replicas {
     /// both are needed.
     lent: Mutex<HashMap<String, Loan>>,
     next_loan: std::sync::atomic::AtomicU64,
+    /// Moves as a loan starts, and before one ends (see `find_kept`).
+    loan_epoch: AtomicU64,
     /// The replicas' writeback mark (see `Replica::set_writeback_every`).
     writeback_every: u64,
     /// Each replica's engine fence (see `fence`), read from its file at
@@ -121,6 +132,7 @@ impl Replicas {
             failed_disks: Mutex::new(Default::default()),
             lent: Mutex::new(HashMap::new()),
             next_loan: std::sync::atomic::AtomicU64::new(1),
+            loan_epoch: AtomicU64::new(0),
             fences: Mutex::new(HashMap::new()),
             deleting: Mutex::new(Default::default()),
             gates: NameLocks::default(),
@@ -170,6 +182,7 @@ impl Replicas {
             },
         );
         let old = open.remove(name);
+        self.loan_epoch.fetch_add(1, Ordering::SeqCst);
         drop(lent);
         drop(open);
         // A merge step under way on the server's copy ends before the
@@ -191,6 +204,9 @@ impl Replicas {
         if let Ok(mut lent) = self.lent.lock()
             && lent.get(name).is_some_and(|l| l.id == id)
         {
+            // Before the loan is gone: a copy asked for in between is a
+            // view (see `find_kept`), and is asked for again.
+            self.loan_epoch.fetch_add(1, Ordering::SeqCst);
             lent.remove(name);
             tracing::info!(replica = name, loan = id, "replica given back");
         }
@@ -200,17 +216,32 @@ impl Replicas {
     /// opening reads (and may write) its files, and holds only the
     /// replica's own gate meanwhile, not the table.
     pub fn find(&self, name: &str) -> Result<Shared, String> {
+        self.find_kept(name).map(|(r, ..)| r)
+    }
+
+    /// Where the table's loans stand: it moves as a loan starts, and
+    /// before one ends.
+    pub fn loan_epoch(&self) -> u64 {
+        self.loan_epoch.load(Ordering::SeqCst)
+    }
+
+    /// `find`, with the `loan_epoch` it was found at and whether it is a
+    /// view of a lent replica (made for its caller, never the table's). A
+    /// holder asks again once the epoch has moved, or, holding a view, once
+    /// the loan has ended.
+    pub fn find_kept(&self, name: &str) -> Result<(Shared, u64, bool), String> {
+        let epoch = self.loan_epoch();
         if !valid_name(name) {
             return Err(format!("{name:?} is not a replica name"));
         }
         if let Some(r) = self.cached(name)? {
-            return Ok(r);
+            return Ok((r, epoch, false));
         }
         let gate = self.gates.of(name)?;
         let _opening = hold(&gate);
         // Opened by another call while this one waited.
         if let Some(r) = self.cached(name)? {
-            return Ok(r);
+            return Ok((r, epoch, false));
         }
         // A lent replica changes under the server: it is opened afresh for
         // each use and never kept.
@@ -253,14 +284,22 @@ impl Replicas {
             drop(failed);
             open.insert(name.to_string(), r.clone());
         }
-        Ok(r)
+        Ok((r, epoch, lent))
     }
 
     /// `find`, run on the blocking pool: an async task never waits on a
     /// replica's disk.
     pub async fn find_async(self: &Arc<Self>, name: &str) -> Result<Shared, String> {
+        self.find_kept_async(name).await.map(|(r, ..)| r)
+    }
+
+    /// `find_kept`, run on the blocking pool.
+    pub async fn find_kept_async(
+        self: &Arc<Self>,
+        name: &str,
+    ) -> Result<(Shared, u64, bool), String> {
         let (table, name) = (self.clone(), name.to_string());
-        tokio::task::spawn_blocking(move || table.find(&name))
+        tokio::task::spawn_blocking(move || table.find_kept(&name))
             .await
             .map_err(|e| format!("the replica's opening failed: {e}"))?
     }
@@ -455,6 +494,7 @@ impl Replicas {
             return;
         };
         if let Ok(mut lent) = self.lent.lock() {
+            self.loan_epoch.fetch_add(1, Ordering::SeqCst);
             lent.retain(|name, loan| {
                 let keep = !loan.dir.starts_with(disk);
                 if !keep {

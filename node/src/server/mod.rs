@@ -276,6 +276,7 @@ impl ReplicaServer {
             wr,
             answered: Vec::new(),
             bound: None,
+            bound_at: (0, false),
             loan: None,
             mtx,
             queued,
@@ -454,6 +455,11 @@ struct Connection {
     /// Replies of writes applied on this task, not sent yet.
     answered: Vec<Reply>,
     bound: Option<(String, Shared)>,
+    /// The table's `loan_epoch` when `bound` was found, and whether it is
+    /// a view of a lent replica. Found again when the epoch has moved, or
+    /// the loan of a view has ended (`Replicas::find_kept`): a node serves
+    /// one copy of a replica.
+    bound_at: (u64, bool),
     /// The loan this connection's engine holds (ended when dropped,
     /// however the connection ends).
     loan: Option<LoanGuard>,
@@ -561,7 +567,7 @@ impl Connection {
         if req.op == Op::Open {
             return Ok(self.open(&req, &payload).await);
         }
-        let Some((name, replica)) = self.bound.clone() else {
+        let Some((name, mut replica)) = self.bound.clone() else {
             let e = error(
                 req.id,
                 status::NOT_FOUND,
@@ -569,6 +575,20 @@ impl Connection {
             );
             return Ok(self.reply(e).await);
         };
+        // A loan started or ended since the copy was taken: the table's
+        // copy now is another (or a view, while lent).
+        let replicas = &self.server.replicas;
+        let (epoch, view) = self.bound_at;
+        if epoch != replicas.loan_epoch() || (view && !replicas.is_lent(&name)) {
+            match replicas.find_kept_async(&name).await {
+                Ok((r, epoch, view)) => {
+                    replica = r.clone();
+                    self.bound = Some((name.clone(), r));
+                    self.bound_at = (epoch, view);
+                }
+                Err(e) => return Ok(self.reply(error(req.id, status::NOT_FOUND, &e)).await),
+            }
+        }
         if req.op == Op::Lend {
             return self.lend(&req, &name).await;
         }
@@ -586,18 +606,20 @@ impl Connection {
             }
         }
         let replicas = &self.server.replicas;
+        // A view is bound only while the replica is lent.
+        let lent = self.bound_at.1 || replicas.is_lent(&name);
         let fresh = matches!(
             req.op,
             Op::Info | Op::Layers | Op::WriteLog | Op::RecentRuns | Op::ViewSums
         );
         let from_files =
             fresh || matches!(req.op, Op::LayerExtents | Op::LayerRead | Op::LayerSums);
-        if !from_files && replicas.is_lent(&name) {
+        if !from_files && lent {
             let why = format!("replica {name} is lent to its engine");
             return Ok(self.reply(error(req.id, status::BUSY, &why)).await);
         }
         // What is lent is read from its files as they are now.
-        let replica = if fresh && replicas.is_lent(&name) {
+        let replica = if fresh && lent {
             match replicas.find_async(&name).await {
                 Ok(r) => r,
                 Err(e) => return Ok(self.reply(error(req.id, status::NOT_FOUND, &e)).await),
@@ -616,10 +638,11 @@ impl Connection {
         let (id, claimed) = (req.id, req.offset);
         let name = String::from_utf8_lossy(payload).into_owned();
         let reply = match self.bind(&name, claimed).await {
-            Ok((r, sums, volume, fence)) => {
+            Ok(((r, epoch, view), sums, volume, fence)) => {
                 self.engine = self.drives(&volume);
                 self.volume = volume;
                 self.bound = Some((name, r));
+                self.bound_at = (epoch, view);
                 self.claimed = claimed;
                 self.fence = Some(fence);
                 ok_json(id, &serde_json::json!({ "sums": sums, "ping": true }))
@@ -635,13 +658,13 @@ impl Connection {
     async fn bind(&self, name: &str, claimed: u64) -> Result<Bound, (u32, String)> {
         let (replicas, at) = (self.server.replicas.clone(), name.to_string());
         let (r, sums, volume) = tokio::task::spawn_blocking(move || {
-            let r = replicas.find(&at)?;
+            let (r, epoch, view) = replicas.find_kept(&at)?;
             let read = r
                 .read()
                 .map_err(|_| format!("replica {at}: lock poisoned"))?;
             let (sums, volume) = (read.keeps_sums(), read.volume().to_string());
             drop(read);
-            Ok((r, sums, volume))
+            Ok(((r, epoch, view), sums, volume))
         })
         .await
         .unwrap_or_else(|e| Err(e.to_string()))
@@ -898,7 +921,15 @@ async fn send_answered(
 
 /// A replica opened on a connection: it, whether it keeps sums, its
 /// volume, its fence.
-type Bound = (Shared, bool, String, Arc<std::sync::atomic::AtomicU64>);
+/// What OPEN binds: the replica's copy as `Replicas::find_kept` found it
+/// (`Connection::bound_at`), whether it keeps sums, its volume and its
+/// fence.
+type Bound = (
+    (Shared, u64, bool),
+    bool,
+    String,
+    Arc<std::sync::atomic::AtomicU64>,
+);
 
 /// Why an engine of attachment `claimed` may not change replica `name`.
 fn fenced(name: &str, claimed: u64, latest: u64) -> String {
