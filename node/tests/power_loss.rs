@@ -666,6 +666,91 @@ async fn an_engine_makes_its_replicas_equal_where_they_were_written_lately_with_
     }
 }
 
+/// After a power cut a replica the start made equal to the others may
+/// keep a lower revision counter than theirs: here it holds the same
+/// bytes, written once where the other wrote them twice (a cut can also
+/// take its last bumps). As the engine's local replica it is lent all the
+/// same, at the counter its server holds, and the volume's writes go
+/// straight to its files. Before 2026-12-06 the loan was refused (its
+/// files a revision behind the volume's) and the engine served its own
+/// node's replica through the server (found by the fault test
+/// `every_machine_loses_power_and_one_does_not_come_back`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_power_cut_a_local_replica_made_equal_at_a_lower_revision_is_lent() {
+    const MIB: u64 = 1 << 20;
+    let (d0, d1) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let vol = 8 * MIB;
+    let names = ["v-r0", "v-r1"];
+    let mut revisions = Vec::new();
+    for (d, name, times) in [(&d0, names[0], 2), (&d1, names[1], 1)] {
+        let dir = replica_dir(d.path(), name);
+        Replica::create(&dir, vol).unwrap();
+        let mut r = Replica::open(&dir).unwrap();
+        write_run(&mut r, 0, 4, 7);
+        r.flush().unwrap();
+        for _ in 0..times {
+            write_run(&mut r, MIB, 1, 8);
+        }
+        r.flush().unwrap();
+        revisions.push(r.revision());
+        drop(r);
+        forgetful::as_after_a_reboot(d.path());
+    }
+    assert!(revisions[0] > revisions[1], "{revisions:?}");
+    let addrs = [
+        common::serve(d0.path(), names[0]).await,
+        common::serve(d1.path(), names[1]).await,
+    ];
+    let engine = common::engine_over(vol, &addrs, Some(names[1])).await;
+    let status = engine.status().await;
+    assert!(
+        status
+            .iter()
+            .all(|m| m.mode == ballast::model::ReplicaMode::Rw),
+        "both stay rw: {status:?}"
+    );
+    engine
+        .lend_local(replica_dir(d1.path(), names[1]), WRITEBACK_EVERY)
+        .await
+        .unwrap();
+    // Lent: its server serves its data to no one else.
+    let tls = ballast_node::wire::tls::WireTls::default();
+    let other = ballast_node::wire::client::ReplicaClient::dial(&tls, &addrs[1].addr, names[1])
+        .await
+        .unwrap();
+    let refused = other.read(0, BLOCK as u32).await.unwrap_err().to_string();
+    assert!(refused.contains("lent to its engine"), "{refused}");
+    // The volume's writes reach both replicas, at one revision past the
+    // higher counter.
+    engine_run(&engine, 2..4, 9).await;
+    engine.flush().await.unwrap();
+    for at in [0, MIB, 2 * 64 * 1024, 3 * 64 * 1024] {
+        let round = match at {
+            a if a == MIB => 8,
+            a if a < 2 * 64 * 1024 => 7,
+            _ => 9,
+        };
+        let got = engine.read(at, 64 * 1024).await.unwrap();
+        assert!(
+            got[..] == pattern(at, round)[..],
+            "the write at {at} reads back"
+        );
+    }
+    let r0 = ballast_node::wire::client::ReplicaClient::dial(&tls, &addrs[0].addr, names[0])
+        .await
+        .unwrap();
+    let got = r0.read(3 * 64 * 1024, 64 * 1024).await.unwrap();
+    assert!(
+        got == pattern(3 * 64 * 1024, 9),
+        "the other replica has the write"
+    );
+    assert_eq!(
+        r0.info().await.unwrap()["revision"].as_u64(),
+        Some(revisions[0] + 2),
+        "the writes after the higher counter"
+    );
+}
+
 /// Where the keeper holds a block bad (it fails its checksum) that another
 /// replica holds otherwise, the comparison of the regions written lately
 /// leaves the other's copy as it is, copies the rest of the run, and both

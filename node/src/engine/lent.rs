@@ -89,8 +89,8 @@ impl Drop for Lent {
 
 impl Lent {
     /// Borrows the replica opened on `lease` and opens its files in `dir`.
-    /// They must hold a replica of `size` bytes at `revision`, the one the
-    /// engine started from.
+    /// They must hold a replica of `size` bytes at `revision`, the one its
+    /// server's copy held as the engine asked for the loan.
     pub async fn borrow(
         lease: Arc<ReplicaClient>,
         name: &str,
@@ -111,7 +111,7 @@ impl Lent {
         let checked = opened.and_then(|r| {
             if r.size() != size || r.revision() != revision {
                 Err(failed(format!(
-                    "its files hold size {} at revision {}, not the volume's {size} at {revision}",
+                    "its files hold size {} at revision {}, not its server's {size} at {revision}",
                     r.size(),
                     r.revision()
                 )))

@@ -673,8 +673,23 @@ impl Engine {
         let Some(Link::Remote(c)) = x.link.clone() else {
             return Ok(());
         };
-        let revision = self.revision.load(Ordering::SeqCst);
-        let lent = lent::Lent::borrow(c, &local, &dir, self.size(), revision, writeback_every)
+        // Its files must hold what its server's copy holds, at no revision
+        // past the volume's. Not always at the volume's: after a power
+        // cut, a replica the start made equal to the others may keep a
+        // lower counter (the cut took its last bumps, or it was written
+        // fewer times with the same bytes); the next write raises it.
+        let volume = self.revision.load(Ordering::SeqCst);
+        let held = c
+            .info()
+            .await
+            .map_err(|e| EngineError::of_replica(&local, e))?["revision"]
+            .as_u64()
+            .filter(|r| *r <= volume)
+            .ok_or_else(|| EngineError::Refused {
+                replica: local.clone(),
+                message: format!("its server holds no revision at or below the volume's {volume}"),
+            })?;
+        let lent = lent::Lent::borrow(c, &local, &dir, self.size(), held, writeback_every)
             .await
             .map_err(|e| EngineError::of_replica(&local, e))?;
         if let Some(&timeout) = self.replica_timeout.get() {

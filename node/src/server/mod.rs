@@ -605,7 +605,6 @@ impl Connection {
                 return Ok(self.reply(error(req.id, status::FENCED, &why)).await);
             }
         }
-        let replicas = &self.server.replicas;
         // A view is bound only while the replica is lent.
         let lent = self.bound_at.1 || replicas.is_lent(&name);
         let fresh = matches!(
@@ -919,8 +918,6 @@ async fn send_answered(
     w.flush().await
 }
 
-/// A replica opened on a connection: it, whether it keeps sums, its
-/// volume, its fence.
 /// What OPEN binds: the replica's copy as `Replicas::find_kept` found it
 /// (`Connection::bound_at`), whether it keeps sums, its volume and its
 /// fence.
