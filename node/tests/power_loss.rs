@@ -556,13 +556,15 @@ async fn an_engine_settles_suspect_blocks_from_the_replica_that_holds_them_sound
 }
 
 /// Serves the replicas `names` of `d0` and `d1` and starts an engine of a
-/// volume of `vol` bytes over them; both must stay rw (`case` names the
-/// run in a failure). Returns their addresses, the engine and its status.
+/// volume of `vol` bytes over them (`local` its node's replica, if any);
+/// both must stay rw (`case` names the run in a failure). Returns their
+/// addresses, the engine and its status.
 async fn engine_over_both(
     d0: &tempfile::TempDir,
     d1: &tempfile::TempDir,
     names: [&str; 2],
     vol: u64,
+    local: Option<&str>,
     case: &str,
 ) -> (
     [ReplicaAddr; 2],
@@ -573,7 +575,7 @@ async fn engine_over_both(
         common::serve(d0.path(), names[0]).await,
         common::serve(d1.path(), names[1]).await,
     ];
-    let engine = common::engine_over(vol, &addrs, None).await;
+    let engine = common::engine_over(vol, &addrs, local).await;
     let status = engine.status().await;
     assert!(
         status
@@ -630,7 +632,7 @@ async fn an_engine_makes_its_replicas_equal_where_they_were_written_lately_with_
             }
         }
         assert_eq!(revisions[0] > revisions[1], behind, "{case}: the revisions");
-        let (addrs, _engine, status) = engine_over_both(&d0, &d1, names, vol, &case).await;
+        let (addrs, _engine, status) = engine_over_both(&d0, &d1, names, vol, None, &case).await;
         let expected = |at: u64| -> Vec<u8> {
             let chunk = 64 * 1024;
             let base = at / chunk * chunk;
@@ -697,18 +699,8 @@ async fn after_a_power_cut_a_local_replica_made_equal_at_a_lower_revision_is_len
         forgetful::as_after_a_reboot(d.path());
     }
     assert!(revisions[0] > revisions[1], "{revisions:?}");
-    let addrs = [
-        common::serve(d0.path(), names[0]).await,
-        common::serve(d1.path(), names[1]).await,
-    ];
-    let engine = common::engine_over(vol, &addrs, Some(names[1])).await;
-    let status = engine.status().await;
-    assert!(
-        status
-            .iter()
-            .all(|m| m.mode == ballast::model::ReplicaMode::Rw),
-        "both stay rw: {status:?}"
-    );
+    let (addrs, engine, _) =
+        engine_over_both(&d0, &d1, names, vol, Some(names[1]), "the lower local").await;
     engine
         .lend_local(replica_dir(d1.path(), names[1]), WRITEBACK_EVERY)
         .await
@@ -782,7 +774,7 @@ async fn a_block_the_keeper_holds_bad_stays_as_the_other_holds_it_when_they_are_
         &common::head_file(&replica_dir(d0.path(), names[0])),
         bad * BLOCK,
     );
-    let (addrs, engine, _) = engine_over_both(&d0, &d1, names, vol, "").await;
+    let (addrs, engine, _) = engine_over_both(&d0, &d1, names, vol, None, "").await;
     let tls = ballast_node::wire::tls::WireTls::default();
     let r1 = ballast_node::wire::client::ReplicaClient::dial(&tls, &addrs[1].addr, &addrs[1].name)
         .await
