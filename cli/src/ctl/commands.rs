@@ -130,7 +130,8 @@ pub enum VolumeCmd {
     Watch {
         name: String,
     },
-    /// Grow a detached volume (every replica grows; volumes never shrink).
+    /// Grow a volume, attached (online) or not: every replica grows; volumes
+    /// never shrink.
     Expand {
         name: String,
         /// The new size, e.g. 2Gi.

@@ -68,7 +68,7 @@ pub const ROUTES: &[(&str, &str, &str)] = &[
     (
         "post",
         "/v1/volumes/{name}/expand",
-        "Grow a detached volume to {size}: every replica grows on its node",
+        "Grow the volume to {size}, attached (online) or not: every replica grows on its node",
     ),
     (
         "post",
