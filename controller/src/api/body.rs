@@ -20,13 +20,24 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
     }
 }
 
-/// Parses JSON, turning serde's error into one that names the field.
+/// Parses a JSON object (every body the API takes is one), turning
+/// serde's error into one that names the field. Anything else (an array,
+/// a string, no JSON at all) is "body: expected a JSON object"; a syntax
+/// error inside the object keeps its place (line and column).
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    match bytes.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') => {}
+        None => return Err(Error::invalid("body", "empty: expected a JSON object")),
+        Some(_) => return Err(Error::invalid("body", "expected a JSON object")),
+    }
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         let message = inner.to_string();
+        if inner.is_syntax() || inner.is_eof() {
+            return Error::invalid("body", format!("not valid JSON: {message}"));
+        }
         // An unknown or missing field is reported at its parent; name it.
         let field = if path == "." {
             field_in_message(&message).unwrap_or_else(|| "body".to_string())

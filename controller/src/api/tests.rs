@@ -418,6 +418,27 @@ async fn bad_volume_input_names_the_field_and_creates_nothing() {
     }
     let (s, v) = api.call("POST", "/v1/volumes", None).await;
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"], "body: empty: expected a JSON object");
+    // Not an object at all, or not JSON: the body is named, not a field
+    // serde made up from an array's place.
+    for body in [json!(["v1", "1Gi"]), json!("v1")] {
+        let (s, v) = api.call("POST", "/v1/volumes", Some(body.clone())).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(v["error"], "body: expected a JSON object", "{body}");
+    }
+    let gate = super::gate::Gate::default();
+    let json = [("content-type", "application/json")];
+    let (s, v, _) = raw(&api, gate.clone(), "POST", "/v1/volumes", &json, "not json").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    assert_eq!(v["error"], "body: expected a JSON object");
+    let cut = r#"{"name": "v1", "size": "1Gi""#;
+    let (s, v, _) = raw(&api, gate, "POST", "/v1/volumes", &json, cut).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+    let msg = v["error"].as_str().unwrap();
+    assert!(
+        msg.starts_with("body: not valid JSON: ") && msg.contains("line 1 column"),
+        "{msg}"
+    );
     let (_, list) = api.call("GET", "/v1/volumes", None).await;
     assert_eq!(list["items"], json!([]));
 }
