@@ -96,6 +96,36 @@ impl NodeAgentService {
             .clone()
             .ok_or_else(|| Error::Internal("this node serves no replicas".into()))
     }
+
+    /// Runs `change` on replica `name`, held alone, on the blocking pool:
+    /// BUSY, with `lent` after its name, while its volume's engine holds
+    /// it (the engine makes such changes itself).
+    async fn change_unlent<T: Send + 'static>(
+        &self,
+        name: &str,
+        lent: &str,
+        change: impl FnOnce(&mut Replica) -> Result<T, Error> + Send + 'static,
+    ) -> Result<T, Error> {
+        let server = self.replica_server()?;
+        if server.replicas().is_lent(name) {
+            return Err(Error::Busy(format!(
+                "replica {name} is in use by its volume's engine{lent}"
+            )));
+        }
+        let replica = server
+            .replicas()
+            .find_async(name)
+            .await
+            .map_err(Error::NotFound)?;
+        tokio::task::spawn_blocking(move || {
+            let mut r = replica
+                .write()
+                .map_err(|_| Error::Internal("replica lock poisoned".into()))?;
+            change(&mut r)
+        })
+        .await
+        .map_err(|e| Error::Internal(e.to_string()))?
+    }
 }
 
 /// Merges replica `req.name`'s layers that no snapshot in `req.keep`
@@ -420,28 +450,13 @@ impl NodeAgent for NodeAgentService {
             field: "name".into(),
             message: m,
         })?;
-        let server = self.replica_server()?;
-        if server.replicas().is_lent(&req.name) {
-            return Err(Error::Busy(format!(
-                "replica {} is in use by its volume's engine; grow it detached",
-                req.name
-            ))
-            .into());
-        }
-        let replica = server
-            .replicas()
-            .find_async(&req.name)
-            .await
-            .map_err(Error::NotFound)?;
-        tokio::task::spawn_blocking(move || {
-            let mut r = replica
-                .write()
-                .map_err(|_| Error::Internal("replica lock poisoned".into()))?;
+        let size = req.size;
+        self.change_unlent(&req.name, "; grow it detached", move |r| {
             // Smaller: the controller undoes a growth that failed elsewhere.
-            let resized = if req.size < r.size() {
-                r.shrink_unused(req.size)
+            let resized = if size < r.size() {
+                r.shrink_unused(size)
             } else {
-                r.grow(req.size)
+                r.grow(size)
             };
             resized.map_err(|e| match e {
                 crate::replica::ReplicaError::Invalid(m) => Error::Invalid {
@@ -451,8 +466,7 @@ impl NodeAgent for NodeAgentService {
                 e => Error::Internal(e.to_string()),
             })
         })
-        .await
-        .map_err(|e| Error::Internal(e.to_string()))??;
+        .await?;
         Ok(Response::new(GrowReplicaResponse {}))
     }
 
@@ -515,35 +529,20 @@ impl NodeAgent for NodeAgentService {
             }
             .into());
         }
-        let server = self.replica_server()?;
-        if server.replicas().is_lent(&req.name) {
-            return Err(Error::Busy(format!(
-                "replica {} is in use by its volume's engine: its engine takes the snapshot",
-                req.name
-            ))
-            .into());
-        }
-        let replica = server
-            .replicas()
-            .find_async(&req.name)
-            .await
-            .map_err(Error::NotFound)?;
-        let answer = tokio::task::spawn_blocking(move || {
-            let mut r = replica
-                .write()
-                .map_err(|_| Error::Internal("replica lock poisoned".into()))?;
-            let layer = r
-                .snapshot(Some(&req.snapshot))
-                .map_err(|e| Error::Internal(e.to_string()))?;
-            let layers = r.layers();
-            let upto = layers.iter().position(|l| l.name == layer).unwrap_or(0);
-            Ok::<_, Error>(SnapshotReplicaResponse {
-                allocated: layers[..=upto].iter().map(|l| l.allocated).sum(),
-                layer,
+        let snapshot = req.snapshot;
+        let answer = self
+            .change_unlent(&req.name, ": its engine takes the snapshot", move |r| {
+                let layer = r
+                    .snapshot(Some(&snapshot))
+                    .map_err(|e| Error::Internal(e.to_string()))?;
+                let layers = r.layers();
+                let upto = layers.iter().position(|l| l.name == layer).unwrap_or(0);
+                Ok(SnapshotReplicaResponse {
+                    allocated: layers[..=upto].iter().map(|l| l.allocated).sum(),
+                    layer,
+                })
             })
-        })
-        .await
-        .map_err(|e| Error::Internal(e.to_string()))??;
+            .await?;
         Ok(Response::new(answer))
     }
 
