@@ -15,6 +15,15 @@ fn cordon(c: &Cluster, node: &str, on: bool) {
     c.patch_node(node, json!({"cordoned": on}));
 }
 
+/// The volume record's `Scheduled` condition, when it has one.
+fn scheduled(c: &Cluster, volume: &str) -> Option<serde_json::Value> {
+    c.volume(volume)["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|k| k["type"] == "Scheduled")
+        .cloned()
+}
+
 fn robustness(c: &Cluster, volume: &str) -> String {
     c.volume(volume)["status"]["robustness"]
         .as_str()
@@ -210,6 +219,25 @@ fn block_for_eviction_with_nowhere_to_go_blocks_the_drain_until_uncordoned() {
     c.stays_put("vol");
     assert_eq!(c.node("node-2")["status"]["drainBlocked"], true);
     assert!(c.replica_on("vol", "node-2").is_some());
+    // The volume's record says why: its `Scheduled` condition, false,
+    // with the planner's reason for each node.
+    let blocked = wait_for(SETTLE, "the volume's Scheduled condition false", || {
+        scheduled(&c, "vol").filter(|k| k["status"] == false)
+    });
+    let message = blocked["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("no place for a replica")
+            && message.contains("node-2: cordoned")
+            && message.contains("node-1: holds a replica of vol"),
+        "{blocked}"
+    );
+    assert!(
+        blocked["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with("Blocked"),
+        "{blocked}"
+    );
     cordon(&c, "node-2", false);
     wait_for(SETTLE, "eviction canceled", || {
         let n = c.node("node-2");
@@ -219,6 +247,12 @@ fn block_for_eviction_with_nowhere_to_go_blocks_the_drain_until_uncordoned() {
     });
     c.wait_settled("vol", 3, SETTLE);
     assert_eq!(robustness(&c, "vol"), "healthy");
+    let cleared = wait_for(
+        SETTLE,
+        "the volume's Scheduled condition true again",
+        || scheduled(&c, "vol").filter(|k| k["status"] == true),
+    );
+    assert_eq!(cleared["message"], "", "{cleared}");
     // Each event is written after the change it tells of.
     wait_for(SETTLE, "the eviction's events", || {
         let reasons = c.event_reasons(&format!("replica/{evicted}"));

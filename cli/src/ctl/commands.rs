@@ -400,6 +400,10 @@ async fn volume(c: &Client, out: Out, cmd: VolumeCmd) -> Result<(), CtlError> {
                 println!();
                 render::table(&detail.replicas);
             }
+            if !detail.volume.status.conditions.is_empty() {
+                println!();
+                render::table(&detail.volume.status.conditions);
+            }
             Ok(())
         }
         VolumeCmd::Create {

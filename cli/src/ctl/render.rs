@@ -3,7 +3,7 @@
 //! model types, never from JSON by string.
 
 use ballast::api::{ReplicaSummary, SettingView};
-use ballast::model::{Event, Node, RebuildProgress, Replica, Snapshot, Volume};
+use ballast::model::{Condition, Event, Node, RebuildProgress, Replica, Snapshot, Volume};
 use ballast::quantity::format_size;
 use ballast_controller::planner::Action;
 
@@ -49,6 +49,21 @@ impl Row for Volume {
             self.status.robustness.to_string(),
             opt(self.status.attached_node.as_ref()),
             opt(self.spec.csi_name.as_ref()),
+        ]
+    }
+}
+
+impl Row for Condition {
+    const HEADER: &'static [&'static str] = &["CONDITION", "STATUS", "REASON", "SINCE", "MESSAGE"];
+    fn cells(&self) -> Vec<String> {
+        vec![
+            self.kind.clone(),
+            if self.status { "True" } else { "False" }.into(),
+            or_dash(&self.reason),
+            opt(self
+                .last_transition_time
+                .map(|t| t.format("%Y-%m-%d %H:%M:%S"))),
+            or_dash(&self.message),
         ]
     }
 }

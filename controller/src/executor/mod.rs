@@ -9,10 +9,12 @@
 //! loop that observes, plans and acts on every change and resync tick;
 //! `scrub` has every replica's frozen layers checked on its node;
 //! `interrupted` fails a rebuild whose controller died, to start it again;
+//! `conditions` writes on each volume's record what the plan cannot do;
 //! `snapshot` takes, deletes and restores snapshots; `merge` folds the
 //! layers no snapshot needs; `pace` is the rate a rebuild's copy keeps.
 
 mod actions;
+pub mod conditions;
 pub mod effects;
 mod interrupted;
 pub mod merge;

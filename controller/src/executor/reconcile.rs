@@ -8,6 +8,8 @@
 //! per volume at a time, and the next plan sees what is under way (a
 //! replica in `wo` mode) so it never issues it twice. A failed action is
 //! retried with a growing delay; the failure is recorded as an event.
+//! What the plan cannot do is written on each volume's record
+//! (`conditions`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::actions::carry_out;
+use super::conditions::Written;
 use crate::context::Context;
 use crate::error::Error;
 use crate::planner::{self, Action, ActionKind};
@@ -79,7 +82,11 @@ fn key(a: &Action) -> String {
 /// One pass: plan on the store as it is now (the loop's copy of it,
 /// brought up to date) and start what is due.
 #[tracing::instrument(skip_all)]
-async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Result<usize, Error> {
+async fn reconcile_once(
+    ctx: &Arc<Context>,
+    backoff: &Arc<Mutex<Backoff>>,
+    written: &mut Written,
+) -> Result<usize, Error> {
     let view = {
         let mirror = ctx.records().await?;
         super::interrupted::fail_interrupted(ctx, mirror.replicas()).await?;
@@ -87,6 +94,11 @@ async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Re
     };
     crate::settings_check::check_settings(ctx).await?;
     let plan = planner::plan(&view, &ctx.settings().await?, ctx.now());
+    {
+        // What the plan cannot do, on each volume's record (`Scheduled`).
+        let mirror = ctx.records().await?;
+        super::conditions::record(ctx, &plan, mirror.volumes(), written, ctx.now()).await?;
+    }
     let now = Instant::now();
     let mut started = 0;
     for action in plan.actions {
@@ -139,6 +151,7 @@ async fn reconcile_once(ctx: &Arc<Context>, backoff: &Arc<Mutex<Backoff>>) -> Re
 pub async fn run_reconcile(ctx: Arc<Context>, resync: Duration) {
     let mut changes = ctx.store.subscribe();
     let backoff = Arc::new(Mutex::new(Backoff::default()));
+    let mut written = Written::default();
     let mut tick = tokio::time::interval(resync);
     loop {
         tokio::select! {
@@ -154,7 +167,7 @@ pub async fn run_reconcile(ctx: Arc<Context>, resync: Duration) {
                 while changes.try_recv().is_ok() {}
             }
         }
-        if let Err(e) = reconcile_once(&ctx, &backoff).await {
+        if let Err(e) = reconcile_once(&ctx, &backoff, &mut written).await {
             tracing::warn!(error = %e, "reconcile pass failed");
         }
     }
