@@ -444,10 +444,12 @@ pub async fn expand(
 }
 
 /// The volume's health as CSI reports it: abnormal when degraded or
-/// faulted (from the engine's replica modes).
+/// faulted (from the engine's replica modes); the message says so, and
+/// what the planner cannot do for it when anything (its `Scheduled`
+/// condition, false).
 fn condition(v: &Volume) -> VolumeCondition {
     let r = v.status.robustness;
-    let message = match r {
+    let mut message = match r {
         Robustness::Healthy => "healthy: every replica is rw".to_string(),
         Robustness::Degraded => {
             "degraded: some replicas failed or are rebuilding; I/O goes on".to_string()
@@ -455,6 +457,14 @@ fn condition(v: &Volume) -> VolumeCondition {
         Robustness::Faulted => "faulted: no usable replica".to_string(),
         Robustness::Unknown => "not published: no engine reports on it".to_string(),
     };
+    if let Some(c) = v
+        .status
+        .conditions
+        .iter()
+        .find(|c| c.kind == crate::executor::conditions::SCHEDULED && !c.status)
+    {
+        message.push_str(&format!("; {} ({}): {}", c.kind, c.reason, c.message));
+    }
     VolumeCondition {
         abnormal: matches!(r, Robustness::Degraded | Robustness::Faulted),
         message,
@@ -644,6 +654,27 @@ mod tests {
             };
             assert_eq!(statuses, want, "{r}");
         }
+        // What the planner cannot do for it follows, when anything.
+        v.status.robustness = Robustness::Degraded;
+        v.status.conditions.push(ballast::model::Condition {
+            kind: "Scheduled".into(),
+            status: false,
+            reason: "ReplenishBlocked".into(),
+            message: "v: no place for a replica: n1: cordoned".into(),
+            last_transition_time: None,
+        });
+        let c = condition(&v);
+        assert!(c.abnormal);
+        assert!(
+            c.message.starts_with("degraded")
+                && c.message.ends_with(
+                    "; Scheduled (ReplenishBlocked): v: no place for a replica: n1: cordoned"
+                ),
+            "{}",
+            c.message
+        );
+        v.status.conditions[0].status = true;
+        assert!(!condition(&v).message.contains("Scheduled"));
     }
 
     #[test]
