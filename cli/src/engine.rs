@@ -42,6 +42,10 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
             a.size
         )));
     }
+    // How this CPU takes a block's checksum is timed at its first use: here,
+    // at the start, rather than in the volume's first write.
+    let way = ballast_node::replica::SumWay::of_this_cpu();
+    tracing::info!(volume = %a.volume, ?way, "block checksums");
     use ballast_node::engine::freshness::ControllerRecorder;
     use ballast_node::engine::{Engine, Recorder, ReplicaSet};
     let token = match &a.cluster_token_file {

@@ -64,6 +64,10 @@ pub async fn run(config: NodeConfig) -> Result<(), ServeError> {
     let _nudger = crate::nudge::Nudger::start(tokio::runtime::Handle::current());
     ballast::model::validate_name(&config.node_id)
         .map_err(|m| ServeError::Config(format!("--node-id: {m}")))?;
+    // The checksums' way for this CPU, timed at the start rather than in
+    // the first read a replica verifies.
+    let way = crate::replica::SumWay::of_this_cpu();
+    tracing::info!(node = %config.node_id, ?way, "block checksums");
     // Sockets and engine files; by default in the temporary directory.
     let state_dir = config
         .state_dir

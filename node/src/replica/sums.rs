@@ -54,7 +54,8 @@ pub fn each(data: &[u8], f: impl FnMut(usize, u32)) {
 /// EPYC of the 4th generation, against 192 ns for the CRC instruction in
 /// three streams). Without them, it depends on the CPU more than on its
 /// features, so the two ways it has are timed at the first use
-/// (`fastest_here`): the CRC instruction (`crc32c` for one block, `lanes`
+/// (`fastest_here`; the node plugin and each engine ask at their start,
+/// and log the way): the CRC instruction (`crc32c` for one block, `lanes`
 /// for several: 170 – 185 ns a block on an EPYC of the 2nd generation,
 /// where `crc_fast` took 295 – 430 ns), or folding with 128-bit carry-less
 /// multiplies (`Clmul`: 405 – 418 ns a block on an EPYC of the 1st
