@@ -71,17 +71,18 @@ pub fn unscheduled(plan: &Plan) -> HashMap<&str, (&'static str, String)> {
 #[derive(Default)]
 pub struct Written(HashMap<String, Instant>);
 
-/// Writes the `Scheduled` condition of every volume of `volumes` whose
-/// plan changed it. A volume whose record changed meanwhile is written
-/// against its new version (`modify`), with the condition decided from
-/// this plan: the next pass mends it if that was stale.
-pub async fn record<'a>(
-    ctx: &Context,
+/// A condition to write: the volume, and its `Scheduled` status, reason
+/// and message.
+pub struct Due(String, bool, &'static str, String);
+
+/// The volumes of `volumes` whose `Scheduled` condition `plan` changes
+/// (a message alone not within a minute of its last write). Reads only:
+/// run it on the controller's copy of the records, and `write` after.
+pub fn due<'a>(
     plan: &Plan,
     volumes: impl IntoIterator<Item = &'a Volume>,
     written: &mut Written,
-    now: DateTime<Utc>,
-) -> Result<(), Error> {
+) -> Vec<Due> {
     let mono = Instant::now();
     let blocked = unscheduled(plan);
     let mut due = Vec::new();
@@ -103,13 +104,27 @@ pub async fn record<'a>(
             }
         };
         if write {
-            due.push((v.name.clone(), status, reason, message));
+            due.push(Due(v.name.clone(), status, reason, message));
         }
     }
     written
         .0
         .retain(|name, _| blocked.contains_key(name.as_str()));
-    for (name, status, reason, message) in due {
+    due
+}
+
+/// Writes each condition of `due`. A volume whose record changed since it
+/// was read is written against its new version (`modify`), with the
+/// condition decided from that plan: the next pass mends it if that was
+/// stale. Returns the first failure, after trying every volume.
+pub async fn write(
+    ctx: &Context,
+    due: Vec<Due>,
+    written: &mut Written,
+    now: DateTime<Utc>,
+) -> Result<(), Error> {
+    let mut failed = None;
+    for Due(name, status, reason, message) in due {
         let set = |v: &mut Volume| {
             let had = v.status.conditions.iter().position(|c| c.kind == SCHEDULED);
             let since = match had.map(|i| &v.status.conditions[i]) {
@@ -132,14 +147,16 @@ pub async fn record<'a>(
         };
         match ctx.store.modify::<Volume, Error>(&name, set).await {
             Ok(_) => {
-                written.0.insert(name, mono);
+                written.0.insert(name, Instant::now());
             }
             // Deleted meanwhile: nothing to say about it.
             Err(Error::NotFound { .. }) => {}
-            Err(e) => return Err(e),
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
         }
     }
-    Ok(())
+    failed.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

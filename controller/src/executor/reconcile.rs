@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::actions::carry_out;
-use super::conditions::Written;
+use super::conditions::{self, Written};
 use crate::context::Context;
 use crate::error::Error;
 use crate::planner::{self, Action, ActionKind};
@@ -94,10 +94,15 @@ async fn reconcile_once(
     };
     crate::settings_check::check_settings(ctx).await?;
     let plan = planner::plan(&view, &ctx.settings().await?, ctx.now());
-    {
-        // What the plan cannot do, on each volume's record (`Scheduled`).
+    // What the plan cannot do, on each volume's record (`Scheduled`): read
+    // on the copy of the records, written after the lock on it is let go.
+    // A failure to write it holds up no action.
+    let due = {
         let mirror = ctx.records().await?;
-        super::conditions::record(ctx, &plan, mirror.volumes(), written, ctx.now()).await?;
+        conditions::due(&plan, mirror.volumes(), written)
+    };
+    if let Err(e) = conditions::write(ctx, due, written, ctx.now()).await {
+        tracing::warn!(error = %e, "could not write a volume's Scheduled condition; the next pass tries again");
     }
     let now = Instant::now();
     let mut started = 0;
