@@ -95,15 +95,13 @@ async fn reconcile_once(
     crate::settings_check::check_settings(ctx).await?;
     let plan = planner::plan(&view, &ctx.settings().await?, ctx.now());
     // What the plan cannot do, on each volume's record (`Scheduled`): read
-    // on the copy of the records, written after the lock on it is let go.
-    // A failure to write it holds up no action.
+    // on the copy of the records, written once the actions are started
+    // and the lock on the copy is let go; a failure to write it holds up
+    // no action.
     let due = {
         let mirror = ctx.records().await?;
         conditions::due(&plan, mirror.volumes(), written)
     };
-    if let Err(e) = conditions::write(ctx, due, written, ctx.now()).await {
-        tracing::warn!(error = %e, "could not write a volume's Scheduled condition; the next pass tries again");
-    }
     let now = Instant::now();
     let mut started = 0;
     for action in plan.actions {
@@ -148,6 +146,9 @@ async fn reconcile_once(
                 .await;
             }
         });
+    }
+    if let Err(e) = conditions::write(ctx, due, written, ctx.now()).await {
+        tracing::warn!(error = %e, "could not write a volume's Scheduled condition; the next pass tries again");
     }
     Ok(started)
 }
