@@ -74,7 +74,7 @@ pub async fn get(
         blocked: plan
             .blocked
             .into_iter()
-            .filter(|b| keep(b.object.strip_prefix("volume/").map(str::to_string)))
+            .filter(|b| keep(b.volume().map(str::to_string)))
             .collect(),
     }))
 }

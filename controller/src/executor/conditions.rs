@@ -53,7 +53,7 @@ fn reason_of(rule: Rule) -> &'static str {
 pub fn unscheduled(plan: &Plan) -> HashMap<&str, (&'static str, String)> {
     let mut out: HashMap<&str, (&'static str, String)> = HashMap::new();
     for b in &plan.blocked {
-        let Some(volume) = b.object.strip_prefix("volume/") else {
+        let Some(volume) = b.volume() else {
             continue;
         };
         out.entry(volume)

@@ -154,6 +154,13 @@ pub struct Blocked {
     pub reason: String,
 }
 
+impl Blocked {
+    /// The volume it holds up, when it is a volume's (`volume/NAME`).
+    pub fn volume(&self) -> Option<&str> {
+        self.object.strip_prefix("volume/")
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Plan {
     pub actions: Vec<Action>,

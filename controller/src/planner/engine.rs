@@ -24,7 +24,7 @@ pub fn unreachable(pass: &mut Pass, vs: &VolumeState, plan: &mut Plan) -> bool {
     }
     pass.busy.insert(vs.volume.name.clone());
     plan.block(
-        format!("volume/{}", vs.volume.name),
+        vs.object(),
         Rule::Replenish,
         format!(
             "{} is attached to {node}, which is not ready: its engine cannot rebuild a replica until the node is back or the volume is detached",
