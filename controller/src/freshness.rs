@@ -99,7 +99,9 @@ pub async fn record(
         .await?
         .status
         .current_replicas;
+    let mut degraded = None;
     let v = ctx.store.modify::<Volume, Error>(volume, |v| {
+        degraded = None;
         if v.status.attached_node.as_deref() != Some(node) {
             return Err(Error::Unprocessable(format!(
                 "volume {volume} is not attached at {node}: this engine is stale"
@@ -118,10 +120,16 @@ pub async fn record(
             )));
         }
         // A replica dropped: the volume degraded now (the replenish wait
-        // counts from here), unless it already was.
+        // counts from here), unless it already was; and it says so now,
+        // not at its engine's next report, when fewer than it wants are
+        // left.
         let dropped = v.status.current_replicas.iter().any(|r| !set.contains(r));
         if dropped && v.status.robustness == Robustness::Healthy {
             v.status.last_degraded_at = Some(ctx.now());
+            if set.len() < v.spec.number_of_replicas as usize {
+                v.status.robustness = Robustness::Degraded;
+                degraded = Some(v.spec.number_of_replicas);
+            }
         }
         v.status.generation += 1;
         v.status.current_replicas = set.clone();
@@ -129,7 +137,29 @@ pub async fn record(
     }).await?;
     tracing::info!(generation = v.status.generation, replicas = ?set, reason, "replica set recorded");
     announce(ctx, volume, v.status.generation, &before, &set, reason).await;
+    if let Some(wanted) = degraded {
+        announce_robustness(ctx, volume, Robustness::Degraded, set.len(), wanted).await;
+    }
     Ok(v.status.generation)
+}
+
+/// The event of a volume's robustness changed, and the count of rw
+/// replicas it was judged on: one wording for a record that drops a
+/// replica and for an engine's report.
+pub async fn announce_robustness(
+    ctx: &Context,
+    volume: &str,
+    now: Robustness,
+    rw: usize,
+    wanted: u32,
+) {
+    ctx.event(
+        Kind::Volume,
+        volume,
+        "VolumeRobustness",
+        format!("now {now}: {rw} of {wanted} replicas rw"),
+    )
+    .await;
 }
 
 /// A new record: the replicas that left it are failed, and an event says

@@ -629,7 +629,7 @@ async fn record_engine(
         return Ok(());
     }
     let now = ctx.now();
-    let mut rw = 0u32;
+    let mut rw_names = Vec::new();
     let failed: Vec<&str> = e
         .replicas
         .iter()
@@ -642,21 +642,29 @@ async fn record_engine(
             continue;
         };
         if mode == ReplicaMode::Rw {
-            rw += 1;
+            rw_names.push(r.name.as_str());
         }
         let source_failed = failed.contains(&r.rebuild_source.as_str());
         record_replica(ctx, (e.running, source_failed), mode, r, now).await?;
     }
-    let robustness = if rw >= volume.spec.number_of_replicas {
-        Robustness::Healthy
-    } else if rw > 0 {
-        Robustness::Degraded
-    } else {
-        Robustness::Faulted
-    };
     let mut changed_to = None;
+    let mut rw = 0;
     ctx.store
         .modify::<Volume, Error>(&e.volume, |v| {
+            // Only the replicas the record holds count: a report taken
+            // before its engine dropped a replica, read after the record
+            // did, must not call the volume healthy again.
+            rw = rw_names
+                .iter()
+                .filter(|n| crate::freshness::is_current(v, n))
+                .count();
+            let robustness = if rw >= v.spec.number_of_replicas as usize {
+                Robustness::Healthy
+            } else if rw > 0 {
+                Robustness::Degraded
+            } else {
+                Robustness::Faulted
+            };
             if v.status.robustness == robustness {
                 return Ok(false);
             }
@@ -669,14 +677,12 @@ async fn record_engine(
         })
         .await?;
     if let Some(r) = changed_to {
-        ctx.event(
-            Kind::Volume,
+        crate::freshness::announce_robustness(
+            ctx,
             &e.volume,
-            "VolumeRobustness",
-            format!(
-                "now {r}: {rw} of {} replicas rw",
-                volume.spec.number_of_replicas
-            ),
+            r,
+            rw,
+            volume.spec.number_of_replicas,
         )
         .await;
     }
@@ -938,6 +944,86 @@ mod tests {
                 "{last:?}"
             );
         }
+    }
+
+    /// A volume is degraded as soon as its engine's record drops a
+    /// replica, not at the engine's next report; and a report taken
+    /// before the drop, read after it, does not call it healthy again.
+    #[tokio::test]
+    async fn a_dropped_replica_degrades_the_volume_at_once_and_a_stale_report_does_not_heal_it() {
+        use ballast::model::{ReplicaMode, Robustness, Volume, VolumeSpec};
+        use ballast::proto::agent::v1::{EngineReplica, EngineStatus};
+        let (_dir, svc) = service().await;
+        let ctx = svc.ctx.clone();
+        let mut v = Volume {
+            name: "w".into(),
+            resource_version: 0,
+            spec: VolumeSpec::new(1 << 30, 2),
+            status: Default::default(),
+        };
+        v.status.attached_node = Some("n1".into());
+        let replicas: Vec<Replica> = ["w-r0", "w-r1"]
+            .iter()
+            .map(|n| {
+                crate::executor::effects::new_replica(n, "w", "n1", "disk-1", Some(ReplicaMode::Rw))
+            })
+            .collect();
+        crate::freshness::initial(&mut v, &replicas);
+        ctx.store.create(&v).await.unwrap();
+        for r in &replicas {
+            ctx.store.create(r).await.unwrap();
+        }
+        let report = |r1: &str| EngineStatus {
+            volume: "w".into(),
+            running: true,
+            replicas: vec![
+                EngineReplica {
+                    name: "w-r0".into(),
+                    mode: "rw".into(),
+                    ..Default::default()
+                },
+                EngineReplica {
+                    name: "w-r1".into(),
+                    mode: r1.into(),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let robustness = || async {
+            let v: Volume = ctx.store.fetch("w").await.unwrap();
+            v.status.robustness
+        };
+        let said = || async {
+            let mut events: Vec<ballast::model::Event> = ctx.store.list().await.unwrap();
+            events.retain(|e| e.object == "volume/w" && e.reason == "VolumeRobustness");
+            events.sort_by(|a, b| a.name.cmp(&b.name));
+            events.into_iter().map(|e| e.message).collect::<Vec<_>>()
+        };
+
+        record_engine(&ctx, "n1", &report("rw")).await.unwrap();
+        assert_eq!(robustness().await, Robustness::Healthy);
+
+        crate::freshness::record(&ctx, "w", "n1", (1, 0), &["w-r0".into()], "w-r1 dropped")
+            .await
+            .unwrap();
+        assert_eq!(robustness().await, Robustness::Degraded, "at the record");
+        let v: Volume = ctx.store.fetch("w").await.unwrap();
+        assert!(v.status.last_degraded_at.is_some());
+
+        // The engine's report from before the drop: w-r1 still rw in it.
+        record_engine(&ctx, "n1", &report("rw")).await.unwrap();
+        assert_eq!(robustness().await, Robustness::Degraded, "a stale report");
+        record_engine(&ctx, "n1", &report("err")).await.unwrap();
+        assert_eq!(robustness().await, Robustness::Degraded);
+        assert_eq!(
+            said().await,
+            [
+                "now healthy: 2 of 2 replicas rw",
+                "now degraded: 1 of 2 replicas rw"
+            ],
+            "one event each way, none for the stale report"
+        );
     }
 
     #[tokio::test]
