@@ -95,6 +95,17 @@ fn a_node_back_within_the_wait_has_its_replica_reused_and_only_missing_layers_co
         plan["waits"].as_array().is_some_and(|w| !w.is_empty()),
         "the plan does not wait for the replica: {plan}"
     );
+    // `ballastctl volume get` says so too, naming the replica and why.
+    let (ok, shown, err) = ballastctl(&c.api, &["volume", "get", "vol"]);
+    assert!(ok, "{err}");
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.starts_with("WAIT    volume vol until ")
+                && l.contains(&format!("failed replica {reused} may come back for reuse"))
+                && l.contains(&format!("node {victim} is not ready"))),
+        "volume get does not show the wait: {shown}"
+    );
     c.stays_put("vol");
     assert_eq!(
         names(&c, "vol"),

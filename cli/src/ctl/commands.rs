@@ -404,6 +404,16 @@ async fn volume(c: &Client, out: Out, cmd: VolumeCmd) -> Result<(), CtlError> {
                 println!();
                 render::table(&detail.volume.status.conditions);
             }
+            // What the planner would do for it now, and what it waits for
+            // (why it is blocked is its Scheduled condition, above).
+            let p: PlanView = typed(&c.get(&format!("/v1/plan?volume={name}")).await?)?;
+            if !p.actions.is_empty() || !p.waits.is_empty() {
+                println!();
+                print_plan(&PlanView {
+                    blocked: Vec::new(),
+                    ..p
+                });
+            }
             Ok(())
         }
         VolumeCmd::Create {
@@ -650,7 +660,15 @@ async fn plan(c: &Client, out: Out, volume: Option<String>) -> Result<(), CtlErr
     let p: PlanView = typed(&v)?;
     if p.actions.is_empty() {
         println!("Nothing to do.");
-    } else {
+    }
+    print_plan(&p);
+    Ok(())
+}
+
+/// The planner's actions as a table, then its waits and blocked items a
+/// line each.
+fn print_plan(p: &PlanView) {
+    if !p.actions.is_empty() {
         render::table(&p.actions);
     }
     for w in &p.waits {
@@ -664,7 +682,6 @@ async fn plan(c: &Client, out: Out, volume: Option<String>) -> Result<(), CtlErr
     for b in &p.blocked {
         println!("BLOCKED {}: {}", b.object, b.reason);
     }
-    Ok(())
 }
 
 async fn events(c: &Client, out: Out, object: Option<String>, watch: bool) -> Result<(), CtlError> {
