@@ -244,6 +244,15 @@ impl Cluster {
         self.ok("GET", &format!("/v1/volumes/{name}"), None)
     }
 
+    /// The volume record's `Scheduled` condition, when it has one.
+    pub fn scheduled(&self, volume: &str) -> Option<Value> {
+        self.volume(volume)["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|k| k["type"] == "Scheduled")
+            .cloned()
+    }
+
     pub fn create_volume(&self, body: Value) -> Value {
         self.ok("POST", "/v1/volumes", Some(body))
     }

@@ -15,15 +15,6 @@ fn cordon(c: &Cluster, node: &str, on: bool) {
     c.patch_node(node, json!({"cordoned": on}));
 }
 
-/// The volume record's `Scheduled` condition, when it has one.
-fn scheduled(c: &Cluster, volume: &str) -> Option<serde_json::Value> {
-    c.volume(volume)["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|k| k["type"] == "Scheduled")
-        .cloned()
-}
-
 fn robustness(c: &Cluster, volume: &str) -> String {
     c.volume(volume)["status"]["robustness"]
         .as_str()
@@ -222,7 +213,7 @@ fn block_for_eviction_with_nowhere_to_go_blocks_the_drain_until_uncordoned() {
     // The volume's record says why: its `Scheduled` condition, false,
     // with the planner's reason for each node.
     let blocked = wait_for(SETTLE, "the volume's Scheduled condition false", || {
-        scheduled(&c, "vol").filter(|k| k["status"] == false)
+        c.scheduled("vol").filter(|k| k["status"] == false)
     });
     let message = blocked["message"].as_str().unwrap_or_default();
     assert!(
@@ -250,7 +241,7 @@ fn block_for_eviction_with_nowhere_to_go_blocks_the_drain_until_uncordoned() {
     let cleared = wait_for(
         SETTLE,
         "the volume's Scheduled condition true again",
-        || scheduled(&c, "vol").filter(|k| k["status"] == true),
+        || c.scheduled("vol").filter(|k| k["status"] == true),
     );
     assert_eq!(cleared["message"], "", "{cleared}");
     // Each event is written after the change it tells of.

@@ -95,15 +95,27 @@ fn a_node_back_within_the_wait_has_its_replica_reused_and_only_missing_layers_co
         plan["waits"].as_array().is_some_and(|w| !w.is_empty()),
         "the plan does not wait for the replica: {plan}"
     );
-    // `ballastctl volume get` says so too, naming the replica and why.
+    // The volume's record says so: its `Scheduled` condition false,
+    // waiting, until when and for what.
+    let waiting = wait_for(SETTLE, "the Scheduled condition false", || {
+        c.scheduled("vol").filter(|k| k["status"] == false)
+    });
+    assert_eq!(waiting["reason"], "ReplenishWaiting", "{waiting}");
+    let message = waiting["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("waiting until ")
+            && message.contains(&format!("failed replica {reused} may come back for reuse")),
+        "{waiting}"
+    );
+    // `ballastctl volume get` shows it, naming the replica and why.
     let (ok, shown, err) = ballastctl(&c.api, &["volume", "get", "vol"]);
     assert!(ok, "{err}");
     assert!(
-        shown
-            .lines()
-            .any(|l| l.starts_with("WAIT    volume vol until ")
-                && l.contains(&format!("failed replica {reused} may come back for reuse"))
-                && l.contains(&format!("node {victim} is not ready"))),
+        shown.lines().any(|l| l.starts_with("Scheduled")
+            && l.contains("False")
+            && l.contains("ReplenishWaiting")
+            && l.contains(&format!("failed replica {reused} may come back for reuse"))
+            && l.contains(&format!("node {victim} is not ready"))),
         "volume get does not show the wait: {shown}"
     );
     c.stays_put("vol");
@@ -115,6 +127,9 @@ fn a_node_back_within_the_wait_has_its_replica_reused_and_only_missing_layers_co
     c.restart_node(c.node_index(victim));
     wait_mode(&c, &reused, "vol", "rw");
     c.wait_settled("vol", 3, SETTLE);
+    wait_for(SETTLE, "the Scheduled condition true again", || {
+        c.scheduled("vol").filter(|k| k["status"] == true)
+    });
     assert_eq!(
         names(&c, "vol"),
         before,

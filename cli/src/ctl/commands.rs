@@ -404,15 +404,12 @@ async fn volume(c: &Client, out: Out, cmd: VolumeCmd) -> Result<(), CtlError> {
                 println!();
                 render::table(&detail.volume.status.conditions);
             }
-            // What the planner would do for it now, and what it waits for
-            // (why it is blocked is its Scheduled condition, above).
+            // What the planner would do for it now (what it waits for, or
+            // why it cannot, is its Scheduled condition, above).
             let p: PlanView = typed(&c.get(&format!("/v1/plan?volume={name}")).await?)?;
-            if !p.actions.is_empty() || !p.waits.is_empty() {
+            if !p.actions.is_empty() {
                 println!();
-                print_plan(&PlanView {
-                    blocked: Vec::new(),
-                    ..p
-                });
+                render::table(&p.actions);
             }
             Ok(())
         }
@@ -660,15 +657,7 @@ async fn plan(c: &Client, out: Out, volume: Option<String>) -> Result<(), CtlErr
     let p: PlanView = typed(&v)?;
     if p.actions.is_empty() {
         println!("Nothing to do.");
-    }
-    print_plan(&p);
-    Ok(())
-}
-
-/// The planner's actions as a table, then its waits and blocked items a
-/// line each.
-fn print_plan(p: &PlanView) {
-    if !p.actions.is_empty() {
+    } else {
         render::table(&p.actions);
     }
     for w in &p.waits {
@@ -682,6 +671,7 @@ fn print_plan(p: &PlanView) {
     for b in &p.blocked {
         println!("BLOCKED {}: {}", b.object, b.reason);
     }
+    Ok(())
 }
 
 async fn events(c: &Client, out: Out, object: Option<String>, watch: bool) -> Result<(), CtlError> {

@@ -4,9 +4,12 @@
 //! replicas and cannot (the plan's `blocked`: no disk fits, no source to
 //! rebuild from, no rebuild slot, a strict-local volume away from its
 //! data), with the rule as its reason and the planner's words as its
-//! message; true again once nothing is blocked. A volume that was never
-//! blocked carries none (absent: nothing blocked), so that a large cluster
-//! writes no record for it.
+//! message; false too while a rule waits on purpose before it places one
+//! (the plan's `waits`: a failed replica whose node may come back for
+//! reuse), with `<Rule>Waiting` as its reason and until when as its
+//! message; true again once nothing is blocked or waited for. A volume
+//! that was never either carries none (absent: scheduled), so that a
+//! large cluster writes no record for it.
 //!
 //! It reads the plan and writes the volumes' status, only where a
 //! condition changed; it decides nothing. A message alone that changed is
@@ -29,39 +32,49 @@ pub const SCHEDULED: &str = "Scheduled";
 /// How often a blocked volume's message alone is written again.
 const MESSAGE_EVERY: Duration = Duration::from_secs(60);
 
-/// The reason of a `Scheduled` condition that is false: the rule that is
-/// blocked.
-fn reason_of(rule: Rule) -> &'static str {
-    match rule {
-        Rule::Schedule => "ScheduleBlocked",
-        Rule::Replenish => "ReplenishBlocked",
-        Rule::Reuse => "ReuseBlocked",
-        Rule::ZoneBalance => "ZoneBalanceBlocked",
-        Rule::NodeBalance => "NodeBalanceBlocked",
-        Rule::DiskPressure => "DiskPressureBlocked",
-        Rule::Locality => "LocalityBlocked",
-        Rule::Eviction => "EvictionBlocked",
-        Rule::Drain => "DrainBlocked",
-        Rule::Cleanup => "CleanupBlocked",
-    }
+/// The reason of a `Scheduled` condition that is false: the rule, and
+/// whether it is blocked or waits (`ReplenishBlocked`, `ReplenishWaiting`).
+fn reason_of(rule: Rule, waits: bool) -> String {
+    let rule = match rule {
+        Rule::Schedule => "Schedule",
+        Rule::Replenish => "Replenish",
+        Rule::Reuse => "Reuse",
+        Rule::ZoneBalance => "ZoneBalance",
+        Rule::NodeBalance => "NodeBalance",
+        Rule::DiskPressure => "DiskPressure",
+        Rule::Locality => "Locality",
+        Rule::Eviction => "Eviction",
+        Rule::Drain => "Drain",
+        Rule::Cleanup => "Cleanup",
+    };
+    format!("{rule}{}", if waits { "Waiting" } else { "Blocked" })
 }
 
 /// The `Scheduled` condition that `plan` makes false, by volume: the
-/// reason of the first rule it blocks for the volume, and every reason in
-/// the message, in the plan's order. A volume it does not name is
-/// scheduled.
-pub fn unscheduled(plan: &Plan) -> HashMap<&str, (&'static str, String)> {
-    let mut out: HashMap<&str, (&'static str, String)> = HashMap::new();
-    for b in &plan.blocked {
-        let Some(volume) = b.volume() else {
-            continue;
-        };
+/// reason of the first rule it blocks for the volume (or, blocking none,
+/// the first that waits), and every reason in the message, blocked ones
+/// first, in the plan's order. A volume it does not name is scheduled.
+pub fn unscheduled(plan: &Plan) -> HashMap<&str, (String, String)> {
+    let blocked = plan
+        .blocked
+        .iter()
+        .filter_map(|b| Some((b.volume()?, reason_of(b.rule, false), b.reason.clone())));
+    let waits = plan.waits.iter().map(|w| {
+        let message = format!(
+            "waiting until {}: {}",
+            w.until.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            w.what
+        );
+        (w.volume.as_str(), reason_of(w.rule, true), message)
+    });
+    let mut out: HashMap<&str, (String, String)> = HashMap::new();
+    for (volume, reason, message) in blocked.chain(waits) {
         out.entry(volume)
             .and_modify(|(_, m)| {
                 m.push_str("; ");
-                m.push_str(&b.reason);
+                m.push_str(&message);
             })
-            .or_insert((reason_of(b.rule), b.reason.clone()));
+            .or_insert((reason, message));
     }
     out
 }
@@ -73,7 +86,7 @@ pub struct Written(HashMap<String, Instant>);
 
 /// A condition to write: the volume, and its `Scheduled` status, reason
 /// and message.
-pub struct Due(String, bool, &'static str, String);
+pub struct Due(String, bool, String, String);
 
 /// The volumes of `volumes` whose `Scheduled` condition `plan` changes
 /// (a message alone not within a minute of its last write). Reads only:
@@ -88,8 +101,8 @@ pub fn due<'a>(
     let mut due = Vec::new();
     for v in volumes {
         let (status, reason, message) = match blocked.get(v.name.as_str()) {
-            Some((reason, message)) => (false, *reason, message.clone()),
-            None => (true, "Scheduled", String::new()),
+            Some((reason, message)) => (false, reason.clone(), message.clone()),
+            None => (true, "Scheduled".to_string(), String::new()),
         };
         let had = v.status.conditions.iter().find(|c| c.kind == SCHEDULED);
         let write = match had {
@@ -134,7 +147,7 @@ pub async fn write(
             let c = Condition {
                 kind: SCHEDULED.to_string(),
                 status,
-                reason: reason.to_string(),
+                reason: reason.clone(),
                 message: message.clone(),
                 last_transition_time: since,
             };
@@ -164,7 +177,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_volume_is_scheduled_unless_the_plan_blocks_a_rule_for_it_and_then_says_each_reason() {
+    fn a_volume_is_scheduled_unless_the_plan_blocks_or_waits_for_a_rule_of_it_and_then_says_each_reason()
+     {
         let mut plan = Plan::default();
         plan.block("node/n1", Rule::DiskPressure, "n1 is pressured");
         plan.block("volume/v2", Rule::Replenish, "v2: no place for a replica");
@@ -174,18 +188,38 @@ mod tests {
             Rule::Replenish,
             "n2: 5 rebuilds already running",
         );
+        let until = "2026-12-06T13:47:16.386Z".parse().unwrap();
+        for volume in ["v2", "v3"] {
+            plan.waits.push(crate::planner::Wait {
+                volume: volume.into(),
+                rule: Rule::Replenish,
+                what: format!("failed replica {volume}-r1 may come back for reuse"),
+                until,
+            });
+        }
         let got = unscheduled(&plan);
-        assert_eq!(got.len(), 2, "{got:?}");
+        assert_eq!(got.len(), 3, "{got:?}");
+        let of = |r: &str, m: &str| (r.to_string(), m.to_string());
         assert_eq!(
             got["v1"],
-            (
+            of(
                 "LocalityBlocked",
-                "v1 is strict-local; n2: 5 rebuilds already running".to_string()
+                "v1 is strict-local; n2: 5 rebuilds already running"
             )
         );
         assert_eq!(
             got["v2"],
-            ("ReplenishBlocked", "v2: no place for a replica".to_string())
+            of(
+                "ReplenishBlocked",
+                "v2: no place for a replica; waiting until 2026-12-06T13:47:16Z: failed replica v2-r1 may come back for reuse"
+            )
+        );
+        assert_eq!(
+            got["v3"],
+            of(
+                "ReplenishWaiting",
+                "waiting until 2026-12-06T13:47:16Z: failed replica v3-r1 may come back for reuse"
+            )
         );
     }
 }
