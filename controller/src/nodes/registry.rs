@@ -672,19 +672,12 @@ async fn record_engine(
                 v.status.last_degraded_at = Some(now);
             }
             v.status.robustness = robustness;
-            changed_to = Some(robustness);
+            changed_to = Some((robustness, v.spec.number_of_replicas));
             Ok(true)
         })
         .await?;
-    if let Some(r) = changed_to {
-        crate::freshness::announce_robustness(
-            ctx,
-            &e.volume,
-            r,
-            rw,
-            volume.spec.number_of_replicas,
-        )
-        .await;
+    if let Some((r, wanted)) = changed_to {
+        crate::freshness::announce_robustness(ctx, &e.volume, r, rw, wanted).await;
     }
     Ok(())
 }
