@@ -68,10 +68,7 @@ struct ReasonLabels {
 
 /// A rule as BEHAVIOR.md and the plan name it (`zone-balance`).
 fn rule_name(r: crate::planner::Rule) -> String {
-    serde_json::to_value(r)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default()
+    r.name().to_string()
 }
 
 /// A family of gauges registered under `name`.
@@ -344,6 +341,18 @@ pub async fn render(ctx: &Context) -> Result<String, Error> {
         blocked
             .get_or_create(&RuleLabels {
                 rule: rule_name(b.rule),
+            })
+            .inc();
+    }
+    let waits = family(
+        &mut reg,
+        "ballast_planner_waits",
+        "What the planner waits for on purpose now (a failed replica whose node may come back), by rule",
+    );
+    for w in &plan.waits {
+        waits
+            .get_or_create(&RuleLabels {
+                rule: rule_name(w.rule),
             })
             .inc();
     }

@@ -118,6 +118,14 @@ fn a_node_back_within_the_wait_has_its_replica_reused_and_only_missing_layers_co
             && l.contains(&format!("node {victim} is not ready"))),
         "volume get does not show the wait: {shown}"
     );
+    // And the metrics count it.
+    let metrics = get_text(&format!("{}/metrics", c.api)).unwrap_or_default();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "ballast_planner_waits{rule=\"replenish\"} 1"),
+        "{metrics}"
+    );
     c.stays_put("vol");
     assert_eq!(
         names(&c, "vol"),
