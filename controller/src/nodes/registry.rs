@@ -869,24 +869,29 @@ mod tests {
         .unwrap();
     }
 
+    /// A volume of two replicas attached at n1.
+    fn attached_at_n1(name: &str) -> ballast::model::Volume {
+        let mut v = ballast::model::Volume {
+            name: name.into(),
+            resource_version: 0,
+            spec: ballast::model::VolumeSpec::new(1 << 30, 2),
+            status: Default::default(),
+        };
+        v.status.attached_node = Some("n1".into());
+        v
+    }
+
     /// A rebuild its engine ended is recorded failed with its event; it
     /// counts as an attempt of its target unless its source failed too
     /// (given up for its silence, or found corrupt): the target was not
     /// at fault.
     #[tokio::test]
     async fn a_rebuild_that_failed_with_its_source_is_not_counted_against_its_target() {
-        use ballast::model::{ReplicaMode, Volume, VolumeSpec};
+        use ballast::model::ReplicaMode;
         use ballast::proto::agent::v1::{EngineReplica, EngineStatus};
         let (_dir, svc) = service().await;
         let ctx = svc.ctx.clone();
-        let mut v = Volume {
-            name: "v".into(),
-            resource_version: 0,
-            spec: VolumeSpec::new(1 << 30, 2),
-            status: Default::default(),
-        };
-        v.status.attached_node = Some("n1".into());
-        ctx.store.create(&v).await.unwrap();
+        ctx.store.create(&attached_at_n1("v")).await.unwrap();
         for (source_mode, counted) in [("rw", 1), ("err", 0)] {
             for (name, mode) in [("v-r0", ReplicaMode::Rw), ("v-r1", ReplicaMode::Wo)] {
                 let mut r =
@@ -944,17 +949,11 @@ mod tests {
     /// before the drop, read after it, does not call it healthy again.
     #[tokio::test]
     async fn a_dropped_replica_degrades_the_volume_at_once_and_a_stale_report_does_not_heal_it() {
-        use ballast::model::{ReplicaMode, Robustness, Volume, VolumeSpec};
+        use ballast::model::{ReplicaMode, Robustness, Volume};
         use ballast::proto::agent::v1::{EngineReplica, EngineStatus};
         let (_dir, svc) = service().await;
         let ctx = svc.ctx.clone();
-        let mut v = Volume {
-            name: "w".into(),
-            resource_version: 0,
-            spec: VolumeSpec::new(1 << 30, 2),
-            status: Default::default(),
-        };
-        v.status.attached_node = Some("n1".into());
+        let mut v = attached_at_n1("w");
         let replicas: Vec<Replica> = ["w-r0", "w-r1"]
             .iter()
             .map(|n| {
