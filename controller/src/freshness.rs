@@ -126,7 +126,8 @@ pub async fn record(
         let dropped = v.status.current_replicas.iter().any(|r| !set.contains(r));
         if dropped && v.status.robustness == Robustness::Healthy {
             v.status.last_degraded_at = Some(ctx.now());
-            if set.len() < v.spec.number_of_replicas as usize {
+            let now = Robustness::of(set.len(), v.spec.number_of_replicas as usize);
+            if now == Robustness::Degraded {
                 v.status.robustness = Robustness::Degraded;
                 degraded = Some(v.spec.number_of_replicas);
             }

@@ -115,6 +115,21 @@ string_enum!(
     }
 );
 
+impl Robustness {
+    /// A volume's robustness from how many of its replicas hold its latest
+    /// data (`rw`) against how many it wants: healthy with all of them,
+    /// degraded with some, faulted with none.
+    pub fn of(rw: usize, wanted: usize) -> Robustness {
+        if rw >= wanted {
+            Robustness::Healthy
+        } else if rw > 0 {
+            Robustness::Degraded
+        } else {
+            Robustness::Faulted
+        }
+    }
+}
+
 string_enum!(
     /// Lifecycle of a volume.
     VolumeState {

@@ -32,22 +32,24 @@ pub const SCHEDULED: &str = "Scheduled";
 /// How often a blocked volume's message alone is written again.
 const MESSAGE_EVERY: Duration = Duration::from_secs(60);
 
-/// The reason of a `Scheduled` condition that is false: the rule, and
-/// whether it is blocked or waits (`ReplenishBlocked`, `ReplenishWaiting`).
+/// The reason of a `Scheduled` condition that is false: the rule's name
+/// as the plan writes it (`zone-balance`) in the condition's form, and
+/// whether it is blocked or waits (`ZoneBalanceBlocked`,
+/// `ReplenishWaiting`).
 fn reason_of(rule: Rule, waits: bool) -> String {
-    let rule = match rule {
-        Rule::Schedule => "Schedule",
-        Rule::Replenish => "Replenish",
-        Rule::Reuse => "Reuse",
-        Rule::ZoneBalance => "ZoneBalance",
-        Rule::NodeBalance => "NodeBalance",
-        Rule::DiskPressure => "DiskPressure",
-        Rule::Locality => "Locality",
-        Rule::Eviction => "Eviction",
-        Rule::Drain => "Drain",
-        Rule::Cleanup => "Cleanup",
-    };
-    format!("{rule}{}", if waits { "Waiting" } else { "Blocked" })
+    let mut reason: String = rule
+        .name()
+        .split('-')
+        .flat_map(|word| {
+            let mut c = word.chars();
+            c.next()
+                .map(|first| first.to_ascii_uppercase())
+                .into_iter()
+                .chain(c)
+        })
+        .collect();
+    reason.push_str(if waits { "Waiting" } else { "Blocked" });
+    reason
 }
 
 /// The `Scheduled` condition that `plan` makes false, by volume: the
@@ -199,6 +201,8 @@ mod tests {
         }
         let got = unscheduled(&plan);
         assert_eq!(got.len(), 3, "{got:?}");
+        assert_eq!(reason_of(Rule::ZoneBalance, false), "ZoneBalanceBlocked");
+        assert_eq!(reason_of(Rule::DiskPressure, true), "DiskPressureWaiting");
         let of = |r: &str, m: &str| (r.to_string(), m.to_string());
         assert_eq!(
             got["v1"],

@@ -658,13 +658,7 @@ async fn record_engine(
                 .iter()
                 .filter(|n| crate::freshness::is_current(v, n))
                 .count();
-            let robustness = if rw >= v.spec.number_of_replicas as usize {
-                Robustness::Healthy
-            } else if rw > 0 {
-                Robustness::Degraded
-            } else {
-                Robustness::Faulted
-            };
+            let robustness = Robustness::of(rw, v.spec.number_of_replicas as usize);
             if v.status.robustness == robustness {
                 return Ok(false);
             }

@@ -92,14 +92,10 @@ impl<'a> VolumeState<'a> {
 
     pub fn robustness(&self) -> Robustness {
         let rw = self.rw.len();
-        if rw >= self.wanted() {
-            Robustness::Healthy
-        } else if rw > 0 {
-            Robustness::Degraded
-        } else if self.is_new {
+        if rw == 0 && self.is_new && self.wanted() > 0 {
             Robustness::Unknown
         } else {
-            Robustness::Faulted
+            Robustness::of(rw, self.wanted())
         }
     }
 
