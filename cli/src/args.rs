@@ -459,6 +459,12 @@ pub struct EngineArgs {
     /// A replica the store records as holding the latest data (repeat).
     #[arg(long = "current")]
     pub current: Vec<String>,
+    /// Another replica of the volume, which the record leaves out:
+    /// NAME@HOST:PORT (repeat). Never served from; after a power cut a
+    /// suspect block of the one current replica takes its copy when that
+    /// matches the checksum kept on the disk.
+    #[arg(long = "stale")]
+    pub stale: Vec<ballast_node::engine::ReplicaAddr>,
 }
 
 /// `ballast`'s command line.

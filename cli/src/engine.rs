@@ -100,6 +100,7 @@ pub async fn run(a: EngineArgs) -> Result<(), EngineExit> {
         ballast_node::engine::EngineError::NoReplica(_) => EngineExit::NoReplica(e.to_string()),
         e => EngineExit::Failed(e.to_string()),
     })?;
+    engine.settle_from_stale(&a.stale).await;
     engine.watch_stalls(std::time::Duration::from_secs(a.replica_timeout));
     if let Some(dir) = a.local_dir.clone()
         && let Err(e) = engine.lend_local(dir, a.writeback_every).await

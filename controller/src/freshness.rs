@@ -226,6 +226,8 @@ pub fn is_current(volume: &Volume, replica: &str) -> bool {
 /// (`NAME@ADDR`), and the record as the store has it.
 pub struct Serving {
     pub replicas: Vec<String>,
+    /// The volume's other replicas, which the record leaves out (`stale`).
+    pub stale: Vec<String>,
     pub generation: u64,
     pub current: Vec<String>,
     /// The node of each current replica, as `current` lists them.
@@ -322,6 +324,7 @@ pub async fn serving(ctx: &Context, volume: &Volume) -> Result<Serving, Error> {
         return Err(fault(ctx, &name, why).await);
     }
     Ok(Serving {
+        stale: stale(ctx, volume, &current).await?,
         replicas: reachable,
         generation: volume.status.generation,
         current: current.iter().map(|r| r.name.clone()).collect(),
@@ -331,6 +334,37 @@ pub async fn serving(ctx: &Context, volume: &Volume) -> Result<Serving, Error> {
             .map(|r| format!("{} on {}", r.name, r.spec.node_id))
             .collect(),
     })
+}
+
+/// `NAME@ENDPOINT` of the replicas of `volume` on ready nodes that the
+/// record leaves out, when it holds a single replica (`current`): after a
+/// power cut, the copies a suspect block of that replica may take when
+/// they match the checksum it kept, and while they exist its checksums
+/// are synced at every flush (the engine's `guard`). None otherwise: with
+/// two or more, a block gone bad in one is sound in another.
+/// Found on the copy of the records (never a whole read of the store),
+/// then each read from the store by name.
+async fn stale(ctx: &Context, volume: &Volume, current: &[Replica]) -> Result<Vec<String>, Error> {
+    if current.len() != 1 {
+        return Ok(Vec::new());
+    }
+    let names: Vec<String> = {
+        let mirror = ctx.records().await?;
+        mirror
+            .replicas()
+            .filter(|r| r.spec.volume == volume.name && r.name != current[0].name)
+            .map(|r| r.name.clone())
+            .collect()
+    };
+    let mut others = Vec::with_capacity(names.len());
+    for name in names {
+        if let Some(r) = ctx.store.get::<Replica>(&name).await?
+            && r.spec.volume == volume.name
+        {
+            others.push(r);
+        }
+    }
+    Ok(reach(ctx, &others).await?.0)
 }
 
 /// The record of a new volume: every replica, generation 1.
@@ -622,6 +656,39 @@ mod tests {
         assert!(e.to_string().contains("is not ready"), "{e}");
     }
 
+    /// A volume whose record holds one replica: its engine is told of the
+    /// volume's others on ready nodes (stale), found on the copy of the
+    /// records, not by a whole read of the store; none while the record
+    /// holds two, or when their node is not ready.
+    #[tokio::test]
+    async fn an_engine_of_a_volume_down_to_one_recorded_replica_is_told_its_stale_ones() {
+        let counting = Arc::new(Counting::default());
+        let store: Arc<dyn Store> = counting.clone();
+        cluster(store.as_ref()).await;
+        n2_ready(store.as_ref()).await;
+        let ctx = Context::new(store.clone(), Duration::from_secs(30));
+        ctx.led_for(Duration::from_secs(60));
+        let v3: Volume = store.fetch("v3").await.unwrap();
+        let s = serving(&ctx, &v3).await.unwrap();
+        assert_eq!(s.replicas, ["v3-r0@n1:9500", "v3-r1@n2:9500"]);
+        assert!(s.stale.is_empty(), "two recorded: {:?}", s.stale);
+
+        record(&ctx, "v3", "n1", (1, 0), &["v3-r0".into()], "v3-r1 dropped")
+            .await
+            .unwrap();
+        drop(ctx.records().await.unwrap()); // the copy's first, whole read
+        let v3: Volume = store.fetch("v3").await.unwrap();
+        let (s, whole) = lists(&counting, serving(&ctx, &v3)).await;
+        let s = s.unwrap();
+        assert_eq!(whole, 0, "serving read the store whole");
+        assert_eq!(s.replicas, ["v3-r0@n1:9500"]);
+        assert_eq!(s.stale, ["v3-r1@n2:9500"], "the one the record dropped");
+
+        n2_is_ready(store.as_ref(), false).await;
+        let s = serving(&ctx, &v3).await.unwrap();
+        assert!(s.stale.is_empty(), "its node is not ready: {:?}", s.stale);
+    }
+
     /// An engine of an attachment the volume has left behind (one the
     /// controller started again, or detached) never changes the record,
     /// even at the record's generation and on the attached node: its
@@ -665,9 +732,14 @@ mod tests {
 
     /// n2 is ready (its heartbeat, as the registry writes it).
     async fn n2_ready(store: &dyn Store) {
+        n2_is_ready(store, true).await;
+    }
+
+    /// n2 is ready, or not, as the registry writes it.
+    async fn n2_is_ready(store: &dyn Store, ready: bool) {
         store
             .modify::<Node, Error>("n2", |n| {
-                n.status.ready = true;
+                n.status.ready = ready;
                 Ok(true)
             })
             .await

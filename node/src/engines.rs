@@ -392,6 +392,7 @@ impl Engines {
                     local: spec["local"].as_str().unwrap_or_default().to_string(),
                     generation: spec["generation"].as_u64().unwrap_or(0),
                     current: strings(&spec["current"]),
+                    stale: strings(&spec["stale"]),
                     epoch: spec["epoch"].as_u64().unwrap_or(0),
                     replica_timeout_seconds: spec["replicaTimeoutSeconds"]
                         .as_u64()
@@ -458,6 +459,10 @@ impl Engines {
         ballast::model::validate_name(&spec.volume).map_err(|m| invalid("volume", m))?;
         if spec.replicas.is_empty() {
             return Err(invalid("replicas", "at least one replica is needed".into()));
+        }
+        for r in &spec.stale {
+            r.parse::<crate::engine::ReplicaAddr>()
+                .map_err(|m| invalid("stale", m))?;
         }
         let _volume = self.guard(&spec.volume).await;
         // The block device the last engine served (its size and FUSE
@@ -673,6 +678,9 @@ impl Engines {
         for r in &spec.current {
             cmd.args(["--current", r]);
         }
+        for r in &spec.stale {
+            cmd.args(["--stale", r]);
+        }
         if !spec.local.is_empty() {
             cmd.args(["--local", &spec.local]);
             // The engine reads the local replica's files directly.
@@ -705,6 +713,7 @@ impl Engines {
             "local": spec.local,
             "generation": spec.generation,
             "current": spec.current,
+            "stale": spec.stale,
             "epoch": spec.epoch,
             "replicaTimeoutSeconds": spec.replica_timeout_seconds,
         });

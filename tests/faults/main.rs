@@ -209,6 +209,43 @@ fn a_block_flipped_in_the_last_current_replica_then_its_power_cut() {
     );
 }
 
+/// Found by the soaks of seeds 20261246, 20261250 and 20261261 (this is
+/// reboots schedule 4 of the last): node-2's disk filled, so that its
+/// replica was dropped from the record, and node-3's, the one current
+/// replica, held a block flipped where its head held none (the first
+/// write, frozen below by the rebuild node-2's replica began); then every
+/// machine's power cut. Its new boot found the block failing its checksum
+/// in a region written lately, took it as it was (it could be a flushed
+/// write whose checksum was not synced yet), and no current replica held
+/// it sound: the volume served the flipped bytes. The one current replica
+/// now syncs its checksums at every flush while a stale one exists
+/// (`engine/guard.rs`), so its new boot knows the block held no flushed
+/// write of the head, and reads it from the layer below
+/// (`Replica::drop_unflushed`).
+#[test]
+fn a_block_flipped_in_the_last_current_replica_with_the_other_on_a_full_disk_then_every_machine_loses_power()
+ {
+    fixed(
+        "flip-in-the-last-current-replica-then-power-cut-all",
+        2,
+        vec![
+            Pause(300),
+            FillDisk(1),
+            Pause(1247),
+            CorruptHead(2),
+            Pause(956),
+            PowerCutAll,
+            Pause(852),
+            Reboot(2),
+            Pause(852),
+            Check,
+            Pause(1424),
+            KillEngine,
+            Pause(2000),
+        ],
+    );
+}
+
 /// Found by the soak of seed 20261219, power schedule 17: a block of an
 /// acknowledged, flushed write flipped in node-1's replica, then every
 /// machine's power cut. After a power cut a block that does not match its

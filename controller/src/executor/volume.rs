@@ -439,6 +439,7 @@ async fn start_engine(
             local,
             generation: serving.generation,
             current: serving.current,
+            stale: serving.stale,
             tls_cert_pem,
             tls_key_pem,
             epoch,

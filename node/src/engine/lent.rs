@@ -371,6 +371,21 @@ impl Lent {
         .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
     }
 
+    /// Syncs the head's checksums at every flush, or not (see
+    /// `Replica::set_sums_every_flush`), on a blocking thread.
+    pub async fn sums_every_flush(self: &Arc<Self>, on: bool) -> Result<(), ClientError> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _gate = me.alone()?;
+            let mut r = me.replica.write().map_err(|_| me.poisoned())?;
+            r.set_sums_every_flush(on)
+                .map(drop)
+                .map_err(|e| me.error(e))
+        })
+        .await
+        .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
+    }
+
     /// Freezes the head (see `Replica::snapshot_losing`), on a blocking
     /// thread.
     pub async fn snapshot(

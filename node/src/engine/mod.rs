@@ -45,6 +45,7 @@ mod equalize;
 mod fan_in;
 use fan_in::FanIn;
 pub mod freshness;
+mod guard;
 mod lent;
 mod open;
 mod read;
@@ -178,6 +179,14 @@ impl Link {
         }
     }
 
+    /// Syncs the replica's checksums at every flush, or not (`guard`).
+    async fn sums_every_flush(&self, on: bool) -> Result<(), ClientError> {
+        match self {
+            Link::Remote(c) => c.sums_every_flush(on).await,
+            Link::Lent(l) => l.sums_every_flush(on).await,
+        }
+    }
+
     async fn layers(&self) -> Result<Vec<crate::replica::LayerInfo>, ClientError> {
         match self {
             Link::Remote(c) => c.layers().await,
@@ -274,12 +283,20 @@ pub struct Engine {
     /// (`stall::watch_lent`): a frontend whose task the disk holds hands
     /// its work to another (`lent_given_up`).
     lent_given_up: tokio::sync::watch::Sender<u64>,
+    /// Wakes the task that tells the rw replicas whether to guard their
+    /// checksums (`guard`).
+    guard_wake: Arc<tokio::sync::Notify>,
+    /// Whether the volume has replicas the record leaves out, which a
+    /// starting engine was told of (`settle_from_stale`).
+    stale_known: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
-        // The record keeper holds only a weak reference: let it see the end.
+        // The record keeper and the guard hold only weak references: let
+        // them see the end.
         self.set_changed.notify_one();
+        self.guard_wake.notify_one();
     }
 }
 
@@ -485,7 +502,13 @@ impl Engine {
             tls,
             replica_timeout: std::sync::OnceLock::new(),
             lent_given_up: tokio::sync::watch::Sender::new(0),
+            guard_wake: Arc::new(tokio::sync::Notify::new()),
+            stale_known: std::sync::atomic::AtomicBool::new(false),
         });
+        tokio::spawn(guard::keep(
+            Arc::downgrade(&engine),
+            engine.guard_wake.clone(),
+        ));
         if keeps_record {
             // The set it opened may already differ from the record.
             engine.set_changed.notify_one();
@@ -495,6 +518,51 @@ impl Engine {
             ));
         }
         Ok(engine)
+    }
+
+    /// Once, before it serves: `stale` are the volume's other replicas,
+    /// which the record leaves out (the controller names them when the
+    /// record holds one replica; none otherwise). A suspect block of the
+    /// one rw replica whose checksum on the disk it kept takes the copy of
+    /// a stale replica that matches that checksum (`settle::from_stale`).
+    /// Then the rw replicas are told whether to guard their checksums
+    /// (`guard`; the one rw replica does while a stale one is known).
+    /// Returns the blocks settled.
+    pub async fn settle_from_stale(&self, stale: &[ReplicaAddr]) -> u64 {
+        if !stale.is_empty() {
+            self.stale_known.store(true, Ordering::Release);
+        }
+        self.guard_wake.notify_one();
+        if stale.is_empty() {
+            return 0;
+        }
+        let m = self.members.lock().await;
+        let mut rw = m.iter().filter(|x| x.mode == ReplicaMode::Rw);
+        let (Some(one), None) = (rw.next(), rw.next()) else {
+            return 0;
+        };
+        let Some(Link::Remote(dst)) = &one.link else {
+            return 0;
+        };
+        let kept = match dst.info().await {
+            Ok(info) => settle::kept_sums(&info),
+            Err(e) => {
+                tracing::warn!(volume = %self.volume, replica = %one.at.name, error = %e, "cannot ask the replica for its suspect blocks");
+                return 0;
+            }
+        };
+        if kept.is_empty() {
+            return 0;
+        }
+        let revision = self.revision.load(Ordering::Acquire);
+        settle::from_stale(
+            &self.volume,
+            (&one.at.name, dst, revision),
+            &kept,
+            stale,
+            &self.tls,
+        )
+        .await
     }
 
     /// Records every change of the rw set, one at a time, for as long as
@@ -621,6 +689,7 @@ impl Engine {
         }
         self.changed.notify_waiters();
         self.set_changed.notify_one();
+        self.guard_wake.notify_one();
     }
 
     async fn fail(&self, name: &str, why: &ClientError) {

@@ -9,6 +9,14 @@
 //! hold the same: each may hold a different write that no flush covered,
 //! and a volume must read the same whichever replica serves it.
 //!
+//! A volume whose record holds one replica has no other rw copy to settle
+//! from. Where that replica kept the disk's checksum of a suspect block
+//! (its checksums were synced at every flush, `guard`), the block takes a
+//! copy of one of the volume's stale replicas, those the record leaves
+//! out, that matches it (`from_stale`): the checksum is the block's state
+//! at the last flush or later, so such a copy loses no flushed write. One
+//! that matches nowhere stays as it is.
+//!
 //! Adjacent suspect blocks that one source holds sound are copied as one
 //! run (one read, one write), since each write that settles suspect blocks
 //! costs the replica a flush and a durable rewrite of its suspect list.
@@ -20,9 +28,10 @@ use std::time::Duration;
 
 use ballast::model::ReplicaMode;
 
-use super::{Link, Member};
+use super::{Link, Member, ReplicaAddr};
 use crate::replica::BLOCK;
 use crate::wire::client::ReplicaClient;
+use crate::wire::tls::WireTls;
 
 /// How long an engine whose replicas hold suspect blocks waits for the
 /// volume's other replicas to be reachable before it serves without them.
@@ -126,6 +135,113 @@ pub(super) async fn settle_suspects(
             settled = settled - kept, kept, unsettled = left.len(), copies,
             "suspect blocks after a power cut taken from replicas that hold them sound, and those no replica holds sound from the first rw replica's copy, so that all hold the same");
     }
+}
+
+/// The checksums on the disk a replica's INFO says it kept for some of its
+/// suspect blocks (`suspect_sums`: `[[block, crc32c], ...]`), by block.
+pub(super) fn kept_sums(info: &serde_json::Value) -> std::collections::BTreeMap<u64, u32> {
+    info["suspect_sums"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|pair| {
+                    let b = pair.get(0)?.as_u64()?;
+                    let sum = u32::try_from(pair.get(1)?.as_u64()?).ok()?;
+                    Some((b, sum))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Settles the suspect blocks of `dst`, the volume's one rw replica
+/// (named `name`, at `revision`), whose checksums on the disk it kept
+/// (`kept`), from the first of the `stale` replicas whose copy matches
+/// that checksum. Returns the blocks settled.
+pub(super) async fn from_stale(
+    volume: &str,
+    (name, dst, revision): (&str, &ReplicaClient, u64),
+    kept: &std::collections::BTreeMap<u64, u32>,
+    stale: &[ReplicaAddr],
+    tls: &WireTls,
+) -> u64 {
+    let mut left: Vec<u64> = kept.keys().copied().collect();
+    let mut settled = 0u64;
+    for at in stale {
+        if left.is_empty() {
+            break;
+        }
+        let src = match ReplicaClient::dial(tls, &at.addr, &at.name).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::info!(volume, replica = %at.name, error = %e, "a stale replica could not be asked for its copies of suspect blocks");
+                continue;
+            }
+        };
+        let mut unmatched = Vec::new();
+        let (runs, _) = sound_runs(&left, &[]);
+        for run in runs {
+            // A run that cannot be read whole (a block of it bad there) is
+            // read again block by block.
+            let parts = match read_run(&src, &run).await {
+                Some(data) => vec![(run, Some(data))],
+                None => {
+                    let mut each = Vec::new();
+                    for b in run {
+                        each.push((b..b + 1, read_run(&src, &(b..b + 1)).await));
+                    }
+                    each
+                }
+            };
+            for (part, data) in parts {
+                let Some(data) = data else {
+                    unmatched.extend(part);
+                    continue;
+                };
+                // Only the blocks whose copy is the checksum kept.
+                let mut matching = Vec::new();
+                crate::replica::each_block_sum(&data, |i, sum| {
+                    let b = part.start + i as u64;
+                    if kept.get(&b) == Some(&sum) {
+                        matching.push(b);
+                    } else {
+                        unmatched.push(b);
+                    }
+                });
+                let (copies, _) = sound_runs(&matching, &[]);
+                for c in copies {
+                    let from = ((c.start - part.start) * BLOCK) as usize;
+                    let to = ((c.end - part.start) * BLOCK) as usize;
+                    if dst
+                        .write(c.start * BLOCK, &data[from..to], revision, false)
+                        .await
+                        .is_ok()
+                    {
+                        settled += c.end - c.start;
+                    } else {
+                        unmatched.extend(c);
+                    }
+                }
+            }
+        }
+        unmatched.sort_unstable();
+        left = unmatched;
+    }
+    tracing::warn!(
+        volume,
+        replica = name,
+        kept = kept.len(),
+        settled,
+        unsettled = left.len(),
+        "suspect blocks of the volume's one current replica, whose checksums it kept, taken from stale replicas whose copies match them; those no copy matches are served as they are"
+    );
+    settled
+}
+
+/// Blocks `run` of `src`, or None when they cannot be read.
+async fn read_run(src: &ReplicaClient, run: &Range<u64>) -> Option<bytes::Bytes> {
+    let len = u32::try_from((run.end - run.start) * BLOCK).ok()?;
+    src.read(run.start * BLOCK, len).await.ok()
 }
 
 /// Copies blocks `run` from `src` to `dst` (written at `revision`).

@@ -8,7 +8,7 @@
 //! `meta.json` belong to the rest of `replica`; this file reads them and,
 //! for a lost block, records it through `Meta`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::OpenOptions;
 use std::path::Path;
 
@@ -88,13 +88,35 @@ fn read_if_there(dir: &Path, name: &str) -> Result<Option<Vec<u8>>, ReplicaError
     }
 }
 
-/// The suspect blocks recorded in `dir` (none when the file is absent).
+/// `suspect-blocks` when some of its blocks keep the disk's checksum
+/// (`Replica::suspect_sums`); without any, the file is the bare list of
+/// blocks, as before there were such checksums.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct SuspectsWithSums {
+    blocks: BTreeSet<u64>,
+    /// `[block, crc32c]` pairs.
+    sums: Vec<(u64, u32)>,
+}
+
+/// The forms `suspect-blocks` takes.
+#[derive(serde::Deserialize)]
+#[serde(untagged)]
+enum SuspectFile {
+    Bare(BTreeSet<u64>),
+    WithSums(SuspectsWithSums),
+}
+
+/// The suspect blocks recorded in `dir` (none when the file is absent),
+/// and the checksums kept for some of them.
 /// The file is only ever replaced whole (`write_durably`), so one that
 /// does not parse has gone bad on the disk: the open fails, naming it,
 /// rather than serve as sound the blocks it listed.
-pub(super) fn read_suspects(dir: &Path, blocks: u64) -> Result<BTreeSet<u64>, ReplicaError> {
+pub(super) fn read_suspects(
+    dir: &Path,
+    blocks: u64,
+) -> Result<(BTreeSet<u64>, BTreeMap<u64, u32>), ReplicaError> {
     let Some(bytes) = read_if_there(dir, SUSPECT_FILE)? else {
-        return Ok(BTreeSet::new());
+        return Ok(Default::default());
     };
     let corrupt = |why: String| {
         ReplicaError::Corrupt(format!(
@@ -102,11 +124,19 @@ pub(super) fn read_suspects(dir: &Path, blocks: u64) -> Result<BTreeSet<u64>, Re
             dir.join(SUSPECT_FILE).display()
         ))
     };
-    let suspect: BTreeSet<u64> =
-        serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))?;
+    let (suspect, sums) =
+        match serde_json::from_slice(&bytes).map_err(|e| corrupt(e.to_string()))? {
+            SuspectFile::Bare(blocks) => (blocks, BTreeMap::new()),
+            SuspectFile::WithSums(f) => (f.blocks, f.sums.into_iter().collect()),
+        };
+    if let Some(b) = sums.keys().find(|b| !suspect.contains(b)) {
+        return Err(corrupt(format!(
+            "a checksum is kept for block {b}, which is not suspect"
+        )));
+    }
     match suspect.last() {
         Some(&b) if b >= blocks => Err(corrupt(format!("block {b} is past the volume's {blocks}"))),
-        _ => Ok(suspect),
+        _ => Ok((suspect, sums)),
     }
 }
 
@@ -187,9 +217,22 @@ impl Replica {
         self.suspect.iter().copied().collect()
     }
 
+    /// The checksums on the disk kept for some suspect blocks (see
+    /// `Replica::suspect_sums`), by block.
+    pub fn suspect_sums(&self) -> &BTreeMap<u64, u32> {
+        &self.suspect_sums
+    }
+
     pub(super) fn write_suspects(&self) -> Result<(), ReplicaError> {
-        let body = serde_json::to_vec(&self.suspect)
-            .map_err(|e| ReplicaError::Invalid(format!("suspect blocks: {e}")))?;
+        let body = if self.suspect_sums.is_empty() {
+            serde_json::to_vec(&self.suspect)
+        } else {
+            serde_json::to_vec(&SuspectsWithSums {
+                blocks: self.suspect.clone(),
+                sums: self.suspect_sums.iter().map(|(b, s)| (*b, *s)).collect(),
+            })
+        }
+        .map_err(|e| ReplicaError::Invalid(format!("suspect blocks: {e}")))?;
         meta::write_durably(&self.dir, SUSPECT_FILE, &body)
     }
 
@@ -201,6 +244,7 @@ impl Replica {
         let settled: Vec<u64> = self.suspect.range(first..last).copied().collect();
         for b in &settled {
             self.suspect.remove(b);
+            self.suspect_sums.remove(b);
         }
         if !settled.is_empty() {
             *self.suspect_stale.get_mut() = true;

@@ -257,6 +257,16 @@ impl Layer {
         )
         .map_err(|e| ReplicaError::io(&self.path, e.into()))?;
         self.map.set_range(first, last, false);
+        // A block the layer no longer holds has no checksum (0): after a
+        // power cut, the checksum on the disk of one that data appears in
+        // is then none, not that of a write the punch removed.
+        if let Some(s) = &mut self.sums {
+            for b in first..last {
+                if s.get(b) != 0 {
+                    s.set(b, 0)?;
+                }
+            }
+        }
         Ok(())
     }
 
@@ -337,6 +347,12 @@ pub struct Replica {
     /// bytes gone bad, and only another replica can tell. A write of the
     /// whole block settles it.
     suspect: BTreeSet<u64>,
+    /// Of the suspect blocks, those whose checksum on the disk was their
+    /// state at the last flush or later when they were found (the head's
+    /// checksums were synced at every flush, `sums_every_flush`): that
+    /// checksum, which a copy from another replica must match to settle
+    /// the block (`engine::settle`). Kept in `suspect-blocks` with them.
+    suspect_sums: std::collections::BTreeMap<u64, u32>,
     /// Whether `suspect-blocks` still names blocks a write has settled
     /// since: it is written again at the next flush, once what settled
     /// them is durable, not at each such write.
@@ -595,7 +611,7 @@ impl Replica {
         }
         let (revision_file, stored) = revision::RevisionCounter::open(&dir.join(REVISION_FILE))?;
         let corrupt = marks_in(dir)?;
-        let suspect = read_suspects(dir, blocks)?;
+        let (suspect, suspect_sums) = read_suspects(dir, blocks)?;
         Ok(Replica {
             any_corrupt: std::sync::atomic::AtomicBool::new(!corrupt.is_empty()),
             corrupt: std::sync::Mutex::new(corrupt),
@@ -609,6 +625,7 @@ impl Replica {
             layers,
             revision_file,
             suspect,
+            suspect_sums,
             suspect_stale: std::sync::atomic::AtomicBool::new(false),
             regions: std::sync::Mutex::new(regions::DirtyRegions::read(dir)),
         })
@@ -629,7 +646,9 @@ impl Replica {
     /// of the head in the regions written lately is checked (`regions`;
     /// the whole head when they are not recorded), and one that fails is
     /// recorded as suspect
-    /// (`suspect`) and its checksum taken from its data; the log answers
+    /// (`suspect`) and its checksum taken from its data (the one on the
+    /// disk kept with it, when the mark says the checksums were synced at
+    /// every flush: `suspect_sums`); the log answers
     /// nothing about revisions up to this one (a replica that must be made
     /// equal to another is then rebuilt, not caught up). The boot it is
     /// opened in now is recorded, durably, before any write.
@@ -697,9 +716,21 @@ impl Replica {
                     // the disk, before their checksums change.
                     let mut block = vec![0u8; BLOCK as usize];
                     held.retain(|b| self.layers[head].read_checked(*b, &mut block).is_err());
+                    // Synced at every flush, each one's checksum on the
+                    // disk is its state at the last flush or later: a copy
+                    // elsewhere that matches it may settle it, and one with
+                    // none held no flushed write of the head.
+                    let trusted = self.revision_file.sums_every_flush();
+                    if trusted {
+                        self.drop_unflushed(&mut held)?;
+                    }
                     if !held.is_empty() {
-                        tracing::warn!(dir = %self.dir.display(), blocks = held.len(),
+                        tracing::warn!(dir = %self.dir.display(), blocks = held.len(), checksums_kept = trusted,
                             "blocks of the head that no longer match their checksums after a new boot: written with no flush after them, or gone bad; taken as they are, and suspect until another replica's copy or a write settles them");
+                        if let Some(s) = self.layers[head].sums.as_ref().filter(|_| trusted) {
+                            self.suspect_sums
+                                .extend(held.iter().map(|&b| (b, s.get(b))));
+                        }
                         self.suspect.extend(held.iter().copied());
                         self.write_suspects()?;
                     }
@@ -718,6 +749,31 @@ impl Replica {
             self.revision_file.set_opened_in(&here);
             self.revision_file.sync()?;
         }
+        Ok(())
+    }
+
+    /// Of the head's blocks in `failing` (found not to match their
+    /// checksums in a new boot, while the checksums were synced at every
+    /// flush), those whose checksum on the disk is none held no write of
+    /// the head at the last flush (the head did not hold them, or a punch
+    /// removed them): what they hold now came after it, or from the disk
+    /// gone bad. They go from the head, which then reads what the layers
+    /// below hold, their state at the last flush, and are taken out of
+    /// `failing`.
+    fn drop_unflushed(&mut self, failing: &mut Vec<u64>) -> Result<(), ReplicaError> {
+        let head = self.layers.len() - 1;
+        let Some(s) = &self.layers[head].sums else {
+            return Ok(());
+        };
+        let (none, rest): (Vec<u64>, Vec<u64>) = failing.iter().partition(|&&b| s.get(b) == 0);
+        for &b in &none {
+            self.layers[head].punch(b, b + 1)?;
+        }
+        if !none.is_empty() {
+            tracing::warn!(dir = %self.dir.display(), blocks = none.len(),
+                "blocks of the head that held no flushed write, yet hold data after a new boot: taken out of the head, which reads what the layers below hold, as at the last flush");
+        }
+        *failing = rest;
         Ok(())
     }
 
@@ -1227,7 +1283,7 @@ impl Replica {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .ends_interval(now);
         if let Some(s) = &head.sums
-            && (always || interval)
+            && (always || interval || self.revision_file.sums_every_flush())
         {
             s.sync()?;
         }
@@ -1258,6 +1314,37 @@ impl Replica {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .flushed(now)
+    }
+
+    /// Syncs the head's checksums at every flush (`on`), or at a flush that
+    /// ends an interval as before (see `flush`). The engine asks it of a
+    /// volume's only rw replica while another replica could give a copy
+    /// (`engine::guard`): after a power cut, a block of it that fails its
+    /// checksum may then take a copy that matches the checksum on the
+    /// disk, its state at the last flush or later (`suspect_sums`). Turned
+    /// on, the checksums are synced first and then the mark in the revision
+    /// file; turned off, the mark is cleared durably before any flush
+    /// leaves them. The mark itself is what a flush reads, so that every
+    /// instance of the replica (its server's, and the one lent to its
+    /// engine, which share the file's pages) follows it. Returns whether
+    /// it changed anything.
+    pub fn set_sums_every_flush(&mut self, on: bool) -> Result<bool, ReplicaError> {
+        self.check(0, 0)?;
+        if on == self.sums_every_flush() {
+            return Ok(false);
+        }
+        if on && let Some(s) = &self.head().sums {
+            s.sync()?;
+        }
+        self.revision_file.set_sums_every_flush(on);
+        self.revision_file.sync()?;
+        tracing::info!(dir = %self.dir.display(), on, "the head's checksums synced at every flush");
+        Ok(true)
+    }
+
+    /// Whether the head's checksums are synced at every flush.
+    pub fn sums_every_flush(&self) -> bool {
+        self.revision_file.sums_every_flush()
     }
 
     /// Before blocks `first..last` of the head are written or discarded:

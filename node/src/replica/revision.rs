@@ -14,7 +14,12 @@
 //! owner closed it with everything durable and nothing left to write
 //! (`Replica::close_clean`), else 0, cleared durably by the next owner's
 //! open before any write; 40..48 the first revision the ring may be asked about
-//! (`since`), raised when a power cut may have lost its entries; from byte
+//! (`since`), raised when a power cut may have lost its entries; 48..56
+//! the mark that the head's checksums are synced at every flush
+//! ([`SUMS_EVERY_FLUSH`] while they are, else 0; `Replica::set_sums_every_flush`),
+//! set durably after a sync of them and cleared durably before the first
+//! flush without one, so that a new boot that finds it may take the
+//! disk's checksum of a block as its state at the last flush or later; from byte
 //! [`LOG_START`], a ring of [`LOG_ENTRIES`] entries of 32 bytes — revision,
 //! offset, length (u64 each) and the op — where each write records its
 //! intent (slot `revision % LOG_ENTRIES`) before its data goes to the
@@ -41,6 +46,13 @@ const OPENED_IN: usize = 16;
 const CLOSED_CLEAN: usize = 32;
 /// Where the header keeps the first revision the ring may be asked about.
 const LOG_FROM: usize = 40;
+/// Where the header keeps the mark that the checksums are synced at every
+/// flush.
+const EVERY_FLUSH: usize = 48;
+/// The mark's value: a word that bytes gone bad do not make by chance (a
+/// mark read where none was set would trust checksums a flush left
+/// behind).
+pub const SUMS_EVERY_FLUSH: u64 = u64::from_le_bytes(*b"SUMSSYNC");
 /// Entries in the ring: more than the writes an engine has in flight at
 /// once, by far.
 pub const LOG_ENTRIES: u64 = 4096;
@@ -194,6 +206,31 @@ impl RevisionCounter {
     /// Whether a clean-close mark is set (whatever revision it names).
     pub fn has_clean_mark(&self) -> bool {
         u64_at(&self.map, CLOSED_CLEAN) != 0
+    }
+
+    /// Whether the head's checksums were synced at every flush since the
+    /// mark was set (`set_sums_every_flush`).
+    pub fn sums_every_flush(&self) -> bool {
+        u64::from_le(self.every_flush_mark().load(Ordering::Acquire)) == SUMS_EVERY_FLUSH
+    }
+
+    /// Sets or clears the mark that the head's checksums are synced at
+    /// every flush (durable at the next `sync`). Set it only once they are
+    /// synced; clear it, durably, before the first flush that leaves them.
+    pub fn set_sums_every_flush(&mut self, on: bool) {
+        let word = if on { SUMS_EVERY_FLUSH } else { 0 };
+        self.every_flush_mark()
+            .store(word.to_le(), Ordering::Release);
+    }
+
+    /// The mark, bytes 48..56 of the mapping: an atomic, since another
+    /// instance of the replica (its server's and its engine's share the
+    /// file's pages) may read it while this one sets it.
+    fn every_flush_mark(&self) -> &AtomicU64 {
+        // SAFETY: as `flush_mark`: the mapping is page aligned and at least
+        // LOG_START bytes long, so bytes 48..56 are an aligned u64 that
+        // lives as long as `self`, only ever accessed through this atomic.
+        unsafe { &*(self.map.as_ptr().add(EVERY_FLUSH) as *const AtomicU64) }
     }
 
     /// The ring cannot tell what came after any revision below `revision`

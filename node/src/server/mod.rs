@@ -1007,12 +1007,16 @@ fn execute(
             Ok(r) => read_op(&r, req, filling),
             Err(_) => return poisoned(),
         },
-        Op::Write | Op::Trim | Op::Snapshot | Op::Join | Op::Grow | Op::Lose => {
-            match replica.write() {
-                Ok(mut r) => write_op(&mut r, req, &payload),
-                Err(_) => return poisoned(),
-            }
-        }
+        Op::Write
+        | Op::Trim
+        | Op::Snapshot
+        | Op::Join
+        | Op::Grow
+        | Op::Lose
+        | Op::SumsEveryFlush => match replica.write() {
+            Ok(mut r) => write_op(&mut r, req, &payload),
+            Err(_) => return poisoned(),
+        },
         Op::Open | Op::Fill | Op::Lend | Op::Ping => {
             return error(req.id, status::INVALID, "handled by the connection");
         }
@@ -1050,7 +1054,9 @@ fn read_op(r: &Replica, req: &Request, filling: bool) -> Result<Vec<u8>, Replica
         Op::Flush => r.flush().map(|()| Vec::new()),
         Op::Info => json(&serde_json::json!({
             "size": r.size(), "chain": r.chain(), "revision": r.revision(),
-            "pending": r.pending().len(), "suspect": r.suspects(), "filling": filling
+            "pending": r.pending().len(), "suspect": r.suspects(), "filling": filling,
+            "suspect_sums": r.suspect_sums().iter().collect::<Vec<_>>(),
+            "sums_every_flush": r.sums_every_flush()
         })),
         Op::Layers => json(&r.layers()),
         Op::WriteLog => json(&r.writes_since(req.offset)),
@@ -1109,6 +1115,7 @@ fn write_op(r: &mut Replica, req: &Request, payload: &[u8]) -> Result<Vec<u8>, R
                 .map(String::into_bytes)
         }
         Op::Grow => r.grow(req.offset).map(|()| Vec::new()),
+        Op::SumsEveryFlush => r.set_sums_every_flush(req.offset != 0).map(|_| Vec::new()),
         Op::Lose => {
             let layer = r.layer_name_at(req.revision)?;
             r.lose_frozen_block(&layer, req.offset).map(|()| Vec::new())

@@ -809,6 +809,14 @@ impl ReplicaClient {
         self.call(Op::Grow, size, 0, 0, 0, &[]).await.map(drop)
     }
 
+    /// Syncs the head's checksums at every flush, or not (see
+    /// `Replica::set_sums_every_flush`).
+    pub async fn sums_every_flush(&self, on: bool) -> Result<(), ClientError> {
+        self.call(Op::SumsEveryFlush, u64::from(on), 0, 0, 0, &[])
+            .await
+            .map(drop)
+    }
+
     /// Freezes the head; with `label`, as that user snapshot.
     pub async fn snapshot(&self, label: Option<&str>) -> Result<String, ClientError> {
         let label = label.unwrap_or_default();

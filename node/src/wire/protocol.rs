@@ -106,6 +106,10 @@ pub enum Op {
     /// that works slowly from one that stopped answering
     /// (`ReplicaClient::answering`).
     Ping = 20,
+    /// Syncs the head's checksums at every flush (`offset` 1), or at a
+    /// flush that ends an interval (0): see `Replica::set_sums_every_flush`.
+    /// Only from the volume's engine.
+    SumsEveryFlush = 21,
 }
 
 impl Op {
@@ -116,7 +120,15 @@ impl Op {
     pub fn mutates(self) -> bool {
         matches!(
             self,
-            Op::Write | Op::Flush | Op::Trim | Op::Join | Op::Fill | Op::Lend | Op::Grow | Op::Lose
+            Op::Write
+                | Op::Flush
+                | Op::Trim
+                | Op::Join
+                | Op::Fill
+                | Op::Lend
+                | Op::Grow
+                | Op::Lose
+                | Op::SumsEveryFlush
         )
     }
 
@@ -142,6 +154,7 @@ impl Op {
             18 => Op::RecentRuns,
             19 => Op::ViewSums,
             20 => Op::Ping,
+            21 => Op::SumsEveryFlush,
             _ => return None,
         })
     }
