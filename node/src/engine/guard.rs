@@ -8,9 +8,9 @@
 //! It costs that replica's flushes one more sync, for as long as the
 //! volume has only it. Every other rw replica is told to stop.
 //!
-//! It decides from the engine's members alone, and does no I/O but the
-//! one call to each replica whose guard changes; the members and their
-//! modes are the engine's.
+//! It decides from the engine's members and whether it was told of stale
+//! replicas, and does no I/O but the one call to each replica whose guard
+//! changes; the members and their modes are the engine's.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;

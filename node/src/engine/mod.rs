@@ -19,7 +19,10 @@
 //! replica is written back to it from the others (`repair`), or from a
 //! replica joining again when the last one holds it bad (`spare`). After a
 //! power cut, a replica's suspect blocks take the sound copy another holds
-//! (`settle`), and replicas left apart by an unclean stop are made equal:
+//! (`settle`; from a stale replica's copy that matches the checksum it
+//! kept, when the record holds one replica, which guards its checksums
+//! while it is the only one: `guard`), and replicas left apart by an
+//! unclean stop are made equal:
 //! from their write logs (`catch_up`), then over the regions each wrote
 //! lately (`equalize`); one that neither can make equal is rebuilt. The
 //! replica on the engine's own node is lent to it by its server, and its
