@@ -246,6 +246,37 @@ fn a_block_flipped_in_the_last_current_replica_with_the_other_on_a_full_disk_the
     );
 }
 
+/// Found by the soak of seed 20261250 (reboots schedule 1): a block of
+/// node-3's head flipped, node-2 killed (its replica dropped from the
+/// record, node-3's the one current replica), then every machine's power
+/// cut. Node-3's new boot found the block failing its checksum in a region
+/// written lately and took it as it was: the volume served the flipped
+/// bytes. Node-3's replica now guards its checksums once it is the only
+/// one (`engine/guard.rs`): its new boot keeps the block's checksum, the
+/// controller names node-2's replica to the starting engine as stale,
+/// and the engine takes node-2's copy, which matches it
+/// (`Engine::settle_from_stale`).
+#[test]
+fn a_block_flipped_in_one_replica_then_the_other_killed_then_every_machine_loses_power() {
+    fixed(
+        "flip-then-other-killed-then-power-cut-all",
+        2,
+        vec![
+            Pause(300),
+            CorruptHead(2),
+            Pause(1168),
+            KillNode(1),
+            Pause(353),
+            PowerCutAll,
+            Pause(2076),
+            Check,
+            Pause(1064),
+            KillController,
+            Pause(2000),
+        ],
+    );
+}
+
 /// Found by the soak of seed 20261219, power schedule 17: a block of an
 /// acknowledged, flushed write flipped in node-1's replica, then every
 /// machine's power cut. After a power cut a block that does not match its

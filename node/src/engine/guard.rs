@@ -60,7 +60,7 @@ pub(super) async fn keep(engine: Weak<Engine>, wake: Arc<tokio::sync::Notify>) {
             }
             match link.sums_every_flush(on).await {
                 Ok(()) => {
-                    tracing::info!(volume = %e.volume, replica = %name, on, "the replica's checksums synced at every flush while it is the volume's only rw replica");
+                    tracing::info!(volume = %e.volume, replica = %name, on, "told whether to sync its checksums at every flush (on while it is the volume's only rw replica and another is known)");
                     told.insert(name, on);
                 }
                 Err(err) => {
