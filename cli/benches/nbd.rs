@@ -44,12 +44,15 @@
 //!   ratio, met or not (`goals`).
 //! - With 4k writes, first, writes at queue depth 1, each followed by a
 //!   flush, as a database commits (`flushed_writes`): 1 and 3 replicas
-//!   against nbdkit and three nbdkit servers at once.
+//!   against nbdkit and three nbdkit servers at once; and 1 replica that
+//!   guards its checksums (its engine told of a stale replica, `--stale`:
+//!   synced at every flush) against 1 that does not.
 //!
 //! Needs qemu-img and nbdkit. Run: `cargo bench -p ballast-cli --bench nbd`.
 //! Words after `--` pick cases: a size (`4k`, `64k`) and/or a kind
 //! (`read`, `write`), e.g. `-- 64k write`; `-- hold` prints every
 //! endpoint and keeps them up until Enter, for profiling by hand;
+//! `-- flushed` runs the flushed writes alone;
 //! `-- ab=PATH` compares this build with another `ballast` binary, three
 //! replicas each, or one with `1r`, over mutual TLS with `tls` (see `ab`).
 
@@ -446,17 +449,21 @@ fn nbdkit_file(dir: &Path, name: &str) -> (Kill, String) {
 
 /// 4k writes at queue depth 1, each followed by a flush, in turns: what a
 /// flush costs through the engine (every replica's flush) against nbdkit's
-/// (an `fdatasync`), until durable, as a database's commits see it.
-fn flushed_writes(peer: &str, one: &str, three: &str, peers3: &[&str]) {
+/// (an `fdatasync`), until durable, as a database's commits see it. And
+/// one replica that guards its checksums (`guarded`: synced at every
+/// flush, as a volume's only rw replica does while another exists)
+/// against one that does not.
+fn flushed_writes(peer: &str, one: &str, three: &str, peers3: &[&str], guarded: &str) {
     const COUNT: u32 = 2_000;
     let run = |targets: &[&str]| bench_at_once(targets, "4k", Kind::Flushed, COUNT);
-    let (mut p, mut a, mut b, mut c) = (
+    let (mut p, mut a, mut b, mut c, mut g) = (
         || run(&[peer]),
         || run(&[one]),
         || run(&[three]),
         || run(peers3),
+        || run(&[guarded]),
     );
-    let runs = common::in_turns(&mut [&mut p, &mut a, &mut b, &mut c]);
+    let runs = common::in_turns(&mut [&mut p, &mut a, &mut b, &mut c, &mut g]);
     let rates: Vec<Vec<f64>> = runs
         .iter()
         .map(|rs| rs.iter().map(|r| r.wall).collect())
@@ -471,6 +478,26 @@ fn flushed_writes(peer: &str, one: &str, three: &str, peers3: &[&str]) {
         mid(3),
         common::ratio(&rates[2], &rates[3]),
     );
+    println!(
+        " 4k writes at QD1, each flushed, until durable  ballast 1 replica guarding its checksums {:>6.0}: {:.2}x of 1 replica, {:.2}x of nbdkit file",
+        mid(4),
+        common::ratio(&rates[4], &rates[1]),
+        common::ratio(&rates[4], &rates[0]),
+    );
+}
+
+/// A volume of one replica on node `first`, whose engine is told of a
+/// stale replica of it on node `first + 1` (`--stale`): its one replica
+/// guards its checksums, as a volume's only rw replica does while another
+/// exists (the engine's `guard`). What keeps them up, and the NBD URI.
+fn guarded_set(bin: &Path, dir: &Path, (volume, first): (&str, usize)) -> (Vec<Kill>, String) {
+    let (k0, r0) = common::node_of(bin, dir, first, volume, true, &[]);
+    let (k1, r1) = common::node_of(bin, dir, first + 1, volume, true, &[]);
+    let (e, socket) = engine_of(bin, dir, volume, &[r0], first, &["--stale", &r1]);
+    (
+        vec![k0, k1, e],
+        format!("nbd+unix:///{volume}?socket={}", socket.display()),
+    )
 }
 
 fn main() {
@@ -500,6 +527,8 @@ fn main() {
     // Three replicas again, their writeback left to the kernel everywhere.
     let lazy_nodes = |_: usize| no_writeback.clone();
     let (_lazy3, lazy3) = volume_set(bin, dir.path(), ("lazy3", 9, 3), &lazy_nodes, &no_writeback);
+    // One replica guarding its checksums (nodes 12 and 13).
+    let (_guarded, guarded) = guarded_set(bin, dir.path(), ("guarded", 12));
     // The same shape with nothing of Ballast in it (`common::bare_pipeline`).
     let (_bare, bare) = common::bare_pipeline::start(dir.path());
 
@@ -532,7 +561,10 @@ fn main() {
         println!("{}", common::host_disk_steal_said(dir.path()));
     }
     if wanted("4k", &["4k", "64k"]) && wanted("write", &["read", "write"]) {
-        flushed_writes(&peer, &one, &three, &peers3);
+        flushed_writes(&peer, &one, &three, &peers3, &guarded);
+    }
+    if picked.has("flushed") {
+        return;
     }
     for (size, count) in [("4k", 40_000u32), ("64k", 8_000)] {
         // Writes first fill the images, so that reads read data.
