@@ -694,7 +694,8 @@ async fn an_engine_settles_suspect_blocks_from_the_replica_that_holds_them_sound
 /// since its last write takes the copy of a stale replica that matches the
 /// checksum it kept (`Engine::settle_from_stale`); a block written after
 /// the stale replica was left behind, then gone bad, matches no copy and is
-/// served as it is; and the replica guards on under the new engine. Had it
+/// served as it is (a stale replica that does not answer is passed
+/// over); and the replica guards on under the new engine. Had it
 /// not guarded, no stale copy is taken, though one matches: the disk's
 /// checksum could then be older than a flushed write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -733,7 +734,19 @@ async fn a_suspect_block_of_the_one_current_replica_takes_a_stale_copy_that_matc
             common::serve(d1.path(), names[1]).await,
         ];
         let engine = common::engine_over(vol, &addrs[..1], None).await;
-        let settled = engine.settle_from_stale(&addrs[1..]).await;
+        // A stale replica whose node does not answer is passed over.
+        let gone = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let stale = [
+            ReplicaAddr {
+                name: "v-r9".into(),
+                addr: gone,
+            },
+            addrs[1].clone(),
+        ];
+        let settled = engine.settle_from_stale(&stale).await;
         let read = |b: u64| {
             let engine = engine.clone();
             async move { engine.read(b * BLOCK, BLOCK as u32).await.unwrap().to_vec() }

@@ -40,6 +40,10 @@ pub(super) const SUSPECTS_WAIT: Duration = Duration::from_secs(20);
 /// The most blocks one copy settles (1 MiB).
 const RUN: u64 = 256;
 
+/// How long a stale replica is given to send its copies of suspect blocks
+/// (`from_stale`).
+const STALE_WAIT: Duration = Duration::from_secs(20);
+
 /// Of `blocks` (suspect in the replica being settled, in order), the runs
 /// of adjacent ones that a source whose suspect blocks are `theirs` (in
 /// order) holds sound, each at most `RUN` long; and the blocks it does
@@ -171,57 +175,29 @@ pub(super) async fn from_stale(
         if left.is_empty() {
             break;
         }
-        let src = match ReplicaClient::dial(tls, &at.addr, &at.name).await {
-            Ok(c) => c,
-            Err(e) => {
+        // A stale replica is a help, not a need: one that does not answer
+        // holds the start back no longer than this.
+        let found = tokio::time::timeout(STALE_WAIT, matching_copies(tls, at, &left, kept)).await;
+        let (copies, mut unmatched) = match found {
+            Ok(Ok(found)) => found,
+            Ok(Err(e)) => {
                 tracing::info!(volume, replica = %at.name, error = %e, "a stale replica could not be asked for its copies of suspect blocks");
                 continue;
             }
+            Err(_) => {
+                tracing::info!(volume, replica = %at.name, wait = ?STALE_WAIT, "a stale replica did not give its copies of suspect blocks in time");
+                continue;
+            }
         };
-        let mut unmatched = Vec::new();
-        let (runs, _) = sound_runs(&left, &[]);
-        for run in runs {
-            // A run that cannot be read whole (a block of it bad there) is
-            // read again block by block.
-            let parts = match read_run(&src, &run).await {
-                Some(data) => vec![(run, Some(data))],
-                None => {
-                    let mut each = Vec::new();
-                    for b in run {
-                        each.push((b..b + 1, read_run(&src, &(b..b + 1)).await));
-                    }
-                    each
-                }
-            };
-            for (part, data) in parts {
-                let Some(data) = data else {
-                    unmatched.extend(part);
-                    continue;
-                };
-                // Only the blocks whose copy is the checksum kept.
-                let mut matching = Vec::new();
-                crate::replica::each_block_sum(&data, |i, sum| {
-                    let b = part.start + i as u64;
-                    if kept.get(&b) == Some(&sum) {
-                        matching.push(b);
-                    } else {
-                        unmatched.push(b);
-                    }
-                });
-                let (copies, _) = sound_runs(&matching, &[]);
-                for c in copies {
-                    let from = ((c.start - part.start) * BLOCK) as usize;
-                    let to = ((c.end - part.start) * BLOCK) as usize;
-                    if dst
-                        .write(c.start * BLOCK, &data[from..to], revision, false)
-                        .await
-                        .is_ok()
-                    {
-                        settled += c.end - c.start;
-                    } else {
-                        unmatched.extend(c);
-                    }
-                }
+        for (run, data) in copies {
+            if dst
+                .write(run.start * BLOCK, &data, revision, false)
+                .await
+                .is_ok()
+            {
+                settled += run.end - run.start;
+            } else {
+                unmatched.extend(run);
             }
         }
         unmatched.sort_unstable();
@@ -236,6 +212,57 @@ pub(super) async fn from_stale(
         "suspect blocks of the volume's one current replica, whose checksums it kept, taken from stale replicas whose copies match them; those no copy matches are served as they are"
     );
     settled
+}
+
+/// The stale replica `at`'s copies of blocks `left` that match the
+/// checksums `kept`, in runs of adjacent blocks with their data; and the
+/// blocks whose copy does not match or cannot be read.
+async fn matching_copies(
+    tls: &WireTls,
+    at: &ReplicaAddr,
+    left: &[u64],
+    kept: &std::collections::BTreeMap<u64, u32>,
+) -> Result<(Vec<(Range<u64>, bytes::Bytes)>, Vec<u64>), crate::wire::client::ClientError> {
+    let src = ReplicaClient::dial(tls, &at.addr, &at.name).await?;
+    let (mut copies, mut unmatched) = (Vec::new(), Vec::new());
+    let (runs, _) = sound_runs(left, &[]);
+    for run in runs {
+        // A run that cannot be read whole (a block of it bad there) is
+        // read again block by block.
+        let parts = match read_run(&src, &run).await {
+            Some(data) => vec![(run, Some(data))],
+            None => {
+                let mut each = Vec::new();
+                for b in run {
+                    each.push((b..b + 1, read_run(&src, &(b..b + 1)).await));
+                }
+                each
+            }
+        };
+        for (part, data) in parts {
+            let Some(data) = data else {
+                unmatched.extend(part);
+                continue;
+            };
+            // Only the blocks whose copy is the checksum kept.
+            let mut matching = Vec::new();
+            crate::replica::each_block_sum(&data, |i, sum| {
+                let b = part.start + i as u64;
+                if kept.get(&b) == Some(&sum) {
+                    matching.push(b);
+                } else {
+                    unmatched.push(b);
+                }
+            });
+            let (runs, _) = sound_runs(&matching, &[]);
+            for c in runs {
+                let from = ((c.start - part.start) * BLOCK) as usize;
+                let to = ((c.end - part.start) * BLOCK) as usize;
+                copies.push((c, data.slice(from..to)));
+            }
+        }
+    }
+    Ok((copies, unmatched))
 }
 
 /// Blocks `run` of `src`, or None when they cannot be read.
