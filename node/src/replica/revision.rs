@@ -436,4 +436,33 @@ mod tests {
         assert_eq!(c.since(u64::MAX), None);
         assert_eq!(c.since(u64::MAX - 1).map(|l| l.len()), None);
     }
+
+    #[test]
+    fn the_guards_mark_is_its_word_alone_and_lasts_once_synced() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("revision");
+        let (mut c, _) = RevisionCounter::open(&path).unwrap();
+        assert!(!c.sums_every_flush(), "a new file: off");
+        c.set_sums_every_flush(true);
+        c.sync().unwrap();
+        drop(c);
+        let (mut c, _) = RevisionCounter::open(&path).unwrap();
+        assert!(c.sums_every_flush(), "on after a reopen");
+        c.set_sums_every_flush(false);
+        c.sync().unwrap();
+        drop(c);
+        let (c, _) = RevisionCounter::open(&path).unwrap();
+        assert!(!c.sums_every_flush(), "off after a reopen");
+        drop(c);
+        // Bytes gone bad there are not the mark: it is off, and the
+        // checksums are not trusted.
+        for word in [1u64, u64::MAX, SUMS_EVERY_FLUSH ^ 1] {
+            let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            f.write_all_at(&word.to_le_bytes(), EVERY_FLUSH as u64)
+                .unwrap();
+            drop(f);
+            let (c, _) = RevisionCounter::open(&path).unwrap();
+            assert!(!c.sums_every_flush(), "{word:#x} is not the mark");
+        }
+    }
 }

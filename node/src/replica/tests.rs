@@ -1067,7 +1067,16 @@ fn a_bad_suspect_list_fails_the_open_and_a_bad_mark_line_spoils_only_itself() {
     let frozen = r.snapshot(None).unwrap();
     drop(r);
 
-    for bad in [&b"[1, 2,\xff"[..], b"[1, 16]", b"[18446744073709551615]"] {
+    for bad in [
+        &b"[1, 2,\xff"[..],
+        b"[1, 16]",
+        b"[18446744073709551615]",
+        // With kept checksums: one kept for a block that is not suspect,
+        // a block past the end, a checksum past 32 bits.
+        br#"{"blocks": [1], "sums": [[2, 7]]}"#,
+        br#"{"blocks": [16], "sums": [[16, 7]]}"#,
+        br#"{"blocks": [1], "sums": [[1, 4294967296]]}"#,
+    ] {
         std::fs::write(d.path().join(SUSPECT_FILE), bad).unwrap();
         let e = Replica::open(d.path()).err().expect("refused");
         assert!(matches!(e, ReplicaError::Corrupt(_)), "{e}");
@@ -1075,6 +1084,15 @@ fn a_bad_suspect_list_fails_the_open_and_a_bad_mark_line_spoils_only_itself() {
     }
     std::fs::write(d.path().join(SUSPECT_FILE), b"[1, 15]").unwrap();
     assert_eq!(Replica::open(d.path()).unwrap().suspects(), [1, 15]);
+    std::fs::write(
+        d.path().join(SUSPECT_FILE),
+        br#"{"blocks": [1, 15], "sums": [[15, 7]]}"#,
+    )
+    .unwrap();
+    let r = Replica::open(d.path()).unwrap();
+    assert_eq!(r.suspects(), [1, 15]);
+    assert_eq!(r.suspect_sums().iter().collect::<Vec<_>>(), [(&15, &7)]);
+    drop(r);
     std::fs::write(d.path().join(SUSPECT_FILE), b"[]").unwrap();
 
     let mut marks = b"layer-\xff\xfe\n".to_vec();
