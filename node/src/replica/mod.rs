@@ -1338,7 +1338,7 @@ impl Replica {
         }
         self.revision_file.set_sums_every_flush(on);
         self.revision_file.sync()?;
-        tracing::info!(dir = %self.dir.display(), on, "the head's checksums synced at every flush");
+        tracing::info!(dir = %self.dir.display(), on, "the head's checksums synced at every flush (on), or at a flush that ends an interval (off)");
         Ok(true)
     }
 
