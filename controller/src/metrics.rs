@@ -52,6 +52,7 @@ struct DiskLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabels {
+    /// The rule as BEHAVIOR.md and the plan name it (`zone-balance`).
     rule: String,
 }
 
@@ -64,11 +65,6 @@ struct HolderLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: String,
-}
-
-/// A rule as BEHAVIOR.md and the plan name it (`zone-balance`).
-fn rule_name(r: crate::planner::Rule) -> String {
-    r.name().to_string()
 }
 
 /// A family of gauges registered under `name`.
@@ -333,14 +329,14 @@ pub async fn render(ctx: &Context) -> Result<String, Error> {
     );
     for a in &plan.actions {
         next.get_or_create(&RuleLabels {
-            rule: rule_name(a.rule),
+            rule: a.rule.name().to_string(),
         })
         .inc();
     }
     for b in &plan.blocked {
         blocked
             .get_or_create(&RuleLabels {
-                rule: rule_name(b.rule),
+                rule: b.rule.name().to_string(),
             })
             .inc();
     }
@@ -352,7 +348,7 @@ pub async fn render(ctx: &Context) -> Result<String, Error> {
     for w in &plan.waits {
         waits
             .get_or_create(&RuleLabels {
-                rule: rule_name(w.rule),
+                rule: w.rule.name().to_string(),
             })
             .inc();
     }

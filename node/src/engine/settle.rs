@@ -273,13 +273,12 @@ async fn read_run(src: &ReplicaClient, run: &Range<u64>) -> Option<bytes::Bytes>
 
 /// Copies blocks `run` from `src` to `dst` (written at `revision`).
 async fn copy(src: &ReplicaClient, dst: &ReplicaClient, run: &Range<u64>, revision: u64) -> bool {
-    let (offset, len) = (run.start * BLOCK, (run.end - run.start) * BLOCK);
-    let Ok(len) = u32::try_from(len) else {
-        return false;
-    };
-    match src.read(offset, len).await {
-        Ok(data) => dst.write(offset, &data, revision, false).await.is_ok(),
-        Err(_) => false,
+    match read_run(src, run).await {
+        Some(data) => dst
+            .write(run.start * BLOCK, &data, revision, false)
+            .await
+            .is_ok(),
+        None => false,
     }
 }
 
