@@ -1155,3 +1155,57 @@ fn a_flush_that_settles_a_suspect_block_on_a_full_disk_succeeds_and_the_list_fol
     r.flush().unwrap();
     assert_eq!(listed(), "[]");
 }
+
+/// A power cut while the disk is full: the new boot's open must record
+/// the blocks it finds suspect, durably, before it serves, in a new file.
+/// Each replica keeps room for it (`room`, 1 MiB allocated at its first
+/// open): the open gives that up, records the list and opens; a later
+/// open with room makes it again. Before 2026-12-06 such an open failed
+/// with ENOSPC until space was freed, and the volume could not attach.
+#[test]
+fn a_replica_opened_after_a_power_cut_on_a_full_disk_records_its_suspect_blocks_in_the_room_it_kept()
+ {
+    let (_d, fs) = forgetful_disk();
+    let dir = replica_dir(&fs.at, "v-r0");
+    Replica::create(&dir, 64 * BLOCK).unwrap();
+    let kept = || {
+        std::fs::metadata(dir.join(ballast_node::replica::ROOM_FILE))
+            .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        kept(),
+        ballast_node::replica::ROOM,
+        "a new replica keeps its room"
+    );
+    let mut r = Replica::open(&dir).unwrap();
+    write_run(&mut r, 0, 1, 1);
+    r.flush().unwrap();
+    drop(r);
+    common::flip_block(&common::head_file(&dir), 3 * BLOCK);
+    let filler = fill::fill_disk(&fs.at);
+    forgetful::as_after_a_reboot(&fs.at);
+
+    let r = Replica::open(&dir).expect("opened after a power cut on a full disk");
+    assert_eq!(r.suspects(), vec![3]);
+    let listed = std::fs::read_to_string(dir.join("suspect-blocks")).unwrap();
+    assert_eq!(listed, "[3]", "the list recorded in the room given up");
+    assert_eq!(kept(), 0, "no room to make it again on a full disk");
+    let mut block = vec![0u8; BLOCK as usize];
+    r.read(0, &mut block).unwrap();
+    assert!(
+        block[..] == pattern(0, 1)[..BLOCK as usize],
+        "a sound block reads as written"
+    );
+    drop(r);
+
+    // Room again: the next open keeps it once more.
+    std::fs::remove_dir_all(&filler).unwrap();
+    let r = Replica::open(&dir).unwrap();
+    assert_eq!(kept(), ballast_node::replica::ROOM);
+    assert_eq!(
+        r.suspects(),
+        vec![3],
+        "the block stays suspect until settled"
+    );
+}

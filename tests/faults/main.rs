@@ -24,10 +24,26 @@ fn fixed(name: &str, replicas: usize, faults: Vec<schedule::Fault>) {
     fixed_losing(name, replicas, faults, 0);
 }
 
+/// `fixed`, where no check, made while the faults last, may be refused:
+/// the volume must serve through them.
+fn fixed_serving(name: &str, replicas: usize, faults: Vec<schedule::Fault>) {
+    let o = fixed_losing(name, replicas, faults, 0);
+    assert!(
+        o.refused.is_empty(),
+        "{name}: an attach was refused while the faults lasted: {:?}",
+        o.refused
+    );
+}
+
 /// `fixed`, where at most `lost` acknowledged writes may fail their reads
 /// because a block of each was flipped in every replica trusted to hold
 /// it (never served flipped).
-fn fixed_losing(name: &str, replicas: usize, faults: Vec<schedule::Fault>, lost: usize) {
+fn fixed_losing(
+    name: &str,
+    replicas: usize,
+    faults: Vec<schedule::Fault>,
+    lost: usize,
+) -> schedule::Outcome {
     let s = Schedule {
         name: name.into(),
         replicas,
@@ -46,6 +62,7 @@ fn fixed_losing(name: &str, replicas: usize, faults: Vec<schedule::Fault>, lost:
                 "{name}: {} writes lost to flipped blocks, where a sound copy allowed no more than {lost}",
                 o.lost_to_corruption
             );
+            o
         }
         Err(e) => panic!("{e}"),
     }
@@ -273,6 +290,36 @@ fn a_block_flipped_in_one_replica_then_the_other_killed_then_every_machine_loses
             Pause(1064),
             KillController,
             Pause(2000),
+        ],
+    );
+}
+
+/// A block flipped in each of three replicas (another acknowledged write
+/// in each, in the region written lately), every disk filled, then every
+/// machine's power cut: each replica's new boot finds its flipped block
+/// failing its checksum and must record it as suspect before it serves,
+/// in a new file, for which no disk had room. Every open failed, and the
+/// volume could not attach until space was freed. Each replica now gives
+/// up the room it keeps for that (`replica/room.rs`), opens, and takes
+/// the sound copy of its suspect block from the others: the check made
+/// while the disks are still full is served, not refused.
+#[test]
+fn a_block_flipped_in_each_replica_then_every_disk_full_then_every_machine_loses_power() {
+    fixed_serving(
+        "flips-then-every-disk-full-then-power-cut-all",
+        3,
+        vec![
+            Pause(800),
+            CorruptHead(0),
+            CorruptHead(1),
+            CorruptHead(2),
+            FillDisk(0),
+            FillDisk(1),
+            FillDisk(2),
+            PowerCutAll,
+            Pause(1500),
+            Check,
+            Pause(500),
         ],
     );
 }

@@ -24,6 +24,7 @@ mod meta;
 mod prefetch;
 mod regions;
 mod revision;
+mod room;
 mod sums;
 mod table;
 
@@ -43,6 +44,7 @@ pub use meta::{META_FILE, Meta, valid_snapshot_id, write_durably};
 pub use prefetch::Prefetch;
 pub use regions::{IDLE_FLUSHES, INTERVAL as DIRTY_INTERVAL, REGION as DIRTY_REGION};
 pub use revision::{LOG_ENTRIES, LogEntry, LogOp, MAX_REVISION};
+pub use room::{ROOM, ROOM_FILE};
 pub use sums::{
     Way as SumWay, each as each_block_sum, of as block_sum, of_blocks as block_sums,
     path_of as sums_path_of,
@@ -564,6 +566,7 @@ impl Replica {
         r.repair_head_sums()?;
         r.finish_cut_off_merge()?;
         r.remove_stray_layers();
+        room::keep(&r.dir);
         Ok(r)
     }
 
@@ -722,7 +725,10 @@ impl Replica {
                     // none held no flushed write of the head.
                     let trusted = self.revision_file.sums_every_flush();
                     if trusted {
-                        self.drop_unflushed(&mut held)?;
+                        let dir = self.dir.clone();
+                        room::or_given_up(&dir, "punch blocks out of the head", || {
+                            self.drop_unflushed(&mut held)
+                        })?;
                     }
                     if !held.is_empty() {
                         tracing::warn!(dir = %self.dir.display(), blocks = held.len(), checksums_kept = trusted,
@@ -732,7 +738,9 @@ impl Replica {
                                 .extend(held.iter().map(|&b| (b, s.get(b))));
                         }
                         self.suspect.extend(held.iter().copied());
-                        self.write_suspects()?;
+                        room::or_given_up(&self.dir, "record the suspect blocks", || {
+                            self.write_suspects()
+                        })?;
                     }
                 }
                 for b in held {
