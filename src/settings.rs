@@ -242,7 +242,7 @@ pub const DEFINITIONS: &[SettingDef] = &[
     SettingDef {
         name: OFFLINE_COPY_RATE,
         default: "0",
-        description: "MiB per second a node pulls over the network to rebuild a replica of a detached volume or to restore a snapshot into a new volume, per copy; 0: no limit. A volume's own replicaRebuildRate, when set, takes its place. Copies within a node, and rebuilds through an attached volume's engine, are not paced.",
+        description: "MiB per second a node copies to rebuild a replica of a detached volume or to restore a snapshot into a new volume, per copy, over the network or from a replica on its own disks; 0: no limit. A volume's own replicaRebuildRate, when set, takes its place. Rebuilds through an attached volume's engine take replica-rebuild-rate.",
         kind: SettingKind::Int {
             min: 0,
             max: Some(MAX_COPY_RATE as i64),
@@ -251,7 +251,7 @@ pub const DEFINITIONS: &[SettingDef] = &[
     SettingDef {
         name: REPLICA_REBUILD_RATE,
         default: "0",
-        description: "MiB per second a node pulls over the network to rebuild a replica of an attached volume through its engine, per rebuild, taken when the rebuild starts; 0: no limit. A volume's own replicaRebuildRate, when set, takes its place. The volume stays degraded for as long as the copy lasts. Copies within a node are not paced.",
+        description: "MiB per second a node copies to rebuild a replica of an attached volume through its engine, per rebuild, over the network or from a replica on its own disks, taken when the rebuild starts; 0: no limit. A volume's own replicaRebuildRate, when set, takes its place. The volume stays degraded for as long as the copy lasts.",
         kind: SettingKind::Int {
             min: 0,
             max: Some(MAX_COPY_RATE as i64),

@@ -135,8 +135,8 @@ pub trait Agents: Send + Sync {
     /// Deletes replica `name`'s data.
     fn delete_replica<'a>(&'a self, node: &'a Node, name: &'a str) -> Call<'a, ()>;
     /// Has the engine of `volume` on `node` add `replica` (`NAME@ADDR`) in
-    /// `wo` mode and rebuild it (from `source` when given), pulling at
-    /// most `bytes_per_second` over the network (0: no limit).
+    /// `wo` mode and rebuild it (from `source` when given), copying at
+    /// most `bytes_per_second` (0: no limit).
     fn add_engine_replica<'a>(
         &'a self,
         node: &'a Node,
@@ -152,8 +152,8 @@ pub trait Agents: Send + Sync {
         replica: &'a str,
     ) -> Call<'a, ()>;
     /// Fills replica `name` on `node` from `source` (`NAME@ADDR`), with no
-    /// engine, pulling at most `bytes_per_second` over the network (0: no
-    /// limit); answers when it is done.
+    /// engine, copying at most `bytes_per_second` (0: no limit); answers
+    /// when it is done.
     fn rebuild_replica<'a>(
         &'a self,
         node: &'a Node,

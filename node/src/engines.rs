@@ -721,8 +721,8 @@ impl Engines {
     }
 
     /// Asks the running engine of `volume` to add `replica` (`NAME@ADDR`)
-    /// and rebuild it from `source` (or a replica it picks), pulling at
-    /// most `bytes_per_second` over the network (0: no limit).
+    /// and rebuild it from `source` (or a replica it picks), copying at
+    /// most `bytes_per_second` (0: no limit).
     #[tracing::instrument(skip_all, fields(volume = %volume, replica = %replica))]
     pub async fn add_replica(
         &self,

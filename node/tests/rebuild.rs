@@ -16,6 +16,7 @@ use ballast_node::engine::{Engine, MemberStatus, ReplicaAddr};
 use ballast_node::replica::Replica;
 use ballast_node::replica::replica_dir;
 use ballast_node::server::ReplicaServer;
+use ballast_node::sync::local::CopyPath;
 use ballast_node::wire::JoinSpec;
 use ballast_node::wire::client::ReplicaClient;
 use common::{chain_of, engine_over, frozen_at_first, head_file};
@@ -622,6 +623,12 @@ struct Joined {
 }
 
 async fn joined(size: u64, write: impl FnOnce(&mut Replica)) -> Joined {
+    joined_on(size, false, write).await
+}
+
+/// `joined`, with both disks on one node (`target` serves `v-r0` too)
+/// when `one_node`: a fill of `v-r1` then copies within the node.
+async fn joined_on(size: u64, one_node: bool, write: impl FnOnce(&mut Replica)) -> Joined {
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     {
         let mut r = Replica::create(&replica_dir(d1.path(), "v-r0"), size).unwrap();
@@ -629,11 +636,19 @@ async fn joined(size: u64, write: impl FnOnce(&mut Replica)) -> Joined {
         r.snapshot(None).unwrap();
     }
     Replica::create(&replica_dir(d2.path(), "v-r1"), size).unwrap();
-    let s1 = server(&[d1.path()]).await;
-    let target = ReplicaServer::new(vec![d2.path().to_path_buf()]);
+    let mut disks = vec![d2.path().to_path_buf()];
+    if one_node {
+        disks.push(d1.path().to_path_buf());
+    }
+    let target = ReplicaServer::new(disks);
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let s2 = l.local_addr().unwrap().to_string();
     tokio::spawn(target.clone().serve(l));
+    let s1 = if one_node {
+        s2.clone()
+    } else {
+        server(&[d1.path()]).await
+    };
     let src = ReplicaClient::connect(&s1, "v-r0").await.unwrap();
     let dst = ReplicaClient::connect(&s2, "v-r1").await.unwrap();
     let spec = following(&src).await;
@@ -815,6 +830,61 @@ async fn an_engines_fill_keeps_its_pace_and_is_called_off_when_its_connection_en
     dst.join(&j.spec).await.unwrap();
     let done = dst.fill(&j.source, 0).await.unwrap();
     assert_eq!(done["layers"].as_array().map(Vec::len), Some(1), "{done}");
+}
+
+/// A copy within a node keeps the fill's pace too (a rebuild's rate
+/// spares the disks of one node, which its pods share, as it spares the
+/// network), and is called off at once though it waits for its pace.
+/// Paced, it takes no way that cannot wait (the io_uring's), and its
+/// copy is whole. Before 2026-12-06 a copy within a node took no pace,
+/// ran at the disk's speed, and could not be called off mid-layer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fill_within_a_node_keeps_its_pace_and_is_called_off_at_once() {
+    let written = pattern(0, 32 << 20, 5);
+    let j = joined_on(64 << 20, true, |r| {
+        r.write(0, &written, Some(1)).unwrap();
+    })
+    .await;
+    const RATE: u64 = 512 << 10;
+    let asked = std::time::Instant::now();
+    let fill = {
+        let (target, source) = (j.target.clone(), j.source.clone());
+        tokio::spawn(async move { target.fill("v-r1", &source, RATE).await })
+    };
+    let (done, seen) = loop {
+        if let Some((done, _)) = j.target.fill_progress("v-r1").filter(|(d, _)| *d > 0) {
+            break (done, asked.elapsed());
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "no piece in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        done as f64 <= RATE as f64 * seen.as_secs_f64(),
+        "{done} bytes copied {seen:?} after the fill began at {RATE} bytes per second"
+    );
+    // Called off while it waits 8 s for its next piece: it stops at once.
+    call_off(fill, &j.target, "it was called off").await;
+
+    // Paced at a rate it keeps within a second, the copy is whole, made
+    // by a way that waits for its pace.
+    j.dst.join(&j.spec).await.unwrap();
+    let report = j.target.fill("v-r1", &j.source, 64 << 20).await.unwrap();
+    assert!(
+        [CopyPath::CopyFileRange, CopyPath::ReadWrite].contains(&report.path),
+        "{report:?}"
+    );
+    assert_eq!(report.bytes, 32 << 20);
+    for k in 0..4u64 {
+        let at = k * (8 << 20);
+        let got = j.dst.read(at, 8 << 20).await.unwrap();
+        assert!(
+            got[..] == written[at as usize..][..8 << 20],
+            "the copy differs in its {k}th 8 MiB"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,10 +54,10 @@ custom_resource! {
         /// Minutes after which a failed replica is deleted.
         #[serde(default = "default_stale_timeout")]
         pub stale_replica_timeout: u64,
-        /// MiB/s that each copy rebuilding one of its replicas over the
-        /// network may pull, attached (by its engine) or detached (node
-        /// to node). 0 follows the settings `replica-rebuild-rate` and
-        /// `offline-copy-rate`.
+        /// MiB/s that each copy rebuilding one of its replicas may take,
+        /// attached (by its engine) or detached, over the network or from
+        /// a replica on the same node. 0 follows the settings
+        /// `replica-rebuild-rate` and `offline-copy-rate`.
         #[serde(default, skip_serializing_if = "is_zero")]
         pub replica_rebuild_rate: u64,
         #[serde(default)]

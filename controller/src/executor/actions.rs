@@ -219,9 +219,10 @@ async fn add_to_engine(
     ctx.agents
         .add_engine_replica(&engine_node, &vol.name, at, source)
         .await?;
-    // A source named is on the target's node: a local copy, not paced.
+    // A source named is on the target's node: a copy within it, at the
+    // same pace.
     let how = match copy_from {
-        Some(src) => format!("by the engine on {attached}, from {src} on the same node: not paced"),
+        Some(src) => format!("by the engine on {attached}, from {src} on the same node, {pace}"),
         None => format!("by the engine on {attached}, {pace}"),
     };
     ctx.event(Kind::Replica, name, "RebuildStarted", how).await;
@@ -263,11 +264,12 @@ async fn rebuild_offline(
     // snapshot) calls the copy off, and the replica is rebuilt later,
     // keeping what was copied: none waits for a whole copy.
     let pace = pace::pace(&vol.spec, &ctx.settings().await?, Way::Offline);
-    let how = if source_local {
-        format!("offline, from {source} on the same node: not paced")
+    let on = if source_local {
+        " on the same node"
     } else {
-        format!("offline, from {source}, {pace}")
+        ""
     };
+    let how = format!("offline, from {source}{on}, {pace}");
     ctx.event(Kind::Replica, name, "RebuildStarted", how).await;
     let copy = ctx
         .agents

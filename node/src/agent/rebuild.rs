@@ -83,8 +83,8 @@ fn fill_error(e: crate::sync::SyncError) -> Error {
     }
 }
 
-/// Fills `name` from `source`, pulling at most `bytes_per_second` over the
-/// network (0: no limit). What it asks the source before the fill (its
+/// Fills `name` from `source`, copying at most `bytes_per_second` (0: no
+/// limit), over the network or within the node. What it asks the source before the fill (its
 /// layers, the freeze of its head, its revision) is waited for while the
 /// source answers `live`'s pings: a freeze of a large head takes
 /// minutes, and a source whose node froze would hold the rebuild, and the

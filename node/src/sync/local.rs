@@ -8,6 +8,11 @@
 //! the target, is checked (apparent size, and the same data extents as the
 //! source), and then renamed over the target; on any error the temp file is
 //! removed.
+//!
+//! A copy asks its `Gate` before each piece it copies on threads: the
+//! fill's pace (a rebuild's rate holds for a copy within a node too) and
+//! whether the fill was called off. A paced copy takes no way that cannot
+//! ask (the ring's), and a reflink copies no data, so it asks nothing.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -77,11 +82,42 @@ pub const RING_DEPTH: usize = super::ring::DEPTH;
 /// that it too is read by several threads.
 const PIECE: u64 = 4 << 20;
 
+/// What a copy on threads asks before each piece (of at most `PIECE`
+/// bytes): `wait` returns once the piece is due at the fill's pace, or
+/// fails when the fill is called off; `paced` says whether there is a pace
+/// at all.
+pub struct Gate<'a> {
+    pub paced: bool,
+    pub wait: &'a (dyn Fn(u64) -> Result<(), SyncError> + Sync),
+}
+
+impl Gate<'static> {
+    /// No pace, and never called off.
+    pub const OPEN: Gate<'static> = Gate {
+        paced: false,
+        wait: &|_| Ok(()),
+    };
+}
+
+/// The error of a piece whose gate stopped the copy (the fill called off):
+/// no other way is tried then.
+#[derive(Debug)]
+struct Stopped(String);
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Stopped {}
+
 /// Runs `copy` on every piece of `extents`, on up to `STREAMS` threads,
-/// each with state of its own from `init`. The first error stops them all
-/// and is returned.
+/// each with state of its own from `init`, each piece once `gate` lets it
+/// through. The first error stops them all and is returned.
 fn in_parallel<S>(
     extents: &[(u64, u64)],
+    gate: &Gate,
     init: impl Fn() -> S + Sync,
     copy: impl Fn(&mut S, u64, u64) -> std::io::Result<()> + Sync,
 ) -> std::io::Result<()> {
@@ -94,7 +130,10 @@ fn in_parallel<S>(
             let Some(&(at, len)) = pieces.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 return Ok(());
             };
-            if let Err(e) = copy(&mut state, at, len) {
+            let done = (gate.wait)(len)
+                .map_err(|e| std::io::Error::other(Stopped(e.to_string())))
+                .and_then(|()| copy(&mut state, at, len));
+            if let Err(e) = done {
                 failed.store(true, Ordering::Relaxed);
                 return Err(e);
             }
@@ -115,9 +154,10 @@ fn in_parallel<S>(
     })
 }
 
-fn copy_ranges(src: &File, dst: &File, extents: &[(u64, u64)]) -> std::io::Result<()> {
+fn copy_ranges(src: &File, dst: &File, extents: &[(u64, u64)], gate: &Gate) -> std::io::Result<()> {
     in_parallel(
         extents,
+        gate,
         || (),
         |(), start, len| {
             let mut done = 0u64;
@@ -145,9 +185,10 @@ fn copy_ranges(src: &File, dst: &File, extents: &[(u64, u64)]) -> std::io::Resul
     )
 }
 
-fn read_write(src: &File, dst: &File, extents: &[(u64, u64)]) -> std::io::Result<()> {
+fn read_write(src: &File, dst: &File, extents: &[(u64, u64)], gate: &Gate) -> std::io::Result<()> {
     in_parallel(
         extents,
+        gate,
         || vec![0u8; PIECE as usize],
         |buf, start, len| {
             let n = len as usize;
@@ -168,11 +209,22 @@ fn temp_path(dst: &Path) -> PathBuf {
 /// Copies the layer file `src` (whose data blocks are `map`) to `dst`,
 /// keeping its holes. `size` is the apparent size both must have.
 pub fn copy_layer(src: &Path, map: &Bitmap, dst: &Path, size: u64) -> Result<CopyPath, SyncError> {
+    copy_layer_gated(src, map, dst, size, &Gate::OPEN)
+}
+
+/// `copy_layer`, each piece let through by `gate` (see `Gate`).
+pub fn copy_layer_gated(
+    src: &Path,
+    map: &Bitmap,
+    dst: &Path,
+    size: u64,
+    gate: &Gate,
+) -> Result<CopyPath, SyncError> {
     let tmp = temp_path(dst);
     // The rename (like the data) becomes durable when the layer is
     // completed: the file is synced and the metadata rewritten, which
     // syncs this directory.
-    let result = copy_checked(src, map, &tmp, size)
+    let result = copy_checked(src, map, &tmp, size, gate)
         .and_then(|path| std::fs::rename(&tmp, dst).map_err(io(dst)).map(|()| path));
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -180,7 +232,13 @@ pub fn copy_layer(src: &Path, map: &Bitmap, dst: &Path, size: u64) -> Result<Cop
     result
 }
 
-fn copy_checked(src: &Path, map: &Bitmap, tmp: &Path, size: u64) -> Result<CopyPath, SyncError> {
+fn copy_checked(
+    src: &Path,
+    map: &Bitmap,
+    tmp: &Path,
+    size: u64,
+    gate: &Gate,
+) -> Result<CopyPath, SyncError> {
     let s = File::open(src).map_err(io(src))?;
     let extents = super::byte_ranges(&map.runs());
     let mut failures = Vec::new();
@@ -193,7 +251,10 @@ fn copy_checked(src: &Path, map: &Bitmap, tmp: &Path, size: u64) -> Result<CopyP
         // A layer mostly in the page cache copies fastest from page to
         // page on several threads (copy_file_range); one mostly on the
         // disk through the ring's direct reads. Asked only once a reflink
-        // has failed.
+        // has failed. The ring asks no gate: a paced copy goes without it.
+        if way == CopyPath::IoUring && gate.paced {
+            continue;
+        }
         if way == CopyPath::IoUring {
             let total: u64 = extents.iter().map(|e| e.1).sum();
             let cached = super::ring::cached_bytes(src, &extents);
@@ -219,10 +280,17 @@ fn copy_checked(src: &Path, map: &Bitmap, tmp: &Path, size: u64) -> Result<CopyP
                 tracing::debug!(cache = from.cache, disk = from.disk, "layer read");
                 Ok(())
             }),
-            CopyPath::CopyFileRange => d.set_len(size).and_then(|()| copy_ranges(&s, &d, &extents)),
-            _ => d.set_len(size).and_then(|()| read_write(&s, &d, &extents)),
+            CopyPath::CopyFileRange => d
+                .set_len(size)
+                .and_then(|()| copy_ranges(&s, &d, &extents, gate)),
+            _ => d
+                .set_len(size)
+                .and_then(|()| read_write(&s, &d, &extents, gate)),
         };
         if let Err(e) = copied {
+            if let Some(stopped) = e.get_ref().and_then(|i| i.downcast_ref::<Stopped>()) {
+                return Err(SyncError::Source(stopped.0.clone()));
+            }
             tracing::debug!(way = way.as_str(), error = %e, "local copy way failed; trying the next");
             failures.push(format!("{}: {e}", way.as_str()));
             continue;
@@ -323,14 +391,14 @@ mod tests {
         for (way, copy) in [
             (
                 "copy_file_range",
-                copy_ranges as fn(&File, &File, &[(u64, u64)]) -> _,
+                copy_ranges as fn(&File, &File, &[(u64, u64)], &Gate) -> _,
             ),
             ("read/write", read_write),
         ] {
             let dst = dir.path().join(format!("{way}.img").replace('/', "-"));
             let d = File::create(&dst).unwrap();
             d.set_len(size).unwrap();
-            copy(&s, &d, &runs).unwrap();
+            copy(&s, &d, &runs, &Gate::OPEN).unwrap();
             check_copy(way, &src, &dst, &d, &map, size);
         }
     }
@@ -483,6 +551,7 @@ mod tests {
         let copied = AtomicUsize::new(0);
         let r = in_parallel(
             &extents,
+            &Gate::OPEN,
             || (),
             |(), at, _| {
                 if at == 50 * BLOCK * 2 {

@@ -83,8 +83,8 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// A fill's progress, pulling at most `bytes_per_second` over the
-    /// network (0: no limit).
+    /// A fill's progress, copying at most `bytes_per_second` (0: no
+    /// limit), over the network or within the node.
     pub fn paced(bytes_per_second: u64) -> Progress {
         Progress {
             pace: Pace::new(bytes_per_second),
@@ -99,6 +99,31 @@ impl Progress {
             () = self.off.notified() => self.off.notify_one(),
         }
         called_off(self)
+    }
+
+    /// `pace` for a copy on threads of its own (within a node): waits
+    /// until `n` more bytes are due, looking every `CALL_OFF_LOOK` whether
+    /// the fill was called off, and counts them done.
+    pub fn pace_blocking(&self, n: u64) -> Result<(), SyncError> {
+        called_off(self)?;
+        if let Some(due) = self.pace.claim(n) {
+            let due = due.into_std();
+            loop {
+                let now = std::time::Instant::now();
+                if now >= due {
+                    break;
+                }
+                std::thread::sleep((due - now).min(CALL_OFF_LOOK));
+                called_off(self)?;
+            }
+        }
+        self.done.fetch_add(n, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether the fill keeps a pace (a rate above 0).
+    pub fn is_paced(&self) -> bool {
+        self.pace.bytes_per_second > 0
     }
 
     /// The source's answer `answer`, unless the fill is called off first or
@@ -133,6 +158,10 @@ impl Progress {
 /// its node frozen, its network dropping packets, its disk hung).
 pub const SOURCE_SILENCE: std::time::Duration = crate::wire::client::SILENCE;
 
+/// How often a copy within a node, waiting for its pace, looks whether
+/// its fill was called off.
+const CALL_OFF_LOOK: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Keeps a copy at or under a rate, counted from its start: each `take`
 /// waits until the bytes taken so far fit in the time since then.
 #[derive(Debug)]
@@ -160,11 +189,19 @@ impl Pace {
 
     /// Takes `n` bytes, once they are due (at once with no limit).
     pub async fn take(&self, n: u64) {
+        if let Some(due) = self.claim(n) {
+            tokio::time::sleep_until(due).await;
+        }
+    }
+
+    /// Counts `n` more bytes taken: when they are due (None with no
+    /// limit).
+    fn claim(&self, n: u64) -> Option<tokio::time::Instant> {
         if self.bytes_per_second == 0 {
-            return;
+            return None;
         }
         let taken = self.taken.fetch_add(n, Ordering::SeqCst) + n;
-        tokio::time::sleep_until(self.due(taken)).await;
+        Some(self.due(taken))
     }
 
     /// Whether `n` more bytes are due now.
@@ -284,8 +321,8 @@ impl Fills {
     }
 
     /// Fills the pending layers of `target` from `source` (`NAME@ADDR`),
-    /// one fill per replica at a time, pulling at most `bytes_per_second`
-    /// over the network (0: no limit; a local copy is not paced).
+    /// one fill per replica at a time, copying at most `bytes_per_second`
+    /// (0: no limit), over the network or within the node.
     pub async fn run(
         &self,
         replicas: &Arc<Replicas>,
@@ -422,6 +459,8 @@ async fn fill(
             called_off(&progress)?;
             let (src, dst, name) = (src.clone(), target.clone(), layer.name.clone());
             let lost = layer.lost.clone();
+            let done_before = progress.done.load(Ordering::SeqCst);
+            let paced = progress.clone();
             let copied = blocking(move || {
                 let (src_path, map, size) = {
                     let s = src.read().map_err(|_| lock_err())?;
@@ -434,7 +473,11 @@ async fn fill(
                     (s.layer_path(&name)?, s.layer_map(&name)?, s.size())
                 };
                 let dst_path = dst.read().map_err(|_| lock_err())?.layer_path(&name)?;
-                let way = local::copy_layer(&src_path, &map, &dst_path, size)?;
+                let gate = local::Gate {
+                    paced: paced.is_paced(),
+                    wait: &|n| paced.pace_blocking(n),
+                };
+                let way = local::copy_layer_gated(&src_path, &map, &dst_path, size, &gate)?;
                 let mut d = dst.write().map_err(|_| lock_err())?;
                 d.reopen_layer(&name)?;
                 // The check of what was copied is the target's: its layer
@@ -459,6 +502,9 @@ async fn fill(
                 }
             })
             .await;
+            // The pieces counted themselves done as they went; the layer
+            // counts once, whatever ways were tried.
+            progress.done.store(done_before, Ordering::SeqCst);
             match copied {
                 Ok(way) => {
                     report.path = way;
@@ -467,6 +513,7 @@ async fn fill(
                     remaining = rest;
                 }
                 Err(e @ SyncError::SourceCorrupt { .. }) => return Err(e),
+                Err(e) if progress.called_off.load(Ordering::SeqCst) => return Err(e),
                 Err(e) => {
                     tracing::warn!(layer = %layer.name, error = %e, "local copy failed; cleaning the target and copying over the network");
                     reset_layer(&target, &layer.name).await?;

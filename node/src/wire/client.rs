@@ -990,7 +990,7 @@ impl ReplicaClient {
     }
 
     /// Fills the replica's pending layers from `source` (`NAME@ADDR`),
-    /// pulling at most `bytes_per_second` over the network (0: no limit;
+    /// copying at most `bytes_per_second` (0: no limit;
     /// the header's offset carries it); returns `{path, bytes, layers}`
     /// when every layer is complete.
     pub async fn fill(

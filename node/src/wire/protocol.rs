@@ -60,8 +60,9 @@ pub enum Op {
     /// Joins a rebuild: payload JSON `{frozen: [{name, checksum}], head,
     /// revision}`; replies a JSON join report.
     Join = 9,
-    /// Fills the pending layers from `NAME@HOST:PORT` (payload), pulling
-    /// at most `offset` bytes per second over the network (0: no limit);
+    /// Fills the pending layers from `NAME@HOST:PORT` (payload), copying
+    /// at most `offset` bytes per second (0: no limit), over the network
+    /// or within the node;
     /// replies JSON `{path, bytes}` once every layer is checked and
     /// complete. It is called off when its connection ends.
     Fill = 10,
