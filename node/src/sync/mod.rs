@@ -104,7 +104,7 @@ impl Progress {
     /// `pace` for a copy on threads of its own (within a node): waits
     /// until `n` more bytes are due, looking every `CALL_OFF_LOOK` whether
     /// the fill was called off, and counts them done.
-    pub fn pace_blocking(&self, n: u64) -> Result<(), SyncError> {
+    fn pace_blocking(&self, n: u64) -> Result<(), SyncError> {
         called_off(self)?;
         if let Some(due) = self.pace.claim(n) {
             let due = due.into_std();
@@ -122,7 +122,7 @@ impl Progress {
     }
 
     /// Whether the fill keeps a pace (a rate above 0).
-    pub fn is_paced(&self) -> bool {
+    fn is_paced(&self) -> bool {
         self.pace.bytes_per_second > 0
     }
 
