@@ -788,6 +788,26 @@ async fn a_fill_is_called_off_for_its_replicas_deletion_and_ends_at_once() {
     );
 }
 
+/// Waits for the first piece of `target`'s fill of `v-r1`, asked at
+/// `asked` at `rate` bytes per second: no more was copied by then than
+/// the rate allows.
+async fn kept_its_pace(target: &ReplicaServer, asked: std::time::Instant, rate: u64) {
+    let (done, seen) = loop {
+        if let Some((done, _)) = target.fill_progress("v-r1").filter(|(d, _)| *d > 0) {
+            break (done, asked.elapsed());
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "no piece in 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        done as f64 <= rate as f64 * seen.as_secs_f64(),
+        "{done} bytes copied {seen:?} after the fill was asked for at {rate} bytes per second"
+    );
+}
+
 /// An engine's FILL keeps the pace it asks for (the header's offset:
 /// `replica-rebuild-rate`), and is called off when its connection ends
 /// (the engine stopped, or gave the replica up): it stops at once though
@@ -804,20 +824,7 @@ async fn an_engines_fill_keeps_its_pace_and_is_called_off_when_its_connection_en
         let (dst, source) = (j.dst, j.source.clone());
         tokio::spawn(async move { dst.fill(&source, RATE).await })
     };
-    let (done, seen) = loop {
-        if let Some((done, _)) = j.target.fill_progress("v-r1").filter(|(d, _)| *d > 0) {
-            break (done, asked.elapsed());
-        }
-        assert!(
-            asked.elapsed() < Duration::from_secs(30),
-            "no piece in 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    assert!(
-        done as f64 <= RATE as f64 * seen.as_secs_f64(),
-        "{done} bytes written {seen:?} after the FILL at {RATE} bytes per second"
-    );
+    kept_its_pace(&j.target, asked, RATE).await;
 
     // The engine's connection ends while the fill waits 8 s for its next
     // piece: the fill stops at once.
@@ -851,20 +858,7 @@ async fn a_fill_within_a_node_keeps_its_pace_and_is_called_off_at_once() {
         let (target, source) = (j.target.clone(), j.source.clone());
         tokio::spawn(async move { target.fill("v-r1", &source, RATE).await })
     };
-    let (done, seen) = loop {
-        if let Some((done, _)) = j.target.fill_progress("v-r1").filter(|(d, _)| *d > 0) {
-            break (done, asked.elapsed());
-        }
-        assert!(
-            asked.elapsed() < Duration::from_secs(30),
-            "no piece in 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
-    assert!(
-        done as f64 <= RATE as f64 * seen.as_secs_f64(),
-        "{done} bytes copied {seen:?} after the fill began at {RATE} bytes per second"
-    );
+    kept_its_pace(&j.target, asked, RATE).await;
     // Called off while it waits 8 s for its next piece: it stops at once.
     call_off(fill, &j.target, "it was called off").await;
 
