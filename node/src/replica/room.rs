@@ -25,11 +25,11 @@ pub const ROOM: u64 = 1 << 20;
 
 /// Makes the room of the replica in `dir` when it is not there whole.
 /// Best effort: on a disk without `ROOM` bytes free (or a filesystem that
-/// cannot allocate ahead) none is made, and it returns false.
-pub(super) fn keep(dir: &Path) -> bool {
+/// cannot allocate ahead) none is made.
+pub(super) fn keep(dir: &Path) {
     let path = dir.join(ROOM_FILE);
     if std::fs::metadata(&path).is_ok_and(|m| m.blocks() * 512 >= ROOM) {
-        return true;
+        return;
     }
     let tmp = dir.join(format!(".{ROOM_FILE}.tmp"));
     let made = File::create(&tmp).and_then(|f| {
@@ -43,13 +43,9 @@ pub(super) fn keep(dir: &Path) -> bool {
         std::fs::rename(&tmp, &path)?;
         File::open(dir)?.sync_all()
     });
-    match made {
-        Ok(()) => true,
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            tracing::debug!(dir = %dir.display(), error = %e, "no room kept for a new boot's records");
-            false
-        }
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&tmp);
+        tracing::debug!(dir = %dir.display(), error = %e, "no room kept for a new boot's records");
     }
 }
 
