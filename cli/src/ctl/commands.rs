@@ -335,8 +335,9 @@ pub struct VolumeOptions {
     /// ignored, disabled, least-effort or best-effort.
     #[arg(long)]
     auto_balance: Option<String>,
-    /// MiB/s each copy rebuilding a replica may pull over the network;
-    /// 0 follows the settings replica-rebuild-rate and offline-copy-rate.
+    /// MiB/s each copy rebuilding a replica may take, over the network or
+    /// within a node; 0 follows the settings replica-rebuild-rate and
+    /// offline-copy-rate.
     #[arg(long, value_name = "MIB_PER_S")]
     rebuild_rate: Option<u64>,
 }

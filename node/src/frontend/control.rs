@@ -36,8 +36,8 @@ pub enum ControlRequest {
         replica: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         source: Option<String>,
-        /// Bytes per second the rebuild pulls over the network; 0 (or
-        /// absent, from a node plugin before it): no limit.
+        /// Bytes per second the rebuild copies, over the network or within
+        /// the node; 0 (or absent, from a node plugin before it): no limit.
         #[serde(default, skip_serializing_if = "is_zero")]
         bytes_per_second: u64,
     },
