@@ -9,10 +9,10 @@
 //! source), and then renamed over the target; on any error the temp file is
 //! removed.
 //!
-//! A copy asks its `Gate` before each piece it copies on threads: the
+//! Every way that copies data asks its `Gate` before each piece: the
 //! fill's pace (a rebuild's rate holds for a copy within a node too) and
-//! whether the fill was called off. A paced copy takes no way that cannot
-//! ask (the ring's), and a reflink copies no data, so it asks nothing.
+//! whether the fill was called off. A reflink copies no data, so it asks
+//! nothing.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -82,21 +82,22 @@ pub const RING_DEPTH: usize = super::ring::DEPTH;
 /// that it too is read by several threads.
 const PIECE: u64 = 4 << 20;
 
-/// What a copy on threads asks before each piece (of at most `PIECE`
-/// bytes): `wait` returns once the piece is due at the fill's pace, or
-/// fails when the fill is called off; `paced` says whether there is a pace
-/// at all.
-pub struct Gate<'a> {
-    pub paced: bool,
-    pub wait: &'a (dyn Fn(u64) -> Result<(), SyncError> + Sync),
-}
+/// What a copy asks before each piece of data (of at most `PIECE`
+/// bytes): it returns once the piece is due at the fill's pace, or fails
+/// when the fill is called off.
+pub struct Gate<'a>(pub &'a (dyn Fn(u64) -> Result<(), SyncError> + Sync));
 
 impl Gate<'static> {
     /// No pace, and never called off.
-    pub const OPEN: Gate<'static> = Gate {
-        paced: false,
-        wait: &|_| Ok(()),
-    };
+    pub const OPEN: Gate<'static> = Gate(&|_| Ok(()));
+}
+
+impl Gate<'_> {
+    /// Waits until `n` more bytes may be copied; the error of a copy
+    /// stopped (`Stopped`) when the fill was called off.
+    pub(super) fn ask(&self, n: u64) -> std::io::Result<()> {
+        (self.0)(n).map_err(|e| std::io::Error::other(Stopped(e.to_string())))
+    }
 }
 
 /// The error of a piece whose gate stopped the copy (the fill called off):
@@ -130,9 +131,7 @@ fn in_parallel<S>(
             let Some(&(at, len)) = pieces.get(next.fetch_add(1, Ordering::Relaxed)) else {
                 return Ok(());
             };
-            let done = (gate.wait)(len)
-                .map_err(|e| std::io::Error::other(Stopped(e.to_string())))
-                .and_then(|()| copy(&mut state, at, len));
+            let done = gate.ask(len).and_then(|()| copy(&mut state, at, len));
             if let Err(e) = done {
                 failed.store(true, Ordering::Relaxed);
                 return Err(e);
@@ -251,10 +250,7 @@ fn copy_checked(
         // A layer mostly in the page cache copies fastest from page to
         // page on several threads (copy_file_range); one mostly on the
         // disk through the ring's direct reads. Asked only once a reflink
-        // has failed. The ring asks no gate: a paced copy goes without it.
-        if way == CopyPath::IoUring && gate.paced {
-            continue;
-        }
+        // has failed.
         if way == CopyPath::IoUring {
             let total: u64 = extents.iter().map(|e| e.1).sum();
             let cached = super::ring::cached_bytes(src, &extents);
@@ -276,7 +272,7 @@ fn copy_checked(
         let copied = match way {
             CopyPath::Reflink => reflink(&s, &d),
             CopyPath::IoUring => d.set_len(size).and_then(|()| {
-                let from = super::ring::copy(src, &d, &extents)?;
+                let from = super::ring::copy(src, &d, &extents, gate)?;
                 tracing::debug!(cache = from.cache, disk = from.disk, "layer read");
                 Ok(())
             }),
@@ -377,7 +373,7 @@ mod tests {
         let d = File::create(&dst).unwrap();
         d.set_len(size).unwrap();
         uncache(&src);
-        let from = crate::sync::ring::copy(&src, &d, &runs).unwrap();
+        let from = crate::sync::ring::copy(&src, &d, &runs, &Gate::OPEN).unwrap();
         let total: u64 = runs.iter().map(|r| r.1).sum();
         assert_eq!(
             from,
@@ -459,7 +455,7 @@ mod tests {
         let dst = dir.path().join("dst.img");
         let d = File::create(&dst).unwrap();
         d.set_len(SMALL).unwrap();
-        let from = crate::sync::ring::copy(&src, &d, &runs).unwrap();
+        let from = crate::sync::ring::copy(&src, &d, &runs, &Gate::OPEN).unwrap();
         assert_eq!(
             from,
             ring::ReadFrom {
@@ -493,10 +489,10 @@ mod tests {
         let (src, map, mut runs) = strided(dir.path(), 300, 32 * 1024);
         let d = File::create(dir.path().join("dst.img")).unwrap();
         runs.insert(0, (SMALL + (1 << 20), BLOCK));
-        let e = crate::sync::ring::copy(&src, &d, &runs).unwrap_err();
+        let e = crate::sync::ring::copy(&src, &d, &runs, &Gate::OPEN).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
         runs.remove(0);
-        crate::sync::ring::copy(&src, &d, &runs).unwrap();
+        crate::sync::ring::copy(&src, &d, &runs, &Gate::OPEN).unwrap();
         d.set_len(SMALL).unwrap();
         check_copy(
             "io_uring",
@@ -514,7 +510,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (src, _) = sparse(dir.path(), 1 << 20, &[(0, BLOCK)]);
         let d = File::create(dir.path().join("dst.img")).unwrap();
-        let e = crate::sync::ring::copy(&src, &d, &[(512, BLOCK)]).unwrap_err();
+        let e = crate::sync::ring::copy(&src, &d, &[(512, BLOCK)], &Gate::OPEN).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
         assert!(e.to_string().contains("not aligned"), "{e}");
     }
@@ -542,6 +538,50 @@ mod tests {
             CopyPath::CopyFileRange
         );
         check_copy("warm", &src, &dst, &File::open(&dst).unwrap(), &map, SMALL);
+    }
+
+    /// Every way that copies data asks the gate before each piece, and a
+    /// gate that stops (the fill called off) ends the copy with its error:
+    /// no other way is tried, and no partial file stays. Through the ring
+    /// (a cold source) and page to page (a warm one); the gate of a whole
+    /// copy is asked for every byte once.
+    #[test]
+    fn every_way_asks_the_gate_and_a_gate_that_stops_ends_the_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, map, _) = strided(dir.path(), 100, 96 * 1024);
+        let total = 100 * 16384;
+        for (cold, way) in [(true, CopyPath::IoUring), (false, CopyPath::CopyFileRange)] {
+            if cold {
+                uncache(&src);
+            }
+            let counted = std::sync::atomic::AtomicU64::new(0);
+            let asked = &counted;
+            let stop_after = |limit: u64| {
+                move |n: u64| {
+                    if asked.fetch_add(n, Ordering::SeqCst) >= limit {
+                        return Err(SyncError::Source("the fill was called off".into()));
+                    }
+                    Ok(())
+                }
+            };
+            let dst = dir.path().join(format!("stopped-{cold}.img"));
+            let e =
+                copy_layer_gated(&src, &map, &dst, SMALL, &Gate(&stop_after(16384))).unwrap_err();
+            assert!(e.to_string().contains("called off"), "{way:?}: {e}");
+            assert!(!dst.exists() && !temp_path(&dst).exists(), "{way:?}");
+            let after_stop = asked.swap(0, Ordering::SeqCst);
+            assert!(after_stop < total, "{way:?}: {after_stop} bytes asked for");
+            if cold {
+                uncache(&src);
+            }
+            let dst = dir.path().join(format!("whole-{cold}.img"));
+            assert_eq!(
+                copy_layer_gated(&src, &map, &dst, SMALL, &Gate(&stop_after(u64::MAX))).unwrap(),
+                way
+            );
+            assert_eq!(asked.load(Ordering::SeqCst), total, "{way:?}");
+            check_copy("gated", &src, &dst, &File::open(&dst).unwrap(), &map, SMALL);
+        }
     }
 
     /// A piece that fails stops the copy with its error.

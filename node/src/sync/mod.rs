@@ -121,11 +121,6 @@ impl Progress {
         Ok(())
     }
 
-    /// Whether the fill keeps a pace (a rate above 0).
-    fn is_paced(&self) -> bool {
-        self.pace.bytes_per_second > 0
-    }
-
     /// The source's answer `answer`, unless the fill is called off first or
     /// the source leaves it unanswered for `SOURCE_SILENCE`. A source that
     /// stopped answering (its node frozen) would otherwise hold the fill,
@@ -473,10 +468,7 @@ async fn fill(
                     (s.layer_path(&name)?, s.layer_map(&name)?, s.size())
                 };
                 let dst_path = dst.read().map_err(|_| lock_err())?.layer_path(&name)?;
-                let gate = local::Gate {
-                    paced: paced.is_paced(),
-                    wait: &|n| paced.pace_blocking(n),
-                };
+                let gate = local::Gate(&|n| paced.pace_blocking(n));
                 let way = local::copy_layer_gated(&src_path, &map, &dst_path, size, &gate)?;
                 let mut d = dst.write().map_err(|_| lock_err())?;
                 d.reopen_layer(&name)?;

@@ -20,6 +20,7 @@ use std::sync::mpsc;
 
 use io_uring::{IoUring, opcode, types};
 
+use super::local::Gate;
 use crate::replica::begin_writeback;
 
 /// Reads in flight at once.
@@ -34,11 +35,16 @@ const ALIGN: u64 = 4096;
 const WRITEBACK_EVERY: u64 = 16 << 20;
 
 /// Copies `extents` (offset, length) of the file at `src` into `dst` at the
-/// same offsets. Fails, with nothing in flight, when the kernel has no
-/// io_uring for this process or the source's filesystem refuses direct
-/// I/O: the caller then takes another way. Returns where the bytes were
-/// read from.
-pub(super) fn copy(src: &Path, dst: &File, extents: &[(u64, u64)]) -> std::io::Result<ReadFrom> {
+/// same offsets, each piece once `gate` lets it through. Fails, with
+/// nothing in flight, when the kernel has no io_uring for this process or
+/// the source's filesystem refuses direct I/O: the caller then takes
+/// another way. Returns where the bytes were read from.
+pub(super) fn copy(
+    src: &Path,
+    dst: &File,
+    extents: &[(u64, u64)],
+    gate: &Gate,
+) -> std::io::Result<ReadFrom> {
     let pieces = super::pieces(extents, SLOT);
     if let Some(&(at, len)) = pieces
         .iter()
@@ -55,7 +61,7 @@ pub(super) fn copy(src: &Path, dst: &File, extents: &[(u64, u64)]) -> std::io::R
     std::thread::scope(|s| {
         s.spawn(move || writeback_behind(dst, behind));
         // The channel closes when the copy returns, and the thread ends.
-        reads.run(&source, dst, &pieces, Written::new(&pieces, marks))
+        reads.run(&source, dst, (&pieces, gate), Written::new(&pieces, marks))
     })
 }
 
@@ -150,13 +156,14 @@ impl Reads {
         Ok(())
     }
 
-    /// Copies every piece: read from the page cache if all there, else
-    /// with direct I/O; written as it lands.
+    /// Copies every piece, once `gate` lets it through: read from the
+    /// page cache if all there, else with direct I/O; written as it lands.
+    /// A gate that stops the copy leaves the reads in flight to `Drop`.
     fn run(
         &mut self,
         source: &Source,
         dst: &File,
-        pieces: &[(u64, u64)],
+        (pieces, gate): (&[(u64, u64)], &Gate),
         mut written: Written,
     ) -> std::io::Result<ReadFrom> {
         let mut from = ReadFrom::default();
@@ -171,6 +178,7 @@ impl Reads {
                 let p = next;
                 next += 1;
                 let (at, len) = pieces[p];
+                gate.ask(len)?;
                 if source.in_cache(at, len) {
                     // SAFETY: slot k is free (no read in flight into it)
                     // and holds len <= SLOT bytes.
