@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use crate::replica::{BLOCK, Bitmap};
 
-use super::SyncError;
+use super::{Gate, Stopped, SyncError};
 
 /// How a layer was copied.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -81,37 +81,6 @@ pub const RING_DEPTH: usize = super::ring::DEPTH;
 /// The most bytes one piece of work copies: a large extent is cut, so
 /// that it too is read by several threads.
 const PIECE: u64 = 4 << 20;
-
-/// What a copy asks before each piece of data (of at most `PIECE`
-/// bytes): it returns once the piece is due at the fill's pace, or fails
-/// when the fill is called off.
-pub struct Gate<'a>(pub &'a (dyn Fn(u64) -> Result<(), SyncError> + Sync));
-
-impl Gate<'static> {
-    /// No pace, and never called off.
-    pub const OPEN: Gate<'static> = Gate(&|_| Ok(()));
-}
-
-impl Gate<'_> {
-    /// Waits until `n` more bytes may be copied; the error of a copy
-    /// stopped (`Stopped`) when the fill was called off.
-    pub(super) fn ask(&self, n: u64) -> std::io::Result<()> {
-        (self.0)(n).map_err(|e| std::io::Error::other(Stopped(e.to_string())))
-    }
-}
-
-/// The error of a piece whose gate stopped the copy (the fill called off):
-/// no other way is tried then.
-#[derive(Debug)]
-struct Stopped(String);
-
-impl std::fmt::Display for Stopped {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Stopped {}
 
 /// Runs `copy` on every piece of `extents`, on up to `STREAMS` threads,
 /// each with state of its own from `init`, each piece once `gate` lets it

@@ -157,6 +157,37 @@ pub const SOURCE_SILENCE: std::time::Duration = crate::wire::client::SILENCE;
 /// its fill was called off.
 const CALL_OFF_LOOK: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// What a copy within a node asks before each piece of data (at most
+/// 4 MiB): it returns once the piece is due at the fill's pace, or fails
+/// when the fill is called off.
+pub struct Gate<'a>(pub &'a (dyn Fn(u64) -> Result<(), SyncError> + Sync));
+
+impl Gate<'static> {
+    /// No pace, and never called off.
+    pub const OPEN: Gate<'static> = Gate(&|_| Ok(()));
+}
+
+impl Gate<'_> {
+    /// Waits until `n` more bytes may be copied; the error of a copy
+    /// stopped (`Stopped`) when the fill was called off.
+    fn ask(&self, n: u64) -> std::io::Result<()> {
+        (self.0)(n).map_err(|e| std::io::Error::other(Stopped(e.to_string())))
+    }
+}
+
+/// The error of a piece whose gate stopped the copy (the fill called off):
+/// no other way is tried then.
+#[derive(Debug)]
+struct Stopped(String);
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Stopped {}
+
 /// Keeps a copy at or under a rate, counted from its start: each `take`
 /// waits until the bytes taken so far fit in the time since then.
 #[derive(Debug)]
@@ -468,7 +499,7 @@ async fn fill(
                     (s.layer_path(&name)?, s.layer_map(&name)?, s.size())
                 };
                 let dst_path = dst.read().map_err(|_| lock_err())?.layer_path(&name)?;
-                let gate = local::Gate(&|n| paced.pace_blocking(n));
+                let gate = Gate(&|n| paced.pace_blocking(n));
                 let way = local::copy_layer_gated(&src_path, &map, &dst_path, size, &gate)?;
                 let mut d = dst.write().map_err(|_| lock_err())?;
                 d.reopen_layer(&name)?;

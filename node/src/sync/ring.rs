@@ -20,7 +20,7 @@ use std::sync::mpsc;
 
 use io_uring::{IoUring, opcode, types};
 
-use super::local::Gate;
+use super::Gate;
 use crate::replica::begin_writeback;
 
 /// Reads in flight at once.
