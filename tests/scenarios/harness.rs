@@ -664,7 +664,20 @@ pub fn verify_replicas(c: &Cluster, volume: &str, data: &Data) {
         let name = r["name"].as_str().unwrap();
         let dir = replica_dir_of(c, &r);
         // A view: the replica is live, and its holder may be merging it (an
-        // open would finish that merge from here, beside its holder).
+        // open would finish that merge from here, beside its holder). A
+        // merge writes a block it copies up, then its checksum, under the
+        // holder's lock, which a view does not take: it reads once the
+        // merge has ended (seen once under load, 2026-12-06: a block read
+        // between the two failed its checksum in the view).
+        wait_for(
+            Duration::from_secs(120),
+            &format!("{name}'s merge to end"),
+            || {
+                ballast_node::replica::Meta::read(&dir)
+                    .ok()
+                    .filter(|m| m.merging.is_none())
+            },
+        );
         let replica = ballast_node::replica::Replica::open_view(&dir).unwrap();
         assert!(replica.pending().is_empty(), "{name} has pending layers");
         let mut buf = vec![0u8; SIZE as usize];
