@@ -224,6 +224,115 @@ async fn a_rebuild_from_a_merging_source_fails_without_freezing_a_layer() {
     assert_eq!(wait_rw(&engine, "v-r1").await.mode, ReplicaMode::Rw);
 }
 
+/// A merge of the source begun while a rebuild fills from it (the
+/// controller's records may not show the rebuild yet) changes the layers
+/// the fill reads: the fill may fail, never copy a mixed layer, and the
+/// source is not blamed. Once the merge has ended, the rebuild goes
+/// through, and the rebuilt replica holds every byte the source holds.
+/// The source served by its server (merged by it), and lent to the
+/// engine (merged by the engine, read by the fill through a view).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_of_the_source_begun_during_a_fill_leaves_no_mixed_layer_in_the_target() {
+    for lend in [false, true] {
+        merge_during_fill(lend).await;
+    }
+}
+
+async fn merge_during_fill(lend: bool) {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let s1 = listener.local_addr().unwrap().to_string();
+    let server1 = ReplicaServer::new(vec![d1.path().to_path_buf()]);
+    let table = server1.replicas().clone();
+    tokio::spawn(server1.serve(listener));
+    let s2 = server(&[d2.path()]).await;
+    let (r0, r1) = (
+        replica(d1.path(), "v-r0", &s1),
+        replica(d2.path(), "v-r1", &s2),
+    );
+    let src = ReplicaClient::connect(&s1, "v-r0").await.unwrap();
+    // The lowest layer holds 4 MiB, the one above it 2 MiB over half of
+    // them: the merge folds the lower one's other 2 MiB up.
+    src.write(0, &pattern(0, 4 << 20, 1), 1, false)
+        .await
+        .unwrap();
+    src.snapshot(None).await.unwrap();
+    src.write(2 << 20, &pattern(2 << 20, 2 << 20, 2), 2, false)
+        .await
+        .unwrap();
+    src.snapshot(None).await.unwrap();
+    let engine = engine_over(SIZE, std::slice::from_ref(&r0), Some("v-r0")).await;
+    lend_if(&engine, &replica_dir(d1.path(), "v-r0"), lend).await;
+    let want = blake3::hash(&engine.read(0, SIZE as u32).await.unwrap());
+    // 1 MiB/s: the fill of the first layer alone takes about 4 s.
+    engine.add_replica(r1.clone(), None, 1 << 20).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before = chain_of(&replica_dir(d1.path(), "v-r0"));
+    let merged = if lend {
+        engine.merge("v-r0", vec![], 64 << 20).await.unwrap()
+    } else {
+        table.merge("v-r0", vec![], 64 << 20).await.unwrap()
+    };
+    assert!(merged.merged > 0, "{merged:?}");
+    assert!(
+        chain_of(&replica_dir(d1.path(), "v-r0")).len() < before.len(),
+        "nothing was merged: {before:?}"
+    );
+    // The fill ends, as a whole copy or failed; failed, it is asked again.
+    let mut attempts = 1;
+    let rebuilt = loop {
+        let st = loop {
+            let st = engine.status().await;
+            let m = st.iter().find(|m| m.name == "v-r1").cloned();
+            match m {
+                Some(m) if m.mode == ReplicaMode::Wo => {}
+                m => break m,
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        match st {
+            Some(m) if m.mode == ReplicaMode::Rw => break m,
+            m => {
+                assert!(attempts < 5, "no rebuild went through: {m:?}");
+                attempts += 1;
+                engine.remove_replica("v-r1").await.ok();
+                engine.add_replica(r1.clone(), None, 0).await.unwrap();
+            }
+        }
+    };
+    assert!(rebuilt.rebuild.is_some_and(|r| r.done));
+    let st = engine.status().await;
+    let source = st.iter().find(|m| m.name == "v-r0").unwrap();
+    assert_eq!(
+        source.mode,
+        ReplicaMode::Rw,
+        "the source was blamed: {source:?}"
+    );
+    assert!(
+        !replica_dir(d1.path(), "v-r0")
+            .join("corrupt-layers")
+            .exists(),
+        "a layer of the source was marked corrupt"
+    );
+    engine.flush().await.unwrap();
+    assert_eq!(
+        blake3::hash(&image(&r1).await),
+        want,
+        "the rebuilt replica's data differs from the source's"
+    );
+    // Lent, the source is read through the engine, which reads it first.
+    assert_eq!(
+        blake3::hash(&engine.read(0, SIZE as u32).await.unwrap()),
+        want,
+        "the merge changed a read"
+    );
+    // Each of the target's frozen layers is whole: it has its checksum,
+    // and the read above checked every block against its own.
+    engine.snapshot(None).await.unwrap();
+    let l1 = layers(&r1).await;
+    assert!(l1[..l1.len() - 1].iter().all(|l| l.1.is_some()), "{l1:?}");
+}
+
 /// Allocated bytes of a file.
 fn allocated(p: &Path) -> u64 {
     std::fs::metadata(p).unwrap().blocks() * 512

@@ -449,6 +449,32 @@ impl Replica {
         Ok(())
     }
 
+    /// What a block found failing its checksum through a view means
+    /// (`open_view`: the replica's owner, the engine it is lent to, goes on
+    /// with it meanwhile; a rebuild from it reads it so). A merge writes
+    /// each block it copies up, then its checksum, under the owner's lock,
+    /// which a view does not take: a block of a layer the owner is merging,
+    /// or has merged since the view was opened, read between the two, fails
+    /// its checksum though it is sound. That is no verdict (as for a scrub,
+    /// `changed_under`): the read fails as `Changed`, which marks nothing
+    /// and blames no replica. The owner's own reads hold its lock, and
+    /// judge.
+    pub(super) fn as_seen(&self, e: ReplicaError) -> ReplicaError {
+        if !self.is_view {
+            return e;
+        }
+        let Some(layer) = corrupt_layer(&e) else {
+            return e;
+        };
+        match self.meta.frozen.get(layer) {
+            Some(want) if changed_under(&self.dir, layer, want) => ReplicaError::Changed(format!(
+                "layer {layer} of {} changed as it was read (its owner merges it): {e}",
+                self.dir.display()
+            )),
+            _ => e,
+        }
+    }
+
     /// Marks the layer a corruption error names, when it is a frozen one.
     pub fn note_corruption(&self, e: &ReplicaError) {
         if let Some(mark) = Mark::of(e)
@@ -475,16 +501,18 @@ impl Replica {
         let Some(want) = self.meta.frozen.get(name) else {
             return Ok(()); // the head: its blocks are checked as they are read
         };
+        // Seen through a view, a layer its owner merges is no verdict.
+        let seen = |e| self.as_seen(e);
         if self.merging_into(name) {
             // Its checksum is being replaced: each block is checked.
-            return self.checksum(i).map(drop);
+            return self.checksum(i).map(drop).map_err(seen);
         }
-        let got = self.checksum(i)?;
+        let got = self.checksum(i).map_err(seen)?;
         if &got != want {
-            return Err(ReplicaError::CorruptLayer {
+            return Err(seen(ReplicaError::CorruptLayer {
                 layer: name.to_string(),
                 message: format!("checksum {got}, recorded {want}"),
-            });
+            }));
         }
         Ok(())
     }

@@ -301,11 +301,11 @@ impl Replica {
                 if let Some(s) = &l.sums
                     && s.check(b, &buf[at..at + BLOCK as usize]).is_err()
                 {
-                    return Err(l.corrupt(b));
+                    return Err(self.as_seen(l.corrupt(b)));
                 }
             } else {
                 let mut block = vec![0u8; BLOCK as usize];
-                l.read_checked(b, &mut block)?;
+                l.read_checked(b, &mut block).map_err(|e| self.as_seen(e))?;
             }
         }
         Ok(())

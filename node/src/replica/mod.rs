@@ -135,6 +135,11 @@ pub enum ReplicaError {
     OutOfRange { offset: u64, len: u64, size: u64 },
     #[error("{0}")]
     Invalid(String),
+    /// A layer changed under a view of the replica (`open_view`) as the
+    /// view read it: its owner merged it (see `Replica::as_seen`). No
+    /// verdict on its data; read again.
+    #[error("{0}")]
+    Changed(String),
 }
 
 impl ReplicaError {
@@ -362,6 +367,8 @@ pub struct Replica {
     /// The regions of the volume that may hold data no flush covered: what
     /// a new boot checks of the head (`regions`).
     regions: std::sync::Mutex<regions::DirtyRegions>,
+    /// Opened as a view (`open_view`): another owns the files.
+    is_view: bool,
 }
 
 fn layer_name(n: usize) -> String {
@@ -559,6 +566,7 @@ impl Replica {
     /// again (`repair_head_sums`).
     pub fn open(dir: &Path) -> Result<Replica, ReplicaError> {
         let mut r = Replica::open_view(dir)?;
+        r.is_view = false;
         r.regions
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -631,6 +639,7 @@ impl Replica {
             suspect_sums,
             suspect_stale: std::sync::atomic::AtomicBool::new(false),
             regions: std::sync::Mutex::new(regions::DirtyRegions::read(dir)),
+            is_view: true,
         })
     }
 
@@ -930,11 +939,14 @@ impl Replica {
             )));
         }
         if pos.is_multiple_of(BLOCK) && end.is_multiple_of(BLOCK) {
-            return l.read_checked(pos / BLOCK, out);
+            return l
+                .read_checked(pos / BLOCK, out)
+                .map_err(|e| self.as_seen(e));
         }
         let (first, last) = (pos / BLOCK, end.div_ceil(BLOCK));
         let mut whole = vec![0u8; ((last - first) * BLOCK) as usize];
-        l.read_checked(first, &mut whole)?;
+        l.read_checked(first, &mut whole)
+            .map_err(|e| self.as_seen(e))?;
         let at = (pos - first * BLOCK) as usize;
         out.copy_from_slice(&whole[at..at + out.len()]);
         Ok(())

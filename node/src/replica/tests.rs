@@ -1427,3 +1427,124 @@ fn a_clean_close_marks_a_quiet_replica_and_not_one_being_filled() {
     r.read(BLOCK, &mut block).unwrap();
     assert_eq!(block, vec![6u8; BLOCK as usize]);
 }
+
+/// A view of a replica (what its server opens of one lent to its engine,
+/// to serve a rebuild's reads) opened and read while the replica's owner
+/// merges it finds no block corrupt: a merge writes a block it copies up,
+/// then its checksum, and a view that read between the two took a sound
+/// block for a corrupt one (2026-12-06: the rebuild then failed its
+/// source, and the server marked the block). Such a read now fails as
+/// changed under the view; every other read returns the data.
+#[test]
+fn a_view_read_while_its_owner_merges_finds_no_block_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(dir.path(), 64 << 20).unwrap();
+    // 48 MiB only the lowest layer holds: twelve steps, each a run of
+    // 4 MiB written, then its checksums taken.
+    let data: Vec<u8> = (0..(48usize << 20))
+        .map(|i| (i / 4096 % 253) as u8)
+        .collect();
+    r.write(0, &data, None).unwrap();
+    r.snapshot(None).unwrap();
+    r.write(56 << 20, &vec![0xb1; 1 << 20], None).unwrap();
+    r.snapshot(None).unwrap();
+    let into = r.chain()[1].clone();
+    let r = std::sync::Arc::new(std::sync::RwLock::new(r));
+    let merging = {
+        let r = r.clone();
+        std::thread::spawn(move || super::merge_paced(&r, &[], 1 << 40, &|| false))
+    };
+    let (mut views, mut read) = (0, 0);
+    let mut buf = vec![0u8; 64 << 10];
+    let mut at = 0u64;
+    // A read that failed: only as changed under the view.
+    let seen = |e: ReplicaError, what: String| {
+        assert!(matches!(e, ReplicaError::Changed(_)), "{what}: {e}");
+    };
+    while !merging.is_finished() {
+        // A view opened as the merge ends may find a file the merge
+        // removed: no view then, as for a rebuild's read (asked again).
+        let Ok(v) = Replica::open_view(dir.path()) else {
+            continue;
+        };
+        views += 1;
+        // Somewhere else each time, over the lower layer's data.
+        at = (at + (7 << 20) + (36 << 10)) % (48 << 20) / BLOCK * BLOCK;
+        if v.chain().contains(&into) {
+            // As a rebuild reads a layer.
+            match v.read_layer(&into, at, &mut buf) {
+                Ok(()) => read += 1,
+                Err(e) => seen(e, format!("view {views}, layer read at {at}")),
+            }
+        }
+        // As the volume reads.
+        match v.read(at, &mut buf) {
+            Ok(()) => {
+                assert!(buf == data[at as usize..at as usize + buf.len()], "at {at}");
+                read += 1;
+            }
+            Err(e) => seen(e, format!("view {views}, read at {at}")),
+        }
+    }
+    let report = merging.join().unwrap().unwrap();
+    assert_eq!(report.merged, 1, "{report:?}");
+    assert!(views > 0 && read > 0, "no view read while the merge ran");
+}
+
+/// The same, step by step: a block the merge has written into the upper
+/// layer, its checksum not yet, seen through a view opened then, fails
+/// every read and check as changed under the view, and nothing marks it;
+/// once the step is done, the view reads the data. A block gone bad where
+/// no merge runs is still found corrupt through a view.
+#[test]
+fn a_block_a_merge_is_writing_is_no_verdict_through_a_view_and_marks_nothing() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut r, want) = three_layers(dir.path());
+    let j = r.next_merge().unwrap();
+    r.begin_merge(&j).unwrap();
+    // Block 0 of the lower layer written into the upper one, as a step
+    // writes it before its checksum.
+    let into = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.path().join(&j.into))
+        .unwrap();
+    into.write_all_at(&want[..BLOCK as usize], 0).unwrap();
+    let v = Replica::open_view(dir.path()).unwrap();
+    let mut block = vec![0u8; BLOCK as usize];
+    let seen = [
+        v.read_layer(&j.into, 0, &mut block).unwrap_err(),
+        v.read(0, &mut block).unwrap_err(),
+        v.verify_layer(&j.into).unwrap_err(),
+    ];
+    for e in &seen {
+        assert!(matches!(e, ReplicaError::Changed(_)), "{e}");
+        v.note_corruption(e);
+    }
+    assert!(!v.is_corrupt(&j.into), "a view marked the layer");
+    assert!(
+        !dir.path().join(CORRUPT_FILE).exists(),
+        "a mark was written"
+    );
+    // The owner's merge goes on (its step writes the block and its
+    // checksum): a view then reads the data.
+    r.merge(&j, false, |_| {}).unwrap();
+    let v = Replica::open_view(dir.path()).unwrap();
+    let mut all = vec![0u8; START as usize];
+    v.read(0, &mut all).unwrap();
+    assert!(all == want, "reads changed");
+    v.verify_layer(&j.into).unwrap();
+    // A block gone bad in a frozen layer no merge writes: a verdict.
+    flip(&dir.path().join(&j.into), 40 * BLOCK + 5);
+    let v = Replica::open_view(dir.path()).unwrap();
+    let e = v.read_layer(&j.into, 40 * BLOCK, &mut block).unwrap_err();
+    assert!(
+        matches!(e, ReplicaError::CorruptBlock { block: 40, .. }),
+        "{e}"
+    );
+    let e = v.verify_layer(&j.into).unwrap_err();
+    assert!(
+        matches!(e, ReplicaError::CorruptBlock { block: 40, .. }),
+        "{e}"
+    );
+}

@@ -50,11 +50,16 @@ pub enum SyncError {
 }
 
 impl SyncError {
-    /// The source's own error of data failing its checksum.
-    fn source_corrupt(e: &ReplicaError) -> SyncError {
-        SyncError::SourceCorrupt {
-            message: e.to_string(),
-            corruption: e.corruption().unwrap_or_default(),
+    /// An error of the source's own check of its data: the source's
+    /// fault when its data failed its checksums; any other (a layer that
+    /// changed under a view of it, see `Replica::as_seen`) blames no one.
+    fn of_source(e: ReplicaError) -> SyncError {
+        match e.corruption() {
+            Some(corruption) => SyncError::SourceCorrupt {
+                message: e.to_string(),
+                corruption,
+            },
+            None => SyncError::Replica(e),
         }
     }
 
@@ -493,8 +498,7 @@ async fn fill(
                     // A layer found corrupt is not copied; the error
                     // names its bad block when it is marked for one.
                     if s.is_corrupt(&name) {
-                        s.verify_layer(&name)
-                            .map_err(|e| SyncError::source_corrupt(&e))?;
+                        s.verify_layer(&name).map_err(SyncError::of_source)?;
                     }
                     (s.layer_path(&name)?, s.layer_map(&name)?, s.size())
                 };
@@ -516,7 +520,7 @@ async fn fill(
                         match s.verify_layer(&name) {
                             Err(bad) => {
                                 s.note_corruption(&bad);
-                                Err(SyncError::source_corrupt(&bad))
+                                Err(SyncError::of_source(bad))
                             }
                             Ok(()) => Err(e.into()),
                         }
@@ -560,6 +564,31 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    /// A copy within the node whose layer arrived wrong checks its source:
+    /// a block failing its checksum there is the source's fault; a layer
+    /// that changed under the view the source was read through (a merge
+    /// of the engine it is lent to) is no one's, and the attempt fails
+    /// plainly (before 2026-12-06 every error of the check blamed the
+    /// source).
+    #[test]
+    fn a_sources_check_blames_it_only_for_data_failing_its_checksums() {
+        let bad = ReplicaError::CorruptBlock {
+            dir: "/d".into(),
+            layer: "layer-000002.img".into(),
+            block: 7,
+            recorded: Some(1),
+        };
+        let e = SyncError::of_source(bad);
+        assert!(matches!(e, SyncError::SourceCorrupt { .. }), "{e}");
+        assert_eq!(e.corruption().and_then(|c| c.at), Some(7 * BLOCK));
+        let changed = ReplicaError::Changed("layer layer-000002.img changed".into());
+        let e = SyncError::of_source(changed);
+        assert!(
+            matches!(e, SyncError::Replica(ReplicaError::Changed(_))),
+            "{e}"
+        );
+    }
 
     /// A fill waits for its source's answer until the answer comes, the
     /// fill is called off, or `SOURCE_SILENCE` passes (on tokio's paused
