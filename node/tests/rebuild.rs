@@ -229,8 +229,8 @@ async fn a_rebuild_from_a_merging_source_fails_without_freezing_a_layer() {
 /// the fill reads: the fill may fail, never copy a mixed layer, and the
 /// source is not blamed. Once the merge has ended, the rebuild goes
 /// through, and the rebuilt replica holds every byte the source holds.
-/// The source served by its server (merged by it), and lent to the
-/// engine (merged by the engine, read by the fill through a view).
+/// A source lent to the engine is merged by the engine, which knows the
+/// rebuild: it refuses the merge until the fill has ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_merge_of_the_source_begun_during_a_fill_leaves_no_mixed_layer_in_the_target() {
     for lend in [false, true] {
@@ -267,17 +267,23 @@ async fn merge_during_fill(lend: bool) {
     // 1 MiB/s: the fill of the first layer alone takes about 4 s.
     engine.add_replica(r1.clone(), None, 1 << 20).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let before = chain_of(&replica_dir(d1.path(), "v-r0"));
-    let merged = if lend {
-        engine.merge("v-r0", vec![], 64 << 20).await.unwrap()
+    let chain = || chain_of(&replica_dir(d1.path(), "v-r0"));
+    let before = chain();
+    if lend {
+        let e = engine.merge("v-r0", vec![], 64 << 20).await.unwrap_err();
+        assert!(
+            matches!(e, ballast_node::engine::EngineError::Busy(_)),
+            "{e}"
+        );
+        assert_eq!(chain(), before, "a layer was merged during the fill");
     } else {
-        table.merge("v-r0", vec![], 64 << 20).await.unwrap()
-    };
-    assert!(merged.merged > 0, "{merged:?}");
-    assert!(
-        chain_of(&replica_dir(d1.path(), "v-r0")).len() < before.len(),
-        "nothing was merged: {before:?}"
-    );
+        let merged = table.merge("v-r0", vec![], 64 << 20).await.unwrap();
+        assert!(merged.merged > 0, "{merged:?}");
+        assert!(
+            chain().len() < before.len(),
+            "nothing was merged: {before:?}"
+        );
+    }
     // The fill ends, as a whole copy or failed; failed, it is asked again.
     let mut attempts = 1;
     let rebuilt = loop {
@@ -314,6 +320,15 @@ async fn merge_during_fill(lend: bool) {
             .exists(),
         "a layer of the source was marked corrupt"
     );
+    if lend {
+        // Once the fill has ended, the engine merges.
+        let merged = engine.merge("v-r0", vec![], 64 << 20).await.unwrap();
+        assert!(merged.merged > 0, "{merged:?}");
+        assert!(
+            chain().len() < before.len(),
+            "nothing was merged: {before:?}"
+        );
+    }
     engine.flush().await.unwrap();
     assert_eq!(
         blake3::hash(&image(&r1).await),

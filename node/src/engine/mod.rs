@@ -1225,6 +1225,14 @@ impl Engine {
                 "replica {replica} is not lent to this engine: its server merges it"
             ))
         })?;
+        // A rebuild copies the frozen layers (the controller's records may
+        // not show it yet): a merge would change what its fill reads, and
+        // the fill would fail and start again. The next merge pass asks
+        // again. (A rebuild asked for while a merge runs waits for it, see
+        // `pick_source`.)
+        if self.rebuilding.load(Ordering::SeqCst) {
+            return Err(EngineError::Busy(self.volume.clone()));
+        }
         lent.merge(keep, rate)
             .await
             .map_err(|e| EngineError::of_replica(replica, e))
