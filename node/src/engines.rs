@@ -128,6 +128,7 @@ fn control_error(e: ControlError) -> Error {
             field: "replica".into(),
             message: e.message,
         },
+        FailureKind::Corrupt => Error::SourceCorrupt(e.message),
         FailureKind::Failed => Error::Internal(e.message),
     }
 }

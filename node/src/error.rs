@@ -21,7 +21,8 @@ pub enum Error {
     /// Something this node needs could not be reached.
     #[error("{0}")]
     Unavailable(String),
-    /// A rebuild's source holds data that failed its checksums.
+    /// A replica's data failed its checksums: a rebuild's source, or a
+    /// replica a merge read (the block marked, the merge ended).
     #[error("{0}")]
     SourceCorrupt(String),
     /// A failure of this node (its files, its processes).

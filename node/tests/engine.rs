@@ -1400,3 +1400,33 @@ async fn a_growth_no_replica_can_take_fails_and_drops_none() {
     }
     assert!(engine.read(0, 4 * BLOCK as u32).await.unwrap() == data);
 }
+
+/// A merge of the engine's own replica that meets a block gone bad ends
+/// with the block marked (see `replica::merge`) and fails as corrupt, a
+/// kind of its own on the control socket, which the node agent answers
+/// DATA_LOSS: the controller then fails the replica, as after a scrub.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_of_the_engines_replica_that_meets_a_bad_block_fails_as_corrupt() {
+    use ballast_node::engine::EngineError;
+    use ballast_node::frontend::control::{ControlError, FailureKind};
+    let d = tempfile::tempdir().unwrap();
+    let (_, engine) = lent_alone(d.path(), 64 * BLOCK).await;
+    engine.write(0, &[0x71; 8 * 4096], false).await.unwrap();
+    engine.snapshot(None).await.unwrap();
+    engine
+        .write(16 * BLOCK, &[0x72; 4096], false)
+        .await
+        .unwrap();
+    engine.snapshot(None).await.unwrap();
+    let dir = replica_dir(d.path(), "v-r0");
+    flip_block(&dir.join(&chain_of(&dir)[0]), 2 * BLOCK);
+    let e = engine.merge("v-r0", vec![], 64 << 20).await.unwrap_err();
+    assert!(matches!(e, EngineError::FoundCorrupt { .. }), "{e}");
+    assert!(e.to_string().contains("block 2 "), "{e}");
+    assert_eq!(ControlError::from(e).kind, FailureKind::Corrupt);
+    // The merge ended: the replica holds two layers, and the block fails.
+    assert_eq!(chain_of(&dir).len(), 2, "{:?}", chain_of(&dir));
+    assert!(engine.read(2 * BLOCK, 4096).await.is_err());
+    let rest = engine.read(3 * BLOCK, 5 * 4096).await.unwrap();
+    assert!(rest.iter().all(|&b| b == 0x71));
+}

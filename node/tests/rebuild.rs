@@ -181,13 +181,18 @@ async fn a_rebuild_under_concurrent_writes_ends_with_all_replicas_identical_laye
     );
 }
 
-/// A rebuild asked for while the only rw replica is being merged fails
-/// before it freezes anything: the source has a layer without its
-/// checksum until the merge ends. Before, each attempt froze every
-/// replica's head first, one more layer for the merge to fold; the
-/// controller's attempts a few seconds apart kept the merge from ending.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rebuild_from_a_merging_source_fails_without_freezing_a_layer() {
+/// Two nodes' replica servers (`v-r0` on the first, whose table is
+/// kept, `v-r1` on the second), `v-r0` holding two frozen layers: the
+/// first `lower` bytes, then `upper` (offset, length) over them.
+struct ToMerge {
+    d1: tempfile::TempDir,
+    d2: tempfile::TempDir,
+    table: Arc<ballast_node::replica::Replicas>,
+    r0: ReplicaAddr,
+    r1: ReplicaAddr,
+}
+
+async fn to_merge(lower: u64, (at, len): (u64, u64)) -> ToMerge {
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let s1 = listener.local_addr().unwrap().to_string();
@@ -200,15 +205,38 @@ async fn a_rebuild_from_a_merging_source_fails_without_freezing_a_layer() {
         replica(d2.path(), "v-r1", &s2),
     );
     let src = ReplicaClient::connect(&s1, "v-r0").await.unwrap();
+    src.write(0, &pattern(0, lower as usize, 1), 1, false)
+        .await
+        .unwrap();
+    src.snapshot(None).await.unwrap();
+    src.write(at, &pattern(at, len as usize, 2), 2, false)
+        .await
+        .unwrap();
+    src.snapshot(None).await.unwrap();
+    ToMerge {
+        d1,
+        d2,
+        table,
+        r0,
+        r1,
+    }
+}
+
+/// A rebuild asked for while the only rw replica is being merged fails
+/// before it freezes anything: the source has a layer without its
+/// checksum until the merge ends. Before, each attempt froze every
+/// replica's head first, one more layer for the merge to fold; the
+/// controller's attempts a few seconds apart kept the merge from ending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_from_a_merging_source_fails_without_freezing_a_layer() {
     // 5 MiB only the lowest layer holds: merged at 1 MiB/s, about 5 s.
-    src.write(0, &pattern(0, 5 << 20, 1), 1, false)
-        .await
-        .unwrap();
-    src.snapshot(None).await.unwrap();
-    src.write(8 << 20, &pattern(8 << 20, 1 << 20, 2), 2, false)
-        .await
-        .unwrap();
-    src.snapshot(None).await.unwrap();
+    let ToMerge {
+        d1: _d1,
+        d2: _d2,
+        table,
+        r0,
+        r1,
+    } = to_merge(5 << 20, (8 << 20, 1 << 20)).await;
     let engine = engine_over(SIZE, std::slice::from_ref(&r0), None).await;
     let merging = tokio::spawn(async move { table.merge("v-r0", vec![], 1 << 20).await });
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -239,28 +267,15 @@ async fn a_merge_of_the_source_begun_during_a_fill_leaves_no_mixed_layer_in_the_
 }
 
 async fn merge_during_fill(lend: bool) {
-    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let s1 = listener.local_addr().unwrap().to_string();
-    let server1 = ReplicaServer::new(vec![d1.path().to_path_buf()]);
-    let table = server1.replicas().clone();
-    tokio::spawn(server1.serve(listener));
-    let s2 = server(&[d2.path()]).await;
-    let (r0, r1) = (
-        replica(d1.path(), "v-r0", &s1),
-        replica(d2.path(), "v-r1", &s2),
-    );
-    let src = ReplicaClient::connect(&s1, "v-r0").await.unwrap();
     // The lowest layer holds 4 MiB, the one above it 2 MiB over half of
     // them: the merge folds the lower one's other 2 MiB up.
-    src.write(0, &pattern(0, 4 << 20, 1), 1, false)
-        .await
-        .unwrap();
-    src.snapshot(None).await.unwrap();
-    src.write(2 << 20, &pattern(2 << 20, 2 << 20, 2), 2, false)
-        .await
-        .unwrap();
-    src.snapshot(None).await.unwrap();
+    let ToMerge {
+        d1,
+        d2: _d2,
+        table,
+        r0,
+        r1,
+    } = to_merge(4 << 20, (2 << 20, 2 << 20)).await;
     let engine = engine_over(SIZE, std::slice::from_ref(&r0), Some("v-r0")).await;
     lend_if(&engine, &replica_dir(d1.path(), "v-r0"), lend).await;
     let want = blake3::hash(&engine.read(0, SIZE as u32).await.unwrap());

@@ -476,3 +476,54 @@ fn a_merge_killed_mid_way_is_finished_after_the_restart_with_the_same_data() {
     verify_replicas(&c, "v", &live.data());
     c.ok("POST", "/v1/volumes/v/detach", None);
 }
+
+/// A block gone bad on the disk in the layer a snapshot's deletion merges
+/// away: the merge carries it up as it is, marked, and ends; the
+/// controller fails the replica (`ReplicaCorrupt`) and rebuilds it from
+/// the sound one, and every byte reads back. Before, the merge failed at
+/// the block at every pass, its journal stayed, and the replica's upper
+/// layer had no checksum for ever: it was never again a rebuild's source.
+#[test]
+fn a_merge_that_meets_a_block_gone_bad_ends_and_the_replica_is_rebuilt() {
+    let c = Cluster::start(2, 1);
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let live = Expected::new(c.dir.path(), "v-live", SIZE);
+    live.write(&endpoint, 0, 8 << 20, 0x61);
+    snapshot(&c, "v-s", "v");
+    live.write(&endpoint, 4 << 20, 8 << 20, 0x62);
+    snapshot(&c, "v-t", "v");
+    live.write(&endpoint, 16 << 20, 1 << 20, 0x63);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    // A block only the snapshot's layer holds, gone bad in one replica.
+    let victim = c.replicas("v")[0].clone();
+    let name = victim["name"].as_str().unwrap().to_string();
+    let dir = replica_dir_of(&c, &victim);
+    flip_block(&dir.join("layer-000001.img"), 1 << 20).unwrap();
+    c.ok("DELETE", "/v1/snapshots/v-s", None);
+    wait_for(
+        Duration::from_secs(120),
+        "the replica failed as corrupt",
+        || {
+            let current = c.volume("v")["status"]["currentReplicas"].clone();
+            (c.event_reasons(&format!("replica/{name}"))
+                .contains(&"ReplicaCorrupt".to_string())
+                && !current.as_array().is_some_and(|a| a.contains(&json!(name))))
+            .then_some(())
+        },
+    );
+    let marks = std::fs::read_to_string(dir.join("corrupt-layers")).unwrap_or_default();
+    assert!(marks.contains("layer-000002.img block 256"), "{marks:?}");
+    let meta = std::fs::read_to_string(dir.join("meta.json")).unwrap();
+    assert!(
+        !meta.contains("\"merging\""),
+        "the merge did not end: {meta}"
+    );
+    // Rebuilt from the sound replica: every replica holds the data.
+    c.wait_settled("v", 2, Duration::from_secs(180));
+    let data = live.data();
+    verify_replicas(&c, "v", &data);
+    let endpoint = c.attach("v", "node-1");
+    verify_data(c.dir.path(), &endpoint, &data);
+}

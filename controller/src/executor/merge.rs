@@ -171,9 +171,16 @@ pub async fn merge(ctx: &Context, node: &Node, r: &Replica) -> Result<MergeRepli
         bytes_per_second: rate,
     });
     match tokio::time::timeout(MERGE_TIMEOUT, call).await {
-        Ok(r) => r
-            .map(tonic::Response::into_inner)
-            .map_err(|s| crate::agents::agent_error(&node.id, s)),
+        Ok(Ok(done)) => Ok(done.into_inner()),
+        Ok(Err(s)) => match crate::agents::agent_error(&node.id, s) {
+            // A block failed its checksum as it was merged (marked on the
+            // node, the merge ended): the replica is failed, as by a scrub.
+            Error::DataLoss(why) => {
+                super::actions::fail_corrupt(ctx, &r.spec.volume, &r.name, &why).await?;
+                Err(Error::DataLoss(why))
+            }
+            e => Err(e),
+        },
         Err(_) => Err(Error::Internal(format!(
             "node {}: merging {} took over {}s",
             node.id,

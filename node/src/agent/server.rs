@@ -163,7 +163,11 @@ async fn merge_now(
         .replicas()
         .merge(&req.name, req.keep, req.bytes_per_second)
         .await
-        .map_err(|e| Error::Internal(e.to_string()))?;
+        .map_err(|e| match e.corruption() {
+            // Found by the merge, marked; the controller fails the replica.
+            Some(_) => Error::SourceCorrupt(e.to_string()),
+            None => Error::Internal(e.to_string()),
+        })?;
     Ok(MergeReplicaResponse {
         merged: done.merged,
         copied_bytes: done.copied,

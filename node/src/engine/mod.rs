@@ -109,6 +109,11 @@ pub enum EngineError {
     /// the rest of the volume still serves.
     #[error("replica {replica}: {message} (no other replica holds the block)")]
     Corrupt { replica: String, message: String },
+    /// The local replica's own data failed its checksums as the engine
+    /// merged it: the merge ended with the block marked, and the replica
+    /// is to be failed as after a scrub.
+    #[error("replica {replica}: {message}")]
+    FoundCorrupt { replica: String, message: String },
 }
 
 impl EngineError {
@@ -1233,9 +1238,13 @@ impl Engine {
         if self.rebuilding.load(Ordering::SeqCst) {
             return Err(EngineError::Busy(self.volume.clone()));
         }
-        lent.merge(keep, rate)
-            .await
-            .map_err(|e| EngineError::of_replica(replica, e))
+        lent.merge(keep, rate).await.map_err(|e| match e {
+            e if e.is_corrupt() => EngineError::FoundCorrupt {
+                replica: replica.to_string(),
+                message: e.to_string(),
+            },
+            e => EngineError::of_replica(replica, e),
+        })
     }
 
     /// Changes each time the local replica is given up while its disk

@@ -89,6 +89,8 @@ pub enum FailureKind {
     Refused,
     /// The request itself is wrong.
     Invalid,
+    /// A replica's data failed its checksums (found by a merge).
+    Corrupt,
     Failed,
 }
 
@@ -119,6 +121,7 @@ impl From<EngineError> for ControlError {
             | EngineError::NoReplica(_) => FailureKind::Unreachable,
             EngineError::Refused { .. } => FailureKind::Refused,
             EngineError::Invalid(_) => FailureKind::Invalid,
+            EngineError::FoundCorrupt { .. } => FailureKind::Corrupt,
             _ => FailureKind::Failed,
         };
         ControlError::new(kind, e.to_string())

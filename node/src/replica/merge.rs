@@ -14,10 +14,19 @@
 //! merged away. A block the lower layer lost (`Meta::lost`) and the upper
 //! one lacks moves up as it is and is recorded lost there, so it fails its
 //! reads as before; one the upper layer holds goes with the lower layer.
+//! A block that fails its checksum as the merge copies it up (gone bad on
+//! the disk since its write) moves up as it is too, with the checksum it
+//! was written with, so that it fails its reads above as it did below and
+//! another replica's copy with that checksum still mends it; the upper
+//! layer is marked for it, and so is one of its own blocks that fails at
+//! the merge's end. The merge ends either way: a merge that stopped at a
+//! bad block left its journal for ever, and the layer it merged into
+//! without a checksum, so the replica was never again a rebuild's source
+//! (2026-12-06). Its caller is told (`merge_paced`), as for a scrub.
 
 use std::os::unix::fs::FileExt;
 
-use super::{BLOCK, Replica, ReplicaError, sums};
+use super::{BLOCK, Mark, Replica, ReplicaError, sums};
 
 /// A merge under way: `from` is being folded into `into`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -27,12 +36,14 @@ pub struct MergeJournal {
 }
 
 /// What one step of a merge did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MergeStep {
     /// The block to go on from; None once every block was looked at.
     pub next: Option<u64>,
     /// Bytes copied into the upper layer.
     pub copied: u64,
+    /// Blocks copied up that failed their checksums (each marked).
+    pub bad: Vec<u64>,
 }
 
 impl Replica {
@@ -152,16 +163,21 @@ impl Replica {
             }
         }
         let mut copied = 0;
+        let mut bad = Vec::new();
         for (first, last, lost) in runs {
             let mut data = vec![0u8; ((last - first) * BLOCK) as usize];
-            if lost {
-                let f = &self.layers[from];
-                f.file
-                    .read_exact_at(&mut data, first * BLOCK)
-                    .map_err(|e| ReplicaError::io(&f.path, e))?;
-            } else {
-                self.layers[from].read_checked(first, &mut data)?;
-            }
+            let f = &self.layers[from];
+            f.file
+                .read_exact_at(&mut data, first * BLOCK)
+                .map_err(|e| ReplicaError::io(&f.path, e))?;
+            // Each failing block with the checksum it was written with.
+            let failed: Vec<(u64, u32)> = match &f.sums {
+                Some(s) if !lost => failing(s, first, &data)
+                    .into_iter()
+                    .map(|b| (b, s.get(b)))
+                    .collect(),
+                _ => Vec::new(),
+            };
             let l = &mut self.layers[into];
             l.file
                 .write_all_at(&data, first * BLOCK)
@@ -172,14 +188,34 @@ impl Replica {
                     s.set(first, !sums::of(&data))?;
                 } else {
                     s.set_all(first, &data)?;
+                    for &(b, written) in &failed {
+                        s.set(b, written)?;
+                    }
                 }
             }
+            bad.extend(failed.iter().map(|&(b, _)| b));
             copied += (last - first) * BLOCK;
         }
+        self.mark_bad(&j, &bad, "as the merge copied it up")?;
         Ok(MergeStep {
             next: (end < total).then_some(end),
             copied,
+            bad,
         })
+    }
+
+    /// Marks blocks `bad` of the upper layer of merge `j` (see the
+    /// module's head), `when` they were found failing.
+    fn mark_bad(&self, j: &MergeJournal, bad: &[u64], when: &str) -> Result<(), ReplicaError> {
+        for &block in bad {
+            tracing::error!(dir = %self.dir.display(), layer = %j.into, block, from = %j.from,
+                "a block failed its checksum {when}: it keeps failing its reads, and the layer is marked");
+            self.mark_corrupt(&Mark {
+                layer: j.into.clone(),
+                block: Some(block),
+            })?;
+        }
+        Ok(())
     }
 
     /// The merge under way, on a replica that can still be written.
@@ -203,8 +239,9 @@ impl Replica {
 
     /// Ends the merge once every block was copied: the upper layer is made
     /// durable and its checksum taken (each of its blocks checked on the
-    /// way), the chain drops the lower layer, and its files go.
-    pub fn finish_merge(&mut self) -> Result<(), ReplicaError> {
+    /// way: one that fails is marked, and taken as it is), the chain drops
+    /// the lower layer, and its files go. Returns the blocks that failed.
+    pub fn finish_merge(&mut self) -> Result<Vec<u64>, ReplicaError> {
         let j = self.merge_under_way()?;
         let into = self.layer_at(&j.into)?;
         let l = &self.layers[into];
@@ -214,7 +251,19 @@ impl Replica {
         if let Some(s) = &l.sums {
             s.sync()?;
         }
-        let sum = self.checksum(into)?;
+        let lost = self.lost_of(&j.into);
+        let mut bad = Vec::new();
+        let sum = super::layer_checksum(l, |b, chunk| {
+            if let Some(s) = &l.sums {
+                bad.extend(
+                    failing(s, b, chunk)
+                        .into_iter()
+                        .filter(|x| !lost.contains(x)),
+                );
+            }
+            Ok(())
+        })?;
+        self.mark_bad(&j, &bad, "at the end of the merge into its layer")?;
         let mut meta = self.meta.clone();
         meta.chain.retain(|n| n != &j.from);
         meta.frozen.remove(&j.from);
@@ -227,7 +276,7 @@ impl Replica {
         let from = self.layer_at(&j.from)?;
         let gone = self.layers.remove(from);
         remove_layer_files(&gone.path);
-        Ok(())
+        Ok(bad)
     }
 
     /// Runs a whole merge (or the rest of one), `pace` told the bytes of
@@ -247,6 +296,7 @@ impl Replica {
             copied += step.copied;
             at = step.next;
         }
+        // A bad block found is marked and logged; the merge ends.
         self.finish_merge()?;
         Ok(copied)
     }
@@ -259,6 +309,15 @@ impl Replica {
         tracing::info!(dir = %self.dir.display(), from = %j.from, into = %j.into, "finishing a merge cut off by a stop");
         self.merge(&j, true, |_| {})?;
         Ok(())
+    }
+
+    /// What a merge's caller is told of block `b` of layer `name`, found
+    /// failing its checksum and marked.
+    pub(super) fn found_bad(&self, name: &str, b: u64) -> ReplicaError {
+        match self.layer_at(name) {
+            Ok(i) => self.layers[i].corrupt(b),
+            Err(e) => e,
+        }
     }
 
     /// Whether `name` is the upper layer of a merge under way (its recorded
@@ -274,4 +333,17 @@ pub const MERGE_CHUNK: u64 = 1024;
 fn remove_layer_files(path: &std::path::Path) {
     let _ = std::fs::remove_file(path);
     let _ = std::fs::remove_file(sums::path_of(path));
+}
+
+/// The blocks of whole blocks `data` (from block `first`) that fail their
+/// checksums in `sums`.
+fn failing(sums: &sums::BlockSums, first: u64, data: &[u8]) -> Vec<u64> {
+    let mut bad = Vec::new();
+    sums::each(data, |i, sum| {
+        let b = first + i as u64;
+        if sum != sums.get(b) {
+            bad.push(b);
+        }
+    });
+    bad
 }

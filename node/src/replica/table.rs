@@ -665,7 +665,9 @@ pub struct MergeReport {
 
 /// Merges every layer of `replica` that no snapshot in `keep` needs, one
 /// 4 MiB step at a time under its lock, copying at most `rate` bytes per
-/// second (by its server, or by the engine it is lent to). Stops, leaving
+/// second (by its server, or by the engine it is lent to). A merge that
+/// found a block failing its checksum ends, and the error names it (see
+/// `merge`'s module). Stops, leaving
 /// the merge to whoever opens the replica next, once `stop` says so
 /// (asked under the lock before each step). Folds only into layers
 /// frozen when it began: a head frozen meanwhile (a rebuild's freeze,
@@ -706,6 +708,7 @@ pub fn merge_paced(
             j
         };
         tracing::info!(from = %next.from, into = %next.into, "merging a layer no snapshot needs");
+        let mut bad = Vec::new();
         let mut at = Some(0);
         while let Some(b) = at {
             let step = {
@@ -717,6 +720,7 @@ pub fn merge_paced(
                 r.merge_some(b, super::MERGE_CHUNK, false)?
             };
             report.copied += step.copied;
+            bad.extend(step.bad);
             let due = std::time::Duration::from_secs_f64(report.copied as f64 / rate as f64);
             if let Some(ahead) = due.checked_sub(start.elapsed()) {
                 std::thread::sleep(ahead);
@@ -728,7 +732,12 @@ pub fn merge_paced(
             if stop() {
                 return Ok(report);
             }
-            r.finish_merge()?;
+            bad.extend(r.finish_merge()?);
+            // The merge ended, its bad blocks marked: its caller is told,
+            // as by a scrub, and no other merge runs on this replica.
+            if let Some(&b) = bad.first() {
+                return Err(r.found_bad(&next.into, b));
+            }
         }
         report.merged += 1;
     }

@@ -1548,3 +1548,67 @@ fn a_block_a_merge_is_writing_is_no_verdict_through_a_view_and_marks_nothing() {
         "{e}"
     );
 }
+
+/// A merge that meets a block gone bad in the layer it folds away (one
+/// the upper layer lacks) carries it up as it is, with the checksum it
+/// was written with, and ends; so does one whose upper layer has a block
+/// gone bad. Each still fails its reads (a sound copy elsewhere, with
+/// that checksum, mends it), the upper layer is marked and has its
+/// checksum (the replica can be a rebuild's source again), and the merge
+/// says what it found. Before 2026-12-06 the merge failed at the block at
+/// every attempt, its journal stayed, and the upper layer reported no
+/// checksum for ever.
+#[test]
+fn a_merge_that_meets_a_bad_block_carries_it_up_marked_and_ends() {
+    let dir = tempfile::tempdir().unwrap();
+    let (r, want) = three_layers(dir.path());
+    // Block 5 of the lower layer (the upper one lacks it, the head too),
+    // and block 41 of the upper one.
+    flip(&dir.path().join("layer-000001.img"), 5 * BLOCK + 9);
+    flip(&dir.path().join("layer-000002.img"), 41 * BLOCK + 9);
+    let sum_of = |b: u64| sums::of(&want[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize]);
+    let r = std::sync::Arc::new(std::sync::RwLock::new(r));
+    let e = super::merge_paced(&r, &[], 1 << 30, &|| false).unwrap_err();
+    match &e {
+        ReplicaError::CorruptBlock {
+            layer,
+            block,
+            recorded,
+            ..
+        } => {
+            assert_eq!((layer.as_str(), *block), ("layer-000002.img", 5), "{e}");
+            assert_eq!(*recorded, Some(sum_of(5)), "{e}");
+        }
+        e => panic!("{e}"),
+    }
+    let check = |r: &Replica| {
+        assert_eq!(r.chain(), ["layer-000002.img", "layer-000003.img"]);
+        assert_eq!(r.next_merge(), None);
+        let layers = r.layers();
+        assert!(layers[0].checksum.is_some(), "{:?}", layers[0]);
+        assert!(r.is_corrupt("layer-000002.img"));
+        let mut block = vec![0u8; BLOCK as usize];
+        for b in [5, 41] {
+            match r.read(b * BLOCK, &mut block).unwrap_err() {
+                ReplicaError::CorruptBlock {
+                    block, recorded, ..
+                } => assert_eq!((block, recorded), (b, Some(sum_of(b)))),
+                e => panic!("block {b}: {e}"),
+            }
+        }
+        for b in (0..START / BLOCK).filter(|b| ![5, 41].contains(b)) {
+            r.read(b * BLOCK, &mut block).unwrap();
+            assert!(
+                block == want[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize],
+                "block {b}"
+            );
+        }
+    };
+    check(&r.read().unwrap());
+    let again = super::merge_paced(&r, &[], 1 << 30, &|| false).unwrap();
+    assert_eq!(again.merged, 0, "{again:?}");
+    drop(r);
+    check(&Replica::open(dir.path()).unwrap());
+    let marks = std::fs::read_to_string(dir.path().join(CORRUPT_FILE)).unwrap();
+    assert!(marks.contains("layer-000002.img block 5"), "{marks}");
+}
