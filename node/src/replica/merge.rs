@@ -129,8 +129,9 @@ impl Replica {
     /// Copies into the upper layer the blocks of the lower one in
     /// `at..at + blocks` that it lacks. With `recheck` (after a crash),
     /// an upper block the lower one also holds is read and copied again
-    /// when it fails its checksum: only the merge can have torn it (a
-    /// block the upper layer records lost fails by its nature, and stays).
+    /// when it fails its checksum and the merge may have torn it
+    /// (`torn_by_merge`; a block the upper layer records lost fails by its
+    /// nature, and stays).
     /// A lost block moves up as it is, with a checksum that fails it, as a
     /// fill copies one.
     pub fn merge_some(
@@ -152,7 +153,10 @@ impl Replica {
                 continue;
             }
             if self.layers[into].map.get(b)
-                && (!recheck || into_lost.contains(&b) || self.block_sound(into, b)?)
+                && (!recheck
+                    || into_lost.contains(&b)
+                    || !self.torn_by_merge(from, into, b)
+                    || self.block_sound(into, b)?)
             {
                 continue;
             }
@@ -225,6 +229,18 @@ impl Replica {
             .merging
             .clone()
             .ok_or_else(|| ReplicaError::Invalid("no merge under way".into()))
+    }
+
+    /// Whether block `b` of the upper layer `into` may be one the merge
+    /// from `from` copied up and a crash tore: the upper layer records no
+    /// checksum for it (its data landed, its checksum not), or the lower
+    /// layer's (its checksum landed, its data not). Any other checksum is
+    /// of the upper layer's own write: a block of it that fails has gone
+    /// bad on the disk, and the lower layer's older data must not take its
+    /// place (it fails its reads, and the merge's end marks it).
+    fn torn_by_merge(&self, from: usize, into: usize, b: u64) -> bool {
+        let sum = |i: usize| self.layers[i].sums.as_ref().map(|s| s.get(b));
+        matches!(sum(into), Some(0)) || sum(into) == sum(from)
     }
 
     /// Whether block `b` of layer `i` matches its checksum.

@@ -1612,3 +1612,42 @@ fn a_merge_that_meets_a_bad_block_carries_it_up_marked_and_ends() {
     let marks = std::fs::read_to_string(dir.path().join(CORRUPT_FILE)).unwrap();
     assert!(marks.contains("layer-000002.img block 5"), "{marks}");
 }
+
+/// A merge cut off by a crash is finished at the next open, which copies
+/// up again each block of the upper layer that fails its checksum: one
+/// the merge tore. A block of the upper layer's own (written over the
+/// lower one's) gone bad on the disk is no tear: copied over, the lower
+/// layer's older data would be served as sound in its place. It is
+/// passed over, fails its reads and is marked (2026-12-06: it was
+/// replaced, silently).
+#[test]
+fn a_merge_finished_at_open_never_puts_older_data_over_a_block_of_the_upper_layer_gone_bad() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut r, want) = three_layers(dir.path());
+    let j = r.next_merge().unwrap();
+    r.begin_merge(&j).unwrap();
+    r.merge_some(0, 4, false).unwrap();
+    drop(r);
+    // Block 10: the upper layer's 0xb1 over the lower one's 0xa1.
+    flip(&dir.path().join(&j.into), 10 * BLOCK + 9);
+    let r = Replica::open(dir.path()).unwrap();
+    assert_eq!(r.chain(), ["layer-000002.img", "layer-000003.img"]);
+    let mut block = vec![0u8; BLOCK as usize];
+    match r.read(10 * BLOCK, &mut block) {
+        Err(ReplicaError::CorruptBlock { block: 10, .. }) => {}
+        Ok(()) => panic!(
+            "block 10 read {:#x}, the upper layer's was {:#x}",
+            block[0],
+            want[(10 * BLOCK) as usize]
+        ),
+        Err(e) => panic!("{e}"),
+    }
+    assert!(r.is_corrupt(&j.into));
+    for b in (0..START / BLOCK).filter(|&b| b != 10) {
+        r.read(b * BLOCK, &mut block).unwrap();
+        assert!(
+            block == want[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize],
+            "block {b}"
+        );
+    }
+}
