@@ -667,8 +667,9 @@ pub fn verify_replicas(c: &Cluster, volume: &str, data: &Data) {
         // open would finish that merge from here, beside its holder). A
         // merge writes a block it copies up, then its checksum, under the
         // holder's lock, which a view does not take: it reads once the
-        // merge has ended (seen once under load, 2026-12-06: a block read
-        // between the two failed its checksum in the view).
+        // merge has ended (a read between the two fails as changed under
+        // the view, `Replica::as_seen`; before that it failed its
+        // checksum, seen once under load, 2026-12-06).
         wait_for(
             Duration::from_secs(120),
             &format!("{name}'s merge to end"),
