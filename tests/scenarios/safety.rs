@@ -1000,6 +1000,53 @@ fn a_scrub_finds_a_corrupt_frozen_layer_nobody_read_and_the_replica_is_rebuilt()
     verify_data(c.dir.path(), &endpoint, &a);
 }
 
+/// A scrub lasts as long as reading the replica's frozen layers at
+/// `replica-scrub-rate` takes, and is waited for: 16 MiB at 1 MiB/s here.
+/// Before, the controller called the node over a channel that cuts every
+/// call at 10 s, so a scrub of more than 640 MiB at the default 64 MiB/s
+/// never ended (nor was recorded) and the periodic scrub began it again.
+#[test]
+fn a_scrub_longer_than_an_agent_call_is_waited_for_and_finds_a_bad_block() {
+    let c = Cluster::start(2, 1);
+    c.set("replica-scrub-rate", json!(1));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    let holder = c.holders("v")[0].clone();
+    let endpoint = c.attach("v", &holder);
+    c.wait_settled("v", 1, Duration::from_secs(60));
+    let (ok, out) = qemu_io(&endpoint, &["write -P 0x5c 0 16M", "flush"]);
+    assert!(ok, "{out}");
+    // A second replica: its rebuild freezes the 16 MiB into a layer.
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    c.wait_settled("v", 2, Duration::from_secs(120));
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    let victim = c.replica_on("v", &holder).unwrap();
+    let name = victim["name"].as_str().unwrap().to_string();
+    let asked = std::time::Instant::now();
+    let (ok, out, err) = ballastctl(&c.api, &["replica", "scrub", &name]);
+    assert!(ok && out.contains("sound"), "{out}{err}");
+    assert!(
+        asked.elapsed() >= Duration::from_secs(15),
+        "16 MiB read at 1 MiB/s in {:?}",
+        asked.elapsed()
+    );
+    let dir = replica_dir_of(&c, &victim);
+    let frozen = layers_of(&dir)
+        .into_iter()
+        .rfind(|l| l.checksum.is_some() && l.allocated > 0)
+        .unwrap();
+    flip_block(&dir.join(&frozen.name), 15 << 20).unwrap();
+    let (ok, out, err) = ballastctl(&c.api, &["replica", "scrub", &name]);
+    assert!(ok && out.contains("corrupt"), "{out}{err}");
+    assert!(
+        c.event_reasons(&format!("replica/{name}"))
+            .contains(&"ReplicaCorrupt".to_string())
+    );
+}
+
 /// A volume whose node died is detached all the same and attached on
 /// another node. The engine left running on the dead node's machine is
 /// fenced out at the replicas: a write through it is never acknowledged.

@@ -11,7 +11,7 @@ use std::time::Duration;
 use ballast::model::{Kind, Node, Replica, ReplicaMode};
 use ballast::proto::agent::v1::ScrubReplicaRequest;
 
-use crate::agents::client as agent;
+use crate::agents::long_client;
 use crate::context::Context;
 use crate::error::Error;
 
@@ -83,7 +83,9 @@ pub async fn scrub_now(ctx: &Arc<Context>, name: &str) -> Result<bool, Error> {
 async fn scrub(ctx: &Arc<Context>, name: &str, rate: u64) -> Result<bool, Error> {
     let r: Replica = ctx.store.fetch(name).await?;
     let node: Node = ctx.store.fetch(&r.spec.node_id).await?;
-    let mut c = agent(&node, &ctx.member)?;
+    // Bounded here, not by the channel: an agent call's 10 s cut every
+    // scrub of more than 640 MiB at the default rate.
+    let mut c = long_client(&node, &ctx.member)?;
     // As long as reading the whole volume at the rate takes, and a minute.
     let size = ctx
         .store
