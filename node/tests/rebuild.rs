@@ -1296,16 +1296,22 @@ async fn lend_if(engine: &Arc<Engine>, dir: &Path, lend: bool) {
     }
 }
 
-/// The block at `lost` fails its reads as lost, through the engine (its
-/// first replica, v-r0) and through `r1`; every other byte of both is
-/// `want`.
-async fn all_but_lost(engine: &Engine, r1: &ReplicaAddr, want: &[u8], lost: u64, what: &str) {
-    let e = engine.read(lost, 4096).await.unwrap_err();
-    assert!(e.to_string().contains("lost"), "{what}: {e}");
-    let e = read_at(r1, lost, 4096).await.unwrap_err();
-    assert!(e.contains("lost"), "{what}: v-r1: {e}");
-    let (before, after) = (lost as usize, lost as usize + 4096);
-    for (from, to) in [(0, before), (after, SIZE as usize)] {
+/// The blocks at `lost` (ascending) fail their reads as lost, through the
+/// engine (its first replica, v-r0) and through `r1`; every other byte of
+/// both is `want`.
+async fn all_but_lost(engine: &Engine, r1: &ReplicaAddr, want: &[u8], lost: &[u64], what: &str) {
+    let mut from = 0;
+    let mut rest = Vec::new();
+    for &at in lost {
+        let e = engine.read(at, 4096).await.unwrap_err();
+        assert!(e.to_string().contains("lost"), "{what}: {at}: {e}");
+        let e = read_at(r1, at, 4096).await.unwrap_err();
+        assert!(e.contains("lost"), "{what}: v-r1: {at}: {e}");
+        rest.push((from, at as usize));
+        from = at as usize + 4096;
+    }
+    rest.push((from, SIZE as usize));
+    for (from, to) in rest.into_iter().filter(|(f, t)| t > f) {
         let (at, n) = (from as u64, (to - from) as u32);
         // The engine reads v-r0 first (through its server, or lent).
         let got = engine.read(at, n).await.unwrap();
@@ -1378,7 +1384,7 @@ async fn bad_in_the_last_replica(lend: bool) {
     wait_rw(&engine, "v-r1").await;
     assert_eq!(engine.io().lost_blocks, 1, "lend {lend}");
     // v-r1 fails the lost block, and never serves its old copy.
-    all_but_lost(&engine, r1, &want, five, &format!("lend {lend}")).await;
+    all_but_lost(&engine, r1, &want, &[five], &format!("lend {lend}")).await;
     let (before, after) = (five as usize, five as usize + one);
     let status = engine.status().await;
     assert!(
@@ -1457,15 +1463,17 @@ async fn a_block_bad_in_the_last_replica_is_taken_from_a_returning_one_whose_cop
     engine.add_replica(r1.clone(), None, 0).await.unwrap();
     wait_rw(&engine, "v-r1").await;
     assert_eq!(engine.io().lost_blocks, 1);
-    all_but_lost(&engine, r1, &want, five, "the stale copy").await;
+    all_but_lost(&engine, r1, &want, &[five], "the stale copy").await;
 }
 
 /// A block of a frozen layer goes bad in the last rw replica, and the
 /// replica that joins holds no copy of that layer (a new one): no replica
 /// holds the block sound. The first rebuild fails on it, and the engine
-/// gives it up as lost in the last replica, whose layer's checksum is
-/// taken again; the next rebuild completes. The block fails its reads in
-/// both replicas, every other block reads back, and written again it is
+/// gives it up as lost in the last replica, with a second block gone bad
+/// in the same layer (before, that one failed each loss of the first,
+/// and no rebuild ever completed), and the layer's checksum is taken
+/// again; the next rebuild completes. The blocks fail their reads in both
+/// replicas, every other block reads back, and written again they are
 /// sound in both. Through the last replica's server, lent, and with the
 /// new replica on the same node (a local copy).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1495,8 +1503,10 @@ async fn frozen_block_lost(lend: bool, same_node: bool) {
     let mut want = vec![0u8; SIZE as usize];
     want[..len].copy_from_slice(&pattern(0, len, 1));
     let frozen = chain_of(&r0_dir)[0].clone();
-    let seven = 7 * 4096;
-    spoil(&r0_dir.join(&frozen), seven);
+    let (seven, forty) = (7 * 4096, 40 * 4096);
+    for at in [seven, forty] {
+        spoil(&r0_dir.join(&frozen), at);
+    }
     assert!(
         engine.read(seven, 4096).await.is_err(),
         "{what}: no sound copy"
@@ -1523,17 +1533,19 @@ async fn frozen_block_lost(lend: bool, same_node: bool) {
         m.error.as_deref().unwrap_or_default().contains("corrupt"),
         "{what}: {m:?}"
     );
-    assert_eq!(engine.io().lost_blocks, 1, "{what}");
+    assert_eq!(engine.io().lost_blocks, 2, "{what}");
 
     engine.add_replica(r1.clone(), None, 0).await.unwrap();
     wait_rw(&engine, "v-r1").await;
-    all_but_lost(&engine, &r1, &want, seven, &what).await;
-    let (before, after) = (seven as usize, seven as usize + 4096);
-    engine
-        .write(seven, &pattern(seven, 4096, 2), false)
-        .await
-        .unwrap();
-    want[before..after].copy_from_slice(&pattern(seven, 4096, 2));
+    all_but_lost(&engine, &r1, &want, &[seven, forty], &what).await;
+    for at in [seven, forty] {
+        let (before, after) = (at as usize, at as usize + 4096);
+        engine
+            .write(at, &pattern(at, 4096, 2), false)
+            .await
+            .unwrap();
+        want[before..after].copy_from_slice(&pattern(at, 4096, 2));
+    }
     assert!(engine.read(0, SIZE as u32).await.unwrap() == want, "{what}");
     assert!(image(&r1).await == want, "{what}: v-r1");
 }

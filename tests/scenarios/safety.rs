@@ -1000,6 +1000,26 @@ fn a_scrub_finds_a_corrupt_frozen_layer_nobody_read_and_the_replica_is_rebuilt()
     verify_data(c.dir.path(), &endpoint, &a);
 }
 
+/// Volume `v` of one replica, attached on its node and written by qemu-io
+/// command `write`, then given a second replica, whose rebuild freezes
+/// the data into a layer in both: the first replica's node and the NBD
+/// endpoint there.
+fn written_then_frozen(c: &Cluster, write: &str) -> (String, String) {
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    let holder = c.holders("v")[0].clone();
+    let endpoint = c.attach("v", &holder);
+    c.wait_settled("v", 1, Duration::from_secs(60));
+    let (ok, out) = qemu_io(&endpoint, &[write, "flush"]);
+    assert!(ok, "{out}");
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    c.wait_settled("v", 2, Duration::from_secs(120));
+    (holder, endpoint)
+}
+
 /// A scrub lasts as long as reading the replica's frozen layers at
 /// `replica-scrub-rate` takes, and is waited for: 16 MiB at 1 MiB/s here.
 /// Before, the controller called the node over a channel that cuts every
@@ -1009,19 +1029,7 @@ fn a_scrub_finds_a_corrupt_frozen_layer_nobody_read_and_the_replica_is_rebuilt()
 fn a_scrub_longer_than_an_agent_call_is_waited_for_and_finds_a_bad_block() {
     let c = Cluster::start(2, 1);
     c.set("replica-scrub-rate", json!(1));
-    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
-    let holder = c.holders("v")[0].clone();
-    let endpoint = c.attach("v", &holder);
-    c.wait_settled("v", 1, Duration::from_secs(60));
-    let (ok, out) = qemu_io(&endpoint, &["write -P 0x5c 0 16M", "flush"]);
-    assert!(ok, "{out}");
-    // A second replica: its rebuild freezes the 16 MiB into a layer.
-    c.ok(
-        "PATCH",
-        "/v1/volumes/v",
-        Some(json!({"numberOfReplicas": 2})),
-    );
-    c.wait_settled("v", 2, Duration::from_secs(120));
+    let (holder, _) = written_then_frozen(&c, "write -P 0x5c 0 16M");
     c.ok("POST", "/v1/volumes/v/detach", None);
     let victim = c.replica_on("v", &holder).unwrap();
     let name = victim["name"].as_str().unwrap().to_string();
@@ -1252,27 +1260,50 @@ fn replica_of_volume_on(c: &Cluster, volume: &str, node: &str) -> String {
 #[test]
 fn a_block_no_replica_holds_sound_is_lost_alone_and_the_volume_gets_its_replicas_back() {
     let c = Cluster::start(3, 1);
-    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
-    let holder = c.holders("v")[0].clone();
-    let endpoint = c.attach("v", &holder);
-    c.wait_settled("v", 1, Duration::from_secs(60));
-    let (ok, out) = qemu_io(&endpoint, &["write -P 0x5a 0 4M", "flush"]);
-    assert!(ok, "{out}");
-    // A second replica: its rebuild freezes the data into a layer.
-    c.ok(
-        "PATCH",
-        "/v1/volumes/v",
-        Some(json!({"numberOfReplicas": 2})),
-    );
-    c.wait_settled("v", 2, Duration::from_secs(120));
+    let lost = 1u64 << 20;
+    let gone = lost_in_the_last(&c, false, &[lost]);
+    lost_alone(&c, &gone.endpoint, &[lost]);
+}
+
+/// What `lost_in_the_last` leaves.
+struct LostInTheLast {
+    /// The node of the last replica, and the volume's NBD endpoint there
+    /// (while it is attached).
+    holder: String,
+    endpoint: String,
+    /// The last replica's name and its frozen layer as it was.
+    name: String,
+    frozen: ballast_node::replica::LayerInfo,
+}
+
+/// Volume `v` of one replica, 4 MiB of 0x5a written, then a second
+/// replica (its rebuild freezes the data into a layer in both). With
+/// `detach`, each replica's first scrub over (none finds the bad blocks
+/// before a copy does), the volume is detached. The blocks at `lost` go
+/// bad in the first replica's frozen layer, and the other replica is
+/// deleted: the volume gets its second replica back, from the first
+/// (the last holding the data), with those blocks recorded lost in its
+/// layer, whose checksum was taken again.
+fn lost_in_the_last(c: &Cluster, detach: bool, lost: &[u64]) -> LostInTheLast {
+    let (holder, endpoint) = written_then_frozen(c, "write -P 0x5a 0 4M");
+    if detach {
+        wait_for(Duration::from_secs(120), "every replica scrubbed", || {
+            c.replicas("v")
+                .iter()
+                .all(|r| r["status"]["scrubbedAt"].is_string())
+                .then_some(())
+        });
+        c.ok("POST", "/v1/volumes/v/detach", None);
+    }
     let local = c.replica_on("v", &holder).unwrap();
-    let dir = replica_dir_of(&c, &local);
+    let dir = replica_dir_of(c, &local);
     let frozen = layers_of(&dir)
         .into_iter()
         .rfind(|l| l.checksum.is_some() && l.allocated > 0)
         .unwrap();
-    let lost = 1u64 << 20;
-    flip_block(&dir.join(&frozen.name), lost).unwrap();
+    for at in lost {
+        flip_block(&dir.join(&frozen.name), *at).unwrap();
+    }
     let other = c
         .replicas("v")
         .into_iter()
@@ -1293,15 +1324,43 @@ fn a_block_no_replica_holds_sound_is_lost_alone_and_the_volume_gets_its_replicas
         .into_iter()
         .find(|l| l.name == frozen.name)
         .unwrap();
-    assert_eq!(layer.lost, [lost / 4096], "recorded lost in its layer");
+    let want: Vec<u64> = lost.iter().map(|at| at / 4096).collect();
+    assert_eq!(layer.lost, want, "recorded lost in its layer");
     assert_ne!(layer.checksum, frozen.checksum, "its checksum taken again");
+    LostInTheLast {
+        holder,
+        endpoint,
+        name: local["name"].as_str().unwrap().to_string(),
+        frozen,
+    }
+}
 
-    let (ok, out) = qemu_io(&endpoint, &["read 1M 4k"]);
-    assert!(!ok, "the lost block fails its read: {out}");
-    let (ok, out) = qemu_io(
-        &endpoint,
-        &["read -P 0x5a 0 1M", "read -P 0x5a 1052672 3141632"],
-    );
+/// 4 MiB of 0x5a were written to volume `v` (at `endpoint`), and the
+/// blocks at `lost` (ascending) were given up as lost: each fails its
+/// reads, through NBD and from the files of each of its 2 rw replicas,
+/// every other byte reads back as written, and written again each block
+/// is sound.
+fn lost_alone(c: &Cluster, endpoint: &str, lost: &[u64]) {
+    const END: u64 = 4 << 20;
+    // The runs of the 4 MiB between the lost blocks.
+    let mut rest = Vec::new();
+    let mut from = 0;
+    for at in lost.iter().copied().chain([END]) {
+        if at > from {
+            rest.push((from, at - from));
+        }
+        from = at + 4096;
+    }
+    for at in lost {
+        let (ok, out) = qemu_io(endpoint, &[&format!("read {at} 4k")]);
+        assert!(!ok, "the lost block at {at} fails its read: {out}");
+    }
+    let reads: Vec<String> = rest
+        .iter()
+        .map(|(at, n)| format!("read -P 0x5a {at} {n}"))
+        .collect();
+    let reads: Vec<&str> = reads.iter().map(String::as_str).collect();
+    let (ok, out) = qemu_io(endpoint, &reads);
     assert!(ok, "every other byte as written: {out}");
     let rw: Vec<_> = c
         .replicas("v")
@@ -1310,23 +1369,64 @@ fn a_block_no_replica_holds_sound_is_lost_alone_and_the_volume_gets_its_replicas
         .collect();
     assert_eq!(rw.len(), 2, "{rw:?}");
     for r in &rw {
-        let replica = ballast_node::replica::Replica::open_view(&replica_dir_of(&c, r)).unwrap();
+        let replica = ballast_node::replica::Replica::open_view(&replica_dir_of(c, r)).unwrap();
         let name = r["name"].as_str().unwrap();
         let mut block = vec![0u8; 4096];
-        let e = replica.read(lost, &mut block).unwrap_err();
-        assert!(e.to_string().contains("lost"), "{name}: {e}");
-        let mut rest = vec![0u8; (4 << 20) - 4096];
-        replica.read(0, &mut rest[..lost as usize]).unwrap();
-        replica
-            .read(lost + 4096, &mut rest[lost as usize..])
-            .unwrap();
-        assert!(
-            rest.iter().all(|b| *b == 0x5a),
-            "{name}: the rest as written"
-        );
+        for at in lost {
+            let e = replica.read(*at, &mut block).unwrap_err();
+            assert!(e.to_string().contains("lost"), "{name} at {at}: {e}");
+        }
+        for (at, n) in &rest {
+            let mut data = vec![0u8; *n as usize];
+            replica.read(*at, &mut data).unwrap();
+            assert!(
+                data.iter().all(|b| *b == 0x5a),
+                "{name}: {n} B at {at} as written"
+            );
+        }
     }
-    let (ok, out) = qemu_io(&endpoint, &["write -P 0x77 1M 4k", "read -P 0x77 1M 4k"]);
-    assert!(ok, "written again, the block is sound: {out}");
+    for at in lost {
+        let again = [
+            format!("write -P 0x77 {at} 4k"),
+            format!("read -P 0x77 {at} 4k"),
+        ];
+        let (ok, out) = qemu_io(endpoint, &[&again[0], &again[1]]);
+        assert!(ok, "written again, the block at {at} is sound: {out}");
+    }
+}
+
+/// The test above with the volume detached: no engine runs, and the
+/// controller has the new replica's node copy from the last replica
+/// holding the data (offline). Its first copy fails on the bad block; the
+/// controller has the last replica give the block up as lost (two more
+/// gone bad in the same layer go with it), and the copy completes. Before,
+/// every copy failed on the block, and the volume never got its second
+/// replica back while it stayed detached (a drain of the node would have
+/// waited for ever).
+#[test]
+fn a_detached_volumes_block_no_replica_holds_sound_is_lost_alone_and_the_copy_completes() {
+    let c = Cluster::start(3, 1);
+    let lost = [1u64 << 20, (1 << 20) + 8 * 4096, 3 << 20];
+    let gone = lost_in_the_last(&c, true, &lost);
+    // Said where, once; the last replica was never failed for it.
+    let said = c.events(&format!("replica/{}", gone.name));
+    let lost_events: Vec<_> = said
+        .iter()
+        .filter(|e| e["reason"] == "BlocksLost")
+        .collect();
+    assert_eq!(lost_events.len(), 1, "{said:#?}");
+    let message = lost_events[0]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("3 block(s)") && message.contains(&gone.frozen.name),
+        "{message}"
+    );
+    assert!(
+        !said.iter().any(|e| e["reason"] == "ReplicaCorrupt"),
+        "{said:#?}"
+    );
+    let endpoint = c.attach("v", &gone.holder);
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    lost_alone(&c, &endpoint, &lost);
 }
 
 /// A replica whose node freezes (SIGSTOP: its connections stay open and

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use ballast::model::{Kind, Node, Replica, ReplicaMode, Volume};
+use ballast::proto::agent::v1::LoseBadBlocksRequest;
 
 use super::pace::{self, Way};
 use super::{effects, replica};
@@ -271,20 +272,32 @@ async fn rebuild_offline(
     };
     let how = format!("offline, from {source}{on}, {pace}");
     ctx.event(Kind::Replica, name, "RebuildStarted", how).await;
-    let copy = ctx
-        .agents
-        .rebuild_replica(target, name, &source, pace.bytes_per_second);
-    let done = ctx.offline_copy(&vol.name, copy).await;
-    let done = match done {
-        Ok(d) => d,
-        Err(Error::DataLoss(why)) => {
-            // The source's data failed its checksums: it is the replica at
-            // fault; it leaves the record and is rebuilt in turn.
-            let source_name = source.split('@').next().unwrap_or_default();
-            fail_corrupt(ctx, &vol.name, source_name, &why).await?;
-            return Err(Error::DataLoss(why));
+    let source_name = source.split('@').next().unwrap_or_default();
+    let mut losses = 0;
+    let done = loop {
+        let copy = ctx
+            .agents
+            .rebuild_replica(target, name, &source, pace.bytes_per_second);
+        match ctx.offline_copy(&vol.name, copy).await {
+            Ok(d) => break d,
+            // The source's data failed its checksums. The last replica
+            // holding the data gives up what failed, and the copy goes on
+            // with the rest (each attempt finds one more bad layer at
+            // most, but every bad block of it).
+            Err(Error::DataLoss(why))
+                if losses < MAX_LOSSES
+                    && lose_in_last(ctx, &vol.name, source_name, &why).await? =>
+            {
+                losses += 1;
+            }
+            Err(Error::DataLoss(why)) => {
+                // Any other is the replica at fault; it leaves the record
+                // and is rebuilt in turn.
+                fail_corrupt(ctx, &vol.name, source_name, &why).await?;
+                return Err(Error::DataLoss(why));
+            }
+            Err(e) => return Err(e),
         }
-        Err(e) => return Err(e),
     };
     // The event first: whoever sees the replica rw finds it.
     ctx.event(
@@ -311,6 +324,70 @@ async fn rebuild_offline(
         &format!("{name} rebuilt from {source}"),
     )
     .await
+}
+
+/// Attempts of one offline copy that each give up blocks of the last
+/// replica as lost: each gives up every bad block of a layer, so a copy
+/// meets as many at most as the source has layers gone bad.
+const MAX_LOSSES: usize = 16;
+
+/// An offline copy from `source` failed on its data (`why`), and `source`
+/// is the only replica recorded as holding the detached volume's latest
+/// data: no replica holds what failed sound. Its node gives up the blocks
+/// the copy found bad as lost (`LoseBadBlocks`, with every other block of
+/// their layers that fails), so that the copy can go on with the rest of
+/// the volume, as the engine does for an attached one; before, every
+/// attempt failed on the same block, and the volume never got another
+/// replica (a drain waited for ever). Whether any block was given up; the
+/// blocks are named in a `BlocksLost` event on the replica and the volume.
+async fn lose_in_last(ctx: &Context, volume: &str, source: &str, why: &str) -> Result<bool, Error> {
+    let vol: Volume = ctx.store.fetch(volume).await?;
+    if vol.status.attached_node.is_some() || vol.status.current_replicas != [source] {
+        return Ok(false);
+    }
+    let rep: Replica = ctx.store.fetch(source).await?;
+    let node = ready_node(ctx, &rep.spec.node_id).await?;
+    let mut c = crate::agents::long_client(&node, &ctx.member)?;
+    // One pass over each layer given up in: as long as reading the volume
+    // at a slow disk's 32 MiB/s, and a minute.
+    let limit = std::time::Duration::from_secs(60 + vol.spec.size / (32 << 20));
+    let request = LoseBadBlocksRequest {
+        name: source.to_string(),
+    };
+    let lost = tokio::time::timeout(limit, c.lose_bad_blocks(request))
+        .await
+        .map_err(|_| {
+            Error::Unavailable(format!(
+                "node {}: giving up the bad blocks of {source} took over {}s",
+                node.id,
+                limit.as_secs()
+            ))
+        })?
+        .map_err(|s| crate::agents::agent_error(&node.id, s))?
+        .into_inner()
+        .lost;
+    if lost.is_empty() {
+        return Ok(false);
+    }
+    let blocks: Vec<String> = lost
+        .iter()
+        .map(|l| {
+            let at: Vec<String> = l.offsets.iter().map(u64::to_string).collect();
+            format!("layer {} at {}", l.layer, at.join(", "))
+        })
+        .collect();
+    let count: usize = lost.iter().map(|l| l.offsets.len()).sum();
+    let message = format!(
+        "{count} block(s) of 4 KiB no replica holds sound given up as lost in {source}, \
+         the last replica holding the volume's data ({}): each fails its reads until \
+         written again, and the rest of the volume is copied; found by a copy from it: {why}",
+        blocks.join("; ")
+    );
+    tracing::error!(volume, replica = source, %message, "blocks lost");
+    ctx.event(Kind::Replica, source, "BlocksLost", message.clone())
+        .await;
+    ctx.event(Kind::Volume, volume, "BlocksLost", message).await;
+    Ok(true)
 }
 
 /// Fails a replica whose data was found corrupt (by a rebuild that read

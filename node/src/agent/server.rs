@@ -20,12 +20,13 @@ use ballast::proto::agent::v1::{
     DeleteReplicaRequest, DeleteReplicaResponse, FenceReplicaRequest, FenceReplicaResponse,
     GetNodeStatusRequest, GetNodeStatusResponse, GrowEngineRequest, GrowEngineResponse,
     GrowReplicaRequest, GrowReplicaResponse, ListEnginesRequest, ListEnginesResponse,
-    ListReplicasRequest, ListReplicasResponse, MergeReplicaRequest, MergeReplicaResponse,
-    RebuildReplicaRequest, RebuildReplicaResponse, RemoveEngineReplicaRequest,
-    RemoveEngineReplicaResponse, RenewEngineRequest, RenewEngineResponse, ReplicaStatus,
-    RestoreReplicaRequest, RestoreReplicaResponse, ScrubReplicaRequest, ScrubReplicaResponse,
-    SnapshotReplicaRequest, SnapshotReplicaResponse, SnapshotVolumeRequest, SnapshotVolumeResponse,
-    StartEngineRequest, StartEngineResponse, StopEngineRequest, StopEngineResponse,
+    ListReplicasRequest, ListReplicasResponse, LoseBadBlocksRequest, LoseBadBlocksResponse,
+    LostBlocks, MergeReplicaRequest, MergeReplicaResponse, RebuildReplicaRequest,
+    RebuildReplicaResponse, RemoveEngineReplicaRequest, RemoveEngineReplicaResponse,
+    RenewEngineRequest, RenewEngineResponse, ReplicaStatus, RestoreReplicaRequest,
+    RestoreReplicaResponse, ScrubReplicaRequest, ScrubReplicaResponse, SnapshotReplicaRequest,
+    SnapshotReplicaResponse, SnapshotVolumeRequest, SnapshotVolumeResponse, StartEngineRequest,
+    StartEngineResponse, StopEngineRequest, StopEngineResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -634,6 +635,31 @@ impl NodeAgent for NodeAgentService {
             .renew(&req.volume, &req.tls_cert_pem, &req.tls_key_pem)
             .await?;
         Ok(Response::new(RenewEngineResponse {}))
+    }
+
+    #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id, replica = %request.get_ref().name))]
+    async fn lose_bad_blocks(
+        &self,
+        request: Request<LoseBadBlocksRequest>,
+    ) -> Result<Response<LoseBadBlocksResponse>, Status> {
+        let name = request.into_inner().name;
+        let given_up = self
+            .change_unlent(&name, "; its engine gives up what it must", |r| {
+                r.lose_marked_blocks()
+                    .map_err(|e| Error::Internal(e.to_string()))
+            })
+            .await?;
+        let lost = given_up
+            .into_iter()
+            .map(|(layer, blocks)| LostBlocks {
+                layer,
+                offsets: blocks
+                    .into_iter()
+                    .map(|b| b * crate::replica::BLOCK)
+                    .collect(),
+            })
+            .collect();
+        Ok(Response::new(LoseBadBlocksResponse { lost }))
     }
 
     #[tracing::instrument(skip_all, fields(node = %self.ctx.node_id))]

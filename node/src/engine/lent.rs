@@ -407,8 +407,9 @@ impl Lent {
     }
 
     /// Gives up block `block` of frozen layer `layer` as lost (see
-    /// `Replica::lose_frozen_block`), on a blocking thread.
-    pub async fn lose(self: &Arc<Self>, layer: &str, block: u64) -> Result<(), ClientError> {
+    /// `Replica::lose_frozen_block`), on a blocking thread; the blocks
+    /// given up.
+    pub async fn lose(self: &Arc<Self>, layer: &str, block: u64) -> Result<Vec<u64>, ClientError> {
         let me = self.clone();
         let layer = layer.to_string();
         tokio::task::spawn_blocking(move || {

@@ -172,8 +172,8 @@ impl Link {
     }
 
     /// Gives up block `block` of frozen layer `layer` as lost (see
-    /// `Replica::lose_frozen_block`).
-    async fn lose(&self, layer: &str, block: u64) -> Result<(), ClientError> {
+    /// `Replica::lose_frozen_block`); the blocks given up.
+    async fn lose(&self, layer: &str, block: u64) -> Result<Vec<u64>, ClientError> {
         match self {
             Link::Remote(c) => c.lose(layer, block).await,
             Link::Lent(l) => l.lose(layer, block).await,

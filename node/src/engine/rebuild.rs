@@ -260,9 +260,10 @@ impl Engine {
     /// The block of a frozen layer that failed a fill from `source`, the
     /// last rw replica, where the joining replica held it sound neither
     /// (its seed would have been kept): no replica the engine has holds it
-    /// sound. It is given up as lost in `source` (see
-    /// `Replica::lose_frozen_block`), so that the next rebuild copies the
-    /// layer as it is and the rest of the volume gets its replicas back.
+    /// sound. It is given up as lost in `source`, with any other block of
+    /// its layer that fails there (see `Replica::lose_frozen_block`), so
+    /// that the next rebuild copies the layer as it is and the rest of the
+    /// volume gets its replicas back.
     async fn lose_in_last(&self, source: &str, e: &ClientError) {
         let Some((Some(layer), Some(at))) = e.corruption().map(|c| (c.layer.clone(), c.at)) else {
             return;
@@ -273,10 +274,10 @@ impl Engine {
             return;
         };
         match link.lose(&layer, block).await {
-            Ok(()) => {
-                super::IoCounters::count(&self.counters.lost_blocks, 1);
-                tracing::error!(volume = %self.volume, replica = source, layer = %layer, block,
-                    "a block of a frozen layer no replica holds sound is lost: it fails its reads until written again; the next rebuild copies the rest");
+            Ok(blocks) => {
+                super::IoCounters::count(&self.counters.lost_blocks, blocks.len() as u64);
+                tracing::error!(volume = %self.volume, replica = source, layer = %layer, ?blocks,
+                    "blocks of a frozen layer no replica holds sound are lost: each fails its reads until written again; the next rebuild copies the rest");
             }
             Err(why) => {
                 tracing::warn!(volume = %self.volume, replica = source, layer = %layer, block, error = %why,

@@ -355,41 +355,30 @@ impl Replica {
     }
 
     /// Gives up the block at byte `at` of frozen layer `name` as lost,
-    /// after its freeze: it fails its checksum, and the engine, the only
-    /// one that may ask, found no replica that holds it sound. The layer's
-    /// checksum is taken again with the block as it is, in the one pass
-    /// that checks every other block (one more bad fails it, and nothing
-    /// changes), and recorded with the block lost (`Meta::lost`); the
-    /// layer's marks go, since it checks whole again. So a fill copies the
-    /// layer as it is now, where before every fill of it failed on the
-    /// block. What any read returns does not change: the block failed its
-    /// reads before, and fails them now.
-    pub fn lose_frozen_block(&mut self, name: &str, at: u64) -> Result<(), ReplicaError> {
+    /// after its freeze: it fails its checksum, and whoever asks (the
+    /// volume's engine, or the controller through this node's agent for a
+    /// detached volume) found that no other replica holding the volume's
+    /// latest data is left, so none holds the layer sound. Every other
+    /// block of the layer that fails its checksum goes with it, found in
+    /// the one pass that takes the layer's checksum again with each such
+    /// block as it is: one at a time, a second bad block failed each loss
+    /// of the first, and the layer could never be copied. The checksum is
+    /// recorded with the blocks lost (`Meta::lost`); the layer's marks go,
+    /// since it checks whole again. So a fill copies the layer as it is
+    /// now, where before every fill of it failed on a bad block. What any
+    /// read returns does not change: each block failed its reads before,
+    /// and fails them now. Returns the blocks newly given up.
+    pub fn lose_frozen_block(&mut self, name: &str, at: u64) -> Result<Vec<u64>, ReplicaError> {
         self.check(at, BLOCK)?;
-        let i = self.layer_at(name)?;
+        let i = self.losable(name)?;
         if !at.is_multiple_of(BLOCK) {
             return Err(ReplicaError::Invalid(format!(
                 "{at} is not the start of a block"
             )));
         }
-        let merging = self
-            .meta
-            .merging
-            .as_ref()
-            .is_some_and(|j| j.into == name || j.from == name);
-        if !self.meta.frozen.contains_key(name) || self.meta.pending.contains(name) || merging {
-            return Err(ReplicaError::Invalid(format!(
-                "layer {name} is not a complete frozen layer"
-            )));
-        }
-        if self.is_unserved(name) {
-            return Err(ReplicaError::Invalid(format!(
-                "layer {name} is marked whole: which of its data is bad is not known"
-            )));
-        }
         let block = at / BLOCK;
         if self.lost_of(name).contains(&block) {
-            return Ok(());
+            return Ok(Vec::new());
         }
         if !self.layers[i].map.get(block) {
             return Err(ReplicaError::Invalid(format!(
@@ -406,17 +395,89 @@ impl Replica {
             Err(ReplicaError::CorruptBlock { .. }) => {}
             Err(e) => return Err(e),
         }
-        let mut lost = self.lost_of(name).clone();
-        lost.insert(block);
-        let sum = self.checksum_but(i, &lost, &mut |_| {})?;
+        self.lose_failing(i)
+    }
+
+    /// Gives up as lost, in each frozen layer marked for a bad block
+    /// (`Mark`), every block that fails its checksum, as
+    /// `lose_frozen_block` does: asked by the controller of the last
+    /// replica recorded as holding a detached volume's data, once a copy
+    /// from it failed on such a block (the copy marked the layer). A layer
+    /// marked whole (which of its data is bad is not known), one merging,
+    /// and one none of whose blocks fails give up nothing. Returns each
+    /// layer with the blocks newly given up in it.
+    pub fn lose_marked_blocks(&mut self) -> Result<Vec<(String, Vec<u64>)>, ReplicaError> {
+        let marked: BTreeSet<String> = mark_lines(&self.dir)?
+            .lines()
+            .map(Mark::parse)
+            .filter(|m| m.block.is_some())
+            .map(|m| m.layer)
+            .collect();
+        let mut given_up = Vec::new();
+        for layer in marked {
+            let i = match self.losable(&layer) {
+                Ok(i) => i,
+                Err(ReplicaError::Invalid(why)) => {
+                    tracing::warn!(dir = %self.dir.display(), layer = %layer, %why,
+                        "a layer marked for a bad block gives up nothing");
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let lost = self.lose_failing(i)?;
+            if !lost.is_empty() {
+                given_up.push((layer, lost));
+            }
+        }
+        Ok(given_up)
+    }
+
+    /// The index of layer `name` when blocks of it may be given up as
+    /// lost: a complete frozen layer, not merging, not marked whole.
+    fn losable(&self, name: &str) -> Result<usize, ReplicaError> {
+        let i = self.layer_at(name)?;
+        let merging = self
+            .meta
+            .merging
+            .as_ref()
+            .is_some_and(|j| j.into == name || j.from == name);
+        if !self.meta.frozen.contains_key(name) || self.meta.pending.contains(name) || merging {
+            return Err(ReplicaError::Invalid(format!(
+                "layer {name} is not a complete frozen layer"
+            )));
+        }
+        if self.is_unserved(name) {
+            return Err(ReplicaError::Invalid(format!(
+                "layer {name} is marked whole: which of its data is bad is not known"
+            )));
+        }
+        Ok(i)
+    }
+
+    /// Gives up every block of frozen layer `i` that fails its checksum,
+    /// found in the one pass that takes the layer's checksum again with
+    /// each such block as it is; records the checksum with the blocks lost
+    /// (`Meta::lost`) and drops the layer's marks, since it checks whole
+    /// again. Changes nothing when no block fails. The blocks newly given
+    /// up.
+    fn lose_failing(&mut self, i: usize) -> Result<Vec<u64>, ReplicaError> {
+        let name = self.layers[i].name.clone();
+        let before = self.lost_of(&name).clone();
+        let mut lost = before.clone();
+        let sum = self.checksum_losing(i, &mut lost)?;
+        let given_up: Vec<u64> = lost.difference(&before).copied().collect();
+        if given_up.is_empty() {
+            return Ok(given_up);
+        }
         let mut meta = self.meta.clone();
-        meta.frozen.insert(name.to_string(), sum);
-        meta.lost.insert(name.to_string(), lost);
+        meta.frozen.insert(name.clone(), sum);
+        meta.lost.insert(name.clone(), lost);
         meta.write(&self.dir)?;
         self.meta = meta;
-        tracing::error!(dir = %self.dir.display(), layer = %name, block,
-            "a block of a frozen layer that no replica holds sound given up as lost: it fails its reads until it is written again, and the layer is copied as it is");
-        self.clear_corrupt_marks(Some(name))
+        tracing::error!(dir = %self.dir.display(), layer = %name, blocks = ?given_up,
+            "blocks of a frozen layer that no replica holds sound given up as lost: each fails its reads until it is written again, and the layer is copied as it is");
+        self.clear_corrupt_marks(Some(&name))?;
+        Ok(given_up)
     }
 
     /// Forgets every corrupt mark (a join, which keeps no marked layer).

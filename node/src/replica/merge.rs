@@ -176,7 +176,8 @@ impl Replica {
                 .map_err(|e| ReplicaError::io(&f.path, e))?;
             // Each failing block with the checksum it was written with.
             let failed: Vec<(u64, u32)> = match &f.sums {
-                Some(s) if !lost => failing(s, first, &data)
+                Some(s) if !lost => s
+                    .failing(first, &data)
                     .into_iter()
                     .map(|b| (b, s.get(b)))
                     .collect(),
@@ -272,7 +273,7 @@ impl Replica {
         let sum = super::layer_checksum(l, |b, chunk| {
             if let Some(s) = &l.sums {
                 bad.extend(
-                    failing(s, b, chunk)
+                    s.failing(b, chunk)
                         .into_iter()
                         .filter(|x| !lost.contains(x)),
                 );
@@ -349,17 +350,4 @@ pub const MERGE_CHUNK: u64 = 1024;
 fn remove_layer_files(path: &std::path::Path) {
     let _ = std::fs::remove_file(path);
     let _ = std::fs::remove_file(sums::path_of(path));
-}
-
-/// The blocks of whole blocks `data` (from block `first`) that fail their
-/// checksums in `sums`.
-fn failing(sums: &sums::BlockSums, first: u64, data: &[u8]) -> Vec<u64> {
-    let mut bad = Vec::new();
-    sums::each(data, |i, sum| {
-        let b = first + i as u64;
-        if sum != sums.get(b) {
-            bad.push(b);
-        }
-    });
-    bad
 }

@@ -1400,6 +1400,19 @@ impl Replica {
         })
     }
 
+    /// `checksum`, adding to `lost` every block that fails its checksum
+    /// instead of failing on it: the layer's checksum with each such block
+    /// as it is (see `lose_frozen_block`).
+    fn checksum_losing(&self, i: usize, lost: &mut BTreeSet<u64>) -> Result<String, ReplicaError> {
+        let l = &self.layers[i];
+        layer_checksum(l, |b, chunk| {
+            if let Some(sums) = &l.sums {
+                lost.extend(sums.failing(b, chunk));
+            }
+            Ok(())
+        })
+    }
+
     /// Like `checksum`, recording each block's checksum as it is read
     /// instead (a layer just filled by a rebuild).
     fn checksum_taking_sums(&mut self, i: usize) -> Result<String, ReplicaError> {

@@ -370,6 +370,19 @@ impl BlockSums {
         Ok(())
     }
 
+    /// The blocks of whole blocks `data` (starting at block `first`) that
+    /// differ from the table, every one.
+    pub fn failing(&self, first: u64, data: &[u8]) -> Vec<u64> {
+        let mut bad = Vec::new();
+        each(data, |i, sum| {
+            let b = first + i as u64;
+            if sum != self.get(b) {
+                bad.push(b);
+            }
+        });
+        bad
+    }
+
     /// Checks whole blocks `data` (starting at block `first`) against the
     /// table; the first block that differs.
     pub fn check(&self, first: u64, data: &[u8]) -> Result<(), u64> {

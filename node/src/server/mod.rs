@@ -1118,7 +1118,8 @@ fn write_op(r: &mut Replica, req: &Request, payload: &[u8]) -> Result<Vec<u8>, R
         Op::SumsEveryFlush => r.set_sums_every_flush(req.offset != 0).map(|_| Vec::new()),
         Op::Lose => {
             let layer = r.layer_name_at(req.revision)?;
-            r.lose_frozen_block(&layer, req.offset).map(|()| Vec::new())
+            r.lose_frozen_block(&layer, req.offset)
+                .and_then(|lost| json(&lost))
         }
         Op::Join => {
             let j: JoinSpec = serde_json::from_slice(payload)

@@ -847,22 +847,23 @@ impl ReplicaClient {
     }
 
     /// Gives up block `block` of frozen layer `layer` as lost (see
-    /// `Replica::lose_frozen_block`).
-    pub async fn lose(&self, layer: &str, block: u64) -> Result<(), ClientError> {
+    /// `Replica::lose_frozen_block`); the blocks given up.
+    pub async fn lose(&self, layer: &str, block: u64) -> Result<Vec<u64>, ClientError> {
         let layers = self.layers().await?;
         let index = layers.iter().position(|l| l.name == layer).ok_or_else(|| {
             ClientError::failed(&self.addr, status::NOT_FOUND, format!("no layer {layer}"))
         })?;
-        self.call(
-            Op::Lose,
-            block * crate::replica::BLOCK,
-            0,
-            index as u64,
-            0,
-            &[],
-        )
-        .await
-        .map(drop)
+        let body = self
+            .call(
+                Op::Lose,
+                block * crate::replica::BLOCK,
+                0,
+                index as u64,
+                0,
+                &[],
+            )
+            .await?;
+        self.json(&body)
     }
 
     /// `{size, chain, revision}`.

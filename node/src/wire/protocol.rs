@@ -89,9 +89,10 @@ pub enum Op {
     /// compares them with the blocks its seed holds.
     LayerSums = 16,
     /// Gives up block `offset / 4096` of the frozen layer at chain index
-    /// `revision` as lost: it fails its checksum, and the engine found no
-    /// replica that holds it sound (see `Replica::lose_frozen_block`). Only
-    /// from the volume's engine.
+    /// `revision` as lost, with every other block of the layer that fails:
+    /// it fails its checksum, and the engine found no replica that holds
+    /// it sound (see `Replica::lose_frozen_block`). Answers the blocks
+    /// given up, JSON `[block, ...]`. Only from the volume's engine.
     Lose = 17,
     /// The runs of blocks of the head's regions written lately (see
     /// `Replica::recent_runs`): JSON `[[first, last], ...]`, in blocks,
