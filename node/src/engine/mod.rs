@@ -1336,11 +1336,28 @@ impl Engine {
         // failed only once another took the snapshot (as a write that no
         // rw replica had room for fails alone and leaves them all).
         let mut no_room = Vec::new();
-        for (name, c) in self.rw_links().await {
+        // Every rw replica's first freeze runs at once: the volume's I/O
+        // stays paused for the slowest, not for the sum of them (a freeze
+        // reads the whole head, about a second per GiB: performance.md,
+        // the freeze bench). What each answers is then taken in turn, as
+        // before, with its repairs and retries: a replica's reads return
+        // the same data before and after its freeze, so a repair from one
+        // frozen already reads what it would have read before it.
+        let links = self.rw_links().await;
+        let none = BTreeSet::new();
+        let firsts =
+            futures_util::future::join_all(links.iter().map(|(_, c)| c.snapshot(label, &none)))
+                .await;
+        for ((name, c), first) in links.into_iter().zip(firsts) {
             let mut repaired = 0;
             let mut lose = BTreeSet::new();
+            let mut first = Some(first);
             loop {
-                let e = match c.snapshot(label, &lose).await {
+                let answer = match first.take() {
+                    Some(answer) => answer,
+                    None => c.snapshot(label, &lose).await,
+                };
+                let e = match answer {
                     Ok(n) => {
                         if !lose.is_empty() {
                             IoCounters::count(&self.counters.lost_blocks, lose.len() as u64);
