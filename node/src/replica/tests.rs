@@ -1514,8 +1514,10 @@ fn a_view_read_while_its_owner_merges_finds_no_block_corrupt() {
             continue;
         };
         views += 1;
-        // Somewhere else each time, over the lower layer's data.
-        at = (at + (7 << 20) + (36 << 10)) % (48 << 20) / BLOCK * BLOCK;
+        // Somewhere else each time, over the lower layer's data (a read
+        // of `buf`'s length from `at` ends within it).
+        let within = data.len() as u64 - buf.len() as u64;
+        at = (at + (7 << 20) + (36 << 10)) % within / BLOCK * BLOCK;
         if v.chain().contains(&into) {
             // As a rebuild reads a layer.
             match v.read_layer(&into, at, &mut buf) {
