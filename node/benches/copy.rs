@@ -30,6 +30,8 @@
 //! extents, which must equal the source's. Dropping the cache needs root.
 //! Run: `cargo bench -p ballast-node --bench copy` (BENCH_DIR picks the disk).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -40,6 +42,7 @@ use ballast_node::server::ReplicaServer;
 use ballast_node::sync::local::copy_layer;
 use ballast_node::wire::JoinSpec;
 use ballast_node::wire::client::ReplicaClient;
+use common::{drop_caches, median};
 
 const SIZE: u64 = 8 << 30;
 
@@ -99,11 +102,6 @@ impl Rng {
     }
 }
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 /// The bytes the file holds in data extents (SEEK_DATA / SEEK_HOLE).
 /// `st_blocks` also counts a file's extent tree, which depends on how it
 /// was written, not on what it holds.
@@ -125,14 +123,6 @@ fn size(b: u64) -> String {
     } else {
         mib(b)
     }
-}
-
-/// Writes back every dirty page and drops the page cache, so that the
-/// next read comes from the disk.
-fn drop_caches() {
-    nix::unistd::sync();
-    std::fs::write("/proc/sys/vm/drop_caches", "3")
-        .unwrap_or_else(|e| panic!("dropping the page cache needs root: {e}"));
 }
 
 /// A replica `name` at `disk` whose first layer is frozen with the data

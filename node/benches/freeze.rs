@@ -15,6 +15,8 @@
 //! Run: `cargo bench -p ballast-node --bench freeze` (BENCH_DIR picks the
 //! disk).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -22,20 +24,11 @@ use std::time::{Duration, Instant};
 use ballast_node::engine::{Engine, ReplicaAddr, ReplicaSet};
 use ballast_node::replica::{Replica, replica_dir};
 use ballast_node::server::ReplicaServer;
+use common::{drop_caches, fill, median};
 
 const SIZE: u64 = 1 << 30;
 const DATA: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn drop_caches() {
-    let _ = Command::new("sync").status();
-    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
-}
 
 /// A replica whose head holds `DATA` bytes of pseudo-random data: all of
 /// the volume, so that `cat` reads no hole.
@@ -60,16 +53,6 @@ fn cat(file: &Path) -> Duration {
         .unwrap();
     assert!(out.success());
     t.elapsed()
-}
-
-/// Pseudo-random bytes from `x`.
-fn fill(x: &mut u64, buf: &mut [u8]) {
-    for b in buf.iter_mut() {
-        *x ^= *x << 13;
-        *x ^= *x >> 7;
-        *x ^= *x << 17;
-        *b = *x as u8;
-    }
 }
 
 const HEADS: u64 = 512 << 20;

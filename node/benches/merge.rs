@@ -9,20 +9,18 @@
 //! Run: `cargo bench -p ballast-node --bench merge` (BENCH_DIR picks the
 //! disk).
 
+mod common;
+
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ballast_node::replica::{MERGE_CHUNK, Replica};
+use common::{drop_caches, fill, median};
 
 const SIZE: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
 
 fn mib(b: u64) -> String {
     format!("{:.0} MiB", b as f64 / MIB as f64)
@@ -44,31 +42,18 @@ fn replica(dir: &Path) -> Replica {
     let mut r = Replica::create(dir, SIZE).unwrap();
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let mut buf = vec![0u8; MIB as usize];
-    let mut fill = |buf: &mut Vec<u8>| {
-        for b in buf.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
-        }
-    };
     for k in (0..SIZE / MIB).step_by(2) {
-        fill(&mut buf);
+        fill(&mut x, &mut buf);
         r.write(k * MIB, &buf, None).unwrap();
     }
     r.snapshot(None).unwrap();
     for k in (0..SIZE / MIB).step_by(8) {
-        fill(&mut buf);
+        fill(&mut x, &mut buf);
         r.write(k * MIB, &buf, None).unwrap();
     }
     r.snapshot(None).unwrap();
     r.flush().unwrap();
     r
-}
-
-fn drop_caches() {
-    let _ = Command::new("sync").status();
-    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
 }
 
 fn main() {

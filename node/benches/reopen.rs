@@ -34,6 +34,7 @@
 //! Run: `cargo bench -p ballast-node --bench reopen` (BENCH_DIR picks the
 //! disk).
 
+mod common;
 #[allow(dead_code)] // its other half, the disk that forgets, is the tests'
 #[path = "../tests/support/forgetful.rs"]
 mod forgetful;
@@ -43,19 +44,10 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ballast_node::replica::Replica;
+use common::{drop_caches, fill, median};
 
 const SIZE: u64 = 512 << 20;
 const MIB: u64 = 1 << 20;
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn drop_caches() {
-    let _ = Command::new("sync").status();
-    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
-}
 
 /// A replica whose head holds the whole volume, flushed.
 fn replica(dir: &Path) -> Replica {
@@ -63,12 +55,7 @@ fn replica(dir: &Path) -> Replica {
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let mut buf = vec![0u8; MIB as usize];
     for k in 0..SIZE / MIB {
-        for b in buf.iter_mut() {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            *b = x as u8;
-        }
+        fill(&mut x, &mut buf);
         r.write(k * MIB, &buf, None).unwrap();
     }
     r.flush().unwrap();
