@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ballast::cluster_token::Authed;
 use ballast::grpc::Calls;
-use ballast::model::Node;
+use ballast::model::{Node, Volume};
 use ballast::proto::agent::v1::node_agent_client::NodeAgentClient;
 use ballast::proto::agent::v1::{
     AddEngineReplicaRequest, CreateReplicaRequest, DeleteReplicaRequest, RebuildReplicaRequest,
@@ -61,6 +61,39 @@ pub const AGENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// restore) may take.
 pub const COPY_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 
+/// The slowest read of a head a freeze is waited for at: 32 MiB/s, a
+/// thirtieth of what was measured (`cargo bench -p ballast-node --bench
+/// freeze`: about a second per GiB of head, cold).
+const FREEZE_FLOOR_RATE: u64 = 32 << 20;
+
+/// How long a call that freezes the heads of a volume of `size` bytes (a
+/// snapshot, a rebuild's start) may take: a freeze reads the whole head
+/// for its checksum with the volume's I/O paused, so the call lasts as
+/// long as that read. Bounded by reading `size` bytes at
+/// `FREEZE_FLOOR_RATE`, and a minute; a node that stops answering ends it
+/// sooner (the long channel pings it).
+fn freeze_limit(size: u64) -> Duration {
+    Duration::from_secs(60 + size / FREEZE_FLOOR_RATE)
+}
+
+/// Runs one call of `node` that freezes heads (see `freeze_limit`), over
+/// a channel that does not cut it at an agent call's timeout.
+pub async fn freezing<T, F, Fut>(
+    node: &Node,
+    member: &Member,
+    size: u64,
+    call: F,
+) -> Result<T, Error>
+where
+    F: FnOnce(NodeAgentClient<Authed>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let c = long_client(node, member)?;
+    with_limit(&node.id, freeze_limit(size), call(c))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
 /// Maps a failed agent call to a controller error naming the node.
 pub fn agent_error(node: &str, s: tonic::Status) -> Error {
     let msg = format!("node {node}: {}", s.message());
@@ -80,11 +113,20 @@ pub async fn with_timeout<T>(
     node: &str,
     f: impl std::future::Future<Output = Result<T, tonic::Status>>,
 ) -> Result<T, Error> {
-    match tokio::time::timeout(AGENT_TIMEOUT, f).await {
+    with_limit(node, AGENT_TIMEOUT, f).await
+}
+
+/// Runs one agent call, bounded by `limit`.
+pub async fn with_limit<T>(
+    node: &str,
+    limit: Duration,
+    f: impl std::future::Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, Error> {
+    match tokio::time::timeout(limit, f).await {
         Ok(r) => r.map_err(|s| agent_error(node, s)),
         Err(_) => Err(Error::Internal(format!(
             "node {node}: no answer in {}s",
-            AGENT_TIMEOUT.as_secs()
+            limit.as_secs()
         ))),
     }
 }
@@ -136,11 +178,12 @@ pub trait Agents: Send + Sync {
     fn delete_replica<'a>(&'a self, node: &'a Node, name: &'a str) -> Call<'a, ()>;
     /// Has the engine of `volume` on `node` add `replica` (`NAME@ADDR`) in
     /// `wo` mode and rebuild it (from `source` when given), copying at
-    /// most `bytes_per_second` (0: no limit).
+    /// most `bytes_per_second` (0: no limit). It freezes the volume's
+    /// heads first: the call lasts as long (see `freeze_limit`).
     fn add_engine_replica<'a>(
         &'a self,
         node: &'a Node,
-        volume: &'a str,
+        volume: &'a Volume,
         replica: &'a str,
         source: (&'a str, u64),
     ) -> Call<'a, ()>;
@@ -219,17 +262,26 @@ impl Agents for GrpcAgents {
     fn add_engine_replica<'a>(
         &'a self,
         node: &'a Node,
-        volume: &'a str,
+        volume: &'a Volume,
         replica: &'a str,
         (source, bytes_per_second): (&'a str, u64),
     ) -> Call<'a, ()> {
         let req = AddEngineReplicaRequest {
-            volume: volume.to_string(),
+            volume: volume.name.clone(),
             replica: replica.to_string(),
             source: source.to_string(),
             bytes_per_second,
         };
-        self.done(node, |mut c| async move { c.add_engine_replica(req).await })
+        // Cut at an agent call's timeout, a freeze longer than it (a head
+        // of more than about 10 GiB) marked the replica failed while the
+        // engine went on adding it.
+        Box::pin(async move {
+            freezing(node, &self.member, volume.spec.size, |mut c| async move {
+                c.add_engine_replica(req).await
+            })
+            .await
+            .map(drop)
+        })
     }
 
     fn remove_engine_replica<'a>(

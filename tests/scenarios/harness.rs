@@ -569,6 +569,20 @@ pub fn wait_fill_called_off(c: &Cluster, node: &str) {
     });
 }
 
+/// How long a disk is held frozen under a freeze: longer than an agent
+/// call's 10 s (`ballast::grpc::CALL_TIMEOUT`).
+pub const HUNG: Duration = Duration::from_secs(16);
+
+/// Holds the disk at `mountpoint` frozen (fsfreeze: every write waits)
+/// for `HUNG`, from now, in a thread of its own.
+pub fn hang_disk_for_a_while(mountpoint: PathBuf) -> std::thread::JoinHandle<()> {
+    let frozen = Frozen::freeze(&mountpoint);
+    std::thread::spawn(move || {
+        std::thread::sleep(HUNG);
+        drop(frozen);
+    })
+}
+
 /// What a volume must hold: a local image written alike.
 pub struct Expected {
     image: PathBuf,

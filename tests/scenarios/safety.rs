@@ -1636,3 +1636,43 @@ fn a_snapshot_with_no_room_on_any_replica_fails_and_the_volume_serves_on() {
     verify_data(c.dir.path(), &endpoint, &a);
     verify_replicas(&c, "v", &a);
 }
+
+/// A rebuild's start is waited for as long as its freeze takes: the
+/// engine freezes the heads (reading each whole) before the new replica
+/// joins. Here the disk of the one replica, beside the engine, hangs for
+/// 16 s under the freeze (fsfreeze) as a second replica is asked for.
+/// Before, the controller's call was cut at an agent call's 10 s and the
+/// new replica marked failed (`RebuildFailed`) while the engine went on
+/// adding and filling it. Every byte reads back, through the volume and
+/// from both replicas.
+#[test]
+fn a_rebuild_whose_freeze_outlasts_an_agent_call_is_waited_for_and_not_marked_failed() {
+    let c = Cluster::start_with(2, 1, Some(256 << 20));
+    c.patch_node("node-2", json!({"allowScheduling": false}));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 1}));
+    assert_eq!(c.holders("v"), ["node-1"]);
+    c.patch_node("node-2", json!({"allowScheduling": true}));
+    let endpoint = c.attach("v", "node-1");
+    let live = Expected::new(c.dir.path(), "v", SIZE);
+    live.write(&endpoint, 0, 12 << 20, 0x6e);
+    live.write(&endpoint, 40 << 20, 2 << 20, 0x6f);
+
+    let thaw = hang_disk_for_a_while(c.path("node-1").join("disk-1"));
+    c.ok(
+        "PATCH",
+        "/v1/volumes/v",
+        Some(json!({"numberOfReplicas": 2})),
+    );
+    thaw.join().unwrap();
+    c.wait_settled("v", 2, Duration::from_secs(120));
+    let new = c.replica_on("v", "node-2").unwrap();
+    let name = new["name"].as_str().unwrap();
+    assert!(
+        c.event_reasons(&format!("replica/{name}"))
+            .contains(&"RebuildStarted".to_string())
+    );
+    let failed = c.all_events("RebuildFailed");
+    assert!(failed.is_empty(), "{failed:#?}");
+    verify_data(c.dir.path(), &endpoint, &live.data());
+    verify_replicas(&c, "v", &live.data());
+}

@@ -253,6 +253,54 @@ fn a_snapshot_with_no_replica_reachable_is_refused_as_unavailable_and_taken_once
     verify_data(c.dir.path(), &endpoint, &data);
 }
 
+/// A snapshot is waited for as long as its freeze takes: the engine
+/// freezes every rw replica's head, reading it whole, which takes about a
+/// second per GiB of head (`cargo bench -p ballast-node --bench freeze`).
+/// Here the disk of the replica beside the engine hangs for 14 s under
+/// the freeze (fsfreeze). Before, the controller's call to the node was
+/// cut at an agent call's 10 s: the snapshot failed, its record deleted,
+/// while the engine went on and froze the heads all the same. The data
+/// reads back, and the snapshot restores it.
+#[test]
+fn a_snapshot_whose_freeze_outlasts_an_agent_call_is_waited_for() {
+    let c = Cluster::start_with(2, 1, Some(256 << 20));
+    let dir = c.dir.path();
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let live = Expected::new(dir, "live", SIZE);
+    live.write(&endpoint, 0, 8 << 20, 0xa7);
+    live.write(&endpoint, 30 << 20, 1 << 20, 0xa8);
+    let at_s = live.copy(dir, "s", SIZE);
+
+    let asked = std::time::Instant::now();
+    let thaw = hang_disk_for_a_while(c.path("node-1").join("disk-1"));
+    let (status, body) = call(
+        "POST",
+        &c.url("/v1/snapshots"),
+        Some(json!({"name": "s", "volume": "v"})),
+    );
+    let took = asked.elapsed();
+    thaw.join().unwrap();
+    assert!(
+        (200..300).contains(&status),
+        "after {took:?}: {status} {body}"
+    );
+    assert_eq!(body["status"]["readyToUse"], true, "{body}");
+    assert!(
+        took >= HUNG - Duration::from_secs(1),
+        "the freeze took {took:?}"
+    );
+
+    live.write(&endpoint, 4 << 20, 1 << 20, 0xa9);
+    verify_data(dir, &endpoint, &live.data());
+    c.create_volume(json!({"name": "r", "size": SIZE, "numberOfReplicas": 1,
+                           "source": {"snapshot": "s"}}));
+    check_volume(&c, "r", "node-2", &at_s);
+    c.ok("POST", "/v1/volumes/v/detach", None);
+    check_volume_with(&c, "v", "node-2", &live, true);
+}
+
 #[test]
 fn snapshot_max_count_refuses_one_more_naming_the_setting() {
     let c = Cluster::start(1, 1);

@@ -218,7 +218,7 @@ async fn add_to_engine(
     let pace = pace::pace(&vol.spec, &ctx.settings().await?, Way::Engine);
     let source = (copy_from.unwrap_or_default(), pace.bytes_per_second);
     ctx.agents
-        .add_engine_replica(&engine_node, &vol.name, at, source)
+        .add_engine_replica(&engine_node, vol, at, source)
         .await?;
     // A source named is on the target's node: a copy within it, at the
     // same pace.

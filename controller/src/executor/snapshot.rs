@@ -14,7 +14,7 @@ use ballast::proto::agent::v1::{
     RestoreReplicaRequest, SnapshotReplicaRequest, SnapshotVolumeRequest,
 };
 
-use crate::agents::{client as agent, with_timeout};
+use crate::agents::freezing;
 use crate::context::Context;
 use crate::error::Error;
 
@@ -139,14 +139,16 @@ async fn through_engine(
     id: &str,
 ) -> Result<Option<u64>, Error> {
     let node: Node = ctx.store.fetch(node_id).await?;
-    let mut c = agent(&node, &ctx.member)?;
-    match with_timeout(
-        &node.id,
-        c.snapshot_volume(SnapshotVolumeRequest {
-            volume: volume.name.clone(),
-            snapshot: id.to_string(),
-        }),
-    )
+    let request = SnapshotVolumeRequest {
+        volume: volume.name.clone(),
+        snapshot: id.to_string(),
+    };
+    // The engine freezes every rw replica's head: as long as that takes
+    // (see `freezing`), not an agent call's 10 s.
+    let size = volume.spec.size;
+    match freezing(&node, &ctx.member, size, |mut c| async move {
+        c.snapshot_volume(request).await
+    })
     .await
     {
         Ok(_) => Ok(None),
@@ -172,14 +174,13 @@ async fn on_each_replica(ctx: &Context, volume: &Volume, id: &str) -> Result<Opt
     let mut allocated = 0;
     for r in replicas {
         let node: Node = ctx.store.fetch(&r.spec.node_id).await?;
-        let mut c = agent(&node, &ctx.member)?;
-        let taken = with_timeout(
-            &node.id,
-            c.snapshot_replica(SnapshotReplicaRequest {
-                name: r.name.clone(),
-                snapshot: id.to_string(),
-            }),
-        )
+        let request = SnapshotReplicaRequest {
+            name: r.name.clone(),
+            snapshot: id.to_string(),
+        };
+        let taken = freezing(&node, &ctx.member, volume.spec.size, |mut c| async move {
+            c.snapshot_replica(request).await
+        })
         .await
         .map_err(|e| match e {
             Error::Internal(m) | Error::Unprocessable(m) => {
@@ -187,7 +188,7 @@ async fn on_each_replica(ctx: &Context, volume: &Volume, id: &str) -> Result<Opt
             }
             e => e,
         })?;
-        allocated = taken.into_inner().allocated.max(allocated);
+        allocated = taken.allocated.max(allocated);
     }
     Ok(Some(allocated))
 }

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 
-use ballast::model::Node;
+use ballast::model::{Node, Volume};
 use tokio::sync::oneshot;
 
 use crate::agents::{Agents, Call, NewReplica, Rebuilt};
@@ -222,7 +222,7 @@ impl Agents for ModelAgents {
     fn add_engine_replica<'a>(
         &'a self,
         _node: &'a Node,
-        _volume: &'a str,
+        _volume: &'a Volume,
         replica: &'a str,
         _source: (&'a str, u64),
     ) -> Call<'a, ()> {
