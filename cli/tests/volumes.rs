@@ -283,6 +283,48 @@ fn a_node_whose_engines_hang_is_not_taken_for_down_and_its_engines_are_started_a
     }
 }
 
+/// An attachment while the nodes of two of the volume's three replicas
+/// hang (their processes stopped: each keeps its sockets and answers
+/// nothing, and neither is taken for down yet) is answered, and the
+/// volume serves from the third: the engine opens its replicas at once,
+/// so the two silent ones cost it one handshake's 10 s, not one each,
+/// and the controller waits for the start as long as the node does.
+/// Before, the engine opened them one after the other (20 s, the node's
+/// limit for a start) and the controller's call was cut at an agent
+/// call's 10 s: the attachment failed until the nodes were taken for
+/// down. Every byte reads back, and the two are waited for no more.
+#[test]
+fn an_attachment_while_two_replicas_nodes_hang_is_answered_and_serves_from_the_third() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ctl, nodes) = cluster(dir.path(), "120s", 3, &[]);
+    let api = &ctl.api;
+    let (s, body) = call(
+        "POST",
+        &format!("{api}/v1/volumes"),
+        Some(json!({"name": "v", "size": "16Mi", "numberOfReplicas": 3})),
+    );
+    assert_eq!(s, 201, "{body}");
+    let endpoint = attach(api, "v", "node-1");
+    let (ok, out) = qemu_io(&endpoint, &["write -P 0x3d 0 12M", "flush"]);
+    assert!(ok, "{out}");
+    detach(api, "v");
+
+    let hung: Vec<i32> = nodes[1..].iter().map(|n| n.proc.pid()).collect();
+    let _thaw = Thaw(hung.clone());
+    for pid in &hung {
+        stop_process(*pid);
+    }
+    let (s, body) = call(
+        "POST",
+        &format!("{api}/v1/volumes/v/attach"),
+        Some(json!({"nodeId": "node-1"})),
+    );
+    assert_eq!(s, 200, "{body}");
+    let endpoint = body["status"]["frontendEndpoint"].as_str().unwrap();
+    let (ok, out) = qemu_io(endpoint, &["read -P 0x3d 0 12M", "read -P 0 12M 4M"]);
+    assert!(ok, "{out}");
+}
+
 /// Past the 10 s node-down timeout the tests here give, `node` is still
 /// ready, and was never taken for down: heard from within it.
 fn still_ready_past_its_timeout(api: &str, node_id: &str) {

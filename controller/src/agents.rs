@@ -108,6 +108,10 @@ pub fn agent_error(node: &str, s: tonic::Status) -> Error {
     }
 }
 
+/// How long a call that starts an engine may take: its node waits up to
+/// 20 s for the engine to serve, after stopping one left of the volume.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Runs one agent call with the agent timeout.
 pub async fn with_timeout<T>(
     node: &str,

@@ -429,9 +429,13 @@ async fn start_engine(
         }
         None => Default::default(),
     };
-    let mut c = agent(node, &ctx.member)?;
-    let started = with_timeout(
+    // The node waits up to 20 s for the engine to serve (a replica whose
+    // node hangs costs it a handshake's 10 s): bounded here, not cut at an
+    // agent call's 10 s while the engine goes on starting.
+    let mut c = crate::agents::long_client(node, &ctx.member)?;
+    let started = crate::agents::with_limit(
         &node.id,
+        crate::agents::START_TIMEOUT,
         c.start_engine(StartEngineRequest {
             volume: volume.name.clone(),
             size: volume.spec.size,

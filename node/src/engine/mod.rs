@@ -426,8 +426,14 @@ impl Engine {
         let mut revisions = Vec::new();
         let mut suspects = Vec::new();
         let mut unreached = Vec::new();
-        for at in replicas {
-            let (mut m, revision, suspect, reached) = open::open_member(&tls, at, size).await;
+        // All at once: each replica whose node hangs costs the start one
+        // handshake's wait (`wire::HANDSHAKE_TIMEOUT`), not one each in
+        // turn, which outlasted the node's wait for the engine to serve.
+        let opened = futures_util::future::join_all(
+            replicas.iter().map(|at| open::open_member(&tls, at, size)),
+        )
+        .await;
+        for (at, (mut m, revision, suspect, reached)) in replicas.iter().zip(opened) {
             suspects.push(suspect);
             // Whatever it claims, a replica the record leaves out holds older
             // data than the volume's (generation 0: nothing recorded yet).
@@ -454,9 +460,13 @@ impl Engine {
         {
             tokio::time::sleep(std::time::Duration::from_millis(500)).await;
             let mut still = Vec::new();
-            for i in unreached {
-                let (m, revision, suspect, reached) =
-                    open::open_member(&tls, &replicas[i], size).await;
+            let again = futures_util::future::join_all(
+                unreached
+                    .iter()
+                    .map(|&i| open::open_member(&tls, &replicas[i], size)),
+            )
+            .await;
+            for (i, (m, revision, suspect, reached)) in unreached.into_iter().zip(again) {
                 if reached {
                     (members[i], revisions[i], suspects[i]) = (m, revision, suspect);
                 } else {
