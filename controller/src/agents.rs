@@ -112,6 +112,12 @@ pub fn agent_error(node: &str, s: tonic::Status) -> Error {
 /// 20 s for the engine to serve, after stopping one left of the volume.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a call that pauses a volume's I/O for a quick change (a
+/// growth) may take: the engine first gives up a replica that leaves a
+/// request unanswered for the replica timeout (`engine-replica-timeout`,
+/// at most 30 s), and the pause waits for the I/O under way.
+pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// Runs one agent call with the agent timeout.
 pub async fn with_timeout<T>(
     node: &str,

@@ -159,9 +159,23 @@ impl Cluster {
                 }
             }
         }
+        // 4 s to take a silent node for down, unless the test gives its own.
+        let mut down = "4s";
         let mut args = vec!["--resync-interval", "1s"];
-        args.extend_from_slice(controller_args);
-        let ctl = start_controller_with(dir.path(), "4s", &args);
+        let mut i = 0;
+        while i < controller_args.len() {
+            match (controller_args[i], controller_args.get(i + 1)) {
+                ("--node-down-timeout", Some(&v)) => {
+                    down = v;
+                    i += 2;
+                }
+                (a, _) => {
+                    args.push(a);
+                    i += 1;
+                }
+            }
+        }
+        let ctl = start_controller_with(dir.path(), down, &args);
         let agent = format!("http://{}", ctl.agent);
         let nodes: Vec<NodeProc> = (1..=n)
             .map(|i| {

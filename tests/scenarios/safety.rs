@@ -1676,3 +1676,35 @@ fn a_rebuild_whose_freeze_outlasts_an_agent_call_is_waited_for_and_not_marked_fa
     verify_data(c.dir.path(), &endpoint, &live.data());
     verify_replicas(&c, "v", &live.data());
 }
+
+/// An expansion of an attached volume while one replica's node hangs (its
+/// process stopped, not yet taken for down) is answered: the engine gives
+/// the silent replica up first, after `engine-replica-timeout` (15 s
+/// here), then grows the other, and the controller waits for it as long
+/// as that takes. Before, its call was cut at an agent call's 10 s and
+/// the expansion failed. The data reads back, and the volume has its new
+/// size.
+#[test]
+fn an_expansion_while_a_replicas_node_hangs_is_answered_once_the_engine_gives_it_up() {
+    let c = Cluster::start_with_args(2, 1, None, &["--node-down-timeout", "120s"]);
+    c.set("engine-replica-timeout", json!(15));
+    c.create_volume(json!({"name": "v", "size": SIZE, "numberOfReplicas": 2}));
+    let endpoint = c.attach("v", "node-1");
+    c.wait_settled("v", 2, Duration::from_secs(60));
+    let live = Expected::new(c.dir.path(), "v", SIZE);
+    live.write(&endpoint, 0, 8 << 20, 0x85);
+    live.write(&endpoint, SIZE - (1 << 20), 1 << 20, 0x86);
+
+    let hung = c.nodes[1].proc.pid();
+    let _thaw = Thaw(vec![hung]);
+    stop_process(hung);
+    let (status, body) = call(
+        "POST",
+        &c.url("/v1/volumes/v/expand"),
+        Some(json!({ "size": 2 * SIZE })),
+    );
+    assert!((200..300).contains(&status), "{status} {body}");
+    assert_eq!(virtual_size(&endpoint), 2 * SIZE);
+    let grown = live.copy(c.dir.path(), "grown", 2 * SIZE);
+    verify_data(c.dir.path(), &endpoint, &grown.data());
+}

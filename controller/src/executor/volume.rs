@@ -765,9 +765,13 @@ async fn grow_online(
         )));
     }
     let node: Node = ctx.store.fetch(node_id).await?;
-    let mut c = agent(&node, &ctx.member)?;
-    with_timeout(
+    // The engine first gives up a replica that does not answer within the
+    // replica timeout (up to 30 s), then pauses I/O: bounded by
+    // `PAUSE_TIMEOUT`, not cut at an agent call's 10 s while it goes on.
+    let mut c = crate::agents::long_client(&node, &ctx.member)?;
+    crate::agents::with_limit(
         &node.id,
+        crate::agents::PAUSE_TIMEOUT,
         c.grow_engine(ballast::proto::agent::v1::GrowEngineRequest {
             volume: volume.name.clone(),
             size,
