@@ -61,6 +61,16 @@ pub const AGENT_TIMEOUT: Duration = Duration::from_secs(30);
 /// restore) may take.
 pub const COPY_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 
+/// How long a call that starts an engine may take: its node waits up to
+/// 20 s for the engine to serve, after stopping one left of the volume.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long a call that pauses a volume's I/O for a quick change (a
+/// growth) may take: the engine first gives up a replica that leaves a
+/// request unanswered for the replica timeout (`engine-replica-timeout`,
+/// at most 30 s), and the pause waits for the I/O under way.
+pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// The slowest read of a head a freeze is waited for at: 32 MiB/s, a
 /// thirtieth of what was measured (`cargo bench -p ballast-node --bench
 /// freeze`: about a second per GiB of head, cold).
@@ -76,8 +86,8 @@ fn freeze_limit(size: u64) -> Duration {
     Duration::from_secs(60 + size / FREEZE_FLOOR_RATE)
 }
 
-/// Runs one call of `node` that freezes heads (see `freeze_limit`), over
-/// a channel that does not cut it at an agent call's timeout.
+/// Runs one call of `node` that freezes the heads of a volume of `size`
+/// bytes (see `freeze_limit`).
 pub async fn freezing<T, F, Fut>(
     node: &Node,
     member: &Member,
@@ -88,8 +98,23 @@ where
     F: FnOnce(NodeAgentClient<Authed>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
+    long_call(node, member, freeze_limit(size), call).await
+}
+
+/// Runs one call of `node` over a channel that does not cut it at an
+/// agent call's timeout, bounded by `limit` instead; its answer's body.
+pub async fn long_call<T, F, Fut>(
+    node: &Node,
+    member: &Member,
+    limit: Duration,
+    call: F,
+) -> Result<T, Error>
+where
+    F: FnOnce(NodeAgentClient<Authed>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
     let c = long_client(node, member)?;
-    with_limit(&node.id, freeze_limit(size), call(c))
+    with_limit(&node.id, limit, call(c))
         .await
         .map(tonic::Response::into_inner)
 }
@@ -108,16 +133,6 @@ pub fn agent_error(node: &str, s: tonic::Status) -> Error {
     }
 }
 
-/// How long a call that starts an engine may take: its node waits up to
-/// 20 s for the engine to serve, after stopping one left of the volume.
-pub const START_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// How long a call that pauses a volume's I/O for a quick change (a
-/// growth) may take: the engine first gives up a replica that leaves a
-/// request unanswered for the replica timeout (`engine-replica-timeout`,
-/// at most 30 s), and the pause waits for the I/O under way.
-pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(120);
-
 /// Runs one agent call with the agent timeout.
 pub async fn with_timeout<T>(
     node: &str,
@@ -127,7 +142,7 @@ pub async fn with_timeout<T>(
 }
 
 /// Runs one agent call, bounded by `limit`.
-pub async fn with_limit<T>(
+async fn with_limit<T>(
     node: &str,
     limit: Duration,
     f: impl std::future::Future<Output = Result<T, tonic::Status>>,

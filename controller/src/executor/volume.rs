@@ -432,31 +432,28 @@ async fn start_engine(
     // The node waits up to 20 s for the engine to serve (a replica whose
     // node hangs costs it a handshake's 10 s): bounded here, not cut at an
     // agent call's 10 s while the engine goes on starting.
-    let mut c = crate::agents::long_client(node, &ctx.member)?;
-    let started = crate::agents::with_limit(
-        &node.id,
+    let request = StartEngineRequest {
+        volume: volume.name.clone(),
+        size: volume.spec.size,
+        replicas: serving.replicas,
+        local,
+        generation: serving.generation,
+        current: serving.current,
+        stale: serving.stale,
+        tls_cert_pem,
+        tls_key_pem,
+        epoch,
+        replica_timeout_seconds: ctx.settings().await?.engine_replica_timeout_secs(),
+    };
+    let started = crate::agents::long_call(
+        node,
+        &ctx.member,
         crate::agents::START_TIMEOUT,
-        c.start_engine(StartEngineRequest {
-            volume: volume.name.clone(),
-            size: volume.spec.size,
-            replicas: serving.replicas,
-            local,
-            generation: serving.generation,
-            current: serving.current,
-            stale: serving.stale,
-            tls_cert_pem,
-            tls_key_pem,
-            epoch,
-            replica_timeout_seconds: ctx.settings().await?.engine_replica_timeout_secs(),
-        }),
+        |mut c| async move { c.start_engine(request).await },
     )
     .await;
     match started {
-        Ok(s) => Ok(s
-            .into_inner()
-            .engine
-            .map(|e| e.endpoint)
-            .unwrap_or_default()),
+        Ok(s) => Ok(s.engine.map(|e| e.endpoint).unwrap_or_default()),
         // The engine could open none of the replicas with the data.
         Err(Error::Unprocessable(m)) => Err(crate::freshness::fault(
             ctx,
@@ -768,14 +765,15 @@ async fn grow_online(
     // The engine first gives up a replica that does not answer within the
     // replica timeout (up to 30 s), then pauses I/O: bounded by
     // `PAUSE_TIMEOUT`, not cut at an agent call's 10 s while it goes on.
-    let mut c = crate::agents::long_client(&node, &ctx.member)?;
-    crate::agents::with_limit(
-        &node.id,
+    let request = ballast::proto::agent::v1::GrowEngineRequest {
+        volume: volume.name.clone(),
+        size,
+    };
+    crate::agents::long_call(
+        &node,
+        &ctx.member,
         crate::agents::PAUSE_TIMEOUT,
-        c.grow_engine(ballast::proto::agent::v1::GrowEngineRequest {
-            volume: volume.name.clone(),
-            size,
-        }),
+        |mut c| async move { c.grow_engine(request).await },
     )
     .await?;
     for r in replicas
