@@ -252,15 +252,17 @@ async fn a_rebuild_from_a_merging_source_fails_without_freezing_a_layer() {
     assert_eq!(wait_rw(&engine, "v-r1").await.mode, ReplicaMode::Rw);
 }
 
-/// A merge of the source begun while a rebuild fills from it (the
-/// controller's records may not show the rebuild yet) changes the layers
-/// the fill reads: the fill may fail, never copy a mixed layer, and the
-/// source is not blamed. Once the merge has ended, the rebuild goes
-/// through, and the rebuilt replica holds every byte the source holds.
-/// A source lent to the engine is merged by the engine, which knows the
-/// rebuild: it refuses the merge until the fill has ended.
+/// A merge of the source asked for while a rebuild fills from it (the
+/// controller's records may not show the rebuild yet) waits for the fill:
+/// it would change the layers the fill reads, which would then fail their
+/// check on arrival and be copied again. A source lent to the engine is
+/// merged by the engine, which knows the rebuild and refuses; one its
+/// server holds is refused by the server, which a fill's reads of its
+/// frozen layers tell. The fill goes through at its first attempt, the
+/// merge after it, and the rebuilt replica holds every byte the source
+/// holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_merge_of_the_source_begun_during_a_fill_leaves_no_mixed_layer_in_the_target() {
+async fn a_merge_of_the_source_asked_for_during_a_fill_waits_for_it() {
     for lend in [false, true] {
         merge_during_fill(lend).await;
     }
@@ -290,38 +292,20 @@ async fn merge_during_fill(lend: bool) {
             matches!(e, ballast_node::engine::EngineError::Busy(_)),
             "{e}"
         );
-        assert_eq!(chain(), before, "a layer was merged during the fill");
     } else {
-        let merged = table.merge("v-r0", vec![], 64 << 20).await.unwrap();
-        assert!(merged.merged > 0, "{merged:?}");
+        let e = table.merge("v-r0", vec![], 64 << 20).await.unwrap_err();
         assert!(
-            chain().len() < before.len(),
-            "nothing was merged: {before:?}"
+            matches!(e, ballast_node::replica::ReplicaError::Busy(_)),
+            "{e}"
         );
     }
-    // The fill ends, as a whole copy or failed; failed, it is asked again.
-    let mut attempts = 1;
-    let rebuilt = loop {
-        let st = loop {
-            let st = engine.status().await;
-            let m = st.iter().find(|m| m.name == "v-r1").cloned();
-            match m {
-                Some(m) if m.mode == ReplicaMode::Wo => {}
-                m => break m,
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        match st {
-            Some(m) if m.mode == ReplicaMode::Rw => break m,
-            m => {
-                assert!(attempts < 5, "no rebuild went through: {m:?}");
-                attempts += 1;
-                engine.remove_replica("v-r1").await.ok();
-                engine.add_replica(r1.clone(), None, 0).await.unwrap();
-            }
-        }
-    };
-    assert!(rebuilt.rebuild.is_some_and(|r| r.done));
+    assert_eq!(chain(), before, "a layer was merged during the fill");
+    let rebuilt = wait_rw(&engine, "v-r1").await;
+    assert_eq!(rebuilt.mode, ReplicaMode::Rw, "{rebuilt:?}");
+    assert!(
+        rebuilt.rebuild.as_ref().is_some_and(|r| r.done),
+        "{rebuilt:?}"
+    );
     let st = engine.status().await;
     let source = st.iter().find(|m| m.name == "v-r0").unwrap();
     assert_eq!(
@@ -335,22 +319,23 @@ async fn merge_during_fill(lend: bool) {
             .exists(),
         "a layer of the source was marked corrupt"
     );
-    if lend {
-        // Once the fill has ended, the engine merges.
-        let merged = engine.merge("v-r0", vec![], 64 << 20).await.unwrap();
-        assert!(merged.merged > 0, "{merged:?}");
-        assert!(
-            chain().len() < before.len(),
-            "nothing was merged: {before:?}"
-        );
-    }
+    // Once the fill has ended, the merge goes through.
+    let merged = if lend {
+        engine.merge("v-r0", vec![], 64 << 20).await.unwrap()
+    } else {
+        table.merge("v-r0", vec![], 64 << 20).await.unwrap()
+    };
+    assert!(merged.merged > 0, "{merged:?}");
+    assert!(
+        chain().len() < before.len(),
+        "nothing was merged: {before:?}"
+    );
     engine.flush().await.unwrap();
     assert_eq!(
         blake3::hash(&image(&r1).await),
         want,
         "the rebuilt replica's data differs from the source's"
     );
-    // Lent, the source is read through the engine, which reads it first.
     assert_eq!(
         blake3::hash(&engine.read(0, SIZE as u32).await.unwrap()),
         want,
@@ -361,6 +346,58 @@ async fn merge_during_fill(lend: bool) {
     engine.snapshot(None).await.unwrap();
     let l1 = layers(&r1).await;
     assert!(l1[..l1.len() - 1].iter().all(|l| l.1.is_some()), "{l1:?}");
+}
+
+/// A merge of a source asked for while a fill on its own node copies it
+/// (from its files, not through its server's reads of frozen layers)
+/// waits for the fill too: the fill tells the node's table of replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_of_a_source_a_local_fill_copies_waits_for_it() {
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let s = listener.local_addr().unwrap().to_string();
+    let server = ReplicaServer::new(vec![d1.path().to_path_buf(), d2.path().to_path_buf()]);
+    let table = server.replicas().clone();
+    tokio::spawn(server.serve(listener));
+    let (r0, r1) = (
+        replica(d1.path(), "v-r0", &s),
+        replica(d2.path(), "v-r1", &s),
+    );
+    let src = ReplicaClient::connect(&s, "v-r0").await.unwrap();
+    let dst = ReplicaClient::connect(&s, "v-r1").await.unwrap();
+    // As in `to_merge`: 4 MiB, then 2 MiB over half of them.
+    src.write(0, &pattern(0, 4 << 20, 1), 1, false)
+        .await
+        .unwrap();
+    src.snapshot(None).await.unwrap();
+    src.write(2 << 20, &pattern(2 << 20, 2 << 20, 2), 2, false)
+        .await
+        .unwrap();
+    join(&src, &dst).await;
+    let chain = || chain_of(&replica_dir(d1.path(), "v-r0"));
+    let before = chain();
+    // 1 MiB/s: about 6 s.
+    let source = format!("v-r0@{s}");
+    let fill = tokio::spawn(async move { dst.fill(&source, 1 << 20).await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let e = table.merge("v-r0", vec![], 64 << 20).await.unwrap_err();
+    assert!(
+        matches!(e, ballast_node::replica::ReplicaError::Busy(_)),
+        "{e}"
+    );
+    assert_eq!(chain(), before, "a layer was merged during the fill");
+    let report = fill.await.unwrap().unwrap();
+    assert_ne!(report["path"], "remote", "{report}");
+    let merged = table.merge("v-r0", vec![], 64 << 20).await.unwrap();
+    assert!(merged.merged > 0, "{merged:?}");
+    assert!(
+        chain().len() < before.len(),
+        "nothing was merged: {before:?}"
+    );
+    assert!(
+        image(&r0).await == image(&r1).await,
+        "the filled replica's data differs from the source's"
+    );
 }
 
 /// Allocated bytes of a file.

@@ -137,6 +137,11 @@ async fn merge_now(
     server: &ReplicaServer,
     req: MergeReplicaRequest,
 ) -> Result<MergeReplicaResponse, Error> {
+    // A fill copying its layers (another node's rebuild, which this
+    // node's records cannot know of) would find them changed.
+    if let Some(why) = server.replicas().copied_from(&req.name) {
+        return Err(Error::Busy(why));
+    }
     if server.replicas().is_lent(&req.name) {
         // Its engine holds it: the engine merges it, between its I/O.
         let dir = server
@@ -164,10 +169,11 @@ async fn merge_now(
         .replicas()
         .merge(&req.name, req.keep, req.bytes_per_second)
         .await
-        .map_err(|e| match e.corruption() {
+        .map_err(|e| match (e.corruption(), &e) {
             // Found by the merge, marked; the controller fails the replica.
-            Some(_) => Error::SourceCorrupt(e.to_string()),
-            None => Error::Internal(e.to_string()),
+            (Some(_), _) => Error::SourceCorrupt(e.to_string()),
+            (None, crate::replica::ReplicaError::Busy(why)) => Error::Busy(why.clone()),
+            (None, _) => Error::Internal(e.to_string()),
         })?;
     Ok(MergeReplicaResponse {
         merged: done.merged,

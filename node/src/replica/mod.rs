@@ -50,7 +50,8 @@ pub use sums::{
     path_of as sums_path_of,
 };
 pub use table::{
-    LoanGuard, MergeReport, Replicas, Shared, merge_paced, remove_replica_dir, replica_dir,
+    CopyGuard, LoanGuard, MergeReport, Replicas, Shared, merge_paced, remove_replica_dir,
+    replica_dir,
 };
 
 /// The unit of allocation and of the allocation maps.
@@ -140,6 +141,10 @@ pub enum ReplicaError {
     /// verdict on its data; read again.
     #[error("{0}")]
     Changed(String),
+    /// Work on the replica that must wait for other work under way (a
+    /// merge while a fill copies its layers); asked again later.
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl ReplicaError {

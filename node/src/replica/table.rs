@@ -47,6 +47,37 @@ pub struct Replicas {
     /// instead of the table's: a replica whose disk hangs holds up no
     /// other replica. Taken before any of the table's locks.
     gates: NameLocks,
+    /// How many copies read each replica's frozen layers now (a fill's
+    /// connection to its source, or a fill within the node): its merge
+    /// waits for them, as it would change the layers they read.
+    copying: Mutex<HashMap<String, usize>>,
+}
+
+/// A copy reading a replica's frozen layers, as its reader holds it;
+/// dropping it ends it.
+pub struct CopyGuard {
+    table: Arc<Replicas>,
+    name: String,
+}
+
+impl CopyGuard {
+    /// The replica read.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl Drop for CopyGuard {
+    fn drop(&mut self) {
+        if let Ok(mut copying) = self.table.copying.lock()
+            && let Some(n) = copying.get_mut(&self.name)
+        {
+            *n -= 1;
+            if *n == 0 {
+                copying.remove(&self.name);
+            }
+        }
+    }
 }
 
 /// A lock per name, made at first use.
@@ -136,6 +167,7 @@ impl Replicas {
             fences: Mutex::new(HashMap::new()),
             deleting: Mutex::new(Default::default()),
             gates: NameLocks::default(),
+            copying: Mutex::new(HashMap::new()),
         })
     }
 
@@ -145,6 +177,34 @@ impl Replicas {
             .lock()
             .map(|l| l.contains_key(name))
             .unwrap_or(true)
+    }
+
+    /// Counts a copy of `name`'s frozen layers under way until the guard
+    /// returned is dropped (see `copied_from`).
+    pub fn copy_from(self: &Arc<Self>, name: &str) -> CopyGuard {
+        if let Ok(mut copying) = self.copying.lock() {
+            *copying.entry(name.to_string()).or_default() += 1;
+        }
+        CopyGuard {
+            table: self.clone(),
+            name: name.to_string(),
+        }
+    }
+
+    /// Why `name` may not be merged now: a copy reads its frozen layers
+    /// (a rebuild's fill, on this node or another). None when it may.
+    pub fn copied_from(&self, name: &str) -> Option<String> {
+        let copies = self
+            .copying
+            .lock()
+            .map(|c| c.get(name).copied().unwrap_or(0))
+            .unwrap_or(1);
+        (copies > 0).then(|| {
+            format!(
+                "replica {name} is being copied from ({copies} fill(s) read its layers): \
+                 it is merged once they end"
+            )
+        })
     }
 
     /// Lends `name` to an engine; the loan lasts as long as the guard
@@ -467,12 +527,18 @@ impl Replicas {
     /// Merges the layers of `name` that no snapshot in `keep` needs (see
     /// `merge`), copying at most `bytes_per_second`. Each chunk holds the
     /// replica only while it copies, so its server goes on serving.
+    /// Refused (`Busy`) while a fill copies its layers: the merge would
+    /// change the layers the fill reads, which would then fail its check
+    /// and copy them all again.
     pub async fn merge(
         self: &Arc<Self>,
         name: &str,
         keep: Vec<String>,
         bytes_per_second: u64,
     ) -> Result<MergeReport, ReplicaError> {
+        if let Some(why) = self.copied_from(name) {
+            return Err(ReplicaError::Busy(why));
+        }
         let replica = self.find_async(name).await.map_err(ReplicaError::Invalid)?;
         let (table, name) = (self.clone(), name.to_string());
         // Lent meanwhile: the engine owns the files now, and merges them.

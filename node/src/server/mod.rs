@@ -288,6 +288,7 @@ impl ReplicaServer {
             engine: false,
             volume: String::new(),
             fills: Vec::new(),
+            copying: None,
         };
         let result = loop {
             // A connection that has not opened a replica yet has
@@ -484,6 +485,10 @@ struct Connection {
     volume: String,
     /// The FILLs this connection asked for: called off when it ends.
     fills: Vec<AbortOnDrop>,
+    /// Held from this connection's first read of a frozen layer of its
+    /// replica (a fill on another node copying it) until it ends: the
+    /// replica is not merged meanwhile (`Replicas::copied_from`).
+    copying: Option<crate::replica::CopyGuard>,
 }
 
 /// Ends a task when dropped: a FILL's, whose dropped call calls the fill
@@ -616,6 +621,11 @@ impl Connection {
         if !from_files && lent {
             let why = format!("replica {name} is lent to its engine");
             return Ok(self.reply(error(req.id, status::BUSY, &why)).await);
+        }
+        if matches!(req.op, Op::LayerExtents | Op::LayerRead | Op::LayerSums)
+            && self.copying.as_ref().is_none_or(|c| c.name() != name)
+        {
+            self.copying = Some(replicas.copy_from(&name));
         }
         // What is lent is read from its files as they are now.
         let replica = if fresh && lent {

@@ -484,6 +484,11 @@ async fn fill(
     } else {
         None
     };
+    // Read from its files here, not through its server: the table is told
+    // (its merge waits), as the server is of a copy over the wire.
+    let _copying = local_source
+        .as_ref()
+        .map(|_| replicas.copy_from(source_name));
     let mut remaining = todo.as_slice();
     if let Some(src) = local_source {
         while let Some(((_, layer), rest)) = remaining.split_first() {

@@ -414,6 +414,7 @@ pub fn status_of(e: &crate::replica::ReplicaError) -> u32 {
         | ReplicaError::CorruptLayer { .. }
         | ReplicaError::CorruptBlock { .. }
         | ReplicaError::LostBlock { .. } => status::CORRUPT,
+        ReplicaError::Busy(_) => status::BUSY,
         e @ ReplicaError::Io { .. } if e.is_no_space() => status::NO_SPACE,
         _ => status::IO,
     }
