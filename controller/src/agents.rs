@@ -27,9 +27,9 @@ pub fn client(node: &Node, member: &Member) -> Result<NodeAgentClient<Authed>, E
 }
 
 /// A client of `node`'s agent for calls that last as long as their work
-/// (a merge): the channel does not cut them at its call timeout, the
-/// caller bounds them.
-pub fn long_client(node: &Node, member: &Member) -> Result<NodeAgentClient<Authed>, Error> {
+/// (a merge): the channel does not cut them at its call timeout;
+/// `long_call` bounds them.
+fn long_client(node: &Node, member: &Member) -> Result<NodeAgentClient<Authed>, Error> {
     client_calls(node, member, Calls::Long)
 }
 
@@ -54,40 +54,55 @@ fn client_calls(
     Ok(NodeAgentClient::new(ch))
 }
 
-/// How long one agent call may take.
+// How long each call of a node may take. Most go over the bounded
+// channel, which cuts each at its call timeout (`ballast::grpc::
+// CALL_TIMEOUT`, 10 s). A call whose node work lasts longer goes over the
+// long channel (`long_call`), whose peer is pinged all along, bounded by
+// one of the limits below, each named after the work it waits for.
+
+/// A backstop for a call over the bounded channel, which cuts it first;
+/// it bounds whatever the channel's cut does not (a connection waited
+/// for).
 pub const AGENT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long a call that copies a replica's data (an offline rebuild, a
-/// restore) may take.
+/// A call that copies a replica's data (an offline rebuild, a restore).
 pub const COPY_TIMEOUT: Duration = Duration::from_secs(6 * 3600);
 
-/// How long a call that starts an engine may take: its node waits up to
-/// 20 s for the engine to serve, after stopping one left of the volume.
+/// A call that merges a replica's layers.
+pub const MERGE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// A call that starts an engine: its node waits up to 20 s for the engine
+/// to serve, after stopping one left of the volume.
 pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How long a call that pauses a volume's I/O for a quick change (a
-/// growth) may take: the engine first gives up a replica that leaves a
-/// request unanswered for the replica timeout (`engine-replica-timeout`,
-/// at most 30 s), and the pause waits for the I/O under way.
+/// A call that pauses a volume's I/O for a quick change (a growth): the
+/// engine first gives up a replica that leaves a request unanswered for
+/// the replica timeout (`engine-replica-timeout`, at most 30 s), and the
+/// pause waits for the I/O under way.
 pub const PAUSE_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// The slowest read of a head a freeze is waited for at: 32 MiB/s, a
-/// thirtieth of what was measured (`cargo bench -p ballast-node --bench
-/// freeze`: about a second per GiB of head, cold).
-const FREEZE_FLOOR_RATE: u64 = 32 << 20;
+/// The slowest read of a replica's data a call is waited for at: 32
+/// MiB/s, a thirtieth of what was measured (`cargo bench -p ballast-node
+/// --bench freeze`: about a second per GiB of head, cold).
+const READ_FLOOR_RATE: u64 = 32 << 20;
 
-/// How long a call that freezes the heads of a volume of `size` bytes (a
-/// snapshot, a rebuild's start) may take: a freeze reads the whole head
-/// for its checksum with the volume's I/O paused, so the call lasts as
-/// long as that read. Bounded by reading `size` bytes at
-/// `FREEZE_FLOOR_RATE`, and a minute; a node that stops answering ends it
-/// sooner (the long channel pings it).
-fn freeze_limit(size: u64) -> Duration {
-    Duration::from_secs(60 + size / FREEZE_FLOOR_RATE)
+/// A call that reads up to `size` bytes of a replica on its node without
+/// a pace (a freeze reads the whole head for its checksum, with the
+/// volume's I/O paused; giving up bad blocks reads each layer given up
+/// in): reading them at `READ_FLOOR_RATE`, and a minute. A node that
+/// stops answering ends it sooner (the long channel pings it).
+pub fn reading(size: u64) -> Duration {
+    Duration::from_secs(60 + size / READ_FLOOR_RATE)
+}
+
+/// A call that reads `size` bytes at `rate` bytes per second (a scrub):
+/// twice that, and a minute.
+pub fn paced(size: u64, rate: u64) -> Duration {
+    Duration::from_secs(60 + 2 * size / rate.max(1))
 }
 
 /// Runs one call of `node` that freezes the heads of a volume of `size`
-/// bytes (see `freeze_limit`).
+/// bytes (bounded by `reading` them).
 pub async fn freezing<T, F, Fut>(
     node: &Node,
     member: &Member,
@@ -98,11 +113,13 @@ where
     F: FnOnce(NodeAgentClient<Authed>) -> Fut,
     Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
-    long_call(node, member, freeze_limit(size), call).await
+    long_call(node, member, reading(size), call).await
 }
 
 /// Runs one call of `node` over a channel that does not cut it at an
-/// agent call's timeout, bounded by `limit` instead; its answer's body.
+/// agent call's timeout, bounded by `limit` instead (one of the above);
+/// its answer's body. Past the limit it is Unavailable: the node did not
+/// answer in time, and may still be at the work.
 pub async fn long_call<T, F, Fut>(
     node: &Node,
     member: &Member,
@@ -149,7 +166,7 @@ async fn with_limit<T>(
 ) -> Result<T, Error> {
     match tokio::time::timeout(limit, f).await {
         Ok(r) => r.map_err(|s| agent_error(node, s)),
-        Err(_) => Err(Error::Internal(format!(
+        Err(_) => Err(Error::Unavailable(format!(
             "node {node}: no answer in {}s",
             limit.as_secs()
         ))),
@@ -342,19 +359,10 @@ impl Agents for GrpcAgents {
             // copy. Cut at an agent call's timeout instead, it was marked
             // failed while the node went on filling, and each attempt made
             // one more copy on the node's disk.
-            let mut c = long_client(node, &self.member)?;
-            let done = match tokio::time::timeout(COPY_TIMEOUT, c.rebuild_replica(req)).await {
-                Ok(r) => r
-                    .map(tonic::Response::into_inner)
-                    .map_err(|s| agent_error(&node.id, s))?,
-                Err(_) => {
-                    return Err(Error::Internal(format!(
-                        "node {}: the rebuild took over {}s",
-                        node.id,
-                        COPY_TIMEOUT.as_secs()
-                    )));
-                }
-            };
+            let done = long_call(node, &self.member, COPY_TIMEOUT, |mut c| async move {
+                c.rebuild_replica(req).await
+            })
+            .await?;
             Ok(Rebuilt {
                 kept_bytes: done.kept_bytes,
                 copied_bytes: done.copied_bytes,

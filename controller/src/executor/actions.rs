@@ -347,25 +347,16 @@ async fn lose_in_last(ctx: &Context, volume: &str, source: &str, why: &str) -> R
     }
     let rep: Replica = ctx.store.fetch(source).await?;
     let node = ready_node(ctx, &rep.spec.node_id).await?;
-    let mut c = crate::agents::long_client(&node, &ctx.member)?;
-    // One pass over each layer given up in: as long as reading the volume
-    // at a slow disk's 32 MiB/s, and a minute.
-    let limit = std::time::Duration::from_secs(60 + vol.spec.size / (32 << 20));
+    // One pass over each layer given up in.
     let request = LoseBadBlocksRequest {
         name: source.to_string(),
     };
-    let lost = tokio::time::timeout(limit, c.lose_bad_blocks(request))
-        .await
-        .map_err(|_| {
-            Error::Unavailable(format!(
-                "node {}: giving up the bad blocks of {source} took over {}s",
-                node.id,
-                limit.as_secs()
-            ))
-        })?
-        .map_err(|s| crate::agents::agent_error(&node.id, s))?
-        .into_inner()
-        .lost;
+    let limit = crate::agents::reading(vol.spec.size);
+    let lost = crate::agents::long_call(&node, &ctx.member, limit, |mut c| async move {
+        c.lose_bad_blocks(request).await
+    })
+    .await?
+    .lost;
     if lost.is_empty() {
         return Ok(false);
     }

@@ -14,13 +14,10 @@ use std::time::Duration;
 use ballast::model::{Node, Replica, ReplicaMode, Snapshot, Volume};
 use ballast::proto::agent::v1::{MergeReplicaRequest, MergeReplicaResponse};
 
-use crate::agents::long_client;
+use crate::agents::{MERGE_TIMEOUT, long_call};
 use crate::context::Context;
 use crate::error::Error;
 use crate::mirror::Mirror;
-
-/// How long one replica's merges may take.
-const MERGE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// The last replica the merge pass merged on each node.
 #[derive(Default)]
@@ -162,31 +159,25 @@ pub async fn merge(ctx: &Context, node: &Node, r: &Replica) -> Result<MergeRepli
         .collect();
     let rate = ctx.settings().await?.merge_rate_bytes();
     // A merge copies data at its pace, and its call lasts as long: bounded
-    // by MERGE_TIMEOUT below, not by the channel's call timeout (which cut
-    // it at 10 s while the node went on merging).
-    let mut c = long_client(node, &ctx.member)?;
-    let call = c.merge_replica(MergeReplicaRequest {
+    // by MERGE_TIMEOUT, not by the channel's call timeout (which cut it at
+    // 10 s while the node went on merging).
+    let request = MergeReplicaRequest {
         name: r.name.clone(),
         keep,
         bytes_per_second: rate,
-    });
-    match tokio::time::timeout(MERGE_TIMEOUT, call).await {
-        Ok(Ok(done)) => Ok(done.into_inner()),
-        Ok(Err(s)) => match crate::agents::agent_error(&node.id, s) {
-            // A block failed its checksum as it was merged (marked on the
-            // node, the merge ended): the replica is failed, as by a scrub.
-            Error::DataLoss(why) => {
-                super::actions::fail_corrupt(ctx, &r.spec.volume, &r.name, &why).await?;
-                Err(Error::DataLoss(why))
-            }
-            e => Err(e),
-        },
-        Err(_) => Err(Error::Internal(format!(
-            "node {}: merging {} took over {}s",
-            node.id,
-            r.name,
-            MERGE_TIMEOUT.as_secs()
-        ))),
+    };
+    let merged = long_call(node, &ctx.member, MERGE_TIMEOUT, |mut c| async move {
+        c.merge_replica(request).await
+    })
+    .await;
+    match merged {
+        // A block failed its checksum as it was merged (marked on the
+        // node, the merge ended): the replica is failed, as by a scrub.
+        Err(Error::DataLoss(why)) => {
+            super::actions::fail_corrupt(ctx, &r.spec.volume, &r.name, &why).await?;
+            Err(Error::DataLoss(why))
+        }
+        merged => merged,
     }
 }
 

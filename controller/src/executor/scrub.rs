@@ -11,7 +11,7 @@ use std::time::Duration;
 use ballast::model::{Kind, Node, Replica, ReplicaMode};
 use ballast::proto::agent::v1::ScrubReplicaRequest;
 
-use crate::agents::long_client;
+use crate::agents::{long_call, paced};
 use crate::context::Context;
 use crate::error::Error;
 
@@ -83,27 +83,21 @@ pub async fn scrub_now(ctx: &Arc<Context>, name: &str) -> Result<bool, Error> {
 async fn scrub(ctx: &Arc<Context>, name: &str, rate: u64) -> Result<bool, Error> {
     let r: Replica = ctx.store.fetch(name).await?;
     let node: Node = ctx.store.fetch(&r.spec.node_id).await?;
-    // Bounded here, not by the channel: an agent call's 10 s cut every
-    // scrub of more than 640 MiB at the default rate.
-    let mut c = long_client(&node, &ctx.member)?;
-    // As long as reading the whole volume at the rate takes, and a minute.
+    // As long as reading the whole volume at the rate takes: an agent
+    // call's 10 s cut every scrub of more than 640 MiB at the default rate.
     let size = ctx
         .store
         .get::<ballast::model::Volume>(&r.spec.volume)
         .await?
         .map_or(0, |v| v.spec.size);
-    let limit = Duration::from_secs(60 + 2 * size / rate.max(1));
-    let answer = tokio::time::timeout(
-        limit,
-        c.scrub_replica(ScrubReplicaRequest {
-            name: name.to_string(),
-            bytes_per_second: rate,
-        }),
-    )
-    .await
-    .map_err(|_| Error::Unavailable(format!("node {}: scrub of {name} timed out", node.id)))?
-    .map_err(|s| crate::agents::agent_error(&node.id, s))?
-    .into_inner();
+    let request = ScrubReplicaRequest {
+        name: name.to_string(),
+        bytes_per_second: rate,
+    };
+    let answer = long_call(&node, &ctx.member, paced(size, rate), |mut c| async move {
+        c.scrub_replica(request).await
+    })
+    .await?;
     let now = ctx.now();
     ctx.store
         .modify::<Replica, Error>(name, |r| {

@@ -256,28 +256,26 @@ pub async fn restore(
             }
             // A restore copies the data: the call lasts as long as the copy,
             // not an agent call's timeout (which cut it at 10 s).
-            let mut c = crate::agents::long_client(&node, &ctx.member)?;
-            let call = c.restore_replica(RestoreReplicaRequest {
+            let request = RestoreReplicaRequest {
                 name: target.name.clone(),
                 source: format!("{}@{}", h.name, hn.status.replica_endpoint),
                 snapshot: snapshot.to_string(),
                 bytes_per_second: rate,
-            });
-            let answer = tokio::time::timeout(crate::agents::COPY_TIMEOUT, call)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(tonic::Status::deadline_exceeded(
-                        "the restore took too long",
-                    ))
-                });
+            };
+            let answer = crate::agents::long_call(
+                &node,
+                &ctx.member,
+                crate::agents::COPY_TIMEOUT,
+                |mut c| async move { c.restore_replica(request).await },
+            )
+            .await;
             match answer {
                 Ok(done) => {
-                    let done = done.into_inner();
                     tracing::info!(replica = %target.name, source = %h.name, bytes = done.copied_bytes, way = %done.copy_path, "replica restored");
                     filled = true;
                     break;
                 }
-                Err(s) => failures.push(format!("{}: {}", h.name, s.message())),
+                Err(e) => failures.push(format!("{}: {e}", h.name)),
             }
         }
         if !filled {
