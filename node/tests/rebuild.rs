@@ -319,7 +319,9 @@ async fn merge_during_fill(lend: bool) {
             .exists(),
         "a layer of the source was marked corrupt"
     );
-    // Once the fill has ended, the merge goes through.
+    // Once the fill has ended (its server sees its connection end), the
+    // merge goes through.
+    copies_end(&table, "v-r0").await;
     let merged = if lend {
         engine.merge("v-r0", vec![], 64 << 20).await.unwrap()
     } else {
@@ -388,6 +390,7 @@ async fn a_merge_of_a_source_a_local_fill_copies_waits_for_it() {
     assert_eq!(chain(), before, "a layer was merged during the fill");
     let report = fill.await.unwrap().unwrap();
     assert_ne!(report["path"], "remote", "{report}");
+    copies_end(&table, "v-r0").await;
     let merged = table.merge("v-r0", vec![], 64 << 20).await.unwrap();
     assert!(merged.merged > 0, "{merged:?}");
     assert!(
@@ -398,6 +401,18 @@ async fn a_merge_of_a_source_a_local_fill_copies_waits_for_it() {
         image(&r0).await == image(&r1).await,
         "the filled replica's data differs from the source's"
     );
+}
+
+/// Waits until no copy reads `name`'s layers: a fill's source connection
+/// is seen to end by its server a moment after the fill answers.
+async fn copies_end(table: &ballast_node::replica::Replicas, name: &str) {
+    for _ in 0..100 {
+        if table.copied_from(name).is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{name} is still copied from after its fill ended");
 }
 
 /// Allocated bytes of a file.

@@ -619,3 +619,56 @@ async fn block_checksums_sent_with_a_write_are_recorded_as_sent_and_checked_on_r
     let why = String::from_utf8_lossy(&rest[RESPONSE_HEADER..]);
     assert!(why.contains("whole blocks"), "{why}");
 }
+
+/// A connection that lists a replica's layers for a copy (LAYERS with
+/// `FLAG_COPY`, as a fill asks its source), or reads a frozen layer, holds
+/// off the replica's merge until it ends: the merge would change the
+/// layers it copies. A plain LAYERS, as an engine asks, holds off nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_of_a_replicas_layers_holds_off_its_merge_until_its_connection_ends() {
+    let disk = tempfile::tempdir().unwrap();
+    Replica::create(&replica_dir(disk.path(), "v-r1"), 64 * BLOCK).unwrap();
+    let (addr, server) = serve(disk.path()).await;
+    let table = server.replicas().clone();
+    let engine = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    // Three frozen layers, the lower two of which no snapshot needs.
+    for (k, byte) in [(1u64, 1u8), (2, 2), (3, 3)] {
+        engine.write(0, &[byte; 4096], k, false).await.unwrap();
+        engine.snapshot(None).await.unwrap();
+    }
+    let want = engine.read(0, 4096).await.unwrap();
+    assert_eq!(engine.layers().await.unwrap().len(), 4);
+    assert!(
+        table.copied_from("v-r1").is_none(),
+        "a plain LAYERS held it"
+    );
+    let busy = |e: ballast_node::replica::ReplicaError| {
+        assert!(
+            matches!(e, ballast_node::replica::ReplicaError::Busy(_)),
+            "{e}"
+        );
+    };
+    // Listed for a copy.
+    let copy = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    copy.layers_to_copy().await.unwrap();
+    busy(table.merge("v-r1", vec![], 64 << 20).await.unwrap_err());
+    assert_eq!(engine.layers().await.unwrap().len(), 4, "merged meanwhile");
+    drop(copy);
+    eventually("the copy ends with its connection", || {
+        table.copied_from("v-r1").is_none()
+    })
+    .await;
+    // A frozen layer read.
+    let copy = ReplicaClient::connect(&addr, "v-r1").await.unwrap();
+    copy.call(Op::LayerRead, 0, 4096, 0, 0, &[]).await.unwrap();
+    busy(table.merge("v-r1", vec![], 64 << 20).await.unwrap_err());
+    drop(copy);
+    eventually("the copy ends with its connection", || {
+        table.copied_from("v-r1").is_none()
+    })
+    .await;
+    let merged = table.merge("v-r1", vec![], 64 << 20).await.unwrap();
+    assert!(merged.merged > 0, "{merged:?}");
+    assert!(engine.layers().await.unwrap().len() < 4);
+    assert_eq!(engine.read(0, 4096).await.unwrap(), want);
+}

@@ -27,8 +27,8 @@ use crate::budget::{Budget, Share};
 use crate::replica::{LoanGuard, Replica, ReplicaError, Replicas, Shared};
 use crate::sync::{Fills, SyncError};
 use crate::wire::protocol::{
-    FLAG_FUA, FLAG_LOSE, FLAG_RETURN, FLAG_SUMS, FLAG_ZEROES, FrameError, Op, REQUEST_HEADER,
-    Request, Response, status, status_of,
+    FLAG_COPY, FLAG_FUA, FLAG_LOSE, FLAG_RETURN, FLAG_SUMS, FLAG_ZEROES, FrameError, Op,
+    REQUEST_HEADER, Request, Response, status, status_of,
 };
 use crate::wire::tls::{Peer, WireTls, Writer};
 use crate::wire::{HANDSHAKE_TIMEOUT, IO_BUFFER, JoinSpec, LoseSpec};
@@ -485,9 +485,10 @@ struct Connection {
     volume: String,
     /// The FILLs this connection asked for: called off when it ends.
     fills: Vec<AbortOnDrop>,
-    /// Held from this connection's first read of a frozen layer of its
-    /// replica (a fill on another node copying it) until it ends: the
-    /// replica is not merged meanwhile (`Replicas::copied_from`).
+    /// Held from this connection's first look at its replica's layers for
+    /// a copy (LAYERS with `FLAG_COPY`, or a read of a frozen layer: a
+    /// fill on another node copying it) until it ends: the replica is not
+    /// merged meanwhile (`Replicas::copied_from`).
     copying: Option<crate::replica::CopyGuard>,
 }
 
@@ -622,9 +623,9 @@ impl Connection {
             let why = format!("replica {name} is lent to its engine");
             return Ok(self.reply(error(req.id, status::BUSY, &why)).await);
         }
-        if matches!(req.op, Op::LayerExtents | Op::LayerRead | Op::LayerSums)
-            && self.copying.as_ref().is_none_or(|c| c.name() != name)
-        {
+        let copies = matches!(req.op, Op::LayerExtents | Op::LayerRead | Op::LayerSums)
+            || (req.op == Op::Layers && req.flags & FLAG_COPY != 0);
+        if copies && self.copying.as_ref().is_none_or(|c| c.name() != name) {
             self.copying = Some(replicas.copy_from(&name));
         }
         // What is lent is read from its files as they are now.

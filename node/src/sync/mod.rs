@@ -453,7 +453,9 @@ async fn fill(
     let client = progress
         .source_answer(ReplicaClient::dial(&tls, source_addr, source_name))
         .await??;
-    let layers = progress.source_answer(client.layers()).await??;
+    // From here until the fill ends, the source is not merged: the
+    // layers listed are the layers copied.
+    let layers = progress.source_answer(client.layers_to_copy()).await??;
     let mut todo = Vec::new();
     for name in &pending {
         let (index, info) = layers

@@ -879,6 +879,16 @@ impl ReplicaClient {
         self.json(&body)
     }
 
+    /// Every layer, oldest first, for a copy of the frozen ones: the
+    /// replica is not merged from now until this connection ends
+    /// (`FLAG_COPY`).
+    pub async fn layers_to_copy(&self) -> Result<Vec<crate::replica::LayerInfo>, ClientError> {
+        let body = self
+            .call(Op::Layers, 0, 0, 0, super::protocol::FLAG_COPY, &[])
+            .await?;
+        self.json(&body)
+    }
+
     /// The runs of blocks (`[first, last)`) of the replica's regions
     /// written lately (`Replica::recent_runs`).
     pub async fn recent_runs(&self) -> Result<Vec<(u64, u64)>, ClientError> {

@@ -39,6 +39,11 @@ pub const FLAG_SUMS: u8 = 8;
 /// the head to freeze as lost should they fail their checksums) instead of
 /// the bare label.
 pub const FLAG_LOSE: u8 = 16;
+/// LAYERS flag: the caller copies the frozen layers it lists (a fill):
+/// the replica is not merged until its connection ends, as a merge would
+/// change them under the copy (a server that does not know the flag
+/// answers the list all the same).
+pub const FLAG_COPY: u8 = 32;
 /// Largest JOIN or FILL payload.
 pub const MAX_CONTROL: u32 = 1 << 20;
 
