@@ -651,6 +651,8 @@ impl Connection {
             Ok(((r, epoch, view), sums, volume, fence)) => {
                 self.engine = self.drives(&volume);
                 self.volume = volume;
+                // A copy of the replica bound before ends with its binding.
+                self.copying = None;
                 self.bound = Some((name, r));
                 self.bound_at = (epoch, view);
                 self.claimed = claimed;
