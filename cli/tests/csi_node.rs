@@ -1639,7 +1639,8 @@ fn a_killed_engine_is_replaced_under_a_mounted_filesystem_that_goes_on_without_a
     csi.up("crashvol", &staging, &target, false);
     let before = (target.join("before"), pattern(4 << 20, 5));
     std::fs::write(&before.0, &before.1).unwrap();
-    nix::unistd::sync();
+    // This filesystem only (syncfs), not every one on the machine.
+    nix::unistd::syncfs(std::fs::File::open(&before.0).unwrap()).unwrap();
     // A writer goes on through the filesystem: 256 KiB and an fsync at a
     // time, each chunk a pattern of its own, failing on any error.
     let (stop, chunks) = (

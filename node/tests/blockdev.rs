@@ -88,7 +88,8 @@ fn fuse_and_loop_make_a_block_device_that_carries_an_ext4_filesystem() {
         for i in 0..8 {
             std::fs::write(mnt.join(format!("file-{i}")), pattern(i)).unwrap();
         }
-        run("sync", &[]);
+        // This filesystem only, not every one on the machine.
+        run("sync", &["-f", mnt.to_str().unwrap()]);
     }
     {
         let _m = mount(&dev.path, &mnt);
