@@ -298,7 +298,8 @@ fn answering<'a>(looks: &[&'a Look], answered: &[bool], lent_rw: bool) -> Vec<&'
 /// Looks at the replicas a few times per timeout for as long as the engine
 /// lives. A replica past the timeout is given up only once another rw
 /// replica has just answered an INFO (or the lent one is there): one with
-/// nothing asked of it proves nothing by its silence.
+/// nothing asked of it proves nothing by its silence; and only if it is
+/// still past the timeout a look after that answer.
 async fn watch(engine: Weak<Engine>, timeout: Duration) {
     let every = (timeout / 4).max(Duration::from_millis(250));
     let mut waiting_said = false;
@@ -332,6 +333,18 @@ async fn watch(engine: Weak<Engine>, timeout: Duration) {
             }
             continue;
         }
+        // A replica that answers as the others do (its node thawed, its
+        // proxy or network let its answers through at once) is still
+        // taken as stalled at the look, its answers a moment behind the
+        // others' INFO: it is given up only if it still leaves its request
+        // unanswered a look later. One that stopped answering costs that
+        // look more.
+        tokio::time::sleep(every).await;
+        let now = Instant::now();
+        let stalled: Vec<&Look> = stalled
+            .into_iter()
+            .filter(|l| l.client.stalled_for(now).is_some_and(|d| d > timeout))
+            .collect();
         let why = |l: &Look| {
             format!(
                 "no answer for {:.1}s (engine-replica-timeout {timeout:?})",
