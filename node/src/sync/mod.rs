@@ -453,8 +453,9 @@ async fn fill(
     let client = progress
         .source_answer(ReplicaClient::dial(&tls, source_addr, source_name))
         .await??;
-    // From here until the fill ends, the source is not merged: the
-    // layers listed are the layers copied.
+    // From here until the fill ends (`client` lives as long), the source
+    // is not merged, whether it is copied over the wire or, on this node,
+    // from its files: the layers listed are the layers copied.
     let layers = progress.source_answer(client.layers_to_copy()).await??;
     let mut todo = Vec::new();
     for name in &pending {
@@ -486,11 +487,6 @@ async fn fill(
     } else {
         None
     };
-    // Read from its files here, not through its server: the table is told
-    // (its merge waits), as the server is of a copy over the wire.
-    let _copying = local_source
-        .as_ref()
-        .map(|_| replicas.copy_from(source_name));
     let mut remaining = todo.as_slice();
     if let Some(src) = local_source {
         while let Some(((_, layer), rest)) = remaining.split_first() {
