@@ -1,5 +1,8 @@
 //! The replica server and client over real TCP on loopback.
 
+#[allow(dead_code)] // shared with the engine tests; this one flips a block
+mod common;
+
 use std::sync::Arc;
 
 use ballast_node::replica::replica_dir;
@@ -671,4 +674,55 @@ async fn a_copy_of_a_replicas_layers_holds_off_its_merge_until_its_connection_en
     assert!(merged.merged > 0, "{merged:?}");
     assert!(engine.layers().await.unwrap().len() < 4);
     assert_eq!(engine.read(0, 4096).await.unwrap(), want);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_read_ahead_while_writes_run_freezes_with_the_checksum_of_what_it_holds() {
+    const MIB: u64 = 1 << 20;
+    let disk = tempfile::tempdir().unwrap();
+    let dir = replica_dir(disk.path(), "v1-r1");
+    Replica::create(&dir, 8 * MIB).unwrap();
+    let (addr, _s) = serve(disk.path()).await;
+    let c = Arc::new(ReplicaClient::connect(&addr, "v1-r1").await.unwrap());
+    for i in 0..64u64 {
+        c.write(i * (128 << 10), &vec![i as u8; 128 << 10], i + 1, false)
+            .await
+            .unwrap();
+    }
+    // Writes over the head while it is read ahead: each chunk they touch
+    // is read again by the freeze.
+    let writer = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            for i in 0..200u64 {
+                let at = (i * 7919 % 2048) * BLOCK;
+                c.write(at, &vec![(i % 251) as u8; BLOCK as usize], 65 + i, false)
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    c.warm().await.unwrap();
+    writer.await.unwrap();
+    let frozen = c.snapshot(None).await.unwrap();
+    // Read whole again, the layer matches the checksum recorded.
+    let view = Replica::open_view(&dir).unwrap();
+    view.verify().unwrap();
+    let layers = c.layers().await.unwrap();
+    assert_eq!(layers[0].name, frozen);
+    assert!(layers[0].checksum.as_deref().unwrap().starts_with("c1:"));
+
+    // A chunk read ahead is not read again by the freeze: a byte flipped
+    // in it after WARM passes the freeze, and the layer's check finds it.
+    c.write(2 * MIB, &vec![9u8; MIB as usize], 300, false)
+        .await
+        .unwrap();
+    c.flush().await.unwrap();
+    c.warm().await.unwrap();
+    let head = c.layers().await.unwrap().last().unwrap().name.clone();
+    common::flip_block(&dir.join(&head), 2 * MIB);
+    let second = c.snapshot(None).await.unwrap();
+    assert_eq!(second, head);
+    let e = Replica::open_view(&dir).unwrap().verify().unwrap_err();
+    assert!(e.to_string().contains(&second), "{e}");
 }

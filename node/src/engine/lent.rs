@@ -386,6 +386,17 @@ impl Lent {
         .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
     }
 
+    /// Reads the head ahead of its freeze (see `replica::warm`), on a
+    /// blocking thread: the gate shared and the replica's lock taken for
+    /// reading only for a moment at a time, so that the volume's I/O
+    /// passes. Not the volume's I/O: its time counts as no stall.
+    pub async fn warm(self: &Arc<Self>) -> Result<(), ClientError> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || crate::replica::warm(me.as_ref()))
+            .await
+            .map_err(|e| self.error(ReplicaError::Invalid(e.to_string())))?
+    }
+
     /// Freezes the head (see `Replica::snapshot_losing`), on a blocking
     /// thread.
     pub async fn snapshot(
@@ -591,5 +602,22 @@ impl Turn<'_> {
         let revision = (revision != 0).then_some(revision);
         self.lent
             .writing_in(&self.gate, |r| r.discard(offset, len, revision, zeroes))
+    }
+}
+
+/// The read ahead of a freeze takes the gate shared, then the replica's
+/// lock for reading, a moment at a time (`replica::warm`).
+impl crate::replica::Holder for Lent {
+    type Error = ClientError;
+    fn reading<T>(
+        &self,
+        f: impl FnOnce(&Replica) -> Result<T, ReplicaError>,
+    ) -> Result<T, ClientError> {
+        let _gate = self.shared()?;
+        let r = self.replica.read().map_err(|_| self.poisoned())?;
+        f(&r).map_err(|e| Lent::error(self, e))
+    }
+    fn error(&self, e: ReplicaError) -> ClientError {
+        Lent::error(self, e)
     }
 }

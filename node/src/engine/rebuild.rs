@@ -88,6 +88,7 @@ impl Engine {
         // freezes nothing: each freeze is one more layer for the merge to
         // fold, and attempts a few seconds apart kept it from ending.
         self.pick_source(source.as_deref()).await?;
+        self.warm_heads().await;
         let (src, kept) = {
             let _pause = self.io.write().await;
             // A replica that held the volume before may give a block the

@@ -92,22 +92,45 @@ impl Bitmap {
 
     /// Present blocks, as half-open runs `[start, end)`.
     pub fn runs(&self) -> Vec<(u64, u64)> {
+        self.runs_in(0, self.len)
+    }
+
+    /// Present blocks of `start..end`, as half-open runs cut to it.
+    pub fn runs_in(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let end = end.min(self.len);
         let mut out = Vec::new();
-        let mut start = None;
-        for i in 0..self.len {
-            match (self.get(i), start) {
-                (true, None) => start = Some(i),
+        let mut from = None;
+        for i in start..end {
+            match (self.get(i), from) {
+                (true, None) => from = Some(i),
                 (false, Some(s)) => {
                     out.push((s, i));
-                    start = None;
+                    from = None;
                 }
                 _ => {}
             }
         }
-        if let Some(s) = start {
-            out.push((s, self.len));
+        if let Some(s) = from {
+            out.push((s, end));
         }
         out
+    }
+
+    /// The first present block at or past `i`, passing over empty words
+    /// whole.
+    pub fn next_from(&self, i: u64) -> Option<u64> {
+        if i >= self.len {
+            return None;
+        }
+        let (mut w, b) = ((i / 64) as usize, i % 64);
+        let mut word = self.words[w] >> b << b;
+        loop {
+            if word != 0 {
+                return Some(w as u64 * 64 + u64::from(word.trailing_zeros()));
+            }
+            w += 1;
+            word = *self.words.get(w)?;
+        }
     }
 }
 
@@ -128,5 +151,21 @@ mod tests {
         b.grow(200);
         assert!(!b.get(150));
         assert_eq!(b.len(), 200);
+    }
+
+    #[test]
+    fn finds_the_next_block_and_the_runs_of_a_range() {
+        let mut b = Bitmap::new(300);
+        b.set_range(62, 66, true);
+        b.set(250, true);
+        assert_eq!(b.next_from(0), Some(62));
+        assert_eq!(b.next_from(64), Some(64));
+        assert_eq!(b.next_from(66), Some(250));
+        assert_eq!(b.next_from(251), None);
+        assert_eq!(b.next_from(300), None);
+        assert_eq!(b.runs_in(63, 65), [(63, 65)]);
+        assert_eq!(b.runs_in(0, 64), [(62, 64)]);
+        assert_eq!(b.runs_in(64, 400), [(64, 66), (250, 251)]);
+        assert!(b.runs_in(100, 200).is_empty());
     }
 }

@@ -13,8 +13,8 @@ use std::fs::OpenOptions;
 use std::path::Path;
 
 use super::{
-    BLOCK, CORRUPT_FILE, Layer, Meta, Replica, ReplicaError, SUSPECT_FILE, check_but,
-    layer_checksum, meta,
+    BLOCK, CORRUPT_FILE, Layer, Meta, Replica, ReplicaError, SUSPECT_FILE, check_but, checksum,
+    meta,
 };
 
 /// A line of `corrupt-layers`. A layer's name alone marks it whole: its
@@ -296,7 +296,7 @@ impl Replica {
                 Err(e) => return Err(e),
             };
             let lost = meta.lost.get(name).cloned().unwrap_or_default();
-            let got = layer_checksum(&l, |b, chunk| {
+            let got = checksum::take(&l, checksum::Form::of(want), |b, chunk| {
                 pace(chunk.len() as u64);
                 if let Some(sums) = &l.sums {
                     check_but(sums, b, chunk, &lost, &mut |_| {}).map_err(|bad| l.corrupt(bad))?;
@@ -566,9 +566,9 @@ impl Replica {
         let seen = |e| self.as_seen(e);
         if self.merging_into(name) {
             // Its checksum is being replaced: each block is checked.
-            return self.checksum(i).map(drop).map_err(seen);
+            return self.checksum(i, want).map(drop).map_err(seen);
         }
-        let got = self.checksum(i).map_err(seen)?;
+        let got = self.checksum(i, want).map_err(seen)?;
         if &got != want {
             return Err(seen(ReplicaError::CorruptLayer {
                 layer: name.to_string(),

@@ -218,6 +218,11 @@ impl Replica {
     /// Re-reads every layer's file, allocation and checksums.
     fn reload(&mut self) -> Result<(), ReplicaError> {
         let blocks = self.meta.size / BLOCK;
+        // A new head: what was read ahead of the old one's freeze goes.
+        self.warm
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
         self.layers = self
             .meta
             .chain
@@ -470,8 +475,8 @@ impl Replica {
             .sync_all()
             .map_err(|e| ReplicaError::io(&l.path, e))?;
         // The layer's block checksums are taken in the same read.
-        let got = self.checksum_taking_sums(i)?;
         let want = self.meta.frozen.get(name).cloned().unwrap_or_default();
+        let got = self.checksum_taking_sums(i, &want)?;
         if got != want {
             return Err(ReplicaError::Corrupt(format!(
                 "layer {name} arrived with checksum {got}, the source's is {want}"

@@ -270,7 +270,7 @@ impl Replica {
         }
         let lost = self.lost_of(&j.into);
         let mut bad = Vec::new();
-        let sum = super::layer_checksum(l, |b, chunk| {
+        let sum = super::checksum::take(l, super::checksum::Form::Chunked, |b, chunk| {
             if let Some(s) = &l.sums {
                 bad.extend(
                     s.failing(b, chunk)

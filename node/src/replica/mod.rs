@@ -15,6 +15,7 @@
 //! no engine, no placement.
 
 mod bitmap;
+mod checksum;
 mod fence;
 mod instance;
 mod integrity;
@@ -27,6 +28,7 @@ mod revision;
 mod room;
 mod sums;
 mod table;
+mod warm;
 
 use std::collections::BTreeSet;
 use std::fs::{File, OpenOptions};
@@ -53,6 +55,7 @@ pub use table::{
     CopyGuard, LoanGuard, MergeReport, Replicas, Shared, merge_paced, remove_replica_dir,
     replica_dir,
 };
+pub use warm::{Ahead, Holder, warm};
 
 /// The unit of allocation and of the allocation maps.
 pub const BLOCK: u64 = 4096;
@@ -374,6 +377,8 @@ pub struct Replica {
     regions: std::sync::Mutex<regions::DirtyRegions>,
     /// Opened as a view (`open_view`): another owns the files.
     is_view: bool,
+    /// The digests of the head's chunks read ahead of its freeze (`warm`).
+    warm: std::sync::Mutex<warm::Warm>,
 }
 
 fn layer_name(n: usize) -> String {
@@ -435,35 +440,6 @@ pub fn allocation(file: &File, blocks: u64) -> Result<Bitmap, std::io::Error> {
         pos = hole;
     }
     Ok(map)
-}
-
-/// The blake3 checksum of a layer's contents (its allocated blocks, each
-/// run with its index), handing `each` every chunk of whole blocks read.
-fn layer_checksum(
-    l: &Layer,
-    mut each: impl FnMut(u64, &[u8]) -> Result<(), ReplicaError>,
-) -> Result<String, ReplicaError> {
-    let mut h = blake3::Hasher::new();
-    let mut buf = vec![0u8; (BLOCK * 256) as usize];
-    let runs = l.map.runs();
-    let mut ahead = Prefetch::new(&l.file, &runs);
-    for (i, &(s, e)) in runs.iter().enumerate() {
-        ahead.reading(i);
-        let mut b = s;
-        while b < e {
-            let n = (e - b).min(256);
-            let chunk = &mut buf[..(n * BLOCK) as usize];
-            l.file
-                .read_exact_at(chunk, b * BLOCK)
-                .map_err(|er| ReplicaError::io(&l.path, er))?;
-            each(b, chunk)?;
-            h.update(&b.to_le_bytes());
-            h.update(&n.to_le_bytes());
-            h.update(chunk);
-            b += n;
-        }
-    }
-    Ok(h.finalize().to_hex().to_string())
 }
 
 /// Checks whole blocks `data` (from block `first`) against `sums`, passing
@@ -645,6 +621,7 @@ impl Replica {
             suspect_stale: std::sync::atomic::AtomicBool::new(false),
             regions: std::sync::Mutex::new(regions::DirtyRegions::read(dir)),
             is_view: true,
+            warm: std::sync::Mutex::default(),
         })
     }
 
@@ -1376,41 +1353,36 @@ impl Replica {
     /// their regions recorded dirty, durably (`regions`).
     fn mark_dirty(&mut self, first: u64, last: u64) -> Result<(), ReplicaError> {
         let blocks = self.meta.size / BLOCK;
+        self.warm
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .forget(first, last);
         self.regions
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .mark(first, last, blocks)
     }
 
-    /// The checksum of a layer's contents: its allocated blocks, each with
-    /// its index. Each block is checked against the layer's block
+    /// The checksum of a layer's contents (`checksum`), in the form of
+    /// record `like`. Each block is checked against the layer's block
     /// checksums on the way.
-    fn checksum(&self, i: usize) -> Result<String, ReplicaError> {
-        let lost = self.lost_of(&self.layers[i].name);
-        self.checksum_but(i, lost, &mut |_| {})
-    }
-
-    /// `checksum`, passing over the blocks in `lose` that fail their
-    /// checksums (each given to `found`) instead of failing on them.
-    fn checksum_but(
-        &self,
-        i: usize,
-        lose: &BTreeSet<u64>,
-        found: &mut impl FnMut(u64),
-    ) -> Result<String, ReplicaError> {
+    fn checksum(&self, i: usize, like: &str) -> Result<String, ReplicaError> {
         let l = &self.layers[i];
-        layer_checksum(l, |b, chunk| match &l.sums {
-            Some(sums) => check_but(sums, b, chunk, lose, found).map_err(|bad| l.corrupt(bad)),
+        let lost = self.lost_of(&l.name);
+        checksum::take(l, checksum::Form::of(like), |b, chunk| match &l.sums {
+            Some(sums) => {
+                check_but(sums, b, chunk, lost, &mut |_| {}).map_err(|bad| l.corrupt(bad))
+            }
             None => Ok(()),
         })
     }
 
-    /// `checksum`, adding to `lost` every block that fails its checksum
-    /// instead of failing on it: the layer's checksum with each such block
-    /// as it is (see `lose_frozen_block`).
+    /// `checksum`, taken anew (chunked), adding to `lost` every block that
+    /// fails its checksum instead of failing on it: the layer's checksum
+    /// with each such block as it is (see `lose_frozen_block`).
     fn checksum_losing(&self, i: usize, lost: &mut BTreeSet<u64>) -> Result<String, ReplicaError> {
         let l = &self.layers[i];
-        layer_checksum(l, |b, chunk| {
+        checksum::take(l, checksum::Form::Chunked, |b, chunk| {
             if let Some(sums) = &l.sums {
                 lost.extend(sums.failing(b, chunk));
             }
@@ -1420,9 +1392,9 @@ impl Replica {
 
     /// Like `checksum`, recording each block's checksum as it is read
     /// instead (a layer just filled by a rebuild).
-    fn checksum_taking_sums(&mut self, i: usize) -> Result<String, ReplicaError> {
+    fn checksum_taking_sums(&mut self, i: usize, like: &str) -> Result<String, ReplicaError> {
         let mut sums = self.layers[i].sums.take();
-        let got = layer_checksum(&self.layers[i], |b, chunk| {
+        let got = checksum::take(&self.layers[i], checksum::Form::of(like), |b, chunk| {
             if let Some(s) = &mut sums {
                 s.set_all(b, chunk)?;
             }
@@ -1469,8 +1441,20 @@ impl Replica {
         self.flush_sums(true)?;
         let frozen = self.head().name.clone();
         let mut lost = BTreeSet::new();
-        let sum = self.checksum_but(self.layers.len() - 1, lose, &mut |b| {
-            lost.insert(b);
+        // The chunks read ahead (`warm`) and unchanged since are taken
+        // as they are: the I/O is paused only for the rest.
+        let head = &self.layers[self.layers.len() - 1];
+        let known = self
+            .warm
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .standing(head);
+        let sum = checksum::chunked(head, &known, |b, chunk| match &head.sums {
+            Some(sums) => check_but(sums, b, chunk, lose, &mut |b| {
+                lost.insert(b);
+            })
+            .map_err(|bad| head.corrupt(bad)),
+            None => Ok(()),
         })?;
         let name = next_layer_name(self.meta.chain.iter().map(String::as_str));
         let path = self.dir.join(&name);
@@ -1497,6 +1481,10 @@ impl Replica {
             return Err(e);
         }
         self.meta = meta;
+        self.warm
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
         let _ = std::fs::remove_file(sums::path_of(&path));
         self.layers.push(Layer::open(
             &self.dir,

@@ -297,6 +297,19 @@ impl BlockSums {
         }
     }
 
+    /// The table's bytes for blocks `first..last`, 4 a block (cut at its
+    /// end).
+    pub fn bytes(&self, first: u64, last: u64) -> &[u8] {
+        match &self.map {
+            Some(m) => {
+                let end = last.min(self.blocks);
+                let start = first.min(end);
+                &m[(start * 4) as usize..(end * 4) as usize]
+            }
+            None => &[],
+        }
+    }
+
     /// Makes the file hold the table's pages of blocks `first..last`, so
     /// that recording their checksums allocates nothing; ENOSPC when the
     /// disk has no room for them (nothing is recorded then).

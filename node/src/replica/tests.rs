@@ -1699,3 +1699,170 @@ fn a_merge_finished_at_open_never_puts_older_data_over_a_block_of_the_upper_laye
         );
     }
 }
+
+/// Reads the whole head ahead of its freeze, as a replica's server does
+/// for WARM.
+fn warm_all(r: &Replica) {
+    warm(r).unwrap();
+}
+
+const MIB: u64 = 1 << 20;
+
+#[test]
+fn a_head_read_ahead_and_written_after_freezes_with_the_checksum_of_what_it_holds() {
+    let d = tempfile::tempdir().unwrap();
+    let (one, two) = (d.path().join("one"), d.path().join("two"));
+    let mut warmed = Replica::create(&one, 16 * MIB).unwrap();
+    let mut cold = Replica::create(&two, 16 * MIB).unwrap();
+    for r in [&mut warmed, &mut cold] {
+        for (chunk, byte) in [(0, 1u8), (3, 2), (7, 3), (12, 4)] {
+            r.write(chunk * MIB + BLOCK, &[byte; 3 * BLOCK as usize], None)
+                .unwrap();
+        }
+    }
+    warm_all(&warmed);
+    assert_eq!(warmed.warm_chunks(), 4);
+    // A write over a chunk read ahead, a trim of another (its block
+    // becomes a hole), a write into one that held nothing.
+    for r in [&mut warmed, &mut cold] {
+        r.write(3 * MIB + BLOCK + 10, &[9u8; 100], None).unwrap();
+        r.trim(7 * MIB + 2 * BLOCK, BLOCK, None).unwrap();
+        r.write(9 * MIB, &[5u8; BLOCK as usize], None).unwrap();
+    }
+    assert_eq!(warmed.warm_chunks(), 2, "chunks 0 and 12 stand");
+    let a = warmed.snapshot(None).unwrap();
+    let b = cold.snapshot(None).unwrap();
+    assert_eq!(warmed.warm_chunks(), 0, "a new head starts with none");
+    // What a freeze that read the whole head records, and what the layer
+    // holds when read whole again.
+    let sum = &warmed.meta.frozen[&a];
+    assert!(sum.starts_with("c1:"), "{sum}");
+    assert_eq!(sum, &cold.meta.frozen[&b]);
+    warmed.verify().unwrap();
+    drop(warmed);
+    Replica::open(&one).unwrap().verify().unwrap();
+    Replica::scrub(&one, |_| {}).unwrap();
+}
+
+#[test]
+fn a_chunk_read_ahead_is_not_read_again_by_the_freeze_and_a_block_gone_bad_after_is_found_by_the_scrub()
+ {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("r");
+    let mut r = Replica::create(&dir, 4 * MIB).unwrap();
+    r.write(0, &[6u8; 3 * MIB as usize], None).unwrap();
+    r.flush().unwrap();
+    warm_all(&r);
+    assert_eq!(r.warm_chunks(), 3);
+    let head = r.chain().last().unwrap().clone();
+    flip(&dir.join(&head), MIB + 5);
+    // The freeze reads none of it again (it would fail on the block).
+    let frozen = r.snapshot(None).unwrap();
+    assert_eq!(frozen, head);
+    // The checksum is of the block as it was written: a read, the check
+    // of the whole layer and the scrub each find it bad.
+    let mut buf = vec![0u8; BLOCK as usize];
+    let e = r.read(MIB, &mut buf).unwrap_err();
+    assert!(
+        matches!(e, ReplicaError::CorruptBlock { block: 256, .. }),
+        "{e}"
+    );
+    let e = r.verify().unwrap_err();
+    assert!(
+        matches!(e, ReplicaError::CorruptBlock { block: 256, .. }),
+        "{e}"
+    );
+    let e = Replica::scrub(&dir, |_| {}).unwrap_err();
+    assert!(e.to_string().contains(&frozen), "{e}");
+}
+
+#[test]
+fn a_chunk_with_a_bad_block_is_left_to_the_freeze_which_finds_the_block() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("r");
+    let mut r = Replica::create(&dir, 4 * MIB).unwrap();
+    r.write(0, &[6u8; 3 * MIB as usize], None).unwrap();
+    r.flush().unwrap();
+    let head = r.chain().last().unwrap().clone();
+    flip(&dir.join(&head), 2 * MIB + 3 * BLOCK + 1);
+    warm_all(&r);
+    assert_eq!(r.warm_chunks(), 2, "the chunk with the bad block is left");
+    let e = r.snapshot(None).unwrap_err();
+    assert!(
+        matches!(e, ReplicaError::CorruptBlock { block: 515, .. }),
+        "{e}"
+    );
+    // Written again, the block is sound and the freeze goes through.
+    r.write(2 * MIB + 3 * BLOCK, &[7u8; BLOCK as usize], None)
+        .unwrap();
+    r.snapshot(None).unwrap();
+    r.verify().unwrap();
+}
+
+#[test]
+fn a_layer_checksum_recorded_before_the_chunked_form_is_checked_in_its_own_form() {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("r");
+    let mut r = Replica::create(&dir, 4 * MIB).unwrap();
+    r.write(BLOCK, &[3u8; 300 * BLOCK as usize], None).unwrap();
+    r.write(3 * MIB, &[4u8; BLOCK as usize], None).unwrap();
+    let frozen = r.snapshot(None).unwrap();
+    // The record as a freeze from before the chunked form wrote it.
+    let runs = checksum::take(&r.layers[0], checksum::Form::Runs, |_, _| Ok(())).unwrap();
+    assert!(!runs.contains(':') && runs.len() == 64, "{runs}");
+    assert_ne!(runs, r.meta.frozen[&frozen]);
+    let mut meta = r.meta.clone();
+    meta.frozen.insert(frozen.clone(), runs.clone());
+    meta.write(&dir).unwrap();
+    drop(r);
+    let r = Replica::open(&dir).unwrap();
+    assert_eq!(r.meta.frozen[&frozen], runs);
+    r.verify().unwrap();
+    Replica::scrub(&dir, |_| {}).unwrap();
+    // Recorded wrong in that form, it fails as a wrong chunked one does.
+    let mut meta = r.meta.clone();
+    meta.frozen.insert(frozen.clone(), "0".repeat(64));
+    meta.write(&dir).unwrap();
+    drop(r);
+    let e = Replica::open(&dir).unwrap().verify().unwrap_err();
+    assert!(
+        matches!(&e, ReplicaError::CorruptLayer { layer, .. } if *layer == frozen),
+        "{e}"
+    );
+}
+
+#[test]
+fn a_chunk_written_or_frozen_while_it_is_read_ahead_keeps_no_digest() {
+    let d = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(&d.path().join("r"), 4 * MIB).unwrap();
+    r.write(0, &[1u8; 2 * MIB as usize], None).unwrap();
+    // Read with no write between: kept.
+    let ahead = r.warm_next(0).unwrap().unwrap();
+    let digest = ahead.read().unwrap();
+    assert!(digest.is_some());
+    r.warm_keep(ahead, digest);
+    assert_eq!(r.warm_chunks(), 1);
+    // A write into the chunk between its choice and its keeping: the
+    // digest read (of the data before the write, or torn) is not kept.
+    let ahead = r.warm_next(1).unwrap().unwrap();
+    let digest = ahead.read().unwrap();
+    r.write(MIB + 5 * BLOCK, &[2u8; 10], None).unwrap();
+    r.warm_keep(ahead, digest);
+    assert_eq!(r.warm_chunks(), 1);
+    // A write into another chunk spoils nothing.
+    let ahead = r.warm_next(1).unwrap().unwrap();
+    let digest = ahead.read().unwrap();
+    r.write(3 * MIB, &[3u8; 10], None).unwrap();
+    r.warm_keep(ahead, digest);
+    assert_eq!(r.warm_chunks(), 2);
+    // A freeze between the two: the head is another.
+    let more = r.warm_next(0).unwrap().unwrap();
+    assert_eq!(more.chunk, 3);
+    let digest = more.read().unwrap();
+    r.snapshot(None).unwrap();
+    r.write(3 * MIB, &[4u8; 10], None).unwrap();
+    r.warm_keep(more, digest);
+    assert_eq!(r.warm_chunks(), 0);
+    // Whatever was read ahead, the layer frozen checks whole.
+    r.verify().unwrap();
+}

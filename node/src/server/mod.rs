@@ -657,7 +657,10 @@ impl Connection {
                 self.bound_at = (epoch, view);
                 self.claimed = claimed;
                 self.fence = Some(fence);
-                ok_json(id, &serde_json::json!({ "sums": sums, "ping": true }))
+                ok_json(
+                    id,
+                    &serde_json::json!({ "sums": sums, "ping": true, "warm": true }),
+                )
             }
             Err((code, why)) => error(id, code, &why),
         };
@@ -867,6 +870,7 @@ impl Connection {
                 | Op::WriteLog
                 | Op::RecentRuns
                 | Op::ViewSums
+                | Op::Warm
         ) {
             // What the reply holds: LAYER_SUMS and VIEW_SUMS answer 4 bytes
             // a block.
@@ -1029,6 +1033,12 @@ fn execute(
         | Op::SumsEveryFlush => match replica.write() {
             Ok(mut r) => write_op(&mut r, req, &payload),
             Err(_) => return poisoned(),
+        },
+        // Chunk by chunk, the lock taken for each (writes pass between).
+        Op::Warm => match crate::replica::warm(replica) {
+            Ok(()) => Ok(Vec::new()),
+            Err(Some(e)) => Err(e),
+            Err(None) => return poisoned(),
         },
         Op::Open | Op::Fill | Op::Lend | Op::Ping => {
             return error(req.id, status::INVALID, "handled by the connection");

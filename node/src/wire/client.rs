@@ -401,6 +401,9 @@ pub struct ReplicaClient {
     /// The server answers PING (its OPEN reply said so; one from before
     /// would close the connection on it).
     takes_ping: bool,
+    /// The server reads a head ahead of its freeze (its OPEN reply said
+    /// so; one from before would close the connection on WARM).
+    takes_warm: bool,
 }
 
 impl Drop for ReplicaClient {
@@ -503,6 +506,7 @@ impl ReplicaClient {
             reader,
             takes_sums: false,
             takes_ping: false,
+            takes_warm: false,
         };
         // A server that takes the connection but never answers the OPEN
         // does not hold the caller (an engine starting, a rebuild).
@@ -524,6 +528,7 @@ impl ReplicaClient {
         let said = serde_json::from_slice::<serde_json::Value>(&opened).unwrap_or_default();
         client.takes_sums = said["sums"] == serde_json::Value::Bool(true);
         client.takes_ping = said["ping"] == serde_json::Value::Bool(true);
+        client.takes_warm = said["warm"] == serde_json::Value::Bool(true);
         Ok(client)
     }
 
@@ -815,6 +820,15 @@ impl ReplicaClient {
         self.call(Op::SumsEveryFlush, u64::from(on), 0, 0, 0, &[])
             .await
             .map(drop)
+    }
+
+    /// Reads the head ahead of its freeze (see `replica::warm`);
+    /// nothing for a server from before WARM.
+    pub async fn warm(&self) -> Result<(), ClientError> {
+        if !self.takes_warm {
+            return Ok(());
+        }
+        self.call(Op::Warm, 0, 0, 0, 0, &[]).await.map(drop)
     }
 
     /// Freezes the head; with `label`, as that user snapshot.

@@ -117,6 +117,12 @@ pub enum Op {
     /// flush that ends an interval (0): see `Replica::set_sums_every_flush`.
     /// Only from the volume's engine.
     SumsEveryFlush = 21,
+    /// Reads the head ahead of its freeze, with the replica's writes
+    /// passing between chunks (see `replica::warm`); answered empty
+    /// once the whole head is read. Only a help for the freeze that
+    /// follows, which then reads only what was written since. A server
+    /// says it knows it in its answer to OPEN (`warm`).
+    Warm = 22,
 }
 
 impl Op {
@@ -162,6 +168,7 @@ impl Op {
             19 => Op::ViewSums,
             20 => Op::Ping,
             21 => Op::SumsEveryFlush,
+            22 => Op::Warm,
             _ => return None,
         })
     }
@@ -282,6 +289,7 @@ impl Request {
             | Op::Lose
             | Op::RecentRuns
             | Op::Ping
+            | Op::Warm
                 if len != 0 =>
             {
                 return Err(refuse(format!("{op:?} carries no length, got {len}")));
