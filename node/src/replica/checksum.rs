@@ -60,7 +60,7 @@ pub(super) fn take(
 ) -> Result<String, ReplicaError> {
     match form {
         Form::Runs => by_runs(l, each),
-        Form::Chunked => chunked(l, &BTreeMap::new(), each),
+        Form::Chunked => chunked(l, &BTreeMap::new(), each).map(|(sum, _)| sum),
     }
 }
 
@@ -91,12 +91,12 @@ fn by_runs(
 }
 
 /// The chunked form, taking the digests in `known` as they are and
-/// reading only the other chunks that hold data.
+/// reading only the other chunks that hold data; with how many it read.
 pub(super) fn chunked(
     l: &Layer,
     known: &BTreeMap<u64, Digest>,
     mut each: impl FnMut(u64, &[u8]) -> Result<(), ReplicaError>,
-) -> Result<String, ReplicaError> {
+) -> Result<(String, u64), ReplicaError> {
     // The layer's runs cut at the chunks' ends; those to read ahead.
     let mut pieces = Vec::new();
     for (s, e) in l.map.runs() {
@@ -116,7 +116,7 @@ pub(super) fn chunked(
     let mut read_so_far = 0;
     let mut buf = vec![0u8; (BLOCK * CHUNK) as usize];
     let mut top = blake3::Hasher::new();
-    let mut at = 0;
+    let (mut at, mut read) = (0, 0);
     while at < pieces.len() {
         let c = pieces[at].0 / CHUNK;
         let end = pieces[at..]
@@ -131,6 +131,7 @@ pub(super) fn chunked(
                     read_so_far += 1;
                 };
                 let file = (&l.file, l.path.as_path());
+                read += 1;
                 digest(file, &pieces[at..end], &mut buf, &mut starting, &mut each)?
             }
         };
@@ -138,7 +139,7 @@ pub(super) fn chunked(
         top.update(&digest);
         at = end;
     }
-    Ok(format!("{CHUNKED}{}", top.finalize().to_hex()))
+    Ok((format!("{CHUNKED}{}", top.finalize().to_hex()), read))
 }
 
 /// The digest of a chunk of `file` whose allocated runs are `pieces` (cut

@@ -379,6 +379,9 @@ pub struct Replica {
     is_view: bool,
     /// The digests of the head's chunks read ahead of its freeze (`warm`).
     warm: std::sync::Mutex<warm::Warm>,
+    /// What the last freeze took of its head: chunks read ahead, chunks
+    /// it read itself (`last_freeze`).
+    last_freeze: (u64, u64),
 }
 
 fn layer_name(n: usize) -> String {
@@ -622,6 +625,7 @@ impl Replica {
             regions: std::sync::Mutex::new(regions::DirtyRegions::read(dir)),
             is_view: true,
             warm: std::sync::Mutex::default(),
+            last_freeze: (0, 0),
         })
     }
 
@@ -1449,13 +1453,14 @@ impl Replica {
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .standing(head);
-        let sum = checksum::chunked(head, &known, |b, chunk| match &head.sums {
+        let (sum, read) = checksum::chunked(head, &known, |b, chunk| match &head.sums {
             Some(sums) => check_but(sums, b, chunk, lose, &mut |b| {
                 lost.insert(b);
             })
             .map_err(|bad| head.corrupt(bad)),
             None => Ok(()),
         })?;
+        let ahead = known.len() as u64;
         let name = next_layer_name(self.meta.chain.iter().map(String::as_str));
         let path = self.dir.join(&name);
         let f = File::create(&path).map_err(|e| ReplicaError::io(&path, e))?;
@@ -1485,6 +1490,9 @@ impl Replica {
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clear();
+        self.last_freeze = (ahead, read);
+        tracing::info!(dir = %self.dir.display(), layer = %frozen, chunks_read_ahead = ahead, chunks_read = read,
+            "head frozen: its chunks read ahead taken as they were, the others read");
         let _ = std::fs::remove_file(sums::path_of(&path));
         self.layers.push(Layer::open(
             &self.dir,

@@ -265,6 +265,12 @@ impl Replica {
         }
     }
 
+    /// What the last freeze took of its head: (chunks read ahead, chunks
+    /// it read itself), in chunks of 1 MiB; (0, 0) before any.
+    pub fn last_freeze(&self) -> (u64, u64) {
+        self.last_freeze
+    }
+
     /// How many chunks of the head have their digests kept.
     pub fn warm_chunks(&self) -> usize {
         self.warm

@@ -1079,7 +1079,8 @@ fn read_op(r: &Replica, req: &Request, filling: bool) -> Result<Vec<u8>, Replica
             "size": r.size(), "chain": r.chain(), "revision": r.revision(),
             "pending": r.pending().len(), "suspect": r.suspects(), "filling": filling,
             "suspect_sums": r.suspect_sums().iter().collect::<Vec<_>>(),
-            "sums_every_flush": r.sums_every_flush()
+            "sums_every_flush": r.sums_every_flush(),
+            "last_freeze": { "read_ahead": r.last_freeze().0, "read": r.last_freeze().1 }
         })),
         Op::Layers => json(&r.layers()),
         Op::WriteLog => json(&r.writes_since(req.offset)),
