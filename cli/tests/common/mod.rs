@@ -1044,6 +1044,45 @@ pub struct Teardown(pub PathBuf);
 impl Drop for Teardown {
     fn drop(&mut self) {
         teardown_under(&self.0);
+        // A test that failed leaves its logs in its output: its directory
+        // goes with it.
+        if std::thread::panicking() {
+            print_logs_under(&self.0);
+        }
+    }
+}
+
+/// Lines of each log printed by `print_logs_under`, the last ones.
+const LOG_TAIL: usize = 60;
+
+/// Prints the last lines of every `*.log` file under `dir` (passing over
+/// what is still mounted there) to stderr.
+fn print_logs_under(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            if !mounts_under(&path)
+                .iter()
+                .any(|(p, _)| Path::new(p) == path)
+            {
+                print_logs_under(&path);
+            }
+        } else if path.extension().is_some_and(|x| x == "log") {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let from = lines.len().saturating_sub(LOG_TAIL);
+            eprintln!(
+                "--- {} (its last {} lines) ---",
+                path.display(),
+                lines.len() - from
+            );
+            for l in &lines[from..] {
+                eprintln!("{l}");
+            }
+        }
     }
 }
 
