@@ -19,7 +19,7 @@
 //! keep its digest (`Replica::warm_keep`), and a write into the chunk
 //! between the two spoils the read. (A read under the lock starved the
 //! writers: each chunk's read took the lock again before a writer woken
-//! by the last one could, and an engine's writes waited up to 240 ms
+//! by the last one could, and an engine's writes waited up to 246 ms
 //! while three replicas on two cores read their heads.)
 //!
 //! It owns the digests kept in memory, nothing on the disk.

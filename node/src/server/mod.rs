@@ -1034,7 +1034,8 @@ fn execute(
             Ok(mut r) => write_op(&mut r, req, &payload),
             Err(_) => return poisoned(),
         },
-        // Chunk by chunk, the lock taken for each (writes pass between).
+        // Chunk by chunk, the lock taken only to choose each chunk and to
+        // keep its digest (writes pass while it is read).
         Op::Warm => match crate::replica::warm(replica) {
             Ok(()) => Ok(Vec::new()),
             Err(Some(e)) => Err(e),
