@@ -7,7 +7,16 @@
 //! (the least it costs to read it once), with the page cache dropped
 //! first, and with the head just written (cached): the freeze that reads
 //! the whole head, the read ahead (I/O running), and the freeze after it
-//! with 16 MiB written meanwhile over 16 chunks. Median of 3.
+//! with 16 MiB written meanwhile over 16 chunks. The freeze that reads
+//! the whole head runs twice, on the threads a freeze reads with here
+//! (`Replica::set_freeze_readers`, by default the cores, at most four)
+//! and on one, as every freeze read until 2026-12-07. Median of 3.
+//!
+//! Then a head of 1 GiB just written, read ahead while a writer of 4 KiB
+//! blocks at random places writes 1,000 and then 10,000 of them a second
+//! (a database's writes, spread over the whole head), then frozen: what
+//! the freeze read (chunks, of 1,024) and how long the I/O stayed paused,
+//! against `cat` of the head's file.
 //!
 //! Then an engine's snapshot of three replicas (each served by a replica
 //! server of its own on loopback) whose heads hold 512 MiB just written,
@@ -162,6 +171,35 @@ async fn engine_against_in_turn(base: &Path) -> Engine3 {
     }
 }
 
+/// A head of `DATA` bytes just written (or `cold`), frozen whole on
+/// `readers` threads (None: as many as a freeze takes here): the pause;
+/// with `cat` of its file first into `cats`.
+fn whole(
+    base: &Path,
+    cold: bool,
+    readers: Option<usize>,
+    cats: Option<&mut Vec<Duration>>,
+) -> Duration {
+    let tmp = tempfile::tempdir_in(base).unwrap();
+    let dir = tmp.path().join("r");
+    let mut r = replica(&dir);
+    if let Some(n) = readers {
+        r.set_freeze_readers(n);
+    }
+    if let Some(cats) = cats {
+        if cold {
+            drop_caches();
+        }
+        cats.push(cat(&dir.join(&r.layers()[0].name)));
+    }
+    if cold {
+        drop_caches();
+    }
+    let t = Instant::now();
+    r.snapshot(None).unwrap();
+    t.elapsed()
+}
+
 /// Reads a replica's head ahead of its freeze, as its server does.
 fn read_ahead(r: &Replica) -> Duration {
     let t = Instant::now();
@@ -169,30 +207,59 @@ fn read_ahead(r: &Replica) -> Duration {
     t.elapsed()
 }
 
+/// A head of `DATA` bytes just written, read ahead while a writer writes
+/// `rate` blocks of 4 KiB a second at random places of it, then frozen
+/// as soon as the read ahead ends: the pause, and the chunks the freeze
+/// read itself.
+fn random_writer(base: &Path, rate: u64) -> (Duration, u64) {
+    let tmp = tempfile::tempdir_in(base).unwrap();
+    let r = std::sync::Arc::new(std::sync::RwLock::new(replica(&tmp.path().join("r"))));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (r, stop) = (r.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let (t, mut done, mut x) = (Instant::now(), 0u64, 0x5851_f42d_4c95_7f2du64);
+            let block = vec![9u8; 4096];
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let due = (t.elapsed().as_secs_f64() * rate as f64) as u64;
+                if done >= due {
+                    std::thread::sleep(Duration::from_micros(200));
+                    continue;
+                }
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let at = (x % (DATA / 4096)) * 4096;
+                r.write().unwrap().write(at, &block, None).unwrap();
+                done += 1;
+            }
+        })
+    };
+    warm(&*r).unwrap();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    writer.join().unwrap();
+    let mut r = r.write().unwrap();
+    let t = Instant::now();
+    r.snapshot(None).unwrap();
+    (t.elapsed(), r.last_freeze().1)
+}
+
 fn main() {
     let base = std::env::var_os("BENCH_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
+    let readers = {
+        let tmp = tempfile::tempdir_in(&base).unwrap();
+        Replica::create(&tmp.path().join("r"), MIB)
+            .unwrap()
+            .freeze_readers()
+    };
     for cold in [true, false] {
-        let (mut freezes, mut cats) = (Vec::new(), Vec::new());
+        let (mut freezes, mut cats, mut alone) = (Vec::new(), Vec::new(), Vec::new());
         let (mut aheads, mut after) = (Vec::new(), Vec::new());
         for _ in 0..3 {
-            let tmp = tempfile::tempdir_in(&base).unwrap();
-            let dir = tmp.path().join("r");
-            let mut r = replica(&dir);
-            let head = dir.join(&r.layers()[0].name);
-            if cold {
-                drop_caches();
-            }
-            cats.push(cat(&head));
-            if cold {
-                drop_caches();
-            }
-            let t = Instant::now();
-            r.snapshot(None).unwrap();
-            freezes.push(t.elapsed());
-            drop(r);
-            drop(tmp);
+            freezes.push(whole(&base, cold, None, Some(&mut cats)));
+            alone.push(whole(&base, cold, Some(1), None));
             // Read ahead, then 16 MiB written over 16 chunks, then frozen.
             let tmp = tempfile::tempdir_in(&base).unwrap();
             let mut r = replica(&tmp.path().join("r"));
@@ -216,13 +283,37 @@ fn main() {
         } else {
             "just written"
         };
+        let one = median(alone);
         println!(
-            "freeze of a head of 1 GiB ({how}), read whole: {f:?}, the volume's I/O paused per replica; cat of its file: {c:?}; freeze vs cat: {:.2}x of its time",
-            f.as_secs_f64() / c.as_secs_f64()
+            "freeze of a head of 1 GiB ({how}), read whole by {} readers: {f:?}, the volume's I/O paused per replica; cat of its file: {c:?}; freeze vs cat: {:.2}x of its time; by one reader: {one:?} ({:.2}x of cat's); {} readers vs one: {:.2}x of its time",
+            readers,
+            f.as_secs_f64() / c.as_secs_f64(),
+            one.as_secs_f64() / c.as_secs_f64(),
+            readers,
+            f.as_secs_f64() / one.as_secs_f64()
         );
         println!(
             "freeze of a head of 1 GiB ({how}), read ahead in {a:?} with the I/O running ({:.2}x of cat's time), 16 MiB written since: {p:?} paused; freeze vs cat: {:.3}x of its time",
             a.as_secs_f64() / c.as_secs_f64(),
+            p.as_secs_f64() / c.as_secs_f64()
+        );
+    }
+    for rate in [1_000, 10_000] {
+        let (mut pauses, mut reads, mut cats) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let (p, read) = random_writer(&base, rate);
+            pauses.push(p);
+            reads.push(read);
+            let tmp = tempfile::tempdir_in(&base).unwrap();
+            let dir = tmp.path().join("r");
+            let r = replica(&dir);
+            cats.push(cat(&dir.join(&r.layers()[0].name)));
+        }
+        reads.sort();
+        let (p, c) = (median(pauses), median(cats));
+        println!(
+            "freeze of a head of 1 GiB just written, read ahead while {rate} random 4k writes a second land all over it: {p:?} paused, {} of 1024 chunks read under the pause; freeze vs cat ({c:?}): {:.3}x of its time",
+            reads[reads.len() / 2],
             p.as_secs_f64() / c.as_secs_f64()
         );
     }

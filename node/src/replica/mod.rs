@@ -382,6 +382,9 @@ pub struct Replica {
     /// What the last freeze took of its head: chunks read ahead, chunks
     /// it read itself (`last_freeze`).
     last_freeze: (u64, u64),
+    /// Threads a freeze reads its head's chunks with
+    /// (`checksum::freeze_readers`, `set_freeze_readers`).
+    freeze_readers: usize,
 }
 
 fn layer_name(n: usize) -> String {
@@ -626,6 +629,7 @@ impl Replica {
             is_view: true,
             warm: std::sync::Mutex::default(),
             last_freeze: (0, 0),
+            freeze_readers: checksum::freeze_readers(),
         })
     }
 
@@ -1444,22 +1448,30 @@ impl Replica {
         }
         self.flush_sums(true)?;
         let frozen = self.head().name.clone();
-        let mut lost = BTreeSet::new();
+        let lost = std::sync::Mutex::new(BTreeSet::new());
         // The chunks read ahead (`warm`) and unchanged since are taken
-        // as they are: the I/O is paused only for the rest.
+        // as they are: the I/O is paused only for the rest, which
+        // `freeze_readers` threads read at once.
         let head = &self.layers[self.layers.len() - 1];
         let known = self
             .warm
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .standing(head);
-        let (sum, read) = checksum::chunked(head, &known, |b, chunk| match &head.sums {
-            Some(sums) => check_but(sums, b, chunk, lose, &mut |b| {
-                lost.insert(b);
-            })
-            .map_err(|bad| head.corrupt(bad)),
-            None => Ok(()),
-        })?;
+        let readers = self.freeze_readers;
+        let (sum, read) =
+            checksum::chunked_by(head, &known, readers, |b, chunk| match &head.sums {
+                Some(sums) => check_but(sums, b, chunk, lose, &mut |b| {
+                    lost.lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(b);
+                })
+                .map_err(|bad| head.corrupt(bad)),
+                None => Ok(()),
+            })?;
+        let lost = lost
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let ahead = known.len() as u64;
         let name = next_layer_name(self.meta.chain.iter().map(String::as_str));
         let path = self.dir.join(&name);
@@ -1501,6 +1513,19 @@ impl Replica {
             self.meta.block_sums,
         )?);
         Ok(frozen)
+    }
+
+    /// Sets how many threads a freeze reads its head's chunks with, at
+    /// least one (by default the machine's cores, at most
+    /// `checksum::FREEZE_READERS`); one reads them in order, as every
+    /// freeze did until 2026-12-07 (the freeze bench's peer).
+    pub fn set_freeze_readers(&mut self, n: usize) {
+        self.freeze_readers = n.max(1);
+    }
+
+    /// How many threads a freeze reads its head's chunks with.
+    pub fn freeze_readers(&self) -> usize {
+        self.freeze_readers
     }
 
     /// Grows the volume to `size` bytes (never shrinks).

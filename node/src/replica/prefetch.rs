@@ -9,7 +9,8 @@ use super::BLOCK;
 /// Asks the kernel to read the runs ahead of a sequential reader, up to
 /// `WINDOW` blocks past the run it is on: the reads of many small runs go
 /// to the disk at once instead of one by one (on a fragmented layer, cold,
-/// that is most of the time). The reader stays one thread, in order.
+/// that is most of the time). It is told of the runs in order: by the
+/// one reader, or by a freeze's readers as each takes its next chunk.
 pub struct Prefetch<'a> {
     file: &'a File,
     runs: &'a [(u64, u64)],

@@ -1800,6 +1800,88 @@ fn a_chunk_with_a_bad_block_is_left_to_the_freeze_which_finds_the_block() {
 }
 
 #[test]
+fn a_freeze_read_by_several_threads_records_what_one_reader_does_and_fails_on_the_first_bad_chunk()
+{
+    let d = tempfile::tempdir().unwrap();
+    let (one, four) = (d.path().join("one"), d.path().join("four"));
+    let mut alone = Replica::create(&one, 48 * MIB).unwrap();
+    let mut many = Replica::create(&four, 48 * MIB).unwrap();
+    alone.set_freeze_readers(1);
+    many.set_freeze_readers(4);
+    // Chunks whole, in part, across a chunk's end, and holes between.
+    let mut x = 7u8;
+    for (at, len) in [
+        (0, MIB),
+        (5 * MIB + 3 * BLOCK, 9 * BLOCK),
+        (9 * MIB - 2 * BLOCK, 4 * BLOCK),
+    ]
+    .into_iter()
+    .chain((12..44).map(|c| (c * MIB + (c % 5) * BLOCK, (c % 7 + 1) * 64 * BLOCK)))
+    {
+        x = x.wrapping_mul(31).wrapping_add(17);
+        let data: Vec<u8> = (0..len).map(|i| (i as u8) ^ x).collect();
+        for r in [&mut alone, &mut many] {
+            r.write(at, &data, None).unwrap();
+        }
+    }
+    let a = alone.snapshot(None).unwrap();
+    let b = many.snapshot(None).unwrap();
+    assert_eq!(alone.last_freeze(), (0, 36));
+    assert_eq!(many.last_freeze(), (0, 36));
+    let sum = &many.meta.frozen[&b];
+    assert!(sum.starts_with("c1:"), "{sum}");
+    assert_eq!(sum, &alone.meta.frozen[&a], "the same checksum either way");
+    many.verify().unwrap();
+
+    // Bad blocks in three chunks far apart: the freeze names the first
+    // in the volume's order, and every one given up is frozen lost,
+    // whichever thread read it.
+    many.write(5 * MIB, &[1u8; MIB as usize], None).unwrap();
+    many.write(30 * MIB, &[2u8; 2 * MIB as usize], None)
+        .unwrap();
+    many.write(40 * MIB, &[3u8; MIB as usize], None).unwrap();
+    let head = many.chain().last().unwrap().clone();
+    let bad = [5 * 256 + 17, 30 * 256 + 3, 31 * 256 + 200, 40 * 256];
+    for b in bad {
+        flip(&four.join(&head), b * BLOCK + 11);
+    }
+    for _ in 0..4 {
+        let e = many.snapshot(None).unwrap_err();
+        assert!(
+            matches!(e, ReplicaError::CorruptBlock { block, .. } if block == bad[0]),
+            "{e}"
+        );
+        let e = many
+            .snapshot_losing(None, &BTreeSet::from([bad[0], bad[1]]))
+            .unwrap_err();
+        assert!(
+            matches!(e, ReplicaError::CorruptBlock { block, .. } if block == bad[2]),
+            "{e}"
+        );
+    }
+    assert_eq!(
+        many.chain().last(),
+        Some(&head),
+        "a failed freeze changes nothing"
+    );
+    let frozen = many.snapshot_losing(None, &BTreeSet::from(bad)).unwrap();
+    assert_eq!(frozen, head);
+    assert_eq!(many.meta.lost[&frozen], BTreeSet::from(bad));
+    let mut block = vec![0u8; BLOCK as usize];
+    for b in bad {
+        assert!(matches!(
+            many.read(b * BLOCK, &mut block),
+            Err(ReplicaError::LostBlock { .. })
+        ));
+    }
+    many.read(5 * MIB + BLOCK, &mut block).unwrap();
+    assert!(
+        block.iter().all(|b| *b == 1),
+        "a sound block of a chunk with a lost one"
+    );
+}
+
+#[test]
 fn a_layer_checksum_recorded_before_the_chunked_form_is_checked_in_its_own_form() {
     let d = tempfile::tempdir().unwrap();
     let dir = d.path().join("r");

@@ -3,7 +3,7 @@
 //! second per GiB (performance.md, the freeze bench). Now the engine
 //! first has each replica read its head with the I/O running (`warm`):
 //! chunk by chunk, each chunk's blocks checked against their checksums
-//! and its digest kept (`checksum::chunked`) until a write into the chunk
+//! and its digest kept (`checksum::chunked_by`) until a write into the chunk
 //! drops it (`Warm::forget`, from `mark_dirty`, which every change of the
 //! head's data goes through first). The freeze then reads only the
 //! chunks written since, and takes a kept digest only while its chunk's
