@@ -66,8 +66,9 @@ pub(super) fn take(
         Form::Chunked => {
             let none = BTreeMap::new();
             let plan = Plan::of(l, &none);
-            let read = reader(l, &plan, &plan.queue(l), each);
-            plan.sum(l, &none, read).map(|(sum, _)| sum)
+            let queue = plan.queue(l, &none);
+            reader(l, &plan, &queue, each);
+            plan.sum(queue).map(|(sum, _)| sum)
         }
     }
 }
@@ -99,8 +100,10 @@ fn by_runs(
 }
 
 /// Readers of a freeze's chunks at once, at most: the volume's I/O waits
-/// for the freeze, so the cores it would use are free, and a cold head's
-/// disk answers several reads at once sooner than one after the other.
+/// for the freeze, so the cores it would use are free, and what it reads
+/// after a read ahead (what was written since) is in the page cache,
+/// where the digests, not the disk, set the pace (a cold head read whole
+/// gains nothing: the disk does; performance.md, the freeze bench).
 pub(super) const FREEZE_READERS: usize = 4;
 
 /// How many readers a freeze reads its chunks with on this machine: its
@@ -126,147 +129,187 @@ pub(super) fn chunked_by(
     each: impl Fn(u64, &[u8]) -> Result<(), ReplicaError> + Sync,
 ) -> Result<(String, u64), ReplicaError> {
     let plan = Plan::of(l, known);
-    let queue = plan.queue(l);
+    let queue = plan.queue(l, known);
     let readers = readers.clamp(1, plan.unread.len().max(1));
-    let read = if readers == 1 {
-        reader(l, &plan, &queue, &each)
+    if readers == 1 {
+        reader(l, &plan, &queue, &each);
     } else {
         std::thread::scope(|s| {
             let (plan, queue, each) = (&plan, &queue, &each);
             let others: Vec<_> = (1..readers)
                 .map(|_| s.spawn(move || reader(l, plan, queue, each)))
                 .collect();
-            let mut all = reader(l, plan, queue, each);
+            reader(l, plan, queue, each);
             for o in others {
-                match o.join() {
-                    Ok(read) => all.extend(read),
-                    Err(panic) => std::panic::resume_unwind(panic),
+                if let Err(panic) = o.join() {
+                    std::panic::resume_unwind(panic);
                 }
             }
-            all
-        })
-    };
-    plan.sum(l, known, read)
+        });
+    }
+    plan.sum(queue)
 }
 
 /// What a chunked checksum reads: the layer's runs cut at the chunks'
-/// ends, by chunk, and which chunks are not known.
+/// ends, and which chunks are not known.
 struct Plan {
-    chunks: Vec<(u64, Vec<(u64, u64)>)>,
+    /// The runs cut at the chunks' ends, in order.
+    pieces: Vec<(u64, u64)>,
+    /// Each chunk that holds data, with its pieces (in `pieces`).
+    chunks: Vec<(u64, std::ops::Range<usize>)>,
     /// Indexes in `chunks` of those to read, in order.
     unread: Vec<usize>,
-    /// Their pieces one after the other, for the read ahead, and where
-    /// each one's first is.
-    pieces: Vec<(u64, u64)>,
+    /// The pieces of those, one after the other, for the read ahead, and
+    /// where each one's first is.
+    ahead: Vec<(u64, u64)>,
     starts: Vec<usize>,
 }
 
-/// What the readers of a chunked checksum take turns at.
+/// What the readers of a chunked checksum take turns at: the chunks to
+/// read, and the checksum taken as their digests come, in order.
 struct Queue<'a> {
     /// The next to read, of `Plan::unread`.
     next: usize,
-    /// The first that failed: none past it is started.
-    failed: usize,
+    /// The first that failed, and how: none past it is started.
+    failed: Option<(usize, ReplicaError)>,
     /// Asks the disk for the pieces ahead of the readers.
     ahead: Prefetch<'a>,
+    known: &'a BTreeMap<u64, Digest>,
+    /// The digests of the whole layer so far, and the next chunk (of
+    /// `Plan::chunks`) and chunk to read (of `Plan::unread`) they need.
+    top: blake3::Hasher,
+    hashed: usize,
+    unread_hashed: usize,
+    /// Digests read ahead of the next the hash needs (a reader a chunk
+    /// or two ahead of another): a few at most.
+    early: BTreeMap<usize, Digest>,
+}
+
+impl Queue<'_> {
+    /// Hashes the chunks' digests in order as far as they are known or
+    /// read.
+    fn advance(&mut self, plan: &Plan) {
+        while let Some((c, _)) = plan.chunks.get(self.hashed) {
+            let d = match self.known.get(c) {
+                Some(d) => *d,
+                None => match self.early.remove(&self.unread_hashed) {
+                    Some(d) => {
+                        self.unread_hashed += 1;
+                        d
+                    }
+                    None => return,
+                },
+            };
+            self.top.update(&c.to_le_bytes());
+            self.top.update(&d);
+            self.hashed += 1;
+        }
+    }
 }
 
 impl Plan {
     fn of(l: &Layer, known: &BTreeMap<u64, Digest>) -> Plan {
-        let mut chunks: Vec<(u64, Vec<(u64, u64)>)> = Vec::new();
+        let (mut pieces, mut chunks) = (Vec::new(), Vec::<(u64, std::ops::Range<usize>)>::new());
         for (s, e) in l.map.runs() {
             let mut b = s;
             while b < e {
                 let end = e.min((b / CHUNK + 1) * CHUNK);
                 match chunks.last_mut() {
-                    Some((c, pieces)) if *c == b / CHUNK => pieces.push((b, end)),
-                    _ => chunks.push((b / CHUNK, vec![(b, end)])),
+                    Some((c, at)) if *c == b / CHUNK => at.end += 1,
+                    _ => chunks.push((b / CHUNK, pieces.len()..pieces.len() + 1)),
                 }
+                pieces.push((b, end));
                 b = end;
             }
         }
         let unread: Vec<usize> = (0..chunks.len())
             .filter(|i| !known.contains_key(&chunks[*i].0))
             .collect();
-        let (mut pieces, mut starts) = (Vec::new(), Vec::with_capacity(unread.len()));
+        let (mut ahead, mut starts) = (Vec::new(), Vec::with_capacity(unread.len()));
         for &i in &unread {
-            starts.push(pieces.len());
-            pieces.extend_from_slice(&chunks[i].1);
+            starts.push(ahead.len());
+            ahead.extend_from_slice(&pieces[chunks[i].1.clone()]);
         }
         Plan {
+            pieces,
             chunks,
             unread,
-            pieces,
+            ahead,
             starts,
         }
     }
 
-    fn queue<'a>(&'a self, l: &'a Layer) -> Mutex<Queue<'a>> {
+    fn queue<'a>(&'a self, l: &'a Layer, known: &'a BTreeMap<u64, Digest>) -> Mutex<Queue<'a>> {
         Mutex::new(Queue {
             next: 0,
-            failed: usize::MAX,
-            ahead: Prefetch::new(&l.file, &self.pieces),
+            failed: None,
+            ahead: Prefetch::new(&l.file, &self.ahead),
+            known,
+            top: blake3::Hasher::new(),
+            hashed: 0,
+            unread_hashed: 0,
+            early: BTreeMap::new(),
         })
     }
 
-    /// The checksum from the digests `known` and those `read` (by index
-    /// in `unread`, in any order), or the failure of the first chunk
-    /// read that failed; with how many chunks were read.
-    fn sum(
-        &self,
-        l: &Layer,
-        known: &BTreeMap<u64, Digest>,
-        mut read: Vec<(usize, Result<Digest, ReplicaError>)>,
-    ) -> Result<(String, u64), ReplicaError> {
-        read.sort_by_key(|(k, _)| *k);
-        let mut digests = BTreeMap::new();
-        for (k, one) in read {
-            digests.insert(self.chunks[self.unread[k]].0, one?);
+    /// The checksum, once the readers are done, or the failure of the
+    /// first chunk that failed; with how many chunks were read.
+    fn sum(&self, queue: Mutex<Queue<'_>>) -> Result<(String, u64), ReplicaError> {
+        let mut q = queue.into_inner().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, e)) = q.failed.take() {
+            return Err(e);
         }
-        let mut top = blake3::Hasher::new();
-        for (c, _) in &self.chunks {
-            let d = known.get(c).or_else(|| digests.get(c)).ok_or_else(|| {
-                ReplicaError::Corrupt(format!("chunk {c} of {} was not read", l.path.display()))
-            })?;
-            top.update(&c.to_le_bytes());
-            top.update(d);
+        q.advance(self);
+        if q.hashed < self.chunks.len() {
+            return Err(ReplicaError::Corrupt(format!(
+                "a chunked checksum ended at chunk {} of {}",
+                q.hashed,
+                self.chunks.len()
+            )));
         }
         Ok((
-            format!("{CHUNKED}{}", top.finalize().to_hex()),
+            format!("{CHUNKED}{}", q.top.finalize().to_hex()),
             self.unread.len() as u64,
         ))
     }
 }
 
 /// One reader of a chunked checksum: takes the next chunk to read until
-/// none is left or one before it failed; each chunk's digest (or
-/// failure) by its index in `unread`.
+/// none is left or one before it failed, and hands its digest to the
+/// checksum (or its failure, kept if it is the first in order).
 fn reader(
     l: &Layer,
     plan: &Plan,
     queue: &Mutex<Queue<'_>>,
     mut each: impl FnMut(u64, &[u8]) -> Result<(), ReplicaError>,
-) -> Vec<(usize, Result<Digest, ReplicaError>)> {
+) {
     let mut buf = vec![0u8; (BLOCK * CHUNK) as usize];
-    let mut read = Vec::new();
     loop {
         let k = {
             let mut q = queue.lock().unwrap_or_else(PoisonError::into_inner);
-            if q.next >= plan.unread.len() || q.next > q.failed {
-                return read;
+            let past_failed = q.failed.as_ref().is_some_and(|(f, _)| q.next > *f);
+            if q.next >= plan.unread.len() || past_failed {
+                return;
             }
             let k = q.next;
             q.next += 1;
             q.ahead.reading(plan.starts[k]);
             k
         };
-        let pieces = &plan.chunks[plan.unread[k]].1;
+        let pieces = &plan.pieces[plan.chunks[plan.unread[k]].1.clone()];
         let one = digest((&l.file, l.path.as_path()), pieces, &mut buf, &mut each);
-        if one.is_err() {
-            let mut q = queue.lock().unwrap_or_else(PoisonError::into_inner);
-            q.failed = q.failed.min(k);
+        let mut q = queue.lock().unwrap_or_else(PoisonError::into_inner);
+        match one {
+            Ok(d) => {
+                q.early.insert(k, d);
+                q.advance(plan);
+            }
+            Err(e) => {
+                if q.failed.as_ref().is_none_or(|(f, _)| k < *f) {
+                    q.failed = Some((k, e));
+                }
+            }
         }
-        read.push((k, one));
     }
 }
 
