@@ -1455,21 +1455,13 @@ async fn a_snapshot_reads_each_head_ahead_and_its_freeze_reads_only_what_was_wri
     engine.write(0, &data, false).await.unwrap();
     engine.flush().await.unwrap();
     Arc::clone(&engine).snapshot(None).await.unwrap();
-    for a in &addrs {
+    for (a, d) in addrs.iter().zip([&d1, &d2]) {
         let c = ReplicaClient::connect(&a.addr, &a.name).await.unwrap();
         let info = c.info().await.unwrap();
         assert_eq!(info["last_freeze"]["read_ahead"], 4, "{info}");
         assert_eq!(info["last_freeze"]["read"], 0, "{info}");
         // The layer frozen checks whole against the checksum recorded.
-        let view = Replica::open_view(&replica_dir(
-            if a.name == "v-r1" {
-                d1.path()
-            } else {
-                d2.path()
-            },
-            &a.name,
-        ))
-        .unwrap();
+        let view = Replica::open_view(&replica_dir(d.path(), &a.name)).unwrap();
         view.verify().unwrap();
     }
     assert_eq!(

@@ -65,10 +65,7 @@ pub(super) fn take(
         Form::Runs => by_runs(l, each),
         Form::Chunked => {
             let none = BTreeMap::new();
-            let plan = Plan::of(l, &none);
-            let queue = plan.queue(l, &none);
-            reader(l, &plan, &queue, each);
-            plan.sum(queue).map(|(sum, _)| sum)
+            alone(l, &Plan::of(l, &none), &none, each).map(|(sum, _)| sum)
         }
     }
 }
@@ -129,24 +126,37 @@ pub(super) fn chunked_by(
     each: impl Fn(u64, &[u8]) -> Result<(), ReplicaError> + Sync,
 ) -> Result<(String, u64), ReplicaError> {
     let plan = Plan::of(l, known);
-    let queue = plan.queue(l, known);
     let readers = readers.clamp(1, plan.unread.len().max(1));
     if readers == 1 {
-        reader(l, &plan, &queue, &each);
-    } else {
-        std::thread::scope(|s| {
-            let (plan, queue, each) = (&plan, &queue, &each);
-            let others: Vec<_> = (1..readers)
-                .map(|_| s.spawn(move || reader(l, plan, queue, each)))
-                .collect();
-            reader(l, plan, queue, each);
-            for o in others {
-                if let Err(panic) = o.join() {
-                    std::panic::resume_unwind(panic);
-                }
-            }
-        });
+        return alone(l, &plan, known, each);
     }
+    let queue = plan.queue(l, known);
+    std::thread::scope(|s| {
+        let (plan, queue, each) = (&plan, &queue, &each);
+        let others: Vec<_> = (1..readers)
+            .map(|_| s.spawn(move || reader(l, plan, queue, each)))
+            .collect();
+        reader(l, plan, queue, each);
+        for o in others {
+            if let Err(panic) = o.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
+    });
+    plan.sum(queue)
+}
+
+/// The chunked form of `plan` read by one reader on this thread
+/// (`chunked_by`'s way with one reader; `each` may then change what it
+/// holds).
+fn alone(
+    l: &Layer,
+    plan: &Plan,
+    known: &BTreeMap<u64, Digest>,
+    each: impl FnMut(u64, &[u8]) -> Result<(), ReplicaError>,
+) -> Result<(String, u64), ReplicaError> {
+    let queue = plan.queue(l, known);
+    reader(l, plan, &queue, each);
     plan.sum(queue)
 }
 
