@@ -6,6 +6,14 @@
 //! Prints the merge's time, the ratio to `cp`, the peak extra space (the
 //! layers' allocated bytes above where they started, sampled after every
 //! step) against the lower layer's size, and the bytes given back.
+//!
+//! Then the volume's writes during a merge: `merge_paced` (as a server or
+//! an engine runs it, unpaced here) merges the same layers while a writer
+//! writes 4 KiB blocks into the head at random places, one at a time, as
+//! fast as the replica takes them; prints the longest write against `cat`
+//! of the merged layer from the disk (what a merge's end reads: until
+//! 2026-12-07 it read it with the replica held, and a write waited for it
+//! all).
 //! Run: `cargo bench -p ballast-node --bench merge` (BENCH_DIR picks the
 //! disk).
 
@@ -14,9 +22,12 @@ mod common;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use ballast_node::replica::{MERGE_CHUNK, Replica};
+use ballast_node::replica::{MERGE_CHUNK, Replica, merge_paced};
 use common::{drop_caches, fill, median};
 
 const SIZE: u64 = 1 << 30;
@@ -115,5 +126,76 @@ fn main() {
         peak_extra as f64 / lower_size as f64,
         mib(lower_size),
         mib(given_back)
+    );
+    writes_during_merges(&base);
+}
+
+/// Writes 4 KiB blocks of pseudo-random data at random places of `r`'s
+/// head, one at a time, until `done`; the longest write (its wait for the
+/// replica with it) and how many.
+fn writer(r: Arc<RwLock<Replica>>, done: Arc<AtomicBool>) -> JoinHandle<(Duration, u64)> {
+    std::thread::spawn(move || {
+        let (mut x, mut buf) = (0x9e37_79b9_7f4a_7c15u64, vec![0u8; 4096]);
+        let (mut worst, mut n) = (Duration::ZERO, 0u64);
+        while !done.load(Ordering::SeqCst) {
+            fill(&mut x, &mut buf);
+            let at = (x % (SIZE / 4096)) * 4096;
+            let t = Instant::now();
+            r.write().unwrap().write(at, &buf, None).unwrap();
+            worst = worst.max(t.elapsed());
+            n += 1;
+        }
+        (worst, n)
+    })
+}
+
+/// The longest of the writes into the head made while `merge_paced` ran,
+/// against `cat` of the merged layer from the disk, and the same writer
+/// as long without a merge; median of 3.
+fn writes_during_merges(base: &Path) {
+    let (mut longest, mut cats, mut alone) = (Vec::new(), Vec::new(), Vec::new());
+    for run in 0..3 {
+        let tmp = tempfile::tempdir_in(base).unwrap();
+        let dir = tmp.path().join("r");
+        let r = Arc::new(RwLock::new(replica(&dir)));
+        drop_caches();
+        let done = Arc::new(AtomicBool::new(false));
+        let writing = writer(r.clone(), done.clone());
+        let t = Instant::now();
+        let report = merge_paced(&r, &[], u64::MAX, &|| false).unwrap();
+        let took = t.elapsed();
+        done.store(true, Ordering::SeqCst);
+        let (worst, n) = writing.join().unwrap();
+        assert_eq!(report.merged, 1, "{report:?}");
+
+        drop_caches();
+        let done = Arc::new(AtomicBool::new(false));
+        let writing = writer(r.clone(), done.clone());
+        std::thread::sleep(took);
+        done.store(true, Ordering::SeqCst);
+        let (worst_alone, n_alone) = writing.join().unwrap();
+
+        let merged = dir.join(&r.read().unwrap().chain()[0]);
+        drop(r);
+        drop_caches();
+        let t = Instant::now();
+        let out = Command::new("cat")
+            .arg(&merged)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(out.success());
+        cats.push(t.elapsed());
+        println!(
+            "run {run}: merge_paced {took:?} with {n} writes into the head, the longest {worst:?}; as long without a merge {n_alone} writes, the longest {worst_alone:?}; cat of the merged layer {:?}",
+            cats[run]
+        );
+        longest.push(worst);
+        alone.push(worst_alone);
+    }
+    let (w, c, a) = (median(longest), median(cats), median(alone));
+    println!(
+        "longest write into the head during a merge vs cat of the merged layer: {:.3}x ({w:?} against {c:?}); without a merge, the longest {a:?}",
+        w.as_secs_f64() / c.as_secs_f64()
     );
 }

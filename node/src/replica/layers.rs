@@ -144,6 +144,7 @@ impl Replica {
         meta.pending = report.pending.iter().cloned().collect();
         // A merge under way ends with the chain it was merging.
         meta.merging = None;
+        self.merges += 1;
         // A kept layer is the source's, lost blocks and all; a pending one
         // learns its lost blocks from the source as it completes.
         meta.lost.retain(|name, _| report.kept.contains(name));

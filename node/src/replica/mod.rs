@@ -41,7 +41,7 @@ pub use fence::{FENCE_FILE, read as read_fence};
 pub use integrity::{Mark, corrupt_layer, mark_corrupt_in};
 use integrity::{marks_in, read_suspects};
 pub use layers::{JoinReport, LayerSpec};
-pub use merge::{MERGE_CHUNK, MergeJournal, MergeStep};
+pub use merge::{MERGE_CHUNK, MergeEnd, MergeEnded, MergeJournal, MergeStep, MergeSum};
 pub use meta::{META_FILE, Meta, valid_snapshot_id, write_durably};
 pub use prefetch::Prefetch;
 pub use regions::{IDLE_FLUSHES, INTERVAL as DIRTY_INTERVAL, REGION as DIRTY_REGION};
@@ -385,6 +385,10 @@ pub struct Replica {
     /// Threads a freeze reads its head's chunks with
     /// (`checksum::freeze_readers`, `set_freeze_readers`).
     freeze_readers: usize,
+    /// Counts every time a merge began or ended, or a join ended one: the
+    /// end of a merge taken without the replica (`MergeEnd`) is recorded
+    /// only when the count is still the one it was taken at.
+    merges: u64,
 }
 
 fn layer_name(n: usize) -> String {
@@ -630,6 +634,7 @@ impl Replica {
             warm: std::sync::Mutex::default(),
             last_freeze: (0, 0),
             freeze_readers: checksum::freeze_readers(),
+            merges: 0,
         })
     }
 

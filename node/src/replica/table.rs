@@ -731,7 +731,8 @@ pub struct MergeReport {
 
 /// Merges every layer of `replica` that no snapshot in `keep` needs, one
 /// 4 MiB step at a time under its lock, copying at most `rate` bytes per
-/// second (by its server, or by the engine it is lent to). A merge that
+/// second (by its server, or by the engine it is lent to); each merge's
+/// end, a read of the whole upper layer, without the lock (`MergeEnd`). A merge that
 /// found a block failing its checksum ends, and the error names it (see
 /// `merge`'s module). Stops, leaving
 /// the merge to whoever opens the replica next, once `stop` says so
@@ -793,17 +794,35 @@ pub fn merge_paced(
             }
             at = step.next;
         }
-        {
+        // The end reads the whole upper layer: without the replica, so
+        // that the volume's writes go on (`MergeEnd`).
+        let end = {
+            let r = replica.read().map_err(|_| poisoned())?;
+            if stop() || r.next_merge().as_ref() != Some(&next) {
+                return Ok(report);
+            }
+            r.merge_end()?
+        };
+        let got = end.take()?;
+        let (ended, found) = {
             let mut r = replica.write().map_err(|_| poisoned())?;
             if stop() {
                 return Ok(report);
             }
-            bad.extend(r.finish_merge()?);
-            // The merge ended, its bad blocks marked: its caller is told,
-            // as by a scrub, and no other merge runs on this replica.
-            if let Some(&b) = bad.first() {
-                return Err(r.found_bad(&next.into, b));
-            }
+            let Some(ended) = r.record_merge_end(end, got)? else {
+                // A join replaced the chain meanwhile.
+                return Ok(report);
+            };
+            bad.extend(ended.bad.iter().copied());
+            let found = bad.first().map(|&b| r.found_bad(&next.into, b));
+            (ended, found)
+        };
+        // The lower layer's files close here, the replica released.
+        drop(ended);
+        // The merge ended, its bad blocks marked: its caller is told, as
+        // by a scrub, and no other merge runs on this replica.
+        if let Some(e) = found {
+            return Err(e);
         }
         report.merged += 1;
     }

@@ -845,6 +845,117 @@ fn a_merge_keeps_every_read_and_gives_the_overlap_back() {
     assert!(!dir.path().join("layer-000001.sums").exists());
 }
 
+/// A merge's end, a read of the whole upper layer for its checksum, is
+/// taken apart from the replica (`MergeEnd`), so that the volume's writes
+/// go on meanwhile (until 2026-12-07 each of them waited for that read):
+/// writes made to the head while it is taken are kept, and what the end
+/// records is what an end taken with the replica held throughout records.
+#[test]
+fn a_merge_ended_apart_from_the_replica_keeps_the_writes_made_meanwhile_and_records_the_same() {
+    let (held_dir, apart_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut held, mut want) = three_layers(held_dir.path());
+    let (mut apart, _) = three_layers(apart_dir.path());
+    let j = held.next_merge().unwrap();
+    held.merge(&j, false, |_| {}).unwrap();
+
+    apart.begin_merge(&j).unwrap();
+    let mut at = Some(0);
+    while let Some(b) = at {
+        at = apart.merge_some(b, MERGE_CHUNK, false).unwrap().next;
+    }
+    let end = apart.merge_end().unwrap();
+    // Over blocks the upper layer holds, one it took from the lower layer,
+    // and one no layer held.
+    let writes = [(9, 0xd1u8), (4, 0xd2), (41, 0xd3), (50, 0xd4)];
+    let (first, rest) = writes.split_at(2);
+    for &(b, byte) in first {
+        apart
+            .write(b * BLOCK, &[byte; BLOCK as usize], None)
+            .unwrap();
+    }
+    let got = end.take().unwrap();
+    for &(b, byte) in rest {
+        apart
+            .write(b * BLOCK, &[byte; BLOCK as usize], None)
+            .unwrap();
+    }
+    let ended = apart.record_merge_end(end, got).unwrap().unwrap();
+    assert!(ended.bad.is_empty(), "{:?}", ended.bad);
+    // The lower layer's files are gone from the directory, and closed only
+    // with the answer, by a caller that no longer holds the replica: their
+    // last close frees (and may discard) every block they held.
+    let from = apart_dir.path().join(&j.from);
+    assert!(!from.exists());
+    let open_on = |path: &Path| {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+            .filter(|to| to.to_string_lossy().starts_with(&*path.to_string_lossy()))
+            .count()
+    };
+    assert_eq!(open_on(&from), 1, "the lower layer's file is still open");
+    drop(ended);
+    assert_eq!(open_on(&from), 0, "and closed with the answer");
+
+    assert_eq!(apart.chain(), held.chain());
+    assert_eq!(apart.next_merge(), None);
+    let (a, h) = (apart.layers(), held.layers());
+    assert_eq!(a[0], h[0], "the merged layer, its checksum with it");
+    for &(b, byte) in &writes {
+        want[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize].fill(byte);
+    }
+    assert!(read_all(&apart) == want, "reads changed");
+    apart.verify().unwrap();
+    drop(apart);
+    let apart = Replica::open(apart_dir.path()).unwrap();
+    assert!(read_all(&apart) == want, "reads changed after reopen");
+    apart.verify().unwrap();
+}
+
+/// A merge's end taken apart from the replica is not recorded once a
+/// join ended the merge meanwhile (a rebuild replaced the chain): it
+/// would record a checksum for a layer of the old chain and remove the
+/// files of the layer the join keeps as a pending layer's seed.
+#[test]
+fn a_merge_end_taken_before_a_join_records_nothing() {
+    let (dir, other) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut r, _) = three_layers(dir.path());
+    let mut src = Replica::create(other.path(), START).unwrap();
+    src.write(0, &vec![0xe1; (8 * BLOCK) as usize], None)
+        .unwrap();
+    src.snapshot(None).unwrap();
+    src.write(0, &vec![0xe2; (4 * BLOCK) as usize], None)
+        .unwrap();
+    src.snapshot(None).unwrap();
+
+    let j = r.next_merge().unwrap();
+    r.begin_merge(&j).unwrap();
+    let mut at = Some(0);
+    while let Some(b) = at {
+        at = r.merge_some(b, MERGE_CHUNK, false).unwrap().next;
+    }
+    let end = r.merge_end().unwrap();
+    let got = end.take().unwrap();
+    let head = src.chain().last().unwrap().clone();
+    let report = r.join(&frozen_specs(&src), &head, src.revision()).unwrap();
+    assert_eq!(report.seeded, [j.from.clone(), j.into.clone()]);
+    let chain = r.chain();
+
+    assert!(r.record_merge_end(end, got).unwrap().is_none());
+    assert_eq!(r.chain(), chain);
+    assert_eq!(r.pending(), [j.from.clone(), j.into.clone()]);
+    assert!(
+        dir.path().join(&j.from).exists(),
+        "the seed of a pending layer is kept"
+    );
+    assert!(!r.is_corrupt(&j.into));
+    drop(r);
+    let r = Replica::open(dir.path()).unwrap();
+    assert_eq!(r.chain(), chain);
+    assert_eq!(r.pending(), [j.from, j.into]);
+}
+
 #[test]
 fn a_merge_cut_off_mid_block_is_finished_at_open_with_the_same_data() {
     let dir = tempfile::tempdir().unwrap();
