@@ -24,11 +24,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use ballast_node::replica::{MERGE_CHUNK, Replica, merge_paced};
-use common::{drop_caches, fill, median};
+use common::{drop_caches, every_other_mib, fill, median, writer};
 
 const SIZE: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -50,14 +49,10 @@ fn on_disk(dir: &Path) -> u64 {
 /// A replica whose first frozen layer holds every other MiB of the
 /// volume, and whose second rewrote a quarter of those.
 fn replica(dir: &Path) -> Replica {
-    let mut r = Replica::create(dir, SIZE).unwrap();
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut buf = vec![0u8; MIB as usize];
-    for k in (0..SIZE / MIB).step_by(2) {
-        fill(&mut x, &mut buf);
-        r.write(k * MIB, &buf, None).unwrap();
-    }
+    let mut r = every_other_mib(dir, SIZE);
     r.snapshot(None).unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut buf = vec![0u8; MIB as usize];
     for k in (0..SIZE / MIB).step_by(8) {
         fill(&mut x, &mut buf);
         r.write(k * MIB, &buf, None).unwrap();
@@ -130,25 +125,6 @@ fn main() {
     writes_during_merges(&base);
 }
 
-/// Writes 4 KiB blocks of pseudo-random data at random places of `r`'s
-/// head, one at a time, until `done`; the longest write (its wait for the
-/// replica with it) and how many.
-fn writer(r: Arc<RwLock<Replica>>, done: Arc<AtomicBool>) -> JoinHandle<(Duration, u64)> {
-    std::thread::spawn(move || {
-        let (mut x, mut buf) = (0x9e37_79b9_7f4a_7c15u64, vec![0u8; 4096]);
-        let (mut worst, mut n) = (Duration::ZERO, 0u64);
-        while !done.load(Ordering::SeqCst) {
-            fill(&mut x, &mut buf);
-            let at = (x % (SIZE / 4096)) * 4096;
-            let t = Instant::now();
-            r.write().unwrap().write(at, &buf, None).unwrap();
-            worst = worst.max(t.elapsed());
-            n += 1;
-        }
-        (worst, n)
-    })
-}
-
 /// The longest of the writes into the head made while `merge_paced` ran,
 /// against `cat` of the merged layer from the disk, and the same writer
 /// as long without a merge; median of 3.
@@ -160,7 +136,7 @@ fn writes_during_merges(base: &Path) {
         let r = Arc::new(RwLock::new(replica(&dir)));
         drop_caches();
         let done = Arc::new(AtomicBool::new(false));
-        let writing = writer(r.clone(), done.clone());
+        let writing = writer(r.clone(), SIZE, done.clone());
         let t = Instant::now();
         let report = merge_paced(&r, &[], u64::MAX, &|| false).unwrap();
         let took = t.elapsed();
@@ -170,7 +146,7 @@ fn writes_during_merges(base: &Path) {
 
         drop_caches();
         let done = Arc::new(AtomicBool::new(false));
-        let writing = writer(r.clone(), done.clone());
+        let writing = writer(r.clone(), SIZE, done.clone());
         std::thread::sleep(took);
         done.store(true, Ordering::SeqCst);
         let (worst_alone, n_alone) = writing.join().unwrap();

@@ -12,6 +12,15 @@
 //! checked against its checksum and then completed; a replica with no
 //! pending layer holds the whole volume. Completed layers survive a
 //! restart, so a rebuild cut off resumes from them.
+//!
+//! The check reads the whole layer. The replica takes the volume's writes
+//! from its join on (into its head), and its engine gives it up when one
+//! waits past the replica timeout (`engine-replica-timeout`, 8 to 30 s):
+//! so the check runs on a second handle of the layer, without the
+//! replica (`Completion`). Until 2026-12-07 it ran with the replica held:
+//! a write waited for the whole read (the complete bench), and a layer
+//! whose read took longer than that timeout, on a volume being written,
+//! could fail its rebuild at every attempt.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -60,6 +69,34 @@ pub(super) fn valid_layer_name(name: &str) -> bool {
         && name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+}
+
+/// A filled layer's check, taken apart from the replica
+/// (`Replica::completion`): a second handle on the layer, so that making
+/// it durable and reading it whole for its checksum (`take`) need no lock
+/// on the replica, which takes the volume's writes meanwhile. Its fill
+/// is done by then and writes it no more.
+pub struct Completion {
+    /// `Replica::epoch` when it was taken.
+    began: u64,
+    layer: Layer,
+    /// The source's checksum of the layer.
+    want: String,
+    /// The blocks the source's layer records lost.
+    lost: Vec<u64>,
+}
+
+impl Completion {
+    /// Makes the layer durable and takes its checksum in the form of the
+    /// source's, recording each block's checksum in the layer's table as
+    /// it is read. Holds nothing of the replica.
+    pub fn take(&mut self) -> Result<String, ReplicaError> {
+        let l = &mut self.layer;
+        l.file
+            .sync_all()
+            .map_err(|e| ReplicaError::io(&l.path, e))?;
+        l.checksum_taking_sums(&self.want)
+    }
 }
 
 impl Replica {
@@ -144,7 +181,7 @@ impl Replica {
         meta.pending = report.pending.iter().cloned().collect();
         // A merge under way ends with the chain it was merging.
         meta.merging = None;
-        self.merges += 1;
+        self.epoch += 1;
         // A kept layer is the source's, lost blocks and all; a pending one
         // learns its lost blocks from the source as it completes.
         meta.lost.retain(|name, _| report.kept.contains(name));
@@ -380,7 +417,7 @@ impl Replica {
     /// seed held them, the source's layer does not.
     pub fn punch_layer(&mut self, name: &str, offset: u64, len: u64) -> Result<(), ReplicaError> {
         self.check_blocks("layer punch", offset, len)?;
-        let i = self.pending_at(name)?;
+        let i = self.pending_mut(name)?;
         self.layers[i].punch(offset / BLOCK, (offset + len) / BLOCK)
     }
 
@@ -405,6 +442,13 @@ impl Replica {
         self.layer_at(name)
     }
 
+    /// `pending_at`, for a change of the layer (`epoch` counts it).
+    fn pending_mut(&mut self, name: &str) -> Result<usize, ReplicaError> {
+        let i = self.pending_at(name)?;
+        self.epoch += 1;
+        Ok(i)
+    }
+
     /// Writes block-aligned data into a pending layer.
     pub fn write_layer(
         &mut self,
@@ -413,7 +457,7 @@ impl Replica {
         data: &[u8],
     ) -> Result<(), ReplicaError> {
         self.check_blocks("layer write", offset, data.len() as u64)?;
-        let i = self.pending_at(name)?;
+        let i = self.pending_mut(name)?;
         let l = &mut self.layers[i];
         l.file
             .write_all_at(data, offset)
@@ -425,7 +469,7 @@ impl Replica {
 
     /// Empties a pending layer again (after a failed copy).
     pub fn reset_layer(&mut self, name: &str) -> Result<(), ReplicaError> {
-        let i = self.pending_at(name)?;
+        let i = self.pending_mut(name)?;
         let l = &mut self.layers[i];
         l.file
             .set_len(0)
@@ -441,7 +485,7 @@ impl Replica {
 
     /// Re-reads a pending layer whose file was replaced (by a local copy).
     pub fn reopen_layer(&mut self, name: &str) -> Result<(), ReplicaError> {
-        let i = self.pending_at(name)?;
+        let i = self.pending_mut(name)?;
         let path = self.layers[i].path.clone();
         let file = open_rw(&path)?;
         // A layer copied from a smaller volume (a restore into a larger
@@ -463,24 +507,48 @@ impl Replica {
 
     /// Checks a filled layer against its checksum and completes it, with
     /// the blocks the source's layer records lost (`lost`, see
-    /// `Meta::lost`). A mismatch leaves it pending.
+    /// `Meta::lost`). A mismatch leaves it pending. The same as
+    /// `completion`, `Completion::take` and `record_completion` with the
+    /// replica held throughout.
     pub fn complete_layer(&mut self, name: &str, lost: &[u64]) -> Result<(), ReplicaError> {
+        let mut c = self.completion(name, lost)?;
+        let got = c.take()?;
+        self.record_completion(c, &got)
+    }
+
+    /// What completing the filled layer `name` needs, to be checked
+    /// without the replica (`Completion`).
+    pub fn completion(&self, name: &str, lost: &[u64]) -> Result<Completion, ReplicaError> {
         let i = self.pending_at(name)?;
         if let Some(b) = lost.iter().find(|b| !self.layers[i].map.get(**b)) {
             return Err(ReplicaError::Invalid(format!(
                 "the source records block {b} of layer {name} lost, and the layer does not hold it"
             )));
         }
-        let l = &self.layers[i];
-        l.file
-            .sync_all()
-            .map_err(|e| ReplicaError::io(&l.path, e))?;
-        // The layer's block checksums are taken in the same read.
-        let want = self.meta.frozen.get(name).cloned().unwrap_or_default();
-        let got = self.checksum_taking_sums(i, &want)?;
-        if got != want {
+        Ok(Completion {
+            began: self.epoch,
+            layer: self.layers[i].second_handle(self.meta.size / BLOCK)?,
+            want: self.meta.frozen.get(name).cloned().unwrap_or_default(),
+            lost: lost.to_vec(),
+        })
+    }
+
+    /// Completes the layer `c` was taken of, once its `take` found `got`:
+    /// a checksum other than the source's leaves it pending (Corrupt), as
+    /// does a change of the replica's layers since `c` was taken (a join,
+    /// or another fill's writes: Invalid).
+    pub fn record_completion(&mut self, c: Completion, got: &str) -> Result<(), ReplicaError> {
+        let name = c.layer.name.as_str();
+        let i = self.pending_at(name)?;
+        if self.epoch != c.began {
+            return Err(ReplicaError::Invalid(format!(
+                "layer {name} changed while it was checked; it stays pending"
+            )));
+        }
+        if got != c.want {
             return Err(ReplicaError::Corrupt(format!(
-                "layer {name} arrived with checksum {got}, the source's is {want}"
+                "layer {name} arrived with checksum {got}, the source's is {}",
+                c.want
             )));
         }
         // A lost block's checksum is taken so that it fails, as the
@@ -488,7 +556,7 @@ impl Replica {
         let l = &mut self.layers[i];
         if let Some(s) = &mut l.sums {
             let mut block = vec![0u8; BLOCK as usize];
-            for &b in lost {
+            for &b in &c.lost {
                 l.file
                     .read_exact_at(&mut block, b * BLOCK)
                     .map_err(|e| ReplicaError::io(&l.path, e))?;
@@ -498,14 +566,15 @@ impl Replica {
         }
         let mut meta = self.meta.clone();
         meta.pending.remove(name);
-        if !lost.is_empty() {
-            tracing::error!(dir = %self.dir.display(), layer = %name, blocks = ?lost,
+        if !c.lost.is_empty() {
+            tracing::error!(dir = %self.dir.display(), layer = %name, blocks = ?c.lost,
                 "layer filled with blocks its source lost: each fails its reads until it is written again");
             meta.lost
-                .insert(name.to_string(), lost.iter().copied().collect());
+                .insert(name.to_string(), c.lost.iter().copied().collect());
         }
         meta.write(&self.dir)?;
         self.meta = meta;
+        self.epoch += 1;
         Ok(())
     }
 

@@ -54,7 +54,7 @@ pub struct MergeJournal {
 /// (`Replica::record_merge_end`).
 pub struct MergeEnd {
     j: MergeJournal,
-    /// `Replica::merges` when it was taken.
+    /// `Replica::epoch` when it was taken.
     began: u64,
     /// The upper layer: its file, a copy of its map, its table mapped
     /// again (read only, though mapped as the owner's).
@@ -199,7 +199,7 @@ impl Replica {
         meta.merging = Some(j.clone());
         meta.write(&self.dir)?;
         self.meta = meta;
-        self.merges += 1;
+        self.epoch += 1;
         Ok(())
     }
 
@@ -351,30 +351,19 @@ impl Replica {
     /// replica (`MergeEnd`), once every block was copied.
     pub fn merge_end(&self) -> Result<MergeEnd, ReplicaError> {
         let j = self.merge_under_way()?;
-        let l = &self.layers[self.layer_at(&j.into)?];
-        let file = l
-            .file
-            .try_clone()
-            .map_err(|e| ReplicaError::io(&l.path, e))?;
-        let sums = match &l.sums {
-            Some(_) => Some(sums::BlockSums::open(
-                &sums::path_of(&l.path),
-                self.meta.size / BLOCK,
-            )?),
-            None => None,
-        };
+        let layer = self.layers[self.layer_at(&j.into)?].second_handle(self.meta.size / BLOCK)?;
         Ok(MergeEnd {
-            began: self.merges,
+            began: self.epoch,
             lost: self.lost_of(&j.into).clone(),
-            layer: Layer {
-                name: l.name.clone(),
-                path: l.path.clone(),
-                file,
-                map: l.map.clone(),
-                sums,
-            },
+            layer,
             j,
         })
+    }
+
+    /// Whether the merge `end` was taken of is still under way, the
+    /// replica's layers unchanged since (`epoch`): no join ended it.
+    pub fn merge_end_stands(&self, end: &MergeEnd) -> bool {
+        self.meta.merging.as_ref() == Some(&end.j) && self.epoch == end.began
     }
 
     /// Records the end of the merge that `end` was taken of, with what its
@@ -389,10 +378,10 @@ impl Replica {
         got: MergeSum,
     ) -> Result<Option<MergeEnded>, ReplicaError> {
         self.check(0, 0)?;
-        let j = match &self.meta.merging {
-            Some(j) if *j == end.j && self.merges == end.began => j.clone(),
-            _ => return Ok(None),
-        };
+        if !self.merge_end_stands(&end) {
+            return Ok(None);
+        }
+        let j = end.j.clone();
         self.mark_bad(&j, &got.bad, "at the end of the merge into its layer")?;
         let mut meta = self.meta.clone();
         meta.chain.retain(|n| n != &j.from);
@@ -403,7 +392,7 @@ impl Replica {
         meta.merging = None;
         meta.write(&self.dir)?;
         self.meta = meta;
-        self.merges += 1;
+        self.epoch += 1;
         let from = self.layer_at(&j.from)?;
         let gone = self.layers.remove(from);
         remove_layer_files(&gone.path);

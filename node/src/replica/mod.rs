@@ -40,7 +40,7 @@ pub use bitmap::Bitmap;
 pub use fence::{FENCE_FILE, read as read_fence};
 pub use integrity::{Mark, corrupt_layer, mark_corrupt_in};
 use integrity::{marks_in, read_suspects};
-pub use layers::{JoinReport, LayerSpec};
+pub use layers::{Completion, JoinReport, LayerSpec};
 pub use merge::{MERGE_CHUNK, MergeEnd, MergeEnded, MergeJournal, MergeStep, MergeSum};
 pub use meta::{META_FILE, Meta, valid_snapshot_id, write_durably};
 pub use prefetch::Prefetch;
@@ -52,8 +52,8 @@ pub use sums::{
     path_of as sums_path_of,
 };
 pub use table::{
-    CopyGuard, LoanGuard, MergeReport, Replicas, Shared, merge_paced, remove_replica_dir,
-    replica_dir,
+    CopyGuard, LoanGuard, MergeReport, Replicas, Shared, complete_apart, merge_paced,
+    remove_replica_dir, replica_dir,
 };
 pub use warm::{Ahead, Holder, warm};
 
@@ -298,6 +298,43 @@ impl Layer {
         }
     }
 
+    /// The layer's checksum in the form of record `like`, recording each
+    /// block's checksum in its table as it is read (a layer just filled
+    /// by a rebuild, whose table is empty).
+    fn checksum_taking_sums(&mut self, like: &str) -> Result<String, ReplicaError> {
+        let mut sums = self.sums.take();
+        let got = checksum::take(self, checksum::Form::of(like), |b, chunk| {
+            if let Some(s) = &mut sums {
+                s.set_all(b, chunk)?;
+            }
+            Ok(())
+        });
+        self.sums = sums;
+        got
+    }
+
+    /// A second handle on the layer, for work done without the replica
+    /// (a merge's end, a fill's completion): its file, a copy of its map,
+    /// its table mapped again. The caller sees to it that the layer does
+    /// not change meanwhile (`Replica::epoch`).
+    fn second_handle(&self, blocks: u64) -> Result<Layer, ReplicaError> {
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| ReplicaError::io(&self.path, e))?;
+        let sums = match &self.sums {
+            Some(_) => Some(sums::BlockSums::open(&sums::path_of(&self.path), blocks)?),
+            None => None,
+        };
+        Ok(Layer {
+            name: self.name.clone(),
+            path: self.path.clone(),
+            file,
+            map: self.map.clone(),
+            sums,
+        })
+    }
+
     /// Records the checksums of blocks `first..last` as the file holds them.
     fn sum_from_file(&mut self, first: u64, last: u64) -> Result<(), ReplicaError> {
         let Some(s) = &mut self.sums else {
@@ -385,10 +422,13 @@ pub struct Replica {
     /// Threads a freeze reads its head's chunks with
     /// (`checksum::freeze_readers`, `set_freeze_readers`).
     freeze_readers: usize,
-    /// Counts every time a merge began or ended, or a join ended one: the
-    /// end of a merge taken without the replica (`MergeEnd`) is recorded
-    /// only when the count is still the one it was taken at.
-    merges: u64,
+    /// Counts the changes of the chain and of the blocks of frozen and
+    /// pending layers, other than a merge's copies (`merge_some`): a merge
+    /// begun or ended, a join, a pending layer written, punched, emptied
+    /// or replaced. Work on a layer done without the replica (a merge's
+    /// end, `MergeEnd`; a fill's completion, `Completion`) is recorded only
+    /// when the count is still the one it began at.
+    epoch: u64,
 }
 
 fn layer_name(n: usize) -> String {
@@ -634,7 +674,7 @@ impl Replica {
             warm: std::sync::Mutex::default(),
             last_freeze: (0, 0),
             freeze_readers: checksum::freeze_readers(),
-            merges: 0,
+            epoch: 0,
         })
     }
 
@@ -1401,20 +1441,6 @@ impl Replica {
             }
             Ok(())
         })
-    }
-
-    /// Like `checksum`, recording each block's checksum as it is read
-    /// instead (a layer just filled by a rebuild).
-    fn checksum_taking_sums(&mut self, i: usize, like: &str) -> Result<String, ReplicaError> {
-        let mut sums = self.layers[i].sums.take();
-        let got = checksum::take(&self.layers[i], checksum::Form::of(like), |b, chunk| {
-            if let Some(s) = &mut sums {
-                s.set_all(b, chunk)?;
-            }
-            Ok(())
-        });
-        self.layers[i].sums = sums;
-        got
     }
 
     /// Freezes the head (with its checksum) and starts a new, empty head;

@@ -729,6 +729,28 @@ pub struct MergeReport {
     pub layers: u32,
 }
 
+/// Completes the filled layer `name` of `replica` (see
+/// `Replica::complete_layer`), its check, a read of the whole layer, made
+/// without the replica's lock (`Completion`): the replica takes the
+/// volume's writes from its join on, and one left waiting past the replica
+/// timeout would have its engine give the replica up.
+pub fn complete_apart(
+    replica: &RwLock<Replica>,
+    name: &str,
+    lost: &[u64],
+) -> Result<(), ReplicaError> {
+    let poisoned = || ReplicaError::Invalid("replica lock poisoned".into());
+    let mut c = replica
+        .read()
+        .map_err(|_| poisoned())?
+        .completion(name, lost)?;
+    let got = c.take()?;
+    replica
+        .write()
+        .map_err(|_| poisoned())?
+        .record_completion(c, &got)
+}
+
 /// Merges every layer of `replica` that no snapshot in `keep` needs, one
 /// 4 MiB step at a time under its lock, copying at most `rate` bytes per
 /// second (by its server, or by the engine it is lent to); each merge's
@@ -803,7 +825,18 @@ pub fn merge_paced(
             }
             r.merge_end()?
         };
-        let got = end.take()?;
+        let got = match end.take() {
+            Ok(got) => got,
+            Err(e) => {
+                // A join that replaced the chain meanwhile may have emptied
+                // the layer read: the merge is not there to end any more.
+                let r = replica.read().map_err(|_| poisoned())?;
+                if !r.merge_end_stands(&end) {
+                    return Ok(report);
+                }
+                return Err(e);
+            }
+        };
         let (ended, found) = {
             let mut r = replica.write().map_err(|_| poisoned())?;
             if stop() {

@@ -1428,6 +1428,70 @@ fn a_block_given_up_as_lost_is_frozen_failing_its_reads_and_a_fill_keeps_it_so()
     assert_eq!(block, vec![1u8; BLOCK as usize]);
 }
 
+/// A filled layer's check, a read of the whole layer, is made apart from
+/// the replica (`Completion`): the replica takes the volume's writes from
+/// its join on, and its engine gives it up when one waits past the
+/// replica timeout (until 2026-12-07 the check held the replica, about a
+/// second per GiB of layer read cold). Writes made to its head meanwhile
+/// are kept, and the layer completes as it does with the replica held; a
+/// change of the layer meanwhile leaves it pending.
+#[test]
+fn a_filled_layer_is_checked_apart_from_the_replica_while_its_head_takes_writes() {
+    let d = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(&d.path().join("r"), START).unwrap();
+    r.write(0, &vec![0xa1; (16 * BLOCK) as usize], Some(1))
+        .unwrap();
+    r.write(40 * BLOCK, &vec![0xa2; (4 * BLOCK) as usize], Some(2))
+        .unwrap();
+    let frozen = r.snapshot(None).unwrap();
+    let tdir = d.path().join("t");
+    let mut t = joined_to(&r, &tdir);
+    let mut layer = vec![0u8; START as usize];
+    r.read_layer(&frozen, 0, &mut layer).unwrap();
+    let half = (16 * BLOCK) as usize;
+
+    t.write_layer(&frozen, 0, &layer[..half]).unwrap();
+    let mut c = t.completion(&frozen, &[]).unwrap();
+    t.write_layer(
+        &frozen,
+        40 * BLOCK,
+        &layer[(40 * BLOCK) as usize..(44 * BLOCK) as usize],
+    )
+    .unwrap();
+    let got = c.take().unwrap();
+    let e = t.record_completion(c, &got).unwrap_err();
+    assert!(
+        e.to_string().contains("changed while it was checked"),
+        "{e}"
+    );
+    assert_eq!(t.pending(), std::slice::from_ref(&frozen));
+
+    let mut c = t.completion(&frozen, &[]).unwrap();
+    let writes = [(2, 0xd1u8, 3), (30, 0xd2, 4), (41, 0xd3, 5)];
+    for &(b, byte, rev) in &writes {
+        t.write(b * BLOCK, &[byte; BLOCK as usize], Some(rev))
+            .unwrap();
+    }
+    let got = c.take().unwrap();
+    t.record_completion(c, &got).unwrap();
+    assert!(t.pending().is_empty());
+    assert_eq!(
+        t.layers()[0],
+        r.layers()[0],
+        "the layer, its checksum with it"
+    );
+    let mut want = read_all(&r);
+    for &(b, byte, _) in &writes {
+        want[(b * BLOCK) as usize..((b + 1) * BLOCK) as usize].fill(byte);
+    }
+    assert!(read_all(&t) == want, "reads");
+    t.verify().unwrap();
+    drop(t);
+    let t = Replica::open(&tdir).unwrap();
+    assert!(read_all(&t) == want, "reads after reopen");
+    t.verify().unwrap();
+}
+
 /// A fill that names a lost block its layer does not hold is refused, and
 /// the layer stays pending.
 #[test]

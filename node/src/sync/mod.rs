@@ -508,17 +508,16 @@ async fn fill(
                 let dst_path = dst.read().map_err(|_| lock_err())?.layer_path(&name)?;
                 let gate = Gate(&|n| paced.pace_blocking(n));
                 let way = local::copy_layer_gated(&src_path, &map, &dst_path, size, &gate)?;
-                let mut d = dst.write().map_err(|_| lock_err())?;
-                d.reopen_layer(&name)?;
+                dst.write().map_err(|_| lock_err())?.reopen_layer(&name)?;
                 // The check of what was copied is the target's: its layer
                 // completes only with the source's recorded checksum (a
-                // reflink or copy_file_range never reads what it copies).
+                // reflink or copy_file_range never reads what it copies),
+                // read without the target's lock (`complete_apart`).
                 // Where it differs, the source is read and checked too, to
                 // say whose fault it is; a sound source is read only once.
-                match d.complete_layer(&name, &lost) {
+                match crate::replica::complete_apart(&dst, &name, &lost) {
                     Ok(()) => Ok(way),
                     Err(e @ ReplicaError::Corrupt(_)) => {
-                        drop(d);
                         let s = src.read().map_err(|_| lock_err())?;
                         match s.verify_layer(&name) {
                             Err(bad) => {

@@ -353,8 +353,8 @@ fn of_source(name: &str, e: ClientError) -> SyncError {
 /// Checks the filled layer against its checksum and completes it, with
 /// the blocks its source lost.
 async fn complete(target: &Shared, name: &str, lost: &[u64]) -> Result<(), SyncError> {
-    let (layer, lost) = (name.to_string(), lost.to_vec());
-    on_target(target, move |t| t.complete_layer(&layer, &lost)).await
+    let (t, layer, lost) = (target.clone(), name.to_string(), lost.to_vec());
+    blocking(move || Ok(crate::replica::complete_apart(&t, &layer, &lost)?)).await
 }
 
 /// Writes what arrives into the pending layer `layer` until the sender is
