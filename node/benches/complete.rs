@@ -10,18 +10,26 @@
 //! its lock, every check until 2026-12-07), then without it
 //! (`complete_apart`). Prints the writer's longest write in each, and the
 //! ratio; median of 3.
+//!
+//! Then a reused replica's join, which the engine makes with the volume's
+//! I/O paused: the replica's old frozen layer of 512 MiB, named in no
+//! layer of the source's chain, is dropped. Prints the join's time
+//! against `rm` of a copy of that layer's file (the work of freeing its
+//! blocks, which the join's close of the layer did until 2026-12-07);
+//! median of 3.
 //! Run: `cargo bench -p ballast-node --bench complete` (BENCH_DIR picks
 //! the disk).
 
 mod common;
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use ballast_node::replica::{LayerSpec, Replica, complete_apart};
-use common::{drop_caches, every_other_mib, median, writer};
+use common::{drop_caches, every_other_mib, fill, median, writer};
 
 const SIZE: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -37,17 +45,7 @@ fn source(dir: &Path) -> (Replica, String) {
 /// A target joined to `source`, its pending layer filled, flushed and
 /// out of the page cache.
 fn filled(source: &Replica, frozen: &str, dir: &Path) -> Replica {
-    let specs: Vec<LayerSpec> = source
-        .layers()
-        .into_iter()
-        .filter_map(|l| {
-            Some(LayerSpec {
-                name: l.name,
-                checksum: l.checksum?,
-                snapshot: l.snapshot,
-            })
-        })
-        .collect();
+    let specs = frozen_specs(source);
     let mut t = Replica::create(dir, SIZE).unwrap();
     let head = source.chain().last().unwrap().clone();
     t.join(&specs, &head, source.revision()).unwrap();
@@ -104,4 +102,74 @@ fn main() {
         "longest write into a rebuild target's head during its layer's check, apart vs held: {:.3}x ({a:?} against {h:?})",
         a.as_secs_f64() / h.as_secs_f64()
     );
+    joins_dropping_a_layer(&src, tmp.path());
+}
+
+/// A replica whose frozen `layer-000002.img` holds 512 MiB joined to
+/// `src`'s chain (`layer-000001.img` frozen, head `layer-000002.img`):
+/// the layer is dropped. The join's time against `rm` of a copy of the
+/// layer's file; median of 3.
+fn joins_dropping_a_layer(src: &Replica, base: &Path) {
+    let specs = frozen_specs(src);
+    let head = src.chain().last().unwrap().clone();
+    let (mut joins, mut rms) = (Vec::new(), Vec::new());
+    for run in 0..3 {
+        let dir = base.join(format!("reused-{run}"));
+        let mut t = Replica::create(&dir, SIZE).unwrap();
+        t.write(0, &[7u8; 4096], None).unwrap();
+        t.snapshot(None).unwrap();
+        let dropped = dir.join(t.chain().last().unwrap());
+        let (mut x, mut buf) = (0x2545_f491_4f6c_dd1du64 + run, vec![0u8; MIB as usize]);
+        for k in (0..SIZE / MIB).step_by(2) {
+            fill(&mut x, &mut buf);
+            t.write(k * MIB, &buf, None).unwrap();
+        }
+        t.snapshot(None).unwrap();
+        t.flush().unwrap();
+        let copy = base.join(format!("copy-{run}.img"));
+        let out = std::process::Command::new("cp")
+            .arg("--sparse=always")
+            .arg(&dropped)
+            .arg(&copy)
+            .status()
+            .unwrap();
+        assert!(out.success());
+        drop_caches();
+        let at = Instant::now();
+        let report = t.join(&specs, &head, src.revision()).unwrap();
+        let join = at.elapsed();
+        // Its name is the new head's, an empty file now.
+        let blocks = std::fs::metadata(&dropped).unwrap().blocks();
+        assert_eq!(blocks, 0, "{report:?}");
+        let at = Instant::now();
+        std::fs::remove_file(&copy).unwrap();
+        nix::unistd::sync();
+        let rm = at.elapsed();
+        println!(
+            "run {run}: a join dropping a layer of 512 MiB {join:?}; rm of a copy of its file {rm:?}"
+        );
+        joins.push(join);
+        rms.push(rm);
+        drop(t);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+    let (j, r) = (median(joins), median(rms));
+    println!(
+        "a reused replica's join dropping a layer of 512 MiB vs rm of a copy of the layer's file: {:.3}x ({j:?} against {r:?})",
+        j.as_secs_f64() / r.as_secs_f64()
+    );
+}
+
+/// The frozen layers of `r`, as a join names them.
+fn frozen_specs(r: &Replica) -> Vec<LayerSpec> {
+    r.layers()
+        .into_iter()
+        .filter_map(|l| {
+            Some(LayerSpec {
+                name: l.name,
+                checksum: l.checksum?,
+                snapshot: l.snapshot,
+            })
+        })
+        .collect()
 }

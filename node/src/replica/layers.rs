@@ -219,7 +219,8 @@ impl Replica {
         // from a state that is whole.
         self.revision_file.clear_log();
         self.revision_file.mark_flushed(revision);
-        self.reload()?;
+        // The layers it dropped close apart: their blocks are freed then.
+        super::close_apart(self.reload()?);
         Ok(report)
     }
 
@@ -253,21 +254,22 @@ impl Replica {
         Ok(())
     }
 
-    /// Re-reads every layer's file, allocation and checksums.
-    fn reload(&mut self) -> Result<(), ReplicaError> {
+    /// Re-reads every layer's file, allocation and checksums; returns the
+    /// layers it held before (for `close_apart`).
+    fn reload(&mut self) -> Result<Vec<Layer>, ReplicaError> {
         let blocks = self.meta.size / BLOCK;
         // A new head: what was read ahead of the old one's freeze goes.
         self.warm
             .get_mut()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clear();
-        self.layers = self
+        let layers = self
             .meta
             .chain
             .iter()
             .map(|name| Layer::open(&self.dir, name, blocks, self.meta.block_sums))
             .collect::<Result<_, _>>()?;
-        Ok(())
+        Ok(std::mem::replace(&mut self.layers, layers))
     }
 
     pub(super) fn layer_at(&self, name: &str) -> Result<usize, ReplicaError> {
@@ -471,10 +473,12 @@ impl Replica {
     pub fn reset_layer(&mut self, name: &str) -> Result<(), ReplicaError> {
         let i = self.pending_mut(name)?;
         let l = &mut self.layers[i];
-        l.file
-            .set_len(0)
-            .and_then(|()| l.file.set_len(self.meta.size))
-            .map_err(|e| ReplicaError::io(&l.path, e))?;
+        // A new empty file in its place; the old one's blocks are freed as
+        // it closes, apart (a crash between the two leaves the pending
+        // layer's file missing, and `open` makes it empty).
+        std::fs::remove_file(&l.path).map_err(|e| ReplicaError::io(&l.path, e))?;
+        empty_layer(&l.path, self.meta.size)?;
+        super::close_apart(std::mem::replace(&mut l.file, open_rw(&l.path)?));
         l.map = Bitmap::new(self.meta.size / BLOCK);
         if let Some(s) = &mut l.sums {
             s.resize(0)?;
@@ -500,7 +504,8 @@ impl Replica {
         }
         let map =
             allocation(&file, self.meta.size / BLOCK).map_err(|e| ReplicaError::io(&path, e))?;
-        self.layers[i].file = file;
+        // The file it replaced closes apart: its blocks are freed then.
+        super::close_apart(std::mem::replace(&mut self.layers[i].file, file));
         self.layers[i].map = map;
         Ok(())
     }

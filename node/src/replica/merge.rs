@@ -98,19 +98,6 @@ impl MergeEnd {
     }
 }
 
-/// A merge's end as recorded (`Replica::record_merge_end`): the blocks of
-/// the upper layer that failed their checksums, and the lower layer's
-/// files, gone from the directory but still open. Their last close frees
-/// their blocks, and on a filesystem mounted with `discard` it discards
-/// every one of them before it returns: 300 ms for a layer of 512 MiB on
-/// the test machines (the merge bench, 2026-12-07), for which every write
-/// waited when it was done with the replica held. Dropped by the caller
-/// once it no longer holds the replica.
-pub struct MergeEnded {
-    pub bad: Vec<u64>,
-    _gone: Layer,
-}
-
 /// What one step of a merge did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MergeStep {
@@ -341,10 +328,8 @@ impl Replica {
     pub fn finish_merge(&mut self) -> Result<Vec<u64>, ReplicaError> {
         let end = self.merge_end()?;
         let got = end.take()?;
-        let ended = self
-            .record_merge_end(end, got)?
-            .ok_or_else(|| ReplicaError::Invalid("the merge ended under its end".into()))?;
-        Ok(ended.bad)
+        self.record_merge_end(end, got)?
+            .ok_or_else(|| ReplicaError::Invalid("the merge ended under its end".into()))
     }
 
     /// What ending the merge under way needs, to be taken without the
@@ -369,14 +354,14 @@ impl Replica {
     /// Records the end of the merge that `end` was taken of, with what its
     /// `take` found: the upper layer's bad blocks marked, its checksum
     /// recorded, the lower layer dropped from the chain and its files
-    /// removed (closed when the answer is dropped: `MergeEnded`). None,
+    /// removed (and closed apart: `close_apart`). None,
     /// recording nothing, when the merge ended otherwise since `end` was
     /// taken (a join).
     pub fn record_merge_end(
         &mut self,
         end: MergeEnd,
         got: MergeSum,
-    ) -> Result<Option<MergeEnded>, ReplicaError> {
+    ) -> Result<Option<Vec<u64>>, ReplicaError> {
         self.check(0, 0)?;
         if !self.merge_end_stands(&end) {
             return Ok(None);
@@ -396,10 +381,8 @@ impl Replica {
         let from = self.layer_at(&j.from)?;
         let gone = self.layers.remove(from);
         remove_layer_files(&gone.path);
-        Ok(Some(MergeEnded {
-            bad: got.bad,
-            _gone: gone,
-        }))
+        super::close_apart(gone);
+        Ok(Some(got.bad))
     }
 
     /// Runs a whole merge (or the rest of one), `pace` told the bytes of

@@ -837,25 +837,21 @@ pub fn merge_paced(
                 return Err(e);
             }
         };
-        let (ended, found) = {
+        {
             let mut r = replica.write().map_err(|_| poisoned())?;
             if stop() {
                 return Ok(report);
             }
-            let Some(ended) = r.record_merge_end(end, got)? else {
+            let Some(more) = r.record_merge_end(end, got)? else {
                 // A join replaced the chain meanwhile.
                 return Ok(report);
             };
-            bad.extend(ended.bad.iter().copied());
-            let found = bad.first().map(|&b| r.found_bad(&next.into, b));
-            (ended, found)
-        };
-        // The lower layer's files close here, the replica released.
-        drop(ended);
-        // The merge ended, its bad blocks marked: its caller is told, as
-        // by a scrub, and no other merge runs on this replica.
-        if let Some(e) = found {
-            return Err(e);
+            bad.extend(more);
+            // The merge ended, its bad blocks marked: its caller is told,
+            // as by a scrub, and no other merge runs on this replica.
+            if let Some(&b) = bad.first() {
+                return Err(r.found_bad(&next.into, b));
+            }
         }
         report.merged += 1;
     }
