@@ -754,9 +754,9 @@ pub fn complete_apart(
 /// Merges every layer of `replica` that no snapshot in `keep` needs, one
 /// 4 MiB step at a time under its lock, copying at most `rate` bytes per
 /// second (by its server, or by the engine it is lent to); each merge's
-/// end, a read of the whole upper layer, without the lock (`MergeEnd`). A merge that
-/// found a block failing its checksum ends, and the error names it (see
-/// `merge`'s module). Stops, leaving
+/// end, a read of the whole upper layer, without the lock (`MergeEnd`).
+/// A merge that found a block failing its checksum ends, and the error
+/// names it (see `merge`'s module). Stops, leaving
 /// the merge to whoever opens the replica next, once `stop` says so
 /// (asked under the lock before each step). Folds only into layers
 /// frozen when it began: a head frozen meanwhile (a rebuild's freeze,
