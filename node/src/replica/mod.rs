@@ -352,7 +352,8 @@ impl Layer {
 }
 
 /// Closes what the replica held open of files whose names are gone (a
-/// layer dropped from the chain, a pending layer's file replaced), on a
+/// layer dropped from the chain, a pending layer's file replaced, a layer
+/// file no chain names found at an open), on a
 /// thread of its own: the last close of such a file frees its blocks, and
 /// on a filesystem mounted with `discard` it discards each of them before
 /// it returns (300 ms for 512 MiB on the test machines, the merge bench,
@@ -624,16 +625,27 @@ impl Replica {
 
     /// Removes layer files the chain does not name (a merge or a join
     /// stopped after it wrote the new chain, before the old files went).
+    /// Each is held open while its name goes and closed apart
+    /// (`close_apart`): an open, inside an engine's handshake, does not
+    /// wait for its blocks to be freed.
     fn remove_stray_layers(&self) {
         let Ok(entries) = std::fs::read_dir(&self.dir) else {
             return;
         };
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            let layer = name.strip_suffix(".sums").unwrap_or(&name);
-            if layers::valid_layer_name(layer) && !self.meta.chain.iter().any(|c| c == layer) {
+            // A layer's table is `<layer>.sums` beside `<layer>.img`
+            // (`sums::path_of`): until 2026-12-07 it was taken for a
+            // layer named `<layer>`, no layer's name, and stayed.
+            let layer = match name.strip_suffix(".sums") {
+                Some(stem) => format!("{stem}.img"),
+                None => name.clone(),
+            };
+            if layers::valid_layer_name(&layer) && !self.meta.chain.contains(&layer) {
                 tracing::info!(dir = %self.dir.display(), file = %name, "removing a layer file no chain names");
+                let held = File::open(e.path()).ok();
                 let _ = std::fs::remove_file(e.path());
+                close_apart(held);
             }
         }
     }

@@ -1548,6 +1548,28 @@ fn the_files_a_join_drops_and_a_reset_replaces_are_closed_apart() {
     assert!(read_all(&t) == read_all(&src));
 }
 
+/// A layer file no chain names (a merge or a join cut off between its
+/// record and the removal of the old files) goes at the next open, its
+/// table with it, and is closed apart (`close_apart`): none left open,
+/// and the replica reads as before.
+#[test]
+fn a_layer_file_no_chain_names_goes_at_open_and_is_closed_apart() {
+    let d = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(d.path(), START).unwrap();
+    r.write(0, &[5u8; BLOCK as usize], Some(1)).unwrap();
+    r.flush().unwrap();
+    let before = read_all(&r);
+    drop(r);
+    let stray = d.path().join("layer-000009.img");
+    std::fs::write(&stray, vec![9u8; (8 * BLOCK) as usize]).unwrap();
+    std::fs::write(sums::path_of(&stray), [0u8; 32]).unwrap();
+    let r = Replica::open(d.path()).unwrap();
+    assert!(!stray.exists());
+    assert!(!sums::path_of(&stray).exists());
+    assert!(closed_soon(&stray), "the stray layer's file is closed");
+    assert!(read_all(&r) == before);
+}
+
 /// A fill that names a lost block its layer does not hold is refused, and
 /// the layer stays pending.
 #[test]
