@@ -28,7 +28,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use ballast_node::replica::{LayerSpec, Replica, complete_apart};
+use ballast_node::replica::{Replica, complete_apart};
+use ballast_node::wire::JoinSpec;
 use common::{drop_caches, every_other_mib, fill, median, writer};
 
 const SIZE: u64 = 1 << 30;
@@ -45,10 +46,9 @@ fn source(dir: &Path) -> (Replica, String) {
 /// A target joined to `source`, its pending layer filled, flushed and
 /// out of the page cache.
 fn filled(source: &Replica, frozen: &str, dir: &Path) -> Replica {
-    let specs = frozen_specs(source);
+    let spec = JoinSpec::following(&source.layers(), source.revision()).unwrap();
     let mut t = Replica::create(dir, SIZE).unwrap();
-    let head = source.chain().last().unwrap().clone();
-    t.join(&specs, &head, source.revision()).unwrap();
+    t.join(&spec.frozen, &spec.head, spec.revision).unwrap();
     let mut buf = vec![0u8; MIB as usize];
     for k in (0..SIZE / MIB).step_by(2) {
         source.read_layer(frozen, k * MIB, &mut buf).unwrap();
@@ -110,8 +110,7 @@ fn main() {
 /// the layer is dropped. The join's time against `rm` of a copy of the
 /// layer's file; median of 3.
 fn joins_dropping_a_layer(src: &Replica, base: &Path) {
-    let specs = frozen_specs(src);
-    let head = src.chain().last().unwrap().clone();
+    let spec = JoinSpec::following(&src.layers(), src.revision()).unwrap();
     let (mut joins, mut rms) = (Vec::new(), Vec::new());
     for run in 0..3 {
         let dir = base.join(format!("reused-{run}"));
@@ -136,7 +135,7 @@ fn joins_dropping_a_layer(src: &Replica, base: &Path) {
         assert!(out.success());
         drop_caches();
         let at = Instant::now();
-        let report = t.join(&specs, &head, src.revision()).unwrap();
+        let report = t.join(&spec.frozen, &spec.head, spec.revision).unwrap();
         let join = at.elapsed();
         // Its name is the new head's, an empty file now.
         let blocks = std::fs::metadata(&dropped).unwrap().blocks();
@@ -158,18 +157,4 @@ fn joins_dropping_a_layer(src: &Replica, base: &Path) {
         "a reused replica's join dropping a layer of 512 MiB vs rm of a copy of the layer's file: {:.3}x ({j:?} against {r:?})",
         j.as_secs_f64() / r.as_secs_f64()
     );
-}
-
-/// The frozen layers of `r`, as a join names them.
-fn frozen_specs(r: &Replica) -> Vec<LayerSpec> {
-    r.layers()
-        .into_iter()
-        .filter_map(|l| {
-            Some(LayerSpec {
-                name: l.name,
-                checksum: l.checksum?,
-                snapshot: l.snapshot,
-            })
-        })
-        .collect()
 }
