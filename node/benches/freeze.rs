@@ -27,8 +27,16 @@
 //! heads, read whole, one after the other (the pause when the engine
 //! froze them in turn and read no head ahead). Median of 3.
 //!
+//! Then the same small head on volumes of 1 GiB and of 1 TiB: 64 MiB
+//! written in 64 pieces of 1 MiB spread over the volume, read ahead,
+//! then a block written in 16 of the pieces, then frozen. What the freeze
+//! reads is the same; only the volume's size differs, and the pause
+//! should not follow it (it did: each walk of the head's map of blocks
+//! went bit by bit, half a second per TiB). The 1 TiB volume against the
+//! 1 GiB one. Median of 3.
+//!
 //! Run: `cargo bench -p ballast-node --bench freeze` (BENCH_DIR picks the
-//! disk).
+//! disk; `-- size` runs only the part by the volume's size).
 
 mod common;
 
@@ -244,10 +252,59 @@ fn random_writer(base: &Path, rate: u64) -> (Duration, u64) {
     (t.elapsed(), r.last_freeze().1)
 }
 
+/// A head of 64 MiB in 64 pieces of 1 MiB spread over a volume of
+/// `size` bytes, read ahead, then a block written in 16 of the pieces,
+/// then frozen: the read ahead's time and the pause.
+fn small_head_of(base: &Path, size: u64) -> (Duration, Duration) {
+    let tmp = tempfile::tempdir_in(base).unwrap();
+    let mut r = Replica::create(&tmp.path().join("r"), size).unwrap();
+    let mut x = 0x6a09_e667_f3bc_c908u64;
+    let mut buf = vec![0u8; MIB as usize];
+    let step = size / 64;
+    for k in 0..64 {
+        fill(&mut x, &mut buf);
+        r.write(k * step, &buf, None).unwrap();
+    }
+    r.flush().unwrap();
+    let ahead = read_ahead(&r);
+    let block = vec![3u8; 4096];
+    for k in 0..16 {
+        r.write(k * 4 * step + 8192, &block, None).unwrap();
+    }
+    let t = Instant::now();
+    r.snapshot(None).unwrap();
+    (ahead, t.elapsed())
+}
+
+/// The small head's freeze on a volume of 1 GiB and of 1 TiB
+/// (`small_head_of`), printed.
+fn by_size(base: &Path) {
+    let mut by_size = Vec::new();
+    for size in [SIZE, 1 << 40] {
+        let (mut aheads, mut pauses) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            let (a, p) = small_head_of(base, size);
+            aheads.push(a);
+            pauses.push(p);
+        }
+        by_size.push((median(aheads), median(pauses)));
+    }
+    let [(a1, p1), (a2, p2)] = [by_size[0], by_size[1]];
+    println!(
+        "freeze of a head of 64 MiB in 64 pieces, 16 blocks written since its read ahead: on a volume of 1 TiB read ahead in {a2:?}, {p2:?} paused; on a volume of 1 GiB {a1:?} and {p1:?}; 1 TiB vs 1 GiB: {:.2}x of its read ahead's time, {:.2}x of its pause",
+        a2.as_secs_f64() / a1.as_secs_f64(),
+        p2.as_secs_f64() / p1.as_secs_f64()
+    );
+}
+
 fn main() {
     let base = std::env::var_os("BENCH_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
+    if std::env::args().any(|a| a == "size") {
+        by_size(&base);
+        return;
+    }
     let readers = {
         let tmp = tempfile::tempdir_in(&base).unwrap();
         Replica::create(&tmp.path().join("r"), MIB)
@@ -317,6 +374,7 @@ fn main() {
             p.as_secs_f64() / c.as_secs_f64()
         );
     }
+    by_size(&base);
     let rt = tokio::runtime::Runtime::new().unwrap();
     let (mut waits, mut snapshots, mut turns) = (Vec::new(), Vec::new(), Vec::new());
     let mut before = Vec::new();
