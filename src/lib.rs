@@ -14,6 +14,7 @@ pub mod csi_identity;
 pub mod error;
 pub mod grpc;
 pub mod guard;
+pub mod limits;
 pub mod logging;
 pub mod model;
 pub mod proto;

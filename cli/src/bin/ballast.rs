@@ -60,6 +60,19 @@ fn main() -> ExitCode {
         };
     }
     ballast::logging::init(cli.log_format == LogFormat::Json);
+    // Every daemon: the soft limit of open files a container is given is
+    // too low for a node's replicas (see `ballast::limits`).
+    match ballast::limits::raise_open_files() {
+        Ok((before, after)) if after > before => {
+            tracing::info!(
+                before,
+                after,
+                "soft limit of open files raised to the hard limit"
+            )
+        }
+        Ok((before, _)) => tracing::info!(limit = before, "soft limit of open files kept"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the soft limit of open files"),
+    }
     // An engine runs as many async workers as asked (0: one per core).
     let workers = match &cli.command {
         Command::Engine(a) => a.workers,

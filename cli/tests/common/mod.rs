@@ -54,6 +54,25 @@ pub fn reserve_ports(range: std::ops::Range<u16>, span: u16) -> u16 {
     panic!("no free block of {span} port(s) in {range:?}");
 }
 
+/// The soft limit of open files a container gets under containerd 2 and
+/// systemd's defaults.
+pub const CONTAINER_OPEN_FILES: u64 = 1024;
+
+/// A process's soft and hard limits of open files, from
+/// `/proc/PID/limits`.
+pub fn open_files_limits(pid: i32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (n[0], n[1])
+}
+
 /// A running daemon; SIGKILLed on drop.
 pub struct Proc {
     pub child: Child,
@@ -79,8 +98,27 @@ impl Proc {
         Proc::spawn_under(&unshare, args, log, &[])
     }
 
+    /// Like `spawn`, with the soft limit of open files a container gets
+    /// under containerd 2 (`CONTAINER_OPEN_FILES`), its hard limit this
+    /// process's.
+    pub fn spawn_as_in_a_container(args: &[String], log: PathBuf) -> Proc {
+        Proc::spawn_limited(&[], args, log, &[], Some(CONTAINER_OPEN_FILES))
+    }
+
     /// Runs `ballast args` under the command `prefix` (none: directly).
     fn spawn_under(prefix: &[&str], args: &[String], log: PathBuf, env: &[(&str, &str)]) -> Proc {
+        Proc::spawn_limited(prefix, args, log, env, None)
+    }
+
+    /// `spawn_under`, with the soft limit of open files set to `open_files`
+    /// when given.
+    fn spawn_limited(
+        prefix: &[&str],
+        args: &[String],
+        log: PathBuf,
+        env: &[(&str, &str)],
+        open_files: Option<u64>,
+    ) -> Proc {
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -95,6 +133,17 @@ impl Proc {
             }
             None => Command::new(BALLAST),
         };
+        if let Some(soft) = open_files {
+            use nix::sys::resource::{Resource, getrlimit, setrlimit};
+            let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+            // SAFETY: between fork and exec the hook makes one system call
+            // and allocates nothing.
+            unsafe {
+                command.pre_exec(move || {
+                    setrlimit(Resource::RLIMIT_NOFILE, soft, hard).map_err(std::io::Error::from)
+                });
+            }
+        }
         // Its own process group, so that Drop also stops what it started
         // (a node's engine processes outlive the node by design).
         let child = command
