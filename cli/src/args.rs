@@ -225,8 +225,8 @@ pub struct NodeArgs {
     #[arg(long, env = "BALLAST_WRITEBACK_EVERY", default_value = "8Mi", value_parser = parse_size)]
     pub writeback_every: u64,
     /// Async worker threads of each engine this node starts (0: one per
-    /// core). On a node of few cores shared by many volumes, 1 takes less
-    /// CPU per write; more let one busy volume use more cores.
+    /// core, at most 4). On a node of few cores shared by many volumes, 1
+    /// takes less CPU per write; more let one busy volume use more cores.
     #[arg(long, env = "BALLAST_ENGINE_WORKERS", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
     pub engine_workers: u16,
     /// Start engines in the engine host listening here (`unix:///path`),
@@ -407,7 +407,7 @@ pub struct EngineArgs {
     /// many bytes written to it; 0 leaves it to the kernel.
     #[arg(long, env = "BALLAST_WRITEBACK_EVERY", default_value = "8Mi", value_parser = parse_size)]
     pub writeback_every: u64,
-    /// Async worker threads (0: one per core).
+    /// Async worker threads (0: one per core, at most 4).
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=256))]
     pub workers: u16,
     /// Seconds a remote replica may leave a read or write unanswered while

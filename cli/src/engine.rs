@@ -28,6 +28,27 @@ impl From<String> for EngineExit {
     }
 }
 
+/// The most async workers an engine runs when asked for none in
+/// particular (`--workers 0`).
+pub const DEFAULT_WORKERS_MAX: usize = 4;
+
+/// The async worker threads an engine runs for `--workers asked` on a
+/// machine of `cores`: as asked, or with 0 one per core, at most
+/// `DEFAULT_WORKERS_MAX`. An engine serves one volume, and starts all
+/// its workers at once, with a few threads more (an engine of three
+/// replicas here: 9 threads with 2 workers, among them a sender per
+/// replica). One worker per core of a node of 64 cores made some 70
+/// threads per engine, 14,000 for 200 attached volumes in the engine
+/// host's pod: far over a pod's limit of processes where its cluster sets
+/// one (4,096 by default under OpenShift 4.11 and later), and the next
+/// engine could not start.
+pub fn workers(asked: u16, cores: usize) -> usize {
+    match asked {
+        0 => cores.clamp(1, DEFAULT_WORKERS_MAX),
+        n => usize::from(n),
+    }
+}
+
 /// How long a stopping engine waits for its I/O under way to end before
 /// it closes its local replica clean (`Engine::close`).
 const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -213,4 +234,20 @@ fn block_device(
     .map_err(|e| format!("FUSE at {}: {e}", dir.display()))?;
     tracing::info!(file = %m.file().display(), "serving the block-device file");
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_asked_for_no_number_of_workers_runs_one_per_core_up_to_a_few() {
+        assert_eq!(workers(0, 1), 1);
+        assert_eq!(workers(0, 2), 2);
+        assert_eq!(workers(0, 64), DEFAULT_WORKERS_MAX);
+        assert_eq!(workers(0, 0), 1);
+        // As many as asked, whatever the cores.
+        assert_eq!(workers(1, 64), 1);
+        assert_eq!(workers(16, 2), 16);
+    }
 }

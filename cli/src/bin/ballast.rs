@@ -73,14 +73,12 @@ fn main() -> ExitCode {
         Ok((before, _)) => tracing::info!(limit = before, "soft limit of open files kept"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the soft limit of open files"),
     }
-    // An engine runs as many async workers as asked (0: one per core).
-    let workers = match &cli.command {
-        Command::Engine(a) => a.workers,
-        _ => 0,
-    };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if workers > 0 {
-        builder.worker_threads(usize::from(workers));
+    // An engine runs as many async workers as asked (0: one per core, at
+    // most a few; see `engine::workers`); the daemons one per core.
+    if let Command::Engine(a) = &cli.command {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        builder.worker_threads(ballast_cli::engine::workers(a.workers, cores));
     }
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
