@@ -47,7 +47,7 @@ pub struct NodeConfig {
     /// Start a replica head's writeback after this many bytes written (0:
     /// left to the kernel).
     pub writeback_every: u64,
-    /// Async worker threads of each engine (0: one per core).
+    /// Async worker threads of each engine (0: one per core, at most 4).
     pub engine_workers: u16,
     /// The engine host's socket (`unix://…`): engines are started there,
     /// so that they outlive this process's group and container.

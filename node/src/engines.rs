@@ -84,7 +84,7 @@ pub struct Tuning {
     /// `--writeback-every`: start the lent replica's writeback after this
     /// many bytes written (0: left to the kernel).
     pub writeback_every: u64,
-    /// `--workers`: async worker threads (0: one per core).
+    /// `--workers`: async worker threads (0: one per core, at most 4).
     pub workers: u16,
 }
 
