@@ -45,6 +45,16 @@ impl Page {
         }
     }
 
+    /// The page with each word made `f` of it and of the same word of
+    /// `theirs`, in its one form.
+    fn with(&self, theirs: &[u64; PAGE_WORDS], f: impl Fn(u64, u64) -> u64) -> Page {
+        let mut words = self.words();
+        for (w, t) in words.iter_mut().zip(theirs.iter()) {
+            *w = f(*w, *t);
+        }
+        Page::of(words)
+    }
+
     /// The page of `words`, in its one form.
     fn of(words: Box<[u64; PAGE_WORDS]>) -> Page {
         let ones: u32 = words.iter().map(|w| w.count_ones()).sum();
@@ -201,13 +211,7 @@ impl Bitmap {
             *p = match (&*p, o) {
                 (Page::Empty, _) | (_, Page::Full) => Page::Empty,
                 (_, Page::Empty) => continue,
-                (_, Page::Part(theirs, _)) => {
-                    let mut words = p.words();
-                    for (w, t) in words.iter_mut().zip(theirs.iter()) {
-                        *w &= !t;
-                    }
-                    Page::of(words)
-                }
+                (_, Page::Part(theirs, _)) => p.with(theirs, |w, t| w & !t),
             };
         }
     }
@@ -218,13 +222,7 @@ impl Bitmap {
             *p = match (&*p, other.pages.get(i).unwrap_or(&Page::Empty)) {
                 (Page::Empty, _) | (_, Page::Empty) => Page::Empty,
                 (_, Page::Full) => continue,
-                (_, Page::Part(theirs, _)) => {
-                    let mut words = p.words();
-                    for (w, t) in words.iter_mut().zip(theirs.iter()) {
-                        *w &= t;
-                    }
-                    Page::of(words)
-                }
+                (_, Page::Part(theirs, _)) => p.with(theirs, |w, t| w & t),
             };
         }
     }

@@ -65,6 +65,9 @@ pub const MAX_SIZE: u64 = ballast::model::MAX_VOLUME_SIZE;
 /// By default, after this many bytes written to a head its writeback is
 /// started (see `Replica::start_writeback`; a node's `--writeback-every`).
 pub const WRITEBACK_EVERY: u64 = 8 << 20;
+/// How long a replica's writeback thread waits for its next start before
+/// it ends; the next start makes another (`Replica::start_writeback`).
+pub const WRITEBACK_IDLE: std::time::Duration = std::time::Duration::from_secs(30);
 const REVISION_FILE: &str = "revision";
 /// The blocks whose checksums were taken again from their data after a
 /// power cut (`repair_head_sums`): a JSON array of block numbers.
@@ -398,9 +401,12 @@ pub struct Replica {
     unstarted: u64,
     /// Start writeback after this many bytes; 0 leaves it to the kernel.
     writeback_every: u64,
-    /// The thread that starts writeback, made on first use; it ends with
-    /// the replica.
+    /// The thread that starts writeback, made when one is to start and
+    /// none runs; it ends once idle for `writeback_idle`, or with the
+    /// replica.
     writeback: Option<std::sync::mpsc::SyncSender<File>>,
+    /// `WRITEBACK_IDLE` unless set.
+    writeback_idle: std::time::Duration,
     /// Frozen layers found corrupt (the file `corrupt-layers`, one mark per
     /// line, only ever added to; see `Mark`): never kept by a rebuild; true
     /// for a layer marked whole, which is never served nor copied.
@@ -686,6 +692,7 @@ impl Replica {
             unstarted: 0,
             writeback_every: WRITEBACK_EVERY,
             writeback: None,
+            writeback_idle: WRITEBACK_IDLE,
             dir: dir.to_path_buf(),
             revision: stored.max(meta.revision),
             meta,
@@ -1022,6 +1029,12 @@ impl Replica {
         self.writeback_every = bytes;
     }
 
+    /// Sets how long the writeback thread waits for its next start before
+    /// it ends (`WRITEBACK_IDLE` unless set).
+    pub fn set_writeback_idle(&mut self, idle: std::time::Duration) {
+        self.writeback_idle = idle;
+    }
+
     /// Sets the shortest flush interval of the dirty regions
     /// (`DIRTY_INTERVAL` unless set): how often at most a flush syncs the
     /// head's checksums and clears regions.
@@ -1034,27 +1047,41 @@ impl Replica {
 
     /// Starts (without waiting for it) the writeback of the head's dirty
     /// pages, so that they go to the disk while writes go on rather than
-    /// all at the next flush.
+    /// all at the next flush. A thread of the replica's own starts it (the
+    /// call may wait for the disk's queue); it ends once no start came for
+    /// `writeback_idle`, and the next start makes another: a node holds
+    /// open every replica it has served, and a thread kept for each was a
+    /// thread for every replica ever written through the node. A start
+    /// handed to a thread just ending is lost: only the early start of
+    /// those pages, which the next start or a flush covers.
     fn start_writeback(&mut self) {
-        if self.writeback.is_none() {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<File>(1);
-            let spawned = std::thread::Builder::new()
-                .name("writeback".into())
-                .spawn(move || {
-                    while let Ok(f) = rx.recv() {
-                        if let Err(e) = begin_writeback(&f, 0, 0) {
-                            tracing::debug!(error = %e, "starting writeback failed");
-                        }
-                    }
-                });
-            if spawned.is_ok() {
-                self.writeback = Some(tx);
-            }
-        }
         let head = self.head();
-        if let (Some(tx), Ok(f)) = (&self.writeback, head.file.try_clone()) {
+        let Ok(f) = head.file.try_clone() else {
+            return;
+        };
+        let f = match &self.writeback {
             // Busy with the last one: that one covers these pages too.
+            Some(tx) => match tx.try_send(f) {
+                Ok(()) | Err(std::sync::mpsc::TrySendError::Full(_)) => return,
+                Err(std::sync::mpsc::TrySendError::Disconnected(f)) => f,
+            },
+            None => f,
+        };
+        self.writeback = None;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<File>(1);
+        let idle = self.writeback_idle;
+        let spawned = std::thread::Builder::new()
+            .name("writeback".into())
+            .spawn(move || {
+                while let Ok(f) = rx.recv_timeout(idle) {
+                    if let Err(e) = begin_writeback(&f, 0, 0) {
+                        tracing::debug!(error = %e, "starting writeback failed");
+                    }
+                }
+            });
+        if spawned.is_ok() {
             let _ = tx.try_send(f);
+            self.writeback = Some(tx);
         }
     }
 

@@ -385,6 +385,55 @@ fn writeback_of_the_head_starts_every_few_mebibytes_written() {
     panic!("in five attempts, the pages below the mark never stayed dirty");
 }
 
+/// The writeback thread ends once idle, and the next mark starts
+/// another; the writes before and after read back.
+#[test]
+fn a_writeback_thread_left_idle_ends_and_the_next_mark_starts_another() {
+    use std::sync::mpsc::TrySendError;
+    let d = tempfile::tempdir().unwrap();
+    let mut r = Replica::create(d.path(), 64 << 20).unwrap();
+    r.set_writeback_idle(std::time::Duration::from_millis(50));
+    let marks = WRITEBACK_EVERY >> 20;
+    let mib = |i: u64| vec![i as u8 ^ 0x5a; 1 << 20];
+    for i in 0..marks {
+        r.write(i << 20, &mib(i), None).unwrap();
+    }
+    assert!(r.writeback.is_some(), "the mark started no thread");
+    // Idle, its thread ends: what is handed to it finds no one (each
+    // look a while after the last, so that the looks keep it no busier).
+    let layer = d.path().join(&r.layers()[0].name);
+    let probe = || File::open(&layer).unwrap();
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        match r.writeback.as_ref().unwrap().try_send(probe()) {
+            Err(TrySendError::Disconnected(_)) => break,
+            _ => {
+                assert!(
+                    std::time::Instant::now() < end,
+                    "the writeback thread did not end in 30 s"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(250));
+            }
+        }
+    }
+    // The next mark starts another, which takes what is handed to it.
+    for i in marks..2 * marks {
+        r.write(i << 20, &mib(i), None).unwrap();
+    }
+    assert!(
+        !matches!(
+            r.writeback.as_ref().unwrap().try_send(probe()),
+            Err(TrySendError::Disconnected(_))
+        ),
+        "the next mark started no thread"
+    );
+    for i in 0..2 * marks {
+        let mut got = vec![0u8; 1 << 20];
+        r.read(i << 20, &mut got).unwrap();
+        assert!(got == mib(i), "MiB {i} reads back other bytes");
+    }
+}
+
 #[test]
 fn with_the_mark_at_zero_writeback_is_left_to_the_kernel() {
     // (Whether the pages stay dirty is up to the kernel, and to any `sync`
