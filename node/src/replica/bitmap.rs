@@ -268,10 +268,12 @@ impl Bitmap {
     /// The first block at or past `i` that is present, or with `absent`
     /// absent.
     fn next_where(&self, i: u64, absent: bool) -> Option<u64> {
-        let (skip, word_of) = if absent {
-            (Page::Full, (|w: u64| !w) as fn(u64) -> u64)
+        // Absent blocks are looked for as the set bits of the words
+        // flipped; the pages passed over whole are then the full ones.
+        let (skip, flip) = if absent {
+            (Page::Full, u64::MAX)
         } else {
-            (Page::Empty, (|w: u64| w) as fn(u64) -> u64)
+            (Page::Empty, 0)
         };
         let mut i = i;
         while i < self.len {
@@ -283,7 +285,7 @@ impl Bitmap {
             }
             let at = i % PAGE_BITS;
             let mut w = (at / 64) as usize;
-            let mut word = word_of(page.word(w)) >> (at % 64) << (at % 64);
+            let mut word = (page.word(w) ^ flip) >> (at % 64) << (at % 64);
             loop {
                 if word != 0 {
                     let found =
@@ -294,7 +296,7 @@ impl Bitmap {
                 if w == PAGE_WORDS {
                     break;
                 }
-                word = word_of(page.word(w));
+                word = page.word(w) ^ flip;
             }
             i = (p as u64 + 1) * PAGE_BITS;
         }
